@@ -1,0 +1,145 @@
+// The Tessera client: push and pull sparse and dense parameters on a cluster of servers.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ps/status.h"
+#include "ps/table_spec.h"
+
+namespace tessera {
+
+namespace internal {
+struct Call;
+class ClientImpl;
+}  // namespace internal
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+/// A deadline `ms` milliseconds from now.
+inline Deadline DeadlineAfterMs(int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); }
+/// No deadline.
+inline Deadline NoDeadline() { return Deadline::max(); }
+
+/// Consistency of a training job (the same on every worker of the job).
+struct ConsistencyOptions {
+  /// Number of workers that call Clock(). 0: no clock-based waiting.
+  uint32_t num_workers = 0;
+  /// Bounded staleness: a pull from a worker at clock c waits until every worker has reached
+  /// c - staleness. 0 is bulk-synchronous; -1 (default) is asynchronous (never waits).
+  int32_t staleness = -1;
+};
+
+struct ClientOptions {
+  /// Server endpoints in rank order, e.g. {"tcp://127.0.0.1:7000", ...}. Required.
+  std::vector<std::string> servers;
+  /// This worker's id in [0, consistency.num_workers), or any id for a non-training client.
+  uint32_t worker_id = 0;
+  ConsistencyOptions consistency;
+  /// A request with no reply after this long fails with Unavailable. Default: 60000 ms.
+  int64_t request_timeout_ms = 60000;
+  /// How long Create() waits for every server to answer a ping. Default: 10000 ms.
+  int64_t connect_timeout_ms = 10000;
+  /// Largest number of keys or elements sent in one message to one server; larger requests
+  /// are split. Default: 1 << 22.
+  uint64_t max_elements_per_message = uint64_t{1} << 22;
+};
+
+/// A table known to the client (from CreateTable or GetTable). Cheap to copy.
+struct Table {
+  uint64_t id = 0;
+  TableSpec spec;
+};
+
+/// The completion of an asynchronous call. Copyable; all copies refer to the same call.
+class Handle {
+ public:
+  Handle() = default;
+  /// Whether the handle refers to a call.
+  bool valid() const { return call_ != nullptr; }
+
+ private:
+  friend class internal::ClientImpl;
+  friend class Client;
+  explicit Handle(std::shared_ptr<internal::Call> c) : call_(std::move(c)) {}
+  std::shared_ptr<internal::Call> call_;
+};
+
+/// A connection to a Tessera cluster. Thread-safe: any number of threads may issue calls
+/// concurrently. Calls are asynchronous; each returns a Handle that Wait() completes.
+///
+/// Buffers: input spans (keys, gradients) are copied before the call returns; output buffers
+/// passed to Pull must stay valid and untouched until Wait() on the handle returns OK or an
+/// error other than DeadlineExceeded (or until the client is destroyed).
+///
+/// Errors: a server that is down fails its calls with Unavailable (at once when the client
+/// saw the connection drop, else after request_timeout_ms); the client reconnects by itself,
+/// so later calls succeed once the server is back. Bad arguments fail with InvalidArgument
+/// before anything is sent; errors found by a server come back with the server's message.
+class Client {
+ public:
+  /// Connects to every server and waits until each answers (connect_timeout_ms).
+  static Result<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  /// Creates a table on every server. Same spec again: OK. Other spec: AlreadyExists with the
+  /// difference. Blocking.
+  Result<Table> CreateTable(const TableSpec& spec, Deadline deadline = NoDeadline());
+  /// Looks up an existing table by name. Blocking.
+  Result<Table> GetTable(const std::string& name, Deadline deadline = NoDeadline());
+
+  /// Sparse pull: writes keys.size() rows of table.spec.dim floats to `out` in the caller's
+  /// key order. Keys may repeat and come in any order.
+  Handle Pull(const Table& table, std::span<const uint64_t> keys, float* out);
+  /// Sparse push: gradients of keys.size() rows (duplicate keys' gradients are summed).
+  Handle Push(const Table& table, std::span<const uint64_t> keys, std::span<const float> grads);
+  /// Push then pull the same keys in one round trip; `out` receives the values after the push.
+  Handle PushPull(const Table& table, std::span<const uint64_t> keys,
+                  std::span<const float> grads, float* out);
+
+  /// Dense pull of elements [offset, offset + length) into `out`.
+  Handle DensePull(const Table& table, uint64_t offset, uint64_t length, float* out);
+  /// Dense push of gradients for elements [offset, offset + grads.size()).
+  Handle DensePush(const Table& table, uint64_t offset, std::span<const float> grads);
+
+  /// Ends this worker's current step: advances its clock on every server. Returns the handle
+  /// of the notification; the new clock is clock().
+  Handle Clock();
+  /// This worker's clock (number of Clock() calls, or the value restored by SetClock).
+  int64_t clock() const;
+  /// Sets the local clock (a restarted worker resumes at its stored clock) and tells servers.
+  Handle SetClock(int64_t clock);
+
+  /// Blocks until every worker of the job (consistency.num_workers) has called Barrier(name).
+  Status Barrier(const std::string& name, Deadline deadline = NoDeadline());
+
+  /// Durable small records on server 0 (worker positions, job metadata).
+  Status PutMeta(const std::string& name, std::string_view value,
+                 Deadline deadline = NoDeadline());
+  Result<std::optional<std::string>> GetMeta(const std::string& name,
+                                             Deadline deadline = NoDeadline());
+
+  /// Server `rank`'s statistics as text (one "name value" per line).
+  Result<std::string> ServerStats(uint32_t rank, Deadline deadline = NoDeadline());
+
+  /// Waits for a call. DeadlineExceeded leaves the call in flight (Wait again later);
+  /// any other result is final.
+  Status Wait(const Handle& handle, Deadline deadline = NoDeadline());
+
+  uint32_t num_servers() const;
+  const ClientOptions& options() const;
+
+ private:
+  explicit Client(std::unique_ptr<internal::ClientImpl> impl);
+  std::unique_ptr<internal::ClientImpl> impl_;
+};
+
+}  // namespace tessera

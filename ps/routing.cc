@@ -1,0 +1,73 @@
+#include "ps/routing.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace tessera {
+
+SlotMap SlotMap::Uniform(uint32_t num_servers) {
+  SlotMap m;
+  m.num_servers_ = num_servers;
+  m.owners_.resize(kNumSlots);
+  for (uint32_t s = 0; s < kNumSlots; ++s) {
+    m.owners_[s] = static_cast<uint16_t>(uint64_t{s} * num_servers / kNumSlots);
+  }
+  return m;
+}
+
+Result<SlotMap> SlotMap::FromOwners(std::vector<uint16_t> owners, uint32_t num_servers) {
+  if (owners.size() != kNumSlots) {
+    return Status::InvalidArgument("slot map has " + std::to_string(owners.size()) +
+                                   " slots, expected " + std::to_string(kNumSlots));
+  }
+  if (num_servers == 0) return Status::InvalidArgument("slot map with zero servers");
+  for (uint16_t o : owners) {
+    if (o >= num_servers) {
+      return Status::InvalidArgument("slot map names server " + std::to_string(o) + " of " +
+                                     std::to_string(num_servers));
+    }
+  }
+  SlotMap m;
+  m.owners_ = std::move(owners);
+  m.num_servers_ = num_servers;
+  return m;
+}
+
+DenseRange DenseRangeOfServer(uint64_t table_id, uint64_t length, uint32_t server,
+                              uint32_t num_servers) {
+  const uint64_t chunks = (length + kDenseChunkFloats - 1) / kDenseChunkFloats;
+  const uint32_t block = static_cast<uint32_t>((server + num_servers - table_id % num_servers) %
+                                               num_servers);
+  const uint64_t first = chunks * block / num_servers;
+  const uint64_t last = chunks * (block + 1) / num_servers;
+  DenseRange r;
+  r.begin = std::min(length, first * kDenseChunkFloats);
+  r.end = std::min(length, last * kDenseChunkFloats);
+  return r;
+}
+
+Result<std::vector<std::string>> ParseClusterList(const std::string& spec) {
+  std::vector<std::string> out;
+  if (!spec.empty() && spec[0] == '@') {
+    std::ifstream in(spec.substr(1));
+    if (!in) return Status::IOError("cannot read cluster file '" + spec.substr(1) + "'");
+    std::string line;
+    while (std::getline(in, line)) {
+      size_t a = line.find_first_not_of(" \t\r");
+      if (a == std::string::npos || line[a] == '#') continue;
+      size_t b = line.find_last_not_of(" \t\r");
+      out.push_back(line.substr(a, b - a + 1));
+    }
+  } else {
+    std::stringstream ss(spec);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (!item.empty()) out.push_back(item);
+    }
+  }
+  if (out.empty()) return Status::InvalidArgument("cluster list is empty");
+  if (out.size() > 65535) return Status::InvalidArgument("too many servers in cluster list");
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,82 @@
+// Where a key or a dense chunk lives: slots, the slot map, lanes, dense chunking.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ps/status.h"
+
+namespace tessera {
+
+/// Number of hash slots of the key space. Fixed for the life of a cluster's data: moving slots
+/// between servers is how the number of servers changes.
+inline constexpr uint32_t kNumSlots = 16384;
+
+/// Floats per dense chunk (64 KiB). Dense tensors are cut into chunks; each chunk lives on one
+/// server and one lane.
+inline constexpr uint64_t kDenseChunkFloats = 16384;
+
+/// MurmurHash3's 64-bit finalizer (fmix64): a fixed, documented bijection on 64-bit keys.
+constexpr uint64_t Mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+/// The slot of a sparse key: the top 14 bits of Mix64(key).
+constexpr uint32_t SlotOfKey(uint64_t key) {
+  return static_cast<uint32_t>(Mix64(key) >> 50);  // 64 - log2(kNumSlots)
+}
+static_assert(kNumSlots == (1u << 14));
+
+/// Lane of a slot on a server with `lanes` lanes.
+constexpr uint32_t LaneOfSlot(uint32_t slot, uint32_t lanes) { return slot % lanes; }
+
+/// Assigns every slot to a server. Immutable once built; thread-safe to read.
+class SlotMap {
+ public:
+  /// The default map for `num_servers` servers: contiguous, balanced slot ranges
+  /// (server s owns slots [s*kNumSlots/n, (s+1)*kNumSlots/n)).
+  static SlotMap Uniform(uint32_t num_servers);
+  /// A map from an explicit owner per slot; fails unless owners.size() == kNumSlots and every
+  /// owner is < num_servers.
+  static Result<SlotMap> FromOwners(std::vector<uint16_t> owners, uint32_t num_servers);
+
+  uint32_t num_servers() const { return num_servers_; }
+  uint32_t ServerOfSlot(uint32_t slot) const { return owners_[slot]; }
+  uint32_t ServerOfKey(uint64_t key) const { return owners_[SlotOfKey(key)]; }
+  const std::vector<uint16_t>& owners() const { return owners_; }
+
+ private:
+  std::vector<uint16_t> owners_;
+  uint32_t num_servers_ = 0;
+};
+
+/// The part of a dense tensor one server holds: chunks [first_chunk, end_chunk), i.e. elements
+/// [begin, end) of the tensor.
+struct DenseRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+/// Dense placement: chunks are split into num_servers contiguous blocks; block b goes to server
+/// (b + table_id) % num_servers so that small tensors of different tables land on different
+/// servers. Returns the element range of `server` (possibly empty).
+DenseRange DenseRangeOfServer(uint64_t table_id, uint64_t length, uint32_t server,
+                              uint32_t num_servers);
+
+/// Lane of a dense chunk on a server with `lanes` lanes.
+constexpr uint32_t LaneOfChunk(uint64_t table_id, uint64_t chunk, uint32_t lanes) {
+  return static_cast<uint32_t>((chunk + table_id) % lanes);
+}
+
+/// Parses a cluster list: comma-separated endpoints, or "@FILE" with one endpoint per line
+/// (blank lines and lines starting with '#' ignored).
+Result<std::vector<std::string>> ParseClusterList(const std::string& spec);
+
+}  // namespace tessera

@@ -1,0 +1,869 @@
+#include "ps/server.h"
+
+#include <absl/container/flat_hash_map.h>
+#include <glog/logging.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "ps/codec.h"
+#include "ps/optimizer.h"
+#include "ps/routing.h"
+#include "ps/table_spec.h"
+
+namespace tessera {
+namespace internal {
+namespace {
+
+uint32_t NowSeconds() {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+// A request being served. Shared by the lane tasks it was split into; the last task to finish
+// sends the reply.
+struct Pending {
+  zmq::message_t identity;
+  Header header;
+  std::vector<zmq::message_t> frames;
+  // Typed, aligned views of the frames (the frames themselves, or copies if misaligned).
+  const uint64_t* keys = nullptr;
+  const float* values = nullptr;
+  std::vector<uint64_t> key_copy;
+  std::vector<float> value_copy;
+  // Reply data frame, written in place by the lanes.
+  zmq::message_t out;
+  bool has_out = false;
+  std::atomic<uint32_t> remaining{0};
+  std::mutex mu;
+  Status status;  // first error; guarded by mu
+  std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
+
+  void Fail(const Status& s) {
+    std::lock_guard<std::mutex> l(mu);
+    if (status.ok()) status = s;
+  }
+};
+
+class Lane;
+struct Task {
+  std::shared_ptr<Pending> pending;
+  std::function<Status(Lane&)> run;
+  bool writes = false;
+};
+
+// One executor thread owning the rows of its slots.
+class Lane {
+ public:
+  Lane(uint32_t index, std::unique_ptr<LaneStore> store, zmq::context_t& ctx,
+       const std::string& reply_endpoint)
+      : index_(index), store_(std::move(store)), push_(ctx, zmq::socket_type::push) {
+    push_.set(zmq::sockopt::sndhwm, 0);
+    push_.set(zmq::sockopt::linger, 0);
+    push_.connect(reply_endpoint);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Lane() { Stop(); }
+
+  void Submit(Task t) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    push_.close();
+  }
+
+  LaneStore& store() { return *store_; }
+  uint32_t index() const { return index_; }
+  uint64_t NextStep() { return ++step_; }
+
+ private:
+  void Loop() {
+    std::vector<Task> batch;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty() && stop_) return;
+        batch.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.end()));
+        queue_.clear();
+      }
+      bool wrote = false;
+      for (Task& t : batch) {
+        Status s = t.run(*this);
+        if (!s.ok()) t.pending->Fail(s);
+        wrote |= t.writes;
+      }
+      if (wrote) {
+        // Group commit: one durability point for every push of the batch, before any ack.
+        Status s = store_->Commit();
+        if (!s.ok()) {
+          LOG(ERROR) << "lane " << index_ << ": commit failed: " << s.ToString();
+          for (Task& t : batch) {
+            if (t.writes) t.pending->Fail(s.WithContext("commit"));
+          }
+        }
+      }
+      for (Task& t : batch) {
+        if (t.pending->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) Reply(*t.pending);
+      }
+      batch.clear();
+    }
+  }
+
+  void Reply(Pending& p) {
+    Header h;
+    h.request_id = p.header.request_id;
+    h.op = p.header.op;
+    h.table_id = p.header.table_id;
+    h.worker_id = p.header.worker_id;
+    h.status = p.status.code();
+    h.message = p.status.message();
+    std::vector<zmq::message_t> parts;
+    parts.push_back(std::move(p.identity));
+    if (p.status.ok() && !p.text.empty()) {
+      std::string all;
+      for (auto& t : p.text) all += t;
+      h.name = std::move(all);
+    }
+    std::string env;
+    if (p.status.ok() && p.has_out) {
+      h.elem_type = ElemType::kF32;
+      h.count = p.header.count;
+      h.dim = p.header.dim;
+      h.offset = p.header.offset;
+    }
+    EncodeHeader(h, &env);
+    parts.emplace_back(env.data(), env.size());
+    if (p.status.ok() && p.has_out) parts.push_back(std::move(p.out));
+    zmq::send_multipart(push_, parts);
+  }
+
+  const uint32_t index_;
+  std::unique_ptr<LaneStore> store_;
+  zmq::socket_t push_;  // used only by this lane's thread
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;  // guarded by mu_
+  bool stop_ = false;       // guarded by mu_
+  uint64_t step_ = 0;       // lane thread only
+};
+
+struct TableInfo {
+  uint64_t id;
+  TableSpec spec;
+};
+
+}  // namespace
+
+class ServerImpl {
+ public:
+  explicit ServerImpl(const ServerOptions& o)
+      : options_(o), router_(ctx_, zmq::socket_type::router),
+        replies_(ctx_, zmq::socket_type::pull), slot_map_(SlotMap::Uniform(o.num_servers)) {}
+
+  ~ServerImpl() { Shutdown(); }
+
+  Status Start() {
+    if (options_.lanes == 0 || options_.lanes > 256) {
+      return Status::InvalidArgument("lanes must be in 1..256");
+    }
+    if (options_.num_servers == 0 || options_.rank >= options_.num_servers) {
+      return Status::InvalidArgument("rank " + std::to_string(options_.rank) +
+                                     " is not below the number of servers " +
+                                     std::to_string(options_.num_servers));
+    }
+    TESSERA_ASSIGN_OR_RETURN(engine_, OpenStorageEngine(options_.storage));
+    router_.set(zmq::sockopt::linger, 0);
+    router_.set(zmq::sockopt::sndhwm, 0);
+    router_.set(zmq::sockopt::rcvhwm, 0);
+    router_.set(zmq::sockopt::router_mandatory, 0);
+    // A frame larger than the request limit plus slack is dropped by ZeroMQ with the
+    // connection; requests that fit are checked against the limit with an error reply.
+    router_.set(zmq::sockopt::maxmsgsize,
+                static_cast<int64_t>(options_.max_request_bytes + (1 << 20)));
+    try {
+      router_.bind(options_.listen);
+    } catch (const zmq::error_t& e) {
+      return Status::Unavailable("cannot listen on '" + options_.listen + "': " + e.what());
+    }
+    endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+    const std::string reply_ep =
+        "inproc://tessera-replies-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    replies_.set(zmq::sockopt::rcvhwm, 0);
+    replies_.bind(reply_ep);
+    for (uint32_t i = 0; i < options_.lanes; ++i) {
+      TESSERA_ASSIGN_OR_RETURN(auto store, engine_->OpenLane(i, options_.lanes));
+      lanes_.push_back(std::make_unique<Lane>(i, std::move(store), ctx_, reply_ep));
+    }
+    TESSERA_RETURN_IF_ERROR(RecoverTables());
+    io_ = std::thread([this] { IoLoop(); });
+    LOG(INFO) << "tessera-server rank " << options_.rank << "/" << options_.num_servers
+              << " listening on " << endpoint_ << " with " << options_.lanes << " lanes, "
+              << (options_.storage.data_dir.empty() ? std::string("memory-only storage")
+                                                    : "data in " + options_.storage.data_dir)
+              << ", " << tables_.size() << " tables recovered";
+    return Status::OK();
+  }
+
+  void Shutdown() {
+    if (stopped_.exchange(true)) return;
+    stop_.store(true);
+    if (io_.joinable()) io_.join();
+    for (auto& l : lanes_) l->Stop();
+    lanes_.clear();
+    router_.close();
+    replies_.close();
+    engine_.reset();
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  // ---------------------------------------------------------------- start-up
+  Status RecoverTables() {
+    std::vector<std::string> records;
+    TESSERA_RETURN_IF_ERROR(engine_->ScanMeta(
+        "table/", [&](std::string_view, std::string_view v) { records.emplace_back(v); }));
+    for (const auto& r : records) {
+      TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(r));
+      const uint64_t id = TableIdForName(spec.name);
+      for (auto& lane : lanes_) TESSERA_RETURN_IF_ERROR(lane->store().AddTable(id, spec));
+      tables_[id] = TableInfo{id, spec};
+      names_[spec.name] = id;
+    }
+    return Status::OK();
+  }
+
+  // ---------------------------------------------------------------- I/O thread
+  void IoLoop() {
+    zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                               {replies_.handle(), 0, ZMQ_POLLIN, 0}};
+    while (!stop_.load(std::memory_order_relaxed)) {
+      try {
+        zmq::poll(items, 2, std::chrono::milliseconds(100));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        LOG(ERROR) << "poll failed: " << e.what();
+        continue;
+      }
+      if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
+      if (items[0].revents & ZMQ_POLLIN) {
+        // Bound the burst so replies keep flowing under load.
+        for (int i = 0; i < 256; ++i) {
+          std::vector<zmq::message_t> parts;
+          auto n = zmq::recv_multipart(router_, std::back_inserter(parts),
+                                       zmq::recv_flags::dontwait);
+          if (!n) break;
+          HandleMessage(std::move(parts));
+        }
+      }
+    }
+  }
+
+  void ForwardReplies() {
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      auto n =
+          zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+      if (!n) return;
+      SendToPeer(parts);
+    }
+  }
+
+  void SendToPeer(std::vector<zmq::message_t>& parts) {
+    try {
+      zmq::send_multipart(router_, parts, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      // The peer is gone (or its queue is full): nothing else to tell it.
+      VLOG(1) << "dropping reply: " << e.what();
+    }
+  }
+
+  void ReplyError(zmq::message_t identity, const Header& req, const Status& s) {
+    ++errors_;
+    Header h;
+    h.request_id = req.request_id;
+    h.op = req.op;
+    h.table_id = req.table_id;
+    h.status = s.code() == StatusCode::kOk ? StatusCode::kInternal : s.code();
+    h.message = s.message();
+    std::string env;
+    EncodeHeader(h, &env);
+    std::vector<zmq::message_t> parts;
+    parts.push_back(std::move(identity));
+    parts.emplace_back(env.data(), env.size());
+    SendToPeer(parts);
+  }
+
+  void ReplyOk(zmq::message_t identity, const Header& req, Header h = Header(),
+               const std::string* data = nullptr) {
+    h.request_id = req.request_id;
+    h.op = req.op;
+    h.table_id = req.table_id;
+    h.status = StatusCode::kOk;
+    std::string env;
+    EncodeHeader(h, &env);
+    std::vector<zmq::message_t> parts;
+    parts.push_back(std::move(identity));
+    parts.emplace_back(env.data(), env.size());
+    if (data != nullptr) parts.emplace_back(data->data(), data->size());
+    SendToPeer(parts);
+  }
+
+  void HandleMessage(std::vector<zmq::message_t> parts) {
+    ++requests_;
+    if (parts.size() < 2) return;  // ROUTER always adds the identity; nothing to answer.
+    auto p = std::make_shared<Pending>();
+    p->identity = std::move(parts[0]);
+    Status s = DecodeHeader(parts[1].data(), parts[1].size(), &p->header);
+    if (!s.ok()) {
+      ReplyError(std::move(p->identity), p->header, s);
+      return;
+    }
+    for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
+    s = Dispatch(p);
+    if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+  }
+
+  Result<const TableInfo*> FindTable(const Header& h, TableKind kind) {
+    auto it = tables_.find(h.table_id);
+    if (it == tables_.end()) {
+      return Status::NotFound("unknown table id " + std::to_string(h.table_id) + " on server " +
+                              std::to_string(options_.rank));
+    }
+    if (it->second.spec.kind != kind) {
+      return Status::InvalidArgument(
+          "table '" + it->second.spec.name + "' is " +
+          (it->second.spec.kind == TableKind::kSparse ? "sparse" : "dense") + ", op " +
+          std::string(OpName(h.op)) + " needs a " +
+          (kind == TableKind::kSparse ? "sparse" : "dense") + " table");
+    }
+    return &it->second;
+  }
+
+  Status ExpectFrames(const Pending& p, size_t n) {
+    if (p.frames.size() != n) {
+      return Status::InvalidArgument(std::string(OpName(p.header.op)) + " expects " +
+                                     std::to_string(n) + " data frame(s), got " +
+                                     std::to_string(p.frames.size()));
+    }
+    return Status::OK();
+  }
+
+  Status CheckFrameSize(const zmq::message_t& f, uint64_t expected, const char* what) {
+    if (f.size() != expected) {
+      return Status::InvalidArgument(std::string(what) + " frame has " +
+                                     std::to_string(f.size()) + " bytes, envelope implies " +
+                                     std::to_string(expected));
+    }
+    return Status::OK();
+  }
+
+  // Bytes a request of `elements` floats (plus keys) would need; ResourceExhausted past limit.
+  Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys) {
+    const uint64_t per = floats_per_item * 4 + (with_keys ? 8 : 0);
+    if (per != 0 && count > options_.max_request_bytes / per) {
+      return Status::ResourceExhausted(
+          "request of " + std::to_string(count) + " items x " + std::to_string(per) +
+          " bytes exceeds the server's per-request limit of " +
+          std::to_string(options_.max_request_bytes) + " bytes");
+    }
+    return Status::OK();
+  }
+
+  template <typename T>
+  static const T* View(zmq::message_t& f, std::vector<T>* copy) {
+    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(T) == 0) {
+      return static_cast<const T*>(f.data());
+    }
+    copy->resize(f.size() / sizeof(T));
+    std::memcpy(copy->data(), f.data(), f.size());
+    return copy->data();
+  }
+
+  Status Dispatch(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    switch (h.op) {
+      case Op::kPing: {
+        Header r;
+        r.num_workers = options_.num_servers;
+        r.worker_id = options_.rank;
+        ReplyOk(std::move(p->identity), h, r);
+        return Status::OK();
+      }
+      case Op::kCreateTable: return CreateTable(p);
+      case Op::kGetTable: return GetTable(p);
+      case Op::kSparsePull:
+      case Op::kSparsePush:
+      case Op::kSparsePushPull: return Sparse(p);
+      case Op::kDensePull:
+      case Op::kDensePush: return Dense(p);
+      case Op::kClock: return ClockOp(p);
+      case Op::kBarrier: return BarrierOp(p);
+      case Op::kPutMeta:
+      case Op::kGetMeta: return MetaOp(p);
+      case Op::kStats: return StatsOp(p);
+      case Op::kInvalid: break;
+    }
+    return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
+  }
+
+  // Runs `fn` on every lane; the reply goes out when all are done.
+  void RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<Status(Lane&)> fn,
+                     bool writes) {
+    p->remaining.store(static_cast<uint32_t>(lanes_.size()));
+    for (auto& lane : lanes_) lane->Submit(Task{p, fn, writes});
+  }
+
+  Status CreateTable(const std::shared_ptr<Pending>& p) {
+    if (!p->header.spec) return Status::InvalidArgument("CreateTable without a spec");
+    const TableSpec& spec = *p->header.spec;
+    TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
+    const uint64_t id = TableIdForName(spec.name);
+    auto it = tables_.find(id);
+    if (it != tables_.end()) {
+      std::string diff = DescribeSpecDifference(it->second.spec, spec);
+      if (!diff.empty()) {
+        return Status::AlreadyExists("table '" + spec.name +
+                                     "' exists with another spec (existing vs requested): " +
+                                     diff);
+      }
+      Header r;
+      r.table_id = id;
+      r.spec = spec;
+      ReplyOk(std::move(p->identity), p->header, r);
+      return Status::OK();
+    }
+    TESSERA_RETURN_IF_ERROR(
+        engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+    tables_[id] = TableInfo{id, spec};
+    names_[spec.name] = id;
+    p->header.table_id = id;
+    RunOnAllLanes(
+        p, [id, spec](Lane& lane) { return lane.store().AddTable(id, spec); }, false);
+    return Status::OK();
+  }
+
+  Status GetTable(const std::shared_ptr<Pending>& p) {
+    auto it = names_.find(p->header.name);
+    if (it == names_.end()) return Status::NotFound("no table named '" + p->header.name + "'");
+    Header r;
+    r.table_id = it->second;
+    r.spec = tables_.at(it->second).spec;
+    Header req = p->header;
+    req.table_id = it->second;
+    ReplyOk(std::move(p->identity), req, r);
+    return Status::OK();
+  }
+
+  // ---------------------------------------------------------------- sparse
+  Status Sparse(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kSparse));
+    const uint32_t dim = t->spec.dim;
+    if (h.dim != dim) {
+      return Status::InvalidArgument("table '" + t->spec.name + "' has dim " +
+                                     std::to_string(dim) + ", request says " +
+                                     std::to_string(h.dim));
+    }
+    const bool push = h.op != Op::kSparsePull;
+    const bool pull = h.op != Op::kSparsePush;
+    TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, dim * ((push ? 1 : 0) + (pull ? 1 : 0)), true));
+    TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, push ? 2 : 1));
+    if (h.elem_type != ElemType::kF32) {
+      return Status::InvalidArgument("sparse values must be F32, got element type " +
+                                     std::to_string(static_cast<int>(h.elem_type)));
+    }
+    TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 8, "keys"));
+    if (push) TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[1], h.count * dim * 4, "values"));
+    p->keys = View<uint64_t>(p->frames[0], &p->key_copy);
+    if (push) p->values = View<float>(p->frames[1], &p->value_copy);
+
+    // Split by lane; refuse keys this server does not own (a stale slot map).
+    const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+    std::vector<std::vector<uint32_t>> by_lane(nl);
+    for (auto& v : by_lane) v.reserve(h.count / nl + 16);
+    for (uint64_t i = 0; i < h.count; ++i) {
+      const uint32_t slot = SlotOfKey(p->keys[i]);
+      if (slot_map_.ServerOfSlot(slot) != options_.rank) {
+        return Status::FailedPrecondition(
+            "key " + std::to_string(p->keys[i]) + " (slot " + std::to_string(slot) +
+            ") belongs to server " + std::to_string(slot_map_.ServerOfSlot(slot)) +
+            ", not server " + std::to_string(options_.rank));
+      }
+      if (push && !AllFinite(p->values + i * dim, dim)) {
+        return Status::InvalidArgument("gradient of key " + std::to_string(p->keys[i]) +
+                                       " is not finite");
+      }
+      by_lane[LaneOfSlot(slot, nl)].push_back(static_cast<uint32_t>(i));
+    }
+    if (!WaitForClock(p)) return Status::OK();  // parked
+    return SubmitSparse(p, std::move(by_lane));
+  }
+
+  static bool AllFinite(const float* v, uint32_t n) {
+    for (uint32_t j = 0; j < n; ++j) {
+      if (!std::isfinite(v[j])) return false;
+    }
+    return true;
+  }
+
+  Status SubmitSparse(const std::shared_ptr<Pending>& p,
+                      std::vector<std::vector<uint32_t>> by_lane) {
+    const Header& h = p->header;
+    const bool push = h.op != Op::kSparsePull;
+    const bool pull = h.op != Op::kSparsePush;
+    const uint32_t dim = h.dim;
+    if (pull) {
+      p->out = zmq::message_t(h.count * dim * sizeof(float));
+      p->has_out = true;
+    }
+    if (push) {
+      ++pushes_;
+      push_keys_ += h.count;
+    }
+    if (pull) {
+      ++pulls_;
+      pull_keys_ += h.count;
+    }
+    uint32_t tasks = 0;
+    for (auto& v : by_lane) tasks += v.empty() ? 0 : 1;
+    if (tasks == 0) {
+      p->remaining.store(1);
+      lanes_[0]->Submit(Task{p, [](Lane&) { return Status::OK(); }, false});
+      return Status::OK();
+    }
+    p->remaining.store(tasks);
+    const uint64_t table_id = h.table_id;
+    for (uint32_t l = 0; l < by_lane.size(); ++l) {
+      if (by_lane[l].empty()) continue;
+      auto idx = std::make_shared<std::vector<uint32_t>>(std::move(by_lane[l]));
+      Pending* raw = p.get();
+      lanes_[l]->Submit(Task{
+          p,
+          [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
+            const size_t n = idx->size();
+            std::vector<uint64_t> keys(n);
+            std::vector<const float*> grads;
+            std::vector<float*> outs;
+            for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
+            if (push) {
+              grads.resize(n);
+              for (size_t i = 0; i < n; ++i) grads[i] = raw->values + size_t{(*idx)[i]} * dim;
+              ApplyContext ctx{lane.NextStep(), NowSeconds()};
+              TESSERA_RETURN_IF_ERROR(lane.store().Apply(table_id, keys, grads, ctx));
+            }
+            if (pull) {
+              outs.resize(n);
+              float* base = static_cast<float*>(raw->out.data());
+              for (size_t i = 0; i < n; ++i) outs[i] = base + size_t{(*idx)[i]} * dim;
+              TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
+            }
+            return Status::OK();
+          },
+          push});
+    }
+    return Status::OK();
+  }
+
+  // ---------------------------------------------------------------- dense
+  Status Dense(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kDense));
+    const bool push = h.op == Op::kDensePush;
+    TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, 1, false));
+    if (h.count == 0) return Status::InvalidArgument("dense range of zero elements");
+    if (h.offset > t->spec.length || h.count > t->spec.length - h.offset) {
+      return Status::InvalidArgument("dense range [" + std::to_string(h.offset) + ", " +
+                                     std::to_string(h.offset + h.count) + ") outside table '" +
+                                     t->spec.name + "' of length " +
+                                     std::to_string(t->spec.length));
+    }
+    const DenseRange mine =
+        DenseRangeOfServer(h.table_id, t->spec.length, options_.rank, options_.num_servers);
+    if (h.offset < mine.begin || h.offset + h.count > mine.end) {
+      return Status::FailedPrecondition(
+          "dense range [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
+          ") of table '" + t->spec.name + "' is not within server " +
+          std::to_string(options_.rank) + "'s part [" + std::to_string(mine.begin) + ", " +
+          std::to_string(mine.end) + ")");
+    }
+    TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, push ? 1 : 0));
+    if (push) {
+      if (h.elem_type != ElemType::kF32) {
+        return Status::InvalidArgument("dense values must be F32");
+      }
+      TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 4, "values"));
+      p->values = View<float>(p->frames[0], &p->value_copy);
+      for (uint64_t i = 0; i < h.count; ++i) {
+        if (!std::isfinite(p->values[i])) {
+          return Status::InvalidArgument("dense gradient element " +
+                                         std::to_string(h.offset + i) + " is not finite");
+        }
+      }
+    }
+    if (!WaitForClock(p)) return Status::OK();
+    return SubmitDense(p);
+  }
+
+  Status SubmitDense(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    const bool push = h.op == Op::kDensePush;
+    if (!push) {
+      p->out = zmq::message_t(h.count * sizeof(float));
+      p->has_out = true;
+      ++pulls_;
+    } else {
+      ++pushes_;
+    }
+    struct Seg {
+      uint64_t chunk;
+      uint32_t begin, end;  // within the chunk
+      uint64_t pos;         // element index within the request
+    };
+    const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+    std::vector<std::vector<Seg>> by_lane(nl);
+    const uint64_t first = h.offset, last = h.offset + h.count;
+    for (uint64_t c = first / kDenseChunkFloats; c * kDenseChunkFloats < last; ++c) {
+      const uint64_t cb = c * kDenseChunkFloats;
+      const uint64_t b = std::max(first, cb), e = std::min(last, cb + kDenseChunkFloats);
+      by_lane[LaneOfChunk(h.table_id, c, nl)].push_back(
+          Seg{c, static_cast<uint32_t>(b - cb), static_cast<uint32_t>(e - cb), b - first});
+    }
+    uint32_t tasks = 0;
+    for (auto& v : by_lane) tasks += v.empty() ? 0 : 1;
+    p->remaining.store(tasks);
+    const uint64_t table_id = h.table_id;
+    Pending* raw = p.get();
+    for (uint32_t l = 0; l < nl; ++l) {
+      if (by_lane[l].empty()) continue;
+      auto segs = std::make_shared<std::vector<Seg>>(std::move(by_lane[l]));
+      lanes_[l]->Submit(Task{p,
+                             [raw, segs, table_id, push](Lane& lane) -> Status {
+                               ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                               for (const Seg& s : *segs) {
+                                 if (push) {
+                                   TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
+                                       table_id, s.chunk, s.begin, s.end, raw->values + s.pos,
+                                       ctx));
+                                 } else {
+                                   float* out = static_cast<float*>(raw->out.data()) + s.pos;
+                                   TESSERA_RETURN_IF_ERROR(lane.store().DenseRead(
+                                       table_id, s.chunk, s.begin, s.end, out));
+                                 }
+                               }
+                               return Status::OK();
+                             },
+                             push});
+    }
+    return Status::OK();
+  }
+
+  // ---------------------------------------------------------------- consistency
+  int64_t MinClock(uint32_t num_workers) const {
+    int64_t m = INT64_MAX;
+    for (uint32_t w = 0; w < num_workers; ++w) {
+      auto it = clocks_.find(w);
+      m = std::min(m, it == clocks_.end() ? int64_t{0} : it->second);
+    }
+    return m;
+  }
+
+  static bool IsRead(Op op) {
+    return op == Op::kSparsePull || op == Op::kSparsePushPull || op == Op::kDensePull;
+  }
+
+  // True when the request may run now; otherwise parks it until the clocks catch up.
+  bool WaitForClock(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (!IsRead(h.op) || h.staleness < 0 || h.num_workers == 0) return true;
+    if (MinClock(h.num_workers) >= h.clock - h.staleness) return true;
+    parked_.push_back(p);
+    ++parked_total_;
+    return false;
+  }
+
+  void ReleaseParked() {
+    std::vector<std::shared_ptr<Pending>> still;
+    for (auto& p : parked_) {
+      const Header& h = p->header;
+      if (MinClock(h.num_workers) < h.clock - h.staleness) {
+        still.push_back(std::move(p));
+        continue;
+      }
+      Status s;
+      if (h.op == Op::kDensePull) {
+        s = SubmitDense(p);
+      } else {
+        // Re-split by lane (cheap compared to waiting).
+        const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+        std::vector<std::vector<uint32_t>> by_lane(nl);
+        for (uint64_t i = 0; i < h.count; ++i) {
+          by_lane[LaneOfSlot(SlotOfKey(p->keys[i]), nl)].push_back(static_cast<uint32_t>(i));
+        }
+        s = SubmitSparse(p, std::move(by_lane));
+      }
+      if (!s.ok()) ReplyError(std::move(p->identity), h, s);
+    }
+    parked_ = std::move(still);
+  }
+
+  Status ClockOp(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (h.clock < 0) return Status::InvalidArgument("negative clock");
+    int64_t& c = clocks_[h.worker_id];
+    // A restarted worker may set its clock back to its stored value: take what it says.
+    c = h.clock;
+    ReplyOk(std::move(p->identity), h);
+    ReleaseParked();
+    return Status::OK();
+  }
+
+  struct BarrierWait {
+    zmq::message_t identity;
+    Header header;
+  };
+
+  Status BarrierOp(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (h.num_workers == 0) return Status::InvalidArgument("barrier with zero workers");
+    if (h.name.empty()) return Status::InvalidArgument("barrier without a name");
+    auto& waiting = barriers_[h.name];
+    for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+      if (it->header.worker_id == h.worker_id) {
+        // The same worker again (it retried after reconnecting): keep the newest request.
+        waiting.erase(it);
+        break;
+      }
+    }
+    waiting.push_back(BarrierWait{std::move(p->identity), h});
+    if (waiting.size() >= h.num_workers) {
+      auto all = std::move(waiting);
+      barriers_.erase(h.name);
+      for (auto& w : all) ReplyOk(std::move(w.identity), w.header);
+    }
+    return Status::OK();
+  }
+
+  Status MetaOp(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (h.name.empty() || h.name.size() > 1024) {
+      return Status::InvalidArgument("meta name must have 1..1024 bytes");
+    }
+    const std::string key = "user/" + h.name;
+    if (h.op == Op::kPutMeta) {
+      TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+      if (p->frames[0].size() > (1 << 20)) {
+        return Status::ResourceExhausted("meta records are limited to 1 MiB");
+      }
+      TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, p->frames[0].to_string_view()));
+      ReplyOk(std::move(p->identity), h);
+      return Status::OK();
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> v, engine_->GetMeta(key));
+    Header r;
+    r.elem_type = ElemType::kBytes;
+    r.count = v ? 1 : 0;
+    ReplyOk(std::move(p->identity), h, r, v ? &*v : nullptr);
+    return Status::OK();
+  }
+
+  Status StatsOp(const std::shared_ptr<Pending>& p) {
+    std::ostringstream s;
+    s << "rank " << options_.rank << "\n"
+      << "num_servers " << options_.num_servers << "\n"
+      << "lanes " << lanes_.size() << "\n"
+      << "tables " << tables_.size() << "\n"
+      << "requests " << requests_ << "\n"
+      << "errors " << errors_ << "\n"
+      << "pushes " << pushes_ << "\n"
+      << "push_keys " << push_keys_ << "\n"
+      << "pulls " << pulls_ << "\n"
+      << "pull_keys " << pull_keys_ << "\n"
+      << "parked_now " << parked_.size() << "\n"
+      << "parked_total " << parked_total_ << "\n";
+    p->text.assign(lanes_.size() + 1, std::string());
+    p->text[0] = s.str();
+    Pending* raw = p.get();
+    RunOnAllLanes(
+        p,
+        [raw](Lane& lane) {
+          StoreStats st = lane.store().stats();
+          std::ostringstream o;
+          const std::string l = "lane" + std::to_string(lane.index()) + "_";
+          o << l << "rows_in_memory " << st.rows_in_memory << "\n"
+            << l << "bytes_in_memory " << st.bytes_in_memory << "\n"
+            << l << "lookups " << st.lookups << "\n"
+            << l << "memory_hits " << st.memory_hits << "\n"
+            << l << "applies " << st.applies << "\n"
+            << l << "evicted_rows " << st.evicted_rows << "\n";
+          std::lock_guard<std::mutex> g(raw->mu);
+          raw->text[lane.index() + 1] = o.str();
+          return Status::OK();
+        },
+        false);
+    return Status::OK();
+  }
+
+  const ServerOptions options_;
+  zmq::context_t ctx_;
+  zmq::socket_t router_;   // I/O thread only (after Start)
+  zmq::socket_t replies_;  // I/O thread only
+  SlotMap slot_map_;
+  std::string endpoint_;
+  std::unique_ptr<StorageEngine> engine_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> stopped_{false};
+
+  // State below is owned by the I/O thread.
+  absl::flat_hash_map<uint64_t, TableInfo> tables_;
+  absl::flat_hash_map<std::string, uint64_t> names_;
+  absl::flat_hash_map<uint32_t, int64_t> clocks_;
+  std::vector<std::shared_ptr<Pending>> parked_;
+  std::map<std::string, std::vector<BarrierWait>> barriers_;
+  uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0,
+           parked_total_ = 0;
+};
+
+}  // namespace internal
+
+Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  auto impl = std::make_unique<internal::ServerImpl>(options);
+  TESSERA_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<internal::ServerImpl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Shutdown(); }
+const std::string& Server::endpoint() const { return impl_->endpoint(); }
+void Server::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace tessera

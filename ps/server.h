@@ -1,0 +1,58 @@
+// The Tessera server: one shard of the key space, its lanes and its storage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ps/status.h"
+#include "storage/storage.h"
+
+namespace tessera {
+
+namespace internal {
+class ServerImpl;
+}
+
+struct ServerOptions {
+  /// ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:7000" ("tcp://127.0.0.1:*" picks a free
+  /// port; see Server::endpoint()). Required.
+  std::string listen;
+  /// This server's rank: its index in `cluster`. Default: 0.
+  uint32_t rank = 0;
+  /// Number of servers in the cluster (the slot map is SlotMap::Uniform(num_servers)).
+  /// Default: 1.
+  uint32_t num_servers = 1;
+  /// Executor threads; each owns the rows of its slots alone. Default: 2.
+  uint32_t lanes = 2;
+  /// Largest request the server accepts, in bytes of keys + values it would hold or produce.
+  /// Larger requests get ResourceExhausted. Default: 1 GiB.
+  uint64_t max_request_bytes = uint64_t{1} << 30;
+  /// Storage configuration (memory-only when storage.data_dir is empty).
+  StorageOptions storage;
+  /// Interval of the storage maintenance (eviction) pass, in milliseconds. Default: 1000.
+  uint32_t maintenance_interval_ms = 1000;
+};
+
+/// A running server. Create() binds the socket, opens (and recovers) storage and starts the
+/// I/O thread and the lanes; the server then serves until Shutdown() or destruction.
+/// Thread-safe: Shutdown() and endpoint() may be called from any thread.
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> Create(const ServerOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// The endpoint actually bound (with the real port when the option asked for "*").
+  const std::string& endpoint() const;
+  /// Stops serving: requests in flight are answered or dropped, threads are joined. Idempotent.
+  void Shutdown();
+
+ private:
+  explicit Server(std::unique_ptr<internal::ServerImpl> impl);
+  std::unique_ptr<internal::ServerImpl> impl_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,94 @@
+// tessera-server: one shard of a Tessera cluster.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "ps/routing.h"
+#include "ps/server.h"
+
+DEFINE_string(listen, "", "ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:7000 (default: this "
+                          "rank's entry of --cluster)");
+DEFINE_uint32(rank, 0, "This server's rank: its index in --cluster");
+DEFINE_string(cluster, "",
+              "Ordered list of every server's endpoint, comma-separated, or @FILE with one per "
+              "line. Required.");
+DEFINE_uint32(lanes, 2, "Executor threads; each owns its slots' rows alone");
+DEFINE_string(data_dir, "",
+              "Directory of this server's RocksDB (rows, optimizer state, metadata). Empty: "
+              "keep everything in memory (lost when the process ends)");
+DEFINE_uint64(memory_budget_mb, 0,
+              "Memory tier budget in MiB; rows beyond it live in RocksDB only (0: unbounded)");
+DEFINE_string(durability, "strict",
+              "strict: an acknowledged push survives kill -9; relaxed: it may be lost for up "
+              "to --relaxed_window_ms");
+DEFINE_uint32(relaxed_window_ms, 100, "Longest loss window of relaxed durability, in ms");
+DEFINE_bool(fsync, false, "fsync the write-ahead log before acknowledging (machine crashes)");
+DEFINE_uint64(max_request_mb, 1024,
+              "Largest request accepted, in MiB of keys and values it carries or produces");
+DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms");
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "tessera-server --cluster=tcp://h0:7000,tcp://h1:7000 --rank=R [--data_dir=DIR]\n"
+      "Serves one shard of a Tessera parameter-server cluster.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  auto cluster = tessera::ParseClusterList(FLAGS_cluster);
+  if (!cluster.ok()) {
+    std::cerr << "tessera-server: --cluster: " << cluster.status().ToString() << "\n";
+    return 2;
+  }
+  if (FLAGS_rank >= cluster->size()) {
+    std::cerr << "tessera-server: --rank=" << FLAGS_rank << " but --cluster lists "
+              << cluster->size() << " server(s)\n";
+    return 2;
+  }
+  tessera::ServerOptions o;
+  o.listen = FLAGS_listen.empty() ? (*cluster)[FLAGS_rank] : FLAGS_listen;
+  o.rank = FLAGS_rank;
+  o.num_servers = static_cast<uint32_t>(cluster->size());
+  o.lanes = FLAGS_lanes;
+  o.max_request_bytes = FLAGS_max_request_mb << 20;
+  o.maintenance_interval_ms = FLAGS_maintenance_interval_ms;
+  o.storage.data_dir = FLAGS_data_dir;
+  o.storage.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
+  if (FLAGS_durability == "strict") {
+    o.storage.durability = tessera::Durability::kStrict;
+  } else if (FLAGS_durability == "relaxed") {
+    o.storage.durability = tessera::Durability::kRelaxed;
+  } else {
+    std::cerr << "tessera-server: --durability must be strict or relaxed, got '"
+              << FLAGS_durability << "'\n";
+    return 2;
+  }
+  o.storage.relaxed_window_ms = FLAGS_relaxed_window_ms;
+  o.storage.fsync = FLAGS_fsync;
+
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto server = tessera::Server::Create(o);
+  if (!server.ok()) {
+    std::cerr << "tessera-server: cannot start: " << server.status().ToString() << "\n";
+    return 1;
+  }
+  // A line tests and scripts wait for.
+  std::printf("tessera-server ready rank=%u endpoint=%s\n", FLAGS_rank,
+              (*server)->endpoint().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  (*server)->Shutdown();
+  LOG(INFO) << "stopped";
+  return 0;
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs Tessera's build and test dependencies from Debian packages, only those missing.
+# Works as root or with sudo. Safe to run repeatedly.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config
+      libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
+      librocksdb-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
+      libbenchmark-dev libabsl-dev libeigen3-dev libxxhash-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}" >&2
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

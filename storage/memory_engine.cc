@@ -1,0 +1,192 @@
+// StorageEngine with rows in memory only.
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "storage/row_table_internal.h"
+#include "storage/storage.h"
+
+namespace tessera {
+namespace {
+
+using internal::Admitted;
+using internal::DenseChunks;
+using internal::SparseRows;
+
+class MemoryLaneStore final : public LaneStore {
+ public:
+  Status AddTable(uint64_t table_id, const TableSpec& spec) override {
+    if (tables_.contains(table_id)) return Status::OK();
+    auto t = std::make_unique<Table>();
+    t->spec = spec;
+    t->opt = Optimizer::Make(spec.optimizer);
+    if (spec.kind == TableKind::kSparse) {
+      t->rows = std::make_unique<SparseRows>(spec, t->opt.get());
+    } else {
+      t->dense = std::make_unique<DenseChunks>(spec, t->opt.get());
+    }
+    tables_.emplace(table_id, std::move(t));
+    return Status::OK();
+  }
+
+  Status Lookup(uint64_t table_id, std::span<const uint64_t> keys,
+                std::span<float* const> out) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+    const uint32_t dim = t->spec.dim;
+    const bool gated = t->spec.admission.min_count > 1 || t->spec.admission.probability < 1;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ++stats_.lookups;
+      float* row = t->rows->Find(keys[i]);
+      if (row != nullptr) {
+        ++stats_.memory_hits;
+      } else if (gated) {
+        InitializeValues(t->spec.initializer, keys[i], 0, dim, out[i]);
+        continue;
+      } else {
+        bool created;
+        row = t->rows->FindOrCreate(keys[i], &created);
+      }
+      std::memcpy(out[i], row, sizeof(float) * dim);
+    }
+    return Status::OK();
+  }
+
+  Status Apply(uint64_t table_id, std::span<const uint64_t> keys,
+               std::span<const float* const> grads, const ApplyContext& ctx) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+    const uint32_t dim = t->spec.dim;
+    const bool gated = t->spec.admission.min_count > 1 || t->spec.admission.probability < 1;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      float* row = t->rows->Find(keys[i]);
+      if (row == nullptr) {
+        if (gated) {
+          uint32_t& count = t->pending[keys[i]];
+          ++count;
+          if (!Admitted(t->spec.admission, keys[i], count)) continue;
+          t->pending.erase(keys[i]);
+        }
+        bool created;
+        row = t->rows->FindOrCreate(keys[i], &created);
+      }
+      RowMeta& meta = t->rows->MetaOf(keys[i]);
+      ++meta.update_count;
+      meta.last_step = static_cast<uint32_t>(ctx.step);
+      meta.last_update_s = ctx.now_s;
+      t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count);
+      ++stats_.applies;
+    }
+    return Status::OK();
+  }
+
+  Status DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                   float* out) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    uint32_t len;
+    float* row = t->dense->Get(chunk, &len);
+    if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
+    std::memcpy(out, row + begin, sizeof(float) * (end - begin));
+    return Status::OK();
+  }
+
+  Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                    const float* grad, const ApplyContext& ctx) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    uint32_t len;
+    float* row = t->dense->Get(chunk, &len);
+    if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
+    RowMeta& meta = t->dense->Meta(chunk);
+    ++meta.update_count;
+    meta.last_step = static_cast<uint32_t>(ctx.step);
+    meta.last_update_s = ctx.now_s;
+    t->opt->Apply(row, row + len, grad, len, begin, end, meta.update_count);
+    ++stats_.applies;
+    return Status::OK();
+  }
+
+  Status Commit() override { return Status::OK(); }
+
+  Status Scan(uint64_t table_id, const RowVisitor& fn) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+    const uint32_t dim = t->spec.dim;
+    t->rows->ForEach([&](uint64_t key, const float* row, const RowMeta& meta) {
+      return fn(key, row, row + dim, meta);
+    });
+    return Status::OK();
+  }
+
+  StoreStats stats() const override {
+    StoreStats s = stats_;
+    for (auto& [id, t] : tables_) {
+      if (t->rows) {
+        s.rows_in_memory += t->rows->size();
+        s.bytes_in_memory += t->rows->MemoryBytes();
+      } else {
+        s.bytes_in_memory += t->dense->MemoryBytes();
+      }
+    }
+    return s;
+  }
+
+ private:
+  struct Table {
+    TableSpec spec;
+    std::unique_ptr<Optimizer> opt;
+    std::unique_ptr<SparseRows> rows;
+    std::unique_ptr<DenseChunks> dense;
+    absl::flat_hash_map<uint64_t, uint32_t> pending;  // push counts of keys not yet admitted
+  };
+
+  Result<Table*> Get(uint64_t table_id, TableKind kind) {
+    auto it = tables_.find(table_id);
+    if (it == tables_.end()) {
+      return Status::NotFound("table id " + std::to_string(table_id) + " not in this lane");
+    }
+    if (it->second->spec.kind != kind) {
+      return Status::InvalidArgument("table '" + it->second->spec.name + "' is " +
+                                     (kind == TableKind::kSparse ? "dense" : "sparse"));
+    }
+    return it->second.get();
+  }
+
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
+  StoreStats stats_;
+};
+
+class MemoryEngine final : public StorageEngine {
+ public:
+  Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t, uint32_t) override {
+    return std::unique_ptr<LaneStore>(new MemoryLaneStore());
+  }
+  Status PutMeta(std::string_view key, std::string_view value) override {
+    std::lock_guard<std::mutex> l(mu_);
+    meta_[std::string(key)] = std::string(value);
+    return Status::OK();
+  }
+  Result<std::optional<std::string>> GetMeta(std::string_view key) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = meta_.find(std::string(key));
+    if (it == meta_.end()) return std::optional<std::string>();
+    return std::optional<std::string>(it->second);
+  }
+  Status ScanMeta(std::string_view prefix,
+                  const std::function<void(std::string_view, std::string_view)>& fn) override {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = meta_.lower_bound(std::string(prefix));
+         it != meta_.end() && it->first.starts_with(prefix); ++it) {
+      fn(it->first, it->second);
+    }
+    return Status::OK();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::string> meta_;
+};
+
+}  // namespace
+
+std::unique_ptr<StorageEngine> NewMemoryStorageEngine() {
+  return std::unique_ptr<StorageEngine>(new MemoryEngine());
+}
+
+}  // namespace tessera

@@ -1,0 +1,181 @@
+// The storage interface of a server: rows of value + optimizer state, owned per lane.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ps/status.h"
+#include "ps/table_spec.h"
+
+namespace tessera {
+
+/// Per-row metadata kept next to the value and optimizer state.
+struct RowMeta {
+  /// Number of updates applied to the row (Adam's step count).
+  uint32_t update_count = 0;
+  /// Value of the lane's push counter at the last update.
+  uint32_t last_step = 0;
+  /// Wall-clock time of the last update, seconds since the epoch.
+  uint32_t last_update_s = 0;
+};
+
+/// What an update is applied under.
+struct ApplyContext {
+  /// The lane's push counter (monotonic), for step-based eviction.
+  uint64_t step = 0;
+  /// Current time in seconds since the epoch.
+  uint32_t now_s = 0;
+};
+
+/// Counters a store reports (monotonic unless said otherwise).
+struct StoreStats {
+  uint64_t rows_in_memory = 0;   ///< Gauge.
+  uint64_t bytes_in_memory = 0;  ///< Gauge: bytes the memory tier uses.
+  uint64_t lookups = 0;
+  uint64_t memory_hits = 0;
+  uint64_t applies = 0;
+  /// Rows deleted by the table's eviction policy (idle steps or seconds).
+  uint64_t evicted_rows = 0;
+  /// Apply() keys whose row was already in the memory tier (Apply() hit rate:
+  /// apply_memory_hits / apply keys, where apply keys = applies for sparse tables).
+  uint64_t apply_memory_hits = 0;
+  /// Rows read back from RocksDB (lookups and applies that missed the memory tier and found the
+  /// row on disk).
+  uint64_t disk_reads = 0;
+  /// Rows dropped from the memory tier to stay within the budget (still on disk; not lost).
+  uint64_t budget_evictions = 0;
+  /// Commits that wrote a batch, and rows (plus dense chunks) they wrote.
+  uint64_t commits = 0;
+  uint64_t rows_written = 0;
+};
+
+/// The rows that one lane owns, of every table. Not thread-safe: exactly one lane thread uses a
+/// LaneStore; no lock is needed on the hot path.
+class LaneStore {
+ public:
+  virtual ~LaneStore() = default;
+
+  /// Makes a table known to this lane. Called again with the same spec: no-op.
+  virtual Status AddTable(uint64_t table_id, const TableSpec& spec) = 0;
+
+  /// Sparse: writes the value (dim floats) of keys[i] to out[i]. A key without a row gets its
+  /// initializer's value (and a row, unless the table's admission policy says not yet).
+  virtual Status Lookup(uint64_t table_id, std::span<const uint64_t> keys,
+                        std::span<float* const> out) = 0;
+
+  /// Sparse: applies grads[i] (dim floats) to the row of keys[i] with the table's optimizer.
+  virtual Status Apply(uint64_t table_id, std::span<const uint64_t> keys,
+                       std::span<const float* const> grads, const ApplyContext& ctx) = 0;
+
+  /// Dense: copies elements [begin, end) of chunk `chunk` (relative to the chunk) to out.
+  virtual Status DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                           float* out) = 0;
+
+  /// Dense: applies grad[0 .. end-begin) to elements [begin, end) of chunk `chunk`.
+  virtual Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                            const float* grad, const ApplyContext& ctx) = 0;
+
+  /// Makes every update applied so far as durable as the store is configured to (strict mode:
+  /// survives kill -9 once this returns OK). The lane calls it before acknowledging pushes, once
+  /// per batch of queued requests (group commit).
+  virtual Status Commit() = 0;
+
+  /// Visits every stored row of a sparse table (value and state are dim and StateFloats(dim)
+  /// floats). Stops early when `fn` returns false.
+  using RowVisitor = std::function<bool(uint64_t key, const float* value, const float* state,
+                                        const RowMeta& meta)>;
+  /// Rows that were only created by a Lookup (update_count == 0: they hold the initializer's
+  /// value, which any reader can recompute) are not visited; every updated row is. May commit the
+  /// updates applied so far (as Commit() does) before reading.
+  virtual Status Scan(uint64_t table_id, const RowVisitor& fn) = 0;
+
+  virtual StoreStats stats() const = 0;
+
+  /// Housekeeping the lane calls on a schedule, between request batches (suggested: every 1 s,
+  /// and at least every relaxed_window_ms / 2 in the relaxed mode): deletes the rows of sparse
+  /// tables whose eviction policy says they are idle (ctx.step and ctx.now_s are the current
+  /// push counter and time; a row is idle when ctx.step - last_step > max_idle_steps or
+  /// ctx.now_s - last_update_s > max_idle_seconds), returns memory the tier no longer needs, and
+  /// commits (as Commit()). Large tables on disk are swept incrementally: each call examines a
+  /// bounded number of rows and carries on where the previous call stopped. Default: no-op.
+  virtual Status Maintain(const ApplyContext& ctx) {
+    (void)ctx;
+    return Status::OK();
+  }
+};
+
+/// One server's storage: hands out a LaneStore per lane and keeps small metadata records
+/// (table specs, worker clocks and positions). Thread-safe.
+class StorageEngine {
+ public:
+  virtual ~StorageEngine() = default;
+
+  /// Opens the store of lane `lane` of `num_lanes`. Each lane is opened once.
+  virtual Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t lane, uint32_t num_lanes) = 0;
+
+  /// Durable small records (strict mode: durable when this returns).
+  virtual Status PutMeta(std::string_view key, std::string_view value) = 0;
+  virtual Result<std::optional<std::string>> GetMeta(std::string_view key) = 0;
+  /// Visits every record whose key starts with `prefix`.
+  virtual Status ScanMeta(std::string_view prefix,
+                          const std::function<void(std::string_view key, std::string_view value)>&
+                              fn) = 0;
+
+  /// Writes a consistent, openable copy of everything committed so far (every lane's Commit()
+  /// returned) to `dir`, which must not exist: a RocksDB checkpoint made of hard links where the
+  /// file system allows (cheap), copies otherwise. Opening `dir` as a data_dir restores it. To
+  /// get a cut where no push is half applied, the server commits every lane and holds pushes
+  /// while this runs. Errors: FailedPrecondition for the memory-only engine, IOError.
+  virtual Status CreateCheckpoint(const std::string& dir) {
+    return Status::FailedPrecondition("this storage engine cannot checkpoint to '" + dir + "'");
+  }
+};
+
+/// Rows in memory only: nothing survives the process. For tests and scratch clusters.
+std::unique_ptr<StorageEngine> NewMemoryStorageEngine();
+
+/// When an acknowledged push is durable.
+enum class Durability : uint8_t {
+  /// Acknowledged pushes survive kill -9 of the server process (WAL written before the ack,
+  /// group-committed per lane batch).
+  kStrict = 0,
+  /// Pushes reach the WAL at most relaxed_window_ms after they were acknowledged.
+  kRelaxed = 1,
+};
+
+struct StorageOptions {
+  /// Directory of the server's RocksDB. Empty: memory only (nothing survives the process).
+  std::string data_dir;
+  /// Bytes the memory tier may hold across all lanes; rows beyond live in RocksDB only.
+  /// 0: unbounded. Default: 0.
+  /// The memory-only engine ignores it (it has nowhere to spill to).
+  uint64_t memory_budget_bytes = 0;
+  /// When an acknowledged push is durable. Default: kStrict.
+  Durability durability = Durability::kStrict;
+  /// Relaxed mode: the longest time, in milliseconds, an acknowledged push may be lost on a
+  /// process crash. Default: 100.
+  uint32_t relaxed_window_ms = 100;
+  /// Also fsync the WAL before acknowledging (survives machine crashes). Default: false.
+  bool fsync = false;
+  /// RocksDB block cache (uncompressed data, index and filter blocks), bytes, shared by all
+  /// tables of the server; used by reads of rows that are not in the memory tier. Default: 64 MiB.
+  uint64_t block_cache_bytes = uint64_t{64} << 20;
+  /// RocksDB background threads (flushes and compactions). Default: 2.
+  int background_jobs = 2;
+  /// Extra RocksDB column-family options for table families, in RocksDB's option-string format
+  /// (e.g. "compression=kLZ4Compression;block_based_table_factory={block_size=16384}"), applied
+  /// over Tessera's tuning (docs/storage.md). For experiments; a bad string fails the open with
+  /// InvalidArgument. Default: empty.
+  std::string rocksdb_table_options;
+};
+
+/// Opens the engine the options ask for: memory-only when data_dir is empty, else RocksDB
+/// (recovering whatever the directory holds).
+Result<std::unique_ptr<StorageEngine>> OpenStorageEngine(const StorageOptions& options);
+
+}  // namespace tessera
