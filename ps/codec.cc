@@ -149,7 +149,9 @@ Status DecodeHeader(const void* data, size_t size, Header* out) {
                                       std::to_string(out->version) + ", this build speaks " +
                                       std::to_string(kProtocolVersion));
   }
-  if (static_cast<uint8_t>(out->op) > kMaxOp || out->op == Op::kInvalid) {
+  // Op Invalid appears only in error replies to requests whose op could not be read.
+  if (static_cast<uint8_t>(out->op) > kMaxOp ||
+      (out->op == Op::kInvalid && out->status == StatusCode::kOk)) {
     return Status::InvalidArgument("unknown op " + std::to_string(static_cast<int>(out->op)));
   }
   if (static_cast<uint8_t>(out->elem_type) > static_cast<uint8_t>(ElemType::kBytes)) {
