@@ -7,6 +7,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -716,6 +718,72 @@ Result<std::string> Client::ServerStats(uint32_t rank, Deadline deadline) {
   TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(impl_->BaseHeader(Op::kStats), {rank},
                                                      deadline));
   return r.name;
+}
+
+namespace {
+// Reads "name value" from a stats text; 0 when absent.
+int64_t StatValue(const std::string& text, const std::string& name) {
+  const std::string needle = name + " ";
+  size_t pos = 0;
+  while ((pos = text.find(needle, pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return std::stoll(text.substr(pos + needle.size()));
+    pos += needle.size();
+  }
+  return 0;
+}
+}  // namespace
+
+Result<int64_t> Client::Checkpoint(const std::string& dir, Deadline deadline) {
+  if (dir.empty()) return Status::InvalidArgument("checkpoint directory is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
+  if (std::filesystem::exists(dir + "/CHECKPOINT")) {
+    return Status::AlreadyExists("'" + dir + "' already holds a checkpoint");
+  }
+  int64_t cut = -1;
+  bool taken = false;
+  for (int attempt = 0; attempt < 20 && !taken; ++attempt) {
+    // Where the job is: the cut goes after the steps every server has seen pushed.
+    uint32_t workers = 0;
+    int64_t max_clock = 0, max_push = -1;
+    for (uint32_t r = 0; r < num_servers(); ++r) {
+      TESSERA_ASSIGN_OR_RETURN(std::string st, ServerStats(r, deadline));
+      workers = std::max<uint32_t>(workers, static_cast<uint32_t>(StatValue(st, "job_workers")));
+      max_clock = std::max(max_clock, StatValue(st, "max_clock"));
+      max_push = std::max(max_push, StatValue(st, "max_push_clock"));
+    }
+    cut = std::max(max_clock - 1, max_push) + attempt;
+    Header h = impl_->BaseHeader(Op::kCheckpoint);
+    h.name = dir;
+    h.clock = cut;
+    h.num_workers = workers;
+    auto r = impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline);
+    if (r.ok()) {
+      taken = true;
+      break;
+    }
+    // Abort everywhere before trying again (or giving up).
+    Header abort = impl_->BaseHeader(Op::kCheckpoint);
+    abort.count = 1;
+    (void)impl_->Blocking(abort, impl_->AllServers(), DeadlineAfterMs(10000)).status();
+    if (r.status().code() != StatusCode::kFailedPrecondition ||
+        r.status().message().find("already passed") == std::string::npos) {
+      return r.status();
+    }
+  }
+  if (!taken) return Status::Unavailable("the job kept running past every proposed cut");
+  std::ofstream marker(dir + "/CHECKPOINT");
+  marker << "tessera checkpoint\nservers " << num_servers() << "\ncut_clock " << cut << "\n";
+  marker.close();
+  if (!marker) return Status::IOError("cannot write '" + dir + "/CHECKPOINT'");
+  return cut;
+}
+
+Status Client::Restore(const std::string& dir, Deadline deadline) {
+  Header h = impl_->BaseHeader(Op::kRestore);
+  h.name = dir;
+  return impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status();
 }
 
 Status Client::Wait(const Handle& handle, Deadline deadline) {

@@ -130,6 +130,16 @@ class Client {
   /// Server `rank`'s statistics as text (one "name value" per line).
   Result<std::string> ServerStats(uint32_t rank, Deadline deadline = NoDeadline());
 
+  /// Takes a consistent checkpoint of the whole cluster into `dir`, a directory every server
+  /// (and this process) can write, e.g. shared storage. The cut is a clock C: every push of
+  /// steps <= C is in, none after (pushes of later steps wait while the servers write). Holds
+  /// rows with optimizer state, dense tables, specs, and the metadata records (worker clocks
+  /// and positions). Returns the cut clock. Blocking.
+  Result<int64_t> Checkpoint(const std::string& dir, Deadline deadline = NoDeadline());
+  /// Loads a checkpoint into this cluster, which may have another number of servers than the
+  /// one that wrote it (rows move to the servers that now own their slots). Blocking.
+  Status Restore(const std::string& dir, Deadline deadline = NoDeadline());
+
   /// Waits for a call. DeadlineExceeded leaves the call in flight (Wait again later);
   /// any other result is final.
   Status Wait(const Handle& handle, Deadline deadline = NoDeadline());

@@ -24,6 +24,8 @@ std::string_view OpName(Op op) {
     case Op::kPutMeta: return "PutMeta";
     case Op::kGetMeta: return "GetMeta";
     case Op::kStats: return "Stats";
+    case Op::kCheckpoint: return "Checkpoint";
+    case Op::kRestore: return "Restore";
   }
   return "Unknown";
 }

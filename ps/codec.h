@@ -33,8 +33,10 @@ enum class Op : uint8_t {
   kPutMeta = 11,
   kGetMeta = 12,
   kStats = 13,
+  kCheckpoint = 14,
+  kRestore = 15,
 };
-inline constexpr uint8_t kMaxOp = 13;
+inline constexpr uint8_t kMaxOp = 15;
 
 std::string_view OpName(Op op);
 

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "ps/codec.h"
 #include "ps/optimizer.h"
 #include "ps/routing.h"
+#include "ps/snapshot_internal.h"
 #include "ps/table_spec.h"
 
 namespace tessera {
@@ -51,6 +53,7 @@ struct Pending {
   std::mutex mu;
   Status status;  // first error; guarded by mu
   std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
+  bool silent = false;            // internal work (maintenance): no reply
 
   void Fail(const Status& s) {
     std::lock_guard<std::mutex> l(mu);
@@ -129,7 +132,10 @@ class Lane {
         }
       }
       for (Task& t : batch) {
-        if (t.pending->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) Reply(*t.pending);
+        if (t.pending->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+            !t.pending->silent) {
+          Reply(*t.pending);
+        }
       }
       batch.clear();
     }
@@ -264,7 +270,13 @@ class ServerImpl {
   void IoLoop() {
     zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
                                {replies_.handle(), 0, ZMQ_POLLIN, 0}};
+    auto next_maintenance = std::chrono::steady_clock::now();
     while (!stop_.load(std::memory_order_relaxed)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next_maintenance) {
+        next_maintenance = now + std::chrono::milliseconds(options_.maintenance_interval_ms);
+        Maintain();
+      }
       try {
         zmq::poll(items, 2, std::chrono::milliseconds(100));
       } catch (const zmq::error_t& e) {
@@ -284,6 +296,20 @@ class ServerImpl {
         }
       }
     }
+  }
+
+  // Eviction and housekeeping on every lane, between request batches.
+  void Maintain() {
+    auto p = std::make_shared<Pending>();
+    p->silent = true;
+    RunOnAllLanes(
+        p,
+        [](Lane& lane) {
+          Status s = lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
+          if (!s.ok()) LOG(WARNING) << "lane " << lane.index() << " maintenance: " << s.ToString();
+          return Status::OK();
+        },
+        true);
   }
 
   void ForwardReplies() {
@@ -429,6 +455,8 @@ class ServerImpl {
       case Op::kPutMeta:
       case Op::kGetMeta: return MetaOp(p);
       case Op::kStats: return StatsOp(p);
+      case Op::kCheckpoint: return CheckpointOp(p);
+      case Op::kRestore: return RestoreOp(p);
       case Op::kInvalid: break;
     }
     return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
@@ -523,6 +551,7 @@ class ServerImpl {
       }
       by_lane[LaneOfSlot(slot, nl)].push_back(static_cast<uint32_t>(i));
     }
+    if (ParkedByCut(p)) return Status::OK();
     if (!WaitForClock(p)) return Status::OK();  // parked
     return SubmitSparse(p, std::move(by_lane));
   }
@@ -547,6 +576,7 @@ class ServerImpl {
     if (push) {
       ++pushes_;
       push_keys_ += h.count;
+      if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
     }
     if (pull) {
       ++pulls_;
@@ -628,6 +658,7 @@ class ServerImpl {
         }
       }
     }
+    if (ParkedByCut(p)) return Status::OK();
     if (!WaitForClock(p)) return Status::OK();
     return SubmitDense(p);
   }
@@ -641,6 +672,7 @@ class ServerImpl {
       ++pulls_;
     } else {
       ++pushes_;
+      if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
     }
     struct Seg {
       uint64_t chunk;
@@ -717,21 +749,27 @@ class ServerImpl {
         still.push_back(std::move(p));
         continue;
       }
-      Status s;
-      if (h.op == Op::kDensePull) {
-        s = SubmitDense(p);
-      } else {
-        // Re-split by lane (cheap compared to waiting).
-        const uint32_t nl = static_cast<uint32_t>(lanes_.size());
-        std::vector<std::vector<uint32_t>> by_lane(nl);
-        for (uint64_t i = 0; i < h.count; ++i) {
-          by_lane[LaneOfSlot(SlotOfKey(p->keys[i]), nl)].push_back(static_cast<uint32_t>(i));
-        }
-        s = SubmitSparse(p, std::move(by_lane));
-      }
-      if (!s.ok()) ReplyError(std::move(p->identity), h, s);
+      Resubmit(p);
     }
     parked_ = std::move(still);
+  }
+
+  // Submits a validated request that was parked.
+  void Resubmit(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    Status s;
+    if (h.op == Op::kDensePull || h.op == Op::kDensePush) {
+      s = SubmitDense(p);
+    } else {
+      // Re-split by lane (cheap compared to waiting).
+      const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+      std::vector<std::vector<uint32_t>> by_lane(nl);
+      for (uint64_t i = 0; i < h.count; ++i) {
+        by_lane[LaneOfSlot(SlotOfKey(p->keys[i]), nl)].push_back(static_cast<uint32_t>(i));
+      }
+      s = SubmitSparse(p, std::move(by_lane));
+    }
+    if (!s.ok()) ReplyError(std::move(p->identity), h, s);
   }
 
   Status ClockOp(const std::shared_ptr<Pending>& p) {
@@ -740,8 +778,10 @@ class ServerImpl {
     int64_t& c = clocks_[h.worker_id];
     // A restarted worker may set its clock back to its stored value: take what it says.
     c = h.clock;
+    job_workers_ = std::max(job_workers_, h.num_workers);
     ReplyOk(std::move(p->identity), h);
     ReleaseParked();
+    TakeSnapshotIfReady();
     return Status::OK();
   }
 
@@ -807,7 +847,20 @@ class ServerImpl {
       << "pulls " << pulls_ << "\n"
       << "pull_keys " << pull_keys_ << "\n"
       << "parked_now " << parked_.size() << "\n"
-      << "parked_total " << parked_total_ << "\n";
+      << "parked_total " << parked_total_ << "\n"
+      << "job_workers " << job_workers_ << "\n"
+      << "min_clock " << (job_workers_ ? MinClock(job_workers_) : 0) << "\n"
+      << "max_clock " << MaxClock() << "\n"
+      << "max_push_clock " << max_push_clock_ << "\n"
+      << "checkpoint_pending " << (cut_ ? 1 : 0) << "\n";
+    for (auto& [id, t] : tables_) {
+      s << "table " << t.spec.name << " id=" << id << " kind="
+        << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
+        << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
+        << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
+        << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
+        << " lr=" << t.spec.optimizer.learning_rate << "\n";
+    }
     p->text.assign(lanes_.size() + 1, std::string());
     p->text[0] = s.str();
     Pending* raw = p.get();
@@ -831,6 +884,249 @@ class ServerImpl {
     return Status::OK();
   }
 
+  // ---------------------------------------------------------------- checkpoints
+  int64_t MaxClock() const {
+    int64_t m = 0;
+    for (auto& [w, c] : clocks_) m = std::max(m, c);
+    return m;
+  }
+
+  static bool IsWrite(Op op) {
+    return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
+  }
+
+  // While a checkpoint at cut C is pending, pushes of steps after C wait until it is taken.
+  bool ParkedByCut(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (!cut_ || !IsWrite(h.op) || h.num_workers == 0 || h.clock <= cut_->cut) return false;
+    cut_parked_.push_back(p);
+    return true;
+  }
+
+  std::string ServerDir(const std::string& dir, uint32_t rank) const {
+    return dir + "/server-" + std::to_string(rank);
+  }
+
+  Status CheckpointOp(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (h.count == 1) {  // abort
+      if (cut_) {
+        ReplyError(std::move(cut_->request->identity), cut_->request->header,
+                   Status::Cancelled("checkpoint aborted"));
+        cut_.reset();
+        ReleaseCutParked();
+      }
+      ReplyOk(std::move(p->identity), h);
+      return Status::OK();
+    }
+    if (h.name.empty()) return Status::InvalidArgument("checkpoint without a directory");
+    if (cut_) return Status::FailedPrecondition("a checkpoint is already in progress");
+    if (h.num_workers > 0 && max_push_clock_ > h.clock) {
+      return Status::FailedPrecondition("cut at clock " + std::to_string(h.clock) +
+                                        " already passed: a push of clock " +
+                                        std::to_string(max_push_clock_) + " was applied");
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(ServerDir(h.name, options_.rank), ec);
+    if (ec) {
+      return Status::IOError("cannot create '" + ServerDir(h.name, options_.rank) +
+                             "': " + ec.message());
+    }
+    cut_ = CutState{h.clock, h.num_workers, h.name, p};
+    TakeSnapshotIfReady();
+    return Status::OK();
+  }
+
+  // Takes the pending snapshot once every worker has finished the steps up to the cut.
+  void TakeSnapshotIfReady() {
+    if (!cut_) return;
+    if (cut_->num_workers > 0 && MinClock(cut_->num_workers) < cut_->cut + 1) return;
+    CutState cut = std::move(*cut_);
+    cut_.reset();
+    const std::string dir = ServerDir(cut.dir, options_.rank);
+    std::vector<std::pair<uint64_t, TableSpec>> tables;
+    std::vector<std::string> specs;
+    for (auto& [id, t] : tables_) {
+      tables.emplace_back(id, t.spec);
+      specs.push_back(EncodeTableSpec(t.spec));
+    }
+    Status s = WriteBlobs(dir + "/tables", specs);
+    if (s.ok()) {
+      std::vector<std::string> meta;
+      s = engine_->ScanMeta("user/", [&](std::string_view k, std::string_view v) {
+        meta.emplace_back(k);
+        meta.emplace_back(v);
+      });
+      if (s.ok()) s = WriteBlobs(dir + "/meta", meta);
+    }
+    if (s.ok()) {
+      std::vector<std::string> info = {std::to_string(options_.rank),
+                                       std::to_string(options_.num_servers),
+                                       std::to_string(cut.cut), std::to_string(lanes_.size())};
+      s = WriteBlobs(dir + "/manifest", info);
+    }
+    if (!s.ok()) {
+      ReplyError(std::move(cut.request->identity), cut.request->header, s);
+    } else {
+      // Lanes run tasks in order: each writes its rows before it sees any released push.
+      LOG(INFO) << "checkpoint at clock " << cut.cut << " into " << dir;
+      RunOnAllLanes(
+          cut.request,
+          [dir, tables](Lane& lane) {
+            return WriteLaneSnapshot(lane.store(), tables,
+                                     dir + "/lane-" + std::to_string(lane.index()));
+          },
+          false);
+    }
+    ReleaseCutParked();
+  }
+
+  void ReleaseCutParked() {
+    auto parked = std::move(cut_parked_);
+    cut_parked_.clear();
+    for (auto& p : parked) Resubmit(p);
+  }
+
+  // Loads a checkpoint taken by a cluster of any size: every server reads every old server's
+  // files and keeps the rows its slots (and dense ranges) now own.
+  Status RestoreOp(const std::shared_ptr<Pending>& p) {
+    const std::string& dir = p->header.name;
+    if (!std::filesystem::exists(dir + "/CHECKPOINT")) {
+      return Status::NotFound("'" + dir + "' holds no complete checkpoint (no CHECKPOINT file)");
+    }
+    TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(dir, 0) + "/manifest"));
+    if (info.size() != 4) return Status::Corruption("bad manifest in '" + dir + "'");
+    const uint32_t old_servers = static_cast<uint32_t>(std::stoul(info[1]));
+    // Tables first (all old servers hold every spec; read server 0's).
+    TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(ServerDir(dir, 0) + "/tables"));
+    std::vector<std::pair<uint64_t, TableSpec>> restored;
+    for (const auto& b : specs) {
+      TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
+      const uint64_t id = TableIdForName(spec.name);
+      auto it = tables_.find(id);
+      if (it != tables_.end()) {
+        std::string diff = DescribeSpecDifference(it->second.spec, spec);
+        if (!diff.empty()) {
+          return Status::AlreadyExists("table '" + spec.name +
+                                       "' exists with another spec than the checkpoint's: " +
+                                       diff);
+        }
+      } else {
+        TESSERA_RETURN_IF_ERROR(
+            engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+        tables_[id] = TableInfo{id, spec};
+        names_[spec.name] = id;
+      }
+      restored.emplace_back(id, spec);
+    }
+    const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+    // A guard count keeps the reply back until every batch is submitted.
+    p->remaining.store(1);
+    auto submit = [&](uint32_t lane, std::function<Status(Lane&)> fn) {
+      p->remaining.fetch_add(1);
+      lanes_[lane]->Submit(Task{p, std::move(fn), true});
+    };
+    for (uint32_t l = 0; l < nl; ++l) {
+      submit(l, [restored](Lane& lane) -> Status {
+        for (auto& [id, spec] : restored) TESSERA_RETURN_IF_ERROR(lane.store().AddTable(id, spec));
+        return Status::OK();
+      });
+    }
+    if (options_.rank == 0) {
+      TESSERA_ASSIGN_OR_RETURN(auto meta, ReadBlobs(ServerDir(dir, 0) + "/meta"));
+      for (size_t i = 0; i + 1 < meta.size(); i += 2) {
+        TESSERA_RETURN_IF_ERROR(engine_->PutMeta(meta[i], meta[i + 1]));
+      }
+    }
+    // Rows, in batches per lane.
+    struct Batch {
+      std::vector<uint64_t> tables, keys;
+      std::vector<RowMeta> metas;
+      std::vector<std::vector<float>> rows;
+      std::vector<bool> dense;
+    };
+    std::vector<std::shared_ptr<Batch>> batches(nl);
+    auto flush = [&](uint32_t l) {
+      if (!batches[l] || batches[l]->keys.empty()) return;
+      auto b = std::move(batches[l]);
+      batches[l].reset();
+      submit(l, [b](Lane& lane) -> Status {
+        for (size_t i = 0; i < b->keys.size(); ++i) {
+          if (b->dense[i]) {
+            TESSERA_RETURN_IF_ERROR(
+                lane.store().PutDenseChunk(b->tables[i], b->keys[i], b->rows[i].data(), b->metas[i]));
+          } else {
+            const float* row = b->rows[i].data();
+            TESSERA_RETURN_IF_ERROR(lane.store().PutRows(
+                b->tables[i], std::span<const uint64_t>(&b->keys[i], 1),
+                std::span<const float* const>(&row, 1), std::span<const RowMeta>(&b->metas[i], 1)));
+          }
+        }
+        return Status::OK();
+      });
+    };
+    uint64_t loaded = 0;
+    for (uint32_t old = 0; old < old_servers; ++old) {
+      TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(ServerDir(dir, old) + "/manifest"));
+      if (oinfo.size() != 4) return Status::Corruption("bad manifest of server " + std::to_string(old));
+      const uint32_t old_lanes = static_cast<uint32_t>(std::stoul(oinfo[3]));
+      for (uint32_t ol = 0; ol < old_lanes; ++ol) {
+        const std::string path = ServerDir(dir, old) + "/lane-" + std::to_string(ol);
+        TESSERA_RETURN_IF_ERROR(ReadSnapshot(path, [&](const SnapshotRecord& r) -> Status {
+          auto t = tables_.find(r.table_id);
+          if (t == tables_.end()) return Status::Corruption("row of an unknown table in " + path);
+          uint32_t lane;
+          const bool dense = r.kind == SnapshotRecord::kDenseChunk;
+          if (dense) {
+            const DenseRange mine = DenseRangeOfServer(r.table_id, t->second.spec.length,
+                                                       options_.rank, options_.num_servers);
+            const uint64_t first = r.key * kDenseChunkFloats;
+            if (first < mine.begin || first >= mine.end) return Status::OK();
+            lane = LaneOfChunk(r.table_id, r.key, nl);
+          } else {
+            const uint32_t slot = SlotOfKey(r.key);
+            if (slot_map_.ServerOfSlot(slot) != options_.rank) return Status::OK();
+            lane = LaneOfSlot(slot, nl);
+          }
+          if (!batches[lane]) batches[lane] = std::make_shared<Batch>();
+          Batch& b = *batches[lane];
+          b.tables.push_back(r.table_id);
+          b.keys.push_back(r.key);
+          b.metas.push_back(r.meta);
+          b.rows.push_back(r.row);
+          b.dense.push_back(dense);
+          ++loaded;
+          if (b.keys.size() >= 65536) flush(lane);
+          return Status::OK();
+        }));
+      }
+    }
+    for (uint32_t l = 0; l < nl; ++l) flush(l);
+    LOG(INFO) << "restored " << loaded << " rows/chunks from " << dir << " (" << old_servers
+              << " servers)";
+    // Release the guard.
+    if (p->remaining.fetch_sub(1) == 1) {
+      Status st;
+      {
+        std::lock_guard<std::mutex> l(p->mu);
+        st = p->status;
+      }
+      if (st.ok()) {
+        ReplyOk(std::move(p->identity), p->header);
+      } else {
+        ReplyError(std::move(p->identity), p->header, st);
+      }
+    }
+    return Status::OK();
+  }
+
+  struct CutState {
+    int64_t cut;
+    uint32_t num_workers;
+    std::string dir;
+    std::shared_ptr<Pending> request;
+  };
+
   const ServerOptions options_;
   zmq::context_t ctx_;
   zmq::socket_t router_;   // I/O thread only (after Start)
@@ -851,6 +1147,10 @@ class ServerImpl {
   std::map<std::string, std::vector<BarrierWait>> barriers_;
   uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0,
            parked_total_ = 0;
+  uint32_t job_workers_ = 0;
+  int64_t max_push_clock_ = -1;
+  std::optional<CutState> cut_;
+  std::vector<std::shared_ptr<Pending>> cut_parked_;
 };
 
 }  // namespace internal

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "storage/row_table_internal.h"
 #include "storage/storage.h"
@@ -10,6 +11,8 @@ namespace tessera {
 namespace {
 
 using internal::Admitted;
+using internal::DenseChunkLength;
+using internal::DenseChunkLength;
 using internal::DenseChunks;
 using internal::SparseRows;
 
@@ -81,6 +84,7 @@ class MemoryLaneStore final : public LaneStore {
   Status DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                    float* out) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
     uint32_t len;
     float* row = t->dense->Get(chunk, &len);
     if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
@@ -91,6 +95,7 @@ class MemoryLaneStore final : public LaneStore {
   Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                     const float* grad, const ApplyContext& ctx) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
     uint32_t len;
     float* row = t->dense->Get(chunk, &len);
     if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
@@ -109,8 +114,58 @@ class MemoryLaneStore final : public LaneStore {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
     const uint32_t dim = t->spec.dim;
     t->rows->ForEach([&](uint64_t key, const float* row, const RowMeta& meta) {
-      return fn(key, row, row + dim, meta);
+      // Rows only created by a lookup hold the initializer's value (see LaneStore::Scan).
+      return meta.update_count == 0 || fn(key, row, row + dim, meta);
     });
+    return Status::OK();
+  }
+
+  Status Maintain(const ApplyContext& ctx) override {
+    std::vector<uint64_t> idle;
+    for (auto& [id, t] : tables_) {
+      if (!t->rows) continue;
+      const EvictionSpec& e = t->spec.eviction;
+      if (e.max_idle_steps == 0 && e.max_idle_seconds == 0) continue;
+      idle.clear();
+      t->rows->ForEach([&](uint64_t key, const float*, const RowMeta& meta) {
+        if (internal::IdleRow(e, meta, ctx)) idle.push_back(key);
+        return true;
+      });
+      for (uint64_t key : idle) {
+        if (t->rows->MetaOf(key).update_count > 0) ++stats_.evicted_rows;
+        t->rows->Erase(key);
+      }
+    }
+    return Status::OK();
+  }
+
+  Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    bool go = true;
+    t->dense->ForEach([&](uint64_t chunk, const float* row, const RowMeta& meta) {
+      if (go) go = fn(chunk, row, DenseChunkLength(t->spec.length, chunk), meta);
+    });
+    return Status::OK();
+  }
+
+  Status PutRows(uint64_t table_id, std::span<const uint64_t> keys,
+                 std::span<const float* const> rows, std::span<const RowMeta> metas) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      t->rows->Put(keys[i], rows[i], metas[i]);
+      t->pending.erase(keys[i]);
+    }
+    return Status::OK();
+  }
+
+  Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
+                       const RowMeta& meta) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
+    uint32_t len;
+    float* dst = t->dense->Get(chunk, &len);
+    std::memcpy(dst, row, sizeof(float) * (len + t->opt->StateFloats(len)));
+    t->dense->Meta(chunk) = meta;
     return Status::OK();
   }
 
@@ -135,6 +190,14 @@ class MemoryLaneStore final : public LaneStore {
     std::unique_ptr<DenseChunks> dense;
     absl::flat_hash_map<uint64_t, uint32_t> pending;  // push counts of keys not yet admitted
   };
+
+  static Status CheckChunk(const Table& t, uint64_t chunk) {
+    if (chunk >= (t.spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats) {
+      return Status::InvalidArgument("table '" + t.spec.name + "' has no dense chunk " +
+                                     std::to_string(chunk));
+    }
+    return Status::OK();
+  }
 
   Result<Table*> Get(uint64_t table_id, TableKind kind) {
     auto it = tables_.find(table_id);

@@ -3,6 +3,7 @@
 
 #include <absl/container/flat_hash_map.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -98,5 +99,17 @@ inline uint32_t DenseChunkLength(uint64_t length, uint64_t chunk) {
 
 /// Whether key `key`, seen `count` times, is admitted under `spec`.
 bool Admitted(const AdmissionSpec& spec, uint64_t key, uint32_t count);
+
+/// Whether a row with `meta` is idle under `spec` at `ctx`: not updated for more than
+/// max_idle_steps pushes (the step counter compared modulo 2^32, as RowMeta stores it) or
+/// max_idle_seconds. A rule set to 0 is off.
+inline bool IdleRow(const EvictionSpec& spec, const RowMeta& meta, const ApplyContext& ctx) {
+  if (spec.max_idle_steps != 0 &&
+      uint64_t{static_cast<uint32_t>(ctx.step) - meta.last_step} > spec.max_idle_steps) {
+    return true;
+  }
+  return spec.max_idle_seconds != 0 && ctx.now_s > meta.last_update_s &&
+         uint64_t{ctx.now_s - meta.last_update_s} > spec.max_idle_seconds;
+}
 
 }  // namespace tessera::internal

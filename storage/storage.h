@@ -107,6 +107,30 @@ class LaneStore {
     (void)ctx;
     return Status::OK();
   }
+
+  // ---- Snapshot and restore (checkpoints, resharding). Rows are value then optimizer state.
+
+  /// Visits every materialized chunk of a dense table: `row` holds `len` values then the
+  /// optimizer state. Stops early when `fn` returns false.
+  using ChunkVisitor =
+      std::function<bool(uint64_t chunk, const float* row, uint32_t len, const RowMeta& meta)>;
+  virtual Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) {
+    (void)table_id, (void)fn;
+    return Status::FailedPrecondition("this storage engine cannot scan dense tables");
+  }
+  /// Writes whole rows (dim values + StateFloats(dim) state each) with their metadata,
+  /// replacing existing rows. Durable like an Apply (after Commit).
+  virtual Status PutRows(uint64_t table_id, std::span<const uint64_t> keys,
+                         std::span<const float* const> rows, std::span<const RowMeta> metas) {
+    (void)table_id, (void)keys, (void)rows, (void)metas;
+    return Status::FailedPrecondition("this storage engine cannot restore rows");
+  }
+  /// Writes a whole dense chunk (values + state), replacing it.
+  virtual Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
+                               const RowMeta& meta) {
+    (void)table_id, (void)chunk, (void)row, (void)meta;
+    return Status::FailedPrecondition("this storage engine cannot restore dense chunks");
+  }
 };
 
 /// One server's storage: hands out a LaneStore per lane and keeps small metadata records

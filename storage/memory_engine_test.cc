@@ -1,0 +1,317 @@
+// LaneStore conformance: the same behaviour from the memory engine and the RocksDB engine (with
+// an unbounded memory tier, and with one so small that nearly every row is read back from disk).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "ps/initializer.h"
+#include "ps/routing.h"
+#include "storage/row_table_internal.h"
+#include "storage/storage.h"
+#include "storage/test_util_internal.h"
+
+namespace tessera {
+namespace {
+
+using internal::TempDir;
+
+enum class EngineKind { kMemory, kRocksDb, kRocksDbTinyBudget };
+
+class StoreConformanceTest : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  void SetUp() override {
+    StorageOptions o;
+    if (GetParam() == EngineKind::kMemory) {
+      engine_ = NewMemoryStorageEngine();
+    } else {
+      o.data_dir = dir_.Sub("db");
+      // About a dozen rows of dim 4: nearly every access misses the memory tier.
+      if (GetParam() == EngineKind::kRocksDbTinyBudget) o.memory_budget_bytes = 1024;
+      auto r = OpenStorageEngine(o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      engine_ = std::move(r).value();
+    }
+    auto lane = engine_->OpenLane(0, 1);
+    ASSERT_TRUE(lane.ok()) << lane.status().ToString();
+    lane_ = std::move(lane).value();
+  }
+  void TearDown() override {
+    lane_.reset();
+    engine_.reset();
+  }
+
+  uint64_t AddSparse(TableSpec spec) {
+    const uint64_t id = TableIdForName(spec.name);
+    EXPECT_TRUE(lane_->AddTable(id, spec).ok());
+    return id;
+  }
+  std::vector<float> Lookup1(uint64_t id, uint64_t key, uint32_t dim) {
+    std::vector<float> v(dim);
+    float* out[] = {v.data()};
+    Status s = lane_->Lookup(id, std::span<const uint64_t>(&key, 1), out);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return v;
+  }
+  Status Apply(uint64_t id, const std::vector<uint64_t>& keys,
+               const std::vector<std::vector<float>>& grads, uint64_t step, uint32_t now = 1000) {
+    std::vector<const float*> g;
+    for (auto& x : grads) g.push_back(x.data());
+    ApplyContext ctx{step, now};
+    Status s = lane_->Apply(id, keys, g, ctx);
+    if (!s.ok()) return s;
+    return lane_->Commit();
+  }
+  std::map<uint64_t, std::vector<float>> ScanAll(uint64_t id, uint32_t dim) {
+    std::map<uint64_t, std::vector<float>> rows;
+    Status s = lane_->Scan(id, [&](uint64_t key, const float* v, const float*, const RowMeta&) {
+      EXPECT_FALSE(rows.contains(key)) << "key visited twice: " << key;
+      rows[key] = std::vector<float>(v, v + dim);
+      return true;
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return rows;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<StorageEngine> engine_;
+  std::unique_ptr<LaneStore> lane_;
+};
+
+TEST_P(StoreConformanceTest, LookupGivesInitializerValues) {
+  InitializerSpec init{InitializerKind::kUniform, -0.5f, 0.5f, 7};
+  const uint64_t id = AddSparse(TableSpec::Sparse("t", 4, {}, init));
+  for (uint64_t key : {1ull, 2ull, 0xffffffffffffffffull}) {
+    std::vector<float> want(4);
+    InitializeValues(init, key, 0, 4, want.data());
+    EXPECT_EQ(Lookup1(id, key, 4), want);
+    EXPECT_EQ(Lookup1(id, key, 4), want) << "second lookup of " << key;
+  }
+}
+
+TEST_P(StoreConformanceTest, SgdAppliesEveryGradientIncludingDuplicates) {
+  OptimizerSpec sgd{OptimizerKind::kSgd, 0.5f};
+  const uint64_t id = AddSparse(TableSpec::Sparse("t", 2, sgd));
+  ASSERT_TRUE(Apply(id, {10, 11, 10}, {{1, 2}, {4, 4}, {1, 0}}, 1).ok());
+  EXPECT_EQ(Lookup1(id, 10, 2), (std::vector<float>{-1.0f, -1.0f}));
+  EXPECT_EQ(Lookup1(id, 11, 2), (std::vector<float>{-2.0f, -2.0f}));
+  // Many other keys push key 10 out of a small memory tier; its value comes back from disk.
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<float>> grads;
+  for (uint64_t k = 100; k < 300; ++k) {
+    keys.push_back(k);
+    grads.push_back({1, 1});
+  }
+  ASSERT_TRUE(Apply(id, keys, grads, 2).ok());
+  EXPECT_EQ(Lookup1(id, 10, 2), (std::vector<float>{-1.0f, -1.0f}));
+  EXPECT_EQ(Lookup1(id, 299, 2), (std::vector<float>{-0.5f, -0.5f}));
+}
+
+TEST_P(StoreConformanceTest, ErrorsNameTheProblem) {
+  const uint64_t id = AddSparse(TableSpec::Sparse("t", 2));
+  const uint64_t dense = TableIdForName("d");
+  ASSERT_TRUE(lane_->AddTable(dense, TableSpec::Dense("d", 10)).ok());
+  std::vector<float> v(2);
+  float* out[] = {v.data()};
+  uint64_t key = 1;
+  EXPECT_EQ(lane_->Lookup(12345, std::span<const uint64_t>(&key, 1), out).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(lane_->Lookup(dense, std::span<const uint64_t>(&key, 1), out).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(lane_->DenseRead(id, 0, 0, 1, v.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(lane_->DenseRead(dense, 0, 0, 11, v.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(lane_->DenseRead(dense, 1, 0, 1, v.data()).code(), StatusCode::kInvalidArgument);
+  // AddTable again with the same spec: no-op.
+  EXPECT_TRUE(lane_->AddTable(id, TableSpec::Sparse("t", 2)).ok());
+}
+
+TEST_P(StoreConformanceTest, DenseChunksReadAndApply) {
+  const uint64_t length = kDenseChunkFloats + 100;  // two chunks, the second short
+  OptimizerSpec sgd{OptimizerKind::kSgd, 1.0f};
+  InitializerSpec init{InitializerKind::kConstant, 2.0f};
+  const uint64_t id = TableIdForName("dense");
+  ASSERT_TRUE(lane_->AddTable(id, TableSpec::Dense("dense", length, sgd, init)).ok());
+  std::vector<float> out(100);
+  ASSERT_TRUE(lane_->DenseRead(id, 1, 0, 100, out.data()).ok());
+  EXPECT_EQ(out, std::vector<float>(100, 2.0f));
+  std::vector<float> g(10, 0.5f);
+  ASSERT_TRUE(lane_->DenseApply(id, 1, 90, 100, g.data(), {1, 1}).ok());
+  ASSERT_TRUE(lane_->Commit().ok());
+  ASSERT_TRUE(lane_->DenseRead(id, 1, 85, 100, out.data()).ok());
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(out[i], i < 5 ? 2.0f : 1.5f) << i;
+  EXPECT_EQ(lane_->DenseApply(id, 1, 95, 101, g.data(), {2, 1}).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_P(StoreConformanceTest, AdmissionByCount) {
+  TableSpec spec = TableSpec::Sparse("t", 2, {OptimizerKind::kSgd, 1.0f},
+                                     {InitializerKind::kConstant, 3.0f});
+  spec.admission.min_count = 3;
+  const uint64_t id = AddSparse(spec);
+  ASSERT_TRUE(Apply(id, {5}, {{1, 1}}, 1).ok());
+  ASSERT_TRUE(Apply(id, {5}, {{1, 1}}, 2).ok());
+  // Two pushes: counted, not stored; a pull gets the initializer's value.
+  EXPECT_EQ(Lookup1(id, 5, 2), (std::vector<float>{3, 3}));
+  EXPECT_TRUE(ScanAll(id, 2).empty());
+  // The third push admits the key and applies its own gradient (only).
+  ASSERT_TRUE(Apply(id, {5}, {{1, 1}}, 3).ok());
+  EXPECT_EQ(Lookup1(id, 5, 2), (std::vector<float>{2, 2}));
+  ASSERT_TRUE(Apply(id, {5}, {{1, 1}}, 4).ok());
+  EXPECT_EQ(Lookup1(id, 5, 2), (std::vector<float>{1, 1}));
+  auto rows = ScanAll(id, 2);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[5], (std::vector<float>{1, 1}));
+}
+
+TEST_P(StoreConformanceTest, AdmissionByProbabilityIsTheDeterministicCoin) {
+  TableSpec spec = TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f});
+  spec.admission.probability = 0.25f;
+  const uint64_t id = AddSparse(spec);
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<float>> grads;
+  for (uint64_t k = 1; k <= 2000; ++k) {
+    keys.push_back(k);
+    grads.push_back({1});
+  }
+  ASSERT_TRUE(Apply(id, keys, grads, 1).ok());
+  auto rows = ScanAll(id, 1);
+  size_t expected = 0;
+  for (uint64_t k : keys) {
+    const bool admitted = internal::Admitted(spec.admission, k, 1);
+    expected += admitted;
+    EXPECT_EQ(rows.contains(k), admitted) << k;
+  }
+  EXPECT_EQ(rows.size(), expected);
+  EXPECT_GT(expected, 400u);
+  EXPECT_LT(expected, 600u);
+}
+
+TEST_P(StoreConformanceTest, EvictionByIdleSteps) {
+  TableSpec spec = TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f});
+  spec.eviction.max_idle_steps = 10;
+  const uint64_t id = AddSparse(spec);
+  std::vector<uint64_t> old_keys, new_keys;
+  std::vector<std::vector<float>> grads;
+  for (uint64_t k = 1; k <= 50; ++k) {
+    old_keys.push_back(k);
+    new_keys.push_back(k + 1000);
+    grads.push_back({1});
+  }
+  ASSERT_TRUE(Apply(id, old_keys, grads, 5).ok());
+  ASSERT_TRUE(Apply(id, new_keys, grads, 12).ok());
+  ASSERT_TRUE(lane_->Maintain({15, 1000}).ok());  // 10 steps idle at most: nothing goes
+  EXPECT_EQ(ScanAll(id, 1).size(), 100u);
+  ASSERT_TRUE(lane_->Maintain({16, 1000}).ok());  // old keys: 11 steps idle
+  auto rows = ScanAll(id, 1);
+  EXPECT_EQ(rows.size(), 50u);
+  for (uint64_t k : new_keys) EXPECT_TRUE(rows.contains(k)) << k;
+  EXPECT_EQ(lane_->stats().evicted_rows, 50u);
+  // An evicted key starts over from its initializer.
+  EXPECT_EQ(Lookup1(id, 1, 1), (std::vector<float>{0}));
+}
+
+TEST_P(StoreConformanceTest, EvictionByIdleSeconds) {
+  TableSpec spec = TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f});
+  spec.eviction.max_idle_seconds = 60;
+  const uint64_t id = AddSparse(spec);
+  ASSERT_TRUE(Apply(id, {1, 2}, {{1}, {1}}, 1, /*now=*/1000).ok());
+  ASSERT_TRUE(Apply(id, {2}, {{1}}, 2, /*now=*/1050).ok());
+  ASSERT_TRUE(lane_->Maintain({3, 1060}).ok());
+  EXPECT_EQ(ScanAll(id, 1).size(), 2u);
+  ASSERT_TRUE(lane_->Maintain({3, 1061}).ok());
+  auto rows = ScanAll(id, 1);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[2], (std::vector<float>{-2}));
+}
+
+TEST_P(StoreConformanceTest, ScanVisitsUpdatedRowsOnly) {
+  const uint64_t id = AddSparse(TableSpec::Sparse("t", 3, {OptimizerKind::kAdagrad, 0.1f}));
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<float>> grads;
+  for (uint64_t k = 0; k < 300; ++k) {
+    keys.push_back(k * 7919);
+    grads.push_back({1, 2, 3});
+  }
+  ASSERT_TRUE(Apply(id, keys, grads, 9, 77).ok());
+  for (uint64_t k = 1; k < 50; ++k) Lookup1(id, k * 7919 + 1, 3);  // lookups make no rows
+  std::set<uint64_t> seen;
+  Status s = lane_->Scan(id, [&](uint64_t key, const float* v, const float* state,
+                                 const RowMeta& meta) {
+    seen.insert(key);
+    EXPECT_EQ(meta.update_count, 1u);
+    EXPECT_EQ(meta.last_step, 9u);
+    EXPECT_EQ(meta.last_update_s, 77u);
+    EXPECT_FLOAT_EQ(state[2], 9.0f);  // Adagrad accumulator of the third element
+    EXPECT_LT(v[0], 0.0f);
+    return true;
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(seen, std::set<uint64_t>(keys.begin(), keys.end()));
+  // A visitor that returns false stops the scan.
+  int visits = 0;
+  ASSERT_TRUE(lane_->Scan(id, [&](uint64_t, const float*, const float*, const RowMeta&) {
+    return ++visits < 5;
+  }).ok());
+  EXPECT_EQ(visits, 5);
+}
+
+TEST_P(StoreConformanceTest, MetaRecords) {
+  ASSERT_TRUE(engine_->PutMeta("table/1", "a").ok());
+  ASSERT_TRUE(engine_->PutMeta("table/2", "b").ok());
+  ASSERT_TRUE(engine_->PutMeta("worker/1", "c").ok());
+  ASSERT_TRUE(engine_->PutMeta("table/1", "a2").ok());
+  auto v = engine_->GetMeta("table/1");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->value_or(""), "a2");
+  auto missing = engine_->GetMeta("table/3");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+  std::vector<std::string> keys;
+  ASSERT_TRUE(engine_->ScanMeta("table/", [&](std::string_view k, std::string_view) {
+    keys.emplace_back(k);
+  }).ok());
+  EXPECT_EQ(keys, (std::vector<std::string>{"table/1", "table/2"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, StoreConformanceTest,
+                         ::testing::Values(EngineKind::kMemory, EngineKind::kRocksDb,
+                                           EngineKind::kRocksDbTinyBudget),
+                         [](const ::testing::TestParamInfo<EngineKind>& info) {
+                           switch (info.param) {
+                             case EngineKind::kMemory: return std::string("Memory");
+                             case EngineKind::kRocksDb: return std::string("RocksDb");
+                             case EngineKind::kRocksDbTinyBudget:
+                               return std::string("RocksDbTinyBudget");
+                           }
+                           return std::string("Unknown");
+                         });
+
+TEST(MemoryEngineTest, CheckpointIsRefused) {
+  auto engine = NewMemoryStorageEngine();
+  EXPECT_EQ(engine->CreateCheckpoint("/tmp/nowhere").code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(MemoryEngineTest, LanesAreIndependent) {
+  auto engine = NewMemoryStorageEngine();
+  auto a = engine->OpenLane(0, 2);
+  auto b = engine->OpenLane(1, 2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const uint64_t id = TableIdForName("t");
+  ASSERT_TRUE((*a)->AddTable(id, TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f})).ok());
+  ASSERT_TRUE((*b)->AddTable(id, TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f})).ok());
+  const uint64_t key = 3;
+  const float g = 1;
+  const float* grads[] = {&g};
+  ASSERT_TRUE((*a)->Apply(id, std::span<const uint64_t>(&key, 1), grads, {1, 1}).ok());
+  float v = 0;
+  float* out[] = {&v};
+  ASSERT_TRUE((*b)->Lookup(id, std::span<const uint64_t>(&key, 1), out).ok());
+  EXPECT_EQ(v, 0.0f);
+}
+
+}  // namespace
+}  // namespace tessera

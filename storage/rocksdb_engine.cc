@@ -1,0 +1,1067 @@
+// StorageEngine over RocksDB: a byte-bounded memory tier (CLOCK) over one RocksDB per server,
+// a column family per table, group-committed WriteBatches with the WAL on. See docs/storage.md.
+#include <absl/container/flat_hash_map.h>
+#include <glog/logging.h>
+#include <rocksdb/cache.h>
+#include <rocksdb/convenience.h>
+#include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "ps/initializer.h"
+#include "ps/optimizer.h"
+#include "ps/routing.h"
+#include "storage/rocksdb_engine_internal.h"
+#include "storage/row_cache_internal.h"
+#include "storage/row_codec_internal.h"
+#include "storage/row_table_internal.h"
+
+namespace tessera {
+namespace {
+
+using internal::CachedRows;
+
+constexpr char kMetaFamily[] = "meta";
+// Meta records the engine itself keeps (the server must not use this prefix).
+constexpr char kLayoutPrefix[] = "storage/layout/";
+// Rows examined per table by one Maintain() call's sweep of the rows on disk.
+constexpr size_t kSweepRowsPerCall = 65536;
+// Cold reads are fetched with MultiGet in batches of this many keys.
+constexpr size_t kFetchBatch = 1024;
+// Index bytes charged to the budget per cached row (SwissTable of 4-byte slots, at a typical
+// load; MemoryBytes() reports the real figure).
+constexpr size_t kIndexBytesPerRow = 8;
+
+Status FromRocks(const rocksdb::Status& s, std::string_view what) {
+  if (s.ok()) return Status::OK();
+  std::string msg = std::string(what) + ": " + s.ToString();
+  if (s.IsCorruption()) return Status::Corruption(std::move(msg));
+  if (s.IsNotFound()) return Status::NotFound(std::move(msg));
+  if (s.IsInvalidArgument() || s.IsNotSupported()) return Status::InvalidArgument(std::move(msg));
+  if (s.IsBusy() || s.IsTryAgain() || s.IsTimedOut()) return Status::Unavailable(std::move(msg));
+  if (s.IsIOError() || s.IsNoSpace() || s.IsPathNotFound()) return Status::IOError(std::move(msg));
+  return Status::IOError(std::move(msg));
+}
+
+std::string FamilyName(uint64_t table_id) { return std::to_string(table_id); }
+
+bool ParseFamilyName(const std::string& name, uint64_t* id) {
+  if (name.empty() || name.size() > 20) return false;
+  auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), *id);
+  return ec == std::errc() && p == name.data() + name.size() && *id != 0;
+}
+
+// What the rows of a table look like on disk: a table reopened with another layout would
+// misread them.
+std::string LayoutOf(const TableSpec& spec, uint32_t floats_per_row) {
+  return std::string(spec.kind == TableKind::kSparse ? "sparse" : "dense") +
+         " dim=" + std::to_string(spec.dim) + " length=" + std::to_string(spec.length) +
+         " optimizer=" + std::string(OptimizerKindName(spec.optimizer.kind)) +
+         " floats=" + std::to_string(floats_per_row);
+}
+
+using internal::IdleRow;
+
+class RocksDbEngine;
+
+// ------------------------------------------------------------------------------------ lane
+class RocksDbLaneStore final : public LaneStore {
+ public:
+  RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_t num_lanes, uint64_t budget);
+  ~RocksDbLaneStore() override;
+
+  Status AddTable(uint64_t table_id, const TableSpec& spec) override;
+  Status Lookup(uint64_t table_id, std::span<const uint64_t> keys,
+                std::span<float* const> out) override;
+  Status Apply(uint64_t table_id, std::span<const uint64_t> keys,
+               std::span<const float* const> grads, const ApplyContext& ctx) override;
+  Status DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                   float* out) override;
+  Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                    const float* grad, const ApplyContext& ctx) override;
+  Status Commit() override;
+  Status Scan(uint64_t table_id, const RowVisitor& fn) override;
+  StoreStats stats() const override;
+  Status Maintain(const ApplyContext& ctx) override;
+  Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) override;
+  Status PutRows(uint64_t table_id, std::span<const uint64_t> keys,
+                 std::span<const float* const> rows, std::span<const RowMeta> metas) override;
+  Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
+                       const RowMeta& meta) override;
+
+ private:
+  struct DenseChunk {
+    std::vector<float> data;  // value then state
+    RowMeta meta;
+    uint32_t len = 0;
+    bool dirty = false;
+  };
+  struct Table {
+    uint64_t id = 0;
+    TableSpec spec;
+    std::unique_ptr<Optimizer> opt;
+    rocksdb::ColumnFamilyHandle* cf = nullptr;
+    uint32_t floats = 0;  // sparse: value + state per row
+    bool gated = false;   // admission needs counting
+    std::unique_ptr<CachedRows> rows;
+    std::vector<uint32_t> dirty_slots;
+    absl::flat_hash_map<uint64_t, uint32_t> pending;  // pushes seen of keys not yet admitted
+    absl::flat_hash_map<uint64_t, DenseChunk> dense;
+    std::vector<uint64_t> dirty_chunks;
+    // Incremental disk sweep of Maintain(): index into the lane's slots and the key to resume at.
+    size_t sweep_slot = 0;
+    std::string sweep_from;
+  };
+
+  Result<Table*> Get(uint64_t table_id, TableKind kind);
+  size_t RowCost(const Table& t) const { return t.rows->slot_bytes() + kIndexBytesPerRow; }
+  // Evicts unpinned rows (CLOCK, tables in turn) until a row of `t` fits the budget.
+  void MakeRoom(const Table& t);
+  uint32_t InsertRow(Table* t, uint64_t key);
+  void EraseRow(Table* t, uint32_t slot);
+  void MarkDirty(Table* t, uint32_t slot) {
+    if ((t->rows->header(slot).flags & CachedRows::kPinned) == 0) {
+      t->rows->Pin(slot);
+      t->dirty_slots.push_back(slot);
+    }
+  }
+  // Reads the rows of keys[misses[..]] from disk (deduplicated) into fetched_*; validates them.
+  Status Fetch(Table* t, std::span<const uint64_t> keys, const std::vector<uint32_t>& misses);
+  // After Fetch: the stored row of `key`, or an empty view when it is not on disk.
+  std::string_view Fetched(uint64_t key) const {
+    auto it = fetch_pos_.find(key);
+    if (it == fetch_pos_.end() || fetch_len_[it->second] == 0) return {};
+    return std::string_view(fetch_bytes_.data() + fetch_off_[it->second],
+                            fetch_len_[it->second]);
+  }
+  Result<DenseChunk*> GetChunk(Table* t, uint64_t chunk);
+  void Rollback();
+  bool HasDirty() const;
+  // Lane's slots, in order.
+  const std::vector<uint32_t>& lane_slots() const { return lane_slots_; }
+  Status SweepDisk(Table* t, const ApplyContext& ctx, rocksdb::WriteBatch* batch);
+
+  RocksDbEngine* engine_;
+  uint32_t lane_;
+  uint32_t num_lanes_;
+  uint64_t budget_;   // bytes; 0 = unbounded
+  uint64_t charged_ = 0;  // rows in memory x their cost
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
+  std::vector<Table*> sparse_tables_;  // eviction turns
+  size_t evict_turn_ = 0;
+  std::vector<uint32_t> lane_slots_;
+  StoreStats stats_;
+  // Scratch buffers reused across calls.
+  std::vector<uint32_t> misses_;
+  absl::flat_hash_map<uint64_t, uint32_t> fetch_pos_;
+  std::vector<internal::SparseKey> fetch_keys_;
+  std::vector<size_t> fetch_off_;
+  std::vector<uint32_t> fetch_len_;
+  std::string fetch_bytes_;
+  rocksdb::WriteBatch batch_;
+  std::string encode_buf_;
+  std::vector<float> scratch_row_;
+};
+
+// ------------------------------------------------------------------------------------ engine
+class RocksDbEngine final : public StorageEngine {
+ public:
+  static Result<std::unique_ptr<RocksDbEngine>> Open(const StorageOptions& options,
+                                                     const internal::RocksDbHooks& hooks);
+  ~RocksDbEngine() override;
+
+  Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t lane, uint32_t num_lanes) override;
+  Status PutMeta(std::string_view key, std::string_view value) override;
+  Result<std::optional<std::string>> GetMeta(std::string_view key) override;
+  Status ScanMeta(std::string_view prefix,
+                  const std::function<void(std::string_view, std::string_view)>& fn) override;
+  Status CreateCheckpoint(const std::string& dir) override;
+
+  // For lanes.
+  rocksdb::DB* db() const { return db_; }
+  const std::string& dir() const { return options_.data_dir; }
+  // The column family of a table, created on first use; checks the stored layout.
+  Result<rocksdb::ColumnFamilyHandle*> TableFamily(uint64_t table_id, const std::string& layout);
+  // Writes a lane's batch as durably as the mode asks.
+  Status Write(rocksdb::WriteBatch* batch);
+  void ReleaseLane(uint32_t lane) {
+    std::lock_guard<std::mutex> l(mu_);
+    open_lanes_.erase(lane);
+  }
+  Status FlushMemtables();
+
+ private:
+  RocksDbEngine(const StorageOptions& options) : options_(options) {}
+  Status DurableMetaWrite(rocksdb::WriteBatch* batch);
+  void FlusherLoop();
+  Status BackgroundError() {
+    if (!has_bg_error_.load(std::memory_order_acquire)) return Status::OK();
+    std::lock_guard<std::mutex> l(mu_);
+    return bg_error_;
+  }
+
+  const StorageOptions options_;
+  rocksdb::ColumnFamilyOptions table_cf_options_;
+  rocksdb::DB* db_ = nullptr;
+  rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned; every family opened
+
+  std::mutex mu_;
+  std::map<uint64_t, rocksdb::ColumnFamilyHandle*> families_;  // guarded by mu_
+  std::set<uint32_t> open_lanes_;                               // guarded by mu_
+  Status bg_error_;                                             // guarded by mu_
+  std::atomic<bool> has_bg_error_{false};
+
+  // Relaxed mode: a thread flushes the WAL buffer every relaxed_window_ms / 2.
+  std::thread flusher_;
+  std::mutex flusher_mu_;
+  std::condition_variable flusher_cv_;
+  bool stop_ = false;  // guarded by flusher_mu_
+};
+
+rocksdb::ColumnFamilyOptions TunedTableOptions(const StorageOptions& options,
+                                               const std::shared_ptr<rocksdb::Cache>& cache) {
+  rocksdb::ColumnFamilyOptions cf;
+  rocksdb::BlockBasedTableOptions t;
+  t.block_cache = cache;
+  // Rows are 50-300 bytes; 4 KiB blocks keep the bytes read per point lookup low.
+  t.block_size = 4096;
+  // Most cold reads are point lookups, many of keys never stored: whole-key bloom filters on
+  // every level (not optimize_filters_for_hits) let misses skip files.
+  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  t.whole_key_filtering = true;
+  t.optimize_filters_for_memory = true;
+  // Index and filter blocks count against the block cache (bounded memory); L0's stay pinned.
+  t.cache_index_and_filter_blocks = true;
+  t.pin_l0_filter_and_index_blocks_in_cache = true;
+  // A hash index inside each data block: one probe instead of a binary search.
+  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
+  t.format_version = 5;
+  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  // Float embeddings and optimizer state barely compress (measured in docs/storage.md);
+  // compression would only cost CPU on every cold read.
+  cf.compression = rocksdb::kNoCompression;
+  cf.bottommost_compression = rocksdb::kNoCompression;
+  cf.write_buffer_size = 64 << 20;
+  cf.max_write_buffer_number = 3;
+  // A bloom filter over the memtable: reads of absent keys skip the skiplist search.
+  cf.memtable_prefix_bloom_size_ratio = 0.02;
+  cf.memtable_whole_key_filtering = true;
+  cf.level_compaction_dynamic_level_bytes = true;
+  cf.target_file_size_base = 64 << 20;
+  cf.max_bytes_for_level_base = 256 << 20;
+  (void)options;
+  return cf;
+}
+
+Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions& options,
+                                                           const internal::RocksDbHooks& hooks) {
+  if (options.data_dir.empty()) return Status::InvalidArgument("data_dir is empty");
+  if (options.background_jobs < 1) {
+    return Status::InvalidArgument("background_jobs must be at least 1");
+  }
+  if (options.durability == Durability::kRelaxed && options.relaxed_window_ms == 0) {
+    return Status::InvalidArgument("relaxed_window_ms must be positive in the relaxed mode");
+  }
+  std::unique_ptr<RocksDbEngine> engine(new RocksDbEngine(options));
+  rocksdb::Env* env = hooks.env != nullptr ? hooks.env : rocksdb::Env::Default();
+
+  // Parents first: RocksDB only creates the last path component.
+  const std::filesystem::path dir(options.data_dir);
+  if (dir.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir.parent_path(), ec);
+    if (ec) {
+      return Status::IOError("cannot create the parent of data_dir '" + options.data_dir +
+                             "': " + ec.message());
+    }
+  }
+
+  rocksdb::DBOptions db_opts;
+  db_opts.env = env;
+  db_opts.create_if_missing = true;
+  db_opts.create_missing_column_families = true;
+  db_opts.paranoid_checks = true;
+  // A kill -9 can leave only a torn last WAL record (a batch never acknowledged); anything else
+  // damaged in the WAL is reported as Corruption rather than silently cut.
+  db_opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  db_opts.manual_wal_flush = options.durability == Durability::kRelaxed;
+  db_opts.max_background_jobs = options.background_jobs;
+  db_opts.bytes_per_sync = 1 << 20;
+  db_opts.max_total_wal_size = uint64_t{512} << 20;
+  db_opts.keep_log_file_num = 4;
+  db_opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+
+  auto cache = rocksdb::NewLRUCache(std::max<uint64_t>(options.block_cache_bytes, 1 << 20));
+  engine->table_cf_options_ = TunedTableOptions(options, cache);
+  if (!options.rocksdb_table_options.empty()) {
+    rocksdb::ConfigOptions config;
+    config.ignore_unknown_options = false;
+    rocksdb::ColumnFamilyOptions overridden;
+    auto s = rocksdb::GetColumnFamilyOptionsFromString(
+        config, engine->table_cf_options_, options.rocksdb_table_options, &overridden);
+    if (!s.ok()) {
+      return Status::InvalidArgument("rocksdb_table_options '" + options.rocksdb_table_options +
+                                     "': " + s.ToString());
+    }
+    engine->table_cf_options_ = overridden;
+  }
+
+  std::vector<std::string> names;
+  const bool exists = env->FileExists(options.data_dir + "/CURRENT").ok();
+  if (exists) {
+    auto s = rocksdb::DB::ListColumnFamilies(db_opts, options.data_dir, &names);
+    if (!s.ok()) return FromRocks(s, "listing the column families of '" + options.data_dir + "'");
+  } else {
+    names.push_back(rocksdb::kDefaultColumnFamilyName);
+  }
+  if (std::find(names.begin(), names.end(), kMetaFamily) == names.end()) {
+    names.push_back(kMetaFamily);
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  for (const auto& n : names) {
+    uint64_t id;
+    descs.emplace_back(n, ParseFamilyName(n, &id) ? engine->table_cf_options_
+                                                  : rocksdb::ColumnFamilyOptions());
+  }
+  auto s = rocksdb::DB::Open(db_opts, options.data_dir, descs, &engine->handles_, &engine->db_);
+  if (!s.ok()) return FromRocks(s, "opening RocksDB in '" + options.data_dir + "'");
+  for (size_t i = 0; i < names.size(); ++i) {
+    uint64_t id;
+    if (names[i] == kMetaFamily) {
+      engine->meta_cf_ = engine->handles_[i];
+    } else if (ParseFamilyName(names[i], &id)) {
+      engine->families_[id] = engine->handles_[i];
+    }
+  }
+  if (options.durability == Durability::kRelaxed) {
+    engine->flusher_ = std::thread([e = engine.get()] { e->FlusherLoop(); });
+  }
+  return engine;
+}
+
+RocksDbEngine::~RocksDbEngine() {
+  if (flusher_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(flusher_mu_);
+      stop_ = true;
+    }
+    flusher_cv_.notify_all();
+    flusher_.join();
+  }
+  if (db_ == nullptr) return;
+  if (options_.durability == Durability::kRelaxed) {
+    auto s = db_->FlushWAL(options_.fsync);
+    if (!s.ok()) LOG(ERROR) << "flushing the WAL of " << options_.data_dir << ": " << s.ToString();
+  }
+  for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  auto s = db_->Close();
+  if (!s.ok()) LOG(ERROR) << "closing RocksDB in " << options_.data_dir << ": " << s.ToString();
+  delete db_;
+}
+
+void RocksDbEngine::FlusherLoop() {
+  const auto period = std::chrono::milliseconds(std::max<uint32_t>(1, options_.relaxed_window_ms / 2));
+  std::unique_lock<std::mutex> l(flusher_mu_);
+  while (!stop_) {
+    flusher_cv_.wait_for(l, period, [this] { return stop_; });
+    if (stop_) break;
+    l.unlock();
+    auto s = db_->FlushWAL(options_.fsync);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> g(mu_);
+      if (bg_error_.ok()) {
+        bg_error_ = FromRocks(s, "flushing the WAL of '" + options_.data_dir + "'");
+        LOG(ERROR) << bg_error_.ToString();
+      }
+      has_bg_error_.store(true, std::memory_order_release);
+    }
+    l.lock();
+  }
+}
+
+Status RocksDbEngine::Write(rocksdb::WriteBatch* batch) {
+  TESSERA_RETURN_IF_ERROR(BackgroundError());
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.fsync && options_.durability == Durability::kStrict;
+  return FromRocks(db_->Write(wo, batch), "writing to '" + options_.data_dir + "'");
+}
+
+Status RocksDbEngine::DurableMetaWrite(rocksdb::WriteBatch* batch) {
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.fsync;
+  TESSERA_RETURN_IF_ERROR(
+      FromRocks(db_->Write(wo, batch), "writing metadata to '" + options_.data_dir + "'"));
+  // Metadata is durable on return in both modes.
+  if (options_.durability == Durability::kRelaxed) {
+    TESSERA_RETURN_IF_ERROR(FromRocks(db_->FlushWAL(options_.fsync), "flushing the WAL"));
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<LaneStore>> RocksDbEngine::OpenLane(uint32_t lane, uint32_t num_lanes) {
+  if (num_lanes == 0 || lane >= num_lanes) {
+    return Status::InvalidArgument("lane " + std::to_string(lane) + " of " +
+                                   std::to_string(num_lanes));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!open_lanes_.insert(lane).second) {
+      return Status::AlreadyExists("lane " + std::to_string(lane) + " is already open");
+    }
+  }
+  const uint64_t budget = options_.memory_budget_bytes / num_lanes;
+  // An explicit budget never rounds down to "unbounded".
+  return std::unique_ptr<LaneStore>(new RocksDbLaneStore(
+      this, lane, num_lanes,
+      options_.memory_budget_bytes != 0 ? std::max<uint64_t>(budget, 1) : 0));
+}
+
+Result<rocksdb::ColumnFamilyHandle*> RocksDbEngine::TableFamily(uint64_t table_id,
+                                                                const std::string& layout) {
+  std::lock_guard<std::mutex> l(mu_);
+  const std::string layout_key = kLayoutPrefix + std::to_string(table_id);
+  std::string stored;
+  auto s = db_->Get(rocksdb::ReadOptions(), meta_cf_, layout_key, &stored);
+  if (s.ok() && stored != layout) {
+    return Status::FailedPrecondition("table id " + std::to_string(table_id) + " in '" +
+                                      options_.data_dir + "' was stored as '" + stored +
+                                      "', the spec now gives '" + layout + "'");
+  }
+  if (!s.ok() && !s.IsNotFound()) return FromRocks(s, "reading table layout");
+  auto it = families_.find(table_id);
+  rocksdb::ColumnFamilyHandle* h = nullptr;
+  if (it != families_.end()) {
+    h = it->second;
+  } else {
+    auto cs = db_->CreateColumnFamily(table_cf_options_, FamilyName(table_id), &h);
+    if (!cs.ok()) return FromRocks(cs, "creating the column family of table " +
+                                           std::to_string(table_id));
+    handles_.push_back(h);
+    families_[table_id] = h;
+  }
+  if (s.IsNotFound()) {
+    rocksdb::WriteBatch b;
+    auto ps = b.Put(meta_cf_, layout_key, layout);
+    if (!ps.ok()) return FromRocks(ps, "recording table layout");
+    TESSERA_RETURN_IF_ERROR(DurableMetaWrite(&b));
+  }
+  return h;
+}
+
+Status RocksDbEngine::PutMeta(std::string_view key, std::string_view value) {
+  rocksdb::WriteBatch b;
+  auto s = b.Put(meta_cf_, rocksdb::Slice(key.data(), key.size()),
+                 rocksdb::Slice(value.data(), value.size()));
+  if (!s.ok()) return FromRocks(s, "PutMeta");
+  return DurableMetaWrite(&b);
+}
+
+Result<std::optional<std::string>> RocksDbEngine::GetMeta(std::string_view key) {
+  std::string v;
+  auto s = db_->Get(rocksdb::ReadOptions(), meta_cf_, rocksdb::Slice(key.data(), key.size()), &v);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  if (!s.ok()) return FromRocks(s, "GetMeta '" + std::string(key) + "'");
+  return std::optional<std::string>(std::move(v));
+}
+
+Status RocksDbEngine::ScanMeta(std::string_view prefix,
+                               const std::function<void(std::string_view, std::string_view)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_));
+  for (it->Seek(rocksdb::Slice(prefix.data(), prefix.size())); it->Valid(); it->Next()) {
+    const std::string_view k(it->key().data(), it->key().size());
+    if (!k.starts_with(prefix)) break;
+    fn(k, std::string_view(it->value().data(), it->value().size()));
+  }
+  return FromRocks(it->status(), "ScanMeta");
+}
+
+Status RocksDbEngine::CreateCheckpoint(const std::string& dir) {
+  TESSERA_RETURN_IF_ERROR(BackgroundError());
+  if (options_.durability == Durability::kRelaxed) {
+    TESSERA_RETURN_IF_ERROR(FromRocks(db_->FlushWAL(options_.fsync), "flushing the WAL"));
+  }
+  rocksdb::Checkpoint* raw = nullptr;
+  TESSERA_RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_, &raw), "checkpoint"));
+  std::unique_ptr<rocksdb::Checkpoint> cp(raw);
+  // Memtables are flushed only when the WAL is large; a small WAL is copied instead (a shorter
+  // pause), and replayed when the checkpoint is opened.
+  return FromRocks(cp->CreateCheckpoint(dir, /*log_size_for_flush=*/uint64_t{64} << 20),
+                   "creating checkpoint '" + dir + "'");
+}
+
+Status RocksDbEngine::FlushMemtables() {
+  std::vector<rocksdb::ColumnFamilyHandle*> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    all = handles_;
+  }
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  return FromRocks(db_->Flush(fo, all), "flush");
+}
+
+// ------------------------------------------------------------------------------------ lane impl
+RocksDbLaneStore::RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_t num_lanes,
+                                   uint64_t budget)
+    : engine_(engine), lane_(lane), num_lanes_(num_lanes), budget_(budget) {
+  for (uint32_t s = 0; s < kNumSlots; ++s) {
+    if (LaneOfSlot(s, num_lanes) == lane) lane_slots_.push_back(s);
+  }
+}
+
+RocksDbLaneStore::~RocksDbLaneStore() {
+  // Whole pushes applied but not committed yet: best effort (they were never acknowledged).
+  Status s = Commit();
+  if (!s.ok()) LOG(WARNING) << "lane " << lane_ << ": final commit: " << s.ToString();
+  engine_->ReleaseLane(lane_);
+}
+
+Result<RocksDbLaneStore::Table*> RocksDbLaneStore::Get(uint64_t table_id, TableKind kind) {
+  auto it = tables_.find(table_id);
+  if (it == tables_.end()) {
+    return Status::NotFound("table id " + std::to_string(table_id) + " not in this lane");
+  }
+  if (it->second->spec.kind != kind) {
+    return Status::InvalidArgument("table '" + it->second->spec.name + "' is " +
+                                   (kind == TableKind::kSparse ? "dense" : "sparse"));
+  }
+  return it->second.get();
+}
+
+Status RocksDbLaneStore::AddTable(uint64_t table_id, const TableSpec& spec) {
+  if (tables_.contains(table_id)) return Status::OK();
+  TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
+  auto t = std::make_unique<Table>();
+  t->id = table_id;
+  t->spec = spec;
+  t->opt = Optimizer::Make(spec.optimizer);
+  uint32_t floats = 0;
+  if (spec.kind == TableKind::kSparse) {
+    floats = spec.dim + t->opt->StateFloats(spec.dim);
+  } else {
+    floats = t->opt->StateFloats(1);  // per element for the layout record
+  }
+  TESSERA_ASSIGN_OR_RETURN(t->cf, engine_->TableFamily(table_id, LayoutOf(spec, floats)));
+  t->floats = floats;
+  t->gated = spec.admission.min_count > 1 || spec.admission.probability < 1;
+  if (spec.kind == TableKind::kSparse) {
+    t->rows = std::make_unique<CachedRows>(floats);
+    sparse_tables_.push_back(t.get());
+  }
+  tables_.emplace(table_id, std::move(t));
+  return Status::OK();
+}
+
+void RocksDbLaneStore::MakeRoom(const Table& t) {
+  if (budget_ == 0) return;
+  const size_t need = RowCost(t);
+  while (charged_ + need > budget_) {
+    bool evicted = false;
+    for (size_t tries = 0; tries < sparse_tables_.size() && !evicted; ++tries) {
+      Table* v = sparse_tables_[evict_turn_++ % sparse_tables_.size()];
+      const uint32_t slot = v->rows->NextVictim();
+      if (slot == CachedRows::kNoSlot) continue;
+      EraseRow(v, slot);
+      ++stats_.budget_evictions;
+      evicted = true;
+    }
+    // Everything left is pinned by the uncommitted batch: the budget is exceeded until Commit.
+    if (!evicted) return;
+  }
+}
+
+uint32_t RocksDbLaneStore::InsertRow(Table* t, uint64_t key) {
+  MakeRoom(*t);
+  charged_ += RowCost(*t);
+  return t->rows->Insert(key);
+}
+
+void RocksDbLaneStore::EraseRow(Table* t, uint32_t slot) {
+  t->rows->Erase(slot);
+  charged_ -= RowCost(*t);
+}
+
+Status RocksDbLaneStore::Fetch(Table* t, std::span<const uint64_t> keys,
+                               const std::vector<uint32_t>& misses) {
+  fetch_pos_.clear();
+  fetch_keys_.clear();
+  for (uint32_t i : misses) {
+    if (fetch_pos_.try_emplace(keys[i], static_cast<uint32_t>(fetch_keys_.size())).second) {
+      fetch_keys_.push_back(internal::EncodeSparseKey(keys[i]));
+    }
+  }
+  const size_t n = fetch_keys_.size();
+  fetch_off_.assign(n, 0);
+  fetch_len_.assign(n, 0);
+  fetch_bytes_.clear();
+  const size_t row_bytes = internal::RowBytes(t->floats);
+  std::vector<rocksdb::Slice> slices(std::min(n, kFetchBatch));
+  std::vector<rocksdb::PinnableSlice> values(slices.size());
+  std::vector<rocksdb::Status> statuses(slices.size());
+  rocksdb::ReadOptions ro;
+  for (size_t base = 0; base < n; base += kFetchBatch) {
+    const size_t m = std::min(kFetchBatch, n - base);
+    for (size_t j = 0; j < m; ++j) {
+      slices[j] = rocksdb::Slice(fetch_keys_[base + j].bytes, internal::kSparseKeyBytes);
+      values[j].Reset();
+    }
+    engine_->db()->MultiGet(ro, t->cf, m, slices.data(), values.data(), statuses.data());
+    for (size_t j = 0; j < m; ++j) {
+      if (statuses[j].IsNotFound()) continue;
+      if (!statuses[j].ok()) {
+        return FromRocks(statuses[j], "table '" + t->spec.name + "': reading rows");
+      }
+      if (values[j].size() != row_bytes) {
+        uint64_t key = 0;
+        internal::DecodeSparseKey(slices[j].ToStringView(), &key);
+        return Status::Corruption("table '" + t->spec.name + "' key " + std::to_string(key) +
+                                  ": stored row has " + std::to_string(values[j].size()) +
+                                  " bytes, expected " + std::to_string(row_bytes));
+      }
+      fetch_off_[base + j] = fetch_bytes_.size();
+      fetch_len_[base + j] = static_cast<uint32_t>(row_bytes);
+      fetch_bytes_.append(values[j].data(), values[j].size());
+      ++stats_.disk_reads;
+    }
+  }
+  for (auto& v : values) v.Reset();
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> keys,
+                                std::span<float* const> out) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  if (out.size() != keys.size()) return Status::InvalidArgument("Lookup: keys and out differ");
+  const uint32_t dim = t->spec.dim;
+  CachedRows& rows = *t->rows;
+  misses_.clear();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ++stats_.lookups;
+    const uint32_t slot = rows.Find(keys[i]);
+    if (slot == CachedRows::kNoSlot) {
+      misses_.push_back(static_cast<uint32_t>(i));
+      continue;
+    }
+    ++stats_.memory_hits;
+    rows.header(slot).flags |= CachedRows::kReferenced;
+    std::memcpy(out[i], rows.row(slot), sizeof(float) * dim);
+  }
+  if (misses_.empty()) return Status::OK();
+  TESSERA_RETURN_IF_ERROR(Fetch(t, keys, misses_));
+  for (uint32_t i : misses_) {
+    const uint64_t key = keys[i];
+    uint32_t slot = rows.Find(key);  // a duplicate of an earlier miss
+    if (slot == CachedRows::kNoSlot) {
+      const std::string_view stored = Fetched(key);
+      if (stored.empty() && t->gated) {
+        InitializeValues(t->spec.initializer, key, 0, dim, out[i]);
+        continue;
+      }
+      slot = InsertRow(t, key);
+      if (!stored.empty()) {
+        // Size checked by Fetch.
+        internal::DecodeRow(stored, t->floats, rows.row(slot), &rows.header(slot).meta, "")
+            .IgnoreError();
+      } else {
+        float* row = rows.row(slot);
+        InitializeValues(t->spec.initializer, key, 0, dim, row);
+        t->opt->InitState(row + dim, dim);
+      }
+    }
+    std::memcpy(out[i], rows.row(slot), sizeof(float) * dim);
+  }
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys,
+                               std::span<const float* const> grads, const ApplyContext& ctx) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  if (grads.size() != keys.size()) return Status::InvalidArgument("Apply: keys and grads differ");
+  const uint32_t dim = t->spec.dim;
+  CachedRows& rows = *t->rows;
+  // Pass 1 pins the rows already in memory and finds the misses; the misses are read and
+  // checked before anything is changed, so a push that fails changes nothing.
+  misses_.clear();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t slot = rows.Find(keys[i]);
+    if (slot == CachedRows::kNoSlot) {
+      misses_.push_back(static_cast<uint32_t>(i));
+    } else {
+      ++stats_.apply_memory_hits;
+      MarkDirty(t, slot);
+    }
+  }
+  if (!misses_.empty()) TESSERA_RETURN_IF_ERROR(Fetch(t, keys, misses_));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint64_t key = keys[i];
+    uint32_t slot = rows.Find(key);
+    if (slot == CachedRows::kNoSlot) {
+      const std::string_view stored = Fetched(key);
+      if (stored.empty() && t->gated) {
+        uint32_t& count = t->pending[key];
+        ++count;
+        if (!internal::Admitted(t->spec.admission, key, count)) continue;
+        t->pending.erase(key);
+      }
+      slot = InsertRow(t, key);
+      float* row = rows.row(slot);
+      if (!stored.empty()) {
+        internal::DecodeRow(stored, t->floats, row, &rows.header(slot).meta, "").IgnoreError();
+      } else {
+        InitializeValues(t->spec.initializer, key, 0, dim, row);
+        t->opt->InitState(row + dim, dim);
+      }
+      MarkDirty(t, slot);
+    }
+    CachedRows::Header& h = rows.header(slot);
+    ++h.meta.update_count;
+    h.meta.last_step = static_cast<uint32_t>(ctx.step);
+    h.meta.last_update_s = ctx.now_s;
+    h.flags |= CachedRows::kReferenced;
+    float* row = rows.row(slot);
+    t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, h.meta.update_count);
+    ++stats_.applies;
+  }
+  return Status::OK();
+}
+
+Result<RocksDbLaneStore::DenseChunk*> RocksDbLaneStore::GetChunk(Table* t, uint64_t chunk) {
+  auto it = t->dense.find(chunk);
+  if (it != t->dense.end()) return &it->second;
+  if (chunk >= (t->spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats) {
+    return Status::InvalidArgument("table '" + t->spec.name + "' has no dense chunk " +
+                                   std::to_string(chunk));
+  }
+  const uint32_t len = internal::DenseChunkLength(t->spec.length, chunk);
+  const uint32_t floats = len + t->opt->StateFloats(len);
+  DenseChunk c;
+  c.len = len;
+  c.data.resize(floats);
+  rocksdb::PinnableSlice v;
+  const auto key = internal::EncodeDenseKey(chunk);
+  auto s = engine_->db()->Get(rocksdb::ReadOptions(), t->cf,
+                              rocksdb::Slice(key.bytes, internal::kDenseKeyBytes), &v);
+  if (s.ok()) {
+    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
+        v.ToStringView(), floats, c.data.data(), &c.meta,
+        "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
+    ++stats_.disk_reads;
+  } else if (s.IsNotFound()) {
+    InitializeValues(t->spec.initializer, 0, chunk * kDenseChunkFloats, len, c.data.data());
+    t->opt->InitState(c.data.data() + len, len);
+  } else {
+    return FromRocks(s, "table '" + t->spec.name + "': reading dense chunk");
+  }
+  return &t->dense.emplace(chunk, std::move(c)).first->second;
+}
+
+Status RocksDbLaneStore::DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin,
+                                   uint32_t end, float* out) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+  TESSERA_ASSIGN_OR_RETURN(DenseChunk * c, GetChunk(t, chunk));
+  if (end > c->len || begin > end) return Status::InvalidArgument("dense range out of chunk");
+  std::memcpy(out, c->data.data() + begin, sizeof(float) * (end - begin));
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin,
+                                    uint32_t end, const float* grad, const ApplyContext& ctx) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+  TESSERA_ASSIGN_OR_RETURN(DenseChunk * c, GetChunk(t, chunk));
+  if (end > c->len || begin > end) return Status::InvalidArgument("dense range out of chunk");
+  ++c->meta.update_count;
+  c->meta.last_step = static_cast<uint32_t>(ctx.step);
+  c->meta.last_update_s = ctx.now_s;
+  t->opt->Apply(c->data.data(), c->data.data() + c->len, grad, c->len, begin, end,
+                c->meta.update_count);
+  if (!c->dirty) {
+    c->dirty = true;
+    t->dirty_chunks.push_back(chunk);
+  }
+  ++stats_.applies;
+  return Status::OK();
+}
+
+bool RocksDbLaneStore::HasDirty() const {
+  for (const Table* t : sparse_tables_) {
+    if (!t->dirty_slots.empty()) return true;
+  }
+  for (const auto& [id, t] : tables_) {
+    if (!t->dirty_chunks.empty()) return true;
+  }
+  return false;
+}
+
+void RocksDbLaneStore::Rollback() {
+  // The memory copies are ahead of the disk: drop them so the next read gets the committed row.
+  for (auto& [id, t] : tables_) {
+    for (uint32_t slot : t->dirty_slots) EraseRow(t.get(), slot);
+    t->dirty_slots.clear();
+    for (uint64_t chunk : t->dirty_chunks) t->dense.erase(chunk);
+    t->dirty_chunks.clear();
+  }
+}
+
+Status RocksDbLaneStore::Commit() {
+  if (!HasDirty()) return Status::OK();
+  batch_.Clear();
+  uint64_t rows = 0;
+  for (auto& [id, t] : tables_) {
+    for (uint32_t slot : t->dirty_slots) {
+      const CachedRows::Header& h = t->rows->header(slot);
+      internal::EncodeRow(t->rows->row(slot), t->floats, h.meta, &encode_buf_);
+      const auto key = internal::EncodeSparseKey(h.key);
+      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kSparseKeyBytes),
+                          encode_buf_);
+      if (!s.ok()) {
+        Rollback();
+        return FromRocks(s, "building the commit batch");
+      }
+    }
+    for (uint64_t chunk : t->dirty_chunks) {
+      const DenseChunk& c = t->dense.at(chunk);
+      internal::EncodeRow(c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta,
+                          &encode_buf_);
+      const auto key = internal::EncodeDenseKey(chunk);
+      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes),
+                          encode_buf_);
+      if (!s.ok()) {
+        Rollback();
+        return FromRocks(s, "building the commit batch");
+      }
+    }
+    rows += t->dirty_slots.size() + t->dirty_chunks.size();
+  }
+  Status st = engine_->Write(&batch_);
+  if (!st.ok()) {
+    Rollback();
+    return st;
+  }
+  for (auto& [id, t] : tables_) {
+    for (uint32_t slot : t->dirty_slots) t->rows->Unpin(slot);
+    t->dirty_slots.clear();
+    for (uint64_t chunk : t->dirty_chunks) t->dense.at(chunk).dirty = false;
+    t->dirty_chunks.clear();
+  }
+  ++stats_.commits;
+  stats_.rows_written += rows;
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::Scan(uint64_t table_id, const RowVisitor& fn) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  // After the commit the disk holds every updated row at its latest value.
+  TESSERA_RETURN_IF_ERROR(Commit());
+  const uint32_t dim = t->spec.dim;
+  scratch_row_.resize(t->floats);
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(engine_->db()->NewIterator(ro, t->cf));
+  for (uint32_t slot : lane_slots_) {
+    const std::string prefix = internal::SlotPrefix(slot);
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      uint64_t key;
+      if (!internal::DecodeSparseKey(it->key().ToStringView(), &key)) {
+        return Status::Corruption("table '" + t->spec.name + "': malformed stored key");
+      }
+      RowMeta meta;
+      TESSERA_RETURN_IF_ERROR(
+          internal::DecodeRow(it->value().ToStringView(), t->floats, scratch_row_.data(), &meta,
+                              "table '" + t->spec.name + "' key " + std::to_string(key)));
+      if (!fn(key, scratch_row_.data(), scratch_row_.data() + dim, meta)) return Status::OK();
+    }
+    TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "table '" + t->spec.name + "': scan"));
+  }
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::ScanDense(uint64_t table_id, const ChunkVisitor& fn) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+  TESSERA_RETURN_IF_ERROR(Commit());
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(engine_->db()->NewIterator(ro, t->cf));
+  const uint64_t chunks = (t->spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().size() != internal::kDenseKeyBytes) {
+      return Status::Corruption("table '" + t->spec.name + "': malformed dense chunk key");
+    }
+    const uint64_t chunk = internal::GetBigEndian64(it->key().data());
+    if (chunk >= chunks) {
+      return Status::Corruption("table '" + t->spec.name + "': stored chunk " +
+                                std::to_string(chunk) + " is beyond the table's length");
+    }
+    if (LaneOfChunk(table_id, chunk, num_lanes_) != lane_) continue;
+    const uint32_t len = internal::DenseChunkLength(t->spec.length, chunk);
+    scratch_row_.resize(len + t->opt->StateFloats(len));
+    RowMeta meta;
+    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
+        it->value().ToStringView(), static_cast<uint32_t>(scratch_row_.size()),
+        scratch_row_.data(), &meta,
+        "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
+    if (!fn(chunk, scratch_row_.data(), len, meta)) return Status::OK();
+  }
+  return FromRocks(it->status(), "table '" + t->spec.name + "': dense scan");
+}
+
+Status RocksDbLaneStore::PutRows(uint64_t table_id, std::span<const uint64_t> keys,
+                                 std::span<const float* const> rows,
+                                 std::span<const RowMeta> metas) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  if (rows.size() != keys.size() || metas.size() != keys.size()) {
+    return Status::InvalidArgument("PutRows: keys, rows and metas differ in length");
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    uint32_t slot = t->rows->Find(keys[i]);
+    if (slot == CachedRows::kNoSlot) slot = InsertRow(t, keys[i]);
+    std::memcpy(t->rows->row(slot), rows[i], sizeof(float) * t->floats);
+    t->rows->header(slot).meta = metas[i];
+    MarkDirty(t, slot);
+    t->pending.erase(keys[i]);
+  }
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
+                                       const RowMeta& meta) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+  if (chunk >= (t->spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats) {
+    return Status::InvalidArgument("table '" + t->spec.name + "' has no dense chunk " +
+                                   std::to_string(chunk));
+  }
+  DenseChunk& c = t->dense[chunk];
+  c.len = internal::DenseChunkLength(t->spec.length, chunk);
+  c.data.assign(row, row + c.len + t->opt->StateFloats(c.len));
+  c.meta = meta;
+  if (!c.dirty) {
+    c.dirty = true;
+    t->dirty_chunks.push_back(chunk);
+  }
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::SweepDisk(Table* t, const ApplyContext& ctx, rocksdb::WriteBatch* batch) {
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(engine_->db()->NewIterator(ro, t->cf));
+  size_t examined = 0;
+  while (examined < kSweepRowsPerCall) {
+    if (t->sweep_slot >= lane_slots_.size()) {
+      t->sweep_slot = 0;  // a full pass is done; the next call starts over
+      t->sweep_from.clear();
+      return Status::OK();
+    }
+    const std::string prefix = internal::SlotPrefix(lane_slots_[t->sweep_slot]);
+    it->Seek(t->sweep_from.empty() ? prefix : t->sweep_from);
+    for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (++examined > kSweepRowsPerCall) {
+        t->sweep_from = it->key().ToString();
+        return Status::OK();
+      }
+      uint64_t key;
+      if (!internal::DecodeSparseKey(it->key().ToStringView(), &key)) {
+        return Status::Corruption("table '" + t->spec.name + "': malformed stored key");
+      }
+      if (t->rows->Find(key) != CachedRows::kNoSlot) continue;  // the memory sweep decides
+      const rocksdb::Slice v = it->value();
+      if (v.size() != internal::RowBytes(t->floats)) {
+        return Status::Corruption("table '" + t->spec.name + "' key " + std::to_string(key) +
+                                  ": stored row has " + std::to_string(v.size()) + " bytes");
+      }
+      RowMeta meta;
+      std::memcpy(&meta.update_count, v.data() + v.size() - internal::kMetaBytes, 4);
+      std::memcpy(&meta.last_step, v.data() + v.size() - internal::kMetaBytes + 4, 4);
+      std::memcpy(&meta.last_update_s, v.data() + v.size() - internal::kMetaBytes + 8, 4);
+      if (IdleRow(t->spec.eviction, meta, ctx)) {
+        auto s = batch->Delete(t->cf, it->key());
+        if (!s.ok()) return FromRocks(s, "sweep");
+        ++stats_.evicted_rows;
+      }
+    }
+    TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "table '" + t->spec.name + "': sweep"));
+    ++t->sweep_slot;
+    t->sweep_from.clear();
+  }
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
+  TESSERA_RETURN_IF_ERROR(Commit());
+  rocksdb::WriteBatch deletes;
+  std::vector<uint32_t> idle;
+  for (Table* t : sparse_tables_) {
+    const EvictionSpec& e = t->spec.eviction;
+    if (e.max_idle_steps == 0 && e.max_idle_seconds == 0) continue;
+    // The disk sweep skips rows in memory (their newer metadata decides below).
+    TESSERA_RETURN_IF_ERROR(SweepDisk(t, ctx, &deletes));
+    idle.clear();
+    t->rows->ForEachSlot([&](uint32_t slot) {
+      if (IdleRow(e, t->rows->header(slot).meta, ctx)) idle.push_back(slot);
+      return true;
+    });
+    for (uint32_t slot : idle) {
+      const CachedRows::Header& h = t->rows->header(slot);
+      // Rows only ever looked up were never written.
+      if (h.meta.update_count > 0) {
+        const auto key = internal::EncodeSparseKey(h.key);
+        auto s = deletes.Delete(t->cf, rocksdb::Slice(key.bytes, internal::kSparseKeyBytes));
+        if (!s.ok()) return FromRocks(s, "eviction");
+        ++stats_.evicted_rows;
+      }
+      EraseRow(t, slot);
+    }
+  }
+  if (deletes.Count() > 0) TESSERA_RETURN_IF_ERROR(engine_->Write(&deletes));
+  for (Table* t : sparse_tables_) t->rows->Compact();
+  return Status::OK();
+}
+
+StoreStats RocksDbLaneStore::stats() const {
+  StoreStats s = stats_;
+  for (const auto& [id, t] : tables_) {
+    if (t->rows) {
+      s.rows_in_memory += t->rows->size();
+      s.bytes_in_memory += t->rows->MemoryBytes() + t->pending.capacity() * 13;
+    }
+    for (const auto& [c, ch] : t->dense) {
+      s.bytes_in_memory += ch.data.capacity() * sizeof(float) + sizeof(ch);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+namespace internal {
+
+Result<std::unique_ptr<StorageEngine>> OpenRocksDbStorageEngine(const StorageOptions& options,
+                                                                const RocksDbHooks& hooks) {
+  TESSERA_ASSIGN_OR_RETURN(auto engine, RocksDbEngine::Open(options, hooks));
+  return std::unique_ptr<StorageEngine>(std::move(engine));
+}
+
+Status FlushMemtablesForTest(StorageEngine* engine) {
+  auto* e = dynamic_cast<RocksDbEngine*>(engine);
+  if (e == nullptr) return Status::InvalidArgument("not a RocksDB storage engine");
+  return e->FlushMemtables();
+}
+
+}  // namespace internal
+}  // namespace tessera

@@ -1,0 +1,191 @@
+// Consistent checkpoints and restore onto clusters of another size (real server processes).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "ps/client.h"
+#include "ps/initializer.h"
+#include "tests/cluster_fixture.h"
+
+namespace tessera {
+namespace {
+
+using testing::LocalCluster;
+
+std::unique_ptr<Client> Connect(const LocalCluster& c, ClientOptions o = {}) {
+  o.servers = c.endpoints();
+  auto r = Client::Create(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+struct Model {
+  Table emb, mlp;
+};
+
+Model CreateModel(Client& c) {
+  OptimizerSpec adagrad{.kind = OptimizerKind::kAdagrad, .learning_rate = 0.1f};
+  OptimizerSpec adam{.kind = OptimizerKind::kAdam, .learning_rate = 0.01f};
+  auto emb = c.CreateTable(TableSpec::Sparse("emb", 8, adagrad,
+                                             {InitializerKind::kNormal, 0.0f, 0.1f, 5}));
+  auto mlp = c.CreateTable(TableSpec::Dense("mlp", 40000, adam,
+                                            {InitializerKind::kUniform, -0.1f, 0.1f, 6}));
+  EXPECT_TRUE(emb.ok()) << emb.status().ToString();
+  EXPECT_TRUE(mlp.ok()) << mlp.status().ToString();
+  return Model{*emb, *mlp};
+}
+
+// One deterministic training step: the gradients depend on the pulled values, so the result
+// depends on the optimizer state, not only on the gradients.
+void Step(Client& c, const Model& m, int step) {
+  std::vector<uint64_t> keys(300);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = (step * 7919 + i * 104729) % 5000;
+  std::vector<float> rows(keys.size() * 8), grads(rows.size());
+  ASSERT_TRUE(c.Wait(c.Pull(m.emb, keys, rows.data())).ok());
+  for (size_t i = 0; i < rows.size(); ++i) grads[i] = rows[i] - 0.01f * (i % 5);
+  ASSERT_TRUE(c.Wait(c.Push(m.emb, keys, grads)).ok());
+  std::vector<float> w(40000), g(40000);
+  ASSERT_TRUE(c.Wait(c.DensePull(m.mlp, 0, w.size(), w.data())).ok());
+  for (size_t i = 0; i < w.size(); ++i) g[i] = w[i] + 0.001f * ((i + step) % 7);
+  ASSERT_TRUE(c.Wait(c.DensePush(m.mlp, 0, g)).ok());
+}
+
+std::pair<std::vector<float>, std::vector<float>> Dump(Client& c, const Model& m) {
+  std::vector<uint64_t> keys(5000);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  std::vector<float> rows(keys.size() * 8), w(40000);
+  EXPECT_TRUE(c.Wait(c.Pull(m.emb, keys, rows.data())).ok());
+  EXPECT_TRUE(c.Wait(c.DensePull(m.mlp, 0, w.size(), w.data())).ok());
+  return {rows, w};
+}
+
+void ReshardRoundTrip(uint32_t from, uint32_t to, bool durable) {
+  const int N = 5, M = 5;
+  testing::LocalClusterOptions a_opts = testing::Servers(from);
+  a_opts.with_data_dirs = durable;
+  LocalCluster a(a_opts);
+  ASSERT_TRUE(a.Start().ok());
+  auto ca = Connect(a);
+  ASSERT_NE(ca, nullptr);
+  Model ma = CreateModel(*ca);
+  for (int s = 0; s < N; ++s) Step(*ca, ma, s);
+  const std::string dir = a.dir() + "/ckpt";
+  auto cut = ca->Checkpoint(dir);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/CHECKPOINT"));
+  EXPECT_EQ(ca->Checkpoint(dir).status().code(), StatusCode::kAlreadyExists);
+  for (int s = N; s < N + M; ++s) Step(*ca, ma, s);
+  auto A = Dump(*ca, ma);
+
+  testing::LocalClusterOptions b_opts = testing::Servers(to);
+  b_opts.with_data_dirs = durable;
+  LocalCluster b(b_opts);
+  ASSERT_TRUE(b.Start().ok());
+  auto cb = Connect(b);
+  ASSERT_NE(cb, nullptr);
+  Status rs = cb->Restore(dir);
+  ASSERT_TRUE(rs.ok()) << rs.ToString();
+  auto emb = cb->GetTable("emb");
+  auto mlp = cb->GetTable("mlp");
+  ASSERT_TRUE(emb.ok() && mlp.ok());
+  Model mb{*emb, *mlp};
+  for (int s = N; s < N + M; ++s) Step(*cb, mb, s);
+  auto B = Dump(*cb, mb);
+  ASSERT_EQ(A.first.size(), B.first.size());
+  for (size_t i = 0; i < A.first.size(); ++i) ASSERT_EQ(A.first[i], B.first[i]) << "row float " << i;
+  for (size_t i = 0; i < A.second.size(); ++i) ASSERT_EQ(A.second[i], B.second[i]) << "dense " << i;
+}
+
+TEST(CheckpointTest, RestoreOnThreeServersFromTwo) { ReshardRoundTrip(2, 3, false); }
+TEST(CheckpointTest, RestoreOnTwoServersFromThree) { ReshardRoundTrip(3, 2, false); }
+
+TEST(CheckpointTest, CorruptCheckpointIsRefused) {
+  LocalCluster a(testing::Servers(1));
+  ASSERT_TRUE(a.Start().ok());
+  auto c = Connect(a);
+  Model m = CreateModel(*c);
+  Step(*c, m, 0);
+  const std::string dir = a.dir() + "/ckpt";
+  auto cut = c->Checkpoint(dir);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  // Flip a byte in the middle of a lane file.
+  const std::string lane = dir + "/server-0/lane-0";
+  {
+    std::FILE* f = std::fopen(lane.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 100, SEEK_SET);
+    std::fputc(0x5a, f);
+    std::fclose(f);
+  }
+  LocalCluster b(testing::Servers(1));
+  ASSERT_TRUE(b.Start().ok());
+  auto cb = Connect(b);
+  Status s = cb->Restore(dir);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
+  EXPECT_EQ(cb->Restore(a.dir() + "/nothing-here").code(), StatusCode::kNotFound);
+}
+
+// Two asynchronous workers push known gradients while a checkpoint is taken: the checkpoint
+// holds exactly the pushes of steps <= the cut clock, from both workers.
+TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
+  LocalCluster a(testing::Servers(2));
+  ASSERT_TRUE(a.Start().ok());
+  const float lr = 1.0f;
+  OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = lr};
+  auto admin = Connect(a);
+  auto t = admin->CreateTable(TableSpec::Sparse("w", 2, sgd));
+  ASSERT_TRUE(t.ok());
+  const int kSteps = 200;
+  std::vector<uint64_t> keys(64);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k * 1000003;
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> workers;
+  for (uint32_t w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      ClientOptions o;
+      o.worker_id = w;
+      o.consistency = {.num_workers = 2, .staleness = -1};
+      auto c = Connect(a, o);
+      if (!c) {
+        failed = true;
+        return;
+      }
+      for (int s = 0; s < kSteps; ++s) {
+        // Gradient of worker w at step s: exactly 1 in element w (so sums count steps).
+        std::vector<float> g(keys.size() * 2, 0.0f);
+        for (size_t i = 0; i < keys.size(); ++i) g[i * 2 + w] = 1.0f;
+        if (!c->Wait(c->Push(*t, keys, g)).ok() || !c->Wait(c->Clock()).ok()) {
+          failed = true;
+          return;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string dir = a.dir() + "/ckpt";
+  auto cut = admin->Checkpoint(dir, DeadlineAfterMs(60000));
+  for (auto& th : workers) th.join();
+  ASSERT_FALSE(failed.load());
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  ASSERT_GE(*cut, 0);
+  ASSERT_LT(*cut, kSteps);
+
+  LocalCluster b(testing::Servers(3));
+  ASSERT_TRUE(b.Start().ok());
+  auto cb = Connect(b);
+  ASSERT_TRUE(cb->Restore(dir).ok());
+  std::vector<float> out(keys.size() * 2);
+  ASSERT_TRUE(cb->Wait(cb->Pull(*t, keys, out.data())).ok());
+  // Each worker pushed once per step 0..cut: value = -lr * (cut + 1) in its element.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(out[i * 2], -lr * (*cut + 1)) << "worker 0, key " << keys[i];
+    EXPECT_EQ(out[i * 2 + 1], -lr * (*cut + 1)) << "worker 1, key " << keys[i];
+  }
+}
+
+}  // namespace
+}  // namespace tessera
