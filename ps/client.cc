@@ -16,6 +16,7 @@
 #include <zmq_addon.hpp>
 
 #include "ps/codec.h"
+#include "ps/export_reader.h"
 #include "ps/routing.h"
 
 namespace tessera {
@@ -778,6 +779,39 @@ Result<int64_t> Client::Checkpoint(const std::string& dir, Deadline deadline) {
   marker.close();
   if (!marker) return Status::IOError("cannot write '" + dir + "/CHECKPOINT'");
   return cut;
+}
+
+Result<uint64_t> Client::Export(const std::string& root, bool delta, Deadline deadline) {
+  if (root.empty()) return Status::InvalidArgument("export directory is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) return Status::IOError("cannot create '" + root + "': " + ec.message());
+  TESSERA_ASSIGN_OR_RETURN(uint64_t latest, LatestExportVersion(root));
+  if (delta && latest == 0) {
+    return Status::FailedPrecondition("a delta export needs a previous export in '" + root + "'");
+  }
+  const uint64_t version = latest + 1;
+  const std::string dir = root + "/v" + std::to_string(version);
+  Header h = impl_->BaseHeader(Op::kExport);
+  h.name = dir;
+  h.count = delta ? 1 : 0;
+  TESSERA_RETURN_IF_ERROR(
+      impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status());
+  {
+    std::ofstream marker(dir + "/EXPORT");
+    marker << "tessera export\nversion " << version << "\nkind " << (delta ? "delta" : "full")
+           << "\nbase " << (delta ? latest : 0) << "\nservers " << num_servers() << "\n";
+    if (!marker) return Status::IOError("cannot write '" + dir + "/EXPORT'");
+  }
+  // Readers follow LATEST; replace it atomically.
+  {
+    std::ofstream l(root + "/LATEST.tmp");
+    l << version << "\n";
+    if (!l) return Status::IOError("cannot write '" + root + "/LATEST.tmp'");
+  }
+  std::filesystem::rename(root + "/LATEST.tmp", root + "/LATEST", ec);
+  if (ec) return Status::IOError("cannot update '" + root + "/LATEST': " + ec.message());
+  return version;
 }
 
 Status Client::Restore(const std::string& dir, Deadline deadline) {

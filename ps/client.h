@@ -140,6 +140,11 @@ class Client {
   /// one that wrote it (rows move to the servers that now own their slots). Blocking.
   Status Restore(const std::string& dir, Deadline deadline = NoDeadline());
 
+  /// Writes a versioned serving export (values only, no optimizer state) under `root`:
+  /// root/v<N>/, N one more than the latest there. A delta holds only the rows updated since
+  /// the servers' previous export. ExportReader reads the result. Returns N. Blocking.
+  Result<uint64_t> Export(const std::string& root, bool delta, Deadline deadline = NoDeadline());
+
   /// Waits for a call. DeadlineExceeded leaves the call in flight (Wait again later);
   /// any other result is final.
   Status Wait(const Handle& handle, Deadline deadline = NoDeadline());

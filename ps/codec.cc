@@ -26,6 +26,7 @@ std::string_view OpName(Op op) {
     case Op::kStats: return "Stats";
     case Op::kCheckpoint: return "Checkpoint";
     case Op::kRestore: return "Restore";
+    case Op::kExport: return "Export";
   }
   return "Unknown";
 }

@@ -35,8 +35,9 @@ enum class Op : uint8_t {
   kStats = 13,
   kCheckpoint = 14,
   kRestore = 15,
+  kExport = 16,
 };
-inline constexpr uint8_t kMaxOp = 15;
+inline constexpr uint8_t kMaxOp = 16;
 
 std::string_view OpName(Op op);
 

@@ -11,6 +11,7 @@
 
 DEFINE_string(cluster, "", "Server endpoints in rank order, comma-separated, or @FILE");
 DEFINE_int64(timeout_s, 3600, "Give up after this many seconds");
+DEFINE_bool(delta, false, "export: only the rows updated since the previous export");
 
 namespace {
 
@@ -19,6 +20,8 @@ int Usage() {
                "usage: tessera-ctl --cluster=EPS COMMAND [ARGS]\n"
                "  checkpoint DIR   consistent checkpoint of the whole cluster into DIR\n"
                "  restore DIR      load a checkpoint (taken by a cluster of any size)\n"
+               "  export ROOT      versioned serving export (values only) under ROOT;\n"
+               "                   --delta for the rows updated since the previous one\n"
                "  stats            every server's counters\n"
                "  tables           the tables and their specs\n");
   return 2;
@@ -71,6 +74,18 @@ int main(int argc, char** argv) {
       std::printf("restored %s onto %u servers in %.3f s\n", dir.c_str(), c.num_servers(),
                   secs());
     }
+    return 0;
+  }
+  if (cmd == "export") {
+    if (argc != 3) return Usage();
+    auto v = c.Export(argv[2], FLAGS_delta, deadline);
+    if (!v.ok()) {
+      std::fprintf(stderr, "tessera-ctl: export failed: %s\n", v.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("export v%llu (%s) written to %s/v%llu in %.3f s\n",
+                static_cast<unsigned long long>(*v), FLAGS_delta ? "delta" : "full", argv[2],
+                static_cast<unsigned long long>(*v), secs());
     return 0;
   }
   if (cmd == "stats" || cmd == "tables") {

@@ -457,6 +457,7 @@ class ServerImpl {
       case Op::kStats: return StatsOp(p);
       case Op::kCheckpoint: return CheckpointOp(p);
       case Op::kRestore: return RestoreOp(p);
+      case Op::kExport: return ExportOp(p);
       case Op::kInvalid: break;
     }
     return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
@@ -1072,11 +1073,11 @@ class ServerImpl {
       const uint32_t old_lanes = static_cast<uint32_t>(std::stoul(oinfo[3]));
       for (uint32_t ol = 0; ol < old_lanes; ++ol) {
         const std::string path = ServerDir(dir, old) + "/lane-" + std::to_string(ol);
-        TESSERA_RETURN_IF_ERROR(ReadSnapshot(path, [&](const SnapshotRecord& r) -> Status {
+        TESSERA_RETURN_IF_ERROR(ReadRecordFile(path, [&](const Record& r) -> Status {
           auto t = tables_.find(r.table_id);
           if (t == tables_.end()) return Status::Corruption("row of an unknown table in " + path);
           uint32_t lane;
-          const bool dense = r.kind == SnapshotRecord::kDenseChunk;
+          const bool dense = r.kind == Record::kDenseChunk;
           if (dense) {
             const DenseRange mine = DenseRangeOfServer(r.table_id, t->second.spec.length,
                                                        options_.rank, options_.num_servers);
@@ -1092,7 +1093,7 @@ class ServerImpl {
           Batch& b = *batches[lane];
           b.tables.push_back(r.table_id);
           b.keys.push_back(r.key);
-          b.metas.push_back(r.meta);
+          b.metas.push_back(RowMeta{r.meta.update_count, r.meta.last_step, r.meta.last_update_s});
           b.rows.push_back(r.row);
           b.dense.push_back(dense);
           ++loaded;
@@ -1117,6 +1118,46 @@ class ServerImpl {
         ReplyError(std::move(p->identity), p->header, st);
       }
     }
+    return Status::OK();
+  }
+
+  // Serving export: values only, of every row (full) or of the rows updated since this
+  // server's previous export (delta; rows updated in that export's second are included again).
+  Status ExportOp(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->header;
+    if (h.name.empty()) return Status::InvalidArgument("export without a directory");
+    const bool delta = h.count == 1;
+    uint32_t since = 0;
+    if (delta) {
+      TESSERA_ASSIGN_OR_RETURN(auto last, engine_->GetMeta("export/last_time_s"));
+      if (last) since = static_cast<uint32_t>(std::stoul(*last));
+    }
+    const uint32_t now = NowSeconds();
+    const std::string dir = ServerDir(h.name, options_.rank);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
+    std::vector<std::pair<uint64_t, TableSpec>> tables;
+    std::vector<std::string> specs;
+    for (auto& [id, t] : tables_) {
+      tables.emplace_back(id, t.spec);
+      specs.push_back(EncodeTableSpec(t.spec));
+    }
+    TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
+    TESSERA_RETURN_IF_ERROR(WriteBlobs(
+        dir + "/manifest", {std::to_string(options_.rank), std::to_string(options_.num_servers),
+                            std::to_string(since), std::to_string(lanes_.size())}));
+    TESSERA_RETURN_IF_ERROR(engine_->PutMeta("export/last_time_s", std::to_string(now)));
+    SnapshotOptions so;
+    so.values_only = true;
+    so.min_update_s = since;
+    RunOnAllLanes(
+        p,
+        [dir, tables, so](Lane& lane) {
+          return WriteLaneSnapshot(lane.store(), tables,
+                                   dir + "/lane-" + std::to_string(lane.index()), so);
+        },
+        false);
     return Status::OK();
   }
 

@@ -1,38 +1,26 @@
-// Checkpoint files: rows and dense chunks of one lane, with a checksum (docs/operations.md).
+// Lane snapshots for checkpoints and serving exports (server side).
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "ps/status.h"
+#include "ps/record_file_internal.h"
 #include "ps/table_spec.h"
 #include "storage/storage.h"
 
 namespace tessera::internal {
 
-/// One record of a snapshot file: a sparse row or a dense chunk (value then optimizer state).
-struct SnapshotRecord {
-  enum Kind : uint8_t { kEnd = 0, kSparseRow = 1, kDenseChunk = 2 };
-  Kind kind = kEnd;
-  uint64_t table_id = 0;
-  uint64_t key = 0;  ///< Sparse: the key. Dense: the chunk index.
-  RowMeta meta;
-  std::vector<float> row;
+struct SnapshotOptions {
+  /// Write values only (serving export), not the optimizer state.
+  bool values_only = false;
+  /// Only rows updated at or after this time (seconds since the epoch); 0: every row.
+  uint32_t min_update_s = 0;
 };
 
-/// Writes every row and chunk `store` holds of `tables` to `path` (then fsyncs it).
+/// Writes the rows and chunks `store` holds of `tables` to the record file `path`.
 Status WriteLaneSnapshot(LaneStore& store, const std::vector<std::pair<uint64_t, TableSpec>>& tables,
-                         const std::string& path);
-
-/// Verifies the checksum of `path`, then calls `fn` for every record. Corruption if the file
-/// is truncated, altered or not a snapshot.
-Status ReadSnapshot(const std::string& path,
-                    const std::function<Status(const SnapshotRecord&)>& fn);
-
-/// Small length-prefixed blob files (table specs, metadata records).
-Status WriteBlobs(const std::string& path, const std::vector<std::string>& blobs);
-Result<std::vector<std::string>> ReadBlobs(const std::string& path);
+                         const std::string& path, const SnapshotOptions& options = {});
 
 }  // namespace tessera::internal

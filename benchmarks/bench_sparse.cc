@@ -1,0 +1,532 @@
+// bench_sparse: Tessera sparse push (Adagrad applied on the server) and pull throughput and
+// latency with Zipf-distributed keys.
+//
+// Shapes: 100k keys x dim 16 and 1M keys x dim 1 per request; keys drawn from a Zipf law
+// (exponent --zipf_s) over --key_space ids. Batches of keys and gradients are generated before
+// timing and cycled. For 1 and 2 servers, with 1 request in flight (latency) and with
+// --window requests in flight (throughput). keys/s counts the caller's keys (duplicates
+// included; the client dedupes them, see "uniq") divided by the number of servers.
+//
+// Servers run as child processes (tessera-server next to this program) unless
+// --server_mode=thread. The last line of output is one JSON object.
+#include <fcntl.h>
+#include <gflags/gflags.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "ps/client.h"
+#include "ps/server.h"
+
+DEFINE_bool(quick, false, "Short run (under a minute): fewer, shorter repetitions");
+DEFINE_int32(reps, 0, "Repetitions per cell (0: 3 with --quick, else 7)");
+DEFINE_double(rep_seconds, 0,
+              "Target duration of one repetition (0: 0.2 s with --quick, else 1 s)");
+DEFINE_double(zipf_s, 1.05, "Zipf exponent of the key distribution");
+DEFINE_uint64(key_space, 10000000, "Number of distinct ids keys are drawn from");
+DEFINE_uint32(batches, 8, "Distinct pre-generated requests per shape, cycled (4 with --quick)");
+DEFINE_uint32(window, 4,
+              "Requests in flight for the throughput rows (not run by --quick unless given)");
+DEFINE_string(server_counts, "1,2", "Numbers of servers to run, comma-separated");
+DEFINE_string(shapes, "100000x16,1000000x1", "Request shapes KEYSxDIM, comma-separated");
+DEFINE_string(server_mode, "process",
+              "process: tessera-server child processes; thread: servers in this process");
+DEFINE_string(server_binary, "",
+              "tessera-server executable (default: tessera-server next to this program)");
+DEFINE_uint32(lanes, 2, "Lanes (executor threads) per Tessera server");
+DEFINE_uint64(seed, 42, "Seed of the key and gradient generator");
+
+namespace {
+
+using BenchClock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------ Zipf sampler
+
+// SplitMix64: a small, fast generator, good enough for benchmark keys.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : s_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t s_;
+};
+
+// Zipf over ranks 1..n with P(k) ~ k^-s, by rejection-inversion (Hormann and Derflinger 1996,
+// as in Apache Commons RNG): O(1) per sample with no table, about 1.1 uniforms per sample.
+class ZipfSampler {
+ public:
+  ZipfSampler(uint64_t n, double s) : n_(n), s_(s) {
+    h_integral_x1_ = HIntegral(1.5) - 1.0;
+    h_integral_n_ = HIntegral(static_cast<double>(n) + 0.5);
+    cut_ = 2.0 - HIntegralInverse(HIntegral(2.5) - H(2.0));
+  }
+
+  uint64_t operator()(SplitMix64& rng) const {
+    for (;;) {
+      const double u = h_integral_n_ + rng.Uniform() * (h_integral_x1_ - h_integral_n_);
+      const double x = HIntegralInverse(u);
+      double k = std::floor(x + 0.5);
+      k = std::clamp(k, 1.0, static_cast<double>(n_));
+      if (k - x <= cut_ || u >= HIntegral(k + 0.5) - H(k)) return static_cast<uint64_t>(k);
+    }
+  }
+
+ private:
+  double H(double x) const { return std::exp(-s_ * std::log(x)); }
+  double HIntegral(double x) const {
+    const double lx = std::log(x);
+    return Helper2((1.0 - s_) * lx) * lx;
+  }
+  double HIntegralInverse(double x) const {
+    double t = x * (1.0 - s_);
+    if (t < -1.0) t = -1.0;  // numerical safety at the far end
+    return std::exp(Helper1(t) * x);
+  }
+  // log1p(x)/x and expm1(x)/x, stable near 0.
+  static double Helper1(double x) {
+    return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x));
+  }
+  static double Helper2(double x) {
+    return std::abs(x) > 1e-8 ? std::expm1(x) / x
+                              : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
+  }
+
+  uint64_t n_;
+  double s_;
+  double h_integral_x1_, h_integral_n_, cut_;
+};
+
+// ------------------------------------------------------------------ servers
+
+// A tessera-server child process; killed (SIGTERM, then SIGKILL) on destruction.
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess() { Stop(); }
+
+  // Starts `argv` and waits up to 30 s for its "ready ... endpoint=E" line; returns E or "".
+  std::string Start(const std::vector<std::string>& argv) {
+    char log_tmpl[] = "/tmp/tessera-bench-XXXXXX";
+    const int log = mkstemp(log_tmpl);
+    if (log >= 0) log_path_ = log_tmpl;
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return "";
+    std::vector<std::string> args = argv;
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) return "";
+    if (pid_ == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      dup2(out[1], 1);
+      if (log >= 0) dup2(log, 2);
+      execv(cargs[0], cargs.data());
+      _exit(127);
+    }
+    close(out[1]);
+    if (log >= 0) close(log);
+    std::string seen, endpoint;
+    const auto until = BenchClock::now() + std::chrono::seconds(30);
+    while (endpoint.empty() && BenchClock::now() < until) {
+      pollfd p{out[0], POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[512];
+      const ssize_t n = read(out[0], buf, sizeof(buf));
+      if (n <= 0) break;
+      seen.append(buf, static_cast<size_t>(n));
+      const size_t at = seen.find("endpoint=");
+      const size_t eol = at == std::string::npos ? at : seen.find('\n', at);
+      if (eol != std::string::npos) endpoint = seen.substr(at + 9, eol - at - 9);
+    }
+    close(out[0]);
+    if (endpoint.empty()) {
+      std::ifstream in(log_path_);
+      std::fprintf(stderr, "bench_sparse: %s did not start; its stderr:\n%s\n", argv[0].c_str(),
+                   std::string(std::istreambuf_iterator<char>(in), {}).c_str());
+      Stop();
+    }
+    return endpoint;
+  }
+
+  void Stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int st;
+      bool reaped = false;
+      for (int i = 0; i < 100 && !reaped; ++i) {
+        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
+        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!reaped) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &st, 0);
+      }
+      pid_ = -1;
+    }
+    if (!log_path_.empty()) {
+      unlink(log_path_.c_str());
+      log_path_.clear();
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+};
+
+// `n` Tessera servers as processes or in-process objects.
+class Cluster {
+ public:
+  bool Start(uint32_t n, const std::string& server_binary) {
+    for (uint32_t r = 0; r < n; ++r) {
+      if (FLAGS_server_mode == "thread") {
+        tessera::ServerOptions o;
+        o.listen = "tcp://127.0.0.1:*";
+        o.rank = r;
+        o.num_servers = n;
+        o.lanes = FLAGS_lanes;
+        auto s = tessera::Server::Create(o);
+        if (!s.ok()) {
+          std::fprintf(stderr, "bench_sparse: server: %s\n", s.status().ToString().c_str());
+          return false;
+        }
+        endpoints.push_back((*s)->endpoint());
+        servers_.push_back(std::move(*s));
+        continue;
+      }
+      // Each server binds a free port itself; --cluster only gives the cluster size.
+      std::string cluster;
+      for (uint32_t i = 0; i < n; ++i) {
+        cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
+      }
+      auto p = std::make_unique<ServerProcess>();
+      const std::string ep =
+          p->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
+                    "--rank=" + std::to_string(r), "--lanes=" + std::to_string(FLAGS_lanes)});
+      if (ep.empty()) return false;
+      endpoints.push_back(ep);
+      processes_.push_back(std::move(p));
+    }
+    return true;
+  }
+
+  std::vector<std::string> endpoints;
+
+ private:
+  std::vector<std::unique_ptr<tessera::Server>> servers_;
+  std::vector<std::unique_ptr<ServerProcess>> processes_;
+};
+
+// ------------------------------------------------------------------ workload
+
+struct Shape {
+  uint64_t keys;
+  uint32_t dim;
+  std::string Name() const {
+    const std::string k = keys % 1000000 == 0 ? std::to_string(keys / 1000000) + "M"
+                          : keys % 1000 == 0  ? std::to_string(keys / 1000) + "k"
+                                              : std::to_string(keys);
+    return k + "x" + std::to_string(dim);
+  }
+};
+
+struct Batch {
+  std::vector<uint64_t> keys;
+  std::vector<float> grads;
+  size_t unique = 0;
+};
+
+std::vector<Batch> MakeBatches(const Shape& shape, uint32_t count, uint64_t seed) {
+  const ZipfSampler zipf(FLAGS_key_space, FLAGS_zipf_s);
+  SplitMix64 rng(seed);
+  std::vector<Batch> out(count);
+  for (Batch& b : out) {
+    b.keys.resize(shape.keys);
+    // Rank -> id through an odd multiplier (a bijection): hot ids are spread over the key
+    // space like hashed feature ids, not packed at the bottom.
+    for (auto& k : b.keys) k = zipf(rng) * 0x9e3779b97f4a7c15ULL;
+    b.grads.resize(shape.keys * shape.dim);
+    for (auto& g : b.grads) g = static_cast<float>(rng.Uniform() - 0.5) * 0.01f;
+    std::unordered_set<uint64_t> seen(b.keys.begin(), b.keys.end());
+    b.unique = seen.size();
+  }
+  return out;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+struct Row {
+  std::string name;
+  uint32_t servers;
+  bool push;
+  Shape shape;
+  uint32_t window;
+  double keys_per_s_per_server;  // median over repetitions
+  double unique_keys_per_s_per_server;
+  double lat_median_ms, lat_p99_ms;
+};
+
+std::vector<uint64_t> ParseList(const std::string& s) {
+  std::vector<uint64_t> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(std::stoull(item));
+  }
+  return out;
+}
+
+std::string JsonNum(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("bench_sparse [--quick]\nTessera sparse push (Adagrad) and pull.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
+    std::fprintf(stderr, "bench_sparse: --server_mode must be process or thread\n");
+    return 2;
+  }
+  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
+  const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.2 : 1.0);
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const std::string server_binary =
+      !FLAGS_server_binary.empty()
+          ? FLAGS_server_binary
+          : (std::filesystem::path(self).parent_path() / "tessera-server").string();
+  if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "bench_sparse: no tessera-server at %s (see --server_binary)\n",
+                 server_binary.c_str());
+    return 2;
+  }
+  std::vector<Shape> shapes;
+  {
+    std::stringstream in(FLAGS_shapes);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      const size_t x = item.find('x');
+      if (x == std::string::npos) {
+        std::fprintf(stderr, "bench_sparse: bad shape '%s' (want KEYSxDIM)\n", item.c_str());
+        return 2;
+      }
+      shapes.push_back(
+          {std::stoull(item.substr(0, x)), static_cast<uint32_t>(std::stoul(item.substr(x + 1)))});
+    }
+  }
+  const std::vector<uint64_t> counts = ParseList(FLAGS_server_counts);
+  if (FLAGS_window == 0 || FLAGS_batches == 0) {
+    std::fprintf(stderr, "bench_sparse: --window and --batches must be positive\n");
+    return 2;
+  }
+
+  // Requests per repetition at least (1M-key requests take a large part of a second).
+  const uint64_t min_ops = FLAGS_quick ? 2 : 3;
+  const uint32_t num_batches =
+      gflags::GetCommandLineFlagInfoOrDie("batches").is_default && FLAGS_quick ? 4 : FLAGS_batches;
+  // --quick measures 1 in flight only, unless --window is given.
+  std::vector<uint32_t> windows = {1};
+  const bool window_set = !gflags::GetCommandLineFlagInfoOrDie("window").is_default;
+  if (FLAGS_window > 1 && (!FLAGS_quick || window_set)) windows.push_back(FLAGS_window);
+
+  // Generate every request before timing anything.
+  std::vector<std::vector<Batch>> batches;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    batches.push_back(MakeBatches(shapes[i], num_batches, FLAGS_seed + i));
+  }
+  std::printf(
+      "bench_sparse: servers as %s, %u lanes per server, Zipf s=%.2f over %llu ids, "
+      "Adagrad; %d reps x %.2f s per cell, medians; keys/s counts the caller's keys "
+      "per server\n",
+      FLAGS_server_mode == "process" ? "separate processes" : "threads of this process",
+      FLAGS_lanes, FLAGS_zipf_s, static_cast<unsigned long long>(FLAGS_key_space), reps, rep_s);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    double u = 0;
+    for (const Batch& b : batches[i]) u += static_cast<double>(b.unique) / b.keys.size();
+    std::printf("  shape %s: %.1f%% of a request's keys are unique\n", shapes[i].Name().c_str(),
+                100.0 * u / batches[i].size());
+  }
+  std::printf("%-22s %14s %14s %10s %10s\n", "cell", "keys/s/server", "uniq/s/server", "med ms",
+              "p99 ms");
+  std::fflush(stdout);
+
+  std::vector<Row> rows;
+  for (uint64_t nservers : counts) {
+    if (nservers < 1 || nservers > 64) {
+      std::fprintf(stderr, "bench_sparse: server counts must be 1..64\n");
+      return 2;
+    }
+    Cluster cluster;
+    if (!cluster.Start(static_cast<uint32_t>(nservers), server_binary)) return 1;
+    tessera::ClientOptions co;
+    co.servers = cluster.endpoints;
+    auto client_or = tessera::Client::Create(co);
+    if (!client_or.ok()) {
+      std::fprintf(stderr, "bench_sparse: client: %s\n", client_or.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<tessera::Client> client = std::move(*client_or);
+
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const Shape& shape = shapes[si];
+      const std::vector<Batch>& bs = batches[si];
+      tessera::OptimizerSpec opt;
+      opt.kind = tessera::OptimizerKind::kAdagrad;
+      opt.learning_rate = 0.05f;
+      opt.initial_accumulator = 0.1f;
+      tessera::InitializerSpec init;
+      init.kind = tessera::InitializerKind::kUniform;
+      init.a = -0.01f;
+      init.b = 0.01f;
+      auto table_or = client->CreateTable(
+          tessera::TableSpec::Sparse("bench_sparse_" + shape.Name(), shape.dim, opt, init));
+      if (!table_or.ok()) {
+        std::fprintf(stderr, "bench_sparse: CreateTable: %s\n",
+                     table_or.status().ToString().c_str());
+        return 1;
+      }
+      const tessera::Table table = *table_or;
+      std::vector<std::vector<float>> outs(FLAGS_window,
+                                           std::vector<float>(shape.keys * shape.dim));
+      // Create every row the batches touch, so timing sees the steady state.
+      for (const Batch& b : bs) {
+        tessera::Status s = client->Wait(client->Pull(table, b.keys, outs[0].data()));
+        if (!s.ok()) {
+          std::fprintf(stderr, "bench_sparse: warm-up pull: %s\n", s.ToString().c_str());
+          return 1;
+        }
+      }
+      for (bool push : {true, false}) {
+        for (uint32_t window : windows) {
+          Row row{"", static_cast<uint32_t>(nservers), push, shape, window, 0, 0, 0, 0};
+          row.name = std::string(push ? "push" : "pull") + "/" + shape.Name() + "/s" +
+                     std::to_string(nservers) + "/w" + std::to_string(window);
+          std::vector<double> rates, unique_rates, lat_ms;
+          tessera::Status error;
+          std::vector<tessera::Handle> handles(window);
+          uint64_t seq = 0;
+          for (int r = -1; r < reps; ++r) {  // r == -1: warm-up
+            std::deque<std::pair<tessera::Handle, BenchClock::time_point>> q;
+            uint64_t ops = 0, keys = 0, unique = 0;
+            const auto start = BenchClock::now();
+            const auto until =
+                start + std::chrono::duration_cast<BenchClock::duration>(
+                            std::chrono::duration<double>(r < 0 ? rep_s / 4 : rep_s));
+            bool issuing = true;
+            while (issuing || !q.empty()) {
+              while (issuing && q.size() < window) {
+                const Batch& b = bs[seq % bs.size()];
+                float* out = outs[seq % window].data();
+                ++seq;
+                const auto t0 = BenchClock::now();
+                q.emplace_back(
+                    push ? client->Push(table, b.keys, b.grads) : client->Pull(table, b.keys, out),
+                    t0);
+                keys += b.keys.size();
+                unique += b.unique;
+              }
+              tessera::Status s = client->Wait(q.front().first);
+              if (!s.ok() && error.ok()) error = s;
+              const auto now = BenchClock::now();
+              if (r >= 0) {
+                lat_ms.push_back(
+                    std::chrono::duration<double, std::milli>(now - q.front().second).count());
+              }
+              q.pop_front();
+              ++ops;
+              if (now >= until && ops >= (r < 0 ? 1 : min_ops)) issuing = false;
+            }
+            const double secs = std::chrono::duration<double>(BenchClock::now() - start).count();
+            if (r >= 0) {
+              rates.push_back(static_cast<double>(keys) / secs / static_cast<double>(nservers));
+              unique_rates.push_back(static_cast<double>(unique) / secs /
+                                     static_cast<double>(nservers));
+            }
+          }
+          if (!error.ok()) {
+            std::fprintf(stderr, "bench_sparse: %s: %s\n", row.name.c_str(),
+                         error.ToString().c_str());
+            return 1;
+          }
+          row.keys_per_s_per_server = Percentile(rates, 0.5);
+          row.unique_keys_per_s_per_server = Percentile(unique_rates, 0.5);
+          row.lat_median_ms = Percentile(lat_ms, 0.5);
+          row.lat_p99_ms = Percentile(lat_ms, 0.99);
+          std::printf("%-22s %14.3e %14.3e %10.2f %10.2f\n", row.name.c_str(),
+                      row.keys_per_s_per_server, row.unique_keys_per_s_per_server,
+                      row.lat_median_ms, row.lat_p99_ms);
+          std::fflush(stdout);
+          rows.push_back(row);
+        }
+      }
+    }
+    client.reset();
+  }
+
+  std::string json = "{\"bench\":\"sparse\",\"server_mode\":\"" + FLAGS_server_mode +
+                     "\",\"zipf_s\":" + JsonNum(FLAGS_zipf_s) +
+                     ",\"key_space\":" + std::to_string(FLAGS_key_space);
+  auto put = [&](const std::string& key, double v) { json += ",\"" + key + "\":" + JsonNum(v); };
+  // Headline: 1 server, 1 request in flight.
+  for (const Row& r : rows) {
+    if (r.servers != 1 || r.window != 1) continue;
+    const std::string base = std::string(r.push ? "push_" : "pull_") +
+                             (r.shape.keys == 100000    ? "100k"
+                              : r.shape.keys == 1000000 ? "1M"
+                                                        : std::to_string(r.shape.keys)) +
+                             "_x" + std::to_string(r.shape.dim);
+    put(base + "_keys_per_s", r.keys_per_s_per_server);
+    put(base + "_latency_median_ms", r.lat_median_ms);
+    put(base + "_latency_p99_ms", r.lat_p99_ms);
+  }
+  json += ",\"rows\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    json += std::string(i ? "," : "") + "{\"cell\":\"" + r.name +
+            "\",\"keys_per_s_per_server\":" + JsonNum(r.keys_per_s_per_server) +
+            ",\"unique_keys_per_s_per_server\":" + JsonNum(r.unique_keys_per_s_per_server) +
+            ",\"latency_median_ms\":" + JsonNum(r.lat_median_ms) +
+            ",\"latency_p99_ms\":" + JsonNum(r.lat_p99_ms) + "}";
+  }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  return 0;
+}

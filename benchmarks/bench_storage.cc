@@ -1,0 +1,354 @@
+// Storage benchmark: Tessera's LaneStore (memory tier over RocksDB) against raw RocksDB Put/Get of
+// the same row bytes, in the same run; strict vs relaxed durability; memory per row.
+//
+//   bench_storage [--quick] [--rows=N] [--dim=16] [--reps=5] [--dir=/tmp]
+//
+// Prints a table, then (last line) one JSON object with the headline ratios.
+#include <gflags/gflags.h>
+#include <rocksdb/cache.h>
+#include <rocksdb/convenience.h>
+#include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ps/routing.h"
+#include "storage/storage.h"
+
+DEFINE_bool(quick, false, "Small sizes and few repetitions (under a minute)");
+DEFINE_uint64(rows, 0, "Rows in the table (0: 200000 with --quick, else 1000000)");
+DEFINE_uint32(dim, 16, "Floats per row (the optimizer is Adagrad: as many state floats)");
+DEFINE_int32(reps, 0, "Repetitions per measurement; medians are reported (0: 3 quick, else 5)");
+DEFINE_string(dir, "", "Parent of the scratch directories (default: $TMPDIR or /tmp)");
+DEFINE_string(rocksdb_table_options, "",
+              "Extra RocksDB column-family options for both Tessera and raw RocksDB");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tessera::Status;
+
+constexpr size_t kBatch = 10000;          // keys per apply / lookup call
+constexpr size_t kDurableBatch = 100000;  // keys per push in the durability comparison
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void Die(const Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "bench_storage: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+void Die(const rocksdb::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "bench_storage: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+// Keys are spread like feature ids (hashed), so neighbours in the table are not neighbours here.
+uint64_t KeyOf(uint64_t i) { return tessera::Mix64(i + 1); }
+
+class Scratch {
+ public:
+  explicit Scratch(const std::string& name) {
+    std::string base = FLAGS_dir;
+    if (base.empty()) {
+      const char* t = std::getenv("TMPDIR");
+      base = t != nullptr && *t != '\0' ? t : "/tmp";
+    }
+    path_ = base + "/tessera_bench_" + name + "_" + std::to_string(getpid());
+    std::filesystem::remove_all(path_);
+  }
+  ~Scratch() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// ------------------------------------------------------------------ Tessera
+struct Tessera {
+  std::unique_ptr<tessera::StorageEngine> engine;
+  std::unique_ptr<tessera::LaneStore> lane;
+  uint64_t id = tessera::TableIdForName("bench");
+};
+
+Tessera OpenTessera(const std::string& dir, uint64_t budget, tessera::Durability durability) {
+  tessera::StorageOptions o;
+  o.data_dir = dir;
+  o.memory_budget_bytes = budget;
+  o.durability = durability;
+  o.rocksdb_table_options = FLAGS_rocksdb_table_options;
+  auto e = tessera::OpenStorageEngine(o);
+  Die(e.status(), "open");
+  Tessera t;
+  t.engine = std::move(e).value();
+  auto l = t.engine->OpenLane(0, 1);
+  Die(l.status(), "open lane");
+  t.lane = std::move(l).value();
+  tessera::OptimizerSpec adagrad{tessera::OptimizerKind::kAdagrad, 0.01f};
+  adagrad.initial_accumulator = 0.1f;
+  Die(t.lane->AddTable(
+          t.id, tessera::TableSpec::Sparse("bench", FLAGS_dim, adagrad,
+                                           {tessera::InitializerKind::kUniform, -0.01f, 0.01f, 1})),
+      "add table");
+  return t;
+}
+
+// Applies one gradient to each of keys; commits.
+void TesseraApply(Tessera& t, const std::vector<uint64_t>& keys, uint64_t step) {
+  static std::vector<float> grad;
+  grad.assign(FLAGS_dim, 0.001f);
+  std::vector<const float*> g(keys.size(), grad.data());
+  Die(t.lane->Apply(t.id, keys, g, {step, 1}), "apply");
+  Die(t.lane->Commit(), "commit");
+}
+
+void TesseraLookup(Tessera& t, const std::vector<uint64_t>& keys, std::vector<float>& out) {
+  out.resize(keys.size() * FLAGS_dim);
+  std::vector<float*> o(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) o[i] = &out[i * FLAGS_dim];
+  Die(t.lane->Lookup(t.id, keys, o), "lookup");
+}
+
+void Populate(Tessera& t, uint64_t rows) {
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < rows; i += kBatch) {
+    keys.clear();
+    for (uint64_t j = i; j < std::min(rows, i + kBatch); ++j) keys.push_back(KeyOf(j));
+    TesseraApply(t, keys, 0);
+  }
+}
+
+// ------------------------------------------------------------------ raw RocksDB
+// The same tuning as storage/rocksdb_engine.cc (TunedTableOptions and the DB options), so the
+// comparison measures Tessera's layer, not a different configuration.
+struct Raw {
+  std::unique_ptr<rocksdb::DB> db;
+};
+
+Raw OpenRaw(const std::string& dir) {
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.max_background_jobs = 2;
+  o.bytes_per_sync = 1 << 20;
+  o.max_total_wal_size = uint64_t{512} << 20;
+  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  rocksdb::BlockBasedTableOptions t;
+  t.block_cache = rocksdb::NewLRUCache(uint64_t{64} << 20);
+  t.block_size = 4096;
+  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  t.optimize_filters_for_memory = true;
+  t.cache_index_and_filter_blocks = true;
+  t.pin_l0_filter_and_index_blocks_in_cache = true;
+  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
+  t.format_version = 5;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  o.compression = rocksdb::kNoCompression;
+  o.bottommost_compression = rocksdb::kNoCompression;
+  o.write_buffer_size = 64 << 20;
+  o.max_write_buffer_number = 3;
+  o.memtable_prefix_bloom_size_ratio = 0.02;
+  o.memtable_whole_key_filtering = true;
+  o.level_compaction_dynamic_level_bytes = true;
+  o.target_file_size_base = 64 << 20;
+  o.max_bytes_for_level_base = 256 << 20;
+  if (!FLAGS_rocksdb_table_options.empty()) {
+    rocksdb::ConfigOptions config;
+    rocksdb::ColumnFamilyOptions cf;
+    Die(rocksdb::GetColumnFamilyOptionsFromString(config, o, FLAGS_rocksdb_table_options, &cf),
+        "rocksdb_table_options");
+    o = rocksdb::Options(o, cf);
+  }
+  rocksdb::DB* db = nullptr;
+  Die(rocksdb::DB::Open(o, dir, &db), "raw open");
+  return Raw{std::unique_ptr<rocksdb::DB>(db)};
+}
+
+// Tessera's key layout: 2-byte slot, 8-byte key, big-endian.
+std::string RawKey(uint64_t key) {
+  std::string k(10, '\0');
+  const uint32_t slot = tessera::SlotOfKey(key);
+  k[0] = static_cast<char>(slot >> 8);
+  k[1] = static_cast<char>(slot);
+  for (int i = 0; i < 8; ++i) k[2 + i] = static_cast<char>(key >> (56 - 8 * i));
+  return k;
+}
+
+size_t RowBytes() { return size_t{2} * FLAGS_dim * sizeof(float) + 12; }
+
+void RawPut(Raw& r, const std::vector<uint64_t>& keys) {
+  static std::string value;
+  value.assign(RowBytes(), '\1');
+  rocksdb::WriteBatch b;
+  for (uint64_t k : keys) Die(b.Put(RawKey(k), value), "raw batch");
+  Die(r.db->Write(rocksdb::WriteOptions(), &b), "raw write");
+}
+
+void RawGet(Raw& r, const std::vector<uint64_t>& keys, std::vector<float>& out) {
+  std::vector<std::string> ks(keys.size());
+  std::vector<rocksdb::Slice> slices(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ks[i] = RawKey(keys[i]);
+    slices[i] = ks[i];
+  }
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> st(keys.size());
+  r.db->MultiGet(rocksdb::ReadOptions(), r.db->DefaultColumnFamily(), keys.size(), slices.data(),
+                 values.data(), st.data());
+  // Use the values as a caller would: copy the embedding out.
+  out.resize(keys.size() * FLAGS_dim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Die(st[i], "raw get");
+    std::memcpy(&out[i * FLAGS_dim], values[i].data(), FLAGS_dim * sizeof(float));
+  }
+}
+
+// ------------------------------------------------------------------ measurement
+// Keys/s of `op` over `batches` batches of `batch` uniformly random keys; median of reps.
+double Throughput(uint64_t rows, size_t batch, int batches, uint64_t seed,
+                  const std::function<void(const std::vector<uint64_t>&)>& op) {
+  std::vector<double> rates;
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<uint64_t>> work(batches, std::vector<uint64_t>(batch));
+  for (int rep = 0; rep < FLAGS_reps; ++rep) {
+    for (auto& w : work) {
+      for (auto& k : w) k = KeyOf(rng() % rows);
+    }
+    const auto t0 = Clock::now();
+    for (auto& w : work) op(w);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    rates.push_back(static_cast<double>(batch) * batches / s);
+  }
+  return Median(rates);
+}
+
+struct Result {
+  double apply = 0, lookup = 0, put = 0, get = 0, hit_rate = 0;
+};
+
+Result Compare(uint64_t rows, uint64_t budget, const char* label) {
+  Scratch tdir(std::string("tessera_") + label), rdir(std::string("raw_") + label);
+  Tessera t = OpenTessera(tdir.path(), budget, tessera::Durability::kStrict);
+  Populate(t, rows);
+  Raw raw = OpenRaw(rdir.path());
+  {
+    std::vector<uint64_t> keys;
+    for (uint64_t i = 0; i < rows; i += kBatch) {
+      keys.clear();
+      for (uint64_t j = i; j < std::min(rows, i + kBatch); ++j) keys.push_back(KeyOf(j));
+      RawPut(raw, keys);
+    }
+  }
+  const int batches = FLAGS_quick ? 5 : 20;
+  std::vector<float> out;
+  uint64_t step = 1;
+  Result r;
+  // Warm both (block cache, memory tier) with one pass of reads.
+  Throughput(rows, kBatch, batches, 99, [&](const auto& k) { TesseraLookup(t, k, out); });
+  Throughput(rows, kBatch, batches, 99, [&](const auto& k) { RawGet(raw, k, out); });
+  const auto before = t.lane->stats();
+  r.lookup = Throughput(rows, kBatch, batches, 1, [&](const auto& k) { TesseraLookup(t, k, out); });
+  const auto after = t.lane->stats();
+  r.hit_rate = static_cast<double>(after.memory_hits - before.memory_hits) /
+               static_cast<double>(after.lookups - before.lookups);
+  r.get = Throughput(rows, kBatch, batches, 1, [&](const auto& k) { RawGet(raw, k, out); });
+  r.apply =
+      Throughput(rows, kBatch, batches, 2, [&](const auto& k) { TesseraApply(t, k, step++); });
+  r.put = Throughput(rows, kBatch, batches, 2, [&](const auto& k) { RawPut(raw, k); });
+  return r;
+}
+
+// Keys/s of 100k-key pushes (apply + commit) in the strict and the relaxed mode. The two engines
+// take turns batch by batch, so drift in machine load hits both alike.
+std::pair<double, double> DurablePush(uint64_t rows) {
+  Scratch sdir("strict"), rdir("relaxed");
+  Tessera strict = OpenTessera(sdir.path(), 0, tessera::Durability::kStrict);
+  Tessera relaxed = OpenTessera(rdir.path(), 0, tessera::Durability::kRelaxed);
+  Populate(strict, rows);
+  Populate(relaxed, rows);
+  std::mt19937_64 rng(3);
+  std::vector<double> s_rates, r_rates;
+  std::vector<uint64_t> keys(kDurableBatch);
+  const int pushes = FLAGS_reps * (FLAGS_quick ? 3 : 5);
+  for (int i = 0; i < pushes; ++i) {
+    for (auto& k : keys) k = KeyOf(rng() % rows);
+    for (Tessera* t : {&strict, &relaxed}) {
+      const auto t0 = Clock::now();
+      TesseraApply(*t, keys, static_cast<uint64_t>(i + 1));
+      const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      (t == &strict ? s_rates : r_rates).push_back(kDurableBatch / sec);
+    }
+  }
+  return {Median(s_rates), Median(r_rates)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("Tessera storage benchmark");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_rows == 0) FLAGS_rows = FLAGS_quick ? 200000 : 1000000;
+  if (FLAGS_reps == 0) FLAGS_reps = FLAGS_quick ? 3 : 5;
+  const uint64_t rows = FLAGS_rows;
+  const double raw_bytes = 2.0 * FLAGS_dim * sizeof(float);
+
+  // Memory per row: the whole table in the memory tier.
+  double per_row = 0;
+  {
+    Scratch dir("memory");
+    Tessera t = OpenTessera(dir.path(), 0, tessera::Durability::kStrict);
+    Populate(t, rows);
+    const auto s = t.lane->stats();
+    per_row = static_cast<double>(s.bytes_in_memory) / static_cast<double>(s.rows_in_memory);
+  }
+  const uint64_t table_bytes = static_cast<uint64_t>(per_row * rows);
+
+  const Result hot = Compare(rows, 0, "hot");
+  const Result cold = Compare(rows, table_bytes / 10, "cold");
+  const auto [strict, relaxed] = DurablePush(rows);
+
+  std::printf(
+      "bench_storage: %llu rows, dim %u, Adagrad (row %zu bytes on disk, %.0f raw), "
+      "median of %d\n",
+      static_cast<unsigned long long>(rows), FLAGS_dim, RowBytes(), raw_bytes, FLAGS_reps);
+  std::printf("%-44s %14s %14s %8s\n", "measurement", "tessera keys/s", "rocksdb keys/s", "ratio");
+  auto line = [](const char* what, double a, double b) {
+    std::printf("%-44s %14.0f %14.0f %8.2f\n", what, a, b, b > 0 ? a / b : 0);
+  };
+  line("in memory: apply+commit vs Put (10k batch)", hot.apply, hot.put);
+  line("in memory: lookup vs MultiGet (10k batch)", hot.lookup, hot.get);
+  line("10x budget: apply+commit vs Put (10k batch)", cold.apply, cold.put);
+  line("10x budget: lookup vs MultiGet (10k batch)", cold.lookup, cold.get);
+  std::printf("%-44s %14.0f %14.0f %8.2f\n", "push 100k keys: strict vs relaxed", strict, relaxed,
+              strict / relaxed);
+  std::printf("%-44s %14.3f\n", "10x budget: lookup memory hit rate", cold.hit_rate);
+  std::printf("%-44s %14.1f %14.0f %8.2f\n", "memory per row (bytes) vs raw value+state", per_row,
+              raw_bytes, per_row / raw_bytes);
+  std::printf(
+      "{\"rows\": %llu, \"dim\": %u, \"strict_vs_relaxed_push\": %.3f, "
+      "\"cold_lookup_vs_rocksdb_get\": %.3f, \"memory_per_row_vs_raw\": %.3f, "
+      "\"hot_lookup_vs_rocksdb_get\": %.3f, \"hot_apply_vs_rocksdb_put\": %.3f, "
+      "\"cold_apply_vs_rocksdb_put\": %.3f, \"cold_hit_rate\": %.3f, "
+      "\"strict_push_keys_per_s\": %.0f, \"relaxed_push_keys_per_s\": %.0f}\n",
+      static_cast<unsigned long long>(rows), FLAGS_dim, strict / relaxed, cold.lookup / cold.get,
+      per_row / raw_bytes, hot.lookup / hot.get, hot.apply / hot.put, cold.apply / cold.put,
+      cold.hit_rate, strict, relaxed);
+  return 0;
+}

@@ -1,0 +1,698 @@
+// bench_transport: raw ZeroMQ DEALER/ROUTER round trips vs Tessera dense push and pull.
+//
+// For every payload size, server count (1, 2) and window (1 or 8 requests in flight) the same
+// bytes travel two ways, alternating repetitions so that the noise of a shared machine hits
+// both alike:
+//   raw      a DEALER per server talks to a minimal echo ROUTER. "push" sends a 16-byte header
+//            and the payload and gets a 16-byte ack; "pull" sends a 16-byte header and gets the
+//            header and the payload back, copied into the caller's buffer.
+//   tessera  Client::DensePush / DensePull of a dense SGD table of the same byte size.
+// With 2 servers both sides cut the payload into 64 KiB chunks and give each server a
+// contiguous half of the chunks, as Tessera's dense placement does.
+//
+// Servers run as child processes (tessera-server binaries and this program in --echo_server
+// mode) unless --server_mode=thread. The last line of output is one JSON object.
+#include <fcntl.h>
+#include <gflags/gflags.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "ps/client.h"
+#include "ps/routing.h"
+#include "ps/server.h"
+
+DEFINE_bool(quick, false, "Short run (under a minute): fewer, shorter repetitions");
+DEFINE_int32(reps, 0, "Repetitions per cell and side (0: 3 with --quick, else 7)");
+DEFINE_double(rep_seconds, 0,
+              "Target duration of one repetition (0: 0.12 s with --quick, else 0.4 s)");
+DEFINE_string(sizes, "4096,65536,1048576,16777216", "Payload sizes in bytes, comma-separated");
+DEFINE_string(server_counts, "1,2", "Numbers of servers to run, comma-separated");
+DEFINE_string(server_mode, "process",
+              "process: tessera-server and echo servers are child processes; thread: they run "
+              "in this process");
+DEFINE_string(server_binary, "",
+              "tessera-server executable (default: tessera-server next to this program)");
+DEFINE_uint32(lanes, 2, "Lanes (executor threads) per Tessera server");
+DEFINE_string(only, "", "Run only cells whose name contains this text (e.g. push/4KiB)");
+DEFINE_string(echo_server, "",
+              "Internal: serve as a raw echo ROUTER bound to this endpoint until SIGTERM");
+
+namespace {
+
+using BenchClock = std::chrono::steady_clock;
+
+double Seconds(BenchClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string SizeName(uint64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + "MiB";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + "KiB";
+  return std::to_string(bytes) + "B";
+}
+
+std::vector<uint64_t> ParseList(const std::string& s) {
+  std::vector<uint64_t> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(std::stoull(item));
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ raw echo server
+
+// The raw protocol: every request and reply starts with this 16-byte frame.
+struct RawHeader {
+  uint64_t id;
+  uint32_t op;  // kRawPush or kRawPull
+  uint32_t bytes;
+};
+constexpr uint32_t kRawPush = 1;
+constexpr uint32_t kRawPull = 2;
+
+volatile sig_atomic_t g_echo_stop = 0;
+
+// Serves raw requests on `endpoint` until `*stop` (if not null) or g_echo_stop is set. Calls
+// `on_ready` with the bound endpoint once listening.
+void RunEchoServer(const std::string& endpoint, const std::atomic<bool>* stop,
+                   const std::function<void(const std::string&)>& on_ready) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.set(zmq::sockopt::sndhwm, 0);
+  router.set(zmq::sockopt::rcvhwm, 0);
+  router.bind(endpoint);
+  on_ready(router.get(zmq::sockopt::last_endpoint));
+  // The source of pulled bytes (a server produces them from its own memory).
+  std::vector<char> store;
+  zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+  std::vector<zmq::message_t> parts;
+  for (;;) {
+    if ((stop != nullptr && stop->load()) || g_echo_stop) break;
+    try {
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      break;
+    }
+    for (;;) {
+      parts.clear();
+      auto got = zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait);
+      if (!got) break;
+      if (parts.size() < 2 || parts[1].size() != sizeof(RawHeader)) continue;
+      RawHeader h;
+      std::memcpy(&h, parts[1].data(), sizeof(h));
+      std::vector<zmq::message_t> reply;
+      reply.push_back(std::move(parts[0]));
+      reply.emplace_back(&h, sizeof(h));
+      if (h.op == kRawPull) {
+        if (store.size() < h.bytes) store.assign(h.bytes, 1);
+        reply.emplace_back(store.data(), h.bytes);
+      }
+      zmq::send_multipart(router, reply, zmq::send_flags::dontwait);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ child processes
+
+// A child process whose stdout is read until it prints a ready line. Killed on destruction.
+class Child {
+ public:
+  Child() = default;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() { Stop(); }
+
+  // Starts argv; waits up to 30 s for a stdout line containing `ready`; returns that line.
+  bool Start(const std::vector<std::string>& argv, const std::string& ready, std::string* line) {
+    char log_tmpl[] = "/tmp/tessera-bench-XXXXXX";
+    const int log = mkstemp(log_tmpl);
+    if (log >= 0) log_path_ = log_tmpl;
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return false;
+    std::vector<std::string> args = argv;
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      dup2(out[1], 1);
+      if (log >= 0) dup2(log, 2);
+      execv(cargs[0], cargs.data());
+      _exit(127);
+    }
+    close(out[1]);
+    if (log >= 0) close(log);
+    std::string seen;
+    const auto until = BenchClock::now() + std::chrono::seconds(30);
+    bool ok = false;
+    while (BenchClock::now() < until) {
+      pollfd p{out[0], POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) {
+        char buf[512];
+        const ssize_t n = read(out[0], buf, sizeof(buf));
+        if (n <= 0) break;
+        seen.append(buf, static_cast<size_t>(n));
+        const size_t at = seen.find(ready);
+        const size_t eol = at == std::string::npos ? at : seen.find('\n', at);
+        if (eol != std::string::npos) {
+          *line = seen.substr(at, eol - at);
+          ok = true;
+          break;
+        }
+      }
+    }
+    close(out[0]);
+    if (!ok) {
+      std::fprintf(stderr, "bench: %s did not start; its stderr:\n", argv[0].c_str());
+      std::ifstream in(log_path_);
+      std::fprintf(stderr, "%s\n", std::string(std::istreambuf_iterator<char>(in), {}).c_str());
+      Stop();
+    }
+    return ok;
+  }
+
+  // SIGTERM, then SIGKILL after 5 s; reaps the process and removes its log.
+  void Stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int st;
+      bool reaped = false;
+      for (int i = 0; i < 100 && !reaped; ++i) {
+        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
+        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!reaped) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &st, 0);
+      }
+      pid_ = -1;
+    }
+    if (!log_path_.empty()) {
+      unlink(log_path_.c_str());
+      log_path_.clear();
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+};
+
+std::string EndpointOf(const std::string& ready_line) {
+  const size_t at = ready_line.find("endpoint=");
+  if (at == std::string::npos) return "";
+  std::string ep = ready_line.substr(at + 9);
+  while (!ep.empty() && (ep.back() == '\r' || ep.back() == ' ')) ep.pop_back();
+  return ep;
+}
+
+// A set of echo servers and Tessera servers, processes or threads.
+class Cluster {
+ public:
+  Cluster() = default;
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+  ~Cluster() { Stop(); }
+
+  bool Start(uint32_t n, const std::string& self, const std::string& server_binary) {
+    const bool threads = FLAGS_server_mode == "thread";
+    for (uint32_t r = 0; r < n; ++r) {
+      if (threads) {
+        tessera::ServerOptions o;
+        o.listen = "tcp://127.0.0.1:*";
+        o.rank = r;
+        o.num_servers = n;
+        o.lanes = FLAGS_lanes;
+        auto s = tessera::Server::Create(o);
+        if (!s.ok()) {
+          std::fprintf(stderr, "bench: server: %s\n", s.status().ToString().c_str());
+          return false;
+        }
+        tessera_endpoints.push_back((*s)->endpoint());
+        servers_.push_back(std::move(*s));
+        auto bound = std::make_shared<std::promise<std::string>>();
+        std::future<std::string> ready = bound->get_future();
+        echo_threads_.emplace_back([this, bound] {
+          RunEchoServer("tcp://127.0.0.1:*", &echo_stop_,
+                        [&bound](const std::string& ep) { bound->set_value(ep); });
+        });
+        echo_endpoints.push_back(ready.get());
+      } else {
+        // Each server binds a free port itself ("*"); --cluster only tells it the cluster size
+        // (the bench client is given the real endpoints), so no port can be raced for.
+        std::string cluster;
+        for (uint32_t i = 0; i < n; ++i) {
+          cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
+        }
+        std::string line;
+        auto t = std::make_unique<Child>();
+        if (!t->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
+                       "--rank=" + std::to_string(r), "--lanes=" + std::to_string(FLAGS_lanes)},
+                      "tessera-server ready", &line)) {
+          return false;
+        }
+        tessera_endpoints.push_back(EndpointOf(line));
+        children_.push_back(std::move(t));
+        auto e = std::make_unique<Child>();
+        if (!e->Start({self, "--echo_server=tcp://127.0.0.1:*"}, "echo ready", &line)) {
+          return false;
+        }
+        echo_endpoints.push_back(EndpointOf(line));
+        children_.push_back(std::move(e));
+      }
+    }
+    return true;
+  }
+
+  void Stop() {
+    echo_stop_.store(true);
+    for (auto& t : echo_threads_) t.join();
+    echo_threads_.clear();
+    servers_.clear();
+    children_.clear();
+  }
+
+  std::vector<std::string> tessera_endpoints;
+  std::vector<std::string> echo_endpoints;
+
+ private:
+  std::atomic<bool> echo_stop_{false};
+  std::vector<std::thread> echo_threads_;
+  std::vector<std::unique_ptr<tessera::Server>> servers_;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+// ------------------------------------------------------------------ workloads
+
+// Byte range [begin, end) of a `bytes` payload that server `s` of `n` gets: exactly the part
+// Tessera's dense placement gives that server for the table of that size.
+std::pair<uint64_t, uint64_t> PartOf(uint64_t table_id, uint64_t bytes, uint32_t s, uint32_t n) {
+  const tessera::DenseRange r = tessera::DenseRangeOfServer(table_id, bytes / 4, s, n);
+  return {r.begin * 4, r.end * 4};
+}
+
+std::string TableName(uint64_t bytes) { return "bench_dense_" + std::to_string(bytes); }
+
+// One repetition's result.
+struct RepResult {
+  double seconds = 0;
+  uint64_t ops = 0;
+  std::vector<double> latencies_us;
+};
+
+// Runs ops until `target_s` has passed (and at least `min_ops` completed), keeping `window`
+// in flight. Issue(i) starts op i; Complete(i) blocks until op i is done. Ops complete in order.
+template <typename IssueFn, typename CompleteFn>
+RepResult RunWindow(uint32_t window, double target_s, uint64_t min_ops, IssueFn issue,
+                    CompleteFn complete) {
+  RepResult r;
+  std::deque<std::pair<uint64_t, BenchClock::time_point>> q;
+  const auto start = BenchClock::now();
+  const auto until = start + std::chrono::duration_cast<BenchClock::duration>(
+                                 std::chrono::duration<double>(target_s));
+  uint64_t next = 0;
+  bool issuing = true;
+  while (issuing || !q.empty()) {
+    while (issuing && q.size() < window) {
+      q.emplace_back(next, BenchClock::now());
+      issue(next++);
+    }
+    auto [id, t0] = q.front();
+    q.pop_front();
+    complete(id);
+    const auto now = BenchClock::now();
+    r.latencies_us.push_back(std::chrono::duration<double, std::micro>(now - t0).count());
+    ++r.ops;
+    if (issuing && now >= until && next >= min_ops) issuing = false;
+  }
+  r.seconds = Seconds(BenchClock::now() - start);
+  return r;
+}
+
+// Raw ZeroMQ client: one DEALER per server.
+class RawClient {
+ public:
+  explicit RawClient(const std::vector<std::string>& endpoints) : ctx_(1) {
+    for (const auto& ep : endpoints) {
+      zmq::socket_t s(ctx_, zmq::socket_type::dealer);
+      s.set(zmq::sockopt::linger, 0);
+      s.set(zmq::sockopt::sndhwm, 0);
+      s.set(zmq::sockopt::rcvhwm, 0);
+      s.connect(ep);
+      dealers_.push_back(std::move(s));
+    }
+    ops_.resize(kRing);
+  }
+
+  // Starts op `id`: push of `src` or pull into `dst` (bytes each), split over servers.
+  void Issue(uint64_t id, uint32_t op, const char* src, char* dst, uint64_t bytes,
+             uint64_t table_id) {
+    Op& o = ops_[id % kRing];
+    o.id = id;
+    o.dst = dst;
+    o.remaining = 0;
+    const uint32_t n = static_cast<uint32_t>(dealers_.size());
+    for (uint32_t s = 0; s < n; ++s) {
+      const auto [b, e] = PartOf(table_id, bytes, s, n);
+      if (b >= e) continue;
+      ++o.remaining;
+      RawHeader h{id, op, static_cast<uint32_t>(e - b)};
+      if (op == kRawPush) {
+        dealers_[s].send(zmq::const_buffer(&h, sizeof(h)), zmq::send_flags::sndmore);
+        // Copied like Tessera copies the caller's span.
+        zmq::message_t payload(src + b, e - b);
+        dealers_[s].send(payload, zmq::send_flags::none);
+      } else {
+        o.offset[s] = b;
+        dealers_[s].send(zmq::const_buffer(&h, sizeof(h)), zmq::send_flags::none);
+      }
+    }
+  }
+
+  // Receives replies until op `id` is complete.
+  void Complete(uint64_t id) {
+    std::vector<zmq::pollitem_t> items;
+    for (auto& d : dealers_) items.push_back({d.handle(), 0, ZMQ_POLLIN, 0});
+    while (ops_[id % kRing].remaining > 0) {
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
+      for (size_t s = 0; s < dealers_.size(); ++s) {
+        if (!(items[s].revents & ZMQ_POLLIN)) continue;
+        for (;;) {
+          std::vector<zmq::message_t> parts;
+          auto got = zmq::recv_multipart(dealers_[s], std::back_inserter(parts),
+                                         zmq::recv_flags::dontwait);
+          if (!got) break;
+          RawHeader h;
+          std::memcpy(&h, parts[0].data(), sizeof(h));
+          Op& o = ops_[h.id % kRing];
+          if (parts.size() == 2) std::memcpy(o.dst + o.offset[s], parts[1].data(), parts[1].size());
+          --o.remaining;
+        }
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kRing = 1024;
+  static constexpr size_t kMaxServers = 8;
+  struct Op {
+    uint64_t id = 0;
+    char* dst = nullptr;
+    uint32_t remaining = 0;
+    uint64_t offset[kMaxServers] = {};
+  };
+  zmq::context_t ctx_;
+  std::vector<zmq::socket_t> dealers_;
+  std::vector<Op> ops_;
+};
+
+struct Cell {
+  uint32_t servers;
+  bool push;
+  uint64_t bytes;
+  uint32_t window;
+  std::string Name() const {
+    return std::string(push ? "push" : "pull") + "/" + SizeName(bytes) + "/s" +
+           std::to_string(servers) + "/w" + std::to_string(window);
+  }
+};
+
+struct Side {
+  std::vector<double> mbps;  // per repetition
+  std::vector<double> ops_per_s;
+  std::vector<double> latencies_us;
+  void Add(const RepResult& r, uint64_t bytes) {
+    ops_per_s.push_back(r.ops / r.seconds);
+    mbps.push_back(r.ops * static_cast<double>(bytes) / r.seconds / 1e6);
+    latencies_us.insert(latencies_us.end(), r.latencies_us.begin(), r.latencies_us.end());
+  }
+};
+
+struct Row {
+  Cell cell;
+  double raw_mbps, tes_mbps, raw_lat_us, tes_lat_us, raw_rate, tes_rate;
+  double tput_ratio() const { return raw_mbps > 0 ? tes_mbps / raw_mbps : 0; }
+  double lat_ratio() const { return raw_lat_us > 0 ? tes_lat_us / raw_lat_us : 0; }
+};
+
+std::string JsonNum(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+int EchoServerMain() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_echo_stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  try {
+    RunEchoServer(FLAGS_echo_server, nullptr, [](const std::string& ep) {
+      std::printf("echo ready endpoint=%s\n", ep.c_str());
+      std::fflush(stdout);
+    });
+  } catch (const zmq::error_t& e) {
+    std::fprintf(stderr, "echo server: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "bench_transport [--quick]\nRaw ZeroMQ DEALER/ROUTER vs Tessera dense push/pull.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (!FLAGS_echo_server.empty()) return EchoServerMain();
+  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
+    std::fprintf(stderr, "bench_transport: --server_mode must be process or thread\n");
+    return 2;
+  }
+  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
+  const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.12 : 0.4);
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const std::string server_binary =
+      !FLAGS_server_binary.empty()
+          ? FLAGS_server_binary
+          : (std::filesystem::path(self).parent_path() / "tessera-server").string();
+  if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "bench_transport: no tessera-server at %s (see --server_binary)\n",
+                 server_binary.c_str());
+    return 2;
+  }
+  const std::vector<uint64_t> sizes = ParseList(FLAGS_sizes);
+  const std::vector<uint64_t> counts = ParseList(FLAGS_server_counts);
+  for (uint64_t s : sizes) {
+    if (s == 0 || s % 4 != 0 || s > (uint64_t{1} << 30)) {
+      std::fprintf(stderr, "bench_transport: sizes must be multiples of 4 up to 1 GiB\n");
+      return 2;
+    }
+  }
+  for (uint64_t c : counts) {
+    if (c < 1 || c > 8) {
+      std::fprintf(stderr, "bench_transport: server counts must be 1..8\n");
+      return 2;
+    }
+  }
+  std::printf(
+      "bench_transport: servers as %s, %u lanes per Tessera server, %d reps x %.2f s "
+      "per side and cell (alternating raw / Tessera), medians; MB = 1e6 bytes\n",
+      FLAGS_server_mode == "process" ? "separate processes" : "threads of this process",
+      FLAGS_lanes, reps, rep_s);
+  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s\n", "cell", "raw MB/s", "tes MB/s",
+              "ratio", "raw us", "tes us", "ratio", "raw op/s", "tes op/s", "ratio");
+  std::fflush(stdout);
+
+  std::vector<Row> rows;
+  uint64_t max_bytes = 0;
+  for (uint64_t s : sizes) max_bytes = std::max(max_bytes, s);
+  std::vector<char> src(max_bytes), dst(max_bytes);
+  {
+    // Small finite gradients: SGD keeps the table finite for any number of pushes.
+    float* f = reinterpret_cast<float*>(src.data());
+    for (uint64_t i = 0; i < max_bytes / 4; ++i) f[i] = 1e-6f * static_cast<float>(i % 7);
+  }
+
+  for (uint64_t nservers : counts) {
+    Cluster cluster;
+    if (!cluster.Start(static_cast<uint32_t>(nservers), self, server_binary)) return 1;
+    tessera::ClientOptions co;
+    co.servers = cluster.tessera_endpoints;
+    auto client_or = tessera::Client::Create(co);
+    if (!client_or.ok()) {
+      std::fprintf(stderr, "bench_transport: client: %s\n", client_or.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<tessera::Client> client = std::move(*client_or);
+    RawClient raw(cluster.echo_endpoints);
+
+    for (uint64_t bytes : sizes) {
+      tessera::OptimizerSpec opt;
+      opt.kind = tessera::OptimizerKind::kSgd;
+      opt.learning_rate = 0.01f;
+      auto table_or =
+          client->CreateTable(tessera::TableSpec::Dense(TableName(bytes), bytes / 4, opt));
+      if (!table_or.ok()) {
+        std::fprintf(stderr, "bench_transport: CreateTable: %s\n",
+                     table_or.status().ToString().c_str());
+        return 1;
+      }
+      const tessera::Table table = *table_or;
+      const uint64_t nfloats = bytes / 4;
+      const std::span<const float> grads(reinterpret_cast<const float*>(src.data()), nfloats);
+      float* out = reinterpret_cast<float*>(dst.data());
+      // Short runs for big payloads would be a handful of ops: ask for a few at least.
+      const uint64_t min_ops = 8;
+
+      for (bool push : {true, false}) {
+        for (uint32_t window : {1u, 8u}) {
+          const Cell cell{static_cast<uint32_t>(nservers), push, bytes, window};
+          if (!FLAGS_only.empty() && cell.Name().find(FLAGS_only) == std::string::npos) continue;
+          std::vector<tessera::Handle> handles(window);
+          tessera::Status error;
+          auto run_raw = [&](double secs) {
+            return RunWindow(
+                window, secs, min_ops,
+                [&](uint64_t id) {
+                  raw.Issue(id, push ? kRawPush : kRawPull, src.data(), dst.data(), bytes,
+                            table.id);
+                },
+                [&](uint64_t id) { raw.Complete(id); });
+          };
+          auto run_tessera = [&](double secs) {
+            return RunWindow(
+                window, secs, min_ops,
+                [&](uint64_t id) {
+                  handles[id % window] = push ? client->DensePush(table, 0, grads)
+                                              : client->DensePull(table, 0, nfloats, out);
+                },
+                [&](uint64_t id) {
+                  tessera::Status s = client->Wait(handles[id % window]);
+                  if (!s.ok() && error.ok()) error = s;
+                });
+          };
+          // Warm up both paths (connections, lazily created chunks, page faults).
+          run_raw(rep_s / 4);
+          run_tessera(rep_s / 4);
+          Side raw_side, tes_side;
+          for (int r = 0; r < reps; ++r) {
+            if (r % 2 == 0) {
+              raw_side.Add(run_raw(rep_s), bytes);
+              tes_side.Add(run_tessera(rep_s), bytes);
+            } else {
+              tes_side.Add(run_tessera(rep_s), bytes);
+              raw_side.Add(run_raw(rep_s), bytes);
+            }
+          }
+          if (!error.ok()) {
+            std::fprintf(stderr, "bench_transport: %s: %s\n", cell.Name().c_str(),
+                         error.ToString().c_str());
+            return 1;
+          }
+          Row row{cell,
+                  Median(raw_side.mbps),
+                  Median(tes_side.mbps),
+                  Median(raw_side.latencies_us),
+                  Median(tes_side.latencies_us),
+                  Median(raw_side.ops_per_s),
+                  Median(tes_side.ops_per_s)};
+          std::printf("%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f\n",
+                      cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(),
+                      row.raw_lat_us, row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
+                      row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0);
+          std::fflush(stdout);
+          rows.push_back(row);
+        }
+      }
+    }
+    client.reset();
+  }
+
+  // Headline figures (1 server). Sync/8-in-flight figures take the worse of push and pull.
+  auto find = [&](bool push, uint64_t bytes, uint32_t window) -> const Row* {
+    for (const Row& r : rows) {
+      if (r.cell.servers == 1 && r.cell.push == push && r.cell.bytes == bytes &&
+          r.cell.window == window) {
+        return &r;
+      }
+    }
+    return nullptr;
+  };
+  std::string json = "{\"bench\":\"transport\",\"server_mode\":\"" + FLAGS_server_mode +
+                     "\",\"reps\":" + std::to_string(reps);
+  auto put = [&](const std::string& key, double v) { json += ",\"" + key + "\":" + JsonNum(v); };
+  for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{16} << 20}) {
+    for (bool push : {true, false}) {
+      const std::string base = std::string("dense_") + (push ? "push_" : "pull_") + SizeName(bytes);
+      if (const Row* r = find(push, bytes, 1)) put(base + "_vs_zmq", r->tput_ratio());
+      if (const Row* r = find(push, bytes, 8)) put(base + "_inflight8_vs_zmq", r->tput_ratio());
+    }
+  }
+  const Row* sp = find(true, 4096, 1);
+  const Row* sl = find(false, 4096, 1);
+  if (sp && sl) {
+    put("sync_4KiB_latency_vs_zmq", std::max(sp->lat_ratio(), sl->lat_ratio()));
+    put("sync_4KiB_push_latency_vs_zmq", sp->lat_ratio());
+    put("sync_4KiB_pull_latency_vs_zmq", sl->lat_ratio());
+  }
+  const Row* ip = find(true, 4096, 8);
+  const Row* il = find(false, 4096, 8);
+  if (ip && il) {
+    const double rp = ip->tes_rate / ip->raw_rate, rl = il->tes_rate / il->raw_rate;
+    put("inflight8_4KiB_rate_vs_zmq", std::min(rp, rl));
+    put("inflight8_4KiB_push_rate_vs_zmq", rp);
+    put("inflight8_4KiB_pull_rate_vs_zmq", rl);
+  }
+  json += ",\"rows\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    json += std::string(i ? "," : "") + "{\"cell\":\"" + r.cell.Name() +
+            "\",\"raw_MBps\":" + JsonNum(r.raw_mbps) + ",\"tessera_MBps\":" + JsonNum(r.tes_mbps) +
+            ",\"raw_latency_us\":" + JsonNum(r.raw_lat_us) +
+            ",\"tessera_latency_us\":" + JsonNum(r.tes_lat_us) +
+            ",\"raw_ops_per_s\":" + JsonNum(r.raw_rate) +
+            ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) + "}";
+  }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  return 0;
+}

@@ -1,0 +1,201 @@
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "ps/record_file_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'S', 'S', 'N', 'A', 'P', '0', '1'};
+constexpr uint32_t kMaxRowFloats = 1u << 24;
+
+}  // namespace
+
+// Buffered writer that hashes what it writes.
+class Writer {
+ public:
+  explicit Writer(const std::string& path) : path_(path) {
+    f_ = std::fopen(path.c_str(), "wb");
+    XXH3_64bits_reset(state_.get());
+  }
+  ~Writer() {
+    if (f_) std::fclose(f_);
+  }
+  bool ok() const { return f_ != nullptr && ok_; }
+  void Put(const void* p, size_t n) {
+    if (!ok()) return;
+    XXH3_64bits_update(state_.get(), p, n);
+    ok_ = std::fwrite(p, 1, n, f_) == n;
+  }
+  template <typename T>
+  void Put(const T& v) {
+    Put(&v, sizeof(T));
+  }
+  Status Finish(uint64_t records) {
+    const uint8_t end = Record::kEnd;
+    Put(end);
+    Put(records);
+    uint64_t h = XXH3_64bits_digest(state_.get());
+    if (ok()) ok_ = std::fwrite(&h, 1, sizeof(h), f_) == sizeof(h);
+    if (ok()) ok_ = std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;
+    if (f_ && std::fclose(f_) != 0) ok_ = false;
+    f_ = nullptr;
+    if (!ok_) {
+      return Status::IOError("cannot write record file '" + path_ + "': " + std::strerror(errno));
+    }
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+  bool ok_ = true;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_{XXH3_createState(),
+                                                                  &XXH3_freeState};
+};
+
+RecordWriter::RecordWriter(const std::string& path) : w_(std::make_unique<Writer>(path)) {
+  if (w_->ok()) w_->Put(kMagic, sizeof(kMagic));
+}
+RecordWriter::~RecordWriter() = default;
+bool RecordWriter::ok() const { return w_->ok(); }
+
+void RecordWriter::Put(Record::Kind kind, uint64_t table, uint64_t key, const RecordMeta& meta,
+                       const float* row, uint32_t n) {
+  w_->Put(static_cast<uint8_t>(kind));
+  w_->Put(table);
+  w_->Put(key);
+  w_->Put(n);
+  w_->Put(meta.update_count);
+  w_->Put(meta.last_step);
+  w_->Put(meta.last_update_s);
+  w_->Put(row, sizeof(float) * n);
+  ++records_;
+}
+
+Status RecordWriter::Finish() { return w_->Finish(records_); }
+
+Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn) {
+  // Pass 1: verify the checksum over the whole file before anything is applied.
+  {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return Status::IOError("cannot open record file '" + path + "': " + std::strerror(errno));
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(),
+                                                                 &XXH3_freeState);
+    XXH3_64bits_reset(st.get());
+    std::vector<char> buf(1 << 20);
+    std::string tail;  // the last 8 bytes are the checksum itself
+    size_t n;
+    uint64_t total = 0;
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+      tail.append(buf.data(), n);
+      total += n;
+      if (tail.size() > 8) {
+        XXH3_64bits_update(st.get(), tail.data(), tail.size() - 8);
+        tail.erase(0, tail.size() - 8);
+      }
+    }
+    std::fclose(f);
+    if (total < sizeof(kMagic) + 1 + 8 + 8 || tail.size() != 8) {
+      return Status::Corruption("record file '" + path + "' is truncated");
+    }
+    uint64_t want;
+    std::memcpy(&want, tail.data(), 8);
+    if (XXH3_64bits_digest(st.get()) != want) {
+      return Status::Corruption("record file '" + path + "' fails its checksum");
+    }
+  }
+  // Pass 2: parse.
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::IOError("cannot open record file '" + path + "'");
+  std::unique_ptr<FILE, decltype(&std::fclose)> closer(f, &std::fclose);
+  auto read = [&](void* p, size_t n) { return std::fread(p, 1, n, f) == n; };
+  char magic[8];
+  if (!read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
+    return Status::Corruption("'" + path + "' is not a Tessera record file");
+  }
+  Record r;
+  uint64_t records = 0;
+  for (;;) {
+    uint8_t kind;
+    if (!read(&kind, 1)) return Status::Corruption("record file '" + path + "' is truncated");
+    if (kind == Record::kEnd) {
+      uint64_t count;
+      if (!read(&count, 8) || count != records) {
+        return Status::Corruption("record file '" + path + "' record count mismatch");
+      }
+      return Status::OK();
+    }
+    if (kind != Record::kSparseRow && kind != Record::kDenseChunk) {
+      return Status::Corruption("record file '" + path + "' has a record of unknown kind");
+    }
+    uint32_t n;
+    r.kind = static_cast<Record::Kind>(kind);
+    if (!read(&r.table_id, 8) || !read(&r.key, 8) || !read(&n, 4) ||
+        !read(&r.meta.update_count, 4) || !read(&r.meta.last_step, 4) ||
+        !read(&r.meta.last_update_s, 4) || n > kMaxRowFloats) {
+      return Status::Corruption("record file '" + path + "' has a malformed record");
+    }
+    r.row.resize(n);
+    if (!read(r.row.data(), sizeof(float) * n)) {
+      return Status::Corruption("record file '" + path + "' is truncated");
+    }
+    ++records;
+    TESSERA_RETURN_IF_ERROR(fn(r));
+  }
+}
+
+Status WriteBlobs(const std::string& path, const std::vector<std::string>& blobs) {
+  Writer w(path);
+  if (!w.ok()) return Status::IOError("cannot create '" + path + "': " + std::strerror(errno));
+  w.Put(kMagic, sizeof(kMagic));
+  for (const auto& b : blobs) {
+    // Reuse the record layout: kind 1, no table, key = blob index.
+    const uint32_t n = static_cast<uint32_t>(b.size());
+    w.Put(uint8_t{1});
+    w.Put(n);
+    w.Put(b.data(), b.size());
+  }
+  return w.Finish(blobs.size());
+}
+
+Result<std::vector<std::string>> ReadBlobs(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::IOError("cannot open '" + path + "': " + std::strerror(errno));
+  std::string all;
+  std::vector<char> buf(1 << 16);
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) all.append(buf.data(), n);
+  std::fclose(f);
+  if (all.size() < 8 + 1 + 8 + 8 || std::memcmp(all.data(), kMagic, 8) != 0) {
+    return Status::Corruption("'" + path + "' is not a Tessera blob file");
+  }
+  uint64_t want;
+  std::memcpy(&want, all.data() + all.size() - 8, 8);
+  if (XXH3_64bits(all.data(), all.size() - 8) != want) {
+    return Status::Corruption("'" + path + "' fails its checksum");
+  }
+  std::vector<std::string> out;
+  size_t pos = 8;
+  const size_t end = all.size() - 8;
+  while (pos < end) {
+    uint8_t kind = static_cast<uint8_t>(all[pos++]);
+    if (kind == 0) return out;
+    uint32_t len;
+    if (pos + 4 > end) break;
+    std::memcpy(&len, all.data() + pos, 4);
+    pos += 4;
+    if (pos + len > end) break;
+    out.emplace_back(all.data() + pos, len);
+    pos += len;
+  }
+  return Status::Corruption("'" + path + "' is malformed");
+}
+
+}  // namespace tessera::internal
