@@ -66,6 +66,8 @@ struct Task {
   std::shared_ptr<Pending> pending;
   std::function<Status(Lane&)> run;
   bool writes = false;
+  // Request-log sequence number this task completes for its lane (0: none).
+  uint64_t seq = 0;
 };
 
 // One executor thread owning the rows of its slots.
@@ -100,6 +102,8 @@ class Lane {
   }
 
   LaneStore& store() { return *store_; }
+  /// The request-log mark this lane's rows are durable up to.
+  uint64_t committed_seq() const { return committed_seq_.load(std::memory_order_acquire); }
   uint32_t index() const { return index_; }
   uint64_t NextStep() { return ++step_; }
 
@@ -120,6 +124,7 @@ class Lane {
         Status s = t.run(*this);
         if (!s.ok()) t.pending->Fail(s);
         wrote |= t.writes;
+        if (t.seq != 0) store_->SetAppliedSeq(t.seq);
       }
       if (wrote) {
         // Group commit: one durability point for every push of the batch, before any ack.
@@ -129,6 +134,8 @@ class Lane {
           for (Task& t : batch) {
             if (t.writes) t.pending->Fail(s.WithContext("commit"));
           }
+        } else {
+          committed_seq_.store(store_->committed_seq(), std::memory_order_release);
         }
       }
       for (Task& t : batch) {
@@ -178,6 +185,7 @@ class Lane {
   std::deque<Task> queue_;  // guarded by mu_
   bool stop_ = false;       // guarded by mu_
   uint64_t step_ = 0;       // lane thread only
+  std::atomic<uint64_t> committed_seq_{0};
 };
 
 struct TableInfo {
@@ -223,11 +231,17 @@ class ServerImpl {
         "inproc://tessera-replies-" + std::to_string(reinterpret_cast<uintptr_t>(this));
     replies_.set(zmq::sockopt::rcvhwm, 0);
     replies_.bind(reply_ep);
+    std::vector<std::unique_ptr<LaneStore>> stores;
     for (uint32_t i = 0; i < options_.lanes; ++i) {
       TESSERA_ASSIGN_OR_RETURN(auto store, engine_->OpenLane(i, options_.lanes));
-      lanes_.push_back(std::make_unique<Lane>(i, std::move(store), ctx_, reply_ep));
+      stores.push_back(std::move(store));
     }
-    TESSERA_RETURN_IF_ERROR(RecoverTables());
+    // Recovery runs on this thread before any lane thread exists.
+    TESSERA_RETURN_IF_ERROR(RecoverTables(stores));
+    TESSERA_RETURN_IF_ERROR(ReplayLog(stores));
+    for (uint32_t i = 0; i < options_.lanes; ++i) {
+      lanes_.push_back(std::make_unique<Lane>(i, std::move(stores[i]), ctx_, reply_ep));
+    }
     io_ = std::thread([this] { IoLoop(); });
     LOG(INFO) << "tessera-server rank " << options_.rank << "/" << options_.num_servers
               << " listening on " << endpoint_ << " with " << options_.lanes << " lanes, "
@@ -252,18 +266,158 @@ class ServerImpl {
 
  private:
   // ---------------------------------------------------------------- start-up
-  Status RecoverTables() {
+  Status RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores) {
     std::vector<std::string> records;
     TESSERA_RETURN_IF_ERROR(engine_->ScanMeta(
         "table/", [&](std::string_view, std::string_view v) { records.emplace_back(v); }));
     for (const auto& r : records) {
       TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(r));
       const uint64_t id = TableIdForName(spec.name);
-      for (auto& lane : lanes_) TESSERA_RETURN_IF_ERROR(lane->store().AddTable(id, spec));
+      for (auto& store : stores) TESSERA_RETURN_IF_ERROR(store->AddTable(id, spec));
       tables_[id] = TableInfo{id, spec};
       names_[spec.name] = id;
     }
     return Status::OK();
+  }
+
+  // ---------------------------------------------------------------- request log
+  // Entry layout (little-endian): u8 kind (1 sparse, 2 dense), 3 bytes zero, u32 dim,
+  // u64 table id, u64 count, u64 offset, then keys (sparse, count x u64) and gradients
+  // (count x dim floats; dense: count floats).
+  static constexpr size_t kLogHeaderBytes = 32;
+
+  static std::string EncodeLogEntry(const Pending& p) {
+    const Header& h = p.header;
+    const bool sparse = h.op != Op::kDensePush;
+    const uint64_t floats = sparse ? h.count * h.dim : h.count;
+    std::string e(kLogHeaderBytes + (sparse ? h.count * 8 : 0) + floats * 4, '\0');
+    char* d = e.data();
+    d[0] = sparse ? 1 : 2;
+    const uint32_t dim = h.dim;
+    std::memcpy(d + 4, &dim, 4);
+    std::memcpy(d + 8, &h.table_id, 8);
+    std::memcpy(d + 16, &h.count, 8);
+    std::memcpy(d + 24, &h.offset, 8);
+    d += kLogHeaderBytes;
+    if (sparse) {
+      std::memcpy(d, p.keys, h.count * 8);
+      d += h.count * 8;
+    }
+    std::memcpy(d, p.values, floats * 4);
+    return e;
+  }
+
+  // Applies, per lane, the logged pushes the lane had not committed when the server stopped.
+  // Marks were written under the lane layout of that run ("server/lanes"); rows go to the
+  // stores of the current layout.
+  Status ReplayLog(std::vector<std::unique_ptr<LaneStore>>& stores) {
+    if (!engine_->durable()) return Status::OK();
+    const uint32_t nl = static_cast<uint32_t>(stores.size());
+    uint32_t old_lanes = nl;
+    TESSERA_ASSIGN_OR_RETURN(auto stored_lanes, engine_->GetMeta("server/lanes"));
+    if (stored_lanes) old_lanes = static_cast<uint32_t>(std::stoul(*stored_lanes));
+    std::vector<uint64_t> marks(old_lanes, 0);
+    for (uint32_t l = 0; l < old_lanes; ++l) {
+      if (old_lanes == nl) {
+        marks[l] = stores[l]->committed_seq();
+      } else {
+        TESSERA_ASSIGN_OR_RETURN(auto m, engine_->GetMeta("storage/lane/" +
+                                                          std::to_string(old_lanes) + "/" +
+                                                          std::to_string(l)));
+        uint64_t seq = 0;
+        if (m && m->size() == 8) {
+          for (char c : *m) seq = (seq << 8) | static_cast<uint8_t>(c);
+        }
+        marks[l] = seq;
+      }
+    }
+    uint64_t last = *std::min_element(marks.begin(), marks.end());
+    for (auto& s : stores) last = std::max(last, s->committed_seq());
+    for (uint64_t m : marks) last = std::max(last, m);
+    const uint64_t from = *std::min_element(marks.begin(), marks.end());
+    uint64_t replayed = 0;
+    const ApplyContext ctx{0, NowSeconds()};
+    TESSERA_RETURN_IF_ERROR(engine_->ScanLog(from, [&](uint64_t seq,
+                                                       std::string_view e) -> Status {
+      last = std::max(last, seq);
+      if (e.size() < kLogHeaderBytes || (e[0] != 1 && e[0] != 2)) {
+        return Status::Corruption("malformed request-log entry " + std::to_string(seq));
+      }
+      uint32_t dim;
+      uint64_t table, count, offset;
+      std::memcpy(&dim, e.data() + 4, 4);
+      std::memcpy(&table, e.data() + 8, 8);
+      std::memcpy(&count, e.data() + 16, 8);
+      std::memcpy(&offset, e.data() + 24, 8);
+      const bool sparse = e[0] == 1;
+      const uint64_t want = kLogHeaderBytes + (sparse ? count * 8 + count * dim * 4 : count * 4);
+      if (e.size() != want) {
+        return Status::Corruption("request-log entry " + std::to_string(seq) + " has " +
+                                  std::to_string(e.size()) + " bytes, expected " +
+                                  std::to_string(want));
+      }
+      auto t = tables_.find(table);
+      if (t == tables_.end()) return Status::OK();  // a table that no longer exists
+      // Copies keep the floats aligned.
+      std::vector<uint64_t> keys(sparse ? count : 0);
+      std::vector<float> grads(sparse ? count * dim : count);
+      const char* d = e.data() + kLogHeaderBytes;
+      if (sparse) {
+        std::memcpy(keys.data(), d, count * 8);
+        d += count * 8;
+      }
+      std::memcpy(grads.data(), d, grads.size() * 4);
+      if (sparse) {
+        std::vector<std::vector<uint64_t>> k(nl);
+        std::vector<std::vector<const float*>> g(nl);
+        for (uint64_t i = 0; i < count; ++i) {
+          const uint32_t slot = SlotOfKey(keys[i]);
+          if (seq <= marks[LaneOfSlot(slot, old_lanes)]) continue;
+          const uint32_t l = LaneOfSlot(slot, nl);
+          k[l].push_back(keys[i]);
+          g[l].push_back(grads.data() + i * dim);
+        }
+        for (uint32_t l = 0; l < nl; ++l) {
+          if (!k[l].empty()) TESSERA_RETURN_IF_ERROR(stores[l]->Apply(table, k[l], g[l], ctx));
+        }
+      } else {
+        const uint64_t end = offset + count;
+        for (uint64_t c = offset / kDenseChunkFloats; c * kDenseChunkFloats < end; ++c) {
+          if (seq <= marks[LaneOfChunk(table, c, old_lanes)]) continue;
+          const uint64_t cb = c * kDenseChunkFloats;
+          const uint64_t b = std::max(offset, cb), en = std::min(end, cb + kDenseChunkFloats);
+          TESSERA_RETURN_IF_ERROR(stores[LaneOfChunk(table, c, nl)]->DenseApply(
+              table, c, static_cast<uint32_t>(b - cb), static_cast<uint32_t>(en - cb),
+              grads.data() + (b - offset), ctx));
+        }
+      }
+      ++replayed;
+      return Status::OK();
+    }));
+    for (auto& s : stores) {
+      s->SetAppliedSeq(last);
+      TESSERA_RETURN_IF_ERROR(s->Commit());
+    }
+    TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/lanes", std::to_string(nl)));
+    TESSERA_RETURN_IF_ERROR(engine_->TruncateLog(last));
+    log_seq_ = last;
+    if (replayed > 0) {
+      LOG(INFO) << "replayed " << replayed << " request-log entries (up to " << last << ")";
+    }
+    return Status::OK();
+  }
+
+  // Logs a validated push before any lane applies it; returns its sequence number (0 when the
+  // engine keeps nothing).
+  Result<uint64_t> LogPush(const Pending& p) {
+    if (!engine_->durable()) return uint64_t{0};
+    const uint64_t seq = ++log_seq_;
+    Status s = engine_->AppendLog(seq, EncodeLogEntry(p));
+    if (!s.ok()) {
+      --log_seq_;
+      return s.WithContext("logging the push");
+    }
+    return seq;
   }
 
   // ---------------------------------------------------------------- I/O thread
@@ -300,16 +454,37 @@ class ServerImpl {
 
   // Eviction and housekeeping on every lane, between request batches.
   void Maintain() {
+    // The log is needed only past the mark every lane has committed.
+    if (engine_->durable()) {
+      uint64_t upto = log_seq_;
+      for (auto& l : lanes_) upto = std::min(upto, l->committed_seq());
+      if (upto > truncated_seq_) {
+        Status s = engine_->TruncateLog(upto);
+        if (s.ok()) {
+          truncated_seq_ = upto;
+        } else {
+          LOG(WARNING) << "truncating the request log: " << s.ToString();
+        }
+      }
+    }
     auto p = std::make_shared<Pending>();
     p->silent = true;
-    RunOnAllLanes(
-        p,
-        [](Lane& lane) {
-          Status s = lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
-          if (!s.ok()) LOG(WARNING) << "lane " << lane.index() << " maintenance: " << s.ToString();
-          return Status::OK();
-        },
-        true);
+    p->remaining.store(static_cast<uint32_t>(lanes_.size()));
+    // Every push logged so far is queued ahead of this task on each lane (lanes run in order).
+    const uint64_t seq = log_seq_;
+    for (auto& lane : lanes_) {
+      lane->Submit(Task{p,
+                        [](Lane& lane) {
+                          Status s =
+                              lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
+                          if (!s.ok()) {
+                            LOG(WARNING) << "lane " << lane.index()
+                                         << " maintenance: " << s.ToString();
+                          }
+                          return Status::OK();
+                        },
+                        true, seq});
+    }
   }
 
   void ForwardReplies() {
@@ -598,6 +773,10 @@ class ServerImpl {
       ++pulls_;
       pull_keys_ += h.count;
     }
+    uint64_t seq = 0;
+    if (push) {
+      TESSERA_ASSIGN_OR_RETURN(seq, LogPush(*p));
+    }
     uint32_t tasks = 0;
     for (auto& v : by_lane) tasks += v.empty() ? 0 : 1;
     if (tasks == 0) {
@@ -633,7 +812,7 @@ class ServerImpl {
             }
             return Status::OK();
           },
-          push});
+          push, seq});
     }
     return Status::OK();
   }
@@ -703,6 +882,10 @@ class ServerImpl {
       by_lane[LaneOfChunk(h.table_id, c, nl)].push_back(
           Seg{c, static_cast<uint32_t>(b - cb), static_cast<uint32_t>(e - cb), b - first});
     }
+    uint64_t seq = 0;
+    if (push) {
+      TESSERA_ASSIGN_OR_RETURN(seq, LogPush(*p));
+    }
     uint32_t tasks = 0;
     for (auto& v : by_lane) tasks += v.empty() ? 0 : 1;
     p->remaining.store(tasks);
@@ -727,7 +910,7 @@ class ServerImpl {
                                }
                                return Status::OK();
                              },
-                             push});
+                             push, seq});
     }
     return Status::OK();
   }
@@ -1203,6 +1386,8 @@ class ServerImpl {
   uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0,
            parked_total_ = 0;
   uint32_t job_workers_ = 0;
+  uint64_t log_seq_ = 0;        // last request-log sequence number assigned
+  uint64_t truncated_seq_ = 0;  // log truncated up to here
   int64_t max_push_clock_ = -1;
   std::optional<CutState> cut_;
   std::vector<std::shared_ptr<Pending>> cut_parked_;

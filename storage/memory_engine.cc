@@ -12,7 +12,6 @@ namespace {
 
 using internal::Admitted;
 using internal::DenseChunkLength;
-using internal::DenseChunkLength;
 using internal::DenseChunks;
 using internal::SparseRows;
 

@@ -148,8 +148,8 @@ TEST_P(StoreConformanceTest, DenseChunksReadAndApply) {
 }
 
 TEST_P(StoreConformanceTest, AdmissionByCount) {
-  TableSpec spec = TableSpec::Sparse("t", 2, {OptimizerKind::kSgd, 1.0f},
-                                     {InitializerKind::kConstant, 3.0f});
+  TableSpec spec =
+      TableSpec::Sparse("t", 2, {OptimizerKind::kSgd, 1.0f}, {InitializerKind::kConstant, 3.0f});
   spec.admission.min_count = 3;
   const uint64_t id = AddSparse(spec);
   ASSERT_TRUE(Apply(id, {5}, {{1, 1}}, 1).ok());
@@ -239,24 +239,66 @@ TEST_P(StoreConformanceTest, ScanVisitsUpdatedRowsOnly) {
   ASSERT_TRUE(Apply(id, keys, grads, 9, 77).ok());
   for (uint64_t k = 1; k < 50; ++k) Lookup1(id, k * 7919 + 1, 3);  // lookups make no rows
   std::set<uint64_t> seen;
-  Status s = lane_->Scan(id, [&](uint64_t key, const float* v, const float* state,
-                                 const RowMeta& meta) {
-    seen.insert(key);
-    EXPECT_EQ(meta.update_count, 1u);
-    EXPECT_EQ(meta.last_step, 9u);
-    EXPECT_EQ(meta.last_update_s, 77u);
-    EXPECT_FLOAT_EQ(state[2], 9.0f);  // Adagrad accumulator of the third element
-    EXPECT_LT(v[0], 0.0f);
-    return true;
-  });
+  Status s =
+      lane_->Scan(id, [&](uint64_t key, const float* v, const float* state, const RowMeta& meta) {
+        seen.insert(key);
+        EXPECT_EQ(meta.update_count, 1u);
+        EXPECT_EQ(meta.last_step, 9u);
+        EXPECT_EQ(meta.last_update_s, 77u);
+        EXPECT_FLOAT_EQ(state[2], 9.0f);  // Adagrad accumulator of the third element
+        EXPECT_LT(v[0], 0.0f);
+        return true;
+      });
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(seen, std::set<uint64_t>(keys.begin(), keys.end()));
   // A visitor that returns false stops the scan.
   int visits = 0;
-  ASSERT_TRUE(lane_->Scan(id, [&](uint64_t, const float*, const float*, const RowMeta&) {
-    return ++visits < 5;
-  }).ok());
+  ASSERT_TRUE(lane_
+                  ->Scan(id, [&](uint64_t, const float*, const float*,
+                                 const RowMeta&) { return ++visits < 5; })
+                  .ok());
   EXPECT_EQ(visits, 5);
+}
+
+TEST_P(StoreConformanceTest, PutRowsAndDenseChunksRestoreWhatScanSaw) {
+  const auto spec = TableSpec::Sparse("t", 2, {OptimizerKind::kAdagrad, 0.1f});
+  const uint64_t id = AddSparse(spec);
+  const uint64_t did = TableIdForName("d");
+  ASSERT_TRUE(lane_->AddTable(did, TableSpec::Dense("d", 5, {OptimizerKind::kAdagrad})).ok());
+  // Rows: 2 values + 2 accumulators.
+  const float r1[] = {1, 2, 3, 4}, r2[] = {5, 6, 7, 8};
+  const float* rows[] = {r1, r2};
+  const uint64_t keys[] = {11, 12};
+  const RowMeta metas[] = {{3, 4, 5}, {6, 7, 8}};
+  ASSERT_TRUE(lane_->PutRows(id, keys, rows, metas).ok());
+  const float chunk[] = {1, 2, 3, 4, 5, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  ASSERT_TRUE(lane_->PutDenseChunk(did, 0, chunk, {2, 2, 2}).ok());
+  EXPECT_FALSE(lane_->PutDenseChunk(did, 1, chunk, {2, 2, 2}).ok());
+  ASSERT_TRUE(lane_->Commit().ok());
+  std::map<uint64_t, std::vector<float>> got;
+  ASSERT_TRUE(lane_
+                  ->Scan(id,
+                         [&](uint64_t k, const float* v, const float* st, const RowMeta& m) {
+                           got[k] = {v[0], v[1], st[0], st[1], static_cast<float>(m.update_count)};
+                           return true;
+                         })
+                  .ok());
+  EXPECT_EQ(got[11], (std::vector<float>{1, 2, 3, 4, 3}));
+  EXPECT_EQ(got[12], (std::vector<float>{5, 6, 7, 8, 6}));
+  std::vector<float> seen;
+  ASSERT_TRUE(lane_
+                  ->ScanDense(did,
+                              [&](uint64_t c, const float* row, uint32_t len, const RowMeta& m) {
+                                EXPECT_EQ(c, 0u);
+                                EXPECT_EQ(m.update_count, 2u);
+                                seen.assign(row, row + 2 * len);
+                                return true;
+                              })
+                  .ok());
+  EXPECT_EQ(seen, std::vector<float>(chunk, chunk + 10));
+  // Training continues from the restored state: Adagrad's accumulator 3 + 1 = 4.
+  ASSERT_TRUE(Apply(id, {11}, {{1, 0}}, 9).ok());
+  EXPECT_NEAR(Lookup1(id, 11, 2)[0], 1.0f - 0.1f / 2.0f, 1e-6);
 }
 
 TEST_P(StoreConformanceTest, MetaRecords) {
@@ -271,9 +313,10 @@ TEST_P(StoreConformanceTest, MetaRecords) {
   ASSERT_TRUE(missing.ok());
   EXPECT_FALSE(missing->has_value());
   std::vector<std::string> keys;
-  ASSERT_TRUE(engine_->ScanMeta("table/", [&](std::string_view k, std::string_view) {
-    keys.emplace_back(k);
-  }).ok());
+  ASSERT_TRUE(
+      engine_
+          ->ScanMeta("table/", [&](std::string_view k, std::string_view) { keys.emplace_back(k); })
+          .ok());
   EXPECT_EQ(keys, (std::vector<std::string>{"table/1", "table/2"}));
 }
 
@@ -282,8 +325,10 @@ INSTANTIATE_TEST_SUITE_P(Engines, StoreConformanceTest,
                                            EngineKind::kRocksDbTinyBudget),
                          [](const ::testing::TestParamInfo<EngineKind>& info) {
                            switch (info.param) {
-                             case EngineKind::kMemory: return std::string("Memory");
-                             case EngineKind::kRocksDb: return std::string("RocksDb");
+                             case EngineKind::kMemory:
+                               return std::string("Memory");
+                             case EngineKind::kRocksDb:
+                               return std::string("RocksDb");
                              case EngineKind::kRocksDbTinyBudget:
                                return std::string("RocksDbTinyBudget");
                            }

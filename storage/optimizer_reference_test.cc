@@ -81,9 +81,9 @@ void ReferenceStep(const OptimizerSpec& o, RefRow& r, const std::vector<float>& 
         const double sigma = (std::sqrt(r.b[j] + gj * gj) - std::sqrt(r.b[j])) / alpha;
         r.a[j] += gj - sigma * r.w[j];
         r.b[j] += gj * gj;
-        r.w[j] = std::fabs(r.a[j]) <= l1
-                     ? 0.0
-                     : -(r.a[j] - (r.a[j] > 0 ? l1 : -l1)) / ((beta + std::sqrt(r.b[j])) / alpha + l2);
+        r.w[j] = std::fabs(r.a[j]) <= l1 ? 0.0
+                                         : -(r.a[j] - (r.a[j] > 0 ? l1 : -l1)) /
+                                               ((beta + std::sqrt(r.b[j])) / alpha + l2);
       }
       return;
     }
@@ -178,38 +178,43 @@ TEST_P(OptimizerReferenceTest, SparseRowsMatchTheReferenceOverManySteps) {
   }
   ASSERT_TRUE(lane->Commit().ok());
   int checked = 0;
-  ASSERT_TRUE(lane->Scan(id, [&](uint64_t key, const float* v, const float* state,
-                                 const RowMeta& meta) {
-    int k = 0;
-    while (k < kKeys && Mix64(k + 1) != key) ++k;
-    EXPECT_LT(k, kKeys);
-    if (k == kKeys) return false;
-    const RefRow& r = ref[k];
-    EXPECT_EQ(meta.update_count, r.t);
-    for (uint32_t j = 0; j < kDim; ++j) {
-      ExpectClose(r.w[j], v[j], c.name + " key " + std::to_string(k) + " w[" +
-                                    std::to_string(j) + "]");
-    }
-    switch (c.spec.kind) {
-      case OptimizerKind::kMomentum:
-      case OptimizerKind::kAdagrad:
-        for (uint32_t j = 0; j < kDim; ++j) ExpectClose(r.a[j], state[j], c.name + " state");
-        break;
-      case OptimizerKind::kRowwiseAdagrad:
-        ExpectClose(r.row_acc, state[0], c.name + " accumulator");
-        break;
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kFtrl:
-        for (uint32_t j = 0; j < kDim; ++j) {
-          ExpectClose(r.a[j], state[j], c.name + " state plane 0");
-          ExpectClose(r.b[j], state[kDim + j], c.name + " state plane 1");
-        }
-        break;
-      case OptimizerKind::kSgd: break;
-    }
-    ++checked;
-    return true;
-  }).ok());
+  ASSERT_TRUE(
+      lane->Scan(id,
+                 [&](uint64_t key, const float* v, const float* state, const RowMeta& meta) {
+                   int k = 0;
+                   while (k < kKeys && Mix64(k + 1) != key) ++k;
+                   EXPECT_LT(k, kKeys);
+                   if (k == kKeys) return false;
+                   const RefRow& r = ref[k];
+                   EXPECT_EQ(meta.update_count, r.t);
+                   for (uint32_t j = 0; j < kDim; ++j) {
+                     ExpectClose(
+                         r.w[j], v[j],
+                         c.name + " key " + std::to_string(k) + " w[" + std::to_string(j) + "]");
+                   }
+                   switch (c.spec.kind) {
+                     case OptimizerKind::kMomentum:
+                     case OptimizerKind::kAdagrad:
+                       for (uint32_t j = 0; j < kDim; ++j)
+                         ExpectClose(r.a[j], state[j], c.name + " state");
+                       break;
+                     case OptimizerKind::kRowwiseAdagrad:
+                       ExpectClose(r.row_acc, state[0], c.name + " accumulator");
+                       break;
+                     case OptimizerKind::kAdam:
+                     case OptimizerKind::kFtrl:
+                       for (uint32_t j = 0; j < kDim; ++j) {
+                         ExpectClose(r.a[j], state[j], c.name + " state plane 0");
+                         ExpectClose(r.b[j], state[kDim + j], c.name + " state plane 1");
+                       }
+                       break;
+                     case OptimizerKind::kSgd:
+                       break;
+                   }
+                   ++checked;
+                   return true;
+                 })
+          .ok());
   int touched = 0;
   for (const RefRow& r : ref) touched += r.t > 0;
   EXPECT_EQ(checked, touched);
@@ -261,11 +266,12 @@ TEST_P(OptimizerReferenceTest, DenseChunksMatchTheReferenceWithPartialRanges) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, OptimizerReferenceTest, ::testing::Combine(::testing::ValuesIn(Cases()), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
-      return std::get<0>(info.param).name + (std::get<1>(info.param) ? "OnDisk" : "InMemory");
-    });
+INSTANTIATE_TEST_SUITE_P(All, OptimizerReferenceTest,
+                         ::testing::Combine(::testing::ValuesIn(Cases()), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
+                           return std::get<0>(info.param).name +
+                                  (std::get<1>(info.param) ? "OnDisk" : "InMemory");
+                         });
 
 }  // namespace
 }  // namespace tessera

@@ -38,6 +38,21 @@ namespace {
 using internal::CachedRows;
 
 constexpr char kMetaFamily[] = "meta";
+constexpr char kLogFamily[] = "log";
+// Meta key of a lane's applied-log mark: "storage/lane/<num_lanes>/<lane>".
+std::string LaneMarkKey(uint32_t lane, uint32_t num_lanes) {
+  return "storage/lane/" + std::to_string(num_lanes) + "/" + std::to_string(lane);
+}
+std::string SeqKey(uint64_t seq) {
+  std::string k(8, '\0');
+  for (int i = 7; i >= 0; --i, seq >>= 8) k[i] = static_cast<char>(seq & 0xff);
+  return k;
+}
+uint64_t SeqOfKey(const rocksdb::Slice& k) {
+  uint64_t seq = 0;
+  for (size_t i = 0; i < 8 && i < k.size(); ++i) seq = (seq << 8) | static_cast<uint8_t>(k[i]);
+  return seq;
+}
 // Meta records the engine itself keeps (the server must not use this prefix).
 constexpr char kLayoutPrefix[] = "storage/layout/";
 // Rows examined per table by one Maintain() call's sweep of the rows on disk.
@@ -104,6 +119,8 @@ class RocksDbLaneStore final : public LaneStore {
                  std::span<const float* const> rows, std::span<const RowMeta> metas) override;
   Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
                        const RowMeta& meta) override;
+  void SetAppliedSeq(uint64_t seq) override { applied_seq_ = std::max(applied_seq_, seq); }
+  uint64_t committed_seq() const override { return committed_seq_; }
 
  private:
   struct DenseChunk {
@@ -147,8 +164,7 @@ class RocksDbLaneStore final : public LaneStore {
   std::string_view Fetched(uint64_t key) const {
     auto it = fetch_pos_.find(key);
     if (it == fetch_pos_.end() || fetch_len_[it->second] == 0) return {};
-    return std::string_view(fetch_bytes_.data() + fetch_off_[it->second],
-                            fetch_len_[it->second]);
+    return std::string_view(fetch_bytes_.data() + fetch_off_[it->second], fetch_len_[it->second]);
   }
   Result<DenseChunk*> GetChunk(Table* t, uint64_t chunk);
   void Rollback();
@@ -160,7 +176,7 @@ class RocksDbLaneStore final : public LaneStore {
   RocksDbEngine* engine_;
   uint32_t lane_;
   uint32_t num_lanes_;
-  uint64_t budget_;   // bytes; 0 = unbounded
+  uint64_t budget_;       // bytes; 0 = unbounded
   uint64_t charged_ = 0;  // rows in memory x their cost
   absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
   std::vector<Table*> sparse_tables_;  // eviction turns
@@ -177,6 +193,8 @@ class RocksDbLaneStore final : public LaneStore {
   rocksdb::WriteBatch batch_;
   std::string encode_buf_;
   std::vector<float> scratch_row_;
+  uint64_t applied_seq_ = 0;    // request-log entries applied (in memory)
+  uint64_t committed_seq_ = 0;  // ... and stored with the rows
 };
 
 // ------------------------------------------------------------------------------------ engine
@@ -192,8 +210,14 @@ class RocksDbEngine final : public StorageEngine {
   Status ScanMeta(std::string_view prefix,
                   const std::function<void(std::string_view, std::string_view)>& fn) override;
   Status CreateCheckpoint(const std::string& dir) override;
+  bool durable() const override { return true; }
+  Status AppendLog(uint64_t seq, std::string_view entry) override;
+  Status ScanLog(uint64_t after,
+                 const std::function<Status(uint64_t, std::string_view)>& fn) override;
+  Status TruncateLog(uint64_t upto) override;
 
   // For lanes.
+  rocksdb::ColumnFamilyHandle* meta_cf() const { return meta_cf_; }
   rocksdb::DB* db() const { return db_; }
   const std::string& dir() const { return options_.data_dir; }
   // The column family of a table, created on first use; checks the stored layout.
@@ -220,12 +244,13 @@ class RocksDbEngine final : public StorageEngine {
   rocksdb::ColumnFamilyOptions table_cf_options_;
   rocksdb::DB* db_ = nullptr;
   rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* log_cf_ = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned; every family opened
 
   std::mutex mu_;
   std::map<uint64_t, rocksdb::ColumnFamilyHandle*> families_;  // guarded by mu_
-  std::set<uint32_t> open_lanes_;                               // guarded by mu_
-  Status bg_error_;                                             // guarded by mu_
+  std::set<uint32_t> open_lanes_;                              // guarded by mu_
+  Status bg_error_;                                            // guarded by mu_
   std::atomic<bool> has_bg_error_{false};
 
   // Relaxed mode: a thread flushes the WAL buffer every relaxed_window_ms / 2.
@@ -314,8 +339,8 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
     rocksdb::ConfigOptions config;
     config.ignore_unknown_options = false;
     rocksdb::ColumnFamilyOptions overridden;
-    auto s = rocksdb::GetColumnFamilyOptionsFromString(
-        config, engine->table_cf_options_, options.rocksdb_table_options, &overridden);
+    auto s = rocksdb::GetColumnFamilyOptionsFromString(config, engine->table_cf_options_,
+                                                       options.rocksdb_table_options, &overridden);
     if (!s.ok()) {
       return Status::InvalidArgument("rocksdb_table_options '" + options.rocksdb_table_options +
                                      "': " + s.ToString());
@@ -334,11 +359,14 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
   if (std::find(names.begin(), names.end(), kMetaFamily) == names.end()) {
     names.push_back(kMetaFamily);
   }
+  if (std::find(names.begin(), names.end(), kLogFamily) == names.end()) {
+    names.push_back(kLogFamily);
+  }
   std::vector<rocksdb::ColumnFamilyDescriptor> descs;
   for (const auto& n : names) {
     uint64_t id;
-    descs.emplace_back(n, ParseFamilyName(n, &id) ? engine->table_cf_options_
-                                                  : rocksdb::ColumnFamilyOptions());
+    descs.emplace_back(
+        n, ParseFamilyName(n, &id) ? engine->table_cf_options_ : rocksdb::ColumnFamilyOptions());
   }
   auto s = rocksdb::DB::Open(db_opts, options.data_dir, descs, &engine->handles_, &engine->db_);
   if (!s.ok()) return FromRocks(s, "opening RocksDB in '" + options.data_dir + "'");
@@ -346,6 +374,8 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
     uint64_t id;
     if (names[i] == kMetaFamily) {
       engine->meta_cf_ = engine->handles_[i];
+    } else if (names[i] == kLogFamily) {
+      engine->log_cf_ = engine->handles_[i];
     } else if (ParseFamilyName(names[i], &id)) {
       engine->families_[id] = engine->handles_[i];
     }
@@ -377,7 +407,8 @@ RocksDbEngine::~RocksDbEngine() {
 }
 
 void RocksDbEngine::FlusherLoop() {
-  const auto period = std::chrono::milliseconds(std::max<uint32_t>(1, options_.relaxed_window_ms / 2));
+  const auto period =
+      std::chrono::milliseconds(std::max<uint32_t>(1, options_.relaxed_window_ms / 2));
   std::unique_lock<std::mutex> l(flusher_mu_);
   while (!stop_) {
     flusher_cv_.wait_for(l, period, [this] { return stop_; });
@@ -428,9 +459,9 @@ Result<std::unique_ptr<LaneStore>> RocksDbEngine::OpenLane(uint32_t lane, uint32
   }
   const uint64_t budget = options_.memory_budget_bytes / num_lanes;
   // An explicit budget never rounds down to "unbounded".
-  return std::unique_ptr<LaneStore>(new RocksDbLaneStore(
-      this, lane, num_lanes,
-      options_.memory_budget_bytes != 0 ? std::max<uint64_t>(budget, 1) : 0));
+  return std::unique_ptr<LaneStore>(
+      new RocksDbLaneStore(this, lane, num_lanes,
+                           options_.memory_budget_bytes != 0 ? std::max<uint64_t>(budget, 1) : 0));
 }
 
 Result<rocksdb::ColumnFamilyHandle*> RocksDbEngine::TableFamily(uint64_t table_id,
@@ -451,8 +482,8 @@ Result<rocksdb::ColumnFamilyHandle*> RocksDbEngine::TableFamily(uint64_t table_i
     h = it->second;
   } else {
     auto cs = db_->CreateColumnFamily(table_cf_options_, FamilyName(table_id), &h);
-    if (!cs.ok()) return FromRocks(cs, "creating the column family of table " +
-                                           std::to_string(table_id));
+    if (!cs.ok())
+      return FromRocks(cs, "creating the column family of table " + std::to_string(table_id));
     handles_.push_back(h);
     families_[table_id] = h;
   }
@@ -506,6 +537,32 @@ Status RocksDbEngine::CreateCheckpoint(const std::string& dir) {
                    "creating checkpoint '" + dir + "'");
 }
 
+Status RocksDbEngine::AppendLog(uint64_t seq, std::string_view entry) {
+  rocksdb::WriteBatch b;
+  auto s = b.Put(log_cf_, SeqKey(seq), rocksdb::Slice(entry.data(), entry.size()));
+  if (!s.ok()) return FromRocks(s, "building a request-log entry");
+  return Write(&b);
+}
+
+Status RocksDbEngine::ScanLog(uint64_t after,
+                              const std::function<Status(uint64_t, std::string_view)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), log_cf_));
+  for (it->Seek(SeqKey(after + 1)); it->Valid(); it->Next()) {
+    if (it->key().size() != 8) return Status::Corruption("malformed request-log key");
+    TESSERA_RETURN_IF_ERROR(
+        fn(SeqOfKey(it->key()), std::string_view(it->value().data(), it->value().size())));
+  }
+  return FromRocks(it->status(), "reading the request log");
+}
+
+Status RocksDbEngine::TruncateLog(uint64_t upto) {
+  if (upto == 0) return Status::OK();
+  rocksdb::WriteBatch b;
+  auto s = b.DeleteRange(log_cf_, SeqKey(0), SeqKey(upto + 1));
+  if (!s.ok()) return FromRocks(s, "truncating the request log");
+  return Write(&b);
+}
+
 Status RocksDbEngine::FlushMemtables() {
   std::vector<rocksdb::ColumnFamilyHandle*> all;
   {
@@ -523,6 +580,13 @@ RocksDbLaneStore::RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_
     : engine_(engine), lane_(lane), num_lanes_(num_lanes), budget_(budget) {
   for (uint32_t s = 0; s < kNumSlots; ++s) {
     if (LaneOfSlot(s, num_lanes) == lane) lane_slots_.push_back(s);
+  }
+  std::string mark;
+  if (engine_->db()
+          ->Get(rocksdb::ReadOptions(), engine_->meta_cf(), LaneMarkKey(lane, num_lanes), &mark)
+          .ok() &&
+      mark.size() == 8) {
+    committed_seq_ = applied_seq_ = SeqOfKey(mark);
   }
 }
 
@@ -759,9 +823,9 @@ Result<RocksDbLaneStore::DenseChunk*> RocksDbLaneStore::GetChunk(Table* t, uint6
   auto s = engine_->db()->Get(rocksdb::ReadOptions(), t->cf,
                               rocksdb::Slice(key.bytes, internal::kDenseKeyBytes), &v);
   if (s.ok()) {
-    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
-        v.ToStringView(), floats, c.data.data(), &c.meta,
-        "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
+    TESSERA_RETURN_IF_ERROR(
+        internal::DecodeRow(v.ToStringView(), floats, c.data.data(), &c.meta,
+                            "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
     ++stats_.disk_reads;
   } else if (s.IsNotFound()) {
     InitializeValues(t->spec.initializer, 0, chunk * kDenseChunkFloats, len, c.data.data());
@@ -772,8 +836,8 @@ Result<RocksDbLaneStore::DenseChunk*> RocksDbLaneStore::GetChunk(Table* t, uint6
   return &t->dense.emplace(chunk, std::move(c)).first->second;
 }
 
-Status RocksDbLaneStore::DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin,
-                                   uint32_t end, float* out) {
+Status RocksDbLaneStore::DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                                   float* out) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
   TESSERA_ASSIGN_OR_RETURN(DenseChunk * c, GetChunk(t, chunk));
   if (end > c->len || begin > end) return Status::InvalidArgument("dense range out of chunk");
@@ -781,8 +845,8 @@ Status RocksDbLaneStore::DenseRead(uint64_t table_id, uint64_t chunk, uint32_t b
   return Status::OK();
 }
 
-Status RocksDbLaneStore::DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin,
-                                    uint32_t end, const float* grad, const ApplyContext& ctx) {
+Status RocksDbLaneStore::DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
+                                    const float* grad, const ApplyContext& ctx) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
   TESSERA_ASSIGN_OR_RETURN(DenseChunk * c, GetChunk(t, chunk));
   if (end > c->len || begin > end) return Status::InvalidArgument("dense range out of chunk");
@@ -810,6 +874,8 @@ bool RocksDbLaneStore::HasDirty() const {
 }
 
 void RocksDbLaneStore::Rollback() {
+  // The request log still holds what was not committed: replay starts from the committed mark.
+  applied_seq_ = committed_seq_;
   // The memory copies are ahead of the disk: drop them so the next read gets the committed row.
   for (auto& [id, t] : tables_) {
     for (uint32_t slot : t->dirty_slots) EraseRow(t.get(), slot);
@@ -820,16 +886,23 @@ void RocksDbLaneStore::Rollback() {
 }
 
 Status RocksDbLaneStore::Commit() {
-  if (!HasDirty()) return Status::OK();
+  if (!HasDirty() && applied_seq_ == committed_seq_) return Status::OK();
   batch_.Clear();
+  if (applied_seq_ != committed_seq_) {
+    // The applied-log mark goes in the same batch as the rows it describes.
+    auto s = batch_.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_), SeqKey(applied_seq_));
+    if (!s.ok()) {
+      Rollback();
+      return FromRocks(s, "building the commit batch");
+    }
+  }
   uint64_t rows = 0;
   for (auto& [id, t] : tables_) {
     for (uint32_t slot : t->dirty_slots) {
       const CachedRows::Header& h = t->rows->header(slot);
       internal::EncodeRow(t->rows->row(slot), t->floats, h.meta, &encode_buf_);
       const auto key = internal::EncodeSparseKey(h.key);
-      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kSparseKeyBytes),
-                          encode_buf_);
+      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kSparseKeyBytes), encode_buf_);
       if (!s.ok()) {
         Rollback();
         return FromRocks(s, "building the commit batch");
@@ -840,8 +913,7 @@ Status RocksDbLaneStore::Commit() {
       internal::EncodeRow(c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta,
                           &encode_buf_);
       const auto key = internal::EncodeDenseKey(chunk);
-      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes),
-                          encode_buf_);
+      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes), encode_buf_);
       if (!s.ok()) {
         Rollback();
         return FromRocks(s, "building the commit batch");
@@ -862,6 +934,7 @@ Status RocksDbLaneStore::Commit() {
   }
   ++stats_.commits;
   stats_.rows_written += rows;
+  committed_seq_ = applied_seq_;
   return Status::OK();
 }
 
@@ -913,9 +986,8 @@ Status RocksDbLaneStore::ScanDense(uint64_t table_id, const ChunkVisitor& fn) {
     scratch_row_.resize(len + t->opt->StateFloats(len));
     RowMeta meta;
     TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
-        it->value().ToStringView(), static_cast<uint32_t>(scratch_row_.size()),
-        scratch_row_.data(), &meta,
-        "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
+        it->value().ToStringView(), static_cast<uint32_t>(scratch_row_.size()), scratch_row_.data(),
+        &meta, "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
     if (!fn(chunk, scratch_row_.data(), len, meta)) return Status::OK();
   }
   return FromRocks(it->status(), "table '" + t->spec.name + "': dense scan");

@@ -1,6 +1,7 @@
 // The RocksDB engine: persistence, recovery (including after kill -9), the bounded memory tier,
 // disk errors.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <rocksdb/file_system.h>
 #include <signal.h>
@@ -8,8 +9,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <filesystem>
@@ -87,8 +86,8 @@ TEST(RocksDbEngineTest, RowsDenseChunksAndStateSurviveReopen) {
   TempDir dir;
   OptimizerSpec adam{OptimizerKind::kAdam, 0.01f};
   const auto sparse = TableSpec::Sparse("emb", 8, adam, {InitializerKind::kNormal, 0, 0.1f, 3});
-  const auto dense = TableSpec::Dense("mlp", 3 * kDenseChunkFloats / 2,
-                                      {OptimizerKind::kMomentum, 0.1f});
+  const auto dense =
+      TableSpec::Dense("mlp", 3 * kDenseChunkFloats / 2, {OptimizerKind::kMomentum, 0.1f});
   const uint64_t sid = TableIdForName("emb"), did = TableIdForName("mlp");
   const uint32_t half = kDenseChunkFloats / 2;
   std::vector<float> g(half, 0.25f);
@@ -338,8 +337,7 @@ TEST(RocksDbEngineTest, CorruptTableFileIsReportedNeverServed) {
 // A file system whose writes fail with "no space" while `full` is set.
 class FullDiskFs : public rocksdb::FileSystemWrapper {
  public:
-  explicit FullDiskFs(const std::shared_ptr<rocksdb::FileSystem>& base)
-      : FileSystemWrapper(base) {}
+  explicit FullDiskFs(const std::shared_ptr<rocksdb::FileSystem>& base) : FileSystemWrapper(base) {}
   static const char* kClassName() { return "FullDiskFs"; }
   const char* Name() const override { return kClassName(); }
 
@@ -441,8 +439,12 @@ std::vector<Ack> RunAndKill(const std::string& dir, const std::string& mode, uin
   posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
   posix_spawn_file_actions_addclose(&actions, fds[0]);
   const std::string window = std::to_string(window_ms), start = std::to_string(first);
-  const char* argv[] = {TESSERA_STORAGE_CRASH_HELPER, dir.c_str(), mode.c_str(), window.c_str(),
-                        start.c_str(), nullptr};
+  const char* argv[] = {TESSERA_STORAGE_CRASH_HELPER,
+                        dir.c_str(),
+                        mode.c_str(),
+                        window.c_str(),
+                        start.c_str(),
+                        nullptr};
   pid_t pid;
   EXPECT_EQ(posix_spawn(&pid, TESSERA_STORAGE_CRASH_HELPER, &actions, nullptr,
                         const_cast<char* const*>(argv), environ),

@@ -96,8 +96,14 @@ class LaneStore {
 
   virtual StoreStats stats() const = 0;
 
-  /// Housekeeping the lane calls on a schedule, between request batches (suggested: every 1 s,
-  /// and at least every relaxed_window_ms / 2 in the relaxed mode): deletes the rows of sparse
+  /// Records that every request-log entry up to `seq` has been applied to this lane; the next
+  /// Commit() stores the mark atomically with the rows (see StorageEngine::AppendLog).
+  virtual void SetAppliedSeq(uint64_t seq) { (void)seq; }
+  /// The mark stored by the last successful Commit() (recovered on open); 0 if none.
+  virtual uint64_t committed_seq() const { return 0; }
+
+  /// Housekeeping the lane calls on a schedule, between request batches (suggested: every 1 s;
+  /// the relaxed mode's WAL flushes do not depend on it): deletes the rows of sparse
   /// tables whose eviction policy says they are idle (ctx.step and ctx.now_s are the current
   /// push counter and time; a row is idle when ctx.step - last_step > max_idle_steps or
   /// ctx.now_s - last_update_s > max_idle_seconds), returns memory the tier no longer needs, and
@@ -146,9 +152,33 @@ class StorageEngine {
   virtual Status PutMeta(std::string_view key, std::string_view value) = 0;
   virtual Result<std::optional<std::string>> GetMeta(std::string_view key) = 0;
   /// Visits every record whose key starts with `prefix`.
-  virtual Status ScanMeta(std::string_view prefix,
-                          const std::function<void(std::string_view key, std::string_view value)>&
-                              fn) = 0;
+  virtual Status ScanMeta(
+      std::string_view prefix,
+      const std::function<void(std::string_view key, std::string_view value)>& fn) = 0;
+
+  // ---- Request log. A push that spans several lanes is logged whole before any lane applies
+  // it; each lane stores the last sequence number it applied with its rows. After a crash the
+  // server replays, per lane, the entries after that lane's mark: every push is then applied
+  // wholly or not at all, and an acknowledged push is never lost.
+
+  /// Whether this engine keeps anything across restarts (false: the log calls are no-ops).
+  virtual bool durable() const { return false; }
+  /// Appends entry `seq` (increasing), durable per the durability mode when this returns.
+  virtual Status AppendLog(uint64_t seq, std::string_view entry) {
+    (void)seq, (void)entry;
+    return Status::OK();
+  }
+  /// Visits entries with sequence number > `after`, in order.
+  virtual Status ScanLog(uint64_t after,
+                         const std::function<Status(uint64_t seq, std::string_view entry)>& fn) {
+    (void)after, (void)fn;
+    return Status::OK();
+  }
+  /// Deletes entries with sequence number <= `upto`.
+  virtual Status TruncateLog(uint64_t upto) {
+    (void)upto;
+    return Status::OK();
+  }
 
   /// Writes a consistent, openable copy of everything committed so far (every lane's Commit()
   /// returned) to `dir`, which must not exist: a RocksDB checkpoint made of hard links where the

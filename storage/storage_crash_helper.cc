@@ -48,8 +48,7 @@ int main(int argc, char** argv) {
   }
   auto lane = (*engine)->OpenLane(0, 1);
   if (!lane.ok()) return 1;
-  const auto spec =
-      tessera::TableSpec::Sparse("crash", kDim, {tessera::OptimizerKind::kSgd, 1.0f});
+  const auto spec = tessera::TableSpec::Sparse("crash", kDim, {tessera::OptimizerKind::kSgd, 1.0f});
   const uint64_t id = tessera::TableIdForName(spec.name);
   if (!(*lane)->AddTable(id, spec).ok()) return 1;
 

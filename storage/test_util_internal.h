@@ -39,7 +39,8 @@ class TempDir {
 };
 
 /// Opens a RocksDB engine in `dir` with `options` (data_dir replaced); fails the test on error.
-inline std::unique_ptr<StorageEngine> MustOpen(const std::string& dir, StorageOptions options = {}) {
+inline std::unique_ptr<StorageEngine> MustOpen(const std::string& dir,
+                                               StorageOptions options = {}) {
   options.data_dir = dir;
   auto r = OpenStorageEngine(options);
   EXPECT_TRUE(r.ok()) << r.status().ToString();

@@ -1,0 +1,116 @@
+// Crash durability with real server processes: kill -9 at random moments while a client
+// streams pushes; after every restart nothing acknowledged is missing and every push is
+// applied wholly or not at all.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ps/client.h"
+#include "tests/cluster_fixture.h"
+
+namespace tessera {
+namespace {
+
+using testing::LocalCluster;
+
+struct Outcome {
+  int64_t acked = 0;  // pushes acknowledged
+  int64_t sent = 0;   // pushes sent (acknowledged or not)
+};
+
+// Pushes +1 to every key, one push in flight, until `stop`; counts what was acknowledged.
+// Each round trip pushes the sparse table, then the dense one (which spans chunks on both lanes).
+void Stream(Client& c, const Table& t, const Table& d, const std::vector<uint64_t>& keys,
+            std::atomic<bool>& stop, Outcome* out) {
+  std::vector<float> grads(keys.size() * t.spec.dim, -1.0f);  // SGD lr 1: value += 1
+  std::vector<float> dgrads(d.spec.length, -1.0f);
+  while (!stop.load()) {
+    ++out->sent;
+    Status s = c.Wait(c.Push(t, keys, grads), DeadlineAfterMs(5000));
+    if (s.ok()) s = c.Wait(c.DensePush(d, 0, dgrads), DeadlineAfterMs(5000));
+    if (s.ok()) {
+      ++out->acked;
+    } else {
+      // The server is gone: this push may or may not have been applied. Stop sending.
+      return;
+    }
+  }
+}
+
+void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.lanes = 2;
+  o.with_data_dirs = true;
+  o.extra_flags = {"--durability=" + durability, "--relaxed_window_ms=50"};
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions co;
+  co.servers = cluster.endpoints();
+  co.request_timeout_ms = 5000;
+  auto created = Client::Create(co);
+  ASSERT_TRUE(created.ok());
+  auto& c = **created;
+  OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
+  auto t = c.CreateTable(TableSpec::Sparse("counter", 4, sgd));
+  ASSERT_TRUE(t.ok());
+  auto d = c.CreateTable(TableSpec::Dense("dense_counter", 3 * 16384 + 5, sgd));
+  ASSERT_TRUE(d.ok());
+  std::vector<uint64_t> keys(256);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k * 7919 + 1;  // spread over both lanes
+  std::mt19937 rng(12345);
+  int64_t base = 0;  // the value every key had at the start of this round
+  int64_t dense_base = 0;
+  for (int round = 0; round < rounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::atomic<bool> stop{false};
+    Outcome out;
+    std::thread pusher([&] { Stream(c, *t, *d, keys, stop, &out); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 250));
+    cluster.Kill(0);
+    stop = true;
+    pusher.join();
+    ASSERT_TRUE(cluster.Restart(0).ok());
+    // Reconnected by itself: the table and its rows come back from the data directory.
+    std::vector<float> v(keys.size() * 4);
+    Status s;
+    for (int i = 0; i < 100; ++i) {
+      s = c.Wait(c.Pull(*t, keys, v.data()), DeadlineAfterMs(5000));
+      if (s.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    const float n = v[0];
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(v[i], n) << "push applied partly: element " << i << " of key " << keys[i / 4];
+    }
+    // The dense push of a round trip follows its sparse push: it has n or n - 1 pushes.
+    std::vector<float> dv(d->spec.length);
+    ASSERT_TRUE(c.Wait(c.DensePull(*d, 0, dv.size(), dv.data()), DeadlineAfterMs(5000)).ok());
+    for (size_t i = 0; i < dv.size(); ++i) {
+      ASSERT_EQ(dv[i], dv[0]) << "dense push applied partly: element " << i;
+    }
+    const int64_t dense_applied = static_cast<int64_t>(dv[0]) - dense_base;
+    const int64_t applied = static_cast<int64_t>(n) - base;
+    EXPECT_GT(out.acked, 0) << "the round pushed nothing before the kill";
+    if (exact_lower_bound) {
+      EXPECT_GE(applied, out.acked) << "an acknowledged push was lost";
+    }
+    EXPECT_LE(applied, out.sent);
+    EXPECT_TRUE(dense_applied == applied || dense_applied == applied - 1)
+        << "dense pushes " << dense_applied << " vs sparse pushes " << applied;
+    if (exact_lower_bound) {
+      EXPECT_GE(dense_applied, out.acked) << "an acknowledged dense push was lost";
+    }
+    base = static_cast<int64_t>(n);
+    dense_base = static_cast<int64_t>(dv[0]);
+  }
+}
+
+TEST(DurabilityTest, StrictModeLosesNothingAcknowledged) { KillLoop("strict", 5, true); }
+
+TEST(DurabilityTest, RelaxedModeAppliesWholePushes) { KillLoop("relaxed", 3, false); }
+
+}  // namespace
+}  // namespace tessera
