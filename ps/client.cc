@@ -727,9 +727,11 @@ Result<std::optional<std::string>> Client::GetMeta(const std::string& name, Dead
 
 Result<std::string> Client::ServerStats(uint32_t rank, Deadline deadline) {
   if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
+  std::string text;
   TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(impl_->BaseHeader(Op::kStats), {rank},
-                                                     deadline));
-  return r.name;
+                                                     deadline, &text));
+  (void)r;
+  return text;
 }
 
 namespace {
@@ -738,7 +740,9 @@ int64_t StatValue(const std::string& text, const std::string& name) {
   const std::string needle = name + " ";
   size_t pos = 0;
   while ((pos = text.find(needle, pos)) != std::string::npos) {
-    if (pos == 0 || text[pos - 1] == '\n') return std::stoll(text.substr(pos + needle.size()));
+    if (pos == 0 || text[pos - 1] == '\n') {
+      return std::strtoll(text.c_str() + pos + needle.size(), nullptr, 10);
+    }
     pos += needle.size();
   }
   return 0;
@@ -806,6 +810,7 @@ Result<uint64_t> Client::Export(const std::string& root, bool delta, Deadline de
   Header h = impl_->BaseHeader(Op::kExport);
   h.name = dir;
   h.count = delta ? 1 : 0;
+  h.offset = delta ? latest : 0;  // the base version
   TESSERA_RETURN_IF_ERROR(
       impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status());
   {

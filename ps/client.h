@@ -46,9 +46,6 @@ struct ClientOptions {
   int64_t request_timeout_ms = 60000;
   /// How long Create() waits for every server to answer a ping. Default: 10000 ms.
   int64_t connect_timeout_ms = 10000;
-  /// Largest number of keys or elements sent in one message to one server; larger requests
-  /// are split. Default: 1 << 22.
-  uint64_t max_elements_per_message = uint64_t{1} << 22;
 };
 
 /// A table known to the client (from CreateTable or GetTable). Cheap to copy.

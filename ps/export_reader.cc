@@ -112,8 +112,9 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& root
         r->tables_.push_back(std::move(t));
       }
       TESSERA_ASSIGN_OR_RETURN(auto manifest, internal::ReadBlobs(sdir + "/manifest"));
-      if (manifest.size() != 4) return Status::Corruption("bad manifest in '" + sdir + "'");
-      const uint32_t lanes = static_cast<uint32_t>(std::stoul(manifest[3]));
+      if (manifest.size() < 4) return Status::Corruption("bad manifest in '" + sdir + "'");
+      TESSERA_ASSIGN_OR_RETURN(uint64_t lanes,
+                               ParseStoredNumber(manifest[3], "lanes in " + sdir, 256));
       for (uint32_t l = 0; l < lanes; ++l) {
         const std::string path = sdir + "/lane-" + std::to_string(l);
         TESSERA_RETURN_IF_ERROR(

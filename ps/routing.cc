@@ -1,5 +1,6 @@
 #include "ps/routing.h"
 
+#include <charconv>
 #include <fstream>
 #include <sstream>
 
@@ -44,6 +45,16 @@ DenseRange DenseRangeOfServer(uint64_t table_id, uint64_t length, uint32_t serve
   r.begin = std::min(length, first * kDenseChunkFloats);
   r.end = std::min(length, last * kDenseChunkFloats);
   return r;
+}
+
+Result<uint64_t> ParseStoredNumber(std::string_view text, std::string_view what, uint64_t max) {
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v > max) {
+    return Status::Corruption(std::string(what) + " is not a valid number: '" +
+                              std::string(text.substr(0, 32)) + "'");
+  }
+  return v;
 }
 
 Result<std::vector<std::string>> ParseClusterList(const std::string& spec) {

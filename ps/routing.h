@@ -75,6 +75,11 @@ constexpr uint32_t LaneOfChunk(uint64_t table_id, uint64_t chunk, uint32_t lanes
   return static_cast<uint32_t>((chunk + table_id) % lanes);
 }
 
+/// Parses a decimal unsigned number that must be all of `text` and at most `max`; `what`
+/// names it in the error (Corruption: such numbers come from files the server wrote).
+Result<uint64_t> ParseStoredNumber(std::string_view text, std::string_view what,
+                                   uint64_t max = ~uint64_t{0});
+
 /// Parses a cluster list: comma-separated endpoints, or "@FILE" with one endpoint per line
 /// (blank lines and lines starting with '#' ignored).
 Result<std::vector<std::string>> ParseClusterList(const std::string& spec);

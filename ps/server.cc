@@ -158,10 +158,12 @@ class Lane {
     h.message = p.status.message();
     std::vector<zmq::message_t> parts;
     parts.push_back(std::move(p.identity));
+    std::string text;
     if (p.status.ok() && !p.text.empty()) {
-      std::string all;
-      for (auto& t : p.text) all += t;
-      h.name = std::move(all);
+      // Text can outgrow an envelope (a line per table): it travels as a data frame.
+      for (auto& t : p.text) text += t;
+      h.elem_type = ElemType::kBytes;
+      h.count = 1;
     }
     std::string env;
     if (p.status.ok() && p.has_out) {
@@ -173,6 +175,7 @@ class Lane {
     EncodeHeader(h, &env);
     parts.emplace_back(env.data(), env.size());
     if (p.status.ok() && p.has_out) parts.push_back(std::move(p.out));
+    if (!text.empty()) parts.emplace_back(text.data(), text.size());
     zmq::send_multipart(push_, parts);
   }
 
@@ -315,7 +318,11 @@ class ServerImpl {
     const uint32_t nl = static_cast<uint32_t>(stores.size());
     uint32_t old_lanes = nl;
     TESSERA_ASSIGN_OR_RETURN(auto stored_lanes, engine_->GetMeta("server/lanes"));
-    if (stored_lanes) old_lanes = static_cast<uint32_t>(std::stoul(*stored_lanes));
+    if (stored_lanes) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t n, ParseStoredNumber(*stored_lanes, "server/lanes", 256));
+      if (n == 0) return Status::Corruption("server/lanes is 0");
+      old_lanes = static_cast<uint32_t>(n);
+    }
     std::vector<uint64_t> marks(old_lanes, 0);
     for (uint32_t l = 0; l < old_lanes; ++l) {
       if (old_lanes == nl) {
@@ -723,7 +730,6 @@ class ServerImpl {
       }
       by_lane[LaneOfSlot(slot, nl)].push_back(static_cast<uint32_t>(i));
     }
-    if (ParkedByCut(p)) return Status::OK();
     if (push) {
       const uint64_t bad = FirstNonFinite(p->values, h.count * dim);
       if (bad != kAllFinite) {
@@ -731,6 +737,7 @@ class ServerImpl {
                                        " is not finite");
       }
     }
+    if (ParkedByCut(p)) return Status::OK();
     if (!WaitForClock(p)) return Status::OK();  // parked
     return SubmitSparse(p, std::move(by_lane));
   }
@@ -940,16 +947,17 @@ class ServerImpl {
   }
 
   void ReleaseParked() {
-    std::vector<std::shared_ptr<Pending>> still;
-    for (auto& p : parked_) {
-      const Header& h = p->header;
-      if (MinClock(h.num_workers) < h.clock - h.staleness) {
-        still.push_back(std::move(p));
-        continue;
-      }
-      Resubmit(p);
-    }
-    parked_ = std::move(still);
+    auto parked = std::move(parked_);
+    parked_.clear();
+    for (auto& p : parked) Readmit(p);
+  }
+
+  // A parked, validated request goes through both gates again: the checkpoint cut (writes of
+  // later steps) and the staleness bound (reads); each may park it anew.
+  void Readmit(const std::shared_ptr<Pending>& p) {
+    if (ParkedByCut(p)) return;
+    if (!WaitForClock(p)) return;
+    Resubmit(p);
   }
 
   // Submits a validated request that was parked.
@@ -1182,7 +1190,7 @@ class ServerImpl {
   void ReleaseCutParked() {
     auto parked = std::move(cut_parked_);
     cut_parked_.clear();
-    for (auto& p : parked) Resubmit(p);
+    for (auto& p : parked) Readmit(p);
   }
 
   // Loads a checkpoint taken by a cluster of any size: every server reads every old server's
@@ -1194,7 +1202,9 @@ class ServerImpl {
     }
     TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(dir, 0) + "/manifest"));
     if (info.size() != 4) return Status::Corruption("bad manifest in '" + dir + "'");
-    const uint32_t old_servers = static_cast<uint32_t>(std::stoul(info[1]));
+    TESSERA_ASSIGN_OR_RETURN(uint64_t old_servers_n,
+                             ParseStoredNumber(info[1], "servers in the checkpoint", 65535));
+    const uint32_t old_servers = static_cast<uint32_t>(old_servers_n);
     // Tables first (all old servers hold every spec; read server 0's).
     TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(ServerDir(dir, 0) + "/tables"));
     std::vector<std::pair<uint64_t, TableSpec>> restored;
@@ -1267,7 +1277,8 @@ class ServerImpl {
     for (uint32_t old = 0; old < old_servers; ++old) {
       TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(ServerDir(dir, old) + "/manifest"));
       if (oinfo.size() != 4) return Status::Corruption("bad manifest of server " + std::to_string(old));
-      const uint32_t old_lanes = static_cast<uint32_t>(std::stoul(oinfo[3]));
+      TESSERA_ASSIGN_OR_RETURN(uint64_t old_lanes,
+                               ParseStoredNumber(oinfo[3], "lanes in the checkpoint", 256));
       for (uint32_t ol = 0; ol < old_lanes; ++ol) {
         const std::string path = ServerDir(dir, old) + "/lane-" + std::to_string(ol);
         TESSERA_RETURN_IF_ERROR(ReadRecordFile(path, [&](const Record& r) -> Status {
@@ -1326,8 +1337,14 @@ class ServerImpl {
     const bool delta = h.count == 1;
     uint32_t since = 0;
     if (delta) {
-      TESSERA_ASSIGN_OR_RETURN(auto last, engine_->GetMeta("export/last_time_s"));
-      if (last) since = static_cast<uint32_t>(std::stoul(*last));
+      // The base export (version h.offset, a sibling directory) recorded when it started on
+      // this server; the delta holds the rows updated since then.
+      const std::string base = std::filesystem::path(h.name).parent_path().string() + "/v" +
+                               std::to_string(h.offset);
+      TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(base, options_.rank) + "/manifest"));
+      if (info.size() < 5) return Status::Corruption("the manifest of '" + base + "' is incomplete");
+      TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
+      since = static_cast<uint32_t>(t);
     }
     const uint32_t now = NowSeconds();
     const std::string dir = ServerDir(h.name, options_.rank);
@@ -1343,8 +1360,8 @@ class ServerImpl {
     TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
     TESSERA_RETURN_IF_ERROR(WriteBlobs(
         dir + "/manifest", {std::to_string(options_.rank), std::to_string(options_.num_servers),
-                            std::to_string(since), std::to_string(lanes_.size())}));
-    TESSERA_RETURN_IF_ERROR(engine_->PutMeta("export/last_time_s", std::to_string(now)));
+                            std::to_string(since), std::to_string(lanes_.size()),
+                            std::to_string(now)}));
     SnapshotOptions so;
     so.values_only = true;
     so.min_update_s = since;
