@@ -102,6 +102,10 @@ class Lane {
   }
 
   LaneStore& store() { return *store_; }
+  // Scratch buffers for request parts, reused across requests (lane thread only).
+  std::vector<uint64_t> scratch_keys;
+  std::vector<const float*> scratch_grads;
+  std::vector<float*> scratch_outs;
   /// The request-log mark this lane's rows are durable up to.
   uint64_t committed_seq() const { return committed_seq_.load(std::memory_order_acquire); }
   uint32_t index() const { return index_; }
@@ -801,9 +805,10 @@ class ServerImpl {
           p,
           [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
             const size_t n = idx->size();
-            std::vector<uint64_t> keys(n);
-            std::vector<const float*> grads;
-            std::vector<float*> outs;
+            std::vector<uint64_t>& keys = lane.scratch_keys;
+            std::vector<const float*>& grads = lane.scratch_grads;
+            std::vector<float*>& outs = lane.scratch_outs;
+            keys.resize(n);
             for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
             if (push) {
               grads.resize(n);

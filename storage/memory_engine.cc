@@ -59,18 +59,16 @@ class MemoryLaneStore final : public LaneStore {
     const uint32_t dim = t->spec.dim;
     const bool gated = t->spec.admission.min_count > 1 || t->spec.admission.probability < 1;
     for (size_t i = 0; i < keys.size(); ++i) {
-      float* row = t->rows->Find(keys[i]);
-      if (row == nullptr) {
-        if (gated) {
-          uint32_t& count = t->pending[keys[i]];
-          ++count;
-          if (!Admitted(t->spec.admission, keys[i], count)) continue;
-          t->pending.erase(keys[i]);
-        }
-        bool created;
-        row = t->rows->FindOrCreate(keys[i], &created);
+      if (gated && t->rows->Find(keys[i]) == nullptr) {
+        uint32_t& count = t->pending[keys[i]];
+        ++count;
+        if (!Admitted(t->spec.admission, keys[i], count)) continue;
+        t->pending.erase(keys[i]);
       }
-      RowMeta& meta = t->rows->MetaOf(keys[i]);
+      bool created;
+      RowMeta* m;
+      float* row = t->rows->FindOrCreate(keys[i], &created, &m);
+      RowMeta& meta = *m;
       ++meta.update_count;
       meta.last_step = static_cast<uint32_t>(ctx.step);
       meta.last_update_s = ctx.now_s;

@@ -37,6 +37,21 @@ float* SparseRows::FindOrCreate(uint64_t key, bool* created) {
   return row;
 }
 
+float* SparseRows::FindOrCreate(uint64_t key, bool* created, RowMeta** meta) {
+  auto [it, inserted] = index_.try_emplace(key, 0);
+  *created = inserted;
+  if (inserted) {
+    const uint32_t slot = Allocate();
+    it->second = slot;
+    float* row = RowAt(slot);
+    InitializeValues(spec_.initializer, key, 0, dim_, row);
+    opt_->InitState(row + dim_, dim_);
+    metas_[slot] = RowMeta{};
+  }
+  *meta = &metas_[it->second];
+  return RowAt(it->second);
+}
+
 RowMeta& SparseRows::MetaOf(uint64_t key) { return metas_[index_.at(key)]; }
 
 void SparseRows::Put(uint64_t key, const float* row, const RowMeta& meta) {

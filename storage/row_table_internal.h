@@ -33,6 +33,8 @@ class SparseRows {
   }
   /// The row of `key`, created with the initializer and initial state if absent.
   float* FindOrCreate(uint64_t key, bool* created);
+  /// Like FindOrCreate, also returning the row's metadata: one hash probe for both.
+  float* FindOrCreate(uint64_t key, bool* created, RowMeta** meta);
   RowMeta& MetaOf(uint64_t key);
   /// Inserts or overwrites a row (value + state) with its metadata.
   void Put(uint64_t key, const float* row, const RowMeta& meta);
