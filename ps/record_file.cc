@@ -24,14 +24,29 @@ class Writer {
     f_ = std::fopen(path.c_str(), "wb");
     XXH3_64bits_reset(state_.get());
   }
+  // Writes into memory instead of a file.
+  explicit Writer(std::string* sink) : path_("(memory)"), sink_(sink) {
+    XXH3_64bits_reset(state_.get());
+  }
   ~Writer() {
     if (f_) std::fclose(f_);
   }
-  bool ok() const { return f_ != nullptr && ok_; }
+  bool ok() const { return (f_ != nullptr || sink_ != nullptr) && ok_; }
+  // Records are small: gather them and hash and write in large blocks.
   void Put(const void* p, size_t n) {
     if (!ok()) return;
-    XXH3_64bits_update(state_.get(), p, n);
-    ok_ = std::fwrite(p, 1, n, f_) == n;
+    buf_.append(static_cast<const char*>(p), n);
+    if (buf_.size() >= kBlock) Drain();
+  }
+  void Drain() {
+    if (buf_.empty() || !ok()) return;
+    XXH3_64bits_update(state_.get(), buf_.data(), buf_.size());
+    if (sink_ != nullptr) {
+      sink_->append(buf_);
+    } else {
+      ok_ = std::fwrite(buf_.data(), 1, buf_.size(), f_) == buf_.size();
+    }
+    buf_.clear();
   }
   template <typename T>
   void Put(const T& v) {
@@ -41,7 +56,12 @@ class Writer {
     const uint8_t end = Record::kEnd;
     Put(end);
     Put(records);
+    Drain();
     uint64_t h = XXH3_64bits_digest(state_.get());
+    if (sink_ != nullptr) {
+      if (ok_) sink_->append(reinterpret_cast<const char*>(&h), sizeof(h));
+      return ok_ ? Status::OK() : Status::Internal("record buffer error");
+    }
     if (ok()) ok_ = std::fwrite(&h, 1, sizeof(h), f_) == sizeof(h);
     if (ok()) ok_ = std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;
     if (f_ && std::fclose(f_) != 0) ok_ = false;
@@ -53,15 +73,31 @@ class Writer {
   }
 
  private:
+  static constexpr size_t kBlock = 1 << 20;
   std::string path_;
+  std::string* sink_ = nullptr;
   FILE* f_ = nullptr;
   bool ok_ = true;
+  std::string buf_;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_{XXH3_createState(),
                                                                   &XXH3_freeState};
 };
 
 RecordWriter::RecordWriter(const std::string& path) : w_(std::make_unique<Writer>(path)) {
   if (w_->ok()) w_->Put(kMagic, sizeof(kMagic));
+}
+RecordWriter::RecordWriter(std::string* sink) : w_(std::make_unique<Writer>(sink)) {
+  w_->Put(kMagic, sizeof(kMagic));
+}
+
+Status WriteFileDurably(const std::string& path, std::string_view data) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return Status::IOError("cannot create '" + path + "': " + std::strerror(errno));
+  bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return Status::IOError("cannot write '" + path + "': " + std::strerror(errno));
+  return Status::OK();
 }
 RecordWriter::~RecordWriter() = default;
 bool RecordWriter::ok() const { return w_->ok(); }

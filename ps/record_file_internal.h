@@ -35,6 +35,8 @@ class Writer;
 class RecordWriter {
  public:
   explicit RecordWriter(const std::string& path);
+  /// Builds the file's bytes in `*sink` instead (write them with WriteFileDurably).
+  explicit RecordWriter(std::string* sink);
   ~RecordWriter();
   bool ok() const;
   void Put(Record::Kind kind, uint64_t table, uint64_t key, const RecordMeta& meta,
@@ -46,6 +48,9 @@ class RecordWriter {
   std::unique_ptr<Writer> w_;
   uint64_t records_ = 0;
 };
+
+/// Writes `data` to `path` and fsyncs it.
+Status WriteFileDurably(const std::string& path, std::string_view data);
 
 /// Verifies the checksum of `path` first, then calls `fn` for every record. Corruption if the
 /// file is truncated, altered or not a record file.

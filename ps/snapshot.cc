@@ -6,11 +6,9 @@
 
 namespace tessera::internal {
 
-Status WriteLaneSnapshot(LaneStore& store,
-                         const std::vector<std::pair<uint64_t, TableSpec>>& tables,
-                         const std::string& path, const SnapshotOptions& options) {
-  RecordWriter w(path);
-  if (!w.ok()) return Status::IOError("cannot create '" + path + "': " + std::strerror(errno));
+namespace {
+Status WriteRows(LaneStore& store, const std::vector<std::pair<uint64_t, TableSpec>>& tables,
+                 const SnapshotOptions& options, RecordWriter& w) {
   auto meta_of = [](const RowMeta& m) {
     return RecordMeta{m.update_count, m.last_step, m.last_update_s};
   };
@@ -39,6 +37,23 @@ Status WriteLaneSnapshot(LaneStore& store,
     }
   }
   return w.Finish();
+}
+}  // namespace
+
+Status WriteLaneSnapshot(LaneStore& store,
+                         const std::vector<std::pair<uint64_t, TableSpec>>& tables,
+                         const std::string& path, const SnapshotOptions& options) {
+  RecordWriter w(path);
+  if (!w.ok()) return Status::IOError("cannot create '" + path + "': " + std::strerror(errno));
+  return WriteRows(store, tables, options, w);
+}
+
+Status SerializeLaneSnapshot(LaneStore& store,
+                             const std::vector<std::pair<uint64_t, TableSpec>>& tables,
+                             const SnapshotOptions& options, std::string* out) {
+  out->clear();
+  RecordWriter w(out);
+  return WriteRows(store, tables, options, w);
 }
 
 }  // namespace tessera::internal

@@ -1,0 +1,78 @@
+// Compute backends of the click model: forward and backward over pulled parameters.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "ps/status.h"
+#include "worker/model.h"
+
+namespace tessera::worker {
+
+/// One batch and the parameters it needs, all borrowed (host memory). Key entry e of sample s,
+/// field f (e in [offsets[s*F+f], offsets[s*F+f+1])) uses parameter row rows[e].
+struct ModelInput {
+  uint32_t batch_size = 0;
+  /// batch_size x num_dense, row-major.
+  const float* dense = nullptr;
+  /// batch_size labels in {0, 1}; needed by ForwardBackward only.
+  const float* labels = nullptr;
+  /// batch_size * num_fields + 1 offsets.
+  const uint32_t* offsets = nullptr;
+  /// One row index per key entry.
+  const uint32_t* rows = nullptr;
+  /// One weight per key entry, or nullptr for all ones.
+  const float* weights = nullptr;
+  /// Rows of the pulled sparse parameters.
+  uint32_t num_rows = 0;
+  /// num_rows x embedding_dim (deep models).
+  const float* embeddings = nullptr;
+  /// num_rows wide weights (wide models).
+  const float* wide = nullptr;
+  /// The flat dense parameter vector (ModelLayout::num_params floats).
+  const float* params = nullptr;
+};
+
+/// Gradients of one batch, aligned with ModelInput's rows and flat vector.
+struct ModelGrads {
+  std::vector<float> embeddings;  // num_rows x embedding_dim
+  std::vector<float> wide;        // num_rows
+  std::vector<float> params;      // num_params
+  /// Sum of the per-sample logistic losses (unscaled).
+  double loss_sum = 0;
+};
+
+/// A compute backend. Implementations are not thread-safe: one thread calls a backend (use one
+/// backend per local rank).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  /// Click probabilities of the batch into probs[0..batch_size).
+  virtual Status Forward(const ModelInput& in, float* probs) = 0;
+  /// Probabilities, the loss and the gradients of loss_scale * (sum of per-sample losses);
+  /// use loss_scale = 1 / global batch size for the mean loss. Resizes and overwrites `grads`.
+  virtual Status ForwardBackward(const ModelInput& in, float loss_scale, float* probs,
+                                 ModelGrads* grads) = 0;
+};
+
+/// Options of the CPU backend.
+struct CpuBackendOptions {
+  /// Threads a batch is split over (OpenMP). Default: 1.
+  int threads = 1;
+};
+
+/// The CPU backend (Eigen).
+Result<std::unique_ptr<Backend>> CreateCpuBackend(const ModelLayout& layout,
+                                                  const CpuBackendOptions& options = {});
+
+/// Whether this build has the CUDA backend and a GPU is present.
+bool CudaBackendAvailable(std::string* why_not = nullptr);
+
+/// The CUDA backend (cuBLAS and kernels) on GPU `device`. FailedPrecondition when the build has
+/// no CUDA or no GPU is present.
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const ModelLayout& layout, int device = 0);
+
+}  // namespace tessera::worker

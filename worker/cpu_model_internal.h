@@ -1,0 +1,274 @@
+// The CPU implementation of the click model, templated on the scalar type so that gradient
+// checks can run it in double precision. Internal: use CreateCpuBackend.
+#pragma once
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "worker/model.h"
+
+namespace tessera::worker::internal {
+
+template <typename T>
+struct InputT {
+  uint32_t batch_size = 0;
+  const T* dense = nullptr;
+  const T* labels = nullptr;
+  const uint32_t* offsets = nullptr;
+  const uint32_t* rows = nullptr;
+  const T* weights = nullptr;
+  uint32_t num_rows = 0;
+  const T* embeddings = nullptr;
+  const T* wide = nullptr;
+  const T* params = nullptr;
+};
+
+template <typename T>
+struct GradsT {
+  std::vector<T> embeddings, wide, params;
+  double loss_sum = 0;
+};
+
+/// Forward and backward of the model on a CPU. Not thread-safe; splits a batch over `threads`
+/// OpenMP threads.
+template <typename T>
+class CpuModel {
+ public:
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+  using CMap = Eigen::Map<const Mat>;
+  using MMap = Eigen::Map<Mat>;
+
+  CpuModel(const ModelLayout& layout, int threads)
+      : layout_(layout), threads_(std::max(threads, 1)) {}
+
+  /// grads == nullptr: forward only.
+  void Run(const InputT<T>& in, T loss_scale, T* probs, GradsT<T>* grads) {
+    const ModelConfig& c = layout_.config();
+    const uint32_t b = in.batch_size;
+    const int nt =
+        static_cast<int>(std::max<uint32_t>(1, std::min<uint32_t>(threads_, (b + 255) / 256)));
+    if (grads != nullptr) {
+      grads->embeddings.assign(c.deep ? size_t{in.num_rows} * c.embedding_dim : 0, T(0));
+      grads->wide.assign(c.wide ? in.num_rows : 0, T(0));
+      grads->params.assign(layout_.num_params(), T(0));
+      grads->loss_sum = 0;
+    }
+    if (b == 0) return;
+    if (static_cast<int>(local_.size()) < nt) local_.resize(nt);
+    if (static_cast<int>(workspaces_.size()) < nt) workspaces_.resize(nt);
+    const uint32_t chunk = (b + nt - 1) / nt;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+#endif
+    for (int t = 0; t < nt; ++t) {
+      const uint32_t s0 = std::min(b, t * chunk), s1 = std::min(b, s0 + chunk);
+      GradsT<T>* g = grads;
+      if (grads != nullptr && t > 0) {
+        g = &local_[t];
+        g->embeddings.assign(grads->embeddings.size(), T(0));
+        g->wide.assign(grads->wide.size(), T(0));
+        g->params.assign(grads->params.size(), T(0));
+        g->loss_sum = 0;
+      }
+      if (s1 > s0) RunChunk(in, s0, s1, loss_scale, probs, g, workspaces_[t]);
+    }
+    if (grads != nullptr) {
+      for (int t = 1; t < nt; ++t) {
+        const GradsT<T>& g = local_[t];
+        Add(g.embeddings, &grads->embeddings);
+        Add(g.wide, &grads->wide);
+        Add(g.params, &grads->params);
+        grads->loss_sum += g.loss_sum;
+      }
+    }
+  }
+
+ private:
+  static void Add(const std::vector<T>& from, std::vector<T>* to) {
+    for (size_t i = 0; i < from.size(); ++i) (*to)[i] += from[i];
+  }
+
+  CMap Weight(const T* params, const LayerShape& l) const {
+    return CMap(params + l.offset, l.out, l.in);
+  }
+  Eigen::Map<const RowVec> BiasOf(const T* params, const LayerShape& l) const {
+    return Eigen::Map<const RowVec>(params + l.offset + uint64_t{l.out} * l.in, l.out);
+  }
+
+  // Runs layers on `acts[0]`, filling acts[1..]; returns the last activation.
+  void Mlp(const std::vector<LayerShape>& layers, const T* params, std::vector<Mat>* acts) const {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const LayerShape& l = layers[i];
+      Mat& z = (*acts)[i + 1];
+      z.noalias() = (*acts)[i] * Weight(params, l).transpose();
+      z.rowwise() += BiasOf(params, l);
+      if (l.relu) z = z.cwiseMax(T(0));
+    }
+  }
+
+  // Backward through layers given d(last activation); returns d(acts[0]) when want_input.
+  void MlpBackward(const std::vector<LayerShape>& layers, const T* params,
+                   const std::vector<Mat>& acts, Mat d, T* grad_params, Mat* d_input) const {
+    for (size_t i = layers.size(); i-- > 0;) {
+      const LayerShape& l = layers[i];
+      if (l.relu) d = d.cwiseProduct((acts[i + 1].array() > T(0)).matrix().template cast<T>());
+      MMap(grad_params + l.offset, l.out, l.in).noalias() += d.transpose() * acts[i];
+      Eigen::Map<RowVec>(grad_params + l.offset + uint64_t{l.out} * l.in, l.out) +=
+          d.colwise().sum();
+      if (i > 0 || d_input != nullptr) {
+        Mat prev = d * Weight(params, l);
+        d = std::move(prev);
+      }
+    }
+    if (d_input != nullptr) *d_input = std::move(d);
+  }
+
+  // Per-thread buffers kept between calls (no allocation or page faults per batch).
+  struct Workspace {
+    std::vector<Mat> bottom_acts, top_acts;
+    Mat tm, dtm, dx;
+    Vec logit, g, denom;
+  };
+
+  void RunChunk(const InputT<T>& in, uint32_t s0, uint32_t s1, T scale, T* probs, GradsT<T>* grads,
+                Workspace& ws) const {
+    const ModelConfig& c = layout_.config();
+    const uint32_t bc = s1 - s0, nf = c.num_fields, nd = c.num_dense;
+    Vec& logit = ws.logit;
+    logit.setConstant(bc, in.params[layout_.bias_offset()]);
+    auto weight_of = [&](uint32_t e) { return in.weights ? in.weights[e] : T(1); };
+    if (c.wide) {
+      for (uint32_t s = 0; s < bc; ++s) {
+        const uint32_t b = in.offsets[size_t{s0 + s} * nf], e = in.offsets[size_t{s0 + s + 1} * nf];
+        T sum = 0;
+        for (uint32_t k = b; k < e; ++k) sum += weight_of(k) * in.wide[in.rows[k]];
+        logit[s] += sum;
+      }
+    }
+    const bool hb = c.deep && nd > 0;
+    const uint32_t d = c.embedding_dim, n = layout_.num_vectors();
+    std::vector<Mat>& bottom_acts = ws.bottom_acts;
+    std::vector<Mat>& top_acts = ws.top_acts;
+    Mat& tm = ws.tm;  // bc x n*d: [bottom output, pooled field 0, ...]
+    Vec& denom = ws.denom;
+    if (c.deep) {
+      tm.setZero(bc, size_t{n} * d);
+      if (hb) {
+        bottom_acts.resize(layout_.bottom().size() + 1);
+        bottom_acts[0] = CMap(in.dense + size_t{s0} * nd, bc, nd);
+        Mlp(layout_.bottom(), in.params, &bottom_acts);
+        tm.leftCols(d) = bottom_acts.back();
+      }
+      denom.setOnes(size_t{bc} * nf);
+      for (uint32_t s = 0; s < bc; ++s) {
+        for (uint32_t f = 0; f < nf; ++f) {
+          const size_t bag = size_t{s0 + s} * nf + f;
+          T* out = tm.row(s).data() + size_t{f + (hb ? 1 : 0)} * d;
+          T wsum = 0;
+          for (uint32_t k = in.offsets[bag]; k < in.offsets[bag + 1]; ++k) {
+            const T w = weight_of(k);
+            const T* row = in.embeddings + size_t{in.rows[k]} * d;
+            for (uint32_t j = 0; j < d; ++j) out[j] += w * row[j];
+            wsum += w;
+          }
+          if (c.pooling == Pooling::kMean && wsum != T(0)) {
+            denom[size_t{s} * nf + f] = wsum;
+            for (uint32_t j = 0; j < d; ++j) out[j] /= wsum;
+          }
+        }
+      }
+      const uint32_t dot0 = hb ? d : 0;
+      top_acts.resize(layout_.top().size() + 1);
+      Mat& x = top_acts[0];
+      x.resize(bc, layout_.top_input());
+      if (hb) x.leftCols(d) = bottom_acts.back();
+      for (uint32_t s = 0; s < bc; ++s) {
+        const T* ts = tm.row(s).data();
+        T* xs = x.row(s).data() + dot0;
+        for (uint32_t i = 1; i < n; ++i) {
+          const T* ti = ts + size_t{i} * d;
+          for (uint32_t j = 0; j < i; ++j) {
+            const T* tj = ts + size_t{j} * d;
+            T dot = 0;
+            for (uint32_t q = 0; q < d; ++q) dot += ti[q] * tj[q];
+            *xs++ = dot;
+          }
+        }
+      }
+      Mlp(layout_.top(), in.params, &top_acts);
+      logit += top_acts.back().col(0);
+    }
+    for (uint32_t s = 0; s < bc; ++s) probs[s0 + s] = T(1) / (T(1) + std::exp(-logit[s]));
+    if (grads == nullptr) return;
+
+    Vec& g = ws.g;
+    g.resize(bc);
+    double loss = 0;
+    for (uint32_t s = 0; s < bc; ++s) {
+      const T y = in.labels[s0 + s], l = logit[s];
+      loss += static_cast<double>(std::max(l, T(0)) - y * l + std::log1p(std::exp(-std::abs(l))));
+      g[s] = (probs[s0 + s] - y) * scale;
+    }
+    grads->loss_sum += loss;
+    grads->params[layout_.bias_offset()] += g.sum();
+    if (c.wide) {
+      for (uint32_t s = 0; s < bc; ++s) {
+        const uint32_t b = in.offsets[size_t{s0 + s} * nf], e = in.offsets[size_t{s0 + s + 1} * nf];
+        for (uint32_t k = b; k < e; ++k) grads->wide[in.rows[k]] += g[s] * weight_of(k);
+      }
+    }
+    if (!c.deep) return;
+    Mat& dx = ws.dx;
+    MlpBackward(layout_.top(), in.params, top_acts, Mat(g), grads->params.data(), &dx);
+    Mat& dtm = ws.dtm;
+    dtm.setZero(bc, size_t{n} * d);
+    const uint32_t dot0 = hb ? d : 0;
+    if (hb) dtm.leftCols(d) = dx.leftCols(d);
+    for (uint32_t s = 0; s < bc; ++s) {
+      const T* ts = tm.row(s).data();
+      T* dts = dtm.row(s).data();
+      const T* dxs = dx.row(s).data() + dot0;
+      for (uint32_t i = 1; i < n; ++i) {
+        const T* ti = ts + size_t{i} * d;
+        T* dti = dts + size_t{i} * d;
+        for (uint32_t j = 0; j < i; ++j) {
+          const T gd = *dxs++;
+          const T* tj = ts + size_t{j} * d;
+          T* dtj = dts + size_t{j} * d;
+          for (uint32_t q = 0; q < d; ++q) {
+            dti[q] += gd * tj[q];
+            dtj[q] += gd * ti[q];
+          }
+        }
+      }
+    }
+    if (hb) {
+      MlpBackward(layout_.bottom(), in.params, bottom_acts, Mat(dtm.leftCols(d)),
+                  grads->params.data(), nullptr);
+    }
+    for (uint32_t s = 0; s < bc; ++s) {
+      for (uint32_t f = 0; f < nf; ++f) {
+        const size_t bag = size_t{s0 + s} * nf + f;
+        const T* dp = dtm.row(s).data() + size_t{f + (hb ? 1 : 0)} * d;
+        const T inv = c.pooling == Pooling::kMean ? T(1) / denom[size_t{s} * nf + f] : T(1);
+        for (uint32_t k = in.offsets[bag]; k < in.offsets[bag + 1]; ++k) {
+          const T w = weight_of(k) * inv;
+          T* out = grads->embeddings.data() + size_t{in.rows[k]} * d;
+          for (uint32_t j = 0; j < d; ++j) out[j] += w * dp[j];
+        }
+      }
+    }
+  }
+
+  const ModelLayout& layout_;
+  int threads_;
+  std::vector<GradsT<T>> local_;
+  std::vector<Workspace> workspaces_;
+};
+
+}  // namespace tessera::worker::internal

@@ -1,0 +1,208 @@
+#include "worker/data_reader.h"
+
+#include <algorithm>
+
+namespace tessera::worker {
+
+Status DataReader::Seek(uint64_t position) {
+  TESSERA_RETURN_IF_ERROR(Rewind());
+  Batch scratch;
+  while (this->position() < position) {
+    scratch.Clear(schema());
+    const uint64_t want = std::min<uint64_t>(position - this->position(), 4096);
+    TESSERA_ASSIGN_OR_RETURN(uint32_t n, Read(static_cast<uint32_t>(want), &scratch));
+    if (n == 0) {
+      return Status::InvalidArgument("seek to sample " + std::to_string(position) +
+                                     " past the end of the data (" +
+                                     std::to_string(this->position()) + " samples)");
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<ShardedLineReader>> ShardedLineReader::Open(const std::string& path,
+                                                                   const ShardOptions& options,
+                                                                   bool skip_header) {
+  if (options.world == 0 || options.rank >= options.world) {
+    return Status::InvalidArgument("rank " + std::to_string(options.rank) + " not in [0, " +
+                                   std::to_string(options.world) + ")");
+  }
+  if (options.holdout_mod == 1) {
+    return Status::InvalidArgument("holdout_mod 1 would hold out every line");
+  }
+  std::unique_ptr<ShardedLineReader> r(new ShardedLineReader(path, options, skip_header));
+  TESSERA_RETURN_IF_ERROR(r->Rewind());
+  return r;
+}
+
+Status ShardedLineReader::Rewind() {
+  in_.close();
+  in_.clear();
+  in_.open(path_, std::ios::in | std::ios::binary);
+  if (!in_.is_open()) return Status::NotFound("cannot open " + path_);
+  line_number_ = 0;
+  data_line_ = 0;
+  part_line_ = 0;
+  return Status::OK();
+}
+
+bool ShardedLineReader::Selected(uint64_t data_line) {
+  const uint32_t mod = options_.holdout_mod;
+  const bool test = mod > 1 && data_line % mod == mod - 1;
+  switch (options_.part) {
+    case ShardOptions::Part::kTrain:
+      if (test) return false;
+      break;
+    case ShardOptions::Part::kTest:
+      if (!test) return false;
+      break;
+    case ShardOptions::Part::kAll:
+      break;
+  }
+  return part_line_++ % options_.world == options_.rank;
+}
+
+bool ShardedLineReader::Next(std::string* line) {
+  while (std::getline(in_, *line)) {
+    ++line_number_;
+    if (skip_header_ && line_number_ == 1) continue;
+    if (!line->empty() && line->back() == '\r') line->pop_back();
+    if (line->empty()) continue;
+    if (Selected(data_line_++)) return true;
+  }
+  return false;
+}
+
+Result<uint32_t> EpochReader::Read(uint32_t max_samples, Batch* batch) {
+  uint32_t total = 0;
+  while (total < max_samples) {
+    TESSERA_ASSIGN_OR_RETURN(uint32_t n, inner_->Read(max_samples - total, batch));
+    total += n;
+    if (n == 0) {
+      if (epochs_ != 0 && epoch_ + 1 >= epochs_) break;
+      if (inner_->position() == 0) break;  // empty data: do not spin
+      ++epoch_;
+      TESSERA_RETURN_IF_ERROR(inner_->Rewind());
+    }
+  }
+  position_ += total;
+  return total;
+}
+
+Status EpochReader::Rewind() {
+  epoch_ = 0;
+  position_ = 0;
+  return inner_->Rewind();
+}
+
+ShuffleReader::ShuffleReader(std::unique_ptr<DataReader> inner, uint32_t buffer_size, uint64_t seed)
+    : inner_(std::move(inner)),
+      buffer_size_(std::max<uint32_t>(buffer_size, 1)),
+      seed_(seed),
+      rng_(seed) {
+  pool_.Clear(inner_->schema());
+}
+
+Status ShuffleReader::Rewind() {
+  TESSERA_RETURN_IF_ERROR(inner_->Rewind());
+  rng_.seed(seed_);
+  pool_.Clear(inner_->schema());
+  live_.clear();
+  inner_done_ = false;
+  position_ = 0;
+  return Status::OK();
+}
+
+Status ShuffleReader::Fill() {
+  while (!inner_done_ && live_.size() < buffer_size_) {
+    const uint32_t before = pool_.size;
+    TESSERA_ASSIGN_OR_RETURN(
+        uint32_t n,
+        inner_->Read(std::min<uint32_t>(buffer_size_ - static_cast<uint32_t>(live_.size()), 4096),
+                     &pool_));
+    if (n == 0) inner_done_ = true;
+    for (uint32_t i = before; i < pool_.size; ++i) live_.push_back(i);
+  }
+  return Status::OK();
+}
+
+void ShuffleReader::Compact() {
+  Batch fresh;
+  fresh.Clear(pool_.schema);
+  std::vector<uint32_t> live;
+  live.reserve(live_.size());
+  for (uint32_t idx : live_) {
+    live.push_back(fresh.size);
+    fresh.AppendSample(pool_, idx);
+  }
+  pool_ = std::move(fresh);
+  live_ = std::move(live);
+}
+
+Result<uint32_t> ShuffleReader::Read(uint32_t max_samples, Batch* batch) {
+  uint32_t n = 0;
+  while (n < max_samples) {
+    TESSERA_RETURN_IF_ERROR(Fill());
+    if (live_.empty()) break;
+    std::uniform_int_distribution<size_t> pick(0, live_.size() - 1);
+    const size_t i = pick(rng_);
+    batch->AppendSample(pool_, live_[i]);
+    live_[i] = live_.back();
+    live_.pop_back();
+    ++n;
+    if (pool_.size > 4 * buffer_size_ + 4096) Compact();
+  }
+  position_ += n;
+  return n;
+}
+
+namespace {
+class RoundRobinReader final : public DataReader {
+ public:
+  RoundRobinReader(std::unique_ptr<DataReader> inner, uint32_t rank, uint32_t world)
+      : inner_(std::move(inner)), rank_(rank), world_(world) {
+    scratch_.Clear(inner_->schema());
+  }
+  const Schema& schema() const override { return inner_->schema(); }
+  Status Rewind() override {
+    seen_ = 0;
+    position_ = 0;
+    return inner_->Rewind();
+  }
+  uint64_t position() const override { return position_; }
+  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override {
+    uint32_t n = 0;
+    while (n < max_samples) {
+      scratch_.Clear(inner_->schema());
+      TESSERA_ASSIGN_OR_RETURN(uint32_t got, inner_->Read(1, &scratch_));
+      if (got == 0) break;
+      if (seen_++ % world_ != rank_) continue;
+      batch->AppendSample(scratch_, 0);
+      ++n;
+    }
+    position_ += n;
+    return n;
+  }
+
+ private:
+  std::unique_ptr<DataReader> inner_;
+  uint32_t rank_, world_;
+  Batch scratch_;
+  uint64_t seen_ = 0;
+  uint64_t position_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<DataReader> ShardReader(std::unique_ptr<DataReader> inner, uint32_t rank,
+                                        uint32_t world) {
+  return std::make_unique<RoundRobinReader>(std::move(inner), rank, std::max<uint32_t>(world, 1));
+}
+
+Status ReadAll(DataReader* reader, Batch* out) {
+  while (true) {
+    TESSERA_ASSIGN_OR_RETURN(uint32_t n, reader->Read(1u << 16, out));
+    if (n == 0) return Status::OK();
+  }
+}
+
+}  // namespace tessera::worker

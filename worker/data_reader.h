@@ -1,0 +1,129 @@
+// Streaming data readers: the interface and the generic wrappers (epochs, shuffle buffer).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ps/status.h"
+#include "worker/batch.h"
+
+namespace tessera::worker {
+
+/// A stream of samples. Readers never load a whole file: they read as they are asked.
+/// Not thread-safe: one thread reads.
+class DataReader {
+ public:
+  virtual ~DataReader() = default;
+  virtual const Schema& schema() const = 0;
+  /// Appends up to `max_samples` samples to `batch` (whose schema must be schema()); returns
+  /// how many were appended. 0 means the end of the data. Parse errors fail with Corruption
+  /// naming the file and line.
+  virtual Result<uint32_t> Read(uint32_t max_samples, Batch* batch) = 0;
+  /// Starts over at the first sample.
+  virtual Status Rewind() = 0;
+  /// Samples returned since the start (or the last Rewind).
+  virtual uint64_t position() const = 0;
+  /// Moves to `position` samples from the start (a restarted worker resumes here). The default
+  /// rewinds and reads; readers that can jump do.
+  virtual Status Seek(uint64_t position);
+};
+
+/// Which lines of a line-oriented file a reader returns: every holdout_mod-th line (the last of
+/// each group of holdout_mod) is held out for testing, the others are training lines; the
+/// selected lines are then dealt round-robin to `world` readers.
+struct ShardOptions {
+  /// This reader's index in [0, world). Default: 0.
+  uint32_t rank = 0;
+  /// Number of readers sharing the data. Default: 1.
+  uint32_t world = 1;
+  /// 0: no held-out part. N > 1: line i is a test line iff i % N == N - 1. Default: 0.
+  uint32_t holdout_mod = 0;
+  enum class Part { kAll, kTrain, kTest };
+  /// Which part to return. Default: all lines.
+  Part part = Part::kAll;
+};
+
+/// Reads the lines of a text file that ShardOptions select, streaming. Not thread-safe.
+class ShardedLineReader {
+ public:
+  /// `skip_header`: the first line is a header and never data.
+  static Result<std::unique_ptr<ShardedLineReader>> Open(const std::string& path,
+                                                         const ShardOptions& options,
+                                                         bool skip_header);
+  /// The next selected line; false at the end of the file.
+  bool Next(std::string* line);
+  /// 1-based line number of the last line returned (for error messages).
+  uint64_t line_number() const { return line_number_; }
+  const std::string& path() const { return path_; }
+  Status Rewind();
+
+ private:
+  ShardedLineReader(std::string path, ShardOptions options, bool skip_header)
+      : path_(std::move(path)), options_(options), skip_header_(skip_header) {}
+  bool Selected(uint64_t data_line);
+
+  std::string path_;
+  ShardOptions options_;
+  bool skip_header_;
+  std::ifstream in_;
+  uint64_t line_number_ = 0;
+  uint64_t data_line_ = 0;  // index among data lines
+  uint64_t part_line_ = 0;  // index among lines of the selected part
+};
+
+/// Repeats another reader `epochs` times (0: forever). position() counts every epoch.
+class EpochReader final : public DataReader {
+ public:
+  EpochReader(std::unique_ptr<DataReader> inner, uint32_t epochs)
+      : inner_(std::move(inner)), epochs_(epochs) {}
+  const Schema& schema() const override { return inner_->schema(); }
+  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override;
+  Status Rewind() override;
+  uint64_t position() const override { return position_; }
+  /// The epoch being read (0-based).
+  uint32_t epoch() const { return epoch_; }
+
+ private:
+  std::unique_ptr<DataReader> inner_;
+  uint32_t epochs_;
+  uint32_t epoch_ = 0;
+  uint64_t position_ = 0;
+};
+
+/// Shuffles a stream with a buffer of `buffer_size` samples (deterministic by seed): each
+/// returned sample is drawn at random from the buffer, which is refilled from the inner reader.
+class ShuffleReader final : public DataReader {
+ public:
+  ShuffleReader(std::unique_ptr<DataReader> inner, uint32_t buffer_size, uint64_t seed);
+  const Schema& schema() const override { return inner_->schema(); }
+  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override;
+  Status Rewind() override;
+  uint64_t position() const override { return position_; }
+
+ private:
+  Status Fill();
+  void Compact();
+
+  std::unique_ptr<DataReader> inner_;
+  uint32_t buffer_size_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  Batch pool_;
+  std::vector<uint32_t> live_;
+  bool inner_done_ = false;
+  uint64_t position_ = 0;
+};
+
+/// Keeps every `world`-th sample of another reader, starting at `rank` (for sources that cannot
+/// deal their lines themselves). position() counts the samples kept.
+std::unique_ptr<DataReader> ShardReader(std::unique_ptr<DataReader> inner, uint32_t rank,
+                                        uint32_t world);
+
+/// Reads every remaining sample of `reader` into `out` (for small test sets).
+Status ReadAll(DataReader* reader, Batch* out);
+
+}  // namespace tessera::worker

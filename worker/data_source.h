@@ -1,0 +1,47 @@
+// Opens a training job's data from a spec such as "synthetic" or "criteo:/data/train.txt".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ps/status.h"
+#include "worker/data_reader.h"
+#include "worker/readers.h"
+#include "worker/synthetic_data.h"
+
+namespace tessera::worker {
+
+/// Where a job's samples come from and how they are split.
+struct DataSourceOptions {
+  /// "synthetic", "criteo:PATH", "libsvm:PATH" or "movielens:DIR". Default: "synthetic".
+  std::string spec = "synthetic";
+  /// This reader's shard of the training part. Defaults: 0 of 1.
+  uint32_t rank = 0;
+  uint32_t world = 1;
+  /// Passes over the training part. Default: 1.
+  uint32_t epochs = 1;
+  /// Shuffle buffer in samples (0: file order). Default: 0.
+  uint32_t shuffle_buffer = 0;
+  /// Seed of the shuffle buffer. Default: 1.
+  uint64_t shuffle_seed = 1;
+  /// Criteo and libSVM: line i is held out for testing iff i % holdout_mod == holdout_mod - 1.
+  /// Default: 10 (a tenth). MovieLens splits by time instead.
+  uint32_t holdout_mod = 10;
+  /// Synthetic: the generator (its rank, world, stream and num_samples are set from here).
+  SyntheticOptions synthetic;
+  /// Synthetic: training samples (all shards) and test samples. Defaults: 1000000, 100000.
+  uint64_t train_samples = 1000000;
+  uint64_t test_samples = 100000;
+  /// libSVM reader options.
+  LibsvmOptions libsvm;
+};
+
+/// This shard's training reader (with epochs and shuffling applied).
+Result<std::unique_ptr<DataReader>> OpenTrainData(const DataSourceOptions& options);
+/// The whole held-out part (not sharded).
+Result<std::unique_ptr<DataReader>> OpenTestData(const DataSourceOptions& options);
+/// Whether the source knows every sample's true click probability.
+bool HasOracle(const DataSourceOptions& options);
+
+}  // namespace tessera::worker

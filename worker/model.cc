@@ -1,0 +1,113 @@
+#include "worker/model.h"
+
+#include <cmath>
+
+#include "worker/keys.h"
+
+namespace tessera::worker {
+
+OptimizerSpec ModelConfig::DefaultEmbeddingOptimizer() {
+  OptimizerSpec o;
+  o.kind = OptimizerKind::kAdagrad;
+  o.learning_rate = 0.05f;
+  // A non-zero start damps the first steps of rare rows (pure Adagrad moves them by lr).
+  o.initial_accumulator = 0.01f;
+  return o;
+}
+
+OptimizerSpec ModelConfig::DefaultDenseOptimizer() {
+  OptimizerSpec o;
+  o.kind = OptimizerKind::kAdam;
+  o.learning_rate = 3e-3f;
+  return o;
+}
+
+OptimizerSpec ModelConfig::DefaultWideOptimizer() {
+  OptimizerSpec o;
+  o.kind = OptimizerKind::kFtrl;
+  o.learning_rate = 0.05f;
+  o.ftrl_beta = 1.0f;
+  o.l1 = 0.0f;
+  o.l2 = 0.1f;
+  return o;
+}
+
+Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
+  if (c.num_fields == 0 || c.num_fields > kMaxFields) {
+    return Status::InvalidArgument("num_fields must be in [1, " + std::to_string(kMaxFields) + "]");
+  }
+  if (!c.deep && !c.wide) return Status::InvalidArgument("model has neither deep nor wide part");
+  if (c.deep && c.embedding_dim == 0) return Status::InvalidArgument("embedding_dim is 0");
+  for (uint32_t w : c.bottom_mlp) {
+    if (w == 0) return Status::InvalidArgument("bottom_mlp has a 0-wide layer");
+  }
+  for (uint32_t w : c.top_mlp) {
+    if (w == 0) return Status::InvalidArgument("top_mlp has a 0-wide layer");
+  }
+  ModelLayout l;
+  l.config_ = c;
+  uint64_t offset = 1;  // the global bias
+  auto add = [&](std::vector<LayerShape>* v, uint32_t in, uint32_t out, bool relu) {
+    LayerShape s;
+    s.in = in;
+    s.out = out;
+    s.offset = offset;
+    s.relu = relu;
+    offset += s.size();
+    v->push_back(s);
+  };
+  if (c.deep) {
+    const uint32_t d = c.embedding_dim;
+    if (c.num_dense > 0) {
+      uint32_t in = c.num_dense;
+      for (uint32_t w : c.bottom_mlp) {
+        add(&l.bottom_, in, w, true);
+        in = w;
+      }
+      add(&l.bottom_, in, d, true);
+    }
+    l.num_vectors_ = c.num_fields + (c.num_dense > 0 ? 1 : 0);
+    l.top_input_ = (c.num_dense > 0 ? d : 0) + l.num_vectors_ * (l.num_vectors_ - 1) / 2;
+    if (l.top_input_ == 0) return Status::InvalidArgument("the top MLP would have no input");
+    uint32_t in = l.top_input_;
+    for (uint32_t w : c.top_mlp) {
+      add(&l.top_, in, w, true);
+      in = w;
+    }
+    add(&l.top_, in, 1, false);
+  }
+  l.num_params_ = offset;
+
+  const std::string& p = c.table_prefix;
+  InitializerSpec zeros;
+  l.dense_tables_.push_back({TableSpec::Dense(p + "/bias", 1, c.dense_optimizer, zeros), 0});
+  auto layer_tables = [&](const std::vector<LayerShape>& layers, const std::string& name) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      // PyTorch's nn.Linear default: W and b uniform in +-1/sqrt(fan_in).
+      InitializerSpec init;
+      init.kind = InitializerKind::kUniform;
+      const float bound = 1.0f / std::sqrt(static_cast<float>(layers[i].in));
+      init.a = -bound;
+      init.b = bound;
+      init.seed = c.init_seed + 101 * (i + 1) + (name == "top" ? 7919 : 0);
+      l.dense_tables_.push_back({TableSpec::Dense(p + "/" + name + std::to_string(i),
+                                                  layers[i].size(), c.dense_optimizer, init),
+                                 layers[i].offset});
+    }
+  };
+  layer_tables(l.bottom_, "bottom");
+  layer_tables(l.top_, "top");
+  if (c.deep) {
+    InitializerSpec init;
+    init.kind = InitializerKind::kUniform;
+    init.a = -c.embedding_init_scale;
+    init.b = c.embedding_init_scale;
+    init.seed = c.init_seed;
+    l.embedding_table_ =
+        TableSpec::Sparse(p + "/emb", c.embedding_dim, c.embedding_optimizer, init);
+  }
+  if (c.wide) l.wide_table_ = TableSpec::Sparse(p + "/wide", 1, c.wide_optimizer, zeros);
+  return l;
+}
+
+}  // namespace tessera::worker

@@ -1,0 +1,219 @@
+// Finite-difference gradient checks of the CPU model, and layout checks.
+#include "worker/model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "worker/backend.h"
+#include "worker/batch.h"
+#include "worker/cpu_model_internal.h"
+#include "worker/synthetic_data.h"
+
+namespace tessera::worker {
+namespace {
+
+struct Case {
+  ModelConfig config;
+  Batch batch;
+  IndexedBatch index;
+  std::vector<double> dense, labels, weights, emb, wide, params;
+};
+
+Case MakeCase(ModelConfig c, bool weighted, uint64_t seed) {
+  Case k;
+  k.config = c;
+  SyntheticOptions so;
+  so.num_dense = c.num_dense;
+  so.cardinalities.assign(c.num_fields, 5);  // small: keys repeat within the batch
+  so.seed = seed;
+  auto gen = SyntheticReader::Create(so);
+  EXPECT_TRUE(gen.ok());
+  k.batch.Clear((*gen)->schema());
+  EXPECT_EQ((*gen)->Read(6, &k.batch).value(), 6u);
+  IndexBatch(k.batch, &k.index);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-0.5, 0.5);
+  for (float x : k.batch.dense) k.dense.push_back(x * 0.5);
+  for (float y : k.batch.labels) k.labels.push_back(y);
+  if (weighted) {
+    for (size_t i = 0; i < k.batch.keys.size(); ++i) k.weights.push_back(0.5 + u(rng) + 0.5);
+  }
+  auto layout = ModelLayout::Create(c);
+  EXPECT_TRUE(layout.ok());
+  const size_t rows = k.index.unique_keys.size();
+  for (size_t i = 0; i < rows * c.embedding_dim; ++i) k.emb.push_back(u(rng));
+  for (size_t i = 0; i < rows; ++i) k.wide.push_back(u(rng) * 0.2);
+  for (size_t i = 0; i < layout->num_params(); ++i) k.params.push_back(u(rng));
+  return k;
+}
+
+internal::InputT<double> InputOf(const Case& k) {
+  internal::InputT<double> in;
+  in.batch_size = k.batch.size;
+  in.dense = k.dense.data();
+  in.labels = k.labels.data();
+  in.offsets = k.batch.offsets.data();
+  in.rows = k.index.rows.data();
+  in.weights = k.weights.empty() ? nullptr : k.weights.data();
+  in.num_rows = static_cast<uint32_t>(k.index.unique_keys.size());
+  in.embeddings = k.emb.data();
+  in.wide = k.wide.data();
+  in.params = k.params.data();
+  return in;
+}
+
+double Loss(const ModelLayout& layout, const Case& k) {
+  internal::CpuModel<double> m(layout, 1);
+  internal::GradsT<double> g;
+  std::vector<double> probs(k.batch.size);
+  m.Run(InputOf(k), 1.0, probs.data(), &g);
+  return g.loss_sum;
+}
+
+// Compares analytic gradients with central differences for every parameter of every kind.
+void CheckGradients(const ModelConfig& c, bool weighted, int threads) {
+  Case k = MakeCase(c, weighted, 42);
+  auto layout = ModelLayout::Create(c);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  internal::CpuModel<double> m(*layout, threads);
+  internal::GradsT<double> g;
+  std::vector<double> probs(k.batch.size);
+  m.Run(InputOf(k), 1.0, probs.data(), &g);
+  const double eps = 1e-6;
+  auto check = [&](std::vector<double>* v, const std::vector<double>& grad, const char* what) {
+    ASSERT_EQ(v->size(), grad.size()) << what;
+    for (size_t i = 0; i < v->size(); ++i) {
+      const double orig = (*v)[i];
+      (*v)[i] = orig + eps;
+      const double up = Loss(*layout, k);
+      (*v)[i] = orig - eps;
+      const double down = Loss(*layout, k);
+      (*v)[i] = orig;
+      const double fd = (up - down) / (2 * eps);
+      EXPECT_NEAR(grad[i], fd, 1e-6 + 1e-5 * std::abs(fd)) << what << "[" << i << "]";
+    }
+  };
+  if (c.deep) check(&k.emb, g.embeddings, "embeddings");
+  if (c.wide) check(&k.wide, g.wide, "wide");
+  check(&k.params, g.params, "params");
+}
+
+ModelConfig Small() {
+  ModelConfig c;
+  c.num_dense = 3;
+  c.num_fields = 4;
+  c.embedding_dim = 3;
+  c.bottom_mlp = {5};
+  c.top_mlp = {4};
+  return c;
+}
+
+TEST(GradientCheck, DlrmWithWideSumPooling) { CheckGradients(Small(), false, 1); }
+
+TEST(GradientCheck, MeanPoolingWeightedBags) {
+  ModelConfig c = Small();
+  c.pooling = Pooling::kMean;
+  CheckGradients(c, true, 1);
+}
+
+TEST(GradientCheck, NoDenseFeatures) {
+  ModelConfig c = Small();
+  c.num_dense = 0;
+  c.wide = false;
+  CheckGradients(c, true, 1);
+}
+
+TEST(GradientCheck, WideOnly) {
+  ModelConfig c = Small();
+  c.deep = false;
+  CheckGradients(c, false, 1);
+}
+
+TEST(GradientCheck, DeeperMlpsThreaded) {
+  ModelConfig c = Small();
+  c.bottom_mlp = {6, 4};
+  c.top_mlp = {5, 3};
+  CheckGradients(c, false, 3);
+}
+
+TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) {
+  ModelConfig c = Small();
+  Case k = MakeCase(c, false, 7);
+  auto layout = ModelLayout::Create(c);
+  ASSERT_TRUE(layout.ok());
+  internal::CpuModel<double> ref(*layout, 1);
+  internal::GradsT<double> gd;
+  std::vector<double> pd(k.batch.size);
+  ref.Run(InputOf(k), 0.5, pd.data(), &gd);
+  auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  std::vector<float> dense = f(k.dense), labels = f(k.labels), emb = f(k.emb), wide = f(k.wide),
+                     params = f(k.params);
+  ModelInput in;
+  in.batch_size = k.batch.size;
+  in.dense = dense.data();
+  in.labels = labels.data();
+  in.offsets = k.batch.offsets.data();
+  in.rows = k.index.rows.data();
+  in.num_rows = static_cast<uint32_t>(k.index.unique_keys.size());
+  in.embeddings = emb.data();
+  in.wide = wide.data();
+  in.params = params.data();
+  for (int threads : {1, 2, 4}) {
+    auto backend = CreateCpuBackend(*layout, {threads});
+    ASSERT_TRUE(backend.ok());
+    ModelGrads g;
+    std::vector<float> p(k.batch.size);
+    ASSERT_TRUE((*backend)->ForwardBackward(in, 0.5f, p.data(), &g).ok());
+    for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(p[i], pd[i], 1e-5);
+    for (size_t i = 0; i < g.params.size(); ++i) EXPECT_NEAR(g.params[i], gd.params[i], 1e-4);
+    for (size_t i = 0; i < g.embeddings.size(); ++i) {
+      EXPECT_NEAR(g.embeddings[i], gd.embeddings[i], 1e-4);
+    }
+    std::vector<float> p2(k.batch.size);
+    ASSERT_TRUE((*backend)->Forward(in, p2.data()).ok());
+    EXPECT_EQ(p, p2);
+  }
+}
+
+TEST(CpuBackend, RejectsRowsOutOfRange) {
+  ModelConfig c = Small();
+  Case k = MakeCase(c, false, 3);
+  auto layout = ModelLayout::Create(c);
+  auto backend = CreateCpuBackend(*layout);
+  std::vector<float> params(layout->num_params()), emb(3), wide(1), dense(k.dense.size());
+  ModelInput in;
+  in.batch_size = k.batch.size;
+  in.dense = dense.data();
+  in.offsets = k.batch.offsets.data();
+  in.rows = k.index.rows.data();
+  in.num_rows = 1;  // fewer rows than the batch uses
+  in.embeddings = emb.data();
+  in.wide = wide.data();
+  in.params = params.data();
+  std::vector<float> p(k.batch.size);
+  EXPECT_EQ((*backend)->Forward(in, p.data()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ModelLayout, TablesCoverTheFlatVector) {
+  ModelConfig c;  // Criteo-shaped defaults
+  auto l = ModelLayout::Create(c);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->num_vectors(), 27u);
+  EXPECT_EQ(l->top_input(), 16u + 27u * 26u / 2u);
+  uint64_t covered = 0;
+  for (const auto& t : l->dense_tables()) {
+    EXPECT_EQ(t.offset, covered);
+    covered += t.spec.length;
+  }
+  EXPECT_EQ(covered, l->num_params());
+  EXPECT_EQ(l->embedding_table().dim, 16u);
+  EXPECT_EQ(l->wide_table().optimizer.kind, OptimizerKind::kFtrl);
+  c.deep = false;
+  c.wide = false;
+  EXPECT_FALSE(ModelLayout::Create(c).ok());
+}
+
+}  // namespace
+}  // namespace tessera::worker

@@ -1,0 +1,522 @@
+#include "worker/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "worker/metrics.h"
+
+namespace tessera::worker {
+
+// Waits for a step's pushes in the background and then records the step as committed (its
+// data position and clock) with PutMeta. One step at a time: Submit waits for the previous.
+class Trainer::Committer {
+ public:
+  explicit Committer(ParamStore* store) : store_(store), thread_([this] { Run(); }) {}
+  ~Committer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  /// Waits until no commit is in flight; returns the first error of any commit so far.
+  Status WaitIdle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    return status_;
+  }
+
+  void Submit(std::vector<Pending> pending, std::string key, std::string value,
+              std::function<void()> done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    pending_ = std::move(pending);
+    key_ = std::move(key);
+    value_ = std::move(value);
+    done_ = std::move(done);
+    busy_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || busy_; });
+      if (busy_) {
+        auto pending = std::move(pending_);
+        std::string key = std::move(key_), value = std::move(value_);
+        auto done = std::move(done_);
+        lock.unlock();
+        Status s;
+        for (Pending& p : pending) {
+          Status w = p.Wait();
+          if (s.ok() && !w.ok()) s = w.WithContext("push");
+        }
+        if (s.ok()) s = store_->PutMeta(key, value).WithContext("commit");
+        if (s.ok() && done) done();
+        lock.lock();
+        if (status_.ok() && !s.ok()) status_ = s;
+        busy_ = false;
+        cv_.notify_all();
+        continue;
+      }
+      if (stop_) return;
+    }
+  }
+
+  ParamStore* store_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;             // GUARDED_BY(mu_)
+  bool busy_ = false;             // GUARDED_BY(mu_)
+  Status status_;                 // GUARDED_BY(mu_)
+  std::vector<Pending> pending_;  // GUARDED_BY(mu_)
+  std::string key_, value_;       // GUARDED_BY(mu_)
+  std::function<void()> done_;    // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+struct Trainer::Step {
+  Batch batch;
+  uint64_t global_size = 0;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> rows;
+  std::vector<uint64_t> positions;
+  std::vector<float> emb, wide, params;
+  std::vector<Pending> pulls;
+  bool end = false;
+};
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+double SecondsSince(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+struct Position {
+  uint64_t step = 0;
+  int64_t clock = 0;
+  std::vector<uint64_t> positions;
+};
+
+std::string FormatPosition(uint64_t step, int64_t clock, const std::vector<uint64_t>& pos) {
+  std::string s = "step=" + std::to_string(step) + " clock=" + std::to_string(clock) + " pos=";
+  for (size_t i = 0; i < pos.size(); ++i) {
+    if (i > 0) s += ",";
+    s += std::to_string(pos[i]);
+  }
+  return s;
+}
+
+Result<Position> ParsePosition(const std::string& s) {
+  Position p;
+  std::istringstream in(s);
+  std::string tok;
+  bool has_step = false, has_pos = false;
+  while (in >> tok) {
+    const size_t eq = tok.find('=');
+    if (eq == std::string::npos) return Status::Corruption("bad position record '" + s + "'");
+    const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
+    char* end = nullptr;
+    if (k == "step") {
+      p.step = std::strtoull(v.c_str(), &end, 10);
+      has_step = end != v.c_str();
+    } else if (k == "clock") {
+      p.clock = std::strtoll(v.c_str(), &end, 10);
+    } else if (k == "pos") {
+      std::istringstream ps(v);
+      std::string item;
+      while (std::getline(ps, item, ','))
+        p.positions.push_back(std::strtoull(item.c_str(), nullptr, 10));
+      has_pos = !p.positions.empty();
+    }
+  }
+  if (!has_step || !has_pos) return Status::Corruption("bad position record '" + s + "'");
+  return p;
+}
+
+// A uint64 from the leader to every local rank.
+Result<uint64_t> ShareFromLeader(LocalReducer* r, uint64_t v) {
+  std::vector<uint64_t> all;
+  TESSERA_RETURN_IF_ERROR(r->AllGather(r->leader() ? v : 0, &all));
+  return all[0];
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                 const ModelLayout& layout, ParamStore* store,
+                                                 Backend* backend, DataReader* reader,
+                                                 LocalReducer* reducer) {
+  const bool leader = reducer == nullptr || reducer->leader();
+  if (leader && store == nullptr) return Status::InvalidArgument("the leader needs a store");
+  if (backend == nullptr || reader == nullptr) {
+    return Status::InvalidArgument("trainer needs a backend and a reader");
+  }
+  if (options.batch_size == 0) return Status::InvalidArgument("batch_size is 0");
+  const ModelConfig& c = layout.config();
+  const Schema& s = reader->schema();
+  if (s.num_fields != c.num_fields || (c.deep && s.num_dense != c.num_dense)) {
+    return Status::InvalidArgument("data has " + std::to_string(s.num_dense) +
+                                   " dense features and " + std::to_string(s.num_fields) +
+                                   " fields; the model wants " + std::to_string(c.num_dense) +
+                                   " and " + std::to_string(c.num_fields));
+  }
+  return std::unique_ptr<Trainer>(new Trainer(options, layout, store, backend, reader, reducer));
+}
+
+Trainer::Trainer(const TrainerOptions& options, const ModelLayout& layout, ParamStore* store,
+                 Backend* backend, DataReader* reader, LocalReducer* reducer)
+    : options_(options),
+      layout_(layout),
+      store_(store),
+      backend_(backend),
+      reader_(reader),
+      reducer_(reducer),
+      leader_(reducer == nullptr || reducer->leader()) {
+  if (leader_) committer_ = std::make_unique<Committer>(store_);
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::MetaKey() const {
+  return options_.job + "/pos/" + std::to_string(options_.worker_id);
+}
+
+Status Trainer::Init() {
+  const ModelConfig& c = layout_.config();
+  Position pos;
+  bool resumed = false;
+  Status st;
+  if (leader_) {
+    dense_tables_.clear();
+    for (const auto& t : layout_.dense_tables()) {
+      TESSERA_ASSIGN_OR_RETURN(uint32_t id, store_->AddTable(t.spec));
+      dense_tables_.push_back(id);
+    }
+    if (c.deep) {
+      TESSERA_ASSIGN_OR_RETURN(emb_table_, store_->AddTable(layout_.embedding_table()));
+    }
+    if (c.wide) {
+      TESSERA_ASSIGN_OR_RETURN(wide_table_, store_->AddTable(layout_.wide_table()));
+    }
+    if (options_.resume) {
+      auto meta = store_->GetMeta(MetaKey());
+      if (!meta.ok()) {
+        st = meta.status().WithContext("reading position");
+      } else if (meta->has_value()) {
+        auto parsed = ParsePosition(**meta);
+        if (!parsed.ok()) {
+          st = parsed.status();
+        } else {
+          pos = *parsed;
+          resumed = true;
+          const uint32_t ranks = reducer_ ? reducer_->size() : 1;
+          if (pos.positions.size() != ranks) {
+            st = Status::FailedPrecondition("stored position has " +
+                                            std::to_string(pos.positions.size()) +
+                                            " local ranks, this node has " + std::to_string(ranks));
+          }
+        }
+      }
+    }
+  }
+  if (reducer_ != nullptr) {
+    // Every rank learns whether the leader failed, the resumed step and its own position.
+    TESSERA_ASSIGN_OR_RETURN(uint64_t ok, ShareFromLeader(reducer_, st.ok() ? 1 : 0));
+    if (!ok) return st.ok() ? Status::Internal("leader failed to initialize") : st;
+    TESSERA_ASSIGN_OR_RETURN(uint64_t r, ShareFromLeader(reducer_, resumed ? 1 : 0));
+    resumed = r != 0;
+    TESSERA_ASSIGN_OR_RETURN(pos.step, ShareFromLeader(reducer_, pos.step));
+    std::vector<uint64_t> mine(reducer_->size());
+    for (uint32_t i = 0; i < reducer_->size(); ++i) {
+      TESSERA_ASSIGN_OR_RETURN(
+          mine[i], ShareFromLeader(reducer_, i < pos.positions.size() ? pos.positions[i] : 0));
+    }
+    pos.positions = mine;
+  } else {
+    TESSERA_RETURN_IF_ERROR(st);
+  }
+  step_ = 0;
+  if (resumed) {
+    step_ = pos.step;
+    const uint32_t me = reducer_ ? reducer_->rank() : 0;
+    TESSERA_RETURN_IF_ERROR(reader_->Seek(pos.positions[me]).WithContext("resuming"));
+    if (leader_) TESSERA_RETURN_IF_ERROR(store_->SetClock(pos.clock));
+  }
+  return Status::OK();
+}
+
+Status Trainer::Prepare(Step* s) {
+  s->batch.Clear(reader_->schema());
+  s->pulls.clear();
+  TESSERA_ASSIGN_OR_RETURN(uint32_t n, reader_->Read(options_.batch_size, &s->batch));
+  if (reducer_ != nullptr) {
+    std::vector<uint64_t> sizes;
+    TESSERA_RETURN_IF_ERROR(reducer_->AllGather(n, &sizes));
+    s->global_size = 0;
+    for (uint64_t x : sizes) s->global_size += x;
+    TESSERA_RETURN_IF_ERROR(reducer_->AllGather(reader_->position(), &s->positions));
+  } else {
+    s->global_size = n;
+    s->positions.assign(1, reader_->position());
+  }
+  s->end = s->global_size == 0;
+  if (s->end) return Status::OK();
+  IndexedBatch ib;
+  IndexBatch(s->batch, &ib);
+  if (reducer_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(reducer_->UnionKeys(ib.unique_keys, &s->keys));
+    TESSERA_RETURN_IF_ERROR(IndexBatchOnto(s->batch, s->keys, &s->rows));
+  } else {
+    s->keys = std::move(ib.unique_keys);
+    s->rows = std::move(ib.rows);
+  }
+  return Status::OK();
+}
+
+Status Trainer::IssuePull(Step* s) {
+  if (s->end) return Status::OK();
+  const ModelConfig& c = layout_.config();
+  s->emb.resize(c.deep ? s->keys.size() * c.embedding_dim : 0);
+  s->wide.resize(c.wide ? s->keys.size() : 0);
+  s->params.resize(layout_.num_params());
+  if (!leader_) return Status::OK();
+  if (c.deep) s->pulls.push_back(store_->Pull(emb_table_, s->keys, s->emb.data()));
+  if (c.wide) s->pulls.push_back(store_->Pull(wide_table_, s->keys, s->wide.data()));
+  const auto& dense = layout_.dense_tables();
+  for (size_t i = 0; i < dense.size(); ++i) {
+    s->pulls.push_back(store_->DensePull(dense_tables_[i], 0, dense[i].spec.length,
+                                         s->params.data() + dense[i].offset));
+  }
+  return Status::OK();
+}
+
+Status Trainer::FinishPull(Step* s) {
+  Status st;
+  for (Pending& p : s->pulls) {
+    Status w = p.Wait();
+    if (st.ok() && !w.ok()) st = w.WithContext("pull");
+  }
+  s->pulls.clear();
+  if (reducer_ == nullptr) return st;
+  std::vector<uint64_t> oks;
+  TESSERA_RETURN_IF_ERROR(reducer_->AllGather(st.ok() ? 1 : 0, &oks));
+  if (oks[0] == 0) return st.ok() ? Status::Unavailable("the leader's pull failed") : st;
+  TESSERA_RETURN_IF_ERROR(reducer_->Broadcast(s->emb));
+  TESSERA_RETURN_IF_ERROR(reducer_->Broadcast(s->wide));
+  return reducer_->Broadcast(s->params);
+}
+
+Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
+  ModelGrads& grads = grads_;
+  std::vector<float>& probs = probs_;
+  const Batch& b = s->batch;
+  probs.resize(b.size);
+  ModelInput in;
+  in.batch_size = b.size;
+  in.dense = b.dense.data();
+  in.labels = b.labels.data();
+  in.offsets = b.offsets.data();
+  in.rows = s->rows.data();
+  in.weights = b.weights.empty() ? nullptr : b.weights.data();
+  in.num_rows = static_cast<uint32_t>(s->keys.size());
+  in.embeddings = s->emb.data();
+  in.wide = s->wide.data();
+  in.params = s->params.data();
+  TESSERA_RETURN_IF_ERROR(backend_->ForwardBackward(
+      in, options_.mean_loss ? 1.0f / static_cast<float>(s->global_size) : 1.0f, probs.data(),
+      &grads));
+  float loss = static_cast<float>(grads.loss_sum);
+  if (reducer_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(grads.embeddings));
+    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(grads.wide));
+    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(grads.params));
+    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(std::span<float>(&loss, 1)));
+  }
+  result->samples += s->global_size;
+  result->train_loss += loss;
+  ++step_;
+  if (!leader_) return Status::OK();
+  running_->Add(probs, b.labels);
+
+  // At most one step in flight uncommitted: a restarted worker redoes at most that step.
+  TESSERA_RETURN_IF_ERROR(committer_->WaitIdle());
+  const ModelConfig& c = layout_.config();
+  std::vector<Pending> pushes;
+  if (c.deep) pushes.push_back(store_->Push(emb_table_, s->keys, grads.embeddings));
+  if (c.wide) pushes.push_back(store_->Push(wide_table_, s->keys, grads.wide));
+  const auto& dense = layout_.dense_tables();
+  for (size_t i = 0; i < dense.size(); ++i) {
+    pushes.push_back(store_->DensePush(
+        dense_tables_[i], 0,
+        std::span<const float>(grads.params.data() + dense[i].offset, dense[i].spec.length)));
+  }
+  if (options_.staleness == 0) {
+    // Bulk-synchronous: the clock may only advance once this step's updates are applied.
+    for (Pending& p : pushes) TESSERA_RETURN_IF_ERROR(p.Wait().WithContext("push"));
+  }
+  pushes.push_back(store_->Clock());
+  const uint64_t step = step_;
+  auto on_commit = options_.on_commit;
+  committer_->Submit(std::move(pushes), MetaKey(),
+                     FormatPosition(step, store_->clock(), s->positions),
+                     on_commit ? std::function<void()>([on_commit, step] { on_commit(step); })
+                               : std::function<void()>());
+  return Status::OK();
+}
+
+Result<TrainResult> Trainer::Train() {
+  TrainResult result;
+  result.resumed_steps = step_;
+  running_ = std::make_unique<RunningMetrics>(options_.running_window);
+  const auto start = SteadyClock::now();
+  auto last_report = start;
+  uint64_t last_samples = 0;
+  double last_loss = 0;
+  Step a, b;
+  Step* cur = &a;
+  Step* next = &b;
+  auto fail = [&](Status s) -> Status {
+    if (reducer_ != nullptr) reducer_->Abort();
+    return s;
+  };
+  auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };
+  const bool pull_early = options_.prefetch && options_.staleness != 0;
+
+  if (!limit_reached()) {
+    Status s = Prepare(cur);
+    if (s.ok()) s = IssuePull(cur);
+    if (!s.ok()) return fail(s);
+  } else {
+    cur->end = true;
+  }
+  while (!cur->end) {
+    Status s = FinishPull(cur);
+    if (!s.ok()) return fail(s);
+    const bool last = options_.max_steps != 0 && step_ + 1 >= options_.max_steps;
+    if (options_.prefetch && !last) {
+      s = Prepare(next);
+      if (s.ok() && pull_early) s = IssuePull(next);
+      if (!s.ok()) return fail(s);
+    }
+    s = ComputeAndPush(cur, &result);
+    if (!s.ok()) return fail(s);
+    if (last) {
+      next->end = true;
+    } else if (!options_.prefetch) {
+      s = Prepare(next);
+      if (s.ok()) s = IssuePull(next);
+    } else if (!pull_early) {
+      s = IssuePull(next);
+    }
+    if (!s.ok()) return fail(s);
+    if (leader_ && options_.progress_interval_s > 0 &&
+        SecondsSince(last_report) >= options_.progress_interval_s) {
+      TrainProgress p;
+      p.step = step_;
+      p.samples = result.samples;
+      p.seconds = SecondsSince(start);
+      const double dt = SecondsSince(last_report);
+      p.samples_per_s = static_cast<double>(result.samples - last_samples) / dt;
+      p.loss =
+          result.samples > last_samples
+              ? (result.train_loss - last_loss) / static_cast<double>(result.samples - last_samples)
+              : 0;
+      p.running_auc = running_->Auc();
+      p.running_logloss = running_->LogLoss();
+      if (options_.on_progress) options_.on_progress(p);
+      last_report = SteadyClock::now();
+      last_samples = result.samples;
+      last_loss = result.train_loss;
+    }
+    std::swap(cur, next);
+  }
+  if (leader_) {
+    Status s = committer_->WaitIdle();
+    if (!s.ok()) return fail(s);
+  }
+  result.steps = step_;
+  result.seconds = SecondsSince(start);
+  result.samples_per_s =
+      result.seconds > 0 ? static_cast<double>(result.samples) / result.seconds : 0;
+  result.train_loss =
+      result.samples > 0 ? result.train_loss / static_cast<double>(result.samples) : 0;
+  result.running_auc = leader_ ? running_->Auc() : 0.5;
+  return result;
+}
+
+Result<EvalResult> Evaluate(const ModelLayout& layout, ParamStore* store, Backend* backend,
+                            DataReader* reader, uint32_t batch_size) {
+  const ModelConfig& c = layout.config();
+  std::vector<uint32_t> dense_ids;
+  for (const auto& t : layout.dense_tables()) {
+    TESSERA_ASSIGN_OR_RETURN(uint32_t id, store->AddTable(t.spec));
+    dense_ids.push_back(id);
+  }
+  uint32_t emb = 0, wide = 0;
+  if (c.deep) {
+    TESSERA_ASSIGN_OR_RETURN(emb, store->AddTable(layout.embedding_table()));
+  }
+  if (c.wide) {
+    TESSERA_ASSIGN_OR_RETURN(wide, store->AddTable(layout.wide_table()));
+  }
+  std::vector<float> params(layout.num_params());
+  for (size_t i = 0; i < dense_ids.size(); ++i) {
+    const auto& t = layout.dense_tables()[i];
+    TESSERA_RETURN_IF_ERROR(
+        store->DensePull(dense_ids[i], 0, t.spec.length, params.data() + t.offset).Wait());
+  }
+  std::vector<float> probs, labels, truth;
+  Batch batch;
+  IndexedBatch ib;
+  std::vector<float> emb_rows, wide_rows, p;
+  while (true) {
+    batch.Clear(reader->schema());
+    TESSERA_ASSIGN_OR_RETURN(uint32_t n, reader->Read(batch_size, &batch));
+    if (n == 0) break;
+    IndexBatch(batch, &ib);
+    emb_rows.resize(c.deep ? ib.unique_keys.size() * c.embedding_dim : 0);
+    wide_rows.resize(c.wide ? ib.unique_keys.size() : 0);
+    Pending pe, pw;
+    if (c.deep) pe = store->Pull(emb, ib.unique_keys, emb_rows.data());
+    if (c.wide) pw = store->Pull(wide, ib.unique_keys, wide_rows.data());
+    TESSERA_RETURN_IF_ERROR(pe.Wait());
+    TESSERA_RETURN_IF_ERROR(pw.Wait());
+    ModelInput in;
+    in.batch_size = batch.size;
+    in.dense = batch.dense.data();
+    in.offsets = batch.offsets.data();
+    in.rows = ib.rows.data();
+    in.weights = batch.weights.empty() ? nullptr : batch.weights.data();
+    in.num_rows = static_cast<uint32_t>(ib.unique_keys.size());
+    in.embeddings = emb_rows.data();
+    in.wide = wide_rows.data();
+    in.params = params.data();
+    p.resize(batch.size);
+    TESSERA_RETURN_IF_ERROR(backend->Forward(in, p.data()));
+    probs.insert(probs.end(), p.begin(), p.end());
+    labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+    truth.insert(truth.end(), batch.true_probs.begin(), batch.true_probs.end());
+  }
+  EvalResult r;
+  r.samples = probs.size();
+  r.auc = Auc(probs, labels);
+  r.logloss = LogLoss(probs, labels);
+  if (!truth.empty() && truth.size() == labels.size()) {
+    r.oracle_auc = Auc(truth, labels);
+    r.oracle_logloss = LogLoss(truth, labels);
+  }
+  return r;
+}
+
+}  // namespace tessera::worker

@@ -1,0 +1,136 @@
+// The training loop: pipelined pulls, compute, intra-node reduction, pushes, resumable position.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ps/status.h"
+#include "worker/backend.h"
+#include "worker/data_reader.h"
+#include "worker/local_reducer.h"
+#include "worker/metrics.h"
+#include "worker/model.h"
+#include "worker/param_store.h"
+
+namespace tessera::worker {
+
+/// Progress of a training run, reported every TrainerOptions::progress_interval_s.
+struct TrainProgress {
+  uint64_t step = 0;         ///< Steps done by this node (resumed steps included).
+  uint64_t samples = 0;      ///< Samples trained by this node in this run.
+  double seconds = 0;        ///< Wall time of this run.
+  double samples_per_s = 0;  ///< Since the last report.
+  double loss = 0;           ///< Mean training loss since the last report.
+  double running_auc = 0.5;  ///< AUC of the leader's last predictions (before their update).
+  double running_logloss = 0;
+};
+
+/// Options of a Trainer.
+struct TrainerOptions {
+  /// Samples per step per local rank. Default: 1024.
+  uint32_t batch_size = 1024;
+  /// Stop after this many steps of this node (resumed steps count); 0: when the data ends.
+  /// Default: 0.
+  uint64_t max_steps = 0;
+  /// Read the next batch and pull its parameters while the current batch computes. Default: true.
+  bool prefetch = true;
+  /// The job's staleness, as in ConsistencyOptions: -1 asynchronous, 0 bulk-synchronous (the
+  /// next pull waits for this step's pushes), > 0 bounded. Default: -1.
+  int32_t staleness = -1;
+  /// This node's worker id (its rank among the job's nodes); names its position record.
+  /// Default: 0.
+  uint32_t worker_id = 0;
+  /// The job name; position records are "<job>/pos/<worker_id>". Default: "ctr".
+  std::string job = "ctr";
+  /// Resume from the stored position and clock when there is one. Default: true.
+  bool resume = true;
+  /// Seconds between progress reports (0: none). Default: 5.
+  double progress_interval_s = 5;
+  /// Called with each progress report (on the leader). Default: none.
+  std::function<void(const TrainProgress&)> on_progress;
+  /// Predictions the running AUC covers. Default: 100000.
+  size_t running_window = 100000;
+  /// Gradients are those of the global batch's summed loss (per-sample gradients summed, the
+  /// scale FTRL's and SGD's hyper-parameters are usually given for); when true, of its mean.
+  /// Adagrad and Adam are insensitive to the choice. Default: false.
+  bool mean_loss = false;
+  /// Called after each committed step with the step number (tests use it). Default: none.
+  std::function<void(uint64_t)> on_commit;
+};
+
+/// The result of Train().
+struct TrainResult {
+  uint64_t steps = 0;          ///< Steps done by this node in total (resumed ones included).
+  uint64_t resumed_steps = 0;  ///< Steps that were already done when this run started.
+  uint64_t samples = 0;        ///< Samples this node trained in this run.
+  double seconds = 0;
+  double samples_per_s = 0;
+  double train_loss = 0;  ///< Mean loss over this run's samples.
+  double running_auc = 0.5;
+};
+
+/// One local rank's training loop. With a LocalReducer, every local rank of the node runs its
+/// own Trainer (same options, its own reader shard, backend and thread); only the leader
+/// (local rank 0) talks to the servers, through `store`, which other ranks may pass as null.
+/// Without one, the trainer is alone on its node. Not thread-safe: one thread calls it.
+class Trainer {
+ public:
+  /// Borrows everything; all must outlive the trainer. `reducer` may be null.
+  static Result<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
+                                                 const ModelLayout& layout, ParamStore* store,
+                                                 Backend* backend, DataReader* reader,
+                                                 LocalReducer* reducer = nullptr);
+  ~Trainer();
+
+  /// Creates the tables (leader) and moves the reader to the stored position (resume).
+  Status Init();
+  /// Trains until the data ends or max_steps.
+  Result<TrainResult> Train();
+
+ private:
+  struct Step;
+  class Committer;
+  Trainer(const TrainerOptions& options, const ModelLayout& layout, ParamStore* store,
+          Backend* backend, DataReader* reader, LocalReducer* reducer);
+  Status Prepare(Step* step);
+  Status IssuePull(Step* step);
+  Status FinishPull(Step* step);
+  Status ComputeAndPush(Step* step, TrainResult* result);
+  std::string MetaKey() const;
+
+  TrainerOptions options_;
+  const ModelLayout& layout_;
+  ParamStore* store_;
+  Backend* backend_;
+  DataReader* reader_;
+  LocalReducer* reducer_;
+  bool leader_;
+  uint32_t emb_table_ = 0, wide_table_ = 0;
+  std::vector<uint32_t> dense_tables_;
+  uint64_t step_ = 0;
+  std::unique_ptr<Committer> committer_;
+  std::unique_ptr<RunningMetrics> running_;
+  ModelGrads grads_;
+  std::vector<float> probs_;
+};
+
+/// Test-set quality.
+struct EvalResult {
+  uint64_t samples = 0;
+  double auc = 0.5;
+  double logloss = 0;
+  /// AUC of the true probabilities (generated data); NaN when unknown.
+  double oracle_auc = std::numeric_limits<double>::quiet_NaN();
+  double oracle_logloss = std::numeric_limits<double>::quiet_NaN();
+};
+
+/// Predicts every sample of `reader` with the parameters in `store` (tables created by a
+/// Trainer of the same layout) and scores the predictions.
+Result<EvalResult> Evaluate(const ModelLayout& layout, ParamStore* store, Backend* backend,
+                            DataReader* reader, uint32_t batch_size = 8192);
+
+}  // namespace tessera::worker

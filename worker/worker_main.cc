@@ -1,0 +1,232 @@
+// tessera-worker: trains the click model on a Tessera cluster and reports its test quality.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "ps/client.h"
+#include "ps/routing.h"
+#include "worker/backend.h"
+#include "worker/data_source.h"
+#include "worker/local_reducer.h"
+#include "worker/param_store.h"
+#include "worker/trainer.h"
+
+DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or @FILE");
+DEFINE_uint32(worker_id, 0, "This worker's rank among the job's workers");
+DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
+DEFINE_uint32(local_ranks, 1, "Local ranks (CPU threads) reduced inside this node before push");
+DEFINE_string(data, "synthetic", "synthetic | criteo:PATH | libsvm:PATH | movielens:DIR");
+DEFINE_uint64(train_samples, 1000000, "Synthetic: training samples (all workers together)");
+DEFINE_uint64(test_samples, 100000, "Synthetic: test samples");
+DEFINE_uint64(seed, 1, "Synthetic: seed of the planted model");
+DEFINE_uint64(synthetic_max_cardinality, 20000, "Synthetic: cap of the Criteo cardinalities");
+DEFINE_double(zipf, 1.2, "Synthetic: Zipf exponent of ids");
+DEFINE_uint32(epochs, 1, "Passes over the training data");
+DEFINE_uint32(shuffle_buffer, 0, "Shuffle buffer in samples (0: file order)");
+DEFINE_uint32(holdout_mod, 10, "Criteo/libSVM: every N-th line is a test line");
+DEFINE_uint32(batch_size, 1024, "Samples per step per local rank");
+DEFINE_uint64(max_steps, 0, "Stop after this many steps (0: when the data ends)");
+DEFINE_bool(prefetch, true, "Pull the next batch while this one computes");
+DEFINE_string(consistency, "async", "async | bsp | ssp");
+DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
+DEFINE_int32(threads, 1, "CPU backend threads per local rank");
+DEFINE_string(backend, "cpu", "cpu | cuda");
+DEFINE_uint32(embedding_dim, 16, "Embedding width");
+DEFINE_string(bottom_mlp, "64", "Bottom MLP hidden widths, comma-separated (may be empty)");
+DEFINE_string(top_mlp, "64", "Top MLP hidden widths, comma-separated (may be empty)");
+DEFINE_string(pooling, "sum", "Embedding bag pooling: sum | mean");
+DEFINE_bool(deep, true, "Train the deep (DLRM) part");
+DEFINE_bool(wide, true, "Train the wide part (FTRL)");
+DEFINE_double(emb_lr, 0.05, "Embedding Adagrad learning rate");
+DEFINE_double(dense_lr, 0.003, "MLP Adam learning rate");
+DEFINE_double(wide_lr, 0.05, "Wide FTRL alpha");
+DEFINE_string(job, "ctr", "Job name: table prefix and position records");
+DEFINE_bool(resume, true, "Resume from the stored position of this worker");
+DEFINE_bool(evaluate, true, "After training (and a barrier of all workers), worker 0 evaluates");
+DEFINE_double(progress_interval_s, 5, "Seconds between progress lines");
+DEFINE_int64(request_timeout_ms, 60000, "Client request timeout");
+
+namespace tw = tessera::worker;
+
+namespace {
+
+std::vector<uint32_t> ParseWidths(const std::string& s) {
+  std::vector<uint32_t> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) v.push_back(static_cast<uint32_t>(std::stoul(item)));
+  }
+  return v;
+}
+
+std::string Num(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", x);
+  return buf;
+}
+
+int Fail(const tessera::Status& s) {
+  std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id, s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("Trains a click model on a Tessera cluster");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  auto servers = tessera::ParseClusterList(FLAGS_servers);
+  if (!servers.ok()) return Fail(servers.status());
+  int32_t staleness = -1;
+  if (FLAGS_consistency == "bsp") {
+    staleness = 0;
+  } else if (FLAGS_consistency == "ssp") {
+    staleness = std::max(FLAGS_staleness, 1);
+  } else if (FLAGS_consistency != "async") {
+    return Fail(tessera::Status::InvalidArgument("--consistency must be async, bsp or ssp"));
+  }
+
+  tessera::ClientOptions copt;
+  copt.servers = *servers;
+  copt.worker_id = FLAGS_worker_id;
+  copt.consistency.num_workers = FLAGS_num_workers;
+  copt.consistency.staleness = staleness;
+  copt.request_timeout_ms = FLAGS_request_timeout_ms;
+  auto client = tessera::Client::Create(copt);
+  if (!client.ok()) return Fail(client.status());
+  auto store = tw::CreateClusterStore(client->get());
+
+  tw::DataSourceOptions dopt;
+  dopt.spec = FLAGS_data;
+  dopt.world = FLAGS_num_workers * FLAGS_local_ranks;
+  dopt.epochs = FLAGS_epochs;
+  dopt.shuffle_buffer = FLAGS_shuffle_buffer;
+  dopt.holdout_mod = FLAGS_holdout_mod;
+  dopt.train_samples = FLAGS_train_samples;
+  dopt.test_samples = FLAGS_test_samples;
+  dopt.synthetic.seed = FLAGS_seed;
+  dopt.synthetic.zipf_exponent = FLAGS_zipf;
+  dopt.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
+
+  // The model's shape follows the data's.
+  auto probe = tw::OpenTestData(dopt);
+  if (!probe.ok()) return Fail(probe.status());
+  tw::ModelConfig mc;
+  mc.num_dense = (*probe)->schema().num_dense;
+  mc.num_fields = (*probe)->schema().num_fields;
+  mc.embedding_dim = FLAGS_embedding_dim;
+  mc.bottom_mlp = ParseWidths(FLAGS_bottom_mlp);
+  mc.top_mlp = ParseWidths(FLAGS_top_mlp);
+  mc.pooling = FLAGS_pooling == "mean" ? tw::Pooling::kMean : tw::Pooling::kSum;
+  mc.deep = FLAGS_deep;
+  mc.wide = FLAGS_wide;
+  mc.table_prefix = FLAGS_job;
+  mc.embedding_optimizer.learning_rate = static_cast<float>(FLAGS_emb_lr);
+  mc.dense_optimizer.learning_rate = static_cast<float>(FLAGS_dense_lr);
+  mc.wide_optimizer.learning_rate = static_cast<float>(FLAGS_wide_lr);
+  auto layout = tw::ModelLayout::Create(mc);
+  if (!layout.ok()) return Fail(layout.status());
+
+  tw::TrainerOptions topt;
+  topt.batch_size = FLAGS_batch_size;
+  topt.max_steps = FLAGS_max_steps;
+  topt.prefetch = FLAGS_prefetch;
+  topt.staleness = staleness;
+  topt.worker_id = FLAGS_worker_id;
+  topt.job = FLAGS_job;
+  topt.resume = FLAGS_resume;
+  topt.progress_interval_s = FLAGS_progress_interval_s;
+  topt.on_progress = [](const tw::TrainProgress& p) {
+    std::printf("worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
+                FLAGS_worker_id, static_cast<unsigned long long>(p.step),
+                static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss, p.running_auc);
+    std::fflush(stdout);
+  };
+
+  const uint32_t nl = std::max<uint32_t>(FLAGS_local_ranks, 1);
+  std::shared_ptr<tw::CpuReduceGroup> group;
+  if (nl > 1) {
+    auto g = tw::CpuReduceGroup::Create(nl);
+    if (!g.ok()) return Fail(g.status());
+    group = *g;
+  }
+  std::vector<tessera::Result<tw::TrainResult>> results(nl, tessera::Status::Internal("not run"));
+  auto run_rank = [&](uint32_t local) -> tessera::Result<tw::TrainResult> {
+    tw::DataSourceOptions mine = dopt;
+    mine.rank = FLAGS_worker_id * nl + local;
+    TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(mine));
+    std::unique_ptr<tw::Backend> backend;
+    if (FLAGS_backend == "cuda") {
+      TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCudaBackend(*layout, static_cast<int>(local)));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCpuBackend(*layout, {FLAGS_threads}));
+    }
+    std::unique_ptr<tw::LocalReducer> reducer;
+    if (group) reducer = group->Member(local);
+    TESSERA_ASSIGN_OR_RETURN(auto trainer,
+                             tw::Trainer::Create(topt, *layout, local == 0 ? store.get() : nullptr,
+                                                 backend.get(), reader.get(), reducer.get()));
+    tessera::Status s = trainer->Init();
+    if (!s.ok()) {
+      if (reducer) reducer->Abort();
+      return s;
+    }
+    return trainer->Train();
+  };
+  std::vector<std::thread> threads;
+  for (uint32_t r = 1; r < nl; ++r) threads.emplace_back([&, r] { results[r] = run_rank(r); });
+  results[0] = run_rank(0);
+  for (auto& t : threads) t.join();
+  for (auto& r : results) {
+    if (!r.ok()) return Fail(r.status());
+  }
+  const tw::TrainResult& tr = *results[0];
+  std::printf(
+      "worker %u trained %llu samples in %.1f s (%.0f samples/s), %llu steps "
+      "(%llu resumed), train loss %.4f\n",
+      FLAGS_worker_id, static_cast<unsigned long long>(tr.samples), tr.seconds, tr.samples_per_s,
+      static_cast<unsigned long long>(tr.steps), static_cast<unsigned long long>(tr.resumed_steps),
+      tr.train_loss);
+  std::fflush(stdout);
+  if (!FLAGS_evaluate) return 0;
+
+  tessera::Status s = store->Barrier(FLAGS_job + "/train_done");
+  if (!s.ok()) return Fail(s);
+  if (FLAGS_worker_id != 0) return 0;
+  auto test = tw::OpenTestData(dopt);
+  if (!test.ok()) return Fail(test.status());
+  auto backend = tw::CreateCpuBackend(*layout, {std::max(FLAGS_threads, 2)});
+  if (!backend.ok()) return Fail(backend.status());
+  auto ev = tw::Evaluate(*layout, store.get(), backend->get(), test->get());
+  if (!ev.ok()) return Fail(ev.status());
+  std::printf("test samples %llu auc %.4f logloss %.4f",
+              static_cast<unsigned long long>(ev->samples), ev->auc, ev->logloss);
+  if (std::isfinite(ev->oracle_auc)) {
+    std::printf(" oracle_auc %.4f oracle_logloss %.4f (gap %.4f)", ev->oracle_auc,
+                ev->oracle_logloss, ev->oracle_auc - ev->auc);
+  }
+  std::printf("\n");
+  std::printf(
+      "{\"data\":\"%s\",\"workers\":%u,\"local_ranks\":%u,\"consistency\":\"%s\","
+      "\"prefetch\":%s,\"model\":\"%s\",\"train_samples\":%llu,\"train_seconds\":%s,"
+      "\"samples_per_s\":%s,\"samples_per_s_cluster\":%s,\"train_loss\":%s,\"test_samples\":%llu,"
+      "\"test_auc\":%s,\"test_logloss\":%s,\"oracle_auc\":%s,\"oracle_logloss\":%s}\n",
+      FLAGS_data.c_str(), FLAGS_num_workers, nl, FLAGS_consistency.c_str(),
+      FLAGS_prefetch ? "true" : "false", FLAGS_deep ? (FLAGS_wide ? "dlrm+wide" : "dlrm") : "wide",
+      static_cast<unsigned long long>(tr.samples), Num(tr.seconds).c_str(),
+      Num(tr.samples_per_s).c_str(), Num(tr.samples_per_s * FLAGS_num_workers).c_str(),
+      Num(tr.train_loss).c_str(), static_cast<unsigned long long>(ev->samples),
+      Num(ev->auc).c_str(), Num(ev->logloss).c_str(), Num(ev->oracle_auc).c_str(),
+      Num(ev->oracle_logloss).c_str());
+  return 0;
+}
