@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   for (auto& [end, l] : lat) {
     if (end < ck_begin) before.push_back(l);
     // A push that finished during the checkpoint, or the first one after it (it waited).
-    else if (end - l <= ck_end) during.push_back(l);
+    else if (end - l <= ck_end)
+      during.push_back(l);
   }
   uint64_t bytes = 0;
   for (auto& e : std::filesystem::recursive_directory_iterator(dir)) {
@@ -130,9 +131,10 @@ int main(int argc, char** argv) {
               FLAGS_data_dir.empty() ? "memory tier" : "RocksDB");
   std::printf("checkpoint: %.2f s, %.1f MiB written (%.0f MiB/s)\n", ck_s, bytes / 1048576.0,
               bytes / 1048576.0 / ck_s);
-  std::printf("trainer push latency: before p50 %.2f ms p99 %.2f ms; during checkpoint max %.1f "
-              "ms over %zu pushes\n",
-              Percentile(before, 0.5), Percentile(before, 0.99), pause, during.size());
+  std::printf(
+      "trainer push latency: before p50 %.2f ms p99 %.2f ms; during checkpoint max %.1f "
+      "ms over %zu pushes\n",
+      Percentile(before, 0.5), Percentile(before, 0.99), pause, during.size());
   std::printf(
       "{\"bench\":\"checkpoint\",\"rows\":%llu,\"dim\":%u,\"checkpoint_s\":%.3f,\"bytes\":%llu,"
       "\"pause_max_ms\":%.2f,\"push_p50_before_ms\":%.3f,\"push_p99_before_ms\":%.3f,"

@@ -34,9 +34,9 @@ struct Call {
 
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;  // guarded by mu
+  bool done = false;                   // guarded by mu
   std::atomic<bool> done_flag{false};  // mirrors done, for a lock-free spin in Wait
-  Status status;      // guarded by mu; final once done
+  Status status;                       // guarded by mu; final once done
 };
 
 namespace {
@@ -306,7 +306,8 @@ class ClientImpl {
       if (has_dups) {
         call->on_done = [plan, out, dim, n] {
           for (size_t i = 0; i < n; ++i) {
-            std::memcpy(out + i * dim, plan->unique_values.data() + size_t{plan->unique_of[i]} * dim,
+            std::memcpy(out + i * dim,
+                        plan->unique_values.data() + size_t{plan->unique_of[i]} * dim,
                         sizeof(float) * dim);
           }
         };
@@ -431,7 +432,7 @@ class ClientImpl {
 
  private:
   struct SparsePlan {
-    std::vector<uint32_t> unique_of;            // caller index -> unique index
+    std::vector<uint32_t> unique_of;  // caller index -> unique index
     std::vector<uint64_t> unique_keys;
     std::vector<std::vector<uint32_t>> members;  // per server: unique indices in sent order
     std::vector<float> unique_values;            // pulls with duplicates only
@@ -583,9 +584,9 @@ class ClientImpl {
         }
       } else if (event == ZMQ_EVENT_DISCONNECTED) {
         s.connected = false;
-        FailServer(server, Status::Unavailable("lost the connection to server " +
-                                               std::to_string(server) + " (" +
-                                               options_.servers[server] + ")"));
+        FailServer(server,
+                   Status::Unavailable("lost the connection to server " + std::to_string(server) +
+                                       " (" + options_.servers[server] + ")"));
       }
     }
   }
@@ -642,7 +643,7 @@ class ClientImpl {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{0};
   std::mutex queue_mu_;
-  std::vector<Outgoing> queue_;  // guarded by queue_mu_
+  std::vector<Outgoing> queue_;                        // guarded by queue_mu_
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // I/O thread only
 };
 
@@ -728,8 +729,8 @@ Result<std::optional<std::string>> Client::GetMeta(const std::string& name, Dead
 Result<std::string> Client::ServerStats(uint32_t rank, Deadline deadline) {
   if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
   std::string text;
-  TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(impl_->BaseHeader(Op::kStats), {rank},
-                                                     deadline, &text));
+  TESSERA_ASSIGN_OR_RETURN(Header r,
+                           impl_->Blocking(impl_->BaseHeader(Op::kStats), {rank}, deadline, &text));
   (void)r;
   return text;
 }

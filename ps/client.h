@@ -99,8 +99,8 @@ class Client {
   /// Sparse push: gradients of keys.size() rows (duplicate keys' gradients are summed).
   Handle Push(const Table& table, std::span<const uint64_t> keys, std::span<const float> grads);
   /// Push then pull the same keys in one round trip; `out` receives the values after the push.
-  Handle PushPull(const Table& table, std::span<const uint64_t> keys,
-                  std::span<const float> grads, float* out);
+  Handle PushPull(const Table& table, std::span<const uint64_t> keys, std::span<const float> grads,
+                  float* out);
 
   /// Dense pull of elements [offset, offset + length) into `out`.
   Handle DensePull(const Table& table, uint64_t offset, uint64_t length, float* out);
@@ -119,8 +119,7 @@ class Client {
   Status Barrier(const std::string& name, Deadline deadline = NoDeadline());
 
   /// Durable small records on server 0 (worker positions, job metadata).
-  Status PutMeta(const std::string& name, std::string_view value,
-                 Deadline deadline = NoDeadline());
+  Status PutMeta(const std::string& name, std::string_view value, Deadline deadline = NoDeadline());
   Result<std::optional<std::string>> GetMeta(const std::string& name,
                                              Deadline deadline = NoDeadline());
 

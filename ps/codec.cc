@@ -10,23 +10,40 @@ namespace fb = ::tessera::wire;
 
 std::string_view OpName(Op op) {
   switch (op) {
-    case Op::kInvalid: return "Invalid";
-    case Op::kPing: return "Ping";
-    case Op::kCreateTable: return "CreateTable";
-    case Op::kGetTable: return "GetTable";
-    case Op::kSparsePull: return "SparsePull";
-    case Op::kSparsePush: return "SparsePush";
-    case Op::kSparsePushPull: return "SparsePushPull";
-    case Op::kDensePull: return "DensePull";
-    case Op::kDensePush: return "DensePush";
-    case Op::kClock: return "Clock";
-    case Op::kBarrier: return "Barrier";
-    case Op::kPutMeta: return "PutMeta";
-    case Op::kGetMeta: return "GetMeta";
-    case Op::kStats: return "Stats";
-    case Op::kCheckpoint: return "Checkpoint";
-    case Op::kRestore: return "Restore";
-    case Op::kExport: return "Export";
+    case Op::kInvalid:
+      return "Invalid";
+    case Op::kPing:
+      return "Ping";
+    case Op::kCreateTable:
+      return "CreateTable";
+    case Op::kGetTable:
+      return "GetTable";
+    case Op::kSparsePull:
+      return "SparsePull";
+    case Op::kSparsePush:
+      return "SparsePush";
+    case Op::kSparsePushPull:
+      return "SparsePushPull";
+    case Op::kDensePull:
+      return "DensePull";
+    case Op::kDensePush:
+      return "DensePush";
+    case Op::kClock:
+      return "Clock";
+    case Op::kBarrier:
+      return "Barrier";
+    case Op::kPutMeta:
+      return "PutMeta";
+    case Op::kGetMeta:
+      return "GetMeta";
+    case Op::kStats:
+      return "Stats";
+    case Op::kCheckpoint:
+      return "Checkpoint";
+    case Op::kRestore:
+      return "Restore";
+    case Op::kExport:
+      return "Export";
   }
   return "Unknown";
 }
@@ -37,9 +54,9 @@ flatbuffers::Offset<fb::TableSpec> BuildSpec(flatbuffers::FlatBufferBuilder& b,
                                              const TableSpec& s) {
   auto name = b.CreateString(s.name);
   const auto& o = s.optimizer;
-  auto opt = fb::CreateOptimizerSpec(b, static_cast<uint8_t>(o.kind), o.learning_rate, o.momentum,
-                                     o.beta1, o.beta2, o.epsilon, o.initial_accumulator,
-                                     o.ftrl_beta, o.l1, o.l2);
+  auto opt =
+      fb::CreateOptimizerSpec(b, static_cast<uint8_t>(o.kind), o.learning_rate, o.momentum, o.beta1,
+                              o.beta2, o.epsilon, o.initial_accumulator, o.ftrl_beta, o.l1, o.l2);
   const auto& i = s.initializer;
   auto init = fb::CreateInitializerSpec(b, static_cast<uint8_t>(i.kind), i.a, i.b, i.seed);
   return fb::CreateTableSpec(b, name, static_cast<uint8_t>(s.kind), s.dim, s.length, opt, init,

@@ -70,8 +70,7 @@ TEST(CodecTest, RejectsGarbageAndTruncation) {
   Header d;
   EXPECT_FALSE(DecodeHeader("", 0, &d).ok());
   std::string garbage = "this is not a flatbuffer at all, no sir";
-  EXPECT_EQ(DecodeHeader(garbage.data(), garbage.size(), &d).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeHeader(garbage.data(), garbage.size(), &d).code(), StatusCode::kInvalidArgument);
   Header h;
   h.op = Op::kSparsePull;
   h.message = "some text to make it longer";

@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "tessera-ctl: restore failed: %s\n", s.ToString().c_str());
         return 1;
       }
-      std::printf("restored %s onto %u servers in %.3f s\n", dir.c_str(), c.num_servers(),
-                  secs());
+      std::printf("restored %s onto %u servers in %.3f s\n", dir.c_str(), c.num_servers(), secs());
     }
     return 0;
   }

@@ -19,8 +19,8 @@ struct ExportTable {
   TableSpec spec;
   uint64_t id = 0;
   absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> row number
-  std::vector<float> rows;                         // dim floats per row
-  std::vector<float> dense;                        // whole tensor
+  std::vector<float> rows;                        // dim floats per row
+  std::vector<float> dense;                       // whole tensor
 };
 
 }  // namespace internal
@@ -44,9 +44,12 @@ Result<ExportInfo> ReadInfo(const std::string& dir) {
     return Status::Corruption("'" + dir + "/EXPORT' is not an export marker");
   }
   while (in >> key) {
-    if (key == "kind") in >> info.kind;
-    else if (key == "base") in >> info.base;
-    else if (key == "servers") in >> info.servers;
+    if (key == "kind")
+      in >> info.kind;
+    else if (key == "base")
+      in >> info.base;
+    else if (key == "servers")
+      in >> info.servers;
     else {
       std::string skip;
       in >> skip;
@@ -134,7 +137,8 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& root
               } else {
                 const uint64_t first = rec.key * kDenseChunkFloats;
                 if (t.spec.kind != TableKind::kDense || first >= t.spec.length ||
-                    rec.row.size() != std::min<uint64_t>(kDenseChunkFloats, t.spec.length - first)) {
+                    rec.row.size() !=
+                        std::min<uint64_t>(kDenseChunkFloats, t.spec.length - first)) {
                   return Status::Corruption("dense chunk out of range in " + path);
                 }
                 std::memcpy(t.dense.data() + first, rec.row.data(), sizeof(float) * rec.row.size());

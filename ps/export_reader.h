@@ -26,8 +26,7 @@ class ExportReader {
  public:
   /// Opens version `version` of the exports under `root` (0: the version LATEST names).
   /// Corruption when a file fails its checksum; NotFound when the version is missing.
-  static Result<std::unique_ptr<ExportReader>> Open(const std::string& root,
-                                                    uint64_t version = 0);
+  static Result<std::unique_ptr<ExportReader>> Open(const std::string& root, uint64_t version = 0);
   ~ExportReader();
 
   uint64_t version() const { return version_; }

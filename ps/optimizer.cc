@@ -80,9 +80,9 @@ class Adam final : public Optimizer {
     float* v = s + dim;
     const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.epsilon;
     const double t = static_cast<double>(step == 0 ? 1 : step);
-    const float lr_t = static_cast<float>(spec_.learning_rate *
-                                          std::sqrt(1.0 - std::pow(double{b2}, t)) /
-                                          (1.0 - std::pow(double{b1}, t)));
+    const float lr_t =
+        static_cast<float>(spec_.learning_rate * std::sqrt(1.0 - std::pow(double{b2}, t)) /
+                           (1.0 - std::pow(double{b1}, t)));
     for (uint32_t j = begin; j < end; ++j) {
       const float gj = g[j - begin];
       m[j] = b1 * m[j] + (1 - b1) * gj;
@@ -124,13 +124,18 @@ class Ftrl final : public Optimizer {
 
 std::unique_ptr<Optimizer> Optimizer::Make(const OptimizerSpec& spec) {
   switch (spec.kind) {
-    case OptimizerKind::kSgd: return std::unique_ptr<Optimizer>(new Sgd(spec));
-    case OptimizerKind::kMomentum: return std::unique_ptr<Optimizer>(new Momentum(spec));
-    case OptimizerKind::kAdagrad: return std::unique_ptr<Optimizer>(new Adagrad(spec));
+    case OptimizerKind::kSgd:
+      return std::unique_ptr<Optimizer>(new Sgd(spec));
+    case OptimizerKind::kMomentum:
+      return std::unique_ptr<Optimizer>(new Momentum(spec));
+    case OptimizerKind::kAdagrad:
+      return std::unique_ptr<Optimizer>(new Adagrad(spec));
     case OptimizerKind::kRowwiseAdagrad:
       return std::unique_ptr<Optimizer>(new RowwiseAdagrad(spec));
-    case OptimizerKind::kAdam: return std::unique_ptr<Optimizer>(new Adam(spec));
-    case OptimizerKind::kFtrl: return std::unique_ptr<Optimizer>(new Ftrl(spec));
+    case OptimizerKind::kAdam:
+      return std::unique_ptr<Optimizer>(new Adam(spec));
+    case OptimizerKind::kFtrl:
+      return std::unique_ptr<Optimizer>(new Ftrl(spec));
   }
   return std::unique_ptr<Optimizer>(new Sgd(spec));
 }

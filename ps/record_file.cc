@@ -121,9 +121,10 @@ Status ReadRecordFile(const std::string& path, const std::function<Status(const 
   // Pass 1: verify the checksum over the whole file before anything is applied.
   {
     FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return Status::IOError("cannot open record file '" + path + "': " + std::strerror(errno));
+    if (!f)
+      return Status::IOError("cannot open record file '" + path + "': " + std::strerror(errno));
     std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(),
-                                                                 &XXH3_freeState);
+                                                                &XXH3_freeState);
     XXH3_64bits_reset(st.get());
     std::vector<char> buf(1 << 20);
     std::string tail;  // the last 8 bytes are the checksum itself

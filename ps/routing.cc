@@ -37,8 +37,8 @@ Result<SlotMap> SlotMap::FromOwners(std::vector<uint16_t> owners, uint32_t num_s
 DenseRange DenseRangeOfServer(uint64_t table_id, uint64_t length, uint32_t server,
                               uint32_t num_servers) {
   const uint64_t chunks = (length + kDenseChunkFloats - 1) / kDenseChunkFloats;
-  const uint32_t block = static_cast<uint32_t>((server + num_servers - table_id % num_servers) %
-                                               num_servers);
+  const uint32_t block =
+      static_cast<uint32_t>((server + num_servers - table_id % num_servers) % num_servers);
   const uint64_t first = chunks * block / num_servers;
   const uint64_t last = chunks * (block + 1) / num_servers;
   DenseRange r;

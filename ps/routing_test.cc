@@ -2,10 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <set>
-#include <algorithm>
 #include <vector>
 
 namespace tessera {
@@ -60,7 +60,7 @@ TEST(RoutingTest, FromOwnersValidates) {
 
 TEST(RoutingTest, DenseRangesPartitionTheTensor) {
   for (uint64_t len : std::vector<uint64_t>{1, 100, kDenseChunkFloats, kDenseChunkFloats * 5 + 3,
-                       kDenseChunkFloats * 64}) {
+                                            kDenseChunkFloats * 64}) {
     for (uint32_t n : {1u, 2u, 3u}) {
       for (uint64_t table : std::vector<uint64_t>{1, 2, 12345}) {
         uint64_t covered = 0;

@@ -29,10 +29,9 @@ namespace internal {
 namespace {
 
 uint32_t NowSeconds() {
-  return static_cast<uint32_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
 }
 
 // A request being served. Shared by the lane tasks it was split into; the last task to finish
@@ -51,7 +50,7 @@ struct Pending {
   bool has_out = false;
   std::atomic<uint32_t> remaining{0};
   std::mutex mu;
-  Status status;  // first error; guarded by mu
+  Status status;                  // first error; guarded by mu
   std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
   bool silent = false;            // internal work (maintenance): no reply
 
@@ -59,6 +58,102 @@ struct Pending {
     std::lock_guard<std::mutex> l(mu);
     if (status.ok()) status = s;
   }
+};
+
+// Sends the reply of a finished request over `sock` (an inproc PUSH to the I/O thread).
+void SendReply(zmq::socket_t& sock, Pending& p) {
+  Header h;
+  h.request_id = p.header.request_id;
+  h.op = p.header.op;
+  h.table_id = p.header.table_id;
+  h.worker_id = p.header.worker_id;
+  h.status = p.status.code();
+  h.message = p.status.message();
+  std::vector<zmq::message_t> parts;
+  parts.push_back(std::move(p.identity));
+  std::string text;
+  if (p.status.ok() && !p.text.empty()) {
+    // Text can outgrow an envelope (a line per table): it travels as a data frame.
+    for (auto& t : p.text) text += t;
+    h.elem_type = ElemType::kBytes;
+    h.count = 1;
+  }
+  std::string env;
+  if (p.status.ok() && p.has_out) {
+    h.elem_type = ElemType::kF32;
+    h.count = p.header.count;
+    h.dim = p.header.dim;
+    h.offset = p.header.offset;
+  }
+  EncodeHeader(h, &env);
+  parts.emplace_back(env.data(), env.size());
+  if (p.status.ok() && p.has_out) parts.push_back(std::move(p.out));
+  if (!text.empty()) parts.emplace_back(text.data(), text.size());
+  zmq::send_multipart(sock, parts);
+}
+
+// Writes files off the lanes (checkpoint snapshots): write and fsync, then complete the
+// request. Its own PUSH socket carries the reply when it finishes a request last.
+class FileWriter {
+ public:
+  FileWriter(zmq::context_t& ctx, const std::string& reply_endpoint)
+      : push_(ctx, zmq::socket_type::push) {
+    push_.set(zmq::sockopt::sndhwm, 0);
+    push_.set(zmq::sockopt::linger, 0);
+    push_.connect(reply_endpoint);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FileWriter() { Stop(); }
+
+  void Submit(std::shared_ptr<Pending> p, std::string path, std::shared_ptr<std::string> data) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(Job{std::move(p), std::move(path), std::move(data)});
+    }
+    cv_.notify_one();
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    push_.close();
+  }
+
+ private:
+  struct Job {
+    std::shared_ptr<Pending> pending;
+    std::string path;
+    std::shared_ptr<std::string> data;
+  };
+  void Loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      Status s = WriteFileDurably(job.path, *job.data);
+      job.data.reset();
+      if (!s.ok()) job.pending->Fail(s);
+      if (job.pending->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+          !job.pending->silent) {
+        SendReply(push_, *job.pending);
+      }
+    }
+  }
+  zmq::socket_t push_;  // writer thread only
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;  // guarded by mu_
+  bool stop_ = false;     // guarded by mu_
 };
 
 class Lane;
@@ -152,36 +247,7 @@ class Lane {
     }
   }
 
-  void Reply(Pending& p) {
-    Header h;
-    h.request_id = p.header.request_id;
-    h.op = p.header.op;
-    h.table_id = p.header.table_id;
-    h.worker_id = p.header.worker_id;
-    h.status = p.status.code();
-    h.message = p.status.message();
-    std::vector<zmq::message_t> parts;
-    parts.push_back(std::move(p.identity));
-    std::string text;
-    if (p.status.ok() && !p.text.empty()) {
-      // Text can outgrow an envelope (a line per table): it travels as a data frame.
-      for (auto& t : p.text) text += t;
-      h.elem_type = ElemType::kBytes;
-      h.count = 1;
-    }
-    std::string env;
-    if (p.status.ok() && p.has_out) {
-      h.elem_type = ElemType::kF32;
-      h.count = p.header.count;
-      h.dim = p.header.dim;
-      h.offset = p.header.offset;
-    }
-    EncodeHeader(h, &env);
-    parts.emplace_back(env.data(), env.size());
-    if (p.status.ok() && p.has_out) parts.push_back(std::move(p.out));
-    if (!text.empty()) parts.emplace_back(text.data(), text.size());
-    zmq::send_multipart(push_, parts);
-  }
+  void Reply(Pending& p) { SendReply(push_, p); }
 
   const uint32_t index_;
   std::unique_ptr<LaneStore> store_;
@@ -205,8 +271,10 @@ struct TableInfo {
 class ServerImpl {
  public:
   explicit ServerImpl(const ServerOptions& o)
-      : options_(o), router_(ctx_, zmq::socket_type::router),
-        replies_(ctx_, zmq::socket_type::pull), slot_map_(SlotMap::Uniform(o.num_servers)) {}
+      : options_(o),
+        router_(ctx_, zmq::socket_type::router),
+        replies_(ctx_, zmq::socket_type::pull),
+        slot_map_(SlotMap::Uniform(o.num_servers)) {}
 
   ~ServerImpl() { Shutdown(); }
 
@@ -249,6 +317,7 @@ class ServerImpl {
     for (uint32_t i = 0; i < options_.lanes; ++i) {
       lanes_.push_back(std::make_unique<Lane>(i, std::move(stores[i]), ctx_, reply_ep));
     }
+    writer_ = std::make_unique<FileWriter>(ctx_, reply_ep);
     io_ = std::thread([this] { IoLoop(); });
     LOG(INFO) << "tessera-server rank " << options_.rank << "/" << options_.num_servers
               << " listening on " << endpoint_ << " with " << options_.lanes << " lanes, "
@@ -263,7 +332,9 @@ class ServerImpl {
     stop_.store(true);
     if (io_.joinable()) io_.join();
     for (auto& l : lanes_) l->Stop();
+    if (writer_) writer_->Stop();
     lanes_.clear();
+    writer_.reset();
     router_.close();
     replies_.close();
     engine_.reset();
@@ -332,9 +403,9 @@ class ServerImpl {
       if (old_lanes == nl) {
         marks[l] = stores[l]->committed_seq();
       } else {
-        TESSERA_ASSIGN_OR_RETURN(auto m, engine_->GetMeta("storage/lane/" +
-                                                          std::to_string(old_lanes) + "/" +
-                                                          std::to_string(l)));
+        TESSERA_ASSIGN_OR_RETURN(
+            auto m, engine_->GetMeta("storage/lane/" + std::to_string(old_lanes) + "/" +
+                                     std::to_string(l)));
         uint64_t seq = 0;
         if (m && m->size() == 8) {
           for (char c : *m) seq = (seq << 8) | static_cast<uint8_t>(c);
@@ -348,8 +419,7 @@ class ServerImpl {
     const uint64_t from = *std::min_element(marks.begin(), marks.end());
     uint64_t replayed = 0;
     const ApplyContext ctx{0, NowSeconds()};
-    TESSERA_RETURN_IF_ERROR(engine_->ScanLog(from, [&](uint64_t seq,
-                                                       std::string_view e) -> Status {
+    TESSERA_RETURN_IF_ERROR(engine_->ScanLog(from, [&](uint64_t seq, std::string_view e) -> Status {
       last = std::max(last, seq);
       if (e.size() < kLogHeaderBytes || (e[0] != 1 && e[0] != 2)) {
         return Status::Corruption("malformed request-log entry " + std::to_string(seq));
@@ -454,8 +524,8 @@ class ServerImpl {
         // Bound the burst so replies keep flowing under load.
         for (int i = 0; i < 256; ++i) {
           std::vector<zmq::message_t> parts;
-          auto n = zmq::recv_multipart(router_, std::back_inserter(parts),
-                                       zmq::recv_flags::dontwait);
+          auto n =
+              zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait);
           if (!n) break;
           HandleMessage(std::move(parts));
         }
@@ -484,25 +554,23 @@ class ServerImpl {
     // Every push logged so far is queued ahead of this task on each lane (lanes run in order).
     const uint64_t seq = log_seq_;
     for (auto& lane : lanes_) {
-      lane->Submit(Task{p,
-                        [](Lane& lane) {
-                          Status s =
-                              lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
-                          if (!s.ok()) {
-                            LOG(WARNING) << "lane " << lane.index()
-                                         << " maintenance: " << s.ToString();
-                          }
-                          return Status::OK();
-                        },
-                        true, seq});
+      lane->Submit(
+          Task{p,
+               [](Lane& lane) {
+                 Status s = lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
+                 if (!s.ok()) {
+                   LOG(WARNING) << "lane " << lane.index() << " maintenance: " << s.ToString();
+                 }
+                 return Status::OK();
+               },
+               true, seq});
     }
   }
 
   void ForwardReplies() {
     for (;;) {
       std::vector<zmq::message_t> parts;
-      auto n =
-          zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+      auto n = zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
       if (!n) return;
       SendToPeer(parts);
     }
@@ -590,9 +658,8 @@ class ServerImpl {
 
   Status CheckFrameSize(const zmq::message_t& f, uint64_t expected, const char* what) {
     if (f.size() != expected) {
-      return Status::InvalidArgument(std::string(what) + " frame has " +
-                                     std::to_string(f.size()) + " bytes, envelope implies " +
-                                     std::to_string(expected));
+      return Status::InvalidArgument(std::string(what) + " frame has " + std::to_string(f.size()) +
+                                     " bytes, envelope implies " + std::to_string(expected));
     }
     return Status::OK();
   }
@@ -601,10 +668,10 @@ class ServerImpl {
   Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys) {
     const uint64_t per = floats_per_item * 4 + (with_keys ? 8 : 0);
     if (per != 0 && count > options_.max_request_bytes / per) {
-      return Status::ResourceExhausted(
-          "request of " + std::to_string(count) + " items x " + std::to_string(per) +
-          " bytes exceeds the server's per-request limit of " +
-          std::to_string(options_.max_request_bytes) + " bytes");
+      return Status::ResourceExhausted("request of " + std::to_string(count) + " items x " +
+                                       std::to_string(per) +
+                                       " bytes exceeds the server's per-request limit of " +
+                                       std::to_string(options_.max_request_bytes) + " bytes");
     }
     return Status::OK();
   }
@@ -629,22 +696,34 @@ class ServerImpl {
         ReplyOk(std::move(p->identity), h, r);
         return Status::OK();
       }
-      case Op::kCreateTable: return CreateTable(p);
-      case Op::kGetTable: return GetTable(p);
+      case Op::kCreateTable:
+        return CreateTable(p);
+      case Op::kGetTable:
+        return GetTable(p);
       case Op::kSparsePull:
       case Op::kSparsePush:
-      case Op::kSparsePushPull: return Sparse(p);
+      case Op::kSparsePushPull:
+        return Sparse(p);
       case Op::kDensePull:
-      case Op::kDensePush: return Dense(p);
-      case Op::kClock: return ClockOp(p);
-      case Op::kBarrier: return BarrierOp(p);
+      case Op::kDensePush:
+        return Dense(p);
+      case Op::kClock:
+        return ClockOp(p);
+      case Op::kBarrier:
+        return BarrierOp(p);
       case Op::kPutMeta:
-      case Op::kGetMeta: return MetaOp(p);
-      case Op::kStats: return StatsOp(p);
-      case Op::kCheckpoint: return CheckpointOp(p);
-      case Op::kRestore: return RestoreOp(p);
-      case Op::kExport: return ExportOp(p);
-      case Op::kInvalid: break;
+      case Op::kGetMeta:
+        return MetaOp(p);
+      case Op::kStats:
+        return StatsOp(p);
+      case Op::kCheckpoint:
+        return CheckpointOp(p);
+      case Op::kRestore:
+        return RestoreOp(p);
+      case Op::kExport:
+        return ExportOp(p);
+      case Op::kInvalid:
+        break;
     }
     return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
   }
@@ -666,8 +745,7 @@ class ServerImpl {
       std::string diff = DescribeSpecDifference(it->second.spec, spec);
       if (!diff.empty()) {
         return Status::AlreadyExists("table '" + spec.name +
-                                     "' exists with another spec (existing vs requested): " +
-                                     diff);
+                                     "' exists with another spec (existing vs requested): " + diff);
       }
       Header r;
       r.table_id = id;
@@ -675,8 +753,7 @@ class ServerImpl {
       ReplyOk(std::move(p->identity), p->header, r);
       return Status::OK();
     }
-    TESSERA_RETURN_IF_ERROR(
-        engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+    TESSERA_RETURN_IF_ERROR(engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
     tables_[id] = TableInfo{id, spec};
     names_[spec.name] = id;
     p->header.table_id = id;
@@ -703,9 +780,8 @@ class ServerImpl {
     TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kSparse));
     const uint32_t dim = t->spec.dim;
     if (h.dim != dim) {
-      return Status::InvalidArgument("table '" + t->spec.name + "' has dim " +
-                                     std::to_string(dim) + ", request says " +
-                                     std::to_string(h.dim));
+      return Status::InvalidArgument("table '" + t->spec.name + "' has dim " + std::to_string(dim) +
+                                     ", request says " + std::to_string(h.dim));
     }
     const bool push = h.op != Op::kSparsePull;
     const bool pull = h.op != Op::kSparsePush;
@@ -727,10 +803,10 @@ class ServerImpl {
     for (uint64_t i = 0; i < h.count; ++i) {
       const uint32_t slot = SlotOfKey(p->keys[i]);
       if (slot_map_.ServerOfSlot(slot) != options_.rank) {
-        return Status::FailedPrecondition(
-            "key " + std::to_string(p->keys[i]) + " (slot " + std::to_string(slot) +
-            ") belongs to server " + std::to_string(slot_map_.ServerOfSlot(slot)) +
-            ", not server " + std::to_string(options_.rank));
+        return Status::FailedPrecondition("key " + std::to_string(p->keys[i]) + " (slot " +
+                                          std::to_string(slot) + ") belongs to server " +
+                                          std::to_string(slot_map_.ServerOfSlot(slot)) +
+                                          ", not server " + std::to_string(options_.rank));
       }
       by_lane[LaneOfSlot(slot, nl)].push_back(static_cast<uint32_t>(i));
     }
@@ -801,30 +877,32 @@ class ServerImpl {
       if (by_lane[l].empty()) continue;
       auto idx = std::make_shared<std::vector<uint32_t>>(std::move(by_lane[l]));
       Pending* raw = p.get();
-      lanes_[l]->Submit(Task{
-          p,
-          [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
-            const size_t n = idx->size();
-            std::vector<uint64_t>& keys = lane.scratch_keys;
-            std::vector<const float*>& grads = lane.scratch_grads;
-            std::vector<float*>& outs = lane.scratch_outs;
-            keys.resize(n);
-            for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
-            if (push) {
-              grads.resize(n);
-              for (size_t i = 0; i < n; ++i) grads[i] = raw->values + size_t{(*idx)[i]} * dim;
-              ApplyContext ctx{lane.NextStep(), NowSeconds()};
-              TESSERA_RETURN_IF_ERROR(lane.store().Apply(table_id, keys, grads, ctx));
-            }
-            if (pull) {
-              outs.resize(n);
-              float* base = static_cast<float*>(raw->out.data());
-              for (size_t i = 0; i < n; ++i) outs[i] = base + size_t{(*idx)[i]} * dim;
-              TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
-            }
-            return Status::OK();
-          },
-          push, seq});
+      lanes_[l]->Submit(Task{p,
+                             [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
+                               const size_t n = idx->size();
+                               std::vector<uint64_t>& keys = lane.scratch_keys;
+                               std::vector<const float*>& grads = lane.scratch_grads;
+                               std::vector<float*>& outs = lane.scratch_outs;
+                               keys.resize(n);
+                               for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
+                               if (push) {
+                                 grads.resize(n);
+                                 for (size_t i = 0; i < n; ++i)
+                                   grads[i] = raw->values + size_t{(*idx)[i]} * dim;
+                                 ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                                 TESSERA_RETURN_IF_ERROR(
+                                     lane.store().Apply(table_id, keys, grads, ctx));
+                               }
+                               if (pull) {
+                                 outs.resize(n);
+                                 float* base = static_cast<float*>(raw->out.data());
+                                 for (size_t i = 0; i < n; ++i)
+                                   outs[i] = base + size_t{(*idx)[i]} * dim;
+                                 TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
+                               }
+                               return Status::OK();
+                             },
+                             push, seq});
     }
     return Status::OK();
   }
@@ -837,10 +915,9 @@ class ServerImpl {
     TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, 1, false));
     if (h.count == 0) return Status::InvalidArgument("dense range of zero elements");
     if (h.offset > t->spec.length || h.count > t->spec.length - h.offset) {
-      return Status::InvalidArgument("dense range [" + std::to_string(h.offset) + ", " +
-                                     std::to_string(h.offset + h.count) + ") outside table '" +
-                                     t->spec.name + "' of length " +
-                                     std::to_string(t->spec.length));
+      return Status::InvalidArgument(
+          "dense range [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
+          ") outside table '" + t->spec.name + "' of length " + std::to_string(t->spec.length));
     }
     const DenseRange mine =
         DenseRangeOfServer(h.table_id, t->spec.length, options_.rank, options_.num_servers);
@@ -860,8 +937,8 @@ class ServerImpl {
       p->values = View<float>(p->frames[0], &p->value_copy);
       const uint64_t bad = FirstNonFinite(p->values, h.count);
       if (bad != kAllFinite) {
-        return Status::InvalidArgument("dense gradient element " +
-                                       std::to_string(h.offset + bad) + " is not finite");
+        return Status::InvalidArgument("dense gradient element " + std::to_string(h.offset + bad) +
+                                       " is not finite");
       }
     }
     if (ParkedByCut(p)) return Status::OK();
@@ -906,23 +983,23 @@ class ServerImpl {
     for (uint32_t l = 0; l < nl; ++l) {
       if (by_lane[l].empty()) continue;
       auto segs = std::make_shared<std::vector<Seg>>(std::move(by_lane[l]));
-      lanes_[l]->Submit(Task{p,
-                             [raw, segs, table_id, push](Lane& lane) -> Status {
-                               ApplyContext ctx{lane.NextStep(), NowSeconds()};
-                               for (const Seg& s : *segs) {
-                                 if (push) {
-                                   TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
-                                       table_id, s.chunk, s.begin, s.end, raw->values + s.pos,
-                                       ctx));
-                                 } else {
-                                   float* out = static_cast<float*>(raw->out.data()) + s.pos;
-                                   TESSERA_RETURN_IF_ERROR(lane.store().DenseRead(
-                                       table_id, s.chunk, s.begin, s.end, out));
-                                 }
-                               }
-                               return Status::OK();
-                             },
-                             push, seq});
+      lanes_[l]->Submit(
+          Task{p,
+               [raw, segs, table_id, push](Lane& lane) -> Status {
+                 ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                 for (const Seg& s : *segs) {
+                   if (push) {
+                     TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
+                         table_id, s.chunk, s.begin, s.end, raw->values + s.pos, ctx));
+                   } else {
+                     float* out = static_cast<float*>(raw->out.data()) + s.pos;
+                     TESSERA_RETURN_IF_ERROR(
+                         lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));
+                   }
+                 }
+                 return Status::OK();
+               },
+               push, seq});
     }
     return Status::OK();
   }
@@ -1065,8 +1142,8 @@ class ServerImpl {
       << "max_push_clock " << max_push_clock_ << "\n"
       << "checkpoint_pending " << (cut_ ? 1 : 0) << "\n";
     for (auto& [id, t] : tables_) {
-      s << "table " << t.spec.name << " id=" << id << " kind="
-        << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
+      s << "table " << t.spec.name << " id=" << id
+        << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
         << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
         << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
         << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
@@ -1181,13 +1258,28 @@ class ServerImpl {
     } else {
       // Lanes run tasks in order: each writes its rows before it sees any released push.
       LOG(INFO) << "checkpoint at clock " << cut.cut << " into " << dir;
-      RunOnAllLanes(
-          cut.request,
-          [dir, tables](Lane& lane) {
-            return WriteLaneSnapshot(lane.store(), tables,
-                                     dir + "/lane-" + std::to_string(lane.index()));
-          },
-          false);
+      // A lane pauses only to copy its rows into memory; the file writer thread writes and
+      // fsyncs them. Each lane and each file completes the request once: 2 x lanes.
+      auto p = cut.request;
+      p->remaining.store(static_cast<uint32_t>(2 * lanes_.size()));
+      FileWriter* writer = writer_.get();
+      for (auto& lane : lanes_) {
+        lane->Submit(Task{p,
+                          [p, dir, tables, writer](Lane& lane) -> Status {
+                            auto data = std::make_shared<std::string>();
+                            Status s = SerializeLaneSnapshot(lane.store(), tables, {}, data.get());
+                            if (!s.ok()) {
+                              data.reset();
+                              // The writer still completes its share, with nothing to write.
+                              p->Fail(s);
+                              data = std::make_shared<std::string>();
+                            }
+                            writer->Submit(p, dir + "/lane-" + std::to_string(lane.index()),
+                                           std::move(data));
+                            return Status::OK();
+                          },
+                          false});
+      }
     }
     ReleaseCutParked();
   }
@@ -1221,8 +1313,7 @@ class ServerImpl {
         std::string diff = DescribeSpecDifference(it->second.spec, spec);
         if (!diff.empty()) {
           return Status::AlreadyExists("table '" + spec.name +
-                                       "' exists with another spec than the checkpoint's: " +
-                                       diff);
+                                       "' exists with another spec than the checkpoint's: " + diff);
         }
       } else {
         TESSERA_RETURN_IF_ERROR(
@@ -1266,8 +1357,8 @@ class ServerImpl {
       submit(l, [b](Lane& lane) -> Status {
         for (size_t i = 0; i < b->keys.size(); ++i) {
           if (b->dense[i]) {
-            TESSERA_RETURN_IF_ERROR(
-                lane.store().PutDenseChunk(b->tables[i], b->keys[i], b->rows[i].data(), b->metas[i]));
+            TESSERA_RETURN_IF_ERROR(lane.store().PutDenseChunk(b->tables[i], b->keys[i],
+                                                               b->rows[i].data(), b->metas[i]));
           } else {
             const float* row = b->rows[i].data();
             TESSERA_RETURN_IF_ERROR(lane.store().PutRows(
@@ -1281,7 +1372,8 @@ class ServerImpl {
     uint64_t loaded = 0;
     for (uint32_t old = 0; old < old_servers; ++old) {
       TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(ServerDir(dir, old) + "/manifest"));
-      if (oinfo.size() != 4) return Status::Corruption("bad manifest of server " + std::to_string(old));
+      if (oinfo.size() != 4)
+        return Status::Corruption("bad manifest of server " + std::to_string(old));
       TESSERA_ASSIGN_OR_RETURN(uint64_t old_lanes,
                                ParseStoredNumber(oinfo[3], "lanes in the checkpoint", 256));
       for (uint32_t ol = 0; ol < old_lanes; ++ol) {
@@ -1344,10 +1436,11 @@ class ServerImpl {
     if (delta) {
       // The base export (version h.offset, a sibling directory) recorded when it started on
       // this server; the delta holds the rows updated since then.
-      const std::string base = std::filesystem::path(h.name).parent_path().string() + "/v" +
-                               std::to_string(h.offset);
+      const std::string base =
+          std::filesystem::path(h.name).parent_path().string() + "/v" + std::to_string(h.offset);
       TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(base, options_.rank) + "/manifest"));
-      if (info.size() < 5) return Status::Corruption("the manifest of '" + base + "' is incomplete");
+      if (info.size() < 5)
+        return Status::Corruption("the manifest of '" + base + "' is incomplete");
       TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
       since = static_cast<uint32_t>(t);
     }
@@ -1363,10 +1456,10 @@ class ServerImpl {
       specs.push_back(EncodeTableSpec(t.spec));
     }
     TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
-    TESSERA_RETURN_IF_ERROR(WriteBlobs(
-        dir + "/manifest", {std::to_string(options_.rank), std::to_string(options_.num_servers),
-                            std::to_string(since), std::to_string(lanes_.size()),
-                            std::to_string(now)}));
+    TESSERA_RETURN_IF_ERROR(
+        WriteBlobs(dir + "/manifest",
+                   {std::to_string(options_.rank), std::to_string(options_.num_servers),
+                    std::to_string(since), std::to_string(lanes_.size()), std::to_string(now)}));
     SnapshotOptions so;
     so.values_only = true;
     so.min_update_s = since;
@@ -1395,6 +1488,7 @@ class ServerImpl {
   std::string endpoint_;
   std::unique_ptr<StorageEngine> engine_;
   std::vector<std::unique_ptr<Lane>> lanes_;
+  std::unique_ptr<FileWriter> writer_;
   std::thread io_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stopped_{false};

@@ -9,8 +9,9 @@
 #include "ps/routing.h"
 #include "ps/server.h"
 
-DEFINE_string(listen, "", "ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:7000 (default: this "
-                          "rank's entry of --cluster)");
+DEFINE_string(listen, "",
+              "ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:7000 (default: this "
+              "rank's entry of --cluster)");
 DEFINE_uint32(rank, 0, "This server's rank: its index in --cluster");
 DEFINE_string(cluster, "",
               "Ordered list of every server's endpoint, comma-separated, or @FILE with one per "
@@ -62,8 +63,8 @@ int main(int argc, char** argv) {
   } else if (FLAGS_durability == "relaxed") {
     o.storage.durability = tessera::Durability::kRelaxed;
   } else {
-    std::cerr << "tessera-server: --durability must be strict or relaxed, got '"
-              << FLAGS_durability << "'\n";
+    std::cerr << "tessera-server: --durability must be strict or relaxed, got '" << FLAGS_durability
+              << "'\n";
     return 2;
   }
   o.storage.relaxed_window_ms = FLAGS_relaxed_window_ms;

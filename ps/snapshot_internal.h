@@ -20,7 +20,8 @@ struct SnapshotOptions {
 };
 
 /// Writes the rows and chunks `store` holds of `tables` to the record file `path`.
-Status WriteLaneSnapshot(LaneStore& store, const std::vector<std::pair<uint64_t, TableSpec>>& tables,
+Status WriteLaneSnapshot(LaneStore& store,
+                         const std::vector<std::pair<uint64_t, TableSpec>>& tables,
                          const std::string& path, const SnapshotOptions& options = {});
 /// The same file's bytes, built in memory (the lane pauses only for this; the write and fsync
 /// can happen elsewhere).

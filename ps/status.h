@@ -38,7 +38,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
@@ -77,7 +79,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     if (std::get<Status>(v_).ok()) v_ = Status::Internal("Result constructed from OK status");
   }
@@ -105,10 +107,10 @@ class [[nodiscard]] Result {
 #define TESSERA_CONCAT_(a, b) TESSERA_CONCAT_INNER_(a, b)
 
 /// Returns from the enclosing function if `expr` (a Status) is not OK.
-#define TESSERA_RETURN_IF_ERROR(expr)                   \
-  do {                                                  \
-    ::tessera::Status _tessera_st = (expr);             \
-    if (!_tessera_st.ok()) return _tessera_st;          \
+#define TESSERA_RETURN_IF_ERROR(expr)          \
+  do {                                         \
+    ::tessera::Status _tessera_st = (expr);    \
+    if (!_tessera_st.ok()) return _tessera_st; \
   } while (0)
 
 #define TESSERA_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

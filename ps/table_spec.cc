@@ -31,12 +31,18 @@ TableSpec TableSpec::Dense(std::string name, uint64_t length, OptimizerSpec opt,
 
 std::string_view OptimizerKindName(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kMomentum: return "momentum";
-    case OptimizerKind::kAdagrad: return "adagrad";
-    case OptimizerKind::kRowwiseAdagrad: return "rowwise_adagrad";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kFtrl: return "ftrl";
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kMomentum:
+      return "momentum";
+    case OptimizerKind::kAdagrad:
+      return "adagrad";
+    case OptimizerKind::kRowwiseAdagrad:
+      return "rowwise_adagrad";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kFtrl:
+      return "ftrl";
   }
   return "unknown";
 }
@@ -44,8 +50,8 @@ std::string_view OptimizerKindName(OptimizerKind kind) {
 Status ValidateTableSpec(const TableSpec& s) {
   if (s.name.empty()) return Status::InvalidArgument("table name is empty");
   if (s.name.size() > kMaxTableNameLength) {
-    return Status::InvalidArgument("table name longer than " +
-                                   std::to_string(kMaxTableNameLength) + " bytes");
+    return Status::InvalidArgument("table name longer than " + std::to_string(kMaxTableNameLength) +
+                                   " bytes");
   }
   const std::string where = "table '" + s.name + "': ";
   if (s.kind == TableKind::kSparse) {
@@ -71,14 +77,14 @@ Status ValidateTableSpec(const TableSpec& s) {
     return Status::InvalidArgument(where + "unknown initializer");
   }
   const auto& o = s.optimizer;
-  for (float v : {o.learning_rate, o.momentum, o.beta1, o.beta2, o.epsilon, o.initial_accumulator,
-                  o.ftrl_beta, o.l1, o.l2, s.initializer.a, s.initializer.b,
-                  s.admission.probability}) {
+  for (float v :
+       {o.learning_rate, o.momentum, o.beta1, o.beta2, o.epsilon, o.initial_accumulator,
+        o.ftrl_beta, o.l1, o.l2, s.initializer.a, s.initializer.b, s.admission.probability}) {
     if (!std::isfinite(v)) return Status::InvalidArgument(where + "non-finite hyper-parameter");
   }
-  if (o.learning_rate < 0 || o.epsilon < 0 || o.l1 < 0 || o.l2 < 0 ||
-      o.initial_accumulator < 0) {
-    return Status::InvalidArgument(where + "negative learning rate, epsilon, l1, l2 or accumulator");
+  if (o.learning_rate < 0 || o.epsilon < 0 || o.l1 < 0 || o.l2 < 0 || o.initial_accumulator < 0) {
+    return Status::InvalidArgument(where +
+                                   "negative learning rate, epsilon, l1, l2 or accumulator");
   }
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) {
     return Status::InvalidArgument(where + "Adam betas must be in [0, 1)");
@@ -87,8 +93,8 @@ Status ValidateTableSpec(const TableSpec& s) {
     return Status::InvalidArgument(where + "admission probability must be in (0, 1]");
   }
   if (s.kind == TableKind::kDense &&
-      (s.admission.min_count > 1 || s.admission.probability < 1 ||
-       s.eviction.max_idle_steps != 0 || s.eviction.max_idle_seconds != 0)) {
+      (s.admission.min_count > 1 || s.admission.probability < 1 || s.eviction.max_idle_steps != 0 ||
+       s.eviction.max_idle_seconds != 0)) {
     return Status::InvalidArgument(where + "admission and eviction apply to sparse tables only");
   }
   return Status::OK();
@@ -132,8 +138,7 @@ std::string DescribeSpecDifference(const TableSpec& a, const TableSpec& b) {
   Diff(out, "admission.min_count", a.admission.min_count, b.admission.min_count);
   Diff(out, "admission.probability", a.admission.probability, b.admission.probability);
   Diff(out, "eviction.max_idle_steps", a.eviction.max_idle_steps, b.eviction.max_idle_steps);
-  Diff(out, "eviction.max_idle_seconds", a.eviction.max_idle_seconds,
-       b.eviction.max_idle_seconds);
+  Diff(out, "eviction.max_idle_seconds", a.eviction.max_idle_seconds, b.eviction.max_idle_seconds);
   return out.str();
 }
 

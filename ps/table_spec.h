@@ -16,11 +16,11 @@ enum class TableKind : uint8_t { kSparse = 0, kDense = 1 };
 /// Server-side optimizers. Values are part of the wire protocol: never renumber.
 enum class OptimizerKind : uint8_t {
   kSgd = 0,
-  kMomentum = 1,       ///< Heavy-ball momentum: m = momentum*m + g; w -= lr*m.
-  kAdagrad = 2,        ///< Per element: a += g^2; w -= lr*g/(sqrt(a)+eps).
-  kRowwiseAdagrad = 3, ///< One accumulator per row: a += mean(g^2); w -= lr*g/(sqrt(a)+eps).
-  kAdam = 4,           ///< Bias-corrected with the row's own step count.
-  kFtrl = 5,           ///< FTRL-Proximal (McMahan et al. 2013) with L1 and L2.
+  kMomentum = 1,        ///< Heavy-ball momentum: m = momentum*m + g; w -= lr*m.
+  kAdagrad = 2,         ///< Per element: a += g^2; w -= lr*g/(sqrt(a)+eps).
+  kRowwiseAdagrad = 3,  ///< One accumulator per row: a += mean(g^2); w -= lr*g/(sqrt(a)+eps).
+  kAdam = 4,            ///< Bias-corrected with the row's own step count.
+  kFtrl = 5,            ///< FTRL-Proximal (McMahan et al. 2013) with L1 and L2.
 };
 
 /// Optimizer hyper-parameters. Fields an optimizer does not use are ignored (but still compared

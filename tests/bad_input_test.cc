@@ -125,8 +125,7 @@ TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   ExpectError(peer, {Env(v), keys1}, StatusCode::kFailedPrecondition, "protocol version");
   // Truncated and extra frames, size mismatches.
   ExpectError(peer, {Env(PullHeader(1))}, StatusCode::kInvalidArgument, "expects 1 data frame");
-  ExpectError(peer, {Env(PullHeader(1)), keys1, keys1}, StatusCode::kInvalidArgument,
-              "got 2");
+  ExpectError(peer, {Env(PullHeader(1)), keys1, keys1}, StatusCode::kInvalidArgument, "got 2");
   ExpectError(peer, {Env(PullHeader(2)), keys1}, StatusCode::kInvalidArgument,
               "keys frame has 8 bytes, envelope implies 16");
   ExpectError(peer, {Env(PullHeader(1)), keys1.substr(0, 7)}, StatusCode::kInvalidArgument,
@@ -144,8 +143,8 @@ TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   kind.table_id = dense_.id;
   ExpectError(peer, {Env(kind), keys1}, StatusCode::kInvalidArgument, "is dense");
   // Absurd counts: more memory than the server's per-request limit.
-  ExpectError(peer, {Env(PullHeader(uint64_t{1} << 40)), keys1},
-              StatusCode::kResourceExhausted, "per-request limit");
+  ExpectError(peer, {Env(PullHeader(uint64_t{1} << 40)), keys1}, StatusCode::kResourceExhausted,
+              "per-request limit");
   ExpectError(peer, {Env(PullHeader(~uint64_t{0})), keys1}, StatusCode::kResourceExhausted,
               "per-request limit");
   // A key this server does not own.

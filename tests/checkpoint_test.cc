@@ -8,8 +8,8 @@
 
 #include "ps/client.h"
 #include "ps/export_reader.h"
-#include "ps/record_file_internal.h"
 #include "ps/initializer.h"
+#include "ps/record_file_internal.h"
 #include "tests/cluster_fixture.h"
 
 namespace tessera {
@@ -31,10 +31,10 @@ struct Model {
 Model CreateModel(Client& c) {
   OptimizerSpec adagrad{.kind = OptimizerKind::kAdagrad, .learning_rate = 0.1f};
   OptimizerSpec adam{.kind = OptimizerKind::kAdam, .learning_rate = 0.01f};
-  auto emb = c.CreateTable(TableSpec::Sparse("emb", 8, adagrad,
-                                             {InitializerKind::kNormal, 0.0f, 0.1f, 5}));
-  auto mlp = c.CreateTable(TableSpec::Dense("mlp", 40000, adam,
-                                            {InitializerKind::kUniform, -0.1f, 0.1f, 6}));
+  auto emb = c.CreateTable(
+      TableSpec::Sparse("emb", 8, adagrad, {InitializerKind::kNormal, 0.0f, 0.1f, 5}));
+  auto mlp = c.CreateTable(
+      TableSpec::Dense("mlp", 40000, adam, {InitializerKind::kUniform, -0.1f, 0.1f, 6}));
   EXPECT_TRUE(emb.ok()) << emb.status().ToString();
   EXPECT_TRUE(mlp.ok()) << mlp.status().ToString();
   return Model{*emb, *mlp};
@@ -97,7 +97,8 @@ void ReshardRoundTrip(uint32_t from, uint32_t to, bool durable) {
   for (int s = N; s < N + M; ++s) Step(*cb, mb, s);
   auto B = Dump(*cb, mb);
   ASSERT_EQ(A.first.size(), B.first.size());
-  for (size_t i = 0; i < A.first.size(); ++i) ASSERT_EQ(A.first[i], B.first[i]) << "row float " << i;
+  for (size_t i = 0; i < A.first.size(); ++i)
+    ASSERT_EQ(A.first[i], B.first[i]) << "row float " << i;
   for (size_t i = 0; i < A.second.size(); ++i) ASSERT_EQ(A.second[i], B.second[i]) << "dense " << i;
 }
 
@@ -195,7 +196,8 @@ TEST(CheckpointTest, FullAndDeltaExportsReadWithoutServers) {
   std::vector<uint64_t> keys(5000);
   for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
   std::vector<float> dense_v2(40000);
-  auto tmp = std::filesystem::temp_directory_path() / ("tessera-export-" + std::to_string(getpid()));
+  auto tmp =
+      std::filesystem::temp_directory_path() / ("tessera-export-" + std::to_string(getpid()));
   std::filesystem::remove_all(tmp);
   root = tmp.string();
   {

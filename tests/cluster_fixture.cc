@@ -130,8 +130,7 @@ Status LocalCluster::Spawn(uint32_t i) {
   }
   close(out[0]);
   if (pids_[i] > 0) Kill(i);
-  return Status::Unavailable("server " + std::to_string(i) + " did not start; see " +
-                             log_path(i));
+  return Status::Unavailable("server " + std::to_string(i) + " did not start; see " + log_path(i));
 }
 
 void LocalCluster::Kill(uint32_t i) {

@@ -190,8 +190,7 @@ TEST(ClusterTest, TablesPullOrderAndInitializers) {
   EXPECT_EQ(part, (std::vector<float>{-0.5f, 0.0f, 0.0f}));
   // Client-side argument errors.
   EXPECT_EQ(c->Wait(c->Push(*t, pk, std::vector<float>(5))).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->Wait(c->DensePull(*d, 39999, 2, out2.data())).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Wait(c->DensePull(*d, 39999, 2, out2.data())).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c->Wait(c->DensePull(*t, 0, 1, out2.data())).code(), StatusCode::kInvalidArgument);
   // Metadata records.
   ASSERT_TRUE(c->PutMeta("worker/0", "position=42").ok());
@@ -292,7 +291,8 @@ TEST(ClusterTest, KilledServerGivesUnavailableNotHang) {
   // Requests in flight when the server dies fail too.
   std::vector<Handle> many;
   for (int i = 0; i < 20; ++i) many.push_back(c->Pull(*t, keys, out.data()));
-  for (auto& h : many) EXPECT_EQ(c->Wait(h, DeadlineAfterMs(20000)).code(), StatusCode::kUnavailable);
+  for (auto& h : many)
+    EXPECT_EQ(c->Wait(h, DeadlineAfterMs(20000)).code(), StatusCode::kUnavailable);
 
   // Back again: the same client works without being recreated. (Memory-only servers lost the
   // table, so create it again; the durable tier recovers it by itself.)

@@ -34,17 +34,19 @@ int main(int argc, char** argv) {
   tessera::OptimizerSpec adagrad;
   adagrad.kind = tessera::OptimizerKind::kAdagrad;
   adagrad.learning_rate = 0.05f;
-  auto emb = c.CreateTable(tessera::TableSpec::Sparse(
-      "demo/embedding", FLAGS_dim, adagrad, {tessera::InitializerKind::kUniform, -0.01f, 0.01f, 1}));
+  auto emb = c.CreateTable(
+      tessera::TableSpec::Sparse("demo/embedding", FLAGS_dim, adagrad,
+                                 {tessera::InitializerKind::kUniform, -0.01f, 0.01f, 1}));
   auto mlp = c.CreateTable(tessera::TableSpec::Dense("demo/mlp", FLAGS_dense, adagrad));
   if (!emb.ok() || !mlp.ok()) {
     std::fprintf(stderr, "tessera-demo: create tables: %s %s\n", emb.status().ToString().c_str(),
                  mlp.status().ToString().c_str());
     return 1;
   }
-  std::printf("cluster: %u servers; tables: demo/embedding (sparse, dim %u, adagrad), "
-              "demo/mlp (dense, %llu floats)\n",
-              c.num_servers(), FLAGS_dim, static_cast<unsigned long long>(FLAGS_dense));
+  std::printf(
+      "cluster: %u servers; tables: demo/embedding (sparse, dim %u, adagrad), "
+      "demo/mlp (dense, %llu floats)\n",
+      c.num_servers(), FLAGS_dim, static_cast<unsigned long long>(FLAGS_dense));
   std::mt19937_64 rng(1);
   std::vector<uint64_t> keys(FLAGS_batch);
   std::vector<float> grads(size_t{FLAGS_batch} * FLAGS_dim), values(grads.size());
@@ -80,13 +82,12 @@ int main(int argc, char** argv) {
     pushed += keys.size();
     pulled += keys.size();
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("steps %u: pulled %llu and pushed %llu sparse rows, pushed and pulled %u x %.1f MiB "
-              "dense in %.2f s\n",
-              FLAGS_steps, static_cast<unsigned long long>(pulled),
-              static_cast<unsigned long long>(pushed), FLAGS_steps, FLAGS_dense * 4.0 / (1 << 20),
-              secs);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "steps %u: pulled %llu and pushed %llu sparse rows, pushed and pulled %u x %.1f MiB "
+      "dense in %.2f s\n",
+      FLAGS_steps, static_cast<unsigned long long>(pulled), static_cast<unsigned long long>(pushed),
+      FLAGS_steps, FLAGS_dense * 4.0 / (1 << 20), secs);
   std::printf("sparse |w|^2 of a batch: first step %.4f, last step %.4f (adagrad shrinks it)\n",
               first_norm, last_norm);
   std::printf("dense[0] after %u pushes of 0.001: %.6f\n", FLAGS_steps, dense[0]);
