@@ -16,8 +16,8 @@ namespace {
 using testing::LocalCluster;
 
 struct Outcome {
-  int64_t acked = 0;  // pushes acknowledged
-  int64_t sent = 0;   // pushes sent (acknowledged or not)
+  std::atomic<int64_t> acked{0};  // pushes acknowledged
+  std::atomic<int64_t> sent{0};   // pushes sent (acknowledged or not)
 };
 
 // Pushes +1 to every key, one push in flight, until `stop`; counts what was acknowledged.
@@ -67,7 +67,13 @@ void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound)
     std::atomic<bool> stop{false};
     Outcome out;
     std::thread pusher([&] { Stream(c, *t, *d, keys, stop, &out); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 250));
+    // Kill at a random moment, once the round has pushed something (a loaded machine may take
+    // a while to reconnect after the previous restart).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (out.acked.load() < 2 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 250));
     cluster.Kill(0);
     stop = true;
     pusher.join();
@@ -93,15 +99,15 @@ void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound)
     }
     const int64_t dense_applied = static_cast<int64_t>(dv[0]) - dense_base;
     const int64_t applied = static_cast<int64_t>(n) - base;
-    EXPECT_GT(out.acked, 0) << "the round pushed nothing before the kill";
+    EXPECT_GT(out.acked.load(), 0) << "the round pushed nothing before the kill";
     if (exact_lower_bound) {
-      EXPECT_GE(applied, out.acked) << "an acknowledged push was lost";
+      EXPECT_GE(applied, out.acked.load()) << "an acknowledged push was lost";
     }
-    EXPECT_LE(applied, out.sent);
+    EXPECT_LE(applied, out.sent.load());
     EXPECT_TRUE(dense_applied == applied || dense_applied == applied - 1)
         << "dense pushes " << dense_applied << " vs sparse pushes " << applied;
     if (exact_lower_bound) {
-      EXPECT_GE(dense_applied, out.acked) << "an acknowledged dense push was lost";
+      EXPECT_GE(dense_applied, out.acked.load()) << "an acknowledged dense push was lost";
     }
     base = static_cast<int64_t>(n);
     dense_base = static_cast<int64_t>(dv[0]);
