@@ -206,6 +206,21 @@ class Lane {
   uint32_t index() const { return index_; }
   uint64_t NextStep() { return ++step_; }
 
+  /// Runs `t` on the calling thread (the I/O thread) when the lane is idle with nothing
+  /// queued, and replies over `reply`; false (nothing done) otherwise. Saves the two thread
+  /// hops of small requests. Order holds: nothing of this lane is queued or running.
+  bool TryRunInline(Task& t, zmq::socket_t& reply) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!queue_.empty() || stop_ || !run_mu_.try_lock()) return false;
+    }
+    std::vector<Task> one;
+    one.push_back(std::move(t));
+    RunBatch(one, reply);
+    run_mu_.unlock();
+    return true;
+  }
+
  private:
   void Loop() {
     std::vector<Task> batch;
@@ -214,10 +229,21 @@ class Lane {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty() && stop_) return;
+      }
+      // Take the batch while holding run_mu_, so an inline run never overtakes queued tasks.
+      std::lock_guard<std::mutex> run(run_mu_);
+      {
+        std::lock_guard<std::mutex> l(mu_);
         batch.assign(std::make_move_iterator(queue_.begin()),
                      std::make_move_iterator(queue_.end()));
         queue_.clear();
       }
+      RunBatch(batch, push_);
+    }
+  }
+
+  void RunBatch(std::vector<Task>& batch, zmq::socket_t& reply) {
+    {
       bool wrote = false;
       for (Task& t : batch) {
         Status s = t.run(*this);
@@ -240,14 +266,12 @@ class Lane {
       for (Task& t : batch) {
         if (t.pending->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
             !t.pending->silent) {
-          Reply(*t.pending);
+          SendReply(reply, *t.pending);
         }
       }
       batch.clear();
     }
   }
-
-  void Reply(Pending& p) { SendReply(push_, p); }
 
   const uint32_t index_;
   std::unique_ptr<LaneStore> store_;
@@ -257,7 +281,9 @@ class Lane {
   std::condition_variable cv_;
   std::deque<Task> queue_;  // guarded by mu_
   bool stop_ = false;       // guarded by mu_
-  uint64_t step_ = 0;       // lane thread only
+  // Held while tasks run: by the lane thread, or by the I/O thread for an inline run.
+  std::mutex run_mu_;
+  uint64_t step_ = 0;  // whoever holds run_mu_
   std::atomic<uint64_t> committed_seq_{0};
 };
 
@@ -728,6 +754,15 @@ class ServerImpl {
     return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
   }
 
+  // Requests of at most this many floats that touch one lane may run on the I/O thread.
+  static constexpr uint64_t kInlineMaxFloats = 16384;
+
+  // Queues a task on lane `l`, or runs it inline when allowed and the lane is idle.
+  void Dispatch(uint32_t l, Task task, bool may_inline) {
+    if (may_inline && lanes_[l]->TryRunInline(task, router_)) return;
+    lanes_[l]->Submit(std::move(task));
+  }
+
   // Runs `fn` on every lane; the reply goes out when all are done.
   void RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<Status(Lane&)> fn,
                      bool writes) {
@@ -877,32 +912,30 @@ class ServerImpl {
       if (by_lane[l].empty()) continue;
       auto idx = std::make_shared<std::vector<uint32_t>>(std::move(by_lane[l]));
       Pending* raw = p.get();
-      lanes_[l]->Submit(Task{p,
-                             [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
-                               const size_t n = idx->size();
-                               std::vector<uint64_t>& keys = lane.scratch_keys;
-                               std::vector<const float*>& grads = lane.scratch_grads;
-                               std::vector<float*>& outs = lane.scratch_outs;
-                               keys.resize(n);
-                               for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
-                               if (push) {
-                                 grads.resize(n);
-                                 for (size_t i = 0; i < n; ++i)
-                                   grads[i] = raw->values + size_t{(*idx)[i]} * dim;
-                                 ApplyContext ctx{lane.NextStep(), NowSeconds()};
-                                 TESSERA_RETURN_IF_ERROR(
-                                     lane.store().Apply(table_id, keys, grads, ctx));
-                               }
-                               if (pull) {
-                                 outs.resize(n);
-                                 float* base = static_cast<float*>(raw->out.data());
-                                 for (size_t i = 0; i < n; ++i)
-                                   outs[i] = base + size_t{(*idx)[i]} * dim;
-                                 TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
-                               }
-                               return Status::OK();
-                             },
-                             push, seq});
+      Task task{p,
+                [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
+                  const size_t n = idx->size();
+                  std::vector<uint64_t>& keys = lane.scratch_keys;
+                  std::vector<const float*>& grads = lane.scratch_grads;
+                  std::vector<float*>& outs = lane.scratch_outs;
+                  keys.resize(n);
+                  for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
+                  if (push) {
+                    grads.resize(n);
+                    for (size_t i = 0; i < n; ++i) grads[i] = raw->values + size_t{(*idx)[i]} * dim;
+                    ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                    TESSERA_RETURN_IF_ERROR(lane.store().Apply(table_id, keys, grads, ctx));
+                  }
+                  if (pull) {
+                    outs.resize(n);
+                    float* base = static_cast<float*>(raw->out.data());
+                    for (size_t i = 0; i < n; ++i) outs[i] = base + size_t{(*idx)[i]} * dim;
+                    TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
+                  }
+                  return Status::OK();
+                },
+                push, seq};
+      Dispatch(l, std::move(task), tasks == 1 && h.count * dim <= kInlineMaxFloats);
     }
     return Status::OK();
   }
@@ -983,23 +1016,23 @@ class ServerImpl {
     for (uint32_t l = 0; l < nl; ++l) {
       if (by_lane[l].empty()) continue;
       auto segs = std::make_shared<std::vector<Seg>>(std::move(by_lane[l]));
-      lanes_[l]->Submit(
-          Task{p,
-               [raw, segs, table_id, push](Lane& lane) -> Status {
-                 ApplyContext ctx{lane.NextStep(), NowSeconds()};
-                 for (const Seg& s : *segs) {
-                   if (push) {
-                     TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
-                         table_id, s.chunk, s.begin, s.end, raw->values + s.pos, ctx));
-                   } else {
-                     float* out = static_cast<float*>(raw->out.data()) + s.pos;
-                     TESSERA_RETURN_IF_ERROR(
-                         lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));
-                   }
-                 }
-                 return Status::OK();
-               },
-               push, seq});
+      Task task{p,
+                [raw, segs, table_id, push](Lane& lane) -> Status {
+                  ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                  for (const Seg& s : *segs) {
+                    if (push) {
+                      TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
+                          table_id, s.chunk, s.begin, s.end, raw->values + s.pos, ctx));
+                    } else {
+                      float* out = static_cast<float*>(raw->out.data()) + s.pos;
+                      TESSERA_RETURN_IF_ERROR(
+                          lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));
+                    }
+                  }
+                  return Status::OK();
+                },
+                push, seq};
+      Dispatch(l, std::move(task), tasks == 1 && h.count <= kInlineMaxFloats);
     }
     return Status::OK();
   }
