@@ -1,0 +1,501 @@
+// bench_train: samples/s of the CTR training loop (DLRM + wide part on generated Criteo-shaped
+// data, worker/trainer.h) with its parameters on Tessera servers, against the same model and
+// data trained in this process with the parameters in local memory (CreateLocalStore: the
+// servers' optimizers and initializers, no network), in the same run, with and without
+// prefetch (the next batch's pull in flight while the current batch computes).
+//
+// Configurations: in-process with 1 and 2 trainers (threads sharing one local store), Tessera
+// with 1 server + 1 worker and 2 servers + 2 workers. Workers are threads of this program, each
+// with its own Client, data shard and backend, as tessera-worker runs them. Servers are
+// tessera-server child processes (found next to the build's root, --server_binary overrides)
+// or, with --server_mode=thread or when no binary is found, tessera::Server objects in this
+// process; the first output line says which. Every run gets fresh servers (memory tier) or a
+// fresh local store, so each trains the same samples from the same initial parameters.
+//
+// Repetitions alternate the configurations (rep-major order) so that drift on a shared machine
+// hits them all; reported figures are medians. The last line of output is one JSON object with
+// ps_vs_inprocess_{prefetch,no_prefetch} (1 server + 1 worker vs 1 in-process trainer) and
+// ps2x2_vs_inprocess2_{prefetch,no_prefetch} (2 + 2 vs 2 in-process trainers), plus the raw
+// samples/s of every configuration.
+#include <fcntl.h>
+#include <gflags/gflags.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ps/client.h"
+#include "ps/server.h"
+#include "ps/status.h"
+#include "worker/backend.h"
+#include "worker/data_reader.h"
+#include "worker/data_source.h"
+#include "worker/model.h"
+#include "worker/param_store.h"
+#include "worker/trainer.h"
+
+DEFINE_bool(quick, false, "Short run (under a minute): fewer samples and repetitions");
+DEFINE_uint64(train_samples, 0,
+              "Samples trained per run, all workers together (0: 48000 with --quick, else "
+              "300000)");
+DEFINE_int32(reps, 0, "Repetitions of every configuration (0: 3 with --quick, else 5)");
+DEFINE_uint32(batch_size, 1024, "Samples per step per worker");
+DEFINE_int32(threads, 1, "CPU backend threads per worker");
+DEFINE_uint32(embedding_dim, 16, "Embedding width");
+DEFINE_string(bottom_mlp, "64", "Bottom MLP hidden widths, comma-separated");
+DEFINE_string(top_mlp, "64", "Top MLP hidden widths, comma-separated");
+DEFINE_bool(wide, true, "Train the wide part (FTRL) too");
+DEFINE_uint64(synthetic_max_cardinality, 20000, "Cap of the Criteo cardinalities");
+DEFINE_string(server_mode, "process",
+              "process: tessera-server child processes; thread: servers in this process");
+DEFINE_string(server_binary, "",
+              "tessera-server executable (default: <build>/tessera-server, this program being "
+              "<build>/examples/ctr/bench_train)");
+DEFINE_uint32(lanes, 2, "Lanes (executor threads) per Tessera server");
+
+namespace tw = tessera::worker;
+using tessera::Result;
+using tessera::Status;
+
+namespace {
+
+using BenchClock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------ servers
+
+// A tessera-server child process; stopped (SIGTERM, then SIGKILL) on destruction. The child
+// dies with this process too (PR_SET_PDEATHSIG).
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess() { Stop(); }
+
+  // Starts `argv` and waits up to 30 s for its "ready ... endpoint=E" line; returns E.
+  Result<std::string> Start(const std::vector<std::string>& argv) {
+    char log_tmpl[] = "/tmp/tessera-bench-train-XXXXXX";
+    const int log = mkstemp(log_tmpl);
+    if (log >= 0) log_path_ = log_tmpl;
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      if (log >= 0) close(log);
+      return Status::IOError("pipe2 failed");
+    }
+    std::vector<std::string> args = argv;
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) {
+      close(out[0]);
+      close(out[1]);
+      if (log >= 0) close(log);
+      return Status::IOError("fork failed");
+    }
+    if (pid_ == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      dup2(out[1], 1);
+      if (log >= 0) dup2(log, 2);
+      execv(cargs[0], cargs.data());
+      _exit(127);
+    }
+    close(out[1]);
+    if (log >= 0) close(log);
+    std::string seen, endpoint;
+    const auto until = BenchClock::now() + std::chrono::seconds(30);
+    while (endpoint.empty() && BenchClock::now() < until) {
+      pollfd p{out[0], POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[512];
+      const ssize_t n = read(out[0], buf, sizeof(buf));
+      if (n <= 0) break;
+      seen.append(buf, static_cast<size_t>(n));
+      const size_t at = seen.find("endpoint=");
+      const size_t eol = at == std::string::npos ? at : seen.find('\n', at);
+      if (eol != std::string::npos) endpoint = seen.substr(at + 9, eol - at - 9);
+    }
+    close(out[0]);
+    if (endpoint.empty()) {
+      std::ifstream in(log_path_);
+      const std::string err(std::istreambuf_iterator<char>(in), {});
+      Stop();
+      return Status::Unavailable(argv[0] + " did not start; its stderr:\n" + err);
+    }
+    return endpoint;
+  }
+
+  void Stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int st;
+      bool reaped = false;
+      for (int i = 0; i < 100 && !reaped; ++i) {
+        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
+        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!reaped) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &st, 0);
+      }
+      pid_ = -1;
+    }
+    if (!log_path_.empty()) {
+      unlink(log_path_.c_str());
+      log_path_.clear();
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+};
+
+// `n` memory-tier Tessera servers, as child processes or objects of this process; all stopped
+// on destruction.
+class Cluster {
+ public:
+  Status Start(uint32_t n, const std::string& server_binary) {
+    for (uint32_t r = 0; r < n; ++r) {
+      if (server_binary.empty()) {
+        tessera::ServerOptions o;
+        o.listen = "tcp://127.0.0.1:*";
+        o.rank = r;
+        o.num_servers = n;
+        o.lanes = FLAGS_lanes;
+        TESSERA_ASSIGN_OR_RETURN(auto s, tessera::Server::Create(o));
+        endpoints.push_back(s->endpoint());
+        servers_.push_back(std::move(s));
+        continue;
+      }
+      // Each server binds a free port itself; --cluster only gives the cluster size.
+      std::string cluster;
+      for (uint32_t i = 0; i < n; ++i) {
+        cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
+      }
+      auto p = std::make_unique<ServerProcess>();
+      TESSERA_ASSIGN_OR_RETURN(
+          std::string ep,
+          p->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
+                    "--rank=" + std::to_string(r), "--lanes=" + std::to_string(FLAGS_lanes)}));
+      endpoints.push_back(ep);
+      processes_.push_back(std::move(p));
+    }
+    return Status::OK();
+  }
+
+  std::vector<std::string> endpoints;
+
+ private:
+  std::vector<std::unique_ptr<tessera::Server>> servers_;
+  std::vector<std::unique_ptr<ServerProcess>> processes_;
+};
+
+// ------------------------------------------------------------------ training runs
+
+std::vector<uint32_t> ParseWidths(const std::string& s) {
+  std::vector<uint32_t> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) v.push_back(static_cast<uint32_t>(std::stoul(item)));
+  }
+  return v;
+}
+
+struct Config {
+  std::string name;
+  bool tessera;      // parameters on servers (else in local memory)
+  uint32_t workers;  // trainers (threads), each with its own data shard
+  bool prefetch;
+};
+
+struct RunResult {
+  uint64_t samples = 0;
+  double seconds = 0;
+  double samples_per_s = 0;
+  double train_loss = 0;
+};
+
+// Trains `samples` samples with `workers` trainers and returns the aggregate throughput, timed
+// from the first trainer's start of Train() to the last one's end (Init, table creation and
+// server start are not timed).
+Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
+                          const tw::DataSourceOptions& data, uint64_t samples,
+                          const std::string& server_binary) {
+  Cluster cluster;
+  std::vector<std::unique_ptr<tessera::Client>> clients;
+  std::vector<std::unique_ptr<tw::ParamStore>> stores;
+  std::unique_ptr<tw::ParamStore> local;
+  if (cfg.tessera) {
+    TESSERA_RETURN_IF_ERROR(cluster.Start(cfg.workers, server_binary));
+  } else {
+    local = tw::CreateLocalStore();
+  }
+  for (uint32_t w = 0; w < cfg.workers && cfg.tessera; ++w) {
+    tessera::ClientOptions co;
+    co.servers = cluster.endpoints;
+    co.worker_id = w;
+    co.consistency.num_workers = cfg.workers;
+    co.consistency.staleness = -1;
+    TESSERA_ASSIGN_OR_RETURN(auto c, tessera::Client::Create(co));
+    stores.push_back(tw::CreateClusterStore(c.get()));
+    clients.push_back(std::move(c));
+  }
+
+  struct PerWorker {
+    Status status;
+    tw::TrainResult result;
+    BenchClock::time_point start, end;
+  };
+  std::vector<PerWorker> per(cfg.workers);
+  std::barrier sync(static_cast<std::ptrdiff_t>(cfg.workers));
+  auto body = [&](uint32_t w) {
+    PerWorker& me = per[w];
+    std::unique_ptr<tw::DataReader> reader;
+    std::unique_ptr<tw::Backend> backend;
+    std::unique_ptr<tw::Trainer> trainer;
+    auto setup = [&]() -> Status {
+      tw::DataSourceOptions mine = data;
+      mine.rank = w;
+      mine.world = cfg.workers;
+      mine.train_samples = samples;
+      TESSERA_ASSIGN_OR_RETURN(reader, tw::OpenTrainData(mine));
+      TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCpuBackend(layout, {FLAGS_threads}));
+      tw::TrainerOptions o;
+      o.batch_size = FLAGS_batch_size;
+      o.prefetch = cfg.prefetch;
+      o.staleness = -1;
+      o.worker_id = w;
+      o.job = "bench";
+      o.resume = false;
+      o.progress_interval_s = 0;
+      tw::ParamStore* store = cfg.tessera ? stores[w].get() : local.get();
+      TESSERA_ASSIGN_OR_RETURN(trainer,
+                               tw::Trainer::Create(o, layout, store, backend.get(), reader.get()));
+      return trainer->Init();
+    };
+    me.status = setup();
+    sync.arrive_and_wait();  // every trainer is ready (or failed): start together
+    if (!me.status.ok()) return;
+    me.start = BenchClock::now();
+    auto r = trainer->Train();
+    me.end = BenchClock::now();
+    if (r.ok()) {
+      me.result = *r;
+    } else {
+      me.status = r.status();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint32_t w = 1; w < cfg.workers; ++w) threads.emplace_back(body, w);
+  body(0);
+  for (auto& t : threads) t.join();
+
+  RunResult r;
+  BenchClock::time_point start = BenchClock::time_point::max(), end{};
+  double loss = 0;
+  for (const PerWorker& p : per) {
+    if (!p.status.ok()) return p.status.WithContext(cfg.name);
+    r.samples += p.result.samples;
+    loss += p.result.train_loss * static_cast<double>(p.result.samples);
+    start = std::min(start, p.start);
+    end = std::max(end, p.end);
+  }
+  r.seconds = std::chrono::duration<double>(end - start).count();
+  r.samples_per_s = r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0;
+  r.train_loss = r.samples > 0 ? loss / static_cast<double>(r.samples) : 0;
+  return r;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string JsonNum(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", x);
+  return buf;
+}
+
+// The tessera-server to spawn: --server_binary, else <build>/tessera-server for this program at
+// <build>/examples/ctr/bench_train (or a tessera-server next to it). Empty: run servers in this
+// process.
+std::string FindServerBinary(const char* argv0, std::string* note) {
+  namespace fs = std::filesystem;
+  if (FLAGS_server_mode == "thread") {
+    *note = "servers: tessera::Server objects in this process (--server_mode=thread)";
+    return "";
+  }
+  if (!FLAGS_server_binary.empty()) {
+    *note = "servers: tessera-server child processes (" + FLAGS_server_binary + ")";
+    return FLAGS_server_binary;
+  }
+  std::error_code ec;
+  fs::path self = fs::canonical("/proc/self/exe", ec);
+  if (ec) self = fs::absolute(argv0, ec);
+  const fs::path dir = self.parent_path();
+  for (const fs::path& cand : {dir / "../../tessera-server", dir / "tessera-server"}) {
+    if (fs::exists(cand, ec)) {
+      const std::string p = fs::weakly_canonical(cand, ec).string();
+      *note = "servers: tessera-server child processes (" + p + ")";
+      return p;
+    }
+  }
+  *note =
+      "servers: tessera::Server objects in this process (no tessera-server binary found "
+      "next to the build; --server_binary to spawn processes)";
+  return "";
+}
+
+// The 1-minute load average (the benchmark shares the machine with whatever else runs).
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double l = std::nan("");
+  in >> l;
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "Training-loop samples/s with parameters on Tessera vs in local memory (same run)");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
+    std::fprintf(stderr, "bench_train: --server_mode must be process or thread\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  const uint64_t samples = FLAGS_train_samples ? FLAGS_train_samples : FLAGS_quick ? 48000 : 300000;
+  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 5);
+  std::string server_note;
+  const std::string server_binary = FindServerBinary(argv[0], &server_note);
+
+  tw::DataSourceOptions data;
+  data.spec = "synthetic";
+  data.test_samples = 1;
+  data.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
+  tw::ModelConfig mc;
+  mc.embedding_dim = FLAGS_embedding_dim;
+  mc.bottom_mlp = ParseWidths(FLAGS_bottom_mlp);
+  mc.top_mlp = ParseWidths(FLAGS_top_mlp);
+  mc.wide = FLAGS_wide;
+  mc.table_prefix = "bench";
+  auto layout = tw::ModelLayout::Create(mc);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "bench_train: %s\n", layout.status().ToString().c_str());
+    return 1;
+  }
+
+  const std::vector<Config> configs = {
+      {"inprocess_1w", false, 1, true}, {"inprocess_1w", false, 1, false},
+      {"tessera_1s1w", true, 1, true},  {"tessera_1s1w", true, 1, false},
+      {"inprocess_2w", false, 2, true}, {"inprocess_2w", false, 2, false},
+      {"tessera_2s2w", true, 2, true},  {"tessera_2s2w", true, 2, false},
+  };
+  std::printf("%s\n", server_note.c_str());
+  std::printf(
+      "model: DLRM emb %u, bottom [%s], top [%s]%s; generated Criteo-shaped data (cardinality "
+      "cap %llu); batch %u per worker; %llu samples per run; %d reps, alternating; %u cores\n",
+      FLAGS_embedding_dim, FLAGS_bottom_mlp.c_str(), FLAGS_top_mlp.c_str(),
+      FLAGS_wide ? " + wide (FTRL)" : "",
+      static_cast<unsigned long long>(FLAGS_synthetic_max_cardinality), FLAGS_batch_size,
+      static_cast<unsigned long long>(samples), reps, std::thread::hardware_concurrency());
+  std::fflush(stdout);
+
+  const double load_start = LoadAverage();
+  std::vector<std::vector<double>> sps(configs.size());
+  std::vector<double> loss(configs.size());
+  const auto t0 = BenchClock::now();
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      // Odd repetitions run the list backwards, so no configuration always follows another.
+      const size_t c = rep % 2 ? configs.size() - 1 - i : i;
+      auto r = RunOnce(configs[c], *layout, data, samples, server_binary);
+      if (!r.ok()) {
+        std::fprintf(stderr, "bench_train: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      sps[c].push_back(r->samples_per_s);
+      loss[c] = r->train_loss;
+    }
+  }
+  const double total_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
+
+  std::vector<double> med(configs.size());
+  for (size_t c = 0; c < configs.size(); ++c) med[c] = Median(sps[c]);
+  // The in-process configuration with the same workers and prefetch setting.
+  auto baseline = [&](size_t c) {
+    for (size_t b = 0; b < configs.size(); ++b) {
+      if (!configs[b].tessera && configs[b].workers == configs[c].workers &&
+          configs[b].prefetch == configs[c].prefetch) {
+        return b;
+      }
+    }
+    return c;
+  };
+  std::printf("\n%-14s %7s %7s %8s %12s %12s %12s %9s %10s\n", "config", "servers", "workers",
+              "prefetch", "samples/s", "min", "max", "vs inproc", "train loss");
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const Config& k = configs[c];
+    std::printf("%-14s %7u %7u %8s %12.0f %12.0f %12.0f %9.3f %10.4f\n", k.name.c_str(),
+                k.tessera ? k.workers : 0, k.workers, k.prefetch ? "on" : "off", med[c],
+                *std::min_element(sps[c].begin(), sps[c].end()),
+                *std::max_element(sps[c].begin(), sps[c].end()), med[c] / med[baseline(c)],
+                loss[c]);
+  }
+  auto ratio = [&](size_t c) { return med[c] / med[baseline(c)]; };
+  std::printf(
+      "\nvs inproc: median samples/s of the configuration / that of the in-process one with the "
+      "same workers and prefetch. Total time %.1f s.\n",
+      total_s);
+
+  const double load_end = LoadAverage();
+  std::printf("1-minute load average: %.2f at the start, %.2f at the end (%u cores)\n", load_start,
+              load_end, std::thread::hardware_concurrency());
+  std::string json = "{\"bench\":\"train\",\"quick\":";
+  json += FLAGS_quick ? "true" : "false";
+  json += ",\"server_mode\":\"";
+  json += server_binary.empty() ? "thread" : "process";
+  json += "\",\"samples_per_run\":" + std::to_string(samples) +
+          ",\"reps\":" + std::to_string(reps) +
+          ",\"batch_size\":" + std::to_string(FLAGS_batch_size) +
+          ",\"cores\":" + std::to_string(std::thread::hardware_concurrency());
+  json += ",\"loadavg_start\":" + JsonNum(load_start) + ",\"loadavg_end\":" + JsonNum(load_end);
+  json += ",\"ps_vs_inprocess_prefetch\":" + JsonNum(ratio(2));
+  json += ",\"ps_vs_inprocess_no_prefetch\":" + JsonNum(ratio(3));
+  json += ",\"ps2x2_vs_inprocess2_prefetch\":" + JsonNum(ratio(6));
+  json += ",\"ps2x2_vs_inprocess2_no_prefetch\":" + JsonNum(ratio(7));
+  json += ",\"samples_per_s\":{";
+  for (size_t c = 0; c < configs.size(); ++c) {
+    if (c) json += ",";
+    json += "\"" + configs[c].name + (configs[c].prefetch ? "_prefetch" : "_no_prefetch") +
+            "\":" + JsonNum(med[c]);
+  }
+  json += "}}";
+  std::printf("%s\n", json.c_str());
+  return 0;
+}
