@@ -30,8 +30,8 @@ struct DataSourceOptions {
   uint32_t holdout_mod = 10;
   /// Synthetic: the generator (its rank, world, stream and num_samples are set from here).
   SyntheticOptions synthetic;
-  /// Synthetic: training samples (all shards) and test samples. Defaults: 1000000, 100000.
-  uint64_t train_samples = 1000000;
+  /// Synthetic: training samples (all shards) and test samples. Defaults: 2500000, 100000.
+  uint64_t train_samples = 2500000;
   uint64_t test_samples = 100000;
   /// libSVM reader options.
   LibsvmOptions libsvm;

@@ -21,11 +21,17 @@ DEFINE_uint32(worker_id, 0, "This worker's rank among the job's workers");
 DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
 DEFINE_uint32(local_ranks, 1, "Local ranks (CPU threads) reduced inside this node before push");
 DEFINE_string(data, "synthetic", "synthetic | criteo:PATH | libsvm:PATH | movielens:DIR");
-DEFINE_uint64(train_samples, 1000000, "Synthetic: training samples (all workers together)");
+DEFINE_uint64(train_samples, 2500000, "Synthetic: training samples (all workers together)");
 DEFINE_uint64(test_samples, 100000, "Synthetic: test samples");
 DEFINE_uint64(seed, 1, "Synthetic: seed of the planted model");
 DEFINE_uint64(synthetic_max_cardinality, 20000, "Synthetic: cap of the Criteo cardinalities");
 DEFINE_double(zipf, 1.2, "Synthetic: Zipf exponent of ids");
+DEFINE_double(interaction_std, tessera::worker::SyntheticOptions{}.interaction_std,
+              "Synthetic: standard deviation of the planted pairwise interactions' logit part");
+DEFINE_double(bias_std, tessera::worker::SyntheticOptions{}.bias_std,
+              "Synthetic: standard deviation of the planted per-id biases' logit part");
+DEFINE_uint32(planted_dim, tessera::worker::SyntheticOptions{}.planted_dim,
+              "Synthetic: width of the planted field vectors (1..8)");
 DEFINE_uint32(epochs, 1, "Passes over the training data");
 DEFINE_uint32(shuffle_buffer, 0, "Shuffle buffer in samples (0: file order)");
 DEFINE_uint32(holdout_mod, 10, "Criteo/libSVM: every N-th line is a test line");
@@ -36,7 +42,7 @@ DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
 DEFINE_int32(threads, 1, "CPU backend threads per local rank");
 DEFINE_string(backend, "cpu", "cpu | cuda");
-DEFINE_uint32(embedding_dim, 16, "Embedding width");
+DEFINE_uint32(embedding_dim, 8, "Embedding width");
 DEFINE_string(bottom_mlp, "64", "Bottom MLP hidden widths, comma-separated (may be empty)");
 DEFINE_string(top_mlp, "64", "Top MLP hidden widths, comma-separated (may be empty)");
 DEFINE_string(pooling, "sum", "Embedding bag pooling: sum | mean");
@@ -45,6 +51,9 @@ DEFINE_bool(wide, true, "Train the wide part (FTRL)");
 DEFINE_double(emb_lr, 0.05, "Embedding Adagrad learning rate");
 DEFINE_double(dense_lr, 0.003, "MLP Adam learning rate");
 DEFINE_double(wide_lr, 0.05, "Wide FTRL alpha");
+DEFINE_double(emb_init_acc,
+              tessera::worker::ModelConfig::DefaultEmbeddingOptimizer().initial_accumulator,
+              "Embedding Adagrad initial accumulator");
 DEFINE_string(job, "ctr", "Job name: table prefix and position records");
 DEFINE_bool(resume, true, "Resume from the stored position of this worker");
 DEFINE_bool(evaluate, true, "After training (and a barrier of all workers), worker 0 evaluates");
@@ -116,6 +125,9 @@ int main(int argc, char** argv) {
   dopt.test_samples = FLAGS_test_samples;
   dopt.synthetic.seed = FLAGS_seed;
   dopt.synthetic.zipf_exponent = FLAGS_zipf;
+  dopt.synthetic.interaction_std = FLAGS_interaction_std;
+  dopt.synthetic.bias_std = FLAGS_bias_std;
+  dopt.synthetic.planted_dim = FLAGS_planted_dim;
   dopt.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
 
   // The model's shape follows the data's.
@@ -132,6 +144,7 @@ int main(int argc, char** argv) {
   mc.wide = FLAGS_wide;
   mc.table_prefix = FLAGS_job;
   mc.embedding_optimizer.learning_rate = static_cast<float>(FLAGS_emb_lr);
+  mc.embedding_optimizer.initial_accumulator = static_cast<float>(FLAGS_emb_init_acc);
   mc.dense_optimizer.learning_rate = static_cast<float>(FLAGS_dense_lr);
   mc.wide_optimizer.learning_rate = static_cast<float>(FLAGS_wide_lr);
   auto layout = tw::ModelLayout::Create(mc);

@@ -1,0 +1,107 @@
+// A tessera-worker (or any) child process for tests: output to a file, SIGKILL on destruction.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessera::testing {
+
+/// One child process. Its stdout and stderr go to `log_path`. The destructor kills it (SIGKILL)
+/// if it still runs; it also dies with the test process (PR_SET_PDEATHSIG). Not thread-safe.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ~ChildProcess() { Kill(); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  /// Starts `argv`; false when fork fails.
+  bool Start(const std::vector<std::string>& argv, const std::string& log_path) {
+    Kill();
+    log_path_ = log_path;
+    exit_code_ = -1;
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      std::vector<std::string> copy = argv;
+      std::vector<char*> cargs;
+      for (auto& a : copy) cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      execv(cargs[0], cargs.data());
+      _exit(127);
+    }
+    pid_ = pid;
+    return true;
+  }
+
+  /// Whether the child still runs (reaps it when it has exited).
+  bool Running() {
+    if (pid_ <= 0) return false;
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      return false;
+    }
+    return true;
+  }
+
+  /// SIGKILL and reap (no-op when not running).
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    exit_code_ = 128 + SIGKILL;
+  }
+
+  /// Waits up to `timeout_s` for the exit; returns the exit code, or -1 after killing the child
+  /// on timeout.
+  int Wait(double timeout_s) {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    while (Running()) {
+      if (std::chrono::steady_clock::now() > until) {
+        Kill();
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return exit_code_;
+  }
+
+  /// The child's output so far.
+  std::string Output() const {
+    std::ifstream in(log_path_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  std::string log_path_;
+};
+
+}  // namespace tessera::testing
