@@ -60,7 +60,8 @@ struct CpuReduceGroup::State {
       return true;
     }
     cv.wait(lock, [&] { return generation != gen || aborted; });
-    return !aborted;
+    // A barrier that completed before the abort still counts: its result is delivered.
+    return generation != gen;
   }
   void Abort() {
     std::lock_guard<std::mutex> lock(mu);
