@@ -104,6 +104,8 @@ void ReshardRoundTrip(uint32_t from, uint32_t to, bool durable) {
 
 TEST(CheckpointTest, RestoreOnThreeServersFromTwo) { ReshardRoundTrip(2, 3, false); }
 TEST(CheckpointTest, RestoreOnTwoServersFromThree) { ReshardRoundTrip(3, 2, false); }
+// The same with RocksDB under every server (rows scanned from and restored into the durable tier).
+TEST(CheckpointTest, RestoreOnTwoServersFromThreeDurable) { ReshardRoundTrip(3, 2, true); }
 
 TEST(CheckpointTest, CorruptCheckpointIsRefused) {
   LocalCluster a(testing::Servers(1));
