@@ -35,6 +35,10 @@ class Writer {
   // Records are small: gather them and hash and write in large blocks.
   void Put(const void* p, size_t n) {
     if (!ok()) return;
+    if (sink_ != nullptr) {  // hashed once, at Finish
+      sink_->append(static_cast<const char*>(p), n);
+      return;
+    }
     buf_.append(static_cast<const char*>(p), n);
     if (buf_.size() >= kBlock) Drain();
   }
@@ -57,6 +61,7 @@ class Writer {
     Put(end);
     Put(records);
     Drain();
+    if (sink_ != nullptr) XXH3_64bits_update(state_.get(), sink_->data(), sink_->size());
     uint64_t h = XXH3_64bits_digest(state_.get());
     if (sink_ != nullptr) {
       if (ok_) sink_->append(reinterpret_cast<const char*>(&h), sizeof(h));
@@ -104,13 +109,17 @@ bool RecordWriter::ok() const { return w_->ok(); }
 
 void RecordWriter::Put(Record::Kind kind, uint64_t table, uint64_t key, const RecordMeta& meta,
                        const float* row, uint32_t n) {
-  w_->Put(static_cast<uint8_t>(kind));
-  w_->Put(table);
-  w_->Put(key);
-  w_->Put(n);
-  w_->Put(meta.update_count);
-  w_->Put(meta.last_step);
-  w_->Put(meta.last_update_s);
+  // One append for the fixed part: kind, table, key, n, update_count, last_step, last_update_s.
+  char head[1 + 8 + 8 + 4 + 4 + 4 + 4];
+  char* p = head;
+  *p++ = static_cast<char>(kind);
+  for (auto [src, len] : {std::pair<const void*, size_t>{&table, 8}, {&key, 8}, {&n, 4},
+                          {&meta.update_count, 4}, {&meta.last_step, 4},
+                          {&meta.last_update_s, 4}}) {
+    std::memcpy(p, src, len);
+    p += len;
+  }
+  w_->Put(head, sizeof(head));
   w_->Put(row, sizeof(float) * n);
   ++records_;
 }
