@@ -113,8 +113,11 @@ void RecordWriter::Put(Record::Kind kind, uint64_t table, uint64_t key, const Re
   char head[1 + 8 + 8 + 4 + 4 + 4 + 4];
   char* p = head;
   *p++ = static_cast<char>(kind);
-  for (auto [src, len] : {std::pair<const void*, size_t>{&table, 8}, {&key, 8}, {&n, 4},
-                          {&meta.update_count, 4}, {&meta.last_step, 4},
+  for (auto [src, len] : {std::pair<const void*, size_t>{&table, 8},
+                          {&key, 8},
+                          {&n, 4},
+                          {&meta.update_count, 4},
+                          {&meta.last_step, 4},
                           {&meta.last_update_s, 4}}) {
     std::memcpy(p, src, len);
     p += len;
