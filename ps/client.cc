@@ -16,6 +16,7 @@
 #include <zmq_addon.hpp>
 
 #include "ps/codec.h"
+#include "ps/curve.h"
 #include "ps/export_reader.h"
 #include "ps/routing.h"
 
@@ -92,6 +93,14 @@ class ClientImpl {
                                      " is not below num_workers " +
                                      std::to_string(options_.consistency.num_workers));
     }
+    CurveKeyPair mine;
+    if (!options_.curve_server_key.empty()) {
+      if (options_.curve_server_key.size() != 40) {
+        return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
+                                       std::to_string(options_.curve_server_key.size()));
+      }
+      TESSERA_ASSIGN_OR_RETURN(mine, GenerateCurveKeyPair());
+    }
     event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (event_fd_ < 0) return Status::Internal("eventfd failed");
     const size_t n = options_.servers.size();
@@ -105,6 +114,15 @@ class ClientImpl {
       s.dealer.set(zmq::sockopt::immediate, 1);
       s.dealer.set(zmq::sockopt::reconnect_ivl, 100);
       s.dealer.set(zmq::sockopt::reconnect_ivl_max, 1000);
+      if (!options_.curve_server_key.empty()) {
+        try {
+          s.dealer.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
+          s.dealer.set(zmq::sockopt::curve_publickey, mine.public_key);
+          s.dealer.set(zmq::sockopt::curve_secretkey, mine.secret_key);
+        } catch (const zmq::error_t& e) {
+          return Status::InvalidArgument(std::string("CurveZMQ: ") + e.what());
+        }
+      }
       const std::string mon = "inproc://tessera-client-mon-" +
                               std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
                               std::to_string(i);

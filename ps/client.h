@@ -46,6 +46,10 @@ struct ClientOptions {
   int64_t request_timeout_ms = 60000;
   /// How long Create() waits for every server to answer a ping. Default: 10000 ms.
   int64_t connect_timeout_ms = 10000;
+  /// CurveZMQ public key of the servers (40 Z85 characters), for clusters started with a
+  /// secret key: connections are then encrypted (the client uses a fresh key pair of its own).
+  /// Default: empty (plain TCP).
+  std::string curve_server_key;
 };
 
 /// A table known to the client (from CreateTable or GetTable). Cheap to copy.

@@ -1,5 +1,6 @@
 // tessera-ctl: operations on a running Tessera cluster.
 #include <gflags/gflags.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
@@ -7,11 +8,15 @@
 #include <string>
 
 #include "ps/client.h"
+#include "ps/curve.h"
 #include "ps/routing.h"
 
 DEFINE_string(cluster, "", "Server endpoints in rank order, comma-separated, or @FILE");
 DEFINE_int64(timeout_s, 3600, "Give up after this many seconds");
 DEFINE_bool(delta, false, "export: only the rows updated since the previous export");
+DEFINE_string(curve_server_key_file, "",
+              "File holding the servers' CurveZMQ public key, for clusters started with "
+              "--curve_secret_key_file");
 
 namespace {
 
@@ -23,7 +28,9 @@ int Usage() {
                "  export ROOT      versioned serving export (values only) under ROOT;\n"
                "                   --delta for the rows updated since the previous one\n"
                "  stats            every server's counters\n"
-               "  tables           the tables and their specs\n");
+               "  tables           the tables and their specs\n"
+               "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
+               "                   --curve_secret_key_file) and DIR/server.pub (public)\n");
   return 2;
 }
 
@@ -34,6 +41,31 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc < 2) return Usage();
   const std::string cmd = argv[1];
+  if (cmd == "keygen") {
+    if (argc != 3) return Usage();
+    auto kp = tessera::GenerateCurveKeyPair();
+    if (!kp.ok()) {
+      std::fprintf(stderr, "tessera-ctl: %s\n", kp.status().ToString().c_str());
+      return 1;
+    }
+    const std::string dir = argv[2];
+    const std::string sec = dir + "/server.key", pub = dir + "/server.pub";
+    FILE* f = std::fopen(sec.c_str(), "w");
+    FILE* g = std::fopen(pub.c_str(), "w");
+    if (f == nullptr || g == nullptr) {
+      std::fprintf(stderr, "tessera-ctl: cannot write keys into %s\n", dir.c_str());
+      if (f) std::fclose(f);
+      if (g) std::fclose(g);
+      return 1;
+    }
+    fchmod(fileno(f), 0600);
+    std::fprintf(f, "%s\n", kp->secret_key.c_str());
+    std::fprintf(g, "%s\n", kp->public_key.c_str());
+    std::fclose(f);
+    std::fclose(g);
+    std::printf("wrote %s (secret) and %s (public)\n", sec.c_str(), pub.c_str());
+    return 0;
+  }
   auto eps = tessera::ParseClusterList(FLAGS_cluster);
   if (!eps.ok()) {
     std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());
@@ -41,6 +73,14 @@ int main(int argc, char** argv) {
   }
   tessera::ClientOptions o;
   o.servers = *eps;
+  if (!FLAGS_curve_server_key_file.empty()) {
+    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
+    if (!key.ok()) {
+      std::fprintf(stderr, "tessera-ctl: %s\n", key.status().ToString().c_str());
+      return 2;
+    }
+    o.curve_server_key = *key;
+  }
   o.request_timeout_ms = FLAGS_timeout_s * 1000;
   auto client = tessera::Client::Create(o);
   if (!client.ok()) {

@@ -318,6 +318,18 @@ class ServerImpl {
     router_.set(zmq::sockopt::sndhwm, 0);
     router_.set(zmq::sockopt::rcvhwm, 0);
     router_.set(zmq::sockopt::router_mandatory, 0);
+    if (!options_.curve_secret_key.empty()) {
+      if (options_.curve_secret_key.size() != 40) {
+        return Status::InvalidArgument("a CurveZMQ secret key has 40 Z85 characters, got " +
+                                       std::to_string(options_.curve_secret_key.size()));
+      }
+      try {
+        router_.set(zmq::sockopt::curve_server, 1);
+        router_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      } catch (const zmq::error_t& e) {
+        return Status::InvalidArgument(std::string("CurveZMQ: ") + e.what());
+      }
+    }
     // A frame larger than the request limit plus slack is dropped by ZeroMQ with the
     // connection; requests that fit are checked against the limit with an error reply.
     router_.set(zmq::sockopt::maxmsgsize,

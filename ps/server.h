@@ -33,6 +33,10 @@ struct ServerOptions {
   StorageOptions storage;
   /// Interval of the storage maintenance (eviction) pass, in milliseconds. Default: 1000.
   uint32_t maintenance_interval_ms = 1000;
+  /// CurveZMQ secret key of the server (40 Z85 characters). When set, every connection is
+  /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
+  /// Default: empty (plain TCP).
+  std::string curve_secret_key;
 };
 
 /// A running server. Create() binds the socket, opens (and recovers) storage and starts the

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "ps/curve.h"
 #include "ps/routing.h"
 #include "ps/server.h"
 
@@ -30,6 +31,9 @@ DEFINE_bool(fsync, false, "fsync the write-ahead log before acknowledging (machi
 DEFINE_uint64(max_request_mb, 1024,
               "Largest request accepted, in MiB of keys and values it carries or produces");
 DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms");
+DEFINE_string(curve_secret_key_file, "",
+              "File holding this server's CurveZMQ secret key (tessera-ctl keygen): every "
+              "connection is then encrypted and authenticated. Empty: plain TCP");
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
@@ -69,6 +73,14 @@ int main(int argc, char** argv) {
   }
   o.storage.relaxed_window_ms = FLAGS_relaxed_window_ms;
   o.storage.fsync = FLAGS_fsync;
+  if (!FLAGS_curve_secret_key_file.empty()) {
+    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_secret_key_file);
+    if (!key.ok()) {
+      std::cerr << "tessera-server: --curve_secret_key_file: " << key.status().ToString() << "\n";
+      return 2;
+    }
+    o.curve_secret_key = *key;
+  }
 
   // Block the stop signals in every thread; the main thread waits for them.
   sigset_t stop_signals;

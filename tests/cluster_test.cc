@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ps/client.h"
+#include "ps/curve.h"
 #include "ps/initializer.h"
 #include "tests/cluster_fixture.h"
 
@@ -265,6 +266,45 @@ TEST(ClusterTest, BarrierWaitsForAllWorkers) {
   }
   for (auto& t : ts) t.join();
   EXPECT_EQ(passed_early.load(), 0);
+}
+
+TEST(ClusterTest, CurveEncryptedClusterRefusesPlainAndWrongKeyClients) {
+  auto kp = GenerateCurveKeyPair();
+  ASSERT_TRUE(kp.ok()) << kp.status().ToString();
+  testing::LocalClusterOptions o = testing::Servers(2);
+  LocalCluster probe(o);  // only for its temp dir
+  const std::string key_file = probe.dir() + "/server.key";
+  {
+    std::FILE* f = std::fopen(key_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "%s\n", kp->secret_key.c_str());
+    std::fclose(f);
+  }
+  o.extra_flags = {"--curve_secret_key_file=" + key_file};
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions co;
+  co.connect_timeout_ms = 1500;
+  co.curve_server_key = kp->public_key;
+  auto c = Connect(cluster, co);
+  ASSERT_NE(c, nullptr);
+  auto t = c->CreateTable(TableSpec::Sparse("secret", 2, Sgd(1.0f)));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<uint64_t> keys = {1, 2, 3, 4, 5};
+  std::vector<float> g(10, 1.0f), out(10);
+  ASSERT_TRUE(c->Wait(c->PushPull(*t, keys, g, out.data())).ok());
+  EXPECT_EQ(out[0], -1.0f);
+  // A client without the key, and one with another server key, never get an answer.
+  ClientOptions plain;
+  plain.servers = cluster.endpoints();
+  plain.connect_timeout_ms = 1500;
+  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kUnavailable);
+  auto other = GenerateCurveKeyPair();
+  ASSERT_TRUE(other.ok());
+  plain.curve_server_key = other->public_key;
+  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kUnavailable);
+  plain.curve_server_key = "short";
+  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(ClusterTest, KilledServerGivesUnavailableNotHang) {

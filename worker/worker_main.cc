@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ps/client.h"
+#include "ps/curve.h"
 #include "ps/routing.h"
 #include "worker/backend.h"
 #include "worker/data_source.h"
@@ -17,6 +18,9 @@
 #include "worker/trainer.h"
 
 DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or @FILE");
+DEFINE_string(curve_server_key_file, "",
+              "File holding the servers' CurveZMQ public key (clusters started with "
+              "--curve_secret_key_file)");
 DEFINE_uint32(worker_id, 0, "This worker's rank among the job's workers");
 DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
 DEFINE_uint32(local_ranks, 1, "Local ranks (CPU threads) reduced inside this node before push");
@@ -111,6 +115,11 @@ int main(int argc, char** argv) {
   copt.consistency.num_workers = FLAGS_num_workers;
   copt.consistency.staleness = staleness;
   copt.request_timeout_ms = FLAGS_request_timeout_ms;
+  if (!FLAGS_curve_server_key_file.empty()) {
+    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
+    if (!key.ok()) return Fail(key.status());
+    copt.curve_server_key = *key;
+  }
   auto client = tessera::Client::Create(copt);
   if (!client.ok()) return Fail(client.status());
   auto store = tw::CreateClusterStore(client->get());
