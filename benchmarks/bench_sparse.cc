@@ -9,31 +9,22 @@
 //
 // Servers run as child processes (tessera-server next to this program) unless
 // --server_mode=thread. The last line of output is one JSON object.
-#include <fcntl.h>
 #include <gflags/gflags.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "benchmarks/bench_cluster.h"
 #include "ps/client.h"
-#include "ps/server.h"
 
 DEFINE_bool(quick, false, "Short run (under a minute): fewer, shorter repetitions");
 DEFINE_int32(reps, 0, "Repetitions per cell (0: 3 with --quick, else 7)");
@@ -120,133 +111,6 @@ class ZipfSampler {
   double h_integral_x1_, h_integral_n_, cut_;
 };
 
-// ------------------------------------------------------------------ servers
-
-// A tessera-server child process; killed (SIGTERM, then SIGKILL) on destruction.
-class ServerProcess {
- public:
-  ServerProcess() = default;
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  ~ServerProcess() { Stop(); }
-
-  // Starts `argv` and waits up to 30 s for its "ready ... endpoint=E" line; returns E or "".
-  std::string Start(const std::vector<std::string>& argv) {
-    char log_tmpl[] = "/tmp/tessera-bench-XXXXXX";
-    const int log = mkstemp(log_tmpl);
-    if (log >= 0) log_path_ = log_tmpl;
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return "";
-    std::vector<std::string> args = argv;
-    std::vector<char*> cargs;
-    for (auto& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ < 0) return "";
-    if (pid_ == 0) {
-      // Only async-signal-safe calls between fork and exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      dup2(out[1], 1);
-      if (log >= 0) dup2(log, 2);
-      execv(cargs[0], cargs.data());
-      _exit(127);
-    }
-    close(out[1]);
-    if (log >= 0) close(log);
-    std::string seen, endpoint;
-    const auto until = BenchClock::now() + std::chrono::seconds(30);
-    while (endpoint.empty() && BenchClock::now() < until) {
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buf[512];
-      const ssize_t n = read(out[0], buf, sizeof(buf));
-      if (n <= 0) break;
-      seen.append(buf, static_cast<size_t>(n));
-      const size_t at = seen.find("endpoint=");
-      const size_t eol = at == std::string::npos ? at : seen.find('\n', at);
-      if (eol != std::string::npos) endpoint = seen.substr(at + 9, eol - at - 9);
-    }
-    close(out[0]);
-    if (endpoint.empty()) {
-      std::ifstream in(log_path_);
-      std::fprintf(stderr, "bench_sparse: %s did not start; its stderr:\n%s\n", argv[0].c_str(),
-                   std::string(std::istreambuf_iterator<char>(in), {}).c_str());
-      Stop();
-    }
-    return endpoint;
-  }
-
-  void Stop() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int st;
-      bool reaped = false;
-      for (int i = 0; i < 100 && !reaped; ++i) {
-        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
-        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!reaped) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-      }
-      pid_ = -1;
-    }
-    if (!log_path_.empty()) {
-      unlink(log_path_.c_str());
-      log_path_.clear();
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::string log_path_;
-};
-
-// `n` Tessera servers as processes or in-process objects.
-class Cluster {
- public:
-  bool Start(uint32_t n, const std::string& server_binary) {
-    for (uint32_t r = 0; r < n; ++r) {
-      if (FLAGS_server_mode == "thread") {
-        tessera::ServerOptions o;
-        o.listen = "tcp://127.0.0.1:*";
-        o.rank = r;
-        o.num_servers = n;
-        o.lanes = FLAGS_lanes;
-        auto s = tessera::Server::Create(o);
-        if (!s.ok()) {
-          std::fprintf(stderr, "bench_sparse: server: %s\n", s.status().ToString().c_str());
-          return false;
-        }
-        endpoints.push_back((*s)->endpoint());
-        servers_.push_back(std::move(*s));
-        continue;
-      }
-      // Each server binds a free port itself; --cluster only gives the cluster size.
-      std::string cluster;
-      for (uint32_t i = 0; i < n; ++i) {
-        cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
-      }
-      auto p = std::make_unique<ServerProcess>();
-      const std::string ep =
-          p->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
-                    "--rank=" + std::to_string(r), "--lanes=" + std::to_string(FLAGS_lanes)});
-      if (ep.empty()) return false;
-      endpoints.push_back(ep);
-      processes_.push_back(std::move(p));
-    }
-    return true;
-  }
-
-  std::vector<std::string> endpoints;
-
- private:
-  std::vector<std::unique_ptr<tessera::Server>> servers_;
-  std::vector<std::unique_ptr<ServerProcess>> processes_;
-};
-
 // ------------------------------------------------------------------ workload
 
 struct Shape {
@@ -328,11 +192,9 @@ int main(int argc, char** argv) {
   }
   const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
   const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.2 : 1.0);
-  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
-  const std::string server_binary =
-      !FLAGS_server_binary.empty()
-          ? FLAGS_server_binary
-          : (std::filesystem::path(self).parent_path() / "tessera-server").string();
+  const std::string server_binary = !FLAGS_server_binary.empty()
+                                        ? FLAGS_server_binary
+                                        : tessera::bench::DefaultServerBinary(argv[0]);
   if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "bench_sparse: no tessera-server at %s (see --server_binary)\n",
                  server_binary.c_str());
@@ -394,10 +256,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_sparse: server counts must be 1..64\n");
       return 2;
     }
-    Cluster cluster;
-    if (!cluster.Start(static_cast<uint32_t>(nservers), server_binary)) return 1;
+    tessera::bench::BenchCluster cluster;
+    if (const tessera::Status st = cluster.Start(static_cast<uint32_t>(nservers), FLAGS_server_mode,
+                                                 server_binary, FLAGS_lanes);
+        !st.ok()) {
+      if (FLAGS_server_mode == "thread") {
+        std::fprintf(stderr, "bench_sparse: server: %s\n", st.ToString().c_str());
+      } else {
+        std::fprintf(stderr, "bench_sparse: %s\n", st.message().c_str());
+      }
+      return 1;
+    }
     tessera::ClientOptions co;
-    co.servers = cluster.endpoints;
+    co.servers = cluster.endpoints();
     auto client_or = tessera::Client::Create(co);
     if (!client_or.ok()) {
       std::fprintf(stderr, "bench_sparse: client: %s\n", client_or.status().ToString().c_str());

@@ -17,12 +17,8 @@
 // ps_vs_inprocess_{prefetch,no_prefetch} (1 server + 1 worker vs 1 in-process trainer) and
 // ps2x2_vs_inprocess2_{prefetch,no_prefetch} (2 + 2 vs 2 in-process trainers), plus the raw
 // samples/s of every configuration.
-#include <fcntl.h>
 #include <gflags/gflags.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,8 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "benchmarks/bench_cluster.h"
 #include "ps/client.h"
-#include "ps/server.h"
 #include "ps/status.h"
 #include "worker/backend.h"
 #include "worker/data_reader.h"
@@ -76,139 +72,6 @@ namespace {
 
 using BenchClock = std::chrono::steady_clock;
 
-// ------------------------------------------------------------------ servers
-
-// A tessera-server child process; stopped (SIGTERM, then SIGKILL) on destruction. The child
-// dies with this process too (PR_SET_PDEATHSIG).
-class ServerProcess {
- public:
-  ServerProcess() = default;
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  ~ServerProcess() { Stop(); }
-
-  // Starts `argv` and waits up to 30 s for its "ready ... endpoint=E" line; returns E.
-  Result<std::string> Start(const std::vector<std::string>& argv) {
-    char log_tmpl[] = "/tmp/tessera-bench-train-XXXXXX";
-    const int log = mkstemp(log_tmpl);
-    if (log >= 0) log_path_ = log_tmpl;
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) {
-      if (log >= 0) close(log);
-      return Status::IOError("pipe2 failed");
-    }
-    std::vector<std::string> args = argv;
-    std::vector<char*> cargs;
-    for (auto& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ < 0) {
-      close(out[0]);
-      close(out[1]);
-      if (log >= 0) close(log);
-      return Status::IOError("fork failed");
-    }
-    if (pid_ == 0) {
-      // Only async-signal-safe calls between fork and exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      dup2(out[1], 1);
-      if (log >= 0) dup2(log, 2);
-      execv(cargs[0], cargs.data());
-      _exit(127);
-    }
-    close(out[1]);
-    if (log >= 0) close(log);
-    std::string seen, endpoint;
-    const auto until = BenchClock::now() + std::chrono::seconds(30);
-    while (endpoint.empty() && BenchClock::now() < until) {
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buf[512];
-      const ssize_t n = read(out[0], buf, sizeof(buf));
-      if (n <= 0) break;
-      seen.append(buf, static_cast<size_t>(n));
-      const size_t at = seen.find("endpoint=");
-      const size_t eol = at == std::string::npos ? at : seen.find('\n', at);
-      if (eol != std::string::npos) endpoint = seen.substr(at + 9, eol - at - 9);
-    }
-    close(out[0]);
-    if (endpoint.empty()) {
-      std::ifstream in(log_path_);
-      const std::string err(std::istreambuf_iterator<char>(in), {});
-      Stop();
-      return Status::Unavailable(argv[0] + " did not start; its stderr:\n" + err);
-    }
-    return endpoint;
-  }
-
-  void Stop() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int st;
-      bool reaped = false;
-      for (int i = 0; i < 100 && !reaped; ++i) {
-        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
-        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!reaped) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-      }
-      pid_ = -1;
-    }
-    if (!log_path_.empty()) {
-      unlink(log_path_.c_str());
-      log_path_.clear();
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::string log_path_;
-};
-
-// `n` memory-tier Tessera servers, as child processes or objects of this process; all stopped
-// on destruction.
-class Cluster {
- public:
-  Status Start(uint32_t n, const std::string& server_binary) {
-    for (uint32_t r = 0; r < n; ++r) {
-      if (server_binary.empty()) {
-        tessera::ServerOptions o;
-        o.listen = "tcp://127.0.0.1:*";
-        o.rank = r;
-        o.num_servers = n;
-        o.lanes = FLAGS_lanes;
-        TESSERA_ASSIGN_OR_RETURN(auto s, tessera::Server::Create(o));
-        endpoints.push_back(s->endpoint());
-        servers_.push_back(std::move(s));
-        continue;
-      }
-      // Each server binds a free port itself; --cluster only gives the cluster size.
-      std::string cluster;
-      for (uint32_t i = 0; i < n; ++i) {
-        cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
-      }
-      auto p = std::make_unique<ServerProcess>();
-      TESSERA_ASSIGN_OR_RETURN(
-          std::string ep,
-          p->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
-                    "--rank=" + std::to_string(r), "--lanes=" + std::to_string(FLAGS_lanes)}));
-      endpoints.push_back(ep);
-      processes_.push_back(std::move(p));
-    }
-    return Status::OK();
-  }
-
-  std::vector<std::string> endpoints;
-
- private:
-  std::vector<std::unique_ptr<tessera::Server>> servers_;
-  std::vector<std::unique_ptr<ServerProcess>> processes_;
-};
-
 // ------------------------------------------------------------------ training runs
 
 std::vector<uint32_t> ParseWidths(const std::string& s) {
@@ -241,18 +104,19 @@ struct RunResult {
 Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
                           const tw::DataSourceOptions& data, uint64_t samples,
                           const std::string& server_binary) {
-  Cluster cluster;
+  tessera::bench::BenchCluster cluster;
   std::vector<std::unique_ptr<tessera::Client>> clients;
   std::vector<std::unique_ptr<tw::ParamStore>> stores;
   std::unique_ptr<tw::ParamStore> local;
   if (cfg.tessera) {
-    TESSERA_RETURN_IF_ERROR(cluster.Start(cfg.workers, server_binary));
+    TESSERA_RETURN_IF_ERROR(cluster.Start(cfg.workers, server_binary.empty() ? "thread" : "process",
+                                          server_binary, FLAGS_lanes));
   } else {
     local = tw::CreateLocalStore();
   }
   for (uint32_t w = 0; w < cfg.workers && cfg.tessera; ++w) {
     tessera::ClientOptions co;
-    co.servers = cluster.endpoints;
+    co.servers = cluster.endpoints();
     co.worker_id = w;
     co.consistency.num_workers = cfg.workers;
     co.consistency.staleness = -1;
@@ -354,15 +218,10 @@ std::string FindServerBinary(const char* argv0, std::string* note) {
     return FLAGS_server_binary;
   }
   std::error_code ec;
-  fs::path self = fs::canonical("/proc/self/exe", ec);
-  if (ec) self = fs::absolute(argv0, ec);
-  const fs::path dir = self.parent_path();
-  for (const fs::path& cand : {dir / "../../tessera-server", dir / "tessera-server"}) {
-    if (fs::exists(cand, ec)) {
-      const std::string p = fs::weakly_canonical(cand, ec).string();
-      *note = "servers: tessera-server child processes (" + p + ")";
-      return p;
-    }
+  const std::string p = tessera::bench::DefaultServerBinary(argv0);
+  if (fs::exists(p, ec)) {
+    *note = "servers: tessera-server child processes (" + p + ")";
+    return p;
   }
   *note =
       "servers: tessera::Server objects in this process (no tessera-server binary found "

@@ -12,12 +12,8 @@
 //
 // Servers run as child processes (tessera-server binaries and this program in --echo_server
 // mode) unless --server_mode=thread. The last line of output is one JSON object.
-#include <fcntl.h>
 #include <gflags/gflags.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,7 +26,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -41,9 +36,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "benchmarks/bench_cluster.h"
 #include "ps/client.h"
 #include "ps/routing.h"
-#include "ps/server.h"
 
 DEFINE_bool(quick, false, "Short run (under a minute): fewer, shorter repetitions");
 DEFINE_int32(reps, 0, "Repetitions per cell and side (0: 3 with --quick, else 7)");
@@ -145,106 +140,10 @@ void RunEchoServer(const std::string& endpoint, const std::atomic<bool>* stop,
   }
 }
 
-// ------------------------------------------------------------------ child processes
+// ------------------------------------------------------------------ servers
 
-// A child process whose stdout is read until it prints a ready line. Killed on destruction.
-class Child {
- public:
-  Child() = default;
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child() { Stop(); }
-
-  // Starts argv; waits up to 30 s for a stdout line containing `ready`; returns that line.
-  bool Start(const std::vector<std::string>& argv, const std::string& ready, std::string* line) {
-    char log_tmpl[] = "/tmp/tessera-bench-XXXXXX";
-    const int log = mkstemp(log_tmpl);
-    if (log >= 0) log_path_ = log_tmpl;
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return false;
-    std::vector<std::string> args = argv;
-    std::vector<char*> cargs;
-    for (auto& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ < 0) return false;
-    if (pid_ == 0) {
-      // Only async-signal-safe calls between fork and exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      dup2(out[1], 1);
-      if (log >= 0) dup2(log, 2);
-      execv(cargs[0], cargs.data());
-      _exit(127);
-    }
-    close(out[1]);
-    if (log >= 0) close(log);
-    std::string seen;
-    const auto until = BenchClock::now() + std::chrono::seconds(30);
-    bool ok = false;
-    while (BenchClock::now() < until) {
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 100) > 0) {
-        char buf[512];
-        const ssize_t n = read(out[0], buf, sizeof(buf));
-        if (n <= 0) break;
-        seen.append(buf, static_cast<size_t>(n));
-        const size_t at = seen.find(ready);
-        const size_t eol = at == std::string::npos ? at : seen.find('\n', at);
-        if (eol != std::string::npos) {
-          *line = seen.substr(at, eol - at);
-          ok = true;
-          break;
-        }
-      }
-    }
-    close(out[0]);
-    if (!ok) {
-      std::fprintf(stderr, "bench: %s did not start; its stderr:\n", argv[0].c_str());
-      std::ifstream in(log_path_);
-      std::fprintf(stderr, "%s\n", std::string(std::istreambuf_iterator<char>(in), {}).c_str());
-      Stop();
-    }
-    return ok;
-  }
-
-  // SIGTERM, then SIGKILL after 5 s; reaps the process and removes its log.
-  void Stop() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int st;
-      bool reaped = false;
-      for (int i = 0; i < 100 && !reaped; ++i) {
-        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
-        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!reaped) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-      }
-      pid_ = -1;
-    }
-    if (!log_path_.empty()) {
-      unlink(log_path_.c_str());
-      log_path_.clear();
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::string log_path_;
-};
-
-std::string EndpointOf(const std::string& ready_line) {
-  const size_t at = ready_line.find("endpoint=");
-  if (at == std::string::npos) return "";
-  std::string ep = ready_line.substr(at + 9);
-  while (!ep.empty() && (ep.back() == '\r' || ep.back() == ' ')) ep.pop_back();
-  return ep;
-}
-
-// A set of echo servers and Tessera servers, processes or threads.
+// Tessera servers (a tessera::bench::BenchCluster) and as many echo servers, processes or
+// threads.
 class Cluster {
  public:
   Cluster() = default;
@@ -254,20 +153,17 @@ class Cluster {
 
   bool Start(uint32_t n, const std::string& self, const std::string& server_binary) {
     const bool threads = FLAGS_server_mode == "thread";
+    if (const tessera::Status st = tessera_.Start(n, FLAGS_server_mode, server_binary, FLAGS_lanes);
+        !st.ok()) {
+      if (threads) {
+        std::fprintf(stderr, "bench: server: %s\n", st.ToString().c_str());
+      } else {
+        std::fprintf(stderr, "bench: %s\n", st.message().c_str());
+      }
+      return false;
+    }
     for (uint32_t r = 0; r < n; ++r) {
       if (threads) {
-        tessera::ServerOptions o;
-        o.listen = "tcp://127.0.0.1:*";
-        o.rank = r;
-        o.num_servers = n;
-        o.lanes = FLAGS_lanes;
-        auto s = tessera::Server::Create(o);
-        if (!s.ok()) {
-          std::fprintf(stderr, "bench: server: %s\n", s.status().ToString().c_str());
-          return false;
-        }
-        tessera_endpoints.push_back((*s)->endpoint());
-        servers_.push_back(std::move(*s));
         auto bound = std::make_shared<std::promise<std::string>>();
         std::future<std::string> ready = bound->get_future();
         echo_threads_.emplace_back([this, bound] {
@@ -276,27 +172,14 @@ class Cluster {
         });
         echo_endpoints.push_back(ready.get());
       } else {
-        // Each server binds a free port itself ("*"); --cluster only tells it the cluster size
-        // (the bench client is given the real endpoints), so no port can be raced for.
-        std::string cluster;
-        for (uint32_t i = 0; i < n; ++i) {
-          cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
-        }
-        std::string line;
-        auto t = std::make_unique<Child>();
-        if (!t->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
-                       "--rank=" + std::to_string(r), "--lanes=" + std::to_string(FLAGS_lanes)},
-                      "tessera-server ready", &line)) {
+        auto e = std::make_unique<tessera::bench::ServerProcess>();
+        auto ep = e->Start({self, "--echo_server=tcp://127.0.0.1:*"}, "echo ready");
+        if (!ep.ok()) {
+          std::fprintf(stderr, "bench: %s\n", ep.status().message().c_str());
           return false;
         }
-        tessera_endpoints.push_back(EndpointOf(line));
-        children_.push_back(std::move(t));
-        auto e = std::make_unique<Child>();
-        if (!e->Start({self, "--echo_server=tcp://127.0.0.1:*"}, "echo ready", &line)) {
-          return false;
-        }
-        echo_endpoints.push_back(EndpointOf(line));
-        children_.push_back(std::move(e));
+        echo_endpoints.push_back(*ep);
+        echo_processes_.push_back(std::move(e));
       }
     }
     return true;
@@ -306,18 +189,18 @@ class Cluster {
     echo_stop_.store(true);
     for (auto& t : echo_threads_) t.join();
     echo_threads_.clear();
-    servers_.clear();
-    children_.clear();
+    tessera_.Stop();
+    echo_processes_.clear();
   }
 
-  std::vector<std::string> tessera_endpoints;
+  const std::vector<std::string>& tessera_endpoints() const { return tessera_.endpoints(); }
   std::vector<std::string> echo_endpoints;
 
  private:
+  tessera::bench::BenchCluster tessera_;
   std::atomic<bool> echo_stop_{false};
   std::vector<std::thread> echo_threads_;
-  std::vector<std::unique_ptr<tessera::Server>> servers_;
-  std::vector<std::unique_ptr<Child>> children_;
+  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> echo_processes_;
 };
 
 // ------------------------------------------------------------------ workloads
@@ -510,10 +393,9 @@ int main(int argc, char** argv) {
   const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
   const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.12 : 0.4);
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
-  const std::string server_binary =
-      !FLAGS_server_binary.empty()
-          ? FLAGS_server_binary
-          : (std::filesystem::path(self).parent_path() / "tessera-server").string();
+  const std::string server_binary = !FLAGS_server_binary.empty()
+                                        ? FLAGS_server_binary
+                                        : tessera::bench::DefaultServerBinary(argv[0]);
   if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "bench_transport: no tessera-server at %s (see --server_binary)\n",
                  server_binary.c_str());
@@ -556,7 +438,7 @@ int main(int argc, char** argv) {
     Cluster cluster;
     if (!cluster.Start(static_cast<uint32_t>(nservers), self, server_binary)) return 1;
     tessera::ClientOptions co;
-    co.servers = cluster.tessera_endpoints;
+    co.servers = cluster.tessera_endpoints();
     auto client_or = tessera::Client::Create(co);
     if (!client_or.ok()) {
       std::fprintf(stderr, "bench_transport: client: %s\n", client_or.status().ToString().c_str());

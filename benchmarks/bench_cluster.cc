@@ -1,0 +1,155 @@
+#include "benchmarks/bench_cluster.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+namespace tessera::bench {
+
+Result<std::string> ServerProcess::Start(const std::vector<std::string>& argv,
+                                         const std::string& ready) {
+  Stop();
+  char log_tmpl[] = "/tmp/tessera-bench-XXXXXX";
+  const int log = mkstemp(log_tmpl);
+  if (log >= 0) log_path_ = log_tmpl;
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    if (log >= 0) close(log);
+    Stop();
+    return Status::IOError("pipe2 failed");
+  }
+  std::vector<std::string> args = argv;
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ < 0) {
+    close(out[0]);
+    close(out[1]);
+    if (log >= 0) close(log);
+    Stop();
+    return Status::IOError("fork failed");
+  }
+  if (pid_ == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    dup2(out[1], 1);
+    if (log >= 0) dup2(log, 2);
+    execv(cargs[0], cargs.data());
+    _exit(127);
+  }
+  close(out[1]);
+  if (log >= 0) close(log);
+  std::string seen, endpoint;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (endpoint.empty() && std::chrono::steady_clock::now() < until) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    seen.append(buf, static_cast<size_t>(n));
+    const size_t line = seen.find(ready);
+    const size_t eol = line == std::string::npos ? line : seen.find('\n', line);
+    if (eol == std::string::npos) continue;
+    const size_t at = seen.find("endpoint=", line);
+    if (at < eol) endpoint = seen.substr(at + 9, eol - at - 9);
+    while (!endpoint.empty() && (endpoint.back() == '\r' || endpoint.back() == ' ')) {
+      endpoint.pop_back();
+    }
+    break;
+  }
+  close(out[0]);
+  if (endpoint.empty()) {
+    std::ifstream in(log_path_);
+    const std::string err(std::istreambuf_iterator<char>(in), {});
+    Stop();
+    return Status::Unavailable(argv[0] + " did not start; its stderr:\n" + err);
+  }
+  return endpoint;
+}
+
+void ServerProcess::Stop() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    int st;
+    bool reaped = false;
+    for (int i = 0; i < 100 && !reaped; ++i) {
+      reaped = waitpid(pid_, &st, WNOHANG) == pid_;
+      if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!reaped) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &st, 0);
+    }
+    pid_ = -1;
+  }
+  if (!log_path_.empty()) {
+    unlink(log_path_.c_str());
+    log_path_.clear();
+  }
+}
+
+Status BenchCluster::Start(uint32_t n, const std::string& mode, const std::string& server_binary,
+                           uint32_t lanes) {
+  Stop();
+  // Each server binds a free port itself ("*"); --cluster only tells a process the cluster size
+  // (the benchmark's clients are given the real endpoints), so no port can be raced for.
+  std::string cluster;
+  for (uint32_t i = 0; i < n; ++i) {
+    cluster += (i ? "," : "") + std::string("tcp://127.0.0.1:") + std::to_string(1 + i);
+  }
+  for (uint32_t r = 0; r < n; ++r) {
+    if (mode == "thread") {
+      ServerOptions o;
+      o.listen = "tcp://127.0.0.1:*";
+      o.rank = r;
+      o.num_servers = n;
+      o.lanes = lanes;
+      TESSERA_ASSIGN_OR_RETURN(auto s, Server::Create(o));
+      endpoints_.push_back(s->endpoint());
+      servers_.push_back(std::move(s));
+      continue;
+    }
+    auto p = std::make_unique<ServerProcess>();
+    TESSERA_ASSIGN_OR_RETURN(
+        std::string ep,
+        p->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
+                  "--rank=" + std::to_string(r), "--lanes=" + std::to_string(lanes)}));
+    endpoints_.push_back(ep);
+    processes_.push_back(std::move(p));
+  }
+  return Status::OK();
+}
+
+void BenchCluster::Stop() {
+  servers_.clear();
+  processes_.clear();
+  endpoints_.clear();
+}
+
+std::string DefaultServerBinary(const char* argv0) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path self = fs::canonical("/proc/self/exe", ec);
+  if (ec) self = fs::absolute(argv0 != nullptr ? argv0 : "", ec);
+  const fs::path dir = self.parent_path();
+  const fs::path next_to = dir / "tessera-server";
+  if (fs::exists(next_to, ec)) return next_to.string();
+  const fs::path build_root = dir / "../../tessera-server";
+  if (fs::exists(build_root, ec)) return fs::weakly_canonical(build_root, ec).string();
+  return next_to.string();
+}
+
+}  // namespace tessera::bench
