@@ -627,7 +627,8 @@ class ServerImpl {
     ++errors_;
     Header h;
     h.request_id = req.request_id;
-    h.op = req.op;
+    // Echo the op only when it is one this build knows (the reply must decode on the peer).
+    h.op = static_cast<uint8_t>(req.op) <= kMaxOp ? req.op : Op::kInvalid;
     h.table_id = req.table_id;
     h.status = s.code() == StatusCode::kOk ? StatusCode::kInternal : s.code();
     h.message = s.message();
