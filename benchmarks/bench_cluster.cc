@@ -102,7 +102,7 @@ void ServerProcess::Stop() {
 }
 
 Status BenchCluster::Start(uint32_t n, const std::string& mode, const std::string& server_binary,
-                           uint32_t lanes) {
+                           uint32_t lanes, const std::vector<std::string>& extra_flags) {
   Stop();
   // Each server binds a free port itself ("*"); --cluster only tells a process the cluster size
   // (the benchmark's clients are given the real endpoints), so no port can be raced for.
@@ -123,10 +123,16 @@ Status BenchCluster::Start(uint32_t n, const std::string& mode, const std::strin
       continue;
     }
     auto p = std::make_unique<ServerProcess>();
-    TESSERA_ASSIGN_OR_RETURN(
-        std::string ep,
-        p->Start({server_binary, "--listen=tcp://127.0.0.1:*", "--cluster=" + cluster,
-                  "--rank=" + std::to_string(r), "--lanes=" + std::to_string(lanes)}));
+    std::vector<std::string> argv = {server_binary, "--listen=tcp://127.0.0.1:*",
+                                     "--cluster=" + cluster, "--rank=" + std::to_string(r),
+                                     "--lanes=" + std::to_string(lanes)};
+    for (std::string f : extra_flags) {
+      for (size_t pos; (pos = f.find("{rank}")) != std::string::npos;) {
+        f.replace(pos, 6, std::to_string(r));
+      }
+      argv.push_back(std::move(f));
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::string ep, p->Start(argv));
     endpoints_.push_back(ep);
     processes_.push_back(std::move(p));
   }

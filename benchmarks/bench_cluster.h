@@ -51,8 +51,9 @@ class BenchCluster {
   // mode "process": `server_binary` child processes; "thread": tessera::Server objects. Each
   // server binds a free port itself ("tcp://127.0.0.1:*"). Errors: the first server's that
   // failed to start (for processes, ServerProcess::Start's Unavailable).
+  // `extra_flags` go to every server process ("{rank}" in a flag becomes the server's rank).
   Status Start(uint32_t n, const std::string& mode, const std::string& server_binary,
-               uint32_t lanes);
+               uint32_t lanes, const std::vector<std::string>& extra_flags = {});
 
   // The servers' endpoints, by rank.
   const std::vector<std::string>& endpoints() const { return endpoints_; }
