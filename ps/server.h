@@ -33,6 +33,11 @@ struct ServerOptions {
   StorageOptions storage;
   /// Interval of the storage maintenance (eviction) pass, in milliseconds. Default: 1000.
   uint32_t maintenance_interval_ms = 1000;
+  /// Durable storage: a push is acknowledged once its request-log entry is written (as durable
+  /// as the durability mode says); the rows it changed are committed to their column families
+  /// at most this often per lane (and at every maintenance pass), and replayed from the log
+  /// after a crash. 0: commit the rows of every batch before answering. Default: 200.
+  uint32_t row_commit_interval_ms = 200;
   /// CurveZMQ secret key of the server (40 Z85 characters). When set, every connection is
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).

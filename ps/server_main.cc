@@ -31,6 +31,9 @@ DEFINE_bool(fsync, false, "fsync the write-ahead log before acknowledging (machi
 DEFINE_uint64(max_request_mb, 1024,
               "Largest request accepted, in MiB of keys and values it carries or produces");
 DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms");
+DEFINE_uint32(row_commit_interval_ms, 200,
+              "With --data_dir: pushes are acknowledged once logged; changed rows are committed "
+              "at most this often per lane (0: before every acknowledgement)");
 DEFINE_string(curve_secret_key_file, "",
               "File holding this server's CurveZMQ secret key (tessera-ctl keygen): every "
               "connection is then encrypted and authenticated. Empty: plain TCP");
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   o.lanes = FLAGS_lanes;
   o.max_request_bytes = FLAGS_max_request_mb << 20;
   o.maintenance_interval_ms = FLAGS_maintenance_interval_ms;
+  o.row_commit_interval_ms = FLAGS_row_commit_interval_ms;
   o.storage.data_dir = FLAGS_data_dir;
   o.storage.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
   if (FLAGS_durability == "strict") {
