@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -156,6 +159,27 @@ std::string DefaultServerBinary(const char* argv0) {
   const fs::path build_root = dir / "../../tessera-server";
   if (fs::exists(build_root, ec)) return fs::weakly_canonical(build_root, ec).string();
   return next_to.string();
+}
+
+std::vector<uint64_t> ParseList(const std::string& s) {
+  std::vector<uint64_t> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(start, end - start);
+    if (!item.empty()) {
+      uint64_t v = 0;
+      auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+      if (ec != std::errc() || p != item.data() + item.size()) {
+        std::fprintf(stderr, "not a number in list '%s': '%s'\n", s.c_str(), item.c_str());
+        std::exit(2);
+      }
+      out.push_back(v);
+    }
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace tessera::bench

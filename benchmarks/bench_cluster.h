@@ -71,4 +71,8 @@ class BenchCluster {
 // <build>/x/y/program if that exists, else <dir>/tessera-server.
 std::string DefaultServerBinary(const char* argv0);
 
+// Parses a comma-separated list of numbers (a flag value); exits with status 2 and a message
+// naming the bad item otherwise.
+std::vector<uint64_t> ParseList(const std::string& s);
+
 }  // namespace tessera::bench

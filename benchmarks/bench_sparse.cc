@@ -165,16 +165,6 @@ struct Row {
   double lat_median_ms, lat_p99_ms;
 };
 
-std::vector<uint64_t> ParseList(const std::string& s) {
-  std::vector<uint64_t> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(std::stoull(item));
-  }
-  return out;
-}
-
 std::string JsonNum(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
@@ -214,7 +204,7 @@ int main(int argc, char** argv) {
           {std::stoull(item.substr(0, x)), static_cast<uint32_t>(std::stoul(item.substr(x + 1)))});
     }
   }
-  const std::vector<uint64_t> counts = ParseList(FLAGS_server_counts);
+  const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
   if (FLAGS_window == 0 || FLAGS_batches == 0) {
     std::fprintf(stderr, "bench_sparse: --window and --batches must be positive\n");
     return 2;

@@ -75,16 +75,6 @@ std::string SizeName(uint64_t bytes) {
   return std::to_string(bytes) + "B";
 }
 
-std::vector<uint64_t> ParseList(const std::string& s) {
-  std::vector<uint64_t> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(std::stoull(item));
-  }
-  return out;
-}
-
 // ------------------------------------------------------------------ raw echo server
 
 // The raw protocol: every request and reply starts with this 16-byte frame.
@@ -401,8 +391,8 @@ int main(int argc, char** argv) {
                  server_binary.c_str());
     return 2;
   }
-  const std::vector<uint64_t> sizes = ParseList(FLAGS_sizes);
-  const std::vector<uint64_t> counts = ParseList(FLAGS_server_counts);
+  const std::vector<uint64_t> sizes = tessera::bench::ParseList(FLAGS_sizes);
+  const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
   for (uint64_t s : sizes) {
     if (s == 0 || s % 4 != 0 || s > (uint64_t{1} << 30)) {
       std::fprintf(stderr, "bench_transport: sizes must be multiples of 4 up to 1 GiB\n");
