@@ -74,16 +74,6 @@ using BenchClock = std::chrono::steady_clock;
 
 // ------------------------------------------------------------------ training runs
 
-std::vector<uint32_t> ParseWidths(const std::string& s) {
-  std::vector<uint32_t> v;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) v.push_back(static_cast<uint32_t>(std::stoul(item)));
-  }
-  return v;
-}
-
 struct Config {
   std::string name;
   bool tessera;      // parameters on servers (else in local memory)
@@ -259,8 +249,15 @@ int main(int argc, char** argv) {
   data.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
   tw::ModelConfig mc;
   mc.embedding_dim = FLAGS_embedding_dim;
-  mc.bottom_mlp = ParseWidths(FLAGS_bottom_mlp);
-  mc.top_mlp = ParseWidths(FLAGS_top_mlp);
+  auto bottom = tw::ParseLayerWidths(FLAGS_bottom_mlp);
+  auto top = tw::ParseLayerWidths(FLAGS_top_mlp);
+  if (!bottom.ok() || !top.ok()) {
+    std::fprintf(stderr, "bench_train: %s\n",
+                 (bottom.ok() ? top.status() : bottom.status()).ToString().c_str());
+    return 2;
+  }
+  mc.bottom_mlp = *bottom;
+  mc.top_mlp = *top;
   mc.wide = FLAGS_wide;
   mc.table_prefix = "bench";
   auto layout = tw::ModelLayout::Create(mc);

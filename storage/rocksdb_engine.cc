@@ -598,15 +598,7 @@ RocksDbLaneStore::~RocksDbLaneStore() {
 }
 
 Result<RocksDbLaneStore::Table*> RocksDbLaneStore::Get(uint64_t table_id, TableKind kind) {
-  auto it = tables_.find(table_id);
-  if (it == tables_.end()) {
-    return Status::NotFound("table id " + std::to_string(table_id) + " not in this lane");
-  }
-  if (it->second->spec.kind != kind) {
-    return Status::InvalidArgument("table '" + it->second->spec.name + "' is " +
-                                   (kind == TableKind::kSparse ? "dense" : "sparse"));
-  }
-  return it->second.get();
+  return internal::FindLaneTable(tables_, table_id, kind);
 }
 
 Status RocksDbLaneStore::AddTable(uint64_t table_id, const TableSpec& spec) {

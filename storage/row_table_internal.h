@@ -99,6 +99,22 @@ inline uint32_t DenseChunkLength(uint64_t length, uint64_t chunk) {
   return static_cast<uint32_t>(std::min<uint64_t>(kDenseChunkFloats, length - begin));
 }
 
+/// The table `table_id` of a lane's table map (values: unique_ptr to a struct with a `spec`),
+/// checked to be of `kind`: NotFound or InvalidArgument otherwise.
+template <typename TableMap>
+auto FindLaneTable(TableMap& tables, uint64_t table_id, TableKind kind)
+    -> Result<decltype(tables.begin()->second.get())> {
+  auto it = tables.find(table_id);
+  if (it == tables.end()) {
+    return Status::NotFound("table id " + std::to_string(table_id) + " not in this lane");
+  }
+  if (it->second->spec.kind != kind) {
+    return Status::InvalidArgument("table '" + it->second->spec.name + "' is " +
+                                   (kind == TableKind::kSparse ? "dense" : "sparse"));
+  }
+  return it->second.get();
+}
+
 /// Whether key `key`, seen `count` times, is admitted under `spec`.
 bool Admitted(const AdmissionSpec& spec, uint64_t key, uint32_t count);
 

@@ -1,5 +1,6 @@
 #include "worker/model.h"
 
+#include <charconv>
 #include <cmath>
 
 #include "worker/keys.h"
@@ -30,6 +31,27 @@ OptimizerSpec ModelConfig::DefaultWideOptimizer() {
   o.l1 = 0.0f;
   o.l2 = 0.1f;
   return o;
+}
+
+Result<std::vector<uint32_t>> ParseLayerWidths(std::string_view text) {
+  std::vector<uint32_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view item = text.substr(start, end - start);
+    if (!item.empty()) {
+      uint32_t w = 0;
+      auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), w);
+      if (ec != std::errc() || p != item.data() + item.size() || w == 0 || w > 65536) {
+        return Status::InvalidArgument("layer widths '" + std::string(text) + "': '" +
+                                       std::string(item) + "' is not a width in 1..65536");
+      }
+      out.push_back(w);
+    }
+    start = end + 1;
+  }
+  return out;
 }
 
 Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {

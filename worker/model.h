@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/status.h"
@@ -53,6 +54,10 @@ struct ModelConfig {
   static OptimizerSpec DefaultDenseOptimizer();
   static OptimizerSpec DefaultWideOptimizer();
 };
+
+/// Parses hidden-layer widths such as "256,64" (empty: no hidden layer). InvalidArgument names
+/// an item that is not a width in 1..65536.
+Result<std::vector<uint32_t>> ParseLayerWidths(std::string_view text);
 
 /// One fully connected layer: y = x W^T + b, W is out x in row-major, stored at `offset` of the
 /// flat parameter vector followed by b.

@@ -110,6 +110,14 @@ ModelConfig Small() {
   return c;
 }
 
+TEST(ModelConfigTest, ParseLayerWidths) {
+  EXPECT_EQ(*ParseLayerWidths("256,64"), (std::vector<uint32_t>{256, 64}));
+  EXPECT_TRUE(ParseLayerWidths("")->empty());
+  EXPECT_EQ(ParseLayerWidths("64,x").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLayerWidths("0").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLayerWidths("99999999999").status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(GradientCheck, DlrmWithWideSumPooling) { CheckGradients(Small(), false, 1); }
 
 TEST(GradientCheck, MeanPoolingWeightedBags) {

@@ -68,16 +68,6 @@ namespace tw = tessera::worker;
 
 namespace {
 
-std::vector<uint32_t> ParseWidths(const std::string& s) {
-  std::vector<uint32_t> v;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) v.push_back(static_cast<uint32_t>(std::stoul(item)));
-  }
-  return v;
-}
-
 std::string Num(double x) {
   if (!std::isfinite(x)) return "null";
   char buf[64];
@@ -146,8 +136,12 @@ int main(int argc, char** argv) {
   mc.num_dense = (*probe)->schema().num_dense;
   mc.num_fields = (*probe)->schema().num_fields;
   mc.embedding_dim = FLAGS_embedding_dim;
-  mc.bottom_mlp = ParseWidths(FLAGS_bottom_mlp);
-  mc.top_mlp = ParseWidths(FLAGS_top_mlp);
+  auto bottom = tw::ParseLayerWidths(FLAGS_bottom_mlp);
+  if (!bottom.ok()) return Fail(bottom.status());
+  auto top = tw::ParseLayerWidths(FLAGS_top_mlp);
+  if (!top.ok()) return Fail(top.status());
+  mc.bottom_mlp = *bottom;
+  mc.top_mlp = *top;
   mc.pooling = FLAGS_pooling == "mean" ? tw::Pooling::kMean : tw::Pooling::kSum;
   mc.deep = FLAGS_deep;
   mc.wide = FLAGS_wide;
