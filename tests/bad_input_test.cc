@@ -7,7 +7,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/codec.h"
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"

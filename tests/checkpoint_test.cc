@@ -6,8 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "ps/client.h"
-#include "ps/export_reader.h"
+#include "ps/client/client.h"
+#include "ps/client/export_reader.h"
 #include "ps/initializer.h"
 #include "ps/record_file_internal.h"
 #include "tests/cluster_fixture.h"

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/initializer.h"
 #include "tests/cluster_fixture.h"

@@ -8,9 +8,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/codec.h"
-#include "ps/server.h"
+#include "ps/server/server.h"
 
 namespace tessera {
 namespace {

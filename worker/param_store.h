@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/status.h"
 #include "ps/table_spec.h"
 
@@ -30,7 +30,7 @@ class Pending {
 };
 
 /// Parameter tables as the training loop sees them. Implementations are thread-safe.
-/// Semantics are the client's (ps/client.h): pulls fill `out` in key order, pushes send
+/// Semantics are the client's (ps/client/client.h): pulls fill `out` in key order, pushes send
 /// gradients that the table's optimizer applies, Clock/SetClock/Barrier/Meta coordinate workers.
 class ParamStore {
  public:

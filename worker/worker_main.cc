@@ -8,7 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
 #include "worker/backend.h"

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/routing.h"
 
 DEFINE_string(cluster, "", "Comma-separated server endpoints (or @FILE)");

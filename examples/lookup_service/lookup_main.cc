@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "ps/client.h"
-#include "ps/export_reader.h"
+#include "ps/client/client.h"
+#include "ps/client/export_reader.h"
 #include "ps/routing.h"
 #include "ps/status.h"
 #include "ps/table_spec.h"

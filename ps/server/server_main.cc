@@ -8,7 +8,7 @@
 
 #include "ps/curve.h"
 #include "ps/routing.h"
-#include "ps/server.h"
+#include "ps/server/server.h"
 
 DEFINE_string(listen, "",
               "ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:7000 (default: this "

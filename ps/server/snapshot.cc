@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "ps/optimizer.h"
-#include "ps/snapshot_internal.h"
+#include "ps/server/snapshot_internal.h"
 
 namespace tessera::internal {
 

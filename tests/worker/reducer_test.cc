@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"
 #include "worker/backend.h"

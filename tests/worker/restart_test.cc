@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "tests/cluster_fixture.h"
 #include "tests/worker/worker_process.h"
 

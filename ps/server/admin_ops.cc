@@ -1,0 +1,291 @@
+// Checkpoints at a clock cut, restore onto a cluster of any size, serving exports.
+#include <glog/logging.h>
+
+#include <filesystem>
+
+#include "ps/record_file_internal.h"
+#include "ps/server/server_impl_internal.h"
+#include "ps/server/snapshot_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+bool IsWrite(Op op) {
+  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
+}
+
+}  // namespace
+
+std::string ServerImpl::ServerDir(const std::string& dir, uint32_t rank) const {
+  return dir + "/server-" + std::to_string(rank);
+}
+
+bool ServerImpl::ParkedByCut(const std::shared_ptr<Pending>& p) {
+  // While a checkpoint at cut C is pending, pushes of steps after C wait until it is taken.
+  const Header& h = p->header;
+  if (!cut_ || !IsWrite(h.op) || h.num_workers == 0 || h.clock <= cut_->cut) return false;
+  cut_parked_.push_back(p);
+  return true;
+}
+
+Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.count == 1) {  // abort
+    if (cut_) {
+      ReplyError(std::move(cut_->request->identity), cut_->request->header,
+                 Status::Cancelled("checkpoint aborted"));
+      cut_.reset();
+      Readmit(std::move(cut_parked_));
+      cut_parked_.clear();
+    }
+    ReplyOk(std::move(p->identity), h);
+    return Status::OK();
+  }
+  if (h.name.empty()) return Status::InvalidArgument("checkpoint without a directory");
+  if (cut_) return Status::FailedPrecondition("a checkpoint is already in progress");
+  if (h.num_workers > 0 && max_push_clock_ > h.clock) {
+    return Status::FailedPrecondition("cut at clock " + std::to_string(h.clock) +
+                                      " already passed: a push of clock " +
+                                      std::to_string(max_push_clock_) + " was applied");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(ServerDir(h.name, options_.rank), ec);
+  if (ec) {
+    return Status::IOError("cannot create '" + ServerDir(h.name, options_.rank) +
+                           "': " + ec.message());
+  }
+  cut_ = CutState{h.clock, h.num_workers, h.name, p};
+  TakeSnapshotIfReady();
+  return Status::OK();
+}
+
+Status ServerImpl::WriteCheckpointHeader(const std::string& dir, int64_t cut) {
+  std::vector<std::string> specs;
+  for (auto& [id, t] : tables_) specs.push_back(EncodeTableSpec(t.spec));
+  TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
+  std::vector<std::string> meta;
+  TESSERA_RETURN_IF_ERROR(engine_->ScanMeta("user/", [&](std::string_view k, std::string_view v) {
+    meta.emplace_back(k);
+    meta.emplace_back(v);
+  }));
+  TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/meta", meta));
+  return WriteBlobs(dir + "/manifest",
+                    {std::to_string(options_.rank), std::to_string(options_.num_servers),
+                     std::to_string(cut), std::to_string(lanes_.size())});
+}
+
+void ServerImpl::TakeSnapshotIfReady() {
+  // Taken once every worker has finished the steps up to the cut.
+  if (!cut_) return;
+  if (cut_->num_workers > 0 && consistency_.MinClock(cut_->num_workers) < cut_->cut + 1) return;
+  CutState cut = std::move(*cut_);
+  cut_.reset();
+  const std::string dir = ServerDir(cut.dir, options_.rank);
+  Status s = WriteCheckpointHeader(dir, cut.cut);
+  if (!s.ok()) {
+    ReplyError(std::move(cut.request->identity), cut.request->header, s);
+  } else {
+    // Lanes run tasks in order: each copies its rows before it sees any released push. A lane
+    // pauses only to copy its rows into memory; the file writer thread writes and fsyncs them
+    // (one more part of the request per lane file).
+    LOG(INFO) << "checkpoint at clock " << cut.cut << " into " << dir;
+    auto tables = TableList();
+    FileWriter* writer = writer_.get();
+    std::shared_ptr<Pending> p = cut.request;
+    Pending* raw = p.get();
+    RunOnAllLanes(
+        p,
+        [raw, p, dir, tables, writer](Lane& lane) -> Status {
+          auto data = std::make_shared<std::string>();
+          Status s = SerializeLaneSnapshot(lane.store(), tables, {}, data.get());
+          if (!s.ok()) data = std::make_shared<std::string>();  // the writer still finishes
+          raw->parts.Add();
+          writer->Submit(p, dir + "/lane-" + std::to_string(lane.index()), std::move(data));
+          return s;
+        },
+        false);
+  }
+  Readmit(std::move(cut_parked_));
+  cut_parked_.clear();
+}
+
+Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
+    const std::string& dir) {
+  // Every old server holds every spec: read server 0's.
+  TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(ServerDir(dir, 0) + "/tables"));
+  std::vector<std::pair<uint64_t, TableSpec>> restored;
+  for (const auto& b : specs) {
+    TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
+    const uint64_t id = TableIdForName(spec.name);
+    auto it = tables_.find(id);
+    if (it != tables_.end()) {
+      std::string diff = DescribeSpecDifference(it->second.spec, spec);
+      if (!diff.empty()) {
+        return Status::AlreadyExists("table '" + spec.name +
+                                     "' exists with another spec than the checkpoint's: " + diff);
+      }
+    } else {
+      TESSERA_RETURN_IF_ERROR(
+          engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+      AddTableInfo(id, spec);
+    }
+    restored.emplace_back(id, spec);
+  }
+  return restored;
+}
+
+Status ServerImpl::RestoreRows(
+    const std::string& dir, uint32_t old_servers,
+    const std::function<void(uint32_t, std::function<Status(Lane&)>)>& submit, uint64_t* loaded) {
+  // Rows, in batches per lane.
+  struct Batch {
+    std::vector<uint64_t> tables, keys;
+    std::vector<RowMeta> metas;
+    std::vector<std::vector<float>> rows;
+    std::vector<bool> dense;
+  };
+  const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+  std::vector<std::shared_ptr<Batch>> batches(nl);
+  auto flush = [&](uint32_t l) {
+    if (!batches[l] || batches[l]->keys.empty()) return;
+    auto b = std::move(batches[l]);
+    batches[l].reset();
+    submit(l, [b](Lane& lane) -> Status {
+      for (size_t i = 0; i < b->keys.size(); ++i) {
+        const float* row = b->rows[i].data();
+        TESSERA_RETURN_IF_ERROR(
+            b->dense[i]
+                ? lane.store().PutDenseChunk(b->tables[i], b->keys[i], row, b->metas[i])
+                : lane.store().PutRows(b->tables[i], std::span<const uint64_t>(&b->keys[i], 1),
+                                       std::span<const float* const>(&row, 1),
+                                       std::span<const RowMeta>(&b->metas[i], 1)));
+      }
+      return Status::OK();
+    });
+  };
+  auto visit = [&](const std::string& path, const Record& r) -> Status {
+    auto t = tables_.find(r.table_id);
+    if (t == tables_.end()) return Status::Corruption("row of an unknown table in " + path);
+    uint32_t lane;
+    const bool dense = r.kind == Record::kDenseChunk;
+    if (dense) {
+      const DenseRange mine = DenseRangeOfServer(r.table_id, t->second.spec.length, options_.rank,
+                                                 options_.num_servers);
+      const uint64_t first = r.key * kDenseChunkFloats;
+      if (first < mine.begin || first >= mine.end) return Status::OK();
+      lane = LaneOfChunk(r.table_id, r.key, nl);
+    } else {
+      const uint32_t slot = SlotOfKey(r.key);
+      if (slot_map_.ServerOfSlot(slot) != options_.rank) return Status::OK();
+      lane = LaneOfSlot(slot, nl);
+    }
+    if (!batches[lane]) batches[lane] = std::make_shared<Batch>();
+    Batch& b = *batches[lane];
+    b.tables.push_back(r.table_id);
+    b.keys.push_back(r.key);
+    b.metas.push_back(RowMeta{r.meta.update_count, r.meta.last_step, r.meta.last_update_s});
+    b.rows.push_back(r.row);
+    b.dense.push_back(dense);
+    ++*loaded;
+    if (b.keys.size() >= 65536) flush(lane);
+    return Status::OK();
+  };
+  for (uint32_t old = 0; old < old_servers; ++old) {
+    TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(ServerDir(dir, old) + "/manifest"));
+    if (oinfo.size() != 4) {
+      return Status::Corruption("bad manifest of server " + std::to_string(old));
+    }
+    TESSERA_ASSIGN_OR_RETURN(uint64_t old_lanes,
+                             ParseStoredNumber(oinfo[3], "lanes in the checkpoint", 256));
+    for (uint32_t ol = 0; ol < old_lanes; ++ol) {
+      const std::string path = ServerDir(dir, old) + "/lane-" + std::to_string(ol);
+      TESSERA_RETURN_IF_ERROR(
+          ReadRecordFile(path, [&](const Record& r) -> Status { return visit(path, r); }));
+    }
+  }
+  for (uint32_t l = 0; l < nl; ++l) flush(l);
+  return Status::OK();
+}
+
+Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
+  // Loads a checkpoint taken by a cluster of any size: every server reads every old server's
+  // files and keeps the rows its slots (and dense ranges) now own.
+  const std::string& dir = p->header.name;
+  if (!std::filesystem::exists(dir + "/CHECKPOINT")) {
+    return Status::NotFound("'" + dir + "' holds no complete checkpoint (no CHECKPOINT file)");
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(dir, 0) + "/manifest"));
+  if (info.size() != 4) return Status::Corruption("bad manifest in '" + dir + "'");
+  TESSERA_ASSIGN_OR_RETURN(uint64_t old_servers,
+                           ParseStoredNumber(info[1], "servers in the checkpoint", 65535));
+  TESSERA_ASSIGN_OR_RETURN(auto restored, RestoreTables(dir));
+  // The request's guard part keeps the reply back until every batch is handed out; on an
+  // error below the guard is never dropped and the error is the only reply.
+  auto submit = [&](uint32_t lane, std::function<Status(Lane&)> fn) {
+    p->parts.Add();
+    lanes_[lane]->Submit(Task{p, std::move(fn), true});
+  };
+  for (uint32_t l = 0; l < lanes_.size(); ++l) {
+    submit(l, [restored](Lane& lane) -> Status {
+      for (auto& [id, spec] : restored) TESSERA_RETURN_IF_ERROR(lane.store().AddTable(id, spec));
+      return Status::OK();
+    });
+  }
+  if (options_.rank == 0) {
+    TESSERA_ASSIGN_OR_RETURN(auto meta, ReadBlobs(ServerDir(dir, 0) + "/meta"));
+    for (size_t i = 0; i + 1 < meta.size(); i += 2) {
+      TESSERA_RETURN_IF_ERROR(engine_->PutMeta(meta[i], meta[i + 1]));
+    }
+  }
+  uint64_t loaded = 0;
+  TESSERA_RETURN_IF_ERROR(RestoreRows(dir, static_cast<uint32_t>(old_servers), submit, &loaded));
+  LOG(INFO) << "restored " << loaded << " rows/chunks from " << dir << " (" << old_servers
+            << " servers)";
+  FinishPart(*p, Status::OK(), router_);  // the guard
+  return Status::OK();
+}
+
+Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
+  // Values only, of every row (full) or of the rows updated since this server's previous
+  // export (delta; rows updated in that export's second are included again).
+  const Header& h = p->header;
+  if (h.name.empty()) return Status::InvalidArgument("export without a directory");
+  const bool delta = h.count == 1;
+  uint32_t since = 0;
+  if (delta) {
+    // The base export (version h.offset, a sibling directory) recorded when it started on
+    // this server; the delta holds the rows updated since then.
+    const std::string base =
+        std::filesystem::path(h.name).parent_path().string() + "/v" + std::to_string(h.offset);
+    TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(base, options_.rank) + "/manifest"));
+    if (info.size() < 5) return Status::Corruption("the manifest of '" + base + "' is incomplete");
+    TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
+    since = static_cast<uint32_t>(t);
+  }
+  const uint32_t now = NowSeconds();
+  const std::string dir = ServerDir(h.name, options_.rank);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
+  auto tables = TableList();
+  std::vector<std::string> specs;
+  for (auto& [id, spec] : tables) specs.push_back(EncodeTableSpec(spec));
+  TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
+  TESSERA_RETURN_IF_ERROR(
+      WriteBlobs(dir + "/manifest",
+                 {std::to_string(options_.rank), std::to_string(options_.num_servers),
+                  std::to_string(since), std::to_string(lanes_.size()), std::to_string(now)}));
+  SnapshotOptions so;
+  so.values_only = true;
+  so.min_update_s = since;
+  RunOnAllLanes(
+      p,
+      [dir, tables, so](Lane& lane) {
+        return WriteLaneSnapshot(lane.store(), tables,
+                                 dir + "/lane-" + std::to_string(lane.index()), so);
+      },
+      false);
+  return Status::OK();
+}
+
+}  // namespace tessera::internal

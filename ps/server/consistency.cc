@@ -1,0 +1,65 @@
+#include <algorithm>
+
+#include "ps/server/consistency_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+bool IsRead(Op op) {
+  return op == Op::kSparsePull || op == Op::kSparsePushPull || op == Op::kDensePull;
+}
+
+}  // namespace
+
+int64_t Consistency::MinClock(uint32_t num_workers) const {
+  int64_t m = INT64_MAX;
+  for (uint32_t w = 0; w < num_workers; ++w) {
+    auto it = clocks_.find(w);
+    m = std::min(m, it == clocks_.end() ? int64_t{0} : it->second);
+  }
+  return m;
+}
+
+int64_t Consistency::MaxClock() const {
+  int64_t m = 0;
+  for (auto& [w, c] : clocks_) m = std::max(m, c);
+  return m;
+}
+
+bool Consistency::AdmitOrPark(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (!IsRead(h.op) || h.staleness < 0 || h.num_workers == 0) return true;
+  if (MinClock(h.num_workers) >= h.clock - h.staleness) return true;
+  parked_.push_back(p);
+  ++parked_total_;
+  return false;
+}
+
+std::vector<std::shared_ptr<Pending>> Consistency::TakeParked() {
+  auto parked = std::move(parked_);
+  parked_.clear();
+  return parked;
+}
+
+void Consistency::SetClock(uint32_t worker, int64_t clock, uint32_t num_workers) {
+  clocks_[worker] = clock;
+  job_workers_ = std::max(job_workers_, num_workers);
+}
+
+std::vector<Consistency::BarrierWait> Consistency::Arrive(zmq::message_t identity,
+                                                          const Header& h) {
+  auto& waiting = barriers_[h.name];
+  for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+    if (it->header.worker_id == h.worker_id) {
+      waiting.erase(it);
+      break;
+    }
+  }
+  waiting.push_back(BarrierWait{std::move(identity), h});
+  if (waiting.size() < h.num_workers) return {};
+  auto all = std::move(waiting);
+  barriers_.erase(h.name);
+  return all;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,235 @@
+// Sparse and dense pulls and pushes: validated on the I/O thread, logged, split by lane and
+// answered once when every lane has done its part.
+#include <cstring>
+
+#include "ps/server/server_impl_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+Status CheckFrameSize(const zmq::message_t& f, uint64_t expected, const char* what) {
+  if (f.size() != expected) {
+    return Status::InvalidArgument(std::string(what) + " frame has " + std::to_string(f.size()) +
+                                   " bytes, envelope implies " + std::to_string(expected));
+  }
+  return Status::OK();
+}
+
+// A typed view of frame `f`: the frame itself when aligned, else a copy in `*copy`.
+template <typename T>
+const T* View(zmq::message_t& f, std::vector<T>* copy) {
+  if (reinterpret_cast<uintptr_t>(f.data()) % alignof(T) == 0) {
+    return static_cast<const T*>(f.data());
+  }
+  copy->resize(f.size() / sizeof(T));
+  std::memcpy(copy->data(), f.data(), f.size());
+  return copy->data();
+}
+
+}  // namespace
+
+void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
+                          bool writes, uint64_t seq, bool may_inline) {
+  const bool inline_ok = may_inline && parts.size() == 1;
+  p->parts.Add(static_cast<uint32_t>(parts.size()));
+  for (LanePart& part : parts) {
+    Task t{p, std::move(part.run), writes, seq};
+    if (inline_ok && lanes_[part.lane]->TryRunInline(t, router_)) continue;
+    lanes_[part.lane]->Submit(std::move(t));
+  }
+  FinishPart(*p, Status::OK(), router_);  // the guard
+}
+
+void ServerImpl::RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<Status(Lane&)> fn,
+                               bool writes) {
+  std::vector<LanePart> parts;
+  for (uint32_t l = 0; l < lanes_.size(); ++l) parts.push_back(LanePart{l, fn});
+  RunParts(p, std::move(parts), writes, /*seq=*/0, /*may_inline=*/false);
+}
+
+bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
+  return ParkedByCut(p) || !consistency_.AdmitOrPark(p);
+}
+
+Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.op == Op::kDensePull || h.op == Op::kDensePush) return SubmitDense(p);
+  KeySplit split;  // cheap compared to waiting
+  (void)SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()), nullptr, 0, &split);
+  return SubmitSparse(p, std::move(split));
+}
+
+Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kSparse));
+  const uint32_t dim = t->spec.dim;
+  if (h.dim != dim) {
+    return Status::InvalidArgument("table '" + t->spec.name + "' has dim " + std::to_string(dim) +
+                                   ", request says " + std::to_string(h.dim));
+  }
+  const bool push = h.op != Op::kSparsePull;
+  const bool pull = h.op != Op::kSparsePush;
+  TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, dim * ((push ? 1 : 0) + (pull ? 1 : 0)), true));
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, push ? 2 : 1));
+  if (h.elem_type != ElemType::kF32) {
+    return Status::InvalidArgument("sparse values must be F32, got element type " +
+                                   std::to_string(static_cast<int>(h.elem_type)));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 8, "keys"));
+  if (push) TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[1], h.count * dim * 4, "values"));
+  p->keys = View<uint64_t>(p->frames[0], &p->key_copy);
+  if (push) p->values = View<float>(p->frames[1], &p->value_copy);
+
+  // Split by lane; refuse keys this server does not own (a stale slot map).
+  KeySplit split;
+  const uint64_t foreign = SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()),
+                                           &slot_map_, options_.rank, &split);
+  if (foreign != kAllOwned) {
+    const uint32_t slot = SlotOfKey(p->keys[foreign]);
+    return Status::FailedPrecondition("key " + std::to_string(p->keys[foreign]) + " (slot " +
+                                      std::to_string(slot) + ") belongs to server " +
+                                      std::to_string(slot_map_.ServerOfSlot(slot)) +
+                                      ", not server " + std::to_string(options_.rank));
+  }
+  if (push) {
+    const uint64_t bad = FirstNonFinite(p->values, h.count * dim);
+    if (bad != kAllFinite) {
+      return Status::InvalidArgument("gradient of key " + std::to_string(p->keys[bad / dim]) +
+                                     " is not finite");
+    }
+  }
+  if (Parked(p)) return Status::OK();
+  return SubmitSparse(p, std::move(split));
+}
+
+Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_lane) {
+  const Header& h = p->header;
+  const bool push = h.op != Op::kSparsePull;
+  const bool pull = h.op != Op::kSparsePush;
+  const uint32_t dim = h.dim;
+  if (pull) {
+    p->out = zmq::message_t(h.count * dim * sizeof(float));
+    p->has_out = true;
+    ++pulls_;
+    pull_keys_ += h.count;
+  }
+  uint64_t seq = 0;
+  if (push) {
+    ++pushes_;
+    push_keys_ += h.count;
+    if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
+    TESSERA_ASSIGN_OR_RETURN(seq, log_->Append(*p));
+  }
+  const uint64_t table_id = h.table_id;
+  Pending* raw = p.get();
+  std::vector<LanePart> parts;
+  for (uint32_t l = 0; l < by_lane.size(); ++l) {
+    if (by_lane[l].empty()) continue;
+    auto idx = std::make_shared<std::vector<uint32_t>>(std::move(by_lane[l]));
+    parts.push_back(LanePart{l, [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
+                               const size_t n = idx->size();
+                               std::vector<uint64_t>& keys = lane.scratch_keys;
+                               keys.resize(n);
+                               for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
+                               if (push) {
+                                 std::vector<const float*>& grads = lane.scratch_grads;
+                                 grads.resize(n);
+                                 for (size_t i = 0; i < n; ++i) {
+                                   grads[i] = raw->values + size_t{(*idx)[i]} * dim;
+                                 }
+                                 ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                                 TESSERA_RETURN_IF_ERROR(
+                                     lane.store().Apply(table_id, keys, grads, ctx));
+                               }
+                               if (pull) {
+                                 std::vector<float*>& outs = lane.scratch_outs;
+                                 outs.resize(n);
+                                 float* base = static_cast<float*>(raw->out.data());
+                                 for (size_t i = 0; i < n; ++i) {
+                                   outs[i] = base + size_t{(*idx)[i]} * dim;
+                                 }
+                                 TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
+                               }
+                               return Status::OK();
+                             }});
+  }
+  RunParts(p, std::move(parts), push, seq, h.count * dim <= kInlineMaxFloats);
+  return Status::OK();
+}
+
+Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kDense));
+  const bool push = h.op == Op::kDensePush;
+  TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, 1, false));
+  if (h.count == 0) return Status::InvalidArgument("dense range of zero elements");
+  if (h.offset > t->spec.length || h.count > t->spec.length - h.offset) {
+    return Status::InvalidArgument("dense range [" + std::to_string(h.offset) + ", " +
+                                   std::to_string(h.offset + h.count) + ") outside table '" +
+                                   t->spec.name + "' of length " + std::to_string(t->spec.length));
+  }
+  const DenseRange mine =
+      DenseRangeOfServer(h.table_id, t->spec.length, options_.rank, options_.num_servers);
+  if (h.offset < mine.begin || h.offset + h.count > mine.end) {
+    return Status::FailedPrecondition(
+        "dense range [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
+        ") of table '" + t->spec.name + "' is not within server " + std::to_string(options_.rank) +
+        "'s part [" + std::to_string(mine.begin) + ", " + std::to_string(mine.end) + ")");
+  }
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, push ? 1 : 0));
+  if (push) {
+    if (h.elem_type != ElemType::kF32) return Status::InvalidArgument("dense values must be F32");
+    TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 4, "values"));
+    p->values = View<float>(p->frames[0], &p->value_copy);
+    const uint64_t bad = FirstNonFinite(p->values, h.count);
+    if (bad != kAllFinite) {
+      return Status::InvalidArgument("dense gradient element " + std::to_string(h.offset + bad) +
+                                     " is not finite");
+    }
+  }
+  if (Parked(p)) return Status::OK();
+  return SubmitDense(p);
+}
+
+Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  const bool push = h.op == Op::kDensePush;
+  uint64_t seq = 0;
+  if (!push) {
+    p->out = zmq::message_t(h.count * sizeof(float));
+    p->has_out = true;
+    ++pulls_;
+  } else {
+    ++pushes_;
+    if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
+    TESSERA_ASSIGN_OR_RETURN(seq, log_->Append(*p));
+  }
+  DenseSplit by_lane =
+      SplitDenseByLane(h.table_id, h.offset, h.count, static_cast<uint32_t>(lanes_.size()));
+  const uint64_t table_id = h.table_id;
+  Pending* raw = p.get();
+  std::vector<LanePart> parts;
+  for (uint32_t l = 0; l < by_lane.size(); ++l) {
+    if (by_lane[l].empty()) continue;
+    auto segs = std::make_shared<std::vector<DenseSegment>>(std::move(by_lane[l]));
+    parts.push_back(
+        LanePart{l, [raw, segs, table_id, push](Lane& lane) -> Status {
+                   ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                   for (const DenseSegment& s : *segs) {
+                     if (push) {
+                       TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
+                           table_id, s.chunk, s.begin, s.end, raw->values + s.pos, ctx));
+                     } else {
+                       float* out = static_cast<float*>(raw->out.data()) + s.pos;
+                       TESSERA_RETURN_IF_ERROR(
+                           lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));
+                     }
+                   }
+                   return Status::OK();
+                 }});
+  }
+  RunParts(p, std::move(parts), push, seq, h.count <= kInlineMaxFloats);
+  return Status::OK();
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,352 @@
+// The I/O thread: receives requests, validates their envelopes, dispatches them by op,
+// forwards the lanes' replies; the small ops that need no lane split (tables, meta, stats,
+// clocks, barriers).
+#include <glog/logging.h>
+
+#include <sstream>
+#include <zmq_addon.hpp>
+
+#include "ps/optimizer.h"
+#include "ps/server/server_impl_internal.h"
+
+namespace tessera::internal {
+
+void ServerImpl::IoLoop() {
+  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                             {replies_.handle(), 0, ZMQ_POLLIN, 0}};
+  auto next_maintenance = std::chrono::steady_clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_maintenance) {
+      next_maintenance = now + std::chrono::milliseconds(options_.maintenance_interval_ms);
+      Maintain();
+    }
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      LOG(ERROR) << "poll failed: " << e.what();
+      continue;
+    }
+    if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
+    if (items[0].revents & ZMQ_POLLIN) ReceiveBurst();
+  }
+}
+
+void ServerImpl::ReceiveBurst() {
+  // Bound the burst so replies keep flowing under load.
+  for (int i = 0; i < 256; ++i) {
+    std::vector<zmq::message_t> parts;
+    auto n = zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    if (!n) break;
+    HandleMessage(std::move(parts));
+  }
+}
+
+void ServerImpl::Maintain() {
+  // The log is needed only past the mark every lane has committed.
+  uint64_t upto = log_->last_seq();
+  for (auto& l : lanes_) upto = std::min(upto, l->committed_seq());
+  log_->TruncateTo(upto);
+  auto p = std::make_shared<Pending>();
+  p->silent = true;
+  // Every push logged so far is queued ahead of this task on each lane (lanes run in order),
+  // so the task completes the lane's log mark up to the last sequence number.
+  std::vector<LanePart> parts;
+  for (uint32_t l = 0; l < lanes_.size(); ++l) {
+    parts.push_back(
+        LanePart{l, [](Lane& lane) {
+                   Status s = lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
+                   if (!s.ok()) {
+                     LOG(WARNING) << "lane " << lane.index() << " maintenance: " << s.ToString();
+                   }
+                   return Status::OK();
+                 }});
+  }
+  RunParts(p, std::move(parts), /*writes=*/true, log_->last_seq(), /*may_inline=*/false);
+}
+
+void ServerImpl::ForwardReplies() {
+  for (;;) {
+    std::vector<zmq::message_t> parts;
+    auto n = zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    if (!n) return;
+    SendToPeer(parts);
+  }
+}
+
+void ServerImpl::SendToPeer(std::vector<zmq::message_t>& parts) {
+  try {
+    zmq::send_multipart(router_, parts, zmq::send_flags::dontwait);
+  } catch (const zmq::error_t& e) {
+    // The peer is gone (or its queue is full): nothing else to tell it.
+    VLOG(1) << "dropping reply: " << e.what();
+  }
+}
+
+void ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const Status& s) {
+  ++errors_;
+  Header h;
+  h.request_id = req.request_id;
+  // Echo the op only when it is one this build knows (the reply must decode on the peer).
+  h.op = static_cast<uint8_t>(req.op) <= kMaxOp ? req.op : Op::kInvalid;
+  h.table_id = req.table_id;
+  h.status = s.code() == StatusCode::kOk ? StatusCode::kInternal : s.code();
+  h.message = s.message();
+  std::string env;
+  EncodeHeader(h, &env);
+  std::vector<zmq::message_t> parts;
+  parts.push_back(std::move(identity));
+  parts.emplace_back(env.data(), env.size());
+  SendToPeer(parts);
+}
+
+void ServerImpl::ReplyOk(zmq::message_t identity, const Header& req, Header h,
+                         const std::string* data) {
+  h.request_id = req.request_id;
+  h.op = req.op;
+  h.table_id = req.table_id;
+  h.status = StatusCode::kOk;
+  std::string env;
+  EncodeHeader(h, &env);
+  std::vector<zmq::message_t> parts;
+  parts.push_back(std::move(identity));
+  parts.emplace_back(env.data(), env.size());
+  if (data != nullptr) parts.emplace_back(data->data(), data->size());
+  SendToPeer(parts);
+}
+
+void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
+  ++requests_;
+  if (parts.size() < 2) return;  // ROUTER always adds the identity; nothing to answer.
+  auto p = std::make_shared<Pending>();
+  p->identity = std::move(parts[0]);
+  Status s = DecodeHeader(parts[1].data(), parts[1].size(), &p->header);
+  if (!s.ok()) {
+    ReplyError(std::move(p->identity), p->header, s);
+    return;
+  }
+  for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
+  s = Dispatch(p);
+  if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+}
+
+Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  switch (h.op) {
+    case Op::kPing: {
+      Header r;
+      r.num_workers = options_.num_servers;
+      r.worker_id = options_.rank;
+      ReplyOk(std::move(p->identity), h, r);
+      return Status::OK();
+    }
+    case Op::kCreateTable:
+      return CreateTable(p);
+    case Op::kGetTable:
+      return GetTable(p);
+    case Op::kSparsePull:
+    case Op::kSparsePush:
+    case Op::kSparsePushPull:
+      return Sparse(p);
+    case Op::kDensePull:
+    case Op::kDensePush:
+      return Dense(p);
+    case Op::kClock:
+      return ClockOp(p);
+    case Op::kBarrier:
+      return BarrierOp(p);
+    case Op::kPutMeta:
+    case Op::kGetMeta:
+      return MetaOp(p);
+    case Op::kStats:
+      return StatsOp(p);
+    case Op::kCheckpoint:
+      return CheckpointOp(p);
+    case Op::kRestore:
+      return RestoreOp(p);
+    case Op::kExport:
+      return ExportOp(p);
+    case Op::kInvalid:
+      break;
+  }
+  return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
+}
+
+Result<const ServerImpl::TableInfo*> ServerImpl::FindTable(const Header& h, TableKind kind) {
+  auto it = tables_.find(h.table_id);
+  if (it == tables_.end()) {
+    return Status::NotFound("unknown table id " + std::to_string(h.table_id) + " on server " +
+                            std::to_string(options_.rank));
+  }
+  if (it->second.spec.kind != kind) {
+    return Status::InvalidArgument(
+        "table '" + it->second.spec.name + "' is " +
+        (it->second.spec.kind == TableKind::kSparse ? "sparse" : "dense") + ", op " +
+        std::string(OpName(h.op)) + " needs a " +
+        (kind == TableKind::kSparse ? "sparse" : "dense") + " table");
+  }
+  return &it->second;
+}
+
+Status ServerImpl::ExpectFrames(const Pending& p, size_t n) {
+  if (p.frames.size() != n) {
+    return Status::InvalidArgument(std::string(OpName(p.header.op)) + " expects " +
+                                   std::to_string(n) + " data frame(s), got " +
+                                   std::to_string(p.frames.size()));
+  }
+  return Status::OK();
+}
+
+Status ServerImpl::CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys) {
+  const uint64_t per = floats_per_item * 4 + (with_keys ? 8 : 0);
+  if (per != 0 && count > options_.max_request_bytes / per) {
+    return Status::ResourceExhausted("request of " + std::to_string(count) + " items x " +
+                                     std::to_string(per) +
+                                     " bytes exceeds the server's per-request limit of " +
+                                     std::to_string(options_.max_request_bytes) + " bytes");
+  }
+  return Status::OK();
+}
+
+Status ServerImpl::CreateTable(const std::shared_ptr<Pending>& p) {
+  if (!p->header.spec) return Status::InvalidArgument("CreateTable without a spec");
+  const TableSpec& spec = *p->header.spec;
+  TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
+  const uint64_t id = TableIdForName(spec.name);
+  auto it = tables_.find(id);
+  if (it != tables_.end()) {
+    std::string diff = DescribeSpecDifference(it->second.spec, spec);
+    if (!diff.empty()) {
+      return Status::AlreadyExists("table '" + spec.name +
+                                   "' exists with another spec (existing vs requested): " + diff);
+    }
+    Header r;
+    r.table_id = id;
+    r.spec = spec;
+    ReplyOk(std::move(p->identity), p->header, r);
+    return Status::OK();
+  }
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+  AddTableInfo(id, spec);
+  p->header.table_id = id;
+  RunOnAllLanes(
+      p, [id, spec](Lane& lane) { return lane.store().AddTable(id, spec); }, false);
+  return Status::OK();
+}
+
+Status ServerImpl::GetTable(const std::shared_ptr<Pending>& p) {
+  auto it = names_.find(p->header.name);
+  if (it == names_.end()) return Status::NotFound("no table named '" + p->header.name + "'");
+  Header r;
+  r.table_id = it->second;
+  r.spec = tables_.at(it->second).spec;
+  Header req = p->header;
+  req.table_id = it->second;
+  ReplyOk(std::move(p->identity), req, r);
+  return Status::OK();
+}
+
+Status ServerImpl::MetaOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.name.empty() || h.name.size() > 1024) {
+    return Status::InvalidArgument("meta name must have 1..1024 bytes");
+  }
+  const std::string key = "user/" + h.name;
+  if (h.op == Op::kPutMeta) {
+    TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+    if (p->frames[0].size() > (1 << 20)) {
+      return Status::ResourceExhausted("meta records are limited to 1 MiB");
+    }
+    TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, p->frames[0].to_string_view()));
+    ReplyOk(std::move(p->identity), h);
+    return Status::OK();
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> v, engine_->GetMeta(key));
+  Header r;
+  r.elem_type = ElemType::kBytes;
+  r.count = v ? 1 : 0;
+  ReplyOk(std::move(p->identity), h, r, v ? &*v : nullptr);
+  return Status::OK();
+}
+
+Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
+  const uint32_t job_workers = consistency_.job_workers();
+  std::ostringstream s;
+  s << "rank " << options_.rank << "\n"
+    << "num_servers " << options_.num_servers << "\n"
+    << "lanes " << lanes_.size() << "\n"
+    << "tables " << tables_.size() << "\n"
+    << "requests " << requests_ << "\n"
+    << "errors " << errors_ << "\n"
+    << "pushes " << pushes_ << "\n"
+    << "push_keys " << push_keys_ << "\n"
+    << "pulls " << pulls_ << "\n"
+    << "pull_keys " << pull_keys_ << "\n"
+    << "parked_now " << consistency_.parked_now() << "\n"
+    << "parked_total " << consistency_.parked_total() << "\n"
+    << "job_workers " << job_workers << "\n"
+    << "min_clock " << (job_workers ? consistency_.MinClock(job_workers) : 0) << "\n"
+    << "max_clock " << consistency_.MaxClock() << "\n"
+    << "max_push_clock " << max_push_clock_ << "\n"
+    << "checkpoint_pending " << (cut_ ? 1 : 0) << "\n";
+  for (auto& [id, t] : tables_) {
+    s << "table " << t.spec.name << " id=" << id
+      << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
+      << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
+      << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
+      << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
+      << " lr=" << t.spec.optimizer.learning_rate << "\n";
+  }
+  p->text.assign(lanes_.size() + 1, std::string());
+  p->text[0] = s.str();
+  Pending* raw = p.get();
+  RunOnAllLanes(
+      p,
+      [raw](Lane& lane) {
+        StoreStats st = lane.store().stats();
+        std::ostringstream o;
+        const std::string l = "lane" + std::to_string(lane.index()) + "_";
+        o << l << "rows_in_memory " << st.rows_in_memory << "\n"
+          << l << "bytes_in_memory " << st.bytes_in_memory << "\n"
+          << l << "lookups " << st.lookups << "\n"
+          << l << "memory_hits " << st.memory_hits << "\n"
+          << l << "applies " << st.applies << "\n"
+          << l << "evicted_rows " << st.evicted_rows << "\n";
+        std::lock_guard<std::mutex> g(raw->mu);
+        raw->text[lane.index() + 1] = o.str();
+        return Status::OK();
+      },
+      false);
+  return Status::OK();
+}
+
+Status ServerImpl::ClockOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.clock < 0) return Status::InvalidArgument("negative clock");
+  consistency_.SetClock(h.worker_id, h.clock, h.num_workers);
+  ReplyOk(std::move(p->identity), h);
+  Readmit(consistency_.TakeParked());
+  TakeSnapshotIfReady();
+  return Status::OK();
+}
+
+Status ServerImpl::BarrierOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.num_workers == 0) return Status::InvalidArgument("barrier with zero workers");
+  if (h.name.empty()) return Status::InvalidArgument("barrier without a name");
+  for (auto& w : consistency_.Arrive(std::move(p->identity), h)) {
+    ReplyOk(std::move(w.identity), w.header);
+  }
+  return Status::OK();
+}
+
+void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
+  for (auto& p : parked) {
+    if (Parked(p)) continue;
+    Status s = Resubmit(p);
+    if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+  }
+}
+
+}  // namespace tessera::internal

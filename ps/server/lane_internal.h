@@ -1,0 +1,123 @@
+// The server's executor threads: lanes, each owning the rows of its slots alone, and the file
+// writer that writes checkpoint files off the lanes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ps/server/request_internal.h"
+#include "storage/storage.h"
+
+namespace tessera::internal {
+
+class Lane;
+
+/// One lane's part of a request.
+struct Task {
+  std::shared_ptr<Pending> pending;
+  std::function<Status(Lane&)> run;
+  /// The part writes rows (they are committed with the lane's batch).
+  bool writes = false;
+  /// Request-log sequence number this part completes for its lane (0: none).
+  uint64_t seq = 0;
+};
+
+/// One executor thread owning the rows of its slots. Tasks run in the order they were
+/// submitted; each finished task finishes one part of its request (FinishPart), so the lane
+/// that finishes a request's last part sends its reply. Submit() is thread-safe; the store
+/// and the scratch buffers belong to whoever runs the lane's tasks.
+class Lane {
+ public:
+  /// `commit_interval_ms` > 0: rows of logged pushes are committed at most that often (the
+  /// request log already holds them durably); 0: every batch commits before it is answered.
+  /// Replies go to `reply_endpoint` (an inproc PULL the I/O thread forwards).
+  Lane(uint32_t index, std::unique_ptr<LaneStore> store, zmq::context_t& ctx,
+       const std::string& reply_endpoint, uint32_t commit_interval_ms);
+  ~Lane();
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  void Submit(Task t);
+  /// Runs what is queued, then joins the thread. Idempotent.
+  void Stop();
+
+  /// Runs `t` on the calling thread (the I/O thread) when the lane is idle with nothing
+  /// queued, and replies over `reply`; false (nothing done) otherwise. Saves the two thread
+  /// hops of small requests. Order holds: nothing of this lane is queued or running.
+  bool TryRunInline(Task& t, zmq::socket_t& reply);
+
+  LaneStore& store() { return *store_; }
+  /// The request-log mark this lane's rows are durable up to.
+  uint64_t committed_seq() const { return committed_seq_.load(std::memory_order_acquire); }
+  uint32_t index() const { return index_; }
+  /// The lane's next step number (row update steps for eviction by idle steps).
+  uint64_t NextStep() { return ++step_; }
+
+  // Scratch buffers for request parts, reused across requests (lane thread only).
+  std::vector<uint64_t> scratch_keys;
+  std::vector<const float*> scratch_grads;
+  std::vector<float*> scratch_outs;
+
+ private:
+  void Loop();
+  void RunBatch(std::vector<Task>& batch, zmq::socket_t& reply);
+  // Group commit of the batch's writes, when due; fails the writing tasks if it fails.
+  void CommitIfDue(std::vector<Task>& batch);
+
+  const uint32_t index_;
+  std::unique_ptr<LaneStore> store_;
+  zmq::socket_t push_;  // used only by this lane's thread
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;  // guarded by mu_
+  bool stop_ = false;       // guarded by mu_
+  // Held while tasks run: by the lane thread, or by the I/O thread for an inline run.
+  std::mutex run_mu_;
+  uint64_t step_ = 0;  // whoever holds run_mu_
+  const std::chrono::milliseconds commit_interval_;
+  std::chrono::steady_clock::time_point last_commit_{};  // whoever holds run_mu_
+  std::atomic<uint64_t> committed_seq_{0};
+};
+
+/// Writes files off the lanes (checkpoint snapshots): write and fsync, then finish one part of
+/// the request. Submit() is thread-safe.
+class FileWriter {
+ public:
+  FileWriter(zmq::context_t& ctx, const std::string& reply_endpoint);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+
+  /// Writes `data` to `path` durably, then finishes one part of `p` (which the caller added).
+  void Submit(std::shared_ptr<Pending> p, std::string path, std::shared_ptr<std::string> data);
+  /// Writes what is queued, then joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  struct Job {
+    std::shared_ptr<Pending> pending;
+    std::string path;
+    std::shared_ptr<std::string> data;
+  };
+  void Loop();
+
+  zmq::socket_t push_;  // writer thread only
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;  // guarded by mu_
+  bool stop_ = false;     // guarded by mu_
+};
+
+}  // namespace tessera::internal

@@ -1,0 +1,100 @@
+// A request in flight on the server, the "answer once when every part has finished" counter,
+// and the splits of a request's keys and dense ranges by lane. Used by the I/O thread, the
+// lanes and the file writer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ps/codec.h"
+#include "ps/routing.h"
+#include "ps/status.h"
+
+namespace tessera::internal {
+
+/// Seconds since the epoch (row update times, export cut-offs).
+uint32_t NowSeconds();
+
+/// Counts the parts of a request that must finish before it is answered, so that it is
+/// answered exactly once, by whichever thread finishes the last part. It starts holding one
+/// part, the guard, owned by the thread that hands the parts out: parts that finish while
+/// others are still being handed out cannot answer early. That thread calls Add() before it
+/// hands out each part and Done() for the guard when it has handed out all of them.
+/// Thread-safe.
+class PartCounter {
+ public:
+  /// One more part that must finish (called before the part can run).
+  void Add(uint32_t n = 1) { remaining_.fetch_add(n, std::memory_order_relaxed); }
+  /// Marks one part finished; true for exactly one caller: the one that finished the last.
+  [[nodiscard]] bool Done() { return remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+ private:
+  std::atomic<uint32_t> remaining_{1};
+};
+
+/// A request being served. Shared by the parts it was split into; the part that finishes
+/// last sends the reply (FinishPart).
+struct Pending {
+  zmq::message_t identity;
+  Header header;
+  std::vector<zmq::message_t> frames;
+  // Typed, aligned views of the frames (the frames themselves, or copies if misaligned).
+  const uint64_t* keys = nullptr;
+  const float* values = nullptr;
+  std::vector<uint64_t> key_copy;
+  std::vector<float> value_copy;
+  // Reply data frame, written in place by the lanes.
+  zmq::message_t out;
+  bool has_out = false;
+  PartCounter parts;
+  std::mutex mu;
+  Status status;                  // first error; guarded by mu
+  std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
+  bool silent = false;            // internal work (maintenance): no reply
+
+  /// Records `s` as the request's outcome unless an error is already recorded.
+  void Fail(const Status& s);
+  /// The outcome recorded so far.
+  Status outcome();
+};
+
+/// Sends the reply of a finished request over `sock` (the ROUTER, or an inproc PUSH to the
+/// I/O thread): its status, and its data or text frame when it succeeded.
+void SendReply(zmq::socket_t& sock, Pending& p);
+
+/// Marks one part of `p` finished with `s` and, when it was the last, replies over `sock`.
+void FinishPart(Pending& p, const Status& s, zmq::socket_t& sock);
+
+/// Index of the first NaN or infinity in v[0..n), or kAllFinite.
+inline constexpr uint64_t kAllFinite = ~uint64_t{0};
+uint64_t FirstNonFinite(const float* v, uint64_t n);
+
+/// The request's key indices each lane serves: by_lane[l] lists, in request order, the indices
+/// of the keys whose slot lane l owns.
+using KeySplit = std::vector<std::vector<uint32_t>>;
+
+/// Splits keys[0..n) by lane over `lanes` lanes. With `owner` set, every key's slot must belong
+/// to server `rank` under that map: the first key that does not stops the split and its index
+/// is returned; kAllOwned otherwise.
+inline constexpr uint64_t kAllOwned = ~uint64_t{0};
+uint64_t SplitKeysByLane(const uint64_t* keys, uint64_t n, uint32_t lanes, const SlotMap* owner,
+                         uint32_t rank, KeySplit* out);
+
+/// One chunk's part of a dense range: elements [begin, end) of chunk `chunk`, which are
+/// elements [pos, pos + end - begin) of the request.
+struct DenseSegment {
+  uint64_t chunk;
+  uint32_t begin, end;
+  uint64_t pos;
+};
+using DenseSplit = std::vector<std::vector<DenseSegment>>;
+
+/// Splits elements [offset, offset + count) of dense table `table` into chunk segments, by
+/// the lane that owns each chunk.
+DenseSplit SplitDenseByLane(uint64_t table, uint64_t offset, uint64_t count, uint32_t lanes);
+
+}  // namespace tessera::internal

@@ -1,0 +1,170 @@
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ps/routing.h"
+#include "ps/server/request_log_internal.h"
+
+namespace tessera::internal {
+
+std::string RequestLog::Encode(const Pending& p) {
+  const Header& h = p.header;
+  const bool sparse = h.op != Op::kDensePush;
+  const uint64_t floats = sparse ? h.count * h.dim : h.count;
+  std::string e(kHeaderBytes + (sparse ? h.count * 8 : 0) + floats * 4, '\0');
+  char* d = e.data();
+  d[0] = sparse ? 1 : 2;
+  const uint32_t dim = h.dim;
+  std::memcpy(d + 4, &dim, 4);
+  std::memcpy(d + 8, &h.table_id, 8);
+  std::memcpy(d + 16, &h.count, 8);
+  std::memcpy(d + 24, &h.offset, 8);
+  d += kHeaderBytes;
+  if (sparse) {
+    std::memcpy(d, p.keys, h.count * 8);
+    d += h.count * 8;
+  }
+  std::memcpy(d, p.values, floats * 4);
+  return e;
+}
+
+Result<uint64_t> RequestLog::Append(const Pending& p) {
+  if (!engine_->durable()) return uint64_t{0};
+  const uint64_t seq = ++seq_;
+  Status s = engine_->AppendLog(seq, Encode(p));
+  if (!s.ok()) {
+    --seq_;
+    return s.WithContext("logging the push");
+  }
+  return seq;
+}
+
+void RequestLog::TruncateTo(uint64_t mark) {
+  if (!engine_->durable()) return;
+  mark = std::min(mark, seq_);
+  if (mark <= truncated_) return;
+  Status s = engine_->TruncateLog(mark);
+  if (s.ok()) {
+    truncated_ = mark;
+  } else {
+    LOG(WARNING) << "truncating the request log: " << s.ToString();
+  }
+}
+
+Result<std::vector<uint64_t>> RequestLog::ReadMarks(
+    const std::vector<std::unique_ptr<LaneStore>>& stores) {
+  const uint32_t nl = static_cast<uint32_t>(stores.size());
+  uint32_t old_lanes = nl;
+  TESSERA_ASSIGN_OR_RETURN(auto stored_lanes, engine_->GetMeta("server/lanes"));
+  if (stored_lanes) {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t n, ParseStoredNumber(*stored_lanes, "server/lanes", 256));
+    if (n == 0) return Status::Corruption("server/lanes is 0");
+    old_lanes = static_cast<uint32_t>(n);
+  }
+  std::vector<uint64_t> marks(old_lanes, 0);
+  for (uint32_t l = 0; l < old_lanes; ++l) {
+    if (old_lanes == nl) {
+      marks[l] = stores[l]->committed_seq();
+      continue;
+    }
+    TESSERA_ASSIGN_OR_RETURN(auto m, engine_->GetMeta("storage/lane/" + std::to_string(old_lanes) +
+                                                      "/" + std::to_string(l)));
+    uint64_t seq = 0;
+    if (m && m->size() == 8) {
+      for (char c : *m) seq = (seq << 8) | static_cast<uint8_t>(c);
+    }
+    marks[l] = seq;
+  }
+  return marks;
+}
+
+Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
+                              std::vector<std::unique_ptr<LaneStore>>& stores,
+                              const std::function<bool(uint64_t)>& known) {
+  if (e.size() < kHeaderBytes || (e[0] != 1 && e[0] != 2)) {
+    return Status::Corruption("malformed request-log entry " + std::to_string(seq));
+  }
+  uint32_t dim;
+  uint64_t table, count, offset;
+  std::memcpy(&dim, e.data() + 4, 4);
+  std::memcpy(&table, e.data() + 8, 8);
+  std::memcpy(&count, e.data() + 16, 8);
+  std::memcpy(&offset, e.data() + 24, 8);
+  const bool sparse = e[0] == 1;
+  const uint64_t want = kHeaderBytes + (sparse ? count * 8 + count * dim * 4 : count * 4);
+  if (e.size() != want) {
+    return Status::Corruption("request-log entry " + std::to_string(seq) + " has " +
+                              std::to_string(e.size()) + " bytes, expected " +
+                              std::to_string(want));
+  }
+  if (!known(table)) return Status::OK();  // a table that no longer exists
+  // Copies keep the floats aligned.
+  std::vector<uint64_t> keys(sparse ? count : 0);
+  std::vector<float> grads(sparse ? count * dim : count);
+  const char* d = e.data() + kHeaderBytes;
+  if (sparse) {
+    std::memcpy(keys.data(), d, count * 8);
+    d += count * 8;
+  }
+  std::memcpy(grads.data(), d, grads.size() * 4);
+  const uint32_t nl = static_cast<uint32_t>(stores.size());
+  const uint32_t old_lanes = static_cast<uint32_t>(marks.size());
+  const ApplyContext ctx{0, NowSeconds()};
+  if (!sparse) {
+    DenseSplit split = SplitDenseByLane(table, offset, count, nl);
+    for (uint32_t l = 0; l < nl; ++l) {
+      for (const DenseSegment& s : split[l]) {
+        if (seq <= marks[LaneOfChunk(table, s.chunk, old_lanes)]) continue;
+        TESSERA_RETURN_IF_ERROR(
+            stores[l]->DenseApply(table, s.chunk, s.begin, s.end, grads.data() + s.pos, ctx));
+      }
+    }
+    return Status::OK();
+  }
+  KeySplit split;
+  (void)SplitKeysByLane(keys.data(), count, nl, nullptr, 0, &split);
+  std::vector<uint64_t> k;
+  std::vector<const float*> g;
+  for (uint32_t l = 0; l < nl; ++l) {
+    k.clear();
+    g.clear();
+    for (uint32_t i : split[l]) {
+      if (seq <= marks[LaneOfSlot(SlotOfKey(keys[i]), old_lanes)]) continue;
+      k.push_back(keys[i]);
+      g.push_back(grads.data() + size_t{i} * dim);
+    }
+    if (!k.empty()) TESSERA_RETURN_IF_ERROR(stores[l]->Apply(table, k, g, ctx));
+  }
+  return Status::OK();
+}
+
+Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
+                          const std::function<bool(uint64_t)>& known) {
+  if (!engine_->durable()) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<uint64_t> marks, ReadMarks(stores));
+  const uint64_t from = *std::min_element(marks.begin(), marks.end());
+  uint64_t last = *std::max_element(marks.begin(), marks.end());
+  for (auto& s : stores) last = std::max(last, s->committed_seq());
+  uint64_t replayed = 0;
+  TESSERA_RETURN_IF_ERROR(engine_->ScanLog(from, [&](uint64_t seq, std::string_view e) -> Status {
+    last = std::max(last, seq);
+    TESSERA_RETURN_IF_ERROR(ApplyEntry(seq, e, marks, stores, known));
+    ++replayed;
+    return Status::OK();
+  }));
+  for (auto& s : stores) {
+    s->SetAppliedSeq(last);
+    TESSERA_RETURN_IF_ERROR(s->Commit());
+  }
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/lanes", std::to_string(stores.size())));
+  TESSERA_RETURN_IF_ERROR(engine_->TruncateLog(last));
+  seq_ = last;
+  truncated_ = last;
+  if (replayed > 0) {
+    LOG(INFO) << "replayed " << replayed << " request-log entries (up to " << last << ")";
+  }
+  return Status::OK();
+}
+
+}  // namespace tessera::internal

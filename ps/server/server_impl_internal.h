@@ -1,0 +1,148 @@
+// The server's implementation, one class whose methods live in one file per concern:
+//   server.cc      start-up, recovery of the table list, shutdown;
+//   io_loop.cc     the I/O thread: receive, validate, dispatch, reply; table and meta ops;
+//   data_ops.cc    sparse and dense pulls and pushes, split by lane and answered once;
+//   admin_ops.cc   checkpoints at a clock cut, restore, serving exports.
+// Lanes (lane_internal.h), the request log (request_log_internal.h) and the clocks
+// (consistency_internal.h) are components of their own.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ps/routing.h"
+#include "ps/server/consistency_internal.h"
+#include "ps/server/lane_internal.h"
+#include "ps/server/request_internal.h"
+#include "ps/server/request_log_internal.h"
+#include "ps/server/server.h"
+#include "ps/table_spec.h"
+
+namespace tessera::internal {
+
+/// The server of one shard. Start() binds, recovers and starts the threads; Shutdown() stops
+/// them. Everything below the sockets is owned by the I/O thread once it runs, except what the
+/// lanes own (their stores).
+class ServerImpl {
+ public:
+  explicit ServerImpl(const ServerOptions& o);
+  ~ServerImpl();
+
+  Status Start();
+  void Shutdown();
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  struct TableInfo {
+    uint64_t id;
+    TableSpec spec;
+  };
+  // A checkpoint waiting for every worker to finish the steps up to its cut.
+  struct CutState {
+    int64_t cut;
+    uint32_t num_workers;
+    std::string dir;
+    std::shared_ptr<Pending> request;
+  };
+  // One lane's part of a request: the lane and the body it runs there.
+  struct LanePart {
+    uint32_t lane;
+    std::function<Status(Lane&)> run;
+  };
+
+  // ---- server.cc: start-up
+  Status BindSocket();
+  Status RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores);
+  void AddTableInfo(uint64_t id, const TableSpec& spec);
+
+  // ---- io_loop.cc: the I/O thread
+  void IoLoop();
+  void ReceiveBurst();
+  void Maintain();
+  void ForwardReplies();
+  void SendToPeer(std::vector<zmq::message_t>& parts);
+  void ReplyError(zmq::message_t identity, const Header& req, const Status& s);
+  void ReplyOk(zmq::message_t identity, const Header& req, Header h = Header(),
+               const std::string* data = nullptr);
+  void HandleMessage(std::vector<zmq::message_t> parts);
+  Status Dispatch(const std::shared_ptr<Pending>& p);
+  Result<const TableInfo*> FindTable(const Header& h, TableKind kind);
+  Status ExpectFrames(const Pending& p, size_t n);
+  Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys);
+  Status CreateTable(const std::shared_ptr<Pending>& p);
+  Status GetTable(const std::shared_ptr<Pending>& p);
+  Status MetaOp(const std::shared_ptr<Pending>& p);
+  Status StatsOp(const std::shared_ptr<Pending>& p);
+  Status ClockOp(const std::shared_ptr<Pending>& p);
+  Status BarrierOp(const std::shared_ptr<Pending>& p);
+  // Sends every parked request through the gates again.
+  void Readmit(std::vector<std::shared_ptr<Pending>> parked);
+
+  // ---- data_ops.cc: pulls and pushes
+  /// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
+  /// one part and the lane is idle) and answers `p` once, when the last part finishes,
+  /// whichever thread that is. `writes` and `seq` describe every part (Task).
+  void RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool writes,
+                uint64_t seq, bool may_inline);
+  /// RunParts with the same body on every lane.
+  void RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<Status(Lane&)> fn,
+                     bool writes);
+  Status Sparse(const std::shared_ptr<Pending>& p);
+  Status SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_lane);
+  Status Dense(const std::shared_ptr<Pending>& p);
+  Status SubmitDense(const std::shared_ptr<Pending>& p);
+  /// True when the checkpoint cut or the staleness gate parked `p` (to be readmitted later).
+  bool Parked(const std::shared_ptr<Pending>& p);
+  /// Submits a validated request that was parked.
+  Status Resubmit(const std::shared_ptr<Pending>& p);
+
+  // ---- admin_ops.cc: checkpoints, restore, export
+  bool ParkedByCut(const std::shared_ptr<Pending>& p);
+  Status CheckpointOp(const std::shared_ptr<Pending>& p);
+  void TakeSnapshotIfReady();
+  Status WriteCheckpointHeader(const std::string& dir, int64_t cut);
+  Status RestoreOp(const std::shared_ptr<Pending>& p);
+  Result<std::vector<std::pair<uint64_t, TableSpec>>> RestoreTables(const std::string& dir);
+  Status RestoreRows(const std::string& dir, uint32_t old_servers,
+                     const std::function<void(uint32_t, std::function<Status(Lane&)>)>& submit,
+                     uint64_t* loaded);
+  Status ExportOp(const std::shared_ptr<Pending>& p);
+  std::string ServerDir(const std::string& dir, uint32_t rank) const;
+  std::vector<std::pair<uint64_t, TableSpec>> TableList() const;
+
+  // Requests of at most this many floats that touch one lane may run on the I/O thread.
+  static constexpr uint64_t kInlineMaxFloats = 16384;
+
+  const ServerOptions options_;
+  zmq::context_t ctx_;
+  zmq::socket_t router_;   // I/O thread only (after Start)
+  zmq::socket_t replies_;  // I/O thread only
+  SlotMap slot_map_;
+  std::string endpoint_;
+  std::unique_ptr<StorageEngine> engine_;
+  std::unique_ptr<RequestLog> log_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::unique_ptr<FileWriter> writer_;
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> stopped_{false};
+
+  // State below is owned by the I/O thread.
+  absl::flat_hash_map<uint64_t, TableInfo> tables_;
+  absl::flat_hash_map<std::string, uint64_t> names_;
+  Consistency consistency_;
+  uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0;
+  int64_t max_push_clock_ = -1;
+  std::optional<CutState> cut_;
+  std::vector<std::shared_ptr<Pending>> cut_parked_;
+};
+
+}  // namespace tessera::internal

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Checks the layout rules of docs/architecture.md ("Rooms and their doors"):
+#  1. nothing directly in ps/ (the core) includes ps/client/, ps/server/ or storage/;
+#  2. storage/ includes only the ps core (no ps/client/, ps/server/, worker/);
+#  3. ps/client/ includes no ps/server/ or storage/ (a client links no RocksDB);
+#  4. worker/ includes only the ps core and ps/client/ (no ps/server/, storage/);
+#  5. no .cc file under ps/ is over 700 lines;
+#  6. no function in a .cc file under ps/ is over 80 lines unless the comment above it says
+#     why ("long function: ...").
+# Prints each violation and exits 1 when there is any. Usage: bash scripts/check_layout.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bad=0
+violation() { echo "layout: $*"; bad=1; }
+
+check_includes() {  # check_includes DESCRIPTION PATTERN FILES...
+  local what=$1 pattern=$2
+  shift 2
+  local hits
+  hits=$(grep -nE "^#include \"($pattern)" "$@" 2>/dev/null)
+  if [[ -n $hits ]]; then
+    while IFS= read -r h; do violation "$what: $h"; done <<<"$hits"
+  fi
+}
+
+core=$(find ps -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \))
+check_includes "ps core includes a room above it" 'ps/client/|ps/server/|storage/' $core
+check_includes "storage includes more than the ps core" 'ps/client/|ps/server/|worker/' \
+  $(find storage -type f \( -name '*.h' -o -name '*.cc' \))
+check_includes "the client includes server or storage code" 'ps/server/|storage/' \
+  $(find ps/client -type f \( -name '*.h' -o -name '*.cc' \))
+check_includes "worker includes server or storage code" 'ps/server/|storage/' \
+  $(find worker -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \))
+
+for f in $(find ps -type f -name '*.cc'); do
+  n=$(wc -l <"$f")
+  ((n > 700)) && violation "$f has $n lines (at most 700)"
+  # Function bodies: a definition line ending in '{' at column 0 (or 2, inside a class) up to
+  # the closing brace at the same indent.
+  awk -v file="$f" '
+    function reason(   i) {
+      for (i = NR - 1; i >= NR - 6 && i > 0; --i) if (prev[i % 8] ~ /long function:/) return 1
+      return 0
+    }
+    {
+      prev[NR % 8] = $0
+      if (start == 0 && $0 ~ /^(  )?[A-Za-z].*\)( const)?( override)?( -> [^{]*)? \{$/ &&
+          $0 !~ /^(  )?(namespace|class|struct|enum|if|for|while|switch|else|do)[ (]/) {
+        start = NR; indent = ($0 ~ /^  /) ? "  " : ""; name = $0; ok = reason(); next
+      }
+      if (start != 0 && $0 == indent "}") {
+        if (NR - start + 1 > 80 && !ok) {
+          printf "layout: %s:%d: function of %d lines (at most 80 without a reason): %s\n",
+                 file, start, NR - start + 1, name
+          found = 1
+        }
+        start = 0
+      }
+    }
+    END { exit found }' "$f" || bad=1
+done
+
+if ((bad == 0)); then echo "layout: all rules hold"; fi
+exit $bad
