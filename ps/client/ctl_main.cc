@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
-#include "ps/client.h"
+#include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
 
@@ -34,50 +36,42 @@ int Usage() {
   return 2;
 }
 
-}  // namespace
+// keygen DIR: writes DIR/server.key (secret) and DIR/server.pub (public).
+int Keygen(const std::string& dir) {
+  auto kp = tessera::GenerateCurveKeyPair();
+  if (!kp.ok()) {
+    std::fprintf(stderr, "tessera-ctl: %s\n", kp.status().ToString().c_str());
+    return 1;
+  }
+  const std::string sec = dir + "/server.key", pub = dir + "/server.pub";
+  FILE* f = std::fopen(sec.c_str(), "w");
+  FILE* g = std::fopen(pub.c_str(), "w");
+  if (f == nullptr || g == nullptr) {
+    std::fprintf(stderr, "tessera-ctl: cannot write keys into %s\n", dir.c_str());
+    if (f) std::fclose(f);
+    if (g) std::fclose(g);
+    return 1;
+  }
+  fchmod(fileno(f), 0600);
+  std::fprintf(f, "%s\n", kp->secret_key.c_str());
+  std::fprintf(g, "%s\n", kp->public_key.c_str());
+  std::fclose(f);
+  std::fclose(g);
+  std::printf("wrote %s (secret) and %s (public)\n", sec.c_str(), pub.c_str());
+  return 0;
+}
 
-int main(int argc, char** argv) {
-  gflags::SetUsageMessage("tessera-ctl --cluster=EPS checkpoint|restore|stats|tables [DIR]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc < 2) return Usage();
-  const std::string cmd = argv[1];
-  if (cmd == "keygen") {
-    if (argc != 3) return Usage();
-    auto kp = tessera::GenerateCurveKeyPair();
-    if (!kp.ok()) {
-      std::fprintf(stderr, "tessera-ctl: %s\n", kp.status().ToString().c_str());
-      return 1;
-    }
-    const std::string dir = argv[2];
-    const std::string sec = dir + "/server.key", pub = dir + "/server.pub";
-    FILE* f = std::fopen(sec.c_str(), "w");
-    FILE* g = std::fopen(pub.c_str(), "w");
-    if (f == nullptr || g == nullptr) {
-      std::fprintf(stderr, "tessera-ctl: cannot write keys into %s\n", dir.c_str());
-      if (f) std::fclose(f);
-      if (g) std::fclose(g);
-      return 1;
-    }
-    fchmod(fileno(f), 0600);
-    std::fprintf(f, "%s\n", kp->secret_key.c_str());
-    std::fprintf(g, "%s\n", kp->public_key.c_str());
-    std::fclose(f);
-    std::fclose(g);
-    std::printf("wrote %s (secret) and %s (public)\n", sec.c_str(), pub.c_str());
-    return 0;
-  }
-  auto eps = tessera::ParseClusterList(FLAGS_cluster);
-  if (!eps.ok()) {
-    std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());
-    return 2;
-  }
+// A client of the servers `eps` (with --curve_server_key_file, --timeout_s). On failure prints
+// why and returns null with the exit status in *exit_code.
+std::unique_ptr<tessera::Client> Connect(const std::vector<std::string>& eps, int* exit_code) {
   tessera::ClientOptions o;
-  o.servers = *eps;
+  o.servers = eps;
   if (!FLAGS_curve_server_key_file.empty()) {
     auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
     if (!key.ok()) {
       std::fprintf(stderr, "tessera-ctl: %s\n", key.status().ToString().c_str());
-      return 2;
+      *exit_code = 2;
+      return nullptr;
     }
     o.curve_server_key = *key;
   }
@@ -85,66 +79,98 @@ int main(int argc, char** argv) {
   auto client = tessera::Client::Create(o);
   if (!client.ok()) {
     std::fprintf(stderr, "tessera-ctl: %s\n", client.status().ToString().c_str());
-    return 1;
+    *exit_code = 1;
+    return nullptr;
   }
-  auto& c = **client;
-  const auto deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto secs = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  if (cmd == "checkpoint" || cmd == "restore") {
-    if (argc != 3) return Usage();
-    const std::string dir = argv[2];
-    if (cmd == "checkpoint") {
-      auto cut = c.Checkpoint(dir, deadline);
-      if (!cut.ok()) {
-        std::fprintf(stderr, "tessera-ctl: checkpoint failed: %s\n",
-                     cut.status().ToString().c_str());
-        return 1;
-      }
-      std::printf("checkpoint written to %s at clock %lld in %.3f s\n", dir.c_str(),
-                  static_cast<long long>(*cut), secs());
-    } else {
-      auto s = c.Restore(dir, deadline);
-      if (!s.ok()) {
-        std::fprintf(stderr, "tessera-ctl: restore failed: %s\n", s.ToString().c_str());
-        return 1;
-      }
-      std::printf("restored %s onto %u servers in %.3f s\n", dir.c_str(), c.num_servers(), secs());
-    }
-    return 0;
-  }
-  if (cmd == "export") {
-    if (argc != 3) return Usage();
-    auto v = c.Export(argv[2], FLAGS_delta, deadline);
-    if (!v.ok()) {
-      std::fprintf(stderr, "tessera-ctl: export failed: %s\n", v.status().ToString().c_str());
+  return std::move(*client);
+}
+
+// Seconds since `t0`.
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// checkpoint DIR / restore DIR.
+int CheckpointOrRestore(tessera::Client& c, const std::string& cmd, const std::string& dir,
+                        tessera::Deadline deadline, std::chrono::steady_clock::time_point t0) {
+  if (cmd == "checkpoint") {
+    auto cut = c.Checkpoint(dir, deadline);
+    if (!cut.ok()) {
+      std::fprintf(stderr, "tessera-ctl: checkpoint failed: %s\n", cut.status().ToString().c_str());
       return 1;
     }
-    std::printf("export v%llu (%s) written to %s/v%llu in %.3f s\n",
-                static_cast<unsigned long long>(*v), FLAGS_delta ? "delta" : "full", argv[2],
-                static_cast<unsigned long long>(*v), secs());
-    return 0;
+    std::printf("checkpoint written to %s at clock %lld in %.3f s\n", dir.c_str(),
+                static_cast<long long>(*cut), SecondsSince(t0));
+  } else {
+    auto s = c.Restore(dir, deadline);
+    if (!s.ok()) {
+      std::fprintf(stderr, "tessera-ctl: restore failed: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("restored %s onto %u servers in %.3f s\n", dir.c_str(), c.num_servers(),
+                SecondsSince(t0));
   }
-  if (cmd == "stats" || cmd == "tables") {
-    for (uint32_t r = 0; r < c.num_servers(); ++r) {
-      auto st = c.ServerStats(r, deadline);
-      if (!st.ok()) {
-        std::fprintf(stderr, "tessera-ctl: server %u: %s\n", r, st.status().ToString().c_str());
-        return 1;
-      }
-      if (cmd == "stats") {
-        std::printf("--- server %u (%s)\n%s", r, (*eps)[r].c_str(), st->c_str());
-      } else if (r == 0) {
-        std::istringstream in(*st);
-        std::string line;
-        while (std::getline(in, line)) {
-          if (line.rfind("table ", 0) == 0) std::printf("%s\n", line.substr(6).c_str());
-        }
+  return 0;
+}
+
+// export ROOT.
+int Export(tessera::Client& c, const char* root, tessera::Deadline deadline,
+           std::chrono::steady_clock::time_point t0) {
+  auto v = c.Export(root, FLAGS_delta, deadline);
+  if (!v.ok()) {
+    std::fprintf(stderr, "tessera-ctl: export failed: %s\n", v.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("export v%llu (%s) written to %s/v%llu in %.3f s\n",
+              static_cast<unsigned long long>(*v), FLAGS_delta ? "delta" : "full", root,
+              static_cast<unsigned long long>(*v), SecondsSince(t0));
+  return 0;
+}
+
+// stats (every server's counters) / tables (the table lines of server 0's stats).
+int StatsOrTables(tessera::Client& c, const std::string& cmd, const std::vector<std::string>& eps,
+                  tessera::Deadline deadline) {
+  for (uint32_t r = 0; r < c.num_servers(); ++r) {
+    auto st = c.ServerStats(r, deadline);
+    if (!st.ok()) {
+      std::fprintf(stderr, "tessera-ctl: server %u: %s\n", r, st.status().ToString().c_str());
+      return 1;
+    }
+    if (cmd == "stats") {
+      std::printf("--- server %u (%s)\n%s", r, eps[r].c_str(), st->c_str());
+    } else if (r == 0) {
+      std::istringstream in(*st);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("table ", 0) == 0) std::printf("%s\n", line.substr(6).c_str());
       }
     }
-    return 0;
   }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("tessera-ctl --cluster=EPS checkpoint|restore|stats|tables [DIR]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc < 2) return Usage();
+  const std::string cmd = argv[1];
+  if (cmd == "keygen") return argc == 3 ? Keygen(argv[2]) : Usage();
+  auto eps = tessera::ParseClusterList(FLAGS_cluster);
+  if (!eps.ok()) {
+    std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());
+    return 2;
+  }
+  int exit_code = 0;
+  std::unique_ptr<tessera::Client> client = Connect(*eps, &exit_code);
+  if (client == nullptr) return exit_code;
+  const auto deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (cmd == "checkpoint" || cmd == "restore") {
+    return argc == 3 ? CheckpointOrRestore(*client, cmd, argv[2], deadline, t0) : Usage();
+  }
+  if (cmd == "export") return argc == 3 ? Export(*client, argv[2], deadline, t0) : Usage();
+  if (cmd == "stats" || cmd == "tables") return StatsOrTables(*client, cmd, *eps, deadline);
   return Usage();
 }

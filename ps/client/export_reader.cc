@@ -1,4 +1,4 @@
-#include "ps/export_reader.h"
+#include "ps/client/export_reader.h"
 
 #include <absl/container/flat_hash_map.h>
 

@@ -1,0 +1,143 @@
+// The client's administrative calls: metadata records, server statistics, cluster
+// checkpoints and restores, serving exports.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "ps/client/client.h"
+#include "ps/client/client_internal.h"
+#include "ps/client/export_reader.h"
+
+namespace tessera {
+
+Status Client::PutMeta(const std::string& name, std::string_view value, Deadline deadline) {
+  Header h = impl_->BaseHeader(Op::kPutMeta);
+  h.name = name;
+  h.elem_type = ElemType::kBytes;
+  h.count = 1;
+  std::string data(value);
+  return impl_->Blocking(h, {0}, deadline, &data).status();
+}
+
+Result<std::optional<std::string>> Client::GetMeta(const std::string& name, Deadline deadline) {
+  Header h = impl_->BaseHeader(Op::kGetMeta);
+  h.name = name;
+  std::string data;
+  TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(h, {0}, deadline, &data));
+  if (r.count == 0) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(data));
+}
+
+Result<std::string> Client::ServerStats(uint32_t rank, Deadline deadline) {
+  if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
+  std::string text;
+  TESSERA_ASSIGN_OR_RETURN(Header r,
+                           impl_->Blocking(impl_->BaseHeader(Op::kStats), {rank}, deadline, &text));
+  (void)r;
+  return text;
+}
+
+namespace {
+// Reads "name value" from a stats text; 0 when absent.
+int64_t StatValue(const std::string& text, const std::string& name) {
+  const std::string needle = name + " ";
+  size_t pos = 0;
+  while ((pos = text.find(needle, pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') {
+      return std::strtoll(text.c_str() + pos + needle.size(), nullptr, 10);
+    }
+    pos += needle.size();
+  }
+  return 0;
+}
+}  // namespace
+
+Result<int64_t> Client::Checkpoint(const std::string& dir, Deadline deadline) {
+  if (dir.empty()) return Status::InvalidArgument("checkpoint directory is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
+  if (std::filesystem::exists(dir + "/CHECKPOINT")) {
+    return Status::AlreadyExists("'" + dir + "' already holds a checkpoint");
+  }
+  int64_t cut = -1;
+  bool taken = false;
+  for (int attempt = 0; attempt < 20 && !taken; ++attempt) {
+    // Where the job is: the cut goes after the steps every server has seen pushed.
+    uint32_t workers = 0;
+    int64_t max_clock = 0, max_push = -1;
+    for (uint32_t r = 0; r < num_servers(); ++r) {
+      TESSERA_ASSIGN_OR_RETURN(std::string st, ServerStats(r, deadline));
+      workers = std::max<uint32_t>(workers, static_cast<uint32_t>(StatValue(st, "job_workers")));
+      max_clock = std::max(max_clock, StatValue(st, "max_clock"));
+      max_push = std::max(max_push, StatValue(st, "max_push_clock"));
+    }
+    cut = std::max(max_clock - 1, max_push) + attempt;
+    Header h = impl_->BaseHeader(Op::kCheckpoint);
+    h.name = dir;
+    h.clock = cut;
+    h.num_workers = workers;
+    auto r = impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline);
+    if (r.ok()) {
+      taken = true;
+      break;
+    }
+    // Abort everywhere before trying again (or giving up).
+    Header abort = impl_->BaseHeader(Op::kCheckpoint);
+    abort.count = 1;
+    (void)impl_->Blocking(abort, impl_->AllServers(), DeadlineAfterMs(10000)).status();
+    if (r.status().code() != StatusCode::kFailedPrecondition ||
+        r.status().message().find("already passed") == std::string::npos) {
+      return r.status();
+    }
+  }
+  if (!taken) return Status::Unavailable("the job kept running past every proposed cut");
+  std::ofstream marker(dir + "/CHECKPOINT");
+  marker << "tessera checkpoint\nservers " << num_servers() << "\ncut_clock " << cut << "\n";
+  marker.close();
+  if (!marker) return Status::IOError("cannot write '" + dir + "/CHECKPOINT'");
+  return cut;
+}
+
+Result<uint64_t> Client::Export(const std::string& root, bool delta, Deadline deadline) {
+  if (root.empty()) return Status::InvalidArgument("export directory is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) return Status::IOError("cannot create '" + root + "': " + ec.message());
+  TESSERA_ASSIGN_OR_RETURN(uint64_t latest, LatestExportVersion(root));
+  if (delta && latest == 0) {
+    return Status::FailedPrecondition("a delta export needs a previous export in '" + root + "'");
+  }
+  const uint64_t version = latest + 1;
+  const std::string dir = root + "/v" + std::to_string(version);
+  Header h = impl_->BaseHeader(Op::kExport);
+  h.name = dir;
+  h.count = delta ? 1 : 0;
+  h.offset = delta ? latest : 0;  // the base version
+  TESSERA_RETURN_IF_ERROR(
+      impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status());
+  {
+    std::ofstream marker(dir + "/EXPORT");
+    marker << "tessera export\nversion " << version << "\nkind " << (delta ? "delta" : "full")
+           << "\nbase " << (delta ? latest : 0) << "\nservers " << num_servers() << "\n";
+    if (!marker) return Status::IOError("cannot write '" + dir + "/EXPORT'");
+  }
+  // Readers follow LATEST; replace it atomically.
+  {
+    std::ofstream l(root + "/LATEST.tmp");
+    l << version << "\n";
+    if (!l) return Status::IOError("cannot write '" + root + "/LATEST.tmp'");
+  }
+  std::filesystem::rename(root + "/LATEST.tmp", root + "/LATEST", ec);
+  if (ec) return Status::IOError("cannot update '" + root + "/LATEST': " + ec.message());
+  return version;
+}
+
+Status Client::Restore(const std::string& dir, Deadline deadline) {
+  Header h = impl_->BaseHeader(Op::kRestore);
+  h.name = dir;
+  return impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status();
+}
+
+}  // namespace tessera
