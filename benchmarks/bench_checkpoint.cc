@@ -16,8 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "ps/client.h"
-#include "ps/server.h"
+#include "benchmarks/bench_stats.h"
+#include "ps/client/client.h"
+#include "ps/server/server.h"
 
 DEFINE_bool(quick, false, "1M rows instead of --rows (under a minute)");
 DEFINE_uint64(rows, 10000000, "Rows in the table");
@@ -28,14 +29,9 @@ DEFINE_string(data_dir, "", "Run the server on RocksDB in this directory (defaul
 namespace {
 
 using BenchClock = std::chrono::steady_clock;
+using tessera::bench::Percentile;
 
 double Ms(BenchClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
-}
 
 }  // namespace
 

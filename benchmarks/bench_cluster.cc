@@ -156,7 +156,8 @@ std::string DefaultServerBinary(const char* argv0) {
   const fs::path dir = self.parent_path();
   const fs::path next_to = dir / "tessera-server";
   if (fs::exists(next_to, ec)) return next_to.string();
-  const fs::path build_root = dir / "../../tessera-server";
+  // Benchmarks live in build/benchmarks/, the server at the top of the build tree.
+  const fs::path build_root = dir / "../tessera-server";
   if (fs::exists(build_root, ec)) return fs::weakly_canonical(build_root, ec).string();
   return next_to.string();
 }

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ps/server.h"
+#include "ps/server/server.h"
 #include "ps/status.h"
 
 namespace tessera::bench {

@@ -1,20 +1,22 @@
 // bench_durability: push throughput of a server on RocksDB in strict durability (with the
 // request log that keeps multi-lane pushes whole) vs relaxed, and vs a memory-only server, in
-// one run: three 1-server clusters as child processes, repetitions alternating between them.
+// one run: three 1-server clusters as child processes, repetitions alternating between them
+// (bench_stats.h: forwards, then backwards, ...).
 // Pushes of 100k keys x dim 16 (Adagrad), keys uniform over --key_space. Last line: JSON.
 #include <gflags/gflags.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "benchmarks/bench_cluster.h"
-#include "ps/client.h"
+#include "benchmarks/bench_stats.h"
+#include "ps/client/client.h"
 
 DEFINE_bool(quick, false, "Short run (under a minute)");
 DEFINE_uint32(keys, 100000, "Keys per push");
@@ -26,11 +28,7 @@ DEFINE_string(server_binary, "", "tessera-server (default: next to this program)
 
 namespace {
 using BenchClock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using tessera::bench::Median;
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,20 +76,26 @@ int main(int argc, char** argv) {
     for (auto& k : b) k = rng() % FLAGS_key_space;
   }
   std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
-  for (int r = -1; r < reps; ++r) {  // r == -1: warm-up (creates the rows)
-    for (auto& c : configs) {
-      const auto t0 = BenchClock::now();
-      for (int p = 0; p < pushes; ++p) {
-        auto s = c.client->Wait(c.client->Push(c.table, batches[p % batches.size()], grads));
-        if (!s.ok()) {
-          std::fprintf(stderr, "bench_durability: %s: %s\n", c.name, s.ToString().c_str());
-          return 1;
-        }
+  // `pushes` pushes to configuration c; its keys/s.
+  auto run = [&](Config& c) -> std::optional<double> {
+    const auto t0 = BenchClock::now();
+    for (int p = 0; p < pushes; ++p) {
+      auto s = c.client->Wait(c.client->Push(c.table, batches[p % batches.size()], grads));
+      if (!s.ok()) {
+        std::fprintf(stderr, "bench_durability: %s: %s\n", c.name, s.ToString().c_str());
+        return std::nullopt;
       }
-      const double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
-      if (r >= 0) c.rates.push_back(static_cast<double>(FLAGS_keys) * pushes / secs);
     }
+    const double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
+    return static_cast<double>(FLAGS_keys) * pushes / secs;
+  };
+  for (auto& c : configs) {  // warm-up (creates the rows), not measured
+    if (!run(c)) return 1;
   }
+  auto rates = tessera::bench::AlternateRepetitions(configs.size(), reps,
+                                                    [&](size_t c, int) { return run(configs[c]); });
+  if (!rates) return 1;
+  for (size_t c = 0; c < configs.size(); ++c) configs[c].rates = (*rates)[c];
   std::printf(
       "bench_durability: 1 server (child process, 2 lanes), pushes of %u keys x dim %u "
       "(Adagrad), %d pushes x %d repetitions, medians\n",

@@ -24,7 +24,8 @@
 #include <vector>
 
 #include "benchmarks/bench_cluster.h"
-#include "ps/client.h"
+#include "benchmarks/bench_stats.h"
+#include "ps/client/client.h"
 
 DEFINE_bool(quick, false, "Short run (under a minute): fewer, shorter repetitions");
 DEFINE_int32(reps, 0, "Repetitions per cell (0: 3 with --quick, else 7)");
@@ -47,6 +48,8 @@ DEFINE_uint64(seed, 42, "Seed of the key and gradient generator");
 namespace {
 
 using BenchClock = std::chrono::steady_clock;
+using tessera::bench::Median;
+using tessera::bench::Percentile;
 
 // ------------------------------------------------------------------ Zipf sampler
 
@@ -145,13 +148,6 @@ std::vector<Batch> MakeBatches(const Shape& shape, uint32_t count, uint64_t seed
     b.unique = seen.size();
   }
   return out;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - 1;
-  return v[std::min(i, v.size() - 1)];
 }
 
 struct Row {
@@ -347,9 +343,9 @@ int main(int argc, char** argv) {
                          error.ToString().c_str());
             return 1;
           }
-          row.keys_per_s_per_server = Percentile(rates, 0.5);
-          row.unique_keys_per_s_per_server = Percentile(unique_rates, 0.5);
-          row.lat_median_ms = Percentile(lat_ms, 0.5);
+          row.keys_per_s_per_server = Median(rates);
+          row.unique_keys_per_s_per_server = Median(unique_rates);
+          row.lat_median_ms = Median(lat_ms);
           row.lat_p99_ms = Percentile(lat_ms, 0.99);
           std::printf("%-22s %14.3e %14.3e %10.2f %10.2f\n", row.name.c_str(),
                       row.keys_per_s_per_server, row.unique_keys_per_s_per_server,

@@ -5,12 +5,8 @@
 //
 // Prints a table, then (last line) one JSON object with the headline ratios.
 #include <gflags/gflags.h>
-#include <rocksdb/cache.h>
-#include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
-#include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
-#include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -26,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "ps/routing.h"
+#include "storage/rocksdb_tuning_internal.h"
 #include "storage/storage.h"
 
 DEFINE_bool(quick, false, "Small sizes and few repetitions (under a minute)");
@@ -41,14 +39,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using tessera::Status;
+using tessera::bench::AlternateRepetitions;
+using tessera::bench::Median;
 
 constexpr size_t kBatch = 10000;          // keys per apply / lookup call
 constexpr size_t kDurableBatch = 100000;  // keys per push in the durability comparison
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 void Die(const Status& s, const char* what) {
   if (s.ok()) return;
@@ -137,45 +132,21 @@ void Populate(Tessera& t, uint64_t rows) {
 }
 
 // ------------------------------------------------------------------ raw RocksDB
-// The same tuning as storage/rocksdb_engine.cc (TunedTableOptions and the DB options), so the
-// comparison measures Tessera's layer, not a different configuration.
+// Opened with the storage library's own RocksDB configuration for the default StorageOptions
+// (storage/rocksdb_tuning_internal.h: the DB options and TunedTableOptions, the same block cache
+// size, --rocksdb_table_options over it), so the comparison measures Tessera's layer, not a
+// different configuration.
 struct Raw {
   std::unique_ptr<rocksdb::DB> db;
 };
 
 Raw OpenRaw(const std::string& dir) {
-  rocksdb::Options o;
-  o.create_if_missing = true;
-  o.max_background_jobs = 2;
-  o.bytes_per_sync = 1 << 20;
-  o.max_total_wal_size = uint64_t{512} << 20;
-  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-  rocksdb::BlockBasedTableOptions t;
-  t.block_cache = rocksdb::NewLRUCache(uint64_t{64} << 20);
-  t.block_size = 4096;
-  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  t.optimize_filters_for_memory = true;
-  t.cache_index_and_filter_blocks = true;
-  t.pin_l0_filter_and_index_blocks_in_cache = true;
-  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
-  t.format_version = 5;
-  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
-  o.compression = rocksdb::kNoCompression;
-  o.bottommost_compression = rocksdb::kNoCompression;
-  o.write_buffer_size = 64 << 20;
-  o.max_write_buffer_number = 3;
-  o.memtable_prefix_bloom_size_ratio = 0.02;
-  o.memtable_whole_key_filtering = true;
-  o.level_compaction_dynamic_level_bytes = true;
-  o.target_file_size_base = 64 << 20;
-  o.max_bytes_for_level_base = 256 << 20;
-  if (!FLAGS_rocksdb_table_options.empty()) {
-    rocksdb::ConfigOptions config;
-    rocksdb::ColumnFamilyOptions cf;
-    Die(rocksdb::GetColumnFamilyOptionsFromString(config, o, FLAGS_rocksdb_table_options, &cf),
-        "rocksdb_table_options");
-    o = rocksdb::Options(o, cf);
-  }
+  tessera::StorageOptions so;
+  so.data_dir = dir;
+  so.rocksdb_table_options = FLAGS_rocksdb_table_options;
+  auto tuning = tessera::internal::TuneRocksDb(so);
+  Die(tuning.status(), "raw tuning");
+  const rocksdb::Options o(tuning->db, tuning->table);
   rocksdb::DB* db = nullptr;
   Die(rocksdb::DB::Open(o, dir, &db), "raw open");
   return Raw{std::unique_ptr<rocksdb::DB>(db)};
@@ -276,7 +247,8 @@ Result Compare(uint64_t rows, uint64_t budget, const char* label) {
 }
 
 // Keys/s of 100k-key pushes (apply + commit) in the strict and the relaxed mode. The two engines
-// take turns batch by batch, so drift in machine load hits both alike.
+// take turns push by push (strict first, then relaxed first, ...) on the same keys, so drift in
+// machine load hits both alike.
 std::pair<double, double> DurablePush(uint64_t rows) {
   Scratch sdir("strict"), rdir("relaxed");
   Tessera strict = OpenTessera(sdir.path(), 0, tessera::Durability::kStrict);
@@ -284,19 +256,21 @@ std::pair<double, double> DurablePush(uint64_t rows) {
   Populate(strict, rows);
   Populate(relaxed, rows);
   std::mt19937_64 rng(3);
-  std::vector<double> s_rates, r_rates;
   std::vector<uint64_t> keys(kDurableBatch);
+  int keys_of_round = -1;
   const int pushes = FLAGS_reps * (FLAGS_quick ? 3 : 5);
-  for (int i = 0; i < pushes; ++i) {
-    for (auto& k : keys) k = KeyOf(rng() % rows);
-    for (Tessera* t : {&strict, &relaxed}) {
-      const auto t0 = Clock::now();
-      TesseraApply(*t, keys, static_cast<uint64_t>(i + 1));
-      const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-      (t == &strict ? s_rates : r_rates).push_back(kDurableBatch / sec);
+  auto rates = AlternateRepetitions(2, pushes, [&](size_t variant, int round) {
+    if (round != keys_of_round) {  // new keys each round, the same for both engines
+      for (auto& k : keys) k = KeyOf(rng() % rows);
+      keys_of_round = round;
     }
-  }
-  return {Median(s_rates), Median(r_rates)};
+    Tessera& t = variant == 0 ? strict : relaxed;
+    const auto t0 = Clock::now();
+    TesseraApply(t, keys, static_cast<uint64_t>(round + 1));
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    return kDurableBatch / sec;
+  });
+  return {Median((*rates)[0]), Median((*rates)[1])};
 }
 
 }  // namespace

@@ -30,13 +30,15 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "benchmarks/bench_cluster.h"
-#include "ps/client.h"
+#include "benchmarks/bench_stats.h"
+#include "ps/client/client.h"
 #include "ps/status.h"
 #include "worker/backend.h"
 #include "worker/data_reader.h"
@@ -71,6 +73,7 @@ using tessera::Status;
 namespace {
 
 using BenchClock = std::chrono::steady_clock;
+using tessera::bench::Median;
 
 // ------------------------------------------------------------------ training runs
 
@@ -180,13 +183,6 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
   return r;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string JsonNum(double x) {
   if (!std::isfinite(x)) return "null";
   char buf[64];
@@ -283,22 +279,21 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   const double load_start = LoadAverage();
-  std::vector<std::vector<double>> sps(configs.size());
   std::vector<double> loss(configs.size());
   const auto t0 = BenchClock::now();
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = 0; i < configs.size(); ++i) {
-      // Odd repetitions run the list backwards, so no configuration always follows another.
-      const size_t c = rep % 2 ? configs.size() - 1 - i : i;
-      auto r = RunOnce(configs[c], *layout, data, samples, server_binary);
-      if (!r.ok()) {
-        std::fprintf(stderr, "bench_train: %s\n", r.status().ToString().c_str());
-        return 1;
-      }
-      sps[c].push_back(r->samples_per_s);
-      loss[c] = r->train_loss;
-    }
-  }
+  // Odd repetitions run the list backwards, so no configuration always follows another.
+  auto measured = tessera::bench::AlternateRepetitions(
+      configs.size(), reps, [&](size_t c, int) -> std::optional<double> {
+        auto r = RunOnce(configs[c], *layout, data, samples, server_binary);
+        if (!r.ok()) {
+          std::fprintf(stderr, "bench_train: %s\n", r.status().ToString().c_str());
+          return std::nullopt;
+        }
+        loss[c] = r->train_loss;
+        return r->samples_per_s;
+      });
+  if (!measured) return 1;
+  const std::vector<std::vector<double>> sps = std::move(*measured);  // samples/s per run
   const double total_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
 
   std::vector<double> med(configs.size());

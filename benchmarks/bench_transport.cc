@@ -37,7 +37,8 @@
 #include <zmq_addon.hpp>
 
 #include "benchmarks/bench_cluster.h"
-#include "ps/client.h"
+#include "benchmarks/bench_stats.h"
+#include "ps/client/client.h"
 #include "ps/routing.h"
 
 DEFINE_bool(quick, false, "Short run (under a minute): fewer, shorter repetitions");
@@ -59,15 +60,9 @@ DEFINE_string(echo_server, "",
 namespace {
 
 using BenchClock = std::chrono::steady_clock;
+using tessera::bench::Median;
 
 double Seconds(BenchClock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::string SizeName(uint64_t bytes) {
   if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + "MiB";
@@ -486,15 +481,15 @@ int main(int argc, char** argv) {
           run_raw(rep_s / 4);
           run_tessera(rep_s / 4);
           Side raw_side, tes_side;
-          for (int r = 0; r < reps; ++r) {
-            if (r % 2 == 0) {
+          // Raw first on even repetitions, Tessera first on odd ones.
+          tessera::bench::ForEachAlternating(2, reps, [&](size_t side, int) {
+            if (side == 0) {
               raw_side.Add(run_raw(rep_s), bytes);
-              tes_side.Add(run_tessera(rep_s), bytes);
             } else {
               tes_side.Add(run_tessera(rep_s), bytes);
-              raw_side.Add(run_raw(rep_s), bytes);
             }
-          }
+            return true;
+          });
           if (!error.ok()) {
             std::fprintf(stderr, "bench_transport: %s: %s\n", cell.Name().c_str(),
                          error.ToString().c_str());

@@ -2,12 +2,8 @@
 // a column family per table, group-committed WriteBatches with the WAL on. See docs/storage.md.
 #include <absl/container/flat_hash_map.h>
 #include <glog/logging.h>
-#include <rocksdb/cache.h>
-#include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
-#include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
-#include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 
@@ -28,6 +24,7 @@
 #include "ps/optimizer.h"
 #include "ps/routing.h"
 #include "storage/rocksdb_engine_internal.h"
+#include "storage/rocksdb_tuning_internal.h"
 #include "storage/row_cache_internal.h"
 #include "storage/row_codec_internal.h"
 #include "storage/row_table_internal.h"
@@ -260,41 +257,6 @@ class RocksDbEngine final : public StorageEngine {
   bool stop_ = false;  // guarded by flusher_mu_
 };
 
-rocksdb::ColumnFamilyOptions TunedTableOptions(const StorageOptions& options,
-                                               const std::shared_ptr<rocksdb::Cache>& cache) {
-  rocksdb::ColumnFamilyOptions cf;
-  rocksdb::BlockBasedTableOptions t;
-  t.block_cache = cache;
-  // Rows are 50-300 bytes; 4 KiB blocks keep the bytes read per point lookup low.
-  t.block_size = 4096;
-  // Most cold reads are point lookups, many of keys never stored: whole-key bloom filters on
-  // every level (not optimize_filters_for_hits) let misses skip files.
-  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  t.whole_key_filtering = true;
-  t.optimize_filters_for_memory = true;
-  // Index and filter blocks count against the block cache (bounded memory); L0's stay pinned.
-  t.cache_index_and_filter_blocks = true;
-  t.pin_l0_filter_and_index_blocks_in_cache = true;
-  // A hash index inside each data block: one probe instead of a binary search.
-  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
-  t.format_version = 5;
-  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
-  // Float embeddings and optimizer state barely compress (measured in docs/storage.md);
-  // compression would only cost CPU on every cold read.
-  cf.compression = rocksdb::kNoCompression;
-  cf.bottommost_compression = rocksdb::kNoCompression;
-  cf.write_buffer_size = 64 << 20;
-  cf.max_write_buffer_number = 3;
-  // A bloom filter over the memtable: reads of absent keys skip the skiplist search.
-  cf.memtable_prefix_bloom_size_ratio = 0.02;
-  cf.memtable_whole_key_filtering = true;
-  cf.level_compaction_dynamic_level_bytes = true;
-  cf.target_file_size_base = 64 << 20;
-  cf.max_bytes_for_level_base = 256 << 20;
-  (void)options;
-  return cf;
-}
-
 Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions& options,
                                                            const internal::RocksDbHooks& hooks) {
   if (options.data_dir.empty()) return Status::InvalidArgument("data_dir is empty");
@@ -318,35 +280,11 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
     }
   }
 
-  rocksdb::DBOptions db_opts;
+  // The tuning (docs/storage.md) lives in rocksdb_tuning.cc, shared with bench_storage.
+  TESSERA_ASSIGN_OR_RETURN(internal::RocksDbTuning tuning, internal::TuneRocksDb(options));
+  rocksdb::DBOptions db_opts = std::move(tuning.db);
   db_opts.env = env;
-  db_opts.create_if_missing = true;
-  db_opts.create_missing_column_families = true;
-  db_opts.paranoid_checks = true;
-  // A kill -9 can leave only a torn last WAL record (a batch never acknowledged); anything else
-  // damaged in the WAL is reported as Corruption rather than silently cut.
-  db_opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
-  db_opts.manual_wal_flush = options.durability == Durability::kRelaxed;
-  db_opts.max_background_jobs = options.background_jobs;
-  db_opts.bytes_per_sync = 1 << 20;
-  db_opts.max_total_wal_size = uint64_t{512} << 20;
-  db_opts.keep_log_file_num = 4;
-  db_opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-
-  auto cache = rocksdb::NewLRUCache(std::max<uint64_t>(options.block_cache_bytes, 1 << 20));
-  engine->table_cf_options_ = TunedTableOptions(options, cache);
-  if (!options.rocksdb_table_options.empty()) {
-    rocksdb::ConfigOptions config;
-    config.ignore_unknown_options = false;
-    rocksdb::ColumnFamilyOptions overridden;
-    auto s = rocksdb::GetColumnFamilyOptionsFromString(config, engine->table_cf_options_,
-                                                       options.rocksdb_table_options, &overridden);
-    if (!s.ok()) {
-      return Status::InvalidArgument("rocksdb_table_options '" + options.rocksdb_table_options +
-                                     "': " + s.ToString());
-    }
-    engine->table_cf_options_ = overridden;
-  }
+  engine->table_cf_options_ = std::move(tuning.table);
 
   std::vector<std::string> names;
   const bool exists = env->FileExists(options.data_dir + "/CURRENT").ok();

@@ -1,0 +1,83 @@
+// The RocksDB configuration of the storage engine (rocksdb_tuning_internal.h).
+#include <rocksdb/convenience.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/table.h>
+
+#include <algorithm>
+#include <string>
+
+#include "storage/rocksdb_tuning_internal.h"
+
+namespace tessera::internal {
+
+rocksdb::ColumnFamilyOptions TunedTableOptions(const std::shared_ptr<rocksdb::Cache>& block_cache) {
+  rocksdb::ColumnFamilyOptions cf;
+  rocksdb::BlockBasedTableOptions t;
+  t.block_cache = block_cache;
+  // Rows are 50-300 bytes; 4 KiB blocks keep the bytes read per point lookup low.
+  t.block_size = 4096;
+  // Most cold reads are point lookups, many of keys never stored: whole-key bloom filters on
+  // every level (not optimize_filters_for_hits) let misses skip files.
+  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  t.whole_key_filtering = true;
+  t.optimize_filters_for_memory = true;
+  // Index and filter blocks count against the block cache (bounded memory); L0's stay pinned.
+  t.cache_index_and_filter_blocks = true;
+  t.pin_l0_filter_and_index_blocks_in_cache = true;
+  // A hash index inside each data block: one probe instead of a binary search.
+  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
+  t.format_version = 5;
+  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  // Float embeddings and optimizer state barely compress (measured in docs/storage.md);
+  // compression would only cost CPU on every cold read.
+  cf.compression = rocksdb::kNoCompression;
+  cf.bottommost_compression = rocksdb::kNoCompression;
+  cf.write_buffer_size = 64 << 20;
+  cf.max_write_buffer_number = 3;
+  // A bloom filter over the memtable: reads of absent keys skip the skiplist search.
+  cf.memtable_prefix_bloom_size_ratio = 0.02;
+  cf.memtable_whole_key_filtering = true;
+  cf.level_compaction_dynamic_level_bytes = true;
+  cf.target_file_size_base = 64 << 20;
+  cf.max_bytes_for_level_base = 256 << 20;
+  return cf;
+}
+
+rocksdb::DBOptions TunedDbOptions(const StorageOptions& options) {
+  rocksdb::DBOptions db;
+  db.create_if_missing = true;
+  db.create_missing_column_families = true;
+  db.paranoid_checks = true;
+  // A kill -9 can leave only a torn last WAL record (a batch never acknowledged); anything else
+  // damaged in the WAL is reported as Corruption rather than silently cut.
+  db.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  db.manual_wal_flush = options.durability == Durability::kRelaxed;
+  db.max_background_jobs = options.background_jobs;
+  db.bytes_per_sync = 1 << 20;
+  db.max_total_wal_size = uint64_t{512} << 20;
+  db.keep_log_file_num = 4;
+  db.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  return db;
+}
+
+Result<RocksDbTuning> TuneRocksDb(const StorageOptions& options) {
+  RocksDbTuning tuning;
+  tuning.db = TunedDbOptions(options);
+  auto cache = rocksdb::NewLRUCache(std::max<uint64_t>(options.block_cache_bytes, 1 << 20));
+  tuning.table = TunedTableOptions(cache);
+  if (!options.rocksdb_table_options.empty()) {
+    rocksdb::ConfigOptions config;
+    config.ignore_unknown_options = false;
+    rocksdb::ColumnFamilyOptions overridden;
+    auto s = rocksdb::GetColumnFamilyOptionsFromString(config, tuning.table,
+                                                       options.rocksdb_table_options, &overridden);
+    if (!s.ok()) {
+      return Status::InvalidArgument("rocksdb_table_options '" + options.rocksdb_table_options +
+                                     "': " + s.ToString());
+    }
+    tuning.table = overridden;
+  }
+  return tuning;
+}
+
+}  // namespace tessera::internal
