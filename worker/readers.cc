@@ -46,102 +46,96 @@ bool ParseNumber(std::string_view s, T* v, int base = 10) {
   }
 }
 
-class CriteoReader final : public DataReader {
+// The frame shared by the line-oriented readers: owns the sharded line stream (file, line
+// splitting, sharding by rank), the schema and the position, and hands each selected line to
+// ParseLine. A reader only says how one line becomes one sample.
+class LineReader : public DataReader {
  public:
-  explicit CriteoReader(std::unique_ptr<ShardedLineReader> lines) : lines_(std::move(lines)) {
-    schema_.num_dense = kCriteoDense;
-    schema_.num_fields = kCriteoFields;
-  }
-  const Schema& schema() const override { return schema_; }
-  Status Rewind() override {
+  const Schema& schema() const final { return schema_; }
+  Status Rewind() final {
     position_ = 0;
     return lines_->Rewind();
   }
-  uint64_t position() const override { return position_; }
+  uint64_t position() const final { return position_; }
 
-  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override {
+  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) final {
     uint32_t n = 0;
     while (n < max_samples && lines_->Next(&line_)) {
-      Split(line_, '\t', &cols_);
-      if (cols_.size() != 1 + kCriteoDense + kCriteoFields) {
-        return ParseError(*lines_,
-                          "expected 40 tab-separated columns, got " + std::to_string(cols_.size()));
-      }
-      int label = 0;
-      if (!ParseNumber(cols_[0], &label) || (label != 0 && label != 1)) {
-        return ParseError(*lines_, "label must be 0 or 1");
-      }
-      for (uint32_t j = 0; j < kCriteoDense; ++j) {
-        std::string_view c = cols_[1 + j];
-        double x = 0;
-        if (!c.empty() && !ParseNumber(c, &x)) {
-          return ParseError(*lines_, "integer feature " + std::to_string(j) + " is not a number");
-        }
-        batch->dense.push_back(static_cast<float>(std::log1p(std::max(x, 0.0))));
-      }
-      for (uint32_t f = 0; f < kCriteoFields; ++f) {
-        std::string_view c = cols_[1 + kCriteoDense + f];
-        if (!c.empty()) {
-          uint64_t v = 0;
-          const uint64_t key =
-              (c.size() <= 16 && ParseNumber(c, &v, 16)) ? MakeKey(f, v) : MakeStringKey(f, c);
-          batch->keys.push_back(key);
-          if (!batch->weights.empty()) batch->weights.push_back(1.0f);
-        }
-        batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      }
-      batch->labels.push_back(static_cast<float>(label));
+      TESSERA_ASSIGN_OR_RETURN(const bool appended, ParseLine(line_, batch));
+      if (!appended) continue;
       ++batch->size;
       ++n;
     }
     position_ += n;
     return n;
   }
+
+ protected:
+  LineReader(std::unique_ptr<ShardedLineReader> lines, const Schema& schema)
+      : lines_(std::move(lines)), schema_(schema) {}
+
+  // Appends the sample of `line` to `batch` (everything but batch->size, which Read counts).
+  // False: the line is not a sample of this reader (skipped, not counted). Errors are
+  // Corruption naming the file and line (Error()).
+  virtual Result<bool> ParseLine(std::string_view line, Batch* batch) = 0;
+
+  // The line stream (for error messages that name the file and line).
+  const ShardedLineReader& lines() const { return *lines_; }
+  Status Error(std::string_view what) const { return ParseError(*lines_, what); }
 
  private:
   std::unique_ptr<ShardedLineReader> lines_;
-  Schema schema_;
+  const Schema schema_;
   std::string line_;
-  std::vector<std::string_view> cols_;
   uint64_t position_ = 0;
 };
 
-class LibsvmReader final : public DataReader {
+class CriteoReader final : public LineReader {
+ public:
+  explicit CriteoReader(std::unique_ptr<ShardedLineReader> lines)
+      : LineReader(std::move(lines),
+                   Schema{.num_dense = kCriteoDense, .num_fields = kCriteoFields}) {}
+
+ private:
+  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
+    Split(line, '\t', &cols_);
+    if (cols_.size() != 1 + kCriteoDense + kCriteoFields) {
+      return Error("expected 40 tab-separated columns, got " + std::to_string(cols_.size()));
+    }
+    int label = 0;
+    if (!ParseNumber(cols_[0], &label) || (label != 0 && label != 1)) {
+      return Error("label must be 0 or 1");
+    }
+    for (uint32_t j = 0; j < kCriteoDense; ++j) {
+      std::string_view c = cols_[1 + j];
+      double x = 0;
+      if (!c.empty() && !ParseNumber(c, &x)) {
+        return Error("integer feature " + std::to_string(j) + " is not a number");
+      }
+      batch->dense.push_back(static_cast<float>(std::log1p(std::max(x, 0.0))));
+    }
+    for (uint32_t f = 0; f < kCriteoFields; ++f) {
+      std::string_view c = cols_[1 + kCriteoDense + f];
+      if (!c.empty()) {
+        uint64_t v = 0;
+        const uint64_t key =
+            (c.size() <= 16 && ParseNumber(c, &v, 16)) ? MakeKey(f, v) : MakeStringKey(f, c);
+        batch->keys.push_back(key);
+        if (!batch->weights.empty()) batch->weights.push_back(1.0f);
+      }
+      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    }
+    batch->labels.push_back(static_cast<float>(label));
+    return true;
+  }
+
+  std::vector<std::string_view> cols_;
+};
+
+class LibsvmReader final : public LineReader {
  public:
   LibsvmReader(std::unique_ptr<ShardedLineReader> lines, uint32_t num_fields, bool by_position)
-      : lines_(std::move(lines)), by_position_(by_position) {
-    schema_.num_fields = num_fields;
-  }
-  const Schema& schema() const override { return schema_; }
-  Status Rewind() override {
-    position_ = 0;
-    return lines_->Rewind();
-  }
-  uint64_t position() const override { return position_; }
-
-  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override {
-    const uint32_t nf = schema_.num_fields;
-    uint32_t n = 0;
-    while (n < max_samples && lines_->Next(&line_)) {
-      TESSERA_RETURN_IF_ERROR(ParseLine(line_, nf, by_position_, *lines_, &bags_, &label_));
-      // Sample-major keys: bags_ holds (field, key, weight) in field order after the sort.
-      if (batch->weights.size() != batch->keys.size()) batch->weights.resize(batch->keys.size(), 1);
-      size_t i = 0;
-      for (uint32_t f = 0; f < nf; ++f) {
-        while (i < bags_.size() && bags_[i].field == f) {
-          batch->keys.push_back(bags_[i].key);
-          batch->weights.push_back(bags_[i].weight);
-          ++i;
-        }
-        batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      }
-      batch->labels.push_back(label_);
-      ++batch->size;
-      ++n;
-    }
-    position_ += n;
-    return n;
-  }
+      : LineReader(std::move(lines), Schema{.num_fields = num_fields}), by_position_(by_position) {}
 
   struct Feature {
     uint32_t field;
@@ -149,9 +143,10 @@ class LibsvmReader final : public DataReader {
     float weight;
   };
 
-  // Parses one line into features sorted by field (stable) and a label.
-  static Status ParseLine(std::string_view line, uint32_t nf, bool by_position,
-                          const ShardedLineReader& r, std::vector<Feature>* out, float* label) {
+  // Parses one line into features sorted by field (stable) and a label; `r` names the file and
+  // line in errors.
+  static Status ParseFeatures(std::string_view line, uint32_t nf, bool by_position,
+                              const ShardedLineReader& r, std::vector<Feature>* out, float* label) {
     std::vector<std::string_view> toks;
     std::vector<std::string_view> parts;
     Split(line, ' ', &toks);
@@ -194,13 +189,27 @@ class LibsvmReader final : public DataReader {
   }
 
  private:
-  std::unique_ptr<ShardedLineReader> lines_;
+  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
+    const uint32_t nf = schema().num_fields;
+    TESSERA_RETURN_IF_ERROR(ParseFeatures(line, nf, by_position_, lines(), &bags_, &label_));
+    // Sample-major keys: bags_ holds (field, key, weight) in field order after the sort.
+    if (batch->weights.size() != batch->keys.size()) batch->weights.resize(batch->keys.size(), 1);
+    size_t i = 0;
+    for (uint32_t f = 0; f < nf; ++f) {
+      while (i < bags_.size() && bags_[i].field == f) {
+        batch->keys.push_back(bags_[i].key);
+        batch->weights.push_back(bags_[i].weight);
+        ++i;
+      }
+      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    }
+    batch->labels.push_back(label_);
+    return true;
+  }
+
   bool by_position_;
-  Schema schema_;
-  std::string line_;
   std::vector<Feature> bags_;
   float label_ = 0;
-  uint64_t position_ = 0;
 };
 
 // ------------------------------------------------------------------ MovieLens
@@ -242,71 +251,53 @@ struct MovieInfo {
 
 enum MovieLensField : uint32_t { kUser = 0, kMovie = 1, kGenres = 2, kYear = 3, kTags = 4 };
 
-class MovieLensReader final : public DataReader {
+class MovieLensReader final : public LineReader {
  public:
   MovieLensReader(std::unique_ptr<ShardedLineReader> lines,
                   std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies,
                   int64_t cutoff, bool train, double threshold)
-      : lines_(std::move(lines)),
+      : LineReader(std::move(lines), Schema{.num_fields = kMovieLensFields}),
         movies_(std::move(movies)),
         cutoff_(cutoff),
         train_(train),
-        threshold_(threshold) {
-    schema_.num_fields = kMovieLensFields;
-  }
-  const Schema& schema() const override { return schema_; }
-  Status Rewind() override {
-    position_ = 0;
-    return lines_->Rewind();
-  }
-  uint64_t position() const override { return position_; }
-
-  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override {
-    uint32_t n = 0;
-    static const MovieInfo kNone;
-    while (n < max_samples && lines_->Next(&line_)) {
-      Split(line_, ',', &cols_);
-      uint64_t user = 0, movie = 0;
-      double rating = 0;
-      int64_t ts = 0;
-      if (cols_.size() != 4 || !ParseNumber(cols_[0], &user) || !ParseNumber(cols_[1], &movie) ||
-          !ParseNumber(cols_[2], &rating) || !ParseNumber(cols_[3], &ts)) {
-        return ParseError(*lines_, "expected userId,movieId,rating,timestamp");
-      }
-      if ((ts < cutoff_) != train_) continue;
-      auto it = movies_->find(movie);
-      const MovieInfo& info = it == movies_->end() ? kNone : it->second;
-      if (!batch->weights.empty()) batch->weights.resize(batch->keys.size(), 1.0f);
-      auto add = [&](uint64_t key) { batch->keys.push_back(key); };
-      add(MakeKey(kUser, user));
-      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      add(MakeKey(kMovie, movie));
-      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      for (uint64_t k : info.genres) add(k);
-      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      if (info.has_year) add(info.year_key);
-      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      for (uint64_t k : info.tags) add(k);
-      batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
-      if (!batch->weights.empty()) batch->weights.resize(batch->keys.size(), 1.0f);
-      batch->labels.push_back(rating >= threshold_ ? 1.0f : 0.0f);
-      ++batch->size;
-      ++n;
-    }
-    position_ += n;
-    return n;
-  }
+        threshold_(threshold) {}
 
  private:
-  std::unique_ptr<ShardedLineReader> lines_;
+  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
+    static const MovieInfo kNone;
+    Split(line, ',', &cols_);
+    uint64_t user = 0, movie = 0;
+    double rating = 0;
+    int64_t ts = 0;
+    if (cols_.size() != 4 || !ParseNumber(cols_[0], &user) || !ParseNumber(cols_[1], &movie) ||
+        !ParseNumber(cols_[2], &rating) || !ParseNumber(cols_[3], &ts)) {
+      return Error("expected userId,movieId,rating,timestamp");
+    }
+    if ((ts < cutoff_) != train_) return false;  // the other side of the time split
+    auto it = movies_->find(movie);
+    const MovieInfo& info = it == movies_->end() ? kNone : it->second;
+    if (!batch->weights.empty()) batch->weights.resize(batch->keys.size(), 1.0f);
+    auto add = [&](uint64_t key) { batch->keys.push_back(key); };
+    add(MakeKey(kUser, user));
+    batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    add(MakeKey(kMovie, movie));
+    batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    for (uint64_t k : info.genres) add(k);
+    batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    if (info.has_year) add(info.year_key);
+    batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    for (uint64_t k : info.tags) add(k);
+    batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+    if (!batch->weights.empty()) batch->weights.resize(batch->keys.size(), 1.0f);
+    batch->labels.push_back(rating >= threshold_ ? 1.0f : 0.0f);
+    return true;
+  }
+
   std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies_;
   int64_t cutoff_;
   bool train_;
   double threshold_;
-  Schema schema_;
-  std::string line_;
   std::vector<std::string_view> cols_;
-  uint64_t position_ = 0;
 };
 
 Status LoadMovies(const std::string& dir, bool use_tags,
@@ -418,7 +409,7 @@ Result<std::unique_ptr<DataReader>> OpenLibsvm(const std::string& path, const Sh
     std::vector<LibsvmReader::Feature> feats;
     float label = 0;
     TESSERA_RETURN_IF_ERROR(
-        LibsvmReader::ParseLine(line, 0, options.field_by_position, *probe, &feats, &label));
+        LibsvmReader::ParseFeatures(line, 0, options.field_by_position, *probe, &feats, &label));
     uint32_t max_field = 0;
     for (const auto& f : feats) max_field = std::max(max_field, f.field);
     nf = std::max<uint32_t>(1, max_field + 1);
