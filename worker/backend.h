@@ -11,6 +11,8 @@
 
 namespace tessera::worker {
 
+class LocalReducer;
+
 /// One batch and the parameters it needs, all borrowed (host memory). Key entry e of sample s,
 /// field f (e in [offsets[s*F+f], offsets[s*F+f+1])) uses parameter row rows[e].
 struct ModelInput {
@@ -56,6 +58,15 @@ class Backend {
   /// use loss_scale = 1 / global batch size for the mean loss. Resizes and overwrites `grads`.
   virtual Status ForwardBackward(const ModelInput& in, float loss_scale, float* probs,
                                  ModelGrads* grads) = 0;
+  /// ForwardBackward of one local rank, then the gradients and the loss summed over the ranks
+  /// of `reducer` (every rank calls it in the same step, with the same num_rows: the union of
+  /// the node's keys). On the leader `grads` holds the sums; on other ranks its vectors are
+  /// unspecified (GPU backends leave them empty) and loss_sum is the rank's own. probs are the
+  /// rank's own. The default computes on the host and calls ReduceSum per tensor; the CUDA
+  /// backend with a reducer on its GPU (NCCL) reduces on the device and copies the sums to the
+  /// host once, on the leader, with one wait per step.
+  virtual Status ForwardBackwardReduced(const ModelInput& in, float loss_scale, float* probs,
+                                        ModelGrads* grads, LocalReducer* reducer);
 };
 
 /// Options of the CPU backend.
@@ -71,8 +82,17 @@ Result<std::unique_ptr<Backend>> CreateCpuBackend(const ModelLayout& layout,
 /// Whether this build has the CUDA backend and a GPU is present.
 bool CudaBackendAvailable(std::string* why_not = nullptr);
 
+/// GPUs present (at least 1). FailedPrecondition, saying why, when the build has no CUDA or no
+/// GPU can be used (no driver, no device).
+Result<int> CudaDeviceCount();
+
 /// The CUDA backend (cuBLAS and kernels) on GPU `device`. FailedPrecondition when the build has
-/// no CUDA or no GPU is present.
+/// no CUDA or no GPU is present; InvalidArgument for a device that does not exist.
+///
+/// Per call: the inputs are packed into pinned host memory and uploaded with one copy before the
+/// first kernel; device buffers grow geometrically and are kept; every launch is checked; the
+/// loss and the bias gradient are reduced on the device; results come back with one copy and
+/// the call waits once.
 Result<std::unique_ptr<Backend>> CreateCudaBackend(const ModelLayout& layout, int device = 0);
 
 }  // namespace tessera::worker

@@ -1,87 +1,344 @@
-// CPU vs CUDA backend equivalence (label gpu): skipped with a message where no GPU is.
+// CPU vs CUDA backend on cases built so that a wrong kernel fails (backend_test_util.h).
+//
+// Suites named Gpu* need a GPU (ctest label gpu; they skip with the reason where there is
+// none). The others run everywhere (label unit) and make the GPU comparison mean something:
+// the CPU backend of every case is pinned to the double-precision model and to finite
+// differences, every case is shown to exercise each tensor (no dead layer, no all-zero
+// gradient), and the comparison is shown to reject the outputs of known kinds of wrong kernel.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "worker/backend.h"
-#include "worker/batch.h"
-#include "worker/synthetic_data.h"
+#include "worker/backend_test_util.h"
+#include "worker/cpu_model_internal.h"
 
 namespace tessera::worker {
 namespace {
 
-void Compare(ModelConfig c, uint32_t batch_size) {
-  std::string why;
-  if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no CUDA backend: " << why;
-  auto layout = ModelLayout::Create(c);
+using testing::BackendCase;
+using testing::BackendCases;
+using testing::CompareOutputs;
+using testing::MakeStep;
+using testing::Outputs;
+using testing::RunStep;
+using testing::StepInput;
+
+// Steps alternate the summed loss (scale 1) and the mean loss (scale 1 / batch).
+float ScaleOf(const StepInput& s, size_t step) {
+  return step % 2 == 0 ? 1.0f : 1.0f / static_cast<float>(s.batch);
+}
+
+std::string CaseName(const ::testing::TestParamInfo<BackendCase>& info) { return info.param.name; }
+
+// The double-precision CPU model on the same step.
+struct DoubleStep {
+  std::vector<double> dense, labels, weights, emb, wide, params;
+  internal::InputT<double> Input(const StepInput& s) const {
+    internal::InputT<double> in;
+    in.batch_size = s.batch;
+    in.dense = dense.data();
+    in.labels = labels.data();
+    in.offsets = s.offsets.data();
+    in.rows = s.rows.data();
+    in.weights = weights.empty() ? nullptr : weights.data();
+    in.num_rows = s.num_rows;
+    in.embeddings = emb.data();
+    in.wide = wide.data();
+    in.params = params.data();
+    return in;
+  }
+};
+
+DoubleStep ToDouble(const StepInput& s) {
+  auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  return {d(s.dense), d(s.labels), d(s.weights), d(s.emb), d(s.wide), d(s.params)};
+}
+
+double LossOf(const ModelLayout& layout, const StepInput& s, const DoubleStep& d) {
+  internal::CpuModel<double> m(layout, 1);
+  internal::GradsT<double> g;
+  std::vector<double> probs(s.batch);
+  m.Run(d.Input(s), 1.0, probs.data(), &g);
+  return g.loss_sum;
+}
+
+class CpuBackendCase : public ::testing::TestWithParam<BackendCase> {};
+
+// Float CPU backend == double model (a quarter of the GPU tolerance), and both == central
+// finite differences of the double loss at the largest and at random coordinates of every
+// tensor. Two steps on one backend object, the second batch larger.
+TEST_P(CpuBackendCase, MatchesDoubleModelAndFiniteDifferences) {
+  const BackendCase& c = GetParam();
+  auto layout = ModelLayout::Create(c.config);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  auto cpu = CreateCpuBackend(*layout, {2});
+  ASSERT_TRUE(cpu.ok());
+  for (size_t step = 0; step < c.batches.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepInput s = MakeStep(*layout, c, step);
+    const float scale = ScaleOf(s, step);
+    Status st;
+    Outputs f = RunStep(cpu->get(), s, scale, &st);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+
+    DoubleStep d = ToDouble(s);
+    internal::CpuModel<double> model(*layout, 1);
+    internal::GradsT<double> gd;
+    std::vector<double> pd(s.batch);
+    model.Run(d.Input(s), scale, pd.data(), &gd);
+    auto fl = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+    Outputs ref{fl(pd), {fl(gd.embeddings), fl(gd.wide), fl(gd.params), gd.loss_sum}};
+    EXPECT_EQ(CompareOutputs(*layout, ref, f, 0.25), "");
+    std::printf("%s step %zu: float vs double: worst error %.3g of the GPU tolerance\n",
+                c.name.c_str(), step, testing::WorstError(*layout, ref, f));
+
+    // Finite differences of scale * loss_sum with respect to inputs of each kind.
+    const double eps = 1e-6;
+    auto check = [&](std::vector<double>* v, const std::vector<double>& grad,
+                     const std::vector<float>& fgrad, const char* what) {
+      ASSERT_EQ(v->size(), grad.size()) << what;
+      ASSERT_EQ(fgrad.size(), grad.size()) << what;
+      if (v->empty()) return;
+      double sq = 0;
+      for (double g : grad) sq += g * g;
+      const double rms = std::sqrt(sq / grad.size());
+      std::vector<size_t> idx(grad.size());
+      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      const size_t top = std::min<size_t>(4, idx.size());
+      std::partial_sort(idx.begin(), idx.begin() + top, idx.end(),
+                        [&](size_t a, size_t b) { return std::abs(grad[a]) > std::abs(grad[b]); });
+      std::mt19937_64 rng(c.seed + step);
+      std::vector<size_t> probe(idx.begin(), idx.begin() + top);
+      for (int k = 0; k < 4; ++k) probe.push_back(rng() % grad.size());
+      for (size_t i : probe) {
+        const double orig = (*v)[i];
+        (*v)[i] = orig + eps;
+        const double up = LossOf(*layout, s, d);
+        (*v)[i] = orig - eps;
+        const double down = LossOf(*layout, s, d);
+        (*v)[i] = orig;
+        const double fd = scale * (up - down) / (2 * eps);
+        EXPECT_NEAR(grad[i], fd, 1e-4 * std::abs(fd) + 1e-6 * (1 + rms)) << what << "[" << i << "]";
+        EXPECT_NEAR(fgrad[i], fd, 2e-3 * std::abs(fd) + 2e-4 * rms) << what << "[" << i << "]";
+      }
+    };
+    if (c.config.deep) check(&d.emb, gd.embeddings, f.grads.embeddings, "embeddings");
+    if (c.config.wide) check(&d.wide, gd.wide, f.grads.wide, "wide");
+    check(&d.params, gd.params, f.grads.params, "params");
+  }
+}
+
+// Every tensor of every case carries signal: predictions spread out, and most entries of each
+// weight, bias, wide and embedding gradient are non-zero (a dead layer would hide a wrong
+// kernel behind zeros, as a constant top layer did before).
+TEST_P(CpuBackendCase, ExercisesEveryTensor) {
+  const BackendCase& c = GetParam();
+  auto layout = ModelLayout::Create(c.config);
   ASSERT_TRUE(layout.ok());
-  SyntheticOptions so;
-  so.num_dense = c.num_dense;
-  so.cardinalities.assign(c.num_fields, 50);
-  auto gen = SyntheticReader::Create(so);
-  ASSERT_TRUE(gen.ok());
-  Batch b;
-  b.Clear((*gen)->schema());
-  ASSERT_EQ((*gen)->Read(batch_size, &b).value(), batch_size);
-  IndexedBatch ib;
-  IndexBatch(b, &ib);
-  std::vector<float> emb(ib.unique_keys.size() * c.embedding_dim), wide(ib.unique_keys.size()),
-      params(layout->num_params());
-  for (size_t i = 0; i < emb.size(); ++i) emb[i] = std::sin(0.37f * i) * 0.3f;
-  for (size_t i = 0; i < wide.size(); ++i) wide[i] = std::cos(0.11f * i) * 0.1f;
-  for (size_t i = 0; i < params.size(); ++i) params[i] = std::sin(0.013f * i + 1) * 0.2f;
-  ModelInput in;
-  in.batch_size = b.size;
-  in.dense = b.dense.data();
-  in.labels = b.labels.data();
-  in.offsets = b.offsets.data();
-  in.rows = ib.rows.data();
-  in.num_rows = static_cast<uint32_t>(ib.unique_keys.size());
-  in.embeddings = emb.data();
-  in.wide = wide.data();
-  in.params = params.data();
+  auto cpu = CreateCpuBackend(*layout);
+  ASSERT_TRUE(cpu.ok());
+  const size_t last = c.batches.size() - 1;
+  const StepInput s = MakeStep(*layout, c, last);
+  Status st;
+  Outputs o = RunStep(cpu->get(), s, 1.0f, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  double mean = 0, var = 0;
+  for (float p : o.probs) mean += p / o.probs.size();
+  for (float p : o.probs) var += (p - mean) * (p - mean) / o.probs.size();
+  EXPECT_GT(std::sqrt(var), 0.05) << "predictions hardly vary";
+  for (const testing::Tensor& t : testing::Tensors(*layout, o)) {
+    if (t.name == "probs" || t.values.empty()) continue;
+    size_t nonzero = 0;
+    for (float x : t.values) nonzero += x != 0.0f;
+    EXPECT_GE(nonzero, t.values.size() / 2)
+        << t.name << ": " << nonzero << " of " << t.values.size() << " non-zero";
+  }
+  EXPECT_EQ(o.grads.embeddings.empty(), !c.config.deep);
+  EXPECT_EQ(o.grads.wide.empty(), !c.config.wide);
+}
+
+// The comparison at the GPU tolerance rejects what known kinds of wrong kernel would return:
+// each mutation below is computed by the CPU backend on altered inputs, as the broken kernel
+// would see them.
+TEST_P(CpuBackendCase, ComparisonRejectsWrongKernels) {
+  const BackendCase& c = GetParam();
+  const ModelConfig& m = c.config;
+  auto layout = ModelLayout::Create(m);
+  ASSERT_TRUE(layout.ok());
+  const StepInput prev = MakeStep(*layout, c, 0);
+  const StepInput s = MakeStep(*layout, c, 1);
+  const float scale = 0.5f;
+  auto run = [&](const ModelConfig& config, const StepInput& in, float sc) {
+    auto l = ModelLayout::Create(config);
+    auto b = CreateCpuBackend(*l);
+    Status st;
+    Outputs o = RunStep(b->get(), in, sc, &st);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return o;
+  };
+  const Outputs ref = run(m, s, scale);
+  ASSERT_EQ(CompareOutputs(*layout, ref, run(m, s, scale)), "");  // deterministic
+
+  struct Mutation {
+    std::string name;
+    Outputs out;
+  };
+  std::vector<Mutation> wrong;
+  auto mutate = [&](const std::string& name, auto&& change, ModelConfig config) {
+    StepInput in = s;
+    change(&in);
+    wrong.push_back({name, run(config, in, scale)});
+  };
+  auto same = [](StepInput*) {};
+  if (m.deep) {
+    mutate(
+        "embedding rows read x -5",
+        [](StepInput* in) {
+          for (float& x : in->emb) x *= -5.0f;
+        },
+        m);
+    if (c.max_bag > 1 || c.weighted) {
+      ModelConfig flipped = m;
+      flipped.pooling = m.pooling == Pooling::kMean ? Pooling::kSum : Pooling::kMean;
+      mutate("sum and mean pooling swapped", same, flipped);
+    }
+  }
+  if (c.weighted) {
+    mutate(
+        "bag weights ignored", [](StepInput* in) { in->weights.clear(); }, m);
+  }
+  if (c.max_bag > 1) {
+    mutate(
+        "last entry of each bag skipped",
+        [](StepInput* in) {
+          std::vector<uint32_t> offsets{0}, rows;
+          std::vector<float> weights;
+          for (size_t bag = 0; bag + 1 < in->offsets.size(); ++bag) {
+            const uint32_t b = in->offsets[bag], e = in->offsets[bag + 1];
+            for (uint32_t k = b; k + 1 < e; ++k) {
+              rows.push_back(in->rows[k]);
+              if (!in->weights.empty()) weights.push_back(in->weights[k]);
+            }
+            offsets.push_back(static_cast<uint32_t>(rows.size()));
+          }
+          in->offsets = offsets;
+          in->rows = rows;
+          in->weights = weights;
+        },
+        m);
+  }
+  mutate(
+      "row index off by one",
+      [](StepInput* in) {
+        for (uint32_t& r : in->rows) r = (r + 1) % in->num_rows;
+      },
+      m);
+  if (m.deep && m.num_dense > 0) {
+    mutate(
+        "dense features not uploaded",
+        [](StepInput* in) { std::fill(in->dense.begin(), in->dense.end(), 0.0f); }, m);
+  }
+  if (m.wide) {
+    mutate(
+        "wide weights not read",
+        [](StepInput* in) { std::fill(in->wide.begin(), in->wide.end(), 0.0f); }, m);
+  }
+  wrong.push_back({"loss scale ignored", run(m, s, 1.0f)});
+  {
+    // A grid that misses the samples of the last partial block of 256.
+    StepInput in = s;
+    const uint32_t kept = s.batch / 256 * 256;
+    in.batch = kept;
+    in.offsets.resize(size_t{kept} * m.num_fields + 1);
+    in.dense.resize(size_t{kept} * m.num_dense);
+    in.labels.resize(kept);
+    Outputs o = run(m, in, scale);
+    o.probs.resize(s.batch, 0.0f);
+    wrong.push_back({"last partial block of samples skipped", o});
+  }
+  {
+    // Gradient buffers not cleared between the two steps of one backend.
+    Outputs o = ref;
+    const Outputs first = run(m, prev, scale);
+    for (size_t i = 0; i < o.grads.params.size(); ++i) o.grads.params[i] += first.grads.params[i];
+    wrong.push_back({"dense gradients kept from the previous step", o});
+  }
+  for (const Mutation& w : wrong) {
+    EXPECT_NE(CompareOutputs(*layout, ref, w.out), "") << c.name << ": not caught: " << w.name;
+    std::printf("%s: %s: worst error %.3g of the GPU tolerance\n", c.name.c_str(), w.name.c_str(),
+                testing::WorstError(*layout, ref, w.out));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CpuBackendCase, ::testing::ValuesIn(BackendCases()), CaseName);
+
+class GpuCudaBackend : public ::testing::TestWithParam<BackendCase> {};
+
+// The CUDA backend against the CPU backend, element by element per tensor, over two steps of
+// one backend object each (the second batch larger: buffers grow and are reused), alternating
+// the loss scale; Forward gives the probabilities ForwardBackward gave.
+TEST_P(GpuCudaBackend, MatchesCpuBackend) {
+  std::string why;
+  if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;
+  const BackendCase& c = GetParam();
+  auto layout = ModelLayout::Create(c.config);
+  ASSERT_TRUE(layout.ok());
   auto cpu = CreateCpuBackend(*layout);
   auto gpu = CreateCudaBackend(*layout, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  ModelGrads gc, gg;
-  std::vector<float> pc(b.size), pg(b.size), pf(b.size);
-  const float scale = 1.0f / b.size;
-  ASSERT_TRUE((*cpu)->ForwardBackward(in, scale, pc.data(), &gc).ok());
-  ASSERT_TRUE((*gpu)->ForwardBackward(in, scale, pg.data(), &gg).ok());
-  ASSERT_TRUE((*gpu)->Forward(in, pf.data()).ok());
-  for (uint32_t i = 0; i < b.size; ++i) {
-    EXPECT_NEAR(pc[i], pg[i], 2e-4) << i;
-    EXPECT_NEAR(pg[i], pf[i], 1e-6) << i;
+  for (size_t step = 0; step < c.batches.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepInput s = MakeStep(*layout, c, step);
+    const float scale = ScaleOf(s, step);
+    Status sc, sg;
+    const Outputs oc = RunStep(cpu->get(), s, scale, &sc);
+    const Outputs og = RunStep(gpu->get(), s, scale, &sg);
+    ASSERT_TRUE(sc.ok()) << sc.ToString();
+    ASSERT_TRUE(sg.ok()) << sg.ToString();
+    EXPECT_EQ(CompareOutputs(*layout, oc, og), "");
+    std::vector<float> pf(s.batch);
+    ASSERT_TRUE((*gpu)->Forward(s.Input(), pf.data()).ok());
+    for (uint32_t i = 0; i < s.batch; ++i) ASSERT_NEAR(pf[i], og.probs[i], 1e-6) << i;
   }
-  EXPECT_NEAR(gc.loss_sum, gg.loss_sum, 1e-3 * std::abs(gc.loss_sum) + 1e-3);
-  auto close = [](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    double max_ref = 1e-6;
-    for (float x : a) max_ref = std::max(max_ref, double(std::abs(x)));
-    for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_NEAR(a[i], b[i], 1e-3 * max_ref) << what << "[" << i << "]";
-    }
-  };
-  close(gc.embeddings, gg.embeddings, "embeddings");
-  close(gc.wide, gg.wide, "wide");
-  close(gc.params, gg.params, "params");
 }
 
-TEST(CudaBackend, MatchesCpuOnCriteoShape) {
-  ModelConfig c;
-  c.bottom_mlp = {32};
-  c.top_mlp = {32};
-  Compare(c, 256);
+INSTANTIATE_TEST_SUITE_P(Cases, GpuCudaBackend, ::testing::ValuesIn(BackendCases()), CaseName);
+
+TEST(GpuCudaBackendEdges, EmptyBatchBadRowsAndMissingDevice) {
+  std::string why;
+  if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;
+  const BackendCase c = BackendCases()[1];
+  auto layout = ModelLayout::Create(c.config);
+  auto gpu = CreateCudaBackend(*layout, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  StepInput s = MakeStep(*layout, c, 0);
+  ModelInput in = s.Input();
+  in.batch_size = 0;
+  ModelGrads g;
+  float p = 0;
+  ASSERT_TRUE((*gpu)->ForwardBackward(in, 1.0f, &p, &g).ok());
+  EXPECT_EQ(g.params.size(), layout->num_params());
+  EXPECT_EQ(g.embeddings.size(), size_t{s.num_rows} * c.config.embedding_dim);
+  for (float x : g.params) EXPECT_EQ(x, 0.0f);
+  EXPECT_EQ(g.loss_sum, 0.0);
+  in = s.Input();
+  in.num_rows = 1;  // fewer rows than the batch uses
+  std::vector<float> probs(s.batch);
+  EXPECT_EQ((*gpu)->ForwardBackward(in, 1.0f, probs.data(), &g).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaBackend(*layout, 4096).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(CudaBackend, MatchesCpuMeanPoolingNoDense) {
-  ModelConfig c;
-  c.num_dense = 0;
-  c.num_fields = 5;
-  c.embedding_dim = 8;
-  c.pooling = Pooling::kMean;
-  c.top_mlp = {16, 8};
-  Compare(c, 100);
+TEST(CudaBackendWithoutGpu, RefusedWithTheReason) {
+  std::string why;
+  if (CudaBackendAvailable(&why)) GTEST_SKIP() << "a GPU is present: the Gpu* suites cover it";
+  auto layout = ModelLayout::Create(BackendCases()[0].config);
+  auto gpu = CreateCudaBackend(*layout, 0);
+  EXPECT_EQ(gpu.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(CudaDeviceCount().ok());
 }
 
 }  // namespace

@@ -34,16 +34,25 @@ Status LocalReducer::AllReduceSum(std::span<float> data) {
   return Broadcast(data);
 }
 
+Status LocalReducer::ReduceSumOnDevice(std::span<const DeviceSpan>, void*) {
+  return Status::FailedPrecondition("this local reducer has no device collectives");
+}
+
+Status LocalReducer::WaitDevice(void*) {
+  return Status::FailedPrecondition("this local reducer has no device collectives");
+}
+
 // Shared state of a CPU group: a reusable barrier that can be aborted, and one posted buffer
 // per rank.
 struct CpuReduceGroup::State {
   explicit State(uint32_t n) : size(n), ptrs(n), lens(n) {}
   const uint32_t size;
-  std::mutex mu;
+  mutable std::mutex mu;
   std::condition_variable cv;
   uint32_t arrived = 0;     // GUARDED_BY(mu)
   uint64_t generation = 0;  // GUARDED_BY(mu)
   bool aborted = false;     // GUARDED_BY(mu)
+  Status why;               // GUARDED_BY(mu): the first reason of Abort
   // Written by rank r before a barrier, read by others after it.
   std::vector<const void*> ptrs;
   std::vector<size_t> lens;
@@ -63,16 +72,22 @@ struct CpuReduceGroup::State {
     // A barrier that completed before the abort still counts: its result is delivered.
     return generation != gen;
   }
-  void Abort() {
+  void Abort(const Status& reason) {
     std::lock_guard<std::mutex> lock(mu);
+    if (!aborted) why = reason.ok() ? Status::Cancelled("aborted without a reason") : reason;
     aborted = true;
     cv.notify_all();
+  }
+  Status Reason() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return aborted ? why : Status::OK();
+  }
+  Status Cancelled() const {
+    return Status::Cancelled("local reduction group aborted: " + Reason().ToString());
   }
 };
 
 namespace {
-
-Status Cancelled() { return Status::Cancelled("local reduction group aborted"); }
 
 class CpuMember final : public LocalReducer {
  public:
@@ -80,11 +95,11 @@ class CpuMember final : public LocalReducer {
       : group_(std::move(group)), st_(st), rank_(rank) {}
   uint32_t rank() const override { return rank_; }
   uint32_t size() const override { return st_->size; }
-  void Abort() override { st_->Abort(); }
+  void Abort(const Status& why) override { st_->Abort(why); }
 
   Status UnionKeys(std::span<const uint64_t> keys, std::vector<uint64_t>* out) override {
     Post(keys.data(), keys.size());
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     out->clear();
     for (uint32_t r = 0; r < st_->size; ++r) {
       const auto* p = static_cast<const uint64_t*>(st_->ptrs[r]);
@@ -92,13 +107,13 @@ class CpuMember final : public LocalReducer {
     }
     std::sort(out->begin(), out->end());
     out->erase(std::unique(out->begin(), out->end()), out->end());
-    if (!st_->Wait()) return Cancelled();  // others may still read our keys
+    if (!st_->Wait()) return st_->Cancelled();  // others may still read our keys
     return Status::OK();
   }
 
   Status ReduceSum(std::span<float> data) override {
     Post(data.data(), data.size());
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     Status s = SameLengths("ReduceSum");
     if (s.ok() && leader()) {
       for (uint32_t r = 1; r < st_->size; ++r) {
@@ -106,29 +121,29 @@ class CpuMember final : public LocalReducer {
         for (size_t i = 0; i < data.size(); ++i) data[i] += p[i];
       }
     }
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     return s;
   }
 
   Status Broadcast(std::span<float> data) override {
     Post(data.data(), data.size());
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     Status s = SameLengths("Broadcast");
     if (s.ok() && !leader()) {
       const auto* p = static_cast<const float*>(st_->ptrs[0]);
       std::copy(p, p + data.size(), data.begin());
     }
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     return s;
   }
 
   Status AllGather(uint64_t value, std::vector<uint64_t>* out) override {
     Post(&value, 1);
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     out->resize(st_->size);
     for (uint32_t r = 0; r < st_->size; ++r)
       (*out)[r] = *static_cast<const uint64_t*>(st_->ptrs[r]);
-    if (!st_->Wait()) return Cancelled();
+    if (!st_->Wait()) return st_->Cancelled();
     return Status::OK();
   }
 
@@ -158,14 +173,21 @@ class CpuMember final : public LocalReducer {
 CpuReduceGroup::CpuReduceGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CpuReduceGroup::~CpuReduceGroup() = default;
 uint32_t CpuReduceGroup::size() const { return state_->size; }
+void CpuReduceGroup::Abort(const Status& why) { state_->Abort(why); }
+Status CpuReduceGroup::abort_reason() const { return state_->Reason(); }
 
 Result<std::shared_ptr<CpuReduceGroup>> CpuReduceGroup::Create(uint32_t size) {
   if (size == 0) return Status::InvalidArgument("a reduction group needs at least one rank");
   return std::shared_ptr<CpuReduceGroup>(new CpuReduceGroup(std::make_unique<State>(size)));
 }
 
-std::unique_ptr<LocalReducer> CpuReduceGroup::Member(uint32_t rank) {
-  return std::make_unique<CpuMember>(shared_from_this(), state_.get(), rank);
+Result<std::unique_ptr<LocalReducer>> CpuReduceGroup::Join(uint32_t rank) {
+  if (rank >= state_->size) {
+    return Status::InvalidArgument("local rank " + std::to_string(rank) + " of a group of " +
+                                   std::to_string(state_->size));
+  }
+  return std::unique_ptr<LocalReducer>(
+      std::make_unique<CpuMember>(shared_from_this(), state_.get(), rank));
 }
 
 }  // namespace tessera::worker

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
+
+#include "worker/local_ranks.h"
 
 namespace tessera::worker {
 namespace {
@@ -14,7 +17,9 @@ void RunGroup(uint32_t n, Fn fn) {
   ASSERT_TRUE(group.ok());
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < n; ++r) {
-    threads.emplace_back([&, r, m = (*group)->Member(r)]() mutable { fn(r, m.get()); });
+    auto m = (*group)->Join(r);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    threads.emplace_back([&, r, m = std::move(*m)]() mutable { fn(r, m.get()); });
   }
   for (auto& t : threads) t.join();
 }
@@ -70,16 +75,48 @@ TEST(CpuReducerErrors, MismatchedLengthsFailEverywhereAndAbortCancels) {
   RunGroup(2, [](uint32_t r, LocalReducer* red) {
     std::vector<float> v(r == 0 ? 3 : 4);
     EXPECT_EQ(red->ReduceSum(v).code(), StatusCode::kInvalidArgument);
-    if (r == 1) red->Abort();
+    if (r == 1) red->Abort(Status::Internal("rank 1 broke"));
     std::vector<uint64_t> g;
     Status s = red->AllGather(1, &g);
     // Rank 0 may have arrived before the abort; either way the group fails.
     if (r == 1) {
       EXPECT_EQ(s.code(), StatusCode::kCancelled);
+      EXPECT_NE(s.message().find("rank 1 broke"), std::string::npos) << s.ToString();
     }
     EXPECT_EQ(red->Broadcast(v).code(), StatusCode::kCancelled);
   });
   EXPECT_FALSE(CpuReduceGroup::Create(0).ok());
+  auto group = CpuReduceGroup::Create(2);
+  EXPECT_EQ((*group)->Join(2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*group)->abort_reason().ok());
+}
+
+// A rank that fails before it joins (its backend or reader could not be set up) ends the ranks
+// already waiting in a collective, and the node reports that rank's error: the hang of
+// --backend=cuda --local_ranks=2 on a 1-GPU machine, on CPU ranks.
+TEST(RunLocalRanks, ASetUpFailureEndsEveryRankWithItsMessage) {
+  for (uint32_t failing : {0u, 1u, 3u}) {
+    auto group = CpuReduceGroup::Create(4);
+    ASSERT_TRUE(group.ok());
+    const auto start = std::chrono::steady_clock::now();
+    Status s = RunLocalRanks(4, group->get(), [&](uint32_t r) -> Status {
+      if (r == failing) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return Status::FailedPrecondition("GPU " + std::to_string(r) + " is missing");
+      }
+      TESSERA_ASSIGN_OR_RETURN(auto member, (*group)->Join(r));
+      std::vector<uint64_t> all;
+      return member->AllGather(r, &all);  // waits for the failing rank
+    });
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_EQ(s.message(), "local rank " + std::to_string(failing) + ": GPU " +
+                               std::to_string(failing) + " is missing");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  }
+  // Without a group (one rank) the rank's error comes back as it is.
+  EXPECT_EQ(RunLocalRanks(1, nullptr, [](uint32_t) { return Status::Internal("x"); }).message(),
+            "x");
+  EXPECT_TRUE(RunLocalRanks(3, nullptr, [](uint32_t) { return Status::OK(); }).ok());
 }
 
 }  // namespace

@@ -1,67 +1,141 @@
-// The NCCL LocalReducer: one rank per GPU; host spans are staged through device buffers.
+// The NCCL ReduceGroup: one rank per GPU of the node, one thread per rank.
+//
+// Communicators are non-blocking (ncclConfig_t::blocking = 0): creating one and every call on it
+// return at once, and each rank then polls — ncclCommGetAsyncError for NCCL's side,
+// cudaStreamQuery for the stream, and the group's shared abort flag — so that a rank that fails
+// anywhere (before it joined, in a kernel, on the network of a peer) ends every other rank's
+// wait within about a millisecond: each rank that sees the flag aborts its own communicator,
+// which also ends the NCCL kernels its peers wait in.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
 
+#include "worker/backend.h"
+#include "worker/cuda_util_internal.h"
 #include "worker/local_reducer.h"
 
 namespace tessera::worker {
 namespace {
 
-Status NcclError(ncclResult_t r, const char* what) {
-  return Status::Internal(std::string(what) + ": " + ncclGetErrorString(r));
-}
-#define TESSERA_NCCL(expr)                              \
-  do {                                                  \
-    ncclResult_t _r = (expr);                           \
-    if (_r != ncclSuccess) return NcclError(_r, #expr); \
-  } while (0)
-#define TESSERA_CUDA_RT(expr)                                                      \
-  do {                                                                             \
-    cudaError_t _e = (expr);                                                       \
-    if (_e != cudaSuccess) {                                                       \
-      return Status::Internal(std::string(#expr) + ": " + cudaGetErrorString(_e)); \
-    }                                                                              \
-  } while (0)
+using Clock = std::chrono::steady_clock;
+using internal::DeviceBuffer;
+using internal::PinnedBuffer;
 
-class NcclReducer final : public LocalReducer {
+Status NcclError(ncclResult_t r, const std::string& what) {
+  return Status::Internal(what + ": " + ncclGetErrorString(r));
+}
+
+// Sleeps a little longer the longer a wait lasts: yields for the first polls (a step's
+// reduction takes tens of microseconds), then up to 200 us, which bounds an abort's latency.
+void Backoff(int polls) {
+  if (polls < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 50 : 200));
+  }
+}
+
+class NcclGroup final : public ReduceGroup, public std::enable_shared_from_this<NcclGroup> {
  public:
-  NcclReducer(uint32_t rank, uint32_t size, int device)
-      : rank_(rank), size_(size), device_(device) {}
-  ~NcclReducer() override {
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
-    if (buf_ != nullptr) cudaFree(buf_);
+  NcclGroup(const NcclReduceGroupOptions& options, const ncclUniqueId& id)
+      : options_(options), id_(id) {}
+
+  std::string_view kind() const override { return "nccl"; }
+  uint32_t size() const override { return options_.size; }
+  Result<std::unique_ptr<LocalReducer>> Join(uint32_t rank) override;
+  void Abort(const Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    why_ = why.ok() ? Status::Cancelled("aborted without a reason") : why;
+    aborted_.store(true, std::memory_order_release);
+  }
+  Status abort_reason() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_.load(std::memory_order_relaxed) ? why_ : Status::OK();
+  }
+
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  Status Cancelled() const {
+    return Status::Cancelled("local reduction group aborted: " + abort_reason().ToString());
+  }
+  const NcclReduceGroupOptions& options() const { return options_; }
+
+ private:
+  const NcclReduceGroupOptions options_;
+  const ncclUniqueId id_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  Status why_;  // GUARDED_BY(mu_)
+};
+
+class NcclMember final : public LocalReducer {
+ public:
+  NcclMember(std::shared_ptr<NcclGroup> group, uint32_t rank, int device)
+      : group_(std::move(group)), rank_(rank), device_(device) {}
+  NcclMember(const NcclMember&) = delete;
+  NcclMember& operator=(const NcclMember&) = delete;
+  ~NcclMember() override {
+    cudaSetDevice(device_);
+    if (comm_ != nullptr) {
+      if (!healthy_ || group_->aborted() || !Finalize()) {
+        ncclCommAbort(comm_);
+      } else {
+        ncclCommDestroy(comm_);
+      }
+    }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
+  // Joins the communicator (non-blocking), waiting for every rank, the abort, or the timeout.
   Status Init(const ncclUniqueId& id) {
-    TESSERA_CUDA_RT(cudaSetDevice(device_));
-    TESSERA_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    TESSERA_NCCL(ncclCommInitRank(&comm_, static_cast<int>(size_), id, static_cast<int>(rank_)));
-    return Status::OK();
+    const NcclReduceGroupOptions& o = group_->options();
+    TESSERA_RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice"));
+    TESSERA_RETURN_IF_ERROR(
+        Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, static_cast<int>(o.size), id,
+                                                  static_cast<int>(rank_), &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      comm_ = nullptr;
+      return Fail(NcclError(r, "ncclCommInitRankConfig"));
+    }
+    return WaitComm("joining the NCCL communicator (every local rank must join)",
+                    o.init_timeout_ms);
   }
 
   uint32_t rank() const override { return rank_; }
-  uint32_t size() const override { return size_; }
-  void Abort() override {
-    aborted_ = true;
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
+  uint32_t size() const override { return group_->size(); }
+  int device() const override { return device_; }
+
+  void Abort(const Status& why) override {
+    group_->Abort(why);
+    AbortComm();
   }
 
   Status AllGather(uint64_t value, std::vector<uint64_t>* out) override {
     TESSERA_RETURN_IF_ERROR(Ready());
-    TESSERA_RETURN_IF_ERROR(Reserve((1 + size_) * sizeof(uint64_t)));
-    auto* send = static_cast<uint64_t*>(buf_);
-    TESSERA_CUDA_RT(cudaMemcpyAsync(send, &value, sizeof(value), cudaMemcpyHostToDevice, stream_));
-    TESSERA_NCCL(ncclAllGather(send, send + 1, 1, ncclUint64, comm_, stream_));
-    out->resize(size_);
-    TESSERA_CUDA_RT(cudaMemcpyAsync(out->data(), send + 1, size_ * sizeof(uint64_t),
-                                    cudaMemcpyDeviceToHost, stream_));
-    TESSERA_CUDA_RT(cudaStreamSynchronize(stream_));
+    const uint32_t n = size();
+    TESSERA_RETURN_IF_ERROR(Stage((1 + n) * sizeof(uint64_t)));
+    auto* h = reinterpret_cast<uint64_t*>(host_.get());
+    auto* d = reinterpret_cast<uint64_t*>(dev_.get());
+    h[0] = value;
+    TESSERA_RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(d, h, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_), "upload"));
+    TESSERA_RETURN_IF_ERROR(
+        Call(ncclAllGather(d, d + 1, 1, ncclUint64, comm_, stream_), "ncclAllGather"));
+    TESSERA_RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(h + 1, d + 1, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_),
+              "download"));
+    TESSERA_RETURN_IF_ERROR(WaitStream(stream_, "AllGather"));
+    out->assign(h + 1, h + 1 + n);
     return Status::OK();
   }
 
@@ -69,24 +143,27 @@ class NcclReducer final : public LocalReducer {
     std::vector<uint64_t> counts;
     TESSERA_RETURN_IF_ERROR(AllGather(keys.size(), &counts));
     const uint64_t max = *std::max_element(counts.begin(), counts.end());
-    // Pad every rank's keys to the longest list, gather, and unpad by the known counts.
-    const size_t bytes = (max + size_t{size_} * max) * sizeof(uint64_t);
-    TESSERA_RETURN_IF_ERROR(Reserve(std::max<size_t>(bytes, sizeof(uint64_t))));
-    auto* send = static_cast<uint64_t*>(buf_);
-    if (!keys.empty()) {
-      TESSERA_CUDA_RT(cudaMemcpyAsync(send, keys.data(), keys.size() * sizeof(uint64_t),
-                                      cudaMemcpyHostToDevice, stream_));
-    }
-    std::vector<uint64_t> all(size_t{size_} * max);
-    if (max > 0) {
-      TESSERA_NCCL(ncclAllGather(send, send + max, max, ncclUint64, comm_, stream_));
-      TESSERA_CUDA_RT(cudaMemcpyAsync(all.data(), send + max, all.size() * sizeof(uint64_t),
-                                      cudaMemcpyDeviceToHost, stream_));
-    }
-    TESSERA_CUDA_RT(cudaStreamSynchronize(stream_));
+    const uint32_t n = size();
     out->clear();
-    for (uint32_t r = 0; r < size_; ++r) {
-      out->insert(out->end(), all.begin() + r * max, all.begin() + r * max + counts[r]);
+    if (max > 0) {
+      // Every rank's keys padded to the longest list, gathered, unpadded by the known counts.
+      TESSERA_RETURN_IF_ERROR(Stage((max + size_t{n} * max) * sizeof(uint64_t)));
+      auto* h = reinterpret_cast<uint64_t*>(host_.get());
+      auto* d = reinterpret_cast<uint64_t*>(dev_.get());
+      std::copy(keys.begin(), keys.end(), h);
+      TESSERA_RETURN_IF_ERROR(
+          Check(cudaMemcpyAsync(d, h, max * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_),
+                "upload"));
+      TESSERA_RETURN_IF_ERROR(
+          Call(ncclAllGather(d, d + max, max, ncclUint64, comm_, stream_), "ncclAllGather"));
+      TESSERA_RETURN_IF_ERROR(Check(cudaMemcpyAsync(h + max, d + max, n * max * sizeof(uint64_t),
+                                                    cudaMemcpyDeviceToHost, stream_),
+                                    "download"));
+      TESSERA_RETURN_IF_ERROR(WaitStream(stream_, "UnionKeys"));
+      for (uint32_t r = 0; r < n; ++r) {
+        const uint64_t* from = h + max + r * max;
+        out->insert(out->end(), from, from + counts[r]);
+      }
     }
     std::sort(out->begin(), out->end());
     out->erase(std::unique(out->begin(), out->end()), out->end());
@@ -96,45 +173,148 @@ class NcclReducer final : public LocalReducer {
   Status ReduceSum(std::span<float> data) override {
     TESSERA_RETURN_IF_ERROR(SameLength(data.size(), "ReduceSum"));
     if (data.empty()) return Status::OK();
-    TESSERA_RETURN_IF_ERROR(Reserve(data.size() * sizeof(float)));
-    auto* d = static_cast<float*>(buf_);
-    TESSERA_CUDA_RT(
-        cudaMemcpyAsync(d, data.data(), data.size_bytes(), cudaMemcpyHostToDevice, stream_));
-    TESSERA_NCCL(ncclReduce(d, d, data.size(), ncclFloat32, ncclSum, 0, comm_, stream_));
+    TESSERA_RETURN_IF_ERROR(Stage(data.size_bytes()));
+    std::memcpy(host_.get(), data.data(), data.size_bytes());
+    auto* d = reinterpret_cast<float*>(dev_.get());
+    TESSERA_RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(d, host_.get(), data.size_bytes(), cudaMemcpyHostToDevice, stream_),
+              "upload"));
+    TESSERA_RETURN_IF_ERROR(
+        Call(ncclReduce(d, d, data.size(), ncclFloat32, ncclSum, 0, comm_, stream_), "ncclReduce"));
     if (leader()) {
-      TESSERA_CUDA_RT(
-          cudaMemcpyAsync(data.data(), d, data.size_bytes(), cudaMemcpyDeviceToHost, stream_));
+      TESSERA_RETURN_IF_ERROR(
+          Check(cudaMemcpyAsync(host_.get(), d, data.size_bytes(), cudaMemcpyDeviceToHost, stream_),
+                "download"));
     }
-    TESSERA_CUDA_RT(cudaStreamSynchronize(stream_));
+    TESSERA_RETURN_IF_ERROR(WaitStream(stream_, "ReduceSum"));
+    if (leader()) std::memcpy(data.data(), host_.get(), data.size_bytes());
     return Status::OK();
   }
 
   Status Broadcast(std::span<float> data) override {
     TESSERA_RETURN_IF_ERROR(SameLength(data.size(), "Broadcast"));
     if (data.empty()) return Status::OK();
-    TESSERA_RETURN_IF_ERROR(Reserve(data.size() * sizeof(float)));
-    auto* d = static_cast<float*>(buf_);
+    TESSERA_RETURN_IF_ERROR(Stage(data.size_bytes()));
+    auto* d = reinterpret_cast<float*>(dev_.get());
     if (leader()) {
-      TESSERA_CUDA_RT(
-          cudaMemcpyAsync(d, data.data(), data.size_bytes(), cudaMemcpyHostToDevice, stream_));
+      std::memcpy(host_.get(), data.data(), data.size_bytes());
+      TESSERA_RETURN_IF_ERROR(
+          Check(cudaMemcpyAsync(d, host_.get(), data.size_bytes(), cudaMemcpyHostToDevice, stream_),
+                "upload"));
     }
-    TESSERA_NCCL(ncclBroadcast(d, d, data.size(), ncclFloat32, 0, comm_, stream_));
-    TESSERA_CUDA_RT(
-        cudaMemcpyAsync(data.data(), d, data.size_bytes(), cudaMemcpyDeviceToHost, stream_));
-    TESSERA_CUDA_RT(cudaStreamSynchronize(stream_));
+    TESSERA_RETURN_IF_ERROR(
+        Call(ncclBroadcast(d, d, data.size(), ncclFloat32, 0, comm_, stream_), "ncclBroadcast"));
+    TESSERA_RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(host_.get(), d, data.size_bytes(), cudaMemcpyDeviceToHost, stream_),
+              "download"));
+    TESSERA_RETURN_IF_ERROR(WaitStream(stream_, "Broadcast"));
+    std::memcpy(data.data(), host_.get(), data.size_bytes());
     return Status::OK();
   }
 
+  Status ReduceSumOnDevice(std::span<const DeviceSpan> spans, void* stream) override {
+    TESSERA_RETURN_IF_ERROR(Ready());
+    auto s = static_cast<cudaStream_t>(stream);
+    // One group launch for all spans: a single fused NCCL operation per step.
+    TESSERA_RETURN_IF_ERROR(Call(ncclGroupStart(), "ncclGroupStart"));
+    ncclResult_t first = ncclSuccess;
+    for (const DeviceSpan& sp : spans) {
+      if (sp.size == 0) continue;
+      const ncclResult_t r = ncclReduce(
+          sp.data, sp.data, sp.size, sp.float64 ? ncclFloat64 : ncclFloat32, ncclSum, 0, comm_, s);
+      if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (first != ncclSuccess) return Fail(NcclError(first, "ncclReduce"));
+    return Call(end, "ncclGroupEnd (ReduceSumOnDevice)");
+  }
+
+  Status WaitDevice(void* stream) override {
+    TESSERA_RETURN_IF_ERROR(Ready());
+    return WaitStream(static_cast<cudaStream_t>(stream), "waiting for the GPU");
+  }
+
  private:
-  Status Ready() const {
-    if (aborted_) return Status::Cancelled("local reduction group aborted");
+  Status Ready() {
+    if (group_->aborted()) {
+      AbortComm();
+      return group_->Cancelled();
+    }
+    if (comm_ == nullptr) return Status::Cancelled("NCCL communicator already aborted");
+    return Check(cudaSetDevice(device_), "cudaSetDevice");
+  }
+
+  // This rank failed: the group learns why (every rank's waits end) and the communicator ends.
+  Status Fail(Status s) {
+    s = s.WithContext("local rank " + std::to_string(rank_) + " (GPU " + std::to_string(device_) +
+                      ")");
+    group_->Abort(s);
+    AbortComm();
+    return s;
+  }
+  Status Check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return Status::OK();
+    return Fail(internal::CudaError(e, what));
+  }
+  void AbortComm() {
+    healthy_ = false;
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  // The result of a non-blocking NCCL call: in progress means it is still being enqueued.
+  Status Call(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return Status::OK();
+    if (r == ncclInProgress) return WaitComm(what, group_->options().op_timeout_ms);
+    return Fail(NcclError(r, what));
+  }
+
+  // Between two polls: the group's abort, NCCL's asynchronous error, the deadline.
+  // *done is set when NCCL reports no operation in progress.
+  Status Watch(const char* what, Clock::time_point deadline, int64_t timeout_ms, bool* done) {
+    if (group_->aborted()) {
+      AbortComm();
+      return group_->Cancelled();
+    }
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    if (r != ncclSuccess) return Fail(NcclError(r, "ncclCommGetAsyncError"));
+    if (async != ncclSuccess && async != ncclInProgress) return Fail(NcclError(async, what));
+    if (done != nullptr) *done = async == ncclSuccess;
+    if (Clock::now() > deadline) {
+      return Fail(Status::DeadlineExceeded(std::string(what) + ": not done after " +
+                                           std::to_string(timeout_ms) + " ms"));
+    }
     return Status::OK();
   }
-  // Every rank must pass the same length; checked with a gather so all ranks agree.
+
+  Status WaitComm(const char* what, int64_t timeout_ms) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (int polls = 0;; ++polls) {
+      bool done = false;
+      TESSERA_RETURN_IF_ERROR(Watch(what, deadline, timeout_ms, &done));
+      if (done) return Status::OK();
+      Backoff(polls);
+    }
+  }
+
+  Status WaitStream(cudaStream_t stream, const char* what) {
+    const int64_t timeout_ms = group_->options().op_timeout_ms;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (int polls = 0;; ++polls) {
+      const cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return Status::OK();
+      if (q != cudaErrorNotReady) return Fail(internal::CudaError(q, what));
+      TESSERA_RETURN_IF_ERROR(Watch(what, deadline, timeout_ms, nullptr));
+      Backoff(polls);
+    }
+  }
+
+  // Every rank must pass the same length; checked with a gather so that all ranks agree.
   Status SameLength(size_t n, const char* op) {
     std::vector<uint64_t> lens;
     TESSERA_RETURN_IF_ERROR(AllGather(n, &lens));
-    for (uint32_t r = 1; r < size_; ++r) {
+    for (uint32_t r = 1; r < size(); ++r) {
       if (lens[r] != lens[0]) {
         return Status::InvalidArgument(std::string(op) + ": rank " + std::to_string(r) + " has " +
                                        std::to_string(lens[r]) + " elements, rank 0 has " +
@@ -143,46 +323,91 @@ class NcclReducer final : public LocalReducer {
     }
     return Status::OK();
   }
-  Status Reserve(size_t bytes) {
-    TESSERA_CUDA_RT(cudaSetDevice(device_));
-    if (bytes <= cap_) return Status::OK();
-    if (buf_ != nullptr) cudaFree(buf_);
-    buf_ = nullptr;
-    cap_ = 0;
-    TESSERA_CUDA_RT(cudaMalloc(&buf_, bytes));
-    cap_ = bytes;
+
+  // Staging for host-span collectives: pinned host memory and a device buffer.
+  Status Stage(size_t bytes) {
+    if (auto s = host_.Reserve(bytes); !s.ok()) return Fail(s);
+    if (auto s = dev_.Reserve(bytes); !s.ok()) return Fail(s);
     return Status::OK();
   }
 
-  uint32_t rank_, size_;
-  int device_;
+  // A clean end: flushes the communicator (bounded); false when that did not finish.
+  bool Finalize() {
+    const ncclResult_t r = ncclCommFinalize(comm_);
+    if (r != ncclSuccess && r != ncclInProgress) return false;
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    for (int polls = 0; Clock::now() < deadline; ++polls) {
+      ncclResult_t async = ncclInProgress;
+      if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) return false;
+      if (async != ncclInProgress) return async == ncclSuccess;
+      Backoff(polls);
+    }
+    return false;
+  }
+
+  std::shared_ptr<NcclGroup> group_;
+  const uint32_t rank_;
+  const int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  void* buf_ = nullptr;
-  size_t cap_ = 0;
-  std::atomic<bool> aborted_{false};
+  bool healthy_ = true;
+  PinnedBuffer<char> host_;
+  DeviceBuffer<char> dev_;
 };
+
+Result<std::unique_ptr<LocalReducer>> NcclGroup::Join(uint32_t rank) {
+  if (rank >= size()) {
+    return Status::InvalidArgument("local rank " + std::to_string(rank) + " of a group of " +
+                                   std::to_string(size()));
+  }
+  if (aborted()) return Cancelled();
+  auto m = std::make_unique<NcclMember>(shared_from_this(), rank, options_.devices[rank]);
+  TESSERA_RETURN_IF_ERROR(m->Init(id_));
+  return std::unique_ptr<LocalReducer>(std::move(m));
+}
 
 }  // namespace
 
-Result<std::vector<char>> NcclUniqueId() {
-  ncclUniqueId id;
-  TESSERA_NCCL(ncclGetUniqueId(&id));
-  return std::vector<char>(id.internal, id.internal + sizeof(id.internal));
-}
-
-Result<std::unique_ptr<LocalReducer>> CreateNcclReducer(const NcclReducerOptions& o) {
-  if (o.size == 0 || o.rank >= o.size) return Status::InvalidArgument("rank not in [0, size)");
-  ncclUniqueId id;
-  if (o.unique_id.size() != sizeof(id.internal)) {
-    return Status::InvalidArgument("NCCL unique id must be " + std::to_string(sizeof(id.internal)) +
-                                   " bytes");
+Result<std::shared_ptr<ReduceGroup>> CreateNcclReduceGroup(const NcclReduceGroupOptions& options) {
+  NcclReduceGroupOptions o = options;
+  if (o.size == 0) return Status::InvalidArgument("an NCCL group needs at least one rank");
+  auto count = CudaDeviceCount();
+  if (!count.ok()) {
+    return Status::FailedPrecondition("NCCL reduction of " + std::to_string(o.size) +
+                                      " local ranks: " + count.status().message());
   }
-  std::memcpy(id.internal, o.unique_id.data(), sizeof(id.internal));
-  auto r = std::make_unique<NcclReducer>(o.rank, o.size,
-                                         o.device < 0 ? static_cast<int>(o.rank) : o.device);
-  TESSERA_RETURN_IF_ERROR(r->Init(id));
-  return std::unique_ptr<LocalReducer>(std::move(r));
+  const int n = *count;
+  if (o.devices.empty()) {
+    if (o.size > static_cast<uint32_t>(n)) {
+      return Status::FailedPrecondition(
+          std::to_string(o.size) + " local ranks need " + std::to_string(o.size) +
+          " GPUs for NCCL (one GPU per rank), and this machine has " + std::to_string(n) +
+          ": use --local_ranks=" + std::to_string(n) + " or fewer");
+    }
+    for (uint32_t r = 0; r < o.size; ++r) o.devices.push_back(static_cast<int>(r));
+  }
+  if (o.devices.size() != o.size) {
+    return Status::InvalidArgument("devices names " + std::to_string(o.devices.size()) +
+                                   " GPUs for " + std::to_string(o.size) + " ranks");
+  }
+  std::set<int> seen;
+  for (int d : o.devices) {
+    if (d < 0 || d >= n) {
+      return Status::InvalidArgument("GPU " + std::to_string(d) + " does not exist (" +
+                                     std::to_string(n) + " present)");
+    }
+    if (!seen.insert(d).second) {
+      return Status::InvalidArgument("GPU " + std::to_string(d) +
+                                     " is named twice: NCCL needs one GPU per rank");
+    }
+  }
+  if (o.init_timeout_ms <= 0 || o.op_timeout_ms <= 0) {
+    return Status::InvalidArgument("NCCL timeouts must be positive");
+  }
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return NcclError(r, "ncclGetUniqueId");
+  return std::shared_ptr<ReduceGroup>(std::make_shared<NcclGroup>(o, id));
 }
 
 }  // namespace tessera::worker

@@ -333,18 +333,16 @@ Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   in.embeddings = s->emb.data();
   in.wide = s->wide.data();
   in.params = s->params.data();
-  TESSERA_RETURN_IF_ERROR(backend_->ForwardBackward(
-      in, options_.mean_loss ? 1.0f / static_cast<float>(s->global_size) : 1.0f, probs.data(),
-      &grads));
-  float loss = static_cast<float>(grads.loss_sum);
+  const float scale = options_.mean_loss ? 1.0f / static_cast<float>(s->global_size) : 1.0f;
   if (reducer_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(grads.embeddings));
-    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(grads.wide));
-    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(grads.params));
-    TESSERA_RETURN_IF_ERROR(reducer_->ReduceSum(std::span<float>(&loss, 1)));
+    // Sums over the local ranks (on the GPU with an NCCL reducer and a CUDA backend).
+    TESSERA_RETURN_IF_ERROR(
+        backend_->ForwardBackwardReduced(in, scale, probs.data(), &grads, reducer_));
+  } else {
+    TESSERA_RETURN_IF_ERROR(backend_->ForwardBackward(in, scale, probs.data(), &grads));
   }
   result->samples += s->global_size;
-  result->train_loss += loss;
+  result->train_loss += grads.loss_sum;
   ++step_;
   if (!leader_) return Status::OK();
   running_->Add(probs, b.labels);
@@ -387,7 +385,9 @@ Result<TrainResult> Trainer::Train() {
   Step* cur = &a;
   Step* next = &b;
   auto fail = [&](Status s) -> Status {
-    if (reducer_ != nullptr) reducer_->Abort();
+    if (reducer_ != nullptr) {
+      reducer_->Abort(s.WithContext("local rank " + std::to_string(reducer_->rank())));
+    }
     return s;
   };
   auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };

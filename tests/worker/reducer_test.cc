@@ -18,6 +18,7 @@
 #include "tests/cluster_fixture.h"
 #include "worker/backend.h"
 #include "worker/batch.h"
+#include "worker/local_ranks.h"
 #include "worker/local_reducer.h"
 #include "worker/model.h"
 #include "worker/param_store.h"
@@ -94,31 +95,18 @@ Status TrainReduced(Client* client, const ModelLayout& layout, uint32_t ranks,
   auto group = CpuReduceGroup::Create(ranks);
   if (!group.ok()) return group.status();
   auto store = CreateClusterStore(client);
-  std::vector<Status> results(ranks);
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r, member = (*group)->Member(r)]() mutable {
-      results[r] = [&]() -> Status {
-        TESSERA_ASSIGN_OR_RETURN(auto reader, SyntheticReader::Create(Data(r, ranks)));
-        TESSERA_ASSIGN_OR_RETURN(auto backend, CreateCpuBackend(layout, {1}));
-        TESSERA_ASSIGN_OR_RETURN(
-            auto trainer, Trainer::Create(Options(job), layout, r == 0 ? store.get() : nullptr,
-                                          backend.get(), reader.get(), member.get()));
-        Status s = trainer->Init();
-        if (!s.ok()) {
-          member->Abort();
-          return s;
-        }
-        TESSERA_ASSIGN_OR_RETURN(TrainResult tr, trainer->Train());
-        if (tr.steps != kSteps) return Status::Internal("steps " + std::to_string(tr.steps));
-        return Status::OK();
-      }();
-      if (!results[r].ok()) member->Abort();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const Status& s : results) TESSERA_RETURN_IF_ERROR(s);
-  return Status::OK();
+  return RunLocalRanks(ranks, group->get(), [&](uint32_t r) -> Status {
+    TESSERA_ASSIGN_OR_RETURN(auto member, (*group)->Join(r));
+    TESSERA_ASSIGN_OR_RETURN(auto reader, SyntheticReader::Create(Data(r, ranks)));
+    TESSERA_ASSIGN_OR_RETURN(auto backend, CreateCpuBackend(layout, {1}));
+    TESSERA_ASSIGN_OR_RETURN(auto trainer,
+                             Trainer::Create(Options(job), layout, r == 0 ? store.get() : nullptr,
+                                             backend.get(), reader.get(), member.get()));
+    TESSERA_RETURN_IF_ERROR(trainer->Init());
+    TESSERA_ASSIGN_OR_RETURN(TrainResult tr, trainer->Train());
+    if (tr.steps != kSteps) return Status::Internal("steps " + std::to_string(tr.steps));
+    return Status::OK();
+  });
 }
 
 // One trainer, no reducer, global batches of ranks * kBatch: the same samples per step.

@@ -1,0 +1,473 @@
+// The CUDA backend: cuBLAS for the MLPs, kernels (cuda_kernels.cu) for the embedding bags, the
+// interaction and the loss. Inputs are host buffers (the trainer's pulled rows).
+//
+// One call: the inputs are packed into pinned host memory and uploaded with one copy, before
+// the first kernel; the outputs (loss, probabilities, gradients) live in one device block that
+// comes back with one copy; the call waits once. With an NCCL reducer on the same GPU the
+// gradient block is reduced in place on the device before that copy, and only the leader copies
+// it back.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "worker/backend.h"
+#include "worker/cuda_kernels_internal.h"
+#include "worker/cuda_util_internal.h"
+#include "worker/embedding_bag.h"
+#include "worker/local_reducer.h"
+
+namespace tessera::worker {
+namespace {
+
+using internal::DeviceBuffer;
+using internal::PinnedBuffer;
+
+#define TESSERA_CUBLAS(expr)                                                                       \
+  do {                                                                                             \
+    const cublasStatus_t tessera_blas_s_ = (expr);                                                 \
+    if (tessera_blas_s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+      return Status::Internal(std::string(#expr) + ": " + cublasGetStatusString(tessera_blas_s_)); \
+    }                                                                                              \
+  } while (0)
+
+// Byte offsets of the sections of one packed block; each starts on a 256-byte boundary.
+class Sections {
+ public:
+  size_t Add(size_t bytes) {
+    const size_t at = size_;
+    size_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+// Where the inputs (upload) and outputs (download) of the current call sit in their blocks.
+struct Layout {
+  size_t offsets = 0, rows = 0, weights = 0, params = 0, wide = 0, emb = 0, dense = 0, labels = 0;
+  size_t upload_bytes = 0;
+  // Outputs: [loss (a double) | probs | gradients: params, wide, embeddings (contiguous)].
+  size_t loss = 0, probs = 0, grads = 0;
+  size_t grad_floats = 0;
+  size_t download_bytes = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const ModelLayout& layout, int device) : layout_(layout), device_(device) {}
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  Status Init() {
+    TESSERA_CUDA(cudaSetDevice(device_));
+    TESSERA_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TESSERA_CUBLAS(cublasCreate(&blas_));
+    TESSERA_CUBLAS(cublasSetStream(blas_, stream_));
+    // Comparable with the CPU: no TF32 for these small GEMMs.
+    TESSERA_CUBLAS(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+    return Status::OK();
+  }
+
+  std::string_view name() const override { return "cuda"; }
+
+  Status Forward(const ModelInput& in, float* probs) override {
+    TESSERA_RETURN_IF_ERROR(Enqueue(in, 0.0f, /*train=*/false));
+    TESSERA_RETURN_IF_ERROR(Download(lay_.probs, size_t{in.batch_size} * sizeof(float)));
+    TESSERA_CUDA(cudaStreamSynchronize(stream_));
+    in_flight_ = false;
+    CopyOut(in, probs, nullptr);
+    return Status::OK();
+  }
+
+  Status ForwardBackward(const ModelInput& in, float loss_scale, float* probs,
+                         ModelGrads* grads) override {
+    TESSERA_RETURN_IF_ERROR(Enqueue(in, loss_scale, /*train=*/true));
+    TESSERA_RETURN_IF_ERROR(Download(0, lay_.download_bytes));
+    TESSERA_CUDA(cudaStreamSynchronize(stream_));
+    in_flight_ = false;
+    CopyOut(in, probs, grads);
+    return Status::OK();
+  }
+
+  Status ForwardBackwardReduced(const ModelInput& in, float loss_scale, float* probs,
+                                ModelGrads* grads, LocalReducer* reducer) override {
+    if (reducer == nullptr || reducer->device() != device_) {
+      return Backend::ForwardBackwardReduced(in, loss_scale, probs, grads, reducer);
+    }
+    // Every rank takes part in the reduction, also with an empty batch (Enqueue then only
+    // zeroes the outputs).
+    TESSERA_RETURN_IF_ERROR(Enqueue(in, loss_scale, /*train=*/true));
+    char* out = out_.get();
+    const DeviceSpan spans[] = {{out + lay_.grads, lay_.grad_floats, false},
+                                {out + lay_.loss, 1, true}};
+    TESSERA_RETURN_IF_ERROR(reducer->ReduceSumOnDevice(spans, stream_));
+    // Only the leader pushes: the others copy back their probabilities and loss alone.
+    TESSERA_RETURN_IF_ERROR(Download(0, reducer->leader() ? lay_.download_bytes : lay_.grads));
+    TESSERA_RETURN_IF_ERROR(reducer->WaitDevice(stream_));
+    in_flight_ = false;
+    if (reducer->leader()) {
+      CopyOut(in, probs, grads);
+    } else {
+      CopyOut(in, probs, nullptr);
+      grads->embeddings.clear();
+      grads->wide.clear();
+      grads->params.clear();
+      std::memcpy(&grads->loss_sum, host_out_.get() + lay_.loss, sizeof(double));
+    }
+    return Status::OK();
+  }
+
+ private:
+  Status Check(const ModelInput& in, bool train) const {
+    const ModelConfig& c = layout_.config();
+    if (in.batch_size == 0) return Status::OK();
+    if (in.offsets == nullptr || in.rows == nullptr || in.params == nullptr) {
+      return Status::InvalidArgument("model input lacks offsets, rows or params");
+    }
+    if (c.deep && c.num_dense > 0 && in.dense == nullptr) {
+      return Status::InvalidArgument("model input lacks dense features");
+    }
+    if (train && in.labels == nullptr) return Status::InvalidArgument("no labels");
+    if ((c.deep && in.embeddings == nullptr && in.num_rows > 0) ||
+        (c.wide && in.wide == nullptr && in.num_rows > 0)) {
+      return Status::InvalidArgument("model input lacks sparse rows");
+    }
+    const uint32_t entries = in.offsets[size_t{in.batch_size} * c.num_fields];
+    for (uint32_t e = 0; e < entries; ++e) {
+      if (in.rows[e] >= in.num_rows) {
+        return Status::InvalidArgument("row index " + std::to_string(in.rows[e]) + " >= num_rows " +
+                                       std::to_string(in.num_rows));
+      }
+    }
+    return Status::OK();
+  }
+
+  void PlanSections(const ModelInput& in, bool train) {
+    const ModelConfig& c = layout_.config();
+    const size_t b = in.batch_size, r = in.num_rows, p = layout_.num_params();
+    const size_t entries = b == 0 ? 0 : in.offsets[b * c.num_fields];
+    const bool hb = c.deep && c.num_dense > 0;
+    Sections up;
+    lay_.offsets = up.Add(b == 0 ? 0 : (b * c.num_fields + 1) * sizeof(uint32_t));
+    lay_.rows = up.Add(entries * sizeof(uint32_t));
+    lay_.weights = up.Add(in.weights != nullptr ? entries * sizeof(float) : 0);
+    lay_.params = up.Add(p * sizeof(float));
+    lay_.wide = up.Add(c.wide ? r * sizeof(float) : 0);
+    lay_.emb = up.Add(c.deep ? r * c.embedding_dim * sizeof(float) : 0);
+    lay_.dense = up.Add(hb ? b * c.num_dense * sizeof(float) : 0);
+    lay_.labels = up.Add(train ? b * sizeof(float) : 0);
+    lay_.upload_bytes = up.size();
+    Sections down;
+    lay_.loss = down.Add(sizeof(double));
+    lay_.probs = down.Add(b * sizeof(float));
+    lay_.grads = down.Add(0);
+    lay_.grad_floats = train ? p + (c.wide ? r : 0) + (c.deep ? r * c.embedding_dim : 0) : 0;
+    lay_.download_bytes = lay_.grads + lay_.grad_floats * sizeof(float);
+  }
+
+  // Packs the inputs into pinned memory and uploads them with one copy.
+  Status Upload(const ModelInput& in, bool train) {
+    const ModelConfig& c = layout_.config();
+    TESSERA_RETURN_IF_ERROR(host_in_.Reserve(lay_.upload_bytes));
+    TESSERA_RETURN_IF_ERROR(in_.Reserve(lay_.upload_bytes));
+    char* h = host_in_.get();
+    const size_t b = in.batch_size, r = in.num_rows;
+    auto put = [&](size_t at, const void* src, size_t bytes) {
+      if (bytes > 0) std::memcpy(h + at, src, bytes);
+    };
+    const size_t entries = b == 0 ? 0 : in.offsets[b * c.num_fields];
+    if (b > 0) {
+      put(lay_.offsets, in.offsets, (b * c.num_fields + 1) * sizeof(uint32_t));
+      put(lay_.rows, in.rows, entries * sizeof(uint32_t));
+      if (in.weights != nullptr) put(lay_.weights, in.weights, entries * sizeof(float));
+      put(lay_.params, in.params, layout_.num_params() * sizeof(float));
+      if (c.wide) put(lay_.wide, in.wide, r * sizeof(float));
+      if (c.deep) put(lay_.emb, in.embeddings, r * c.embedding_dim * sizeof(float));
+      if (c.deep && c.num_dense > 0) put(lay_.dense, in.dense, b * c.num_dense * sizeof(float));
+      if (train) put(lay_.labels, in.labels, b * sizeof(float));
+    }
+    if (lay_.upload_bytes > 0 && b > 0) {
+      TESSERA_CUDA(
+          cudaMemcpyAsync(in_.get(), h, lay_.upload_bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    return Status::OK();
+  }
+
+  // Uploads and enqueues the whole step; waits for nothing. The calling member waits once before
+  // it returns, so the staging memory is free again for the next call.
+  Status Enqueue(const ModelInput& in, float scale, bool train) {
+    TESSERA_RETURN_IF_ERROR(Check(in, train));
+    TESSERA_CUDA(cudaSetDevice(device_));
+    if (in_flight_) {
+      // The previous call failed before its wait: its copies may still read the staging memory.
+      TESSERA_CUDA(cudaStreamSynchronize(stream_));
+    }
+    in_flight_ = true;
+    PlanSections(in, train);
+    TESSERA_RETURN_IF_ERROR(Upload(in, train));
+    TESSERA_RETURN_IF_ERROR(out_.Reserve(lay_.download_bytes));
+    TESSERA_RETURN_IF_ERROR(host_out_.Reserve(lay_.download_bytes));
+    TESSERA_CUDA(cudaMemsetAsync(out_.get(), 0, lay_.download_bytes, stream_));
+    if (in.batch_size == 0) return Status::OK();
+    return Compute(in, scale, train);
+  }
+
+  template <typename T>
+  T* InPtr(size_t at) const {
+    return reinterpret_cast<T*>(in_.get() + at);
+  }
+  template <typename T>
+  T* OutPtr(size_t at) const {
+    return reinterpret_cast<T*>(out_.get() + at);
+  }
+
+  Status Compute(const ModelInput& in, float scale, bool train) {
+    const ModelConfig& c = layout_.config();
+    const uint32_t b = in.batch_size, nf = c.num_fields, nd = c.num_dense, d = c.embedding_dim;
+    const uint32_t nvec = layout_.num_vectors();
+    const bool hb = c.deep && nd > 0;
+    const auto* offsets = InPtr<const uint32_t>(lay_.offsets);
+    const auto* rows = InPtr<const uint32_t>(lay_.rows);
+    const float* weights = in.weights != nullptr ? InPtr<const float>(lay_.weights) : nullptr;
+    const float* params = InPtr<const float>(lay_.params);
+    const float* dense = InPtr<const float>(lay_.dense);
+    float* gparams = OutPtr<float>(lay_.grads);
+    float* gwide = gparams + layout_.num_params();
+    float* gemb = gwide + (c.wide ? in.num_rows : 0);
+    TESSERA_RETURN_IF_ERROR(logit_.Reserve(b));
+    TESSERA_RETURN_IF_ERROR(g_.Reserve(b));
+    TESSERA_RETURN_IF_ERROR(ones_.Reserve(b));
+    if (ones_filled_ < ones_.capacity()) {
+      TESSERA_CUDA(internal::LaunchFill(ones_.get(), ones_.capacity(), 1.0f, stream_));
+      ones_filled_ = ones_.capacity();
+    }
+    TESSERA_CUDA(internal::LaunchWideForward(
+        offsets, rows, weights, c.wide ? InPtr<const float>(lay_.wide) : nullptr,
+        params + layout_.bias_offset(), b, nf, logit_.get(), stream_));
+    internal::EmbeddingBagLaunch bags;
+    bags.offsets = offsets;
+    bags.rows = rows;
+    bags.weights = weights;
+    bags.num_bags = b * nf;
+    bags.num_fields = nf;
+    bags.dim = d;
+    bags.vec0 = hb ? 1 : 0;
+    bags.num_vectors = nvec;
+    bags.mean = c.pooling == Pooling::kMean;
+    const float* top_out = nullptr;
+    if (c.deep) {
+      TESSERA_RETURN_IF_ERROR(t_.Reserve(size_t{b} * nvec * d));
+      TESSERA_RETURN_IF_ERROR(inv_denom_.Reserve(size_t{b} * nf));
+      bags.inv_denom = inv_denom_.get();
+      if (hb) {
+        TESSERA_RETURN_IF_ERROR(Mlp(layout_.bottom(), params, b, dense, &bottom_));
+        // The bottom output is vector 0 of every sample.
+        TESSERA_CUDA(cudaMemcpy2DAsync(t_.get(), size_t{nvec} * d * sizeof(float),
+                                       bottom_.back().get(), d * sizeof(float), d * sizeof(float),
+                                       b, cudaMemcpyDeviceToDevice, stream_));
+      }
+      TESSERA_CUDA(internal::LaunchEmbeddingBagForward(bags, InPtr<const float>(lay_.emb), t_.get(),
+                                                       stream_));
+      TESSERA_RETURN_IF_ERROR(x_.Reserve(size_t{b} * layout_.top_input()));
+      TESSERA_CUDA(internal::LaunchInteractionForward(t_.get(), b, nvec, d, hb, layout_.top_input(),
+                                                      x_.get(), stream_));
+      TESSERA_RETURN_IF_ERROR(Mlp(layout_.top(), params, b, x_.get(), &top_));
+      top_out = top_.back().get();
+    }
+    TESSERA_CUDA(internal::LaunchLoss(
+        logit_.get(), top_out, train ? InPtr<const float>(lay_.labels) : nullptr, b, scale,
+        OutPtr<float>(lay_.probs), g_.get(), OutPtr<double>(lay_.loss),
+        train ? gparams + layout_.bias_offset() : nullptr, stream_));
+    if (!train) return Status::OK();
+
+    if (c.wide) {
+      TESSERA_CUDA(
+          internal::LaunchWideBackward(offsets, rows, weights, g_.get(), b, nf, gwide, stream_));
+    }
+    if (!c.deep) return Status::OK();
+    // g (b x 1) is d(top output); the top MLP's output layer is linear, so g stays intact.
+    TESSERA_RETURN_IF_ERROR(dx_.Reserve(size_t{b} * layout_.top_input()));
+    TESSERA_RETURN_IF_ERROR(
+        MlpBackward(layout_.top(), params, b, x_.get(), &top_, gparams, g_.get(), dx_.get()));
+    TESSERA_RETURN_IF_ERROR(dt_.Reserve(size_t{b} * nvec * d));
+    TESSERA_CUDA(internal::LaunchInteractionBackward(t_.get(), dx_.get(), b, nvec, d, hb,
+                                                     layout_.top_input(), dt_.get(), stream_));
+    if (hb) {
+      TESSERA_RETURN_IF_ERROR(dbottom_.Reserve(size_t{b} * d));
+      TESSERA_CUDA(cudaMemcpy2DAsync(dbottom_.get(), d * sizeof(float), dt_.get(),
+                                     size_t{nvec} * d * sizeof(float), d * sizeof(float), b,
+                                     cudaMemcpyDeviceToDevice, stream_));
+      TESSERA_RETURN_IF_ERROR(MlpBackward(layout_.bottom(), params, b, dense, &bottom_, gparams,
+                                          dbottom_.get(), nullptr));
+    }
+    TESSERA_CUDA(internal::LaunchEmbeddingBagBackward(bags, dt_.get(), gemb, stream_));
+    return Status::OK();
+  }
+
+  // y (b x out) = x (b x in) W^T, all row-major; W is out x in row-major at w.
+  Status Gemm(const float* x, const float* w, float* y, uint32_t b, uint32_t in, uint32_t out) {
+    const float one = 1.0f, zero = 0.0f;
+    TESSERA_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, b, in, &one, w, in, x, in,
+                               &zero, y, out));
+    return Status::OK();
+  }
+
+  // acts[i] receives layer i's output (b x out); x is the input of layer 0.
+  Status Mlp(const std::vector<LayerShape>& layers, const float* params, uint32_t b, const float* x,
+             std::vector<DeviceBuffer<float>>* acts) {
+    acts->resize(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const LayerShape& l = layers[i];
+      TESSERA_RETURN_IF_ERROR((*acts)[i].Reserve(size_t{b} * l.out));
+      float* y = (*acts)[i].get();
+      TESSERA_RETURN_IF_ERROR(
+          Gemm(i == 0 ? x : (*acts)[i - 1].get(), params + l.offset, y, b, l.in, l.out));
+      TESSERA_CUDA(internal::LaunchBiasAct(y, params + l.offset + uint64_t{l.out} * l.in, b, l.out,
+                                           l.relu, stream_));
+    }
+    return Status::OK();
+  }
+
+  // d holds d(last output) (b x last.out) and is overwritten; d_input (when not null) receives
+  // d(x) (b x first.in). Weight and bias gradients are added at their offsets of grad_params.
+  Status MlpBackward(const std::vector<LayerShape>& layers, const float* params, uint32_t b,
+                     const float* x, std::vector<DeviceBuffer<float>>* acts, float* grad_params,
+                     float* d, float* d_input) {
+    const float one = 1.0f, zero = 0.0f;
+    uint32_t widest = 0;
+    for (const LayerShape& l : layers) widest = std::max(widest, l.in);
+    TESSERA_RETURN_IF_ERROR(ping_.Reserve(size_t{b} * widest));
+    TESSERA_RETURN_IF_ERROR(pong_.Reserve(size_t{b} * widest));
+    float* cur = d;
+    for (size_t i = layers.size(); i-- > 0;) {
+      const LayerShape& l = layers[i];
+      const float* input = i == 0 ? x : (*acts)[i - 1].get();
+      if (l.relu) {
+        TESSERA_CUDA(
+            internal::LaunchReluBackward(cur, (*acts)[i].get(), size_t{b} * l.out, stream_));
+      }
+      // dW^T (in x out, column-major) += X^T dZ.
+      TESSERA_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, b, &one, input, l.in,
+                                 cur, l.out, &one, grad_params + l.offset, l.in));
+      // db += dZ^T 1: the column sums, on the device.
+      TESSERA_CUBLAS(cublasSgemv(blas_, CUBLAS_OP_N, l.out, b, &one, cur, l.out, ones_.get(), 1,
+                                 &one, grad_params + l.offset + uint64_t{l.out} * l.in, 1));
+      if (i == 0 && d_input == nullptr) break;
+      float* target = i == 0 ? d_input : (cur == ping_.get() ? pong_.get() : ping_.get());
+      // dX (b x in) = dZ W.
+      TESSERA_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, l.in, b, l.out, &one,
+                                 params + l.offset, l.in, cur, l.out, &zero, target, l.in));
+      cur = target;
+    }
+    return Status::OK();
+  }
+
+  Status Download(size_t from, size_t bytes) {
+    if (bytes == 0) return Status::OK();
+    TESSERA_CUDA(cudaMemcpyAsync(host_out_.get() + from, out_.get() + from, bytes,
+                                 cudaMemcpyDeviceToHost, stream_));
+    return Status::OK();
+  }
+
+  // After the wait: probabilities and, when grads is not null, the gradients and the loss.
+  void CopyOut(const ModelInput& in, float* probs, ModelGrads* grads) {
+    const ModelConfig& c = layout_.config();
+    const char* h = host_out_.get();
+    if (in.batch_size > 0) {
+      std::memcpy(probs, h + lay_.probs, size_t{in.batch_size} * sizeof(float));
+    }
+    if (grads == nullptr) return;
+    const float* g = reinterpret_cast<const float*>(h + lay_.grads);
+    const size_t p = layout_.num_params(), r = in.num_rows;
+    grads->params.assign(g, g + p);
+    grads->wide.assign(g + p, g + p + (c.wide ? r : 0));
+    const float* ge = g + p + (c.wide ? r : 0);
+    grads->embeddings.assign(ge, ge + (c.deep ? r * c.embedding_dim : 0));
+    std::memcpy(&grads->loss_sum, h + lay_.loss, sizeof(double));
+  }
+
+  ModelLayout layout_;
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  Layout lay_;
+  PinnedBuffer<char> host_in_, host_out_;
+  DeviceBuffer<char> in_, out_;
+  DeviceBuffer<float> logit_, g_, ones_, t_, inv_denom_, x_, dx_, dt_, dbottom_, ping_, pong_;
+  size_t ones_filled_ = 0;
+  bool in_flight_ = false;  // work enqueued that no wait has covered yet
+  std::vector<DeviceBuffer<float>> bottom_, top_;
+};
+
+}  // namespace
+
+Result<int> CudaDeviceCount() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    return Status::FailedPrecondition(std::string("no usable GPU (cudaGetDeviceCount: ") +
+                                      cudaGetErrorString(e) + ")");
+  }
+  if (n == 0) return Status::FailedPrecondition("no GPU present");
+  return n;
+}
+
+bool CudaBackendAvailable(std::string* why_not) {
+  auto n = CudaDeviceCount();
+  if (!n.ok() && why_not != nullptr) *why_not = n.status().message();
+  return n.ok();
+}
+
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const ModelLayout& layout, int device) {
+  TESSERA_ASSIGN_OR_RETURN(int n, CudaDeviceCount());
+  if (device < 0 || device >= n) {
+    return Status::InvalidArgument("GPU " + std::to_string(device) + " does not exist (" +
+                                   std::to_string(n) + " present)");
+  }
+  auto b = std::make_unique<CudaBackend>(layout, device);
+  TESSERA_RETURN_IF_ERROR(b->Init().WithContext("GPU " + std::to_string(device)));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+Status EmbeddingBagForward(const EmbeddingBagArgs& a, void* stream) {
+  internal::EmbeddingBagLaunch l;
+  l.offsets = a.offsets;
+  l.rows = a.rows;
+  l.weights = a.weights;
+  l.num_bags = a.num_bags;
+  l.num_fields = 1;
+  l.dim = a.dim;
+  l.mean = a.mean;
+  l.inv_denom = a.inv_denom;
+  TESSERA_CUDA(
+      internal::LaunchEmbeddingBagForward(l, a.table, a.out, static_cast<cudaStream_t>(stream)));
+  return Status::OK();
+}
+
+Status EmbeddingBagBackward(const EmbeddingBagArgs& a, const float* d_out, float* grad_table,
+                            void* stream) {
+  internal::EmbeddingBagLaunch l;
+  l.offsets = a.offsets;
+  l.rows = a.rows;
+  l.weights = a.weights;
+  l.num_bags = a.num_bags;
+  l.num_fields = 1;
+  l.dim = a.dim;
+  l.mean = a.mean;
+  l.inv_denom = a.inv_denom;
+  TESSERA_CUDA(internal::LaunchEmbeddingBagBackward(l, d_out, grad_table,
+                                                    static_cast<cudaStream_t>(stream)));
+  return Status::OK();
+}
+
+}  // namespace tessera::worker

@@ -1,0 +1,312 @@
+// The CUDA backend's kernels: embedding bags, wide part, interaction, loss, and small helpers
+// for the cuBLAS MLPs. See cuda_kernels_internal.h for what each computes.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "worker/cuda_kernels_internal.h"
+
+namespace tessera::worker::internal {
+namespace {
+
+constexpr unsigned kBlock = 256;
+
+inline unsigned Blocks(size_t n, unsigned threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+__device__ __forceinline__ float WeightOf(const float* weights, uint32_t e) {
+  return weights != nullptr ? weights[e] : 1.0f;
+}
+
+// Thread layout of the bag kernels: `lanes` consecutive threads per bag (a power of two <= 32,
+// so a bag never straddles a warp); lane q handles elements q, q + lanes, ... of the row.
+// Four entries are loaded per iteration so that several row reads are in flight per lane.
+__global__ void EmbeddingBagForwardKernel(EmbeddingBagLaunch a, uint32_t lane_bits,
+                                          const float* __restrict__ table,
+                                          float* __restrict__ out) {
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t bag = tid >> lane_bits, lane = tid & ((1u << lane_bits) - 1);
+  if (bag >= a.num_bags) return;
+  const uint32_t lanes = 1u << lane_bits, d = a.dim;
+  const uint32_t b = a.offsets[bag], e = a.offsets[bag + 1];
+  float inv = 1.0f;
+  if (a.mean) {
+    float wsum = 0.0f;
+    for (uint32_t k = b; k < e; ++k) wsum += WeightOf(a.weights, k);
+    if (wsum != 0.0f) inv = 1.0f / wsum;
+  }
+  if (lane == 0 && a.inv_denom != nullptr) a.inv_denom[bag] = inv;
+  const uint32_t s = bag / a.num_fields, f = bag - s * a.num_fields;
+  float* o = out + (size_t(s) * a.num_vectors + a.vec0 + f) * d;
+  for (uint32_t q = lane; q < d; q += lanes) {
+    float acc = 0.0f;
+    uint32_t k = b;
+    for (; k + 4 <= e; k += 4) {
+      const uint32_t r0 = a.rows[k], r1 = a.rows[k + 1], r2 = a.rows[k + 2], r3 = a.rows[k + 3];
+      const float v0 = table[size_t(r0) * d + q], v1 = table[size_t(r1) * d + q];
+      const float v2 = table[size_t(r2) * d + q], v3 = table[size_t(r3) * d + q];
+      acc += WeightOf(a.weights, k) * v0;
+      acc += WeightOf(a.weights, k + 1) * v1;
+      acc += WeightOf(a.weights, k + 2) * v2;
+      acc += WeightOf(a.weights, k + 3) * v3;
+    }
+    for (; k < e; ++k) acc += WeightOf(a.weights, k) * table[size_t(a.rows[k]) * d + q];
+    o[q] = acc * inv;
+  }
+}
+
+__global__ void EmbeddingBagBackwardKernel(EmbeddingBagLaunch a, uint32_t lane_bits,
+                                           const float* __restrict__ d_out,
+                                           float* __restrict__ grad) {
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t bag = tid >> lane_bits, lane = tid & ((1u << lane_bits) - 1);
+  if (bag >= a.num_bags) return;
+  const uint32_t lanes = 1u << lane_bits, d = a.dim;
+  const uint32_t b = a.offsets[bag], e = a.offsets[bag + 1];
+  const float inv = a.inv_denom != nullptr ? a.inv_denom[bag] : 1.0f;
+  const uint32_t s = bag / a.num_fields, f = bag - s * a.num_fields;
+  const float* dp = d_out + (size_t(s) * a.num_vectors + a.vec0 + f) * d;
+  for (uint32_t q = lane; q < d; q += lanes) {
+    const float g = dp[q] * inv;
+    for (uint32_t k = b; k < e; ++k) {
+      atomicAdd(&grad[size_t(a.rows[k]) * d + q], WeightOf(a.weights, k) * g);
+    }
+  }
+}
+
+__global__ void WideForwardKernel(const uint32_t* offsets, const uint32_t* rows,
+                                  const float* weights, const float* wide, const float* bias,
+                                  uint32_t batch, uint32_t nf, float* logit) {
+  const uint32_t s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= batch) return;
+  float acc = 0.0f;
+  if (wide != nullptr) {
+    for (uint32_t k = offsets[size_t(s) * nf]; k < offsets[size_t(s + 1) * nf]; ++k) {
+      acc += WeightOf(weights, k) * wide[rows[k]];
+    }
+  }
+  logit[s] = *bias + acc;
+}
+
+__global__ void WideBackwardKernel(const uint32_t* offsets, const uint32_t* rows,
+                                   const float* weights, const float* g, uint32_t batch,
+                                   uint32_t nf, float* grad) {
+  const uint32_t s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= batch) return;
+  for (uint32_t k = offsets[size_t(s) * nf]; k < offsets[size_t(s + 1) * nf]; ++k) {
+    atomicAdd(&grad[rows[k]], WeightOf(weights, k) * g[s]);
+  }
+}
+
+__global__ void BiasActKernel(float* y, const float* bias, uint32_t rows, uint32_t cols,
+                              bool relu) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(rows) * cols) return;
+  const float v = y[i] + bias[i % cols];
+  y[i] = relu ? fmaxf(v, 0.0f) : v;
+}
+
+__global__ void ReluBackwardKernel(float* dz, const float* a, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && a[i] <= 0.0f) dz[i] = 0.0f;
+}
+
+__global__ void FillKernel(float* p, size_t n, float value) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = value;
+}
+
+// Pair p of the interaction is (i, j), i > j, p = i (i - 1) / 2 + j.
+__device__ __forceinline__ void PairOf(uint32_t p, uint32_t* i, uint32_t* j) {
+  uint32_t r = static_cast<uint32_t>((1.0f + sqrtf(1.0f + 8.0f * p)) / 2.0f);
+  while (r * (r - 1) / 2 > p) --r;
+  while ((r + 1) * r / 2 <= p) ++r;
+  *i = r;
+  *j = p - r * (r - 1) / 2;
+}
+
+// One block per sample.
+__global__ void InteractionForwardKernel(const float* t, uint32_t nvec, uint32_t d, bool has_bottom,
+                                         uint32_t top_in, float* x) {
+  const uint32_t s = blockIdx.x;
+  const float* ts = t + size_t(s) * nvec * d;
+  float* xs = x + size_t(s) * top_in;
+  const uint32_t dot0 = has_bottom ? d : 0;
+  if (has_bottom) {
+    for (uint32_t q = threadIdx.x; q < d; q += blockDim.x) xs[q] = ts[q];
+  }
+  const uint32_t pairs = nvec * (nvec - 1) / 2;
+  for (uint32_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    uint32_t i, j;
+    PairOf(p, &i, &j);
+    float acc = 0.0f;
+    for (uint32_t q = 0; q < d; ++q) acc += ts[i * d + q] * ts[j * d + q];
+    xs[dot0 + p] = acc;
+  }
+}
+
+// One block per sample; a thread per (vector i, element q): dt[i][q] = sum_j dx(i,j) t[j][q].
+__global__ void InteractionBackwardKernel(const float* t, const float* dx, uint32_t nvec,
+                                          uint32_t d, bool has_bottom, uint32_t top_in, float* dt) {
+  const uint32_t s = blockIdx.x;
+  const float* ts = t + size_t(s) * nvec * d;
+  const float* dxs = dx + size_t(s) * top_in;
+  float* dts = dt + size_t(s) * nvec * d;
+  const uint32_t dot0 = has_bottom ? d : 0;
+  for (uint32_t e = threadIdx.x; e < nvec * d; e += blockDim.x) {
+    const uint32_t i = e / d, q = e % d;
+    float acc = (has_bottom && i == 0) ? dxs[q] : 0.0f;
+    for (uint32_t j = 0; j < nvec; ++j) {
+      if (j == i) continue;
+      const uint32_t hi = i > j ? i : j, lo = i > j ? j : i;
+      acc += dxs[dot0 + hi * (hi - 1) / 2 + lo] * ts[j * d + q];
+    }
+    dts[e] = acc;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// kBlock threads per block; one atomic add of each block's loss and g sums.
+__global__ void LossKernel(const float* logit, const float* top, const float* labels,
+                           uint32_t batch, float scale, float* probs, float* g, double* loss_sum,
+                           float* bias_grad) {
+  const uint32_t s = blockIdx.x * blockDim.x + threadIdx.x;
+  double loss = 0.0;
+  float gs = 0.0f;
+  if (s < batch) {
+    const float l = logit[s] + (top != nullptr ? top[s] : 0.0f);
+    const float p = 1.0f / (1.0f + expf(-l));
+    probs[s] = p;
+    if (labels != nullptr) {
+      const float y = labels[s];
+      loss = static_cast<double>(fmaxf(l, 0.0f) - y * l + log1pf(expf(-fabsf(l))));
+      gs = (p - y) * scale;
+      g[s] = gs;
+    }
+  }
+  if (labels == nullptr) return;  // the same for every thread of the grid
+  __shared__ double warp_loss[kBlock / 32];
+  __shared__ float warp_g[kBlock / 32];
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  loss = WarpSum(loss);
+  gs = WarpSum(gs);
+  if (lane == 0) {
+    warp_loss[warp] = loss;
+    warp_g[warp] = gs;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const uint32_t warps = blockDim.x / 32;
+  loss = lane < warps ? warp_loss[lane] : 0.0;
+  gs = lane < warps ? warp_g[lane] : 0.0f;
+  loss = WarpSum(loss);
+  gs = WarpSum(gs);
+  if (lane == 0) {
+    atomicAdd(loss_sum, loss);
+    atomicAdd(bias_grad, gs);
+  }
+}
+
+}  // namespace
+
+uint32_t EmbeddingBagLanes(uint32_t dim) {
+  uint32_t lanes = 1;
+  while (lanes < dim && lanes < 32) lanes <<= 1;
+  return lanes;
+}
+
+static uint32_t LaneBits(uint32_t dim) {
+  uint32_t bits = 0;
+  while ((1u << bits) < EmbeddingBagLanes(dim)) ++bits;
+  return bits;
+}
+
+cudaError_t LaunchEmbeddingBagForward(const EmbeddingBagLaunch& a, const float* table, float* out,
+                                      cudaStream_t stream) {
+  if (a.num_bags == 0 || a.dim == 0) return cudaGetLastError();
+  const uint32_t bits = LaneBits(a.dim);
+  EmbeddingBagForwardKernel<<<Blocks(size_t(a.num_bags) << bits, kBlock), kBlock, 0, stream>>>(
+      a, bits, table, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbeddingBagBackward(const EmbeddingBagLaunch& a, const float* d_out,
+                                       float* grad_table, cudaStream_t stream) {
+  if (a.num_bags == 0 || a.dim == 0) return cudaGetLastError();
+  const uint32_t bits = LaneBits(a.dim);
+  EmbeddingBagBackwardKernel<<<Blocks(size_t(a.num_bags) << bits, kBlock), kBlock, 0, stream>>>(
+      a, bits, d_out, grad_table);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWideForward(const uint32_t* offsets, const uint32_t* rows, const float* weights,
+                              const float* wide, const float* bias, uint32_t batch,
+                              uint32_t num_fields, float* logit, cudaStream_t stream) {
+  if (batch == 0) return cudaGetLastError();
+  WideForwardKernel<<<Blocks(batch, kBlock), kBlock, 0, stream>>>(offsets, rows, weights, wide,
+                                                                  bias, batch, num_fields, logit);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWideBackward(const uint32_t* offsets, const uint32_t* rows, const float* weights,
+                               const float* g, uint32_t batch, uint32_t num_fields, float* grad,
+                               cudaStream_t stream) {
+  if (batch == 0) return cudaGetLastError();
+  WideBackwardKernel<<<Blocks(batch, kBlock), kBlock, 0, stream>>>(offsets, rows, weights, g, batch,
+                                                                   num_fields, grad);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBiasAct(float* y, const float* bias, uint32_t rows, uint32_t cols, bool relu,
+                          cudaStream_t stream) {
+  const size_t n = size_t(rows) * cols;
+  if (n == 0) return cudaGetLastError();
+  BiasActKernel<<<Blocks(n, kBlock), kBlock, 0, stream>>>(y, bias, rows, cols, relu);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchReluBackward(float* dz, const float* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaGetLastError();
+  ReluBackwardKernel<<<Blocks(n, kBlock), kBlock, 0, stream>>>(dz, a, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFill(float* p, size_t n, float value, cudaStream_t stream) {
+  if (n == 0) return cudaGetLastError();
+  FillKernel<<<Blocks(n, kBlock), kBlock, 0, stream>>>(p, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchInteractionForward(const float* t, uint32_t batch, uint32_t num_vectors,
+                                     uint32_t dim, bool has_bottom, uint32_t top_in, float* x,
+                                     cudaStream_t stream) {
+  if (batch == 0) return cudaGetLastError();
+  InteractionForwardKernel<<<batch, 128, 0, stream>>>(t, num_vectors, dim, has_bottom, top_in, x);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchInteractionBackward(const float* t, const float* dx, uint32_t batch,
+                                      uint32_t num_vectors, uint32_t dim, bool has_bottom,
+                                      uint32_t top_in, float* dt, cudaStream_t stream) {
+  if (batch == 0) return cudaGetLastError();
+  InteractionBackwardKernel<<<batch, 128, 0, stream>>>(t, dx, num_vectors, dim, has_bottom, top_in,
+                                                       dt);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLoss(const float* logit, const float* top, const float* labels, uint32_t batch,
+                       float scale, float* probs, float* g, double* loss_sum, float* bias_grad,
+                       cudaStream_t stream) {
+  if (batch == 0) return cudaGetLastError();
+  LossKernel<<<Blocks(batch, kBlock), kBlock, 0, stream>>>(logit, top, labels, batch, scale, probs,
+                                                           g, loss_sum, bias_grad);
+  return cudaGetLastError();
+}
+
+}  // namespace tessera::worker::internal
