@@ -43,11 +43,17 @@ int main(int argc, char** argv) {
       (std::filesystem::temp_directory_path() / ("tessera-bench-ckpt-" + std::to_string(getpid())))
           .string();
   const std::string dir = FLAGS_dir.empty() ? tmp + "/ckpt" : FLAGS_dir;
+  // The server names checkpoints relative to its admin root: the parent of `dir`.
+  std::filesystem::path dir_path = std::filesystem::path(dir).lexically_normal();
+  if (!dir_path.has_filename()) dir_path = dir_path.parent_path();  // "DIR/"
+  const std::string admin_root = dir_path.has_parent_path() ? dir_path.parent_path().string() : ".";
+  const std::string ckpt_name = dir_path.filename().string();
 
   tessera::ServerOptions so;
   so.listen = "tcp://127.0.0.1:*";
   so.lanes = 2;
   so.storage.data_dir = FLAGS_data_dir;
+  so.admin_root = admin_root;
   auto server = tessera::Server::Create(so);
   if (!server.ok()) {
     std::fprintf(stderr, "bench_checkpoint: %s\n", server.status().ToString().c_str());
@@ -55,6 +61,7 @@ int main(int argc, char** argv) {
   }
   tessera::ClientOptions co;
   co.servers = {(*server)->endpoint()};
+  co.admin_root = admin_root;
   auto client = tessera::Client::Create(co);
   if (!client.ok()) {
     std::fprintf(stderr, "bench_checkpoint: %s\n", client.status().ToString().c_str());
@@ -100,7 +107,7 @@ int main(int argc, char** argv) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(FLAGS_quick ? 1000 : 2000));
   const double ck_begin = Ms(BenchClock::now() - t0);
-  auto cut = c.Checkpoint(dir);
+  auto cut = c.Checkpoint(ckpt_name);
   const double ck_end = Ms(BenchClock::now() - t0);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   stop = true;

@@ -118,6 +118,10 @@ void EncodeHeader(const Header& h, std::string* out) {
   e.add_staleness(h.staleness);
   e.add_num_workers(h.num_workers);
   e.add_status(static_cast<uint8_t>(h.status));
+  if (h.client_id != 0) {
+    e.add_client_id(h.client_id);
+    e.add_client_seq(h.client_seq);
+  }
   if (!h.message.empty()) e.add_message(message);
   if (h.spec) e.add_spec(spec);
   if (!h.name.empty()) e.add_name(name);
@@ -160,6 +164,8 @@ Status DecodeHeader(const void* data, size_t size, Header* out) {
   h.staleness = e->staleness();
   h.num_workers = e->num_workers();
   h.status = static_cast<StatusCode>(e->status());
+  h.client_id = e->client_id();
+  h.client_seq = e->client_seq();
   if (e->message()) h.message = e->message()->str();
   if (e->spec()) h.spec = ReadSpec(*e->spec());
   if (e->name()) h.name = e->name()->str();

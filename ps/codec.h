@@ -62,6 +62,10 @@ struct Header {
   std::string message;
   std::optional<TableSpec> spec;
   std::string name;
+  /// Pushes: the client's id and this push's per-server sequence number (exactly-once
+  /// retries); 0: none.
+  uint64_t client_id = 0;
+  uint64_t client_seq = 0;
 };
 
 /// Serializes `h` into `out` (replacing its contents).

@@ -26,6 +26,8 @@ TEST(CodecTest, RoundTrip) {
   h.status = StatusCode::kNotFound;
   h.message = "no such table";
   h.name = "barrier-1";
+  h.client_id = 0x0123456789abcdefULL;
+  h.client_seq = 77;
   TableSpec spec = TableSpec::Sparse("emb", 16);
   spec.optimizer.kind = OptimizerKind::kAdam;
   spec.optimizer.learning_rate = 0.003f;
@@ -51,6 +53,8 @@ TEST(CodecTest, RoundTrip) {
   EXPECT_EQ(d.status, h.status);
   EXPECT_EQ(d.message, h.message);
   EXPECT_EQ(d.name, h.name);
+  EXPECT_EQ(d.client_id, h.client_id);
+  EXPECT_EQ(d.client_seq, h.client_seq);
   ASSERT_TRUE(d.spec.has_value());
   EXPECT_EQ(DescribeSpecDifference(*d.spec, spec), "");
 }

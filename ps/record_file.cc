@@ -129,42 +129,55 @@ void RecordWriter::Put(Record::Kind kind, uint64_t table, uint64_t key, const Re
 
 Status RecordWriter::Finish() { return w_->Finish(records_); }
 
-Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn) {
-  // Pass 1: verify the checksum over the whole file before anything is applied.
-  {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f)
-      return Status::IOError("cannot open record file '" + path + "': " + std::strerror(errno));
-    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(),
-                                                                &XXH3_freeState);
-    XXH3_64bits_reset(st.get());
-    std::vector<char> buf(1 << 20);
-    std::string tail;  // the last 8 bytes are the checksum itself
-    size_t n;
-    uint64_t total = 0;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
-      tail.append(buf.data(), n);
-      total += n;
-      if (tail.size() > 8) {
-        XXH3_64bits_update(st.get(), tail.data(), tail.size() - 8);
-        tail.erase(0, tail.size() - 8);
-      }
-    }
-    std::fclose(f);
-    if (total < sizeof(kMagic) + 1 + 8 + 8 || tail.size() != 8) {
-      return Status::Corruption("record file '" + path + "' is truncated");
-    }
-    uint64_t want;
-    std::memcpy(&want, tail.data(), 8);
-    if (XXH3_64bits_digest(st.get()) != want) {
-      return Status::Corruption("record file '" + path + "' fails its checksum");
+namespace {
+
+// Pass 1 of ReadRecordFile: the checksum over the whole file, before anything is applied.
+// Returns the file's size.
+Result<uint64_t> VerifyRecordFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::IOError("cannot open record file '" + path + "': " + std::strerror(errno));
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
+  XXH3_64bits_reset(st.get());
+  // 64 KiB: a 1 MiB buffer cost a fresh zero-filled MiB per file, most of them small
+  // (manifests, specs) and read a hundred times a second under fuzzing.
+  std::vector<char> buf(1 << 16);
+  std::string tail;  // the last 8 bytes are the checksum itself
+  size_t n;
+  uint64_t total = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    tail.append(buf.data(), n);
+    total += n;
+    if (tail.size() > 8) {
+      XXH3_64bits_update(st.get(), tail.data(), tail.size() - 8);
+      tail.erase(0, tail.size() - 8);
     }
   }
+  std::fclose(f);
+  if (total < sizeof(kMagic) + 1 + 8 + 8 || tail.size() != 8) {
+    return Status::Corruption("record file '" + path + "' is truncated");
+  }
+  uint64_t want;
+  std::memcpy(&want, tail.data(), 8);
+  if (XXH3_64bits_digest(st.get()) != want) {
+    return Status::Corruption("record file '" + path + "' fails its checksum");
+  }
+  return total;
+}
+
+}  // namespace
+
+Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn) {
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t file_size, VerifyRecordFile(path));
   // Pass 2: parse.
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return Status::IOError("cannot open record file '" + path + "'");
   std::unique_ptr<FILE, decltype(&std::fclose)> closer(f, &std::fclose);
-  auto read = [&](void* p, size_t n) { return std::fread(p, 1, n, f) == n; };
+  uint64_t pos = 0;
+  auto read = [&](void* p, size_t n) {
+    const bool ok = std::fread(p, 1, n, f) == n;
+    pos += n;
+    return ok;
+  };
   char magic[8];
   if (!read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
     return Status::Corruption("'" + path + "' is not a Tessera record file");
@@ -190,6 +203,12 @@ Status ReadRecordFile(const std::string& path, const std::function<Status(const 
         !read(&r.meta.update_count, 4) || !read(&r.meta.last_step, 4) ||
         !read(&r.meta.last_update_s, 4) || n > kMaxRowFloats) {
       return Status::Corruption("record file '" + path + "' has a malformed record");
+    }
+    // A row cannot be longer than what is left before the end record and checksum (no
+    // allocation sized by a corrupt length).
+    if (pos + uint64_t{n} * sizeof(float) + 1 + 8 + 8 > file_size) {
+      return Status::Corruption("record file '" + path + "' has a row of " + std::to_string(n) +
+                                " floats that runs past the end of the file");
     }
     r.row.resize(n);
     if (!read(r.row.data(), sizeof(float) * n)) {

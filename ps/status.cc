@@ -1,5 +1,8 @@
 #include "ps/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace tessera {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -48,4 +51,13 @@ Status Status::WithContext(std::string_view context) const {
   return Status(code_, std::move(m));
 }
 
+namespace internal {
+
+void DieOfBadResultAccess(const Status& status) {
+  std::fprintf(stderr, "Result::value() called on an error: %s\n", status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 }  // namespace tessera

@@ -75,29 +75,61 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-/// A value or the Status that explains why there is none.
+namespace internal {
+/// Prints "Result::value() called on an error: <status>" to stderr and aborts. Called by the
+/// Result accessors when their precondition (ok()) does not hold.
+[[noreturn]] void DieOfBadResultAccess(const Status& status);
+}  // namespace internal
+
+/// A value or the Status that explains why there is none. Never throws.
+///
+/// Accessors: value(), operator* and operator-> require ok(). Called on an error they print
+/// the status and abort the process (like Arrow's ValueOrDie), rather than throwing
+/// std::bad_variant_access across the API: check ok() first, use TESSERA_ASSIGN_OR_RETURN,
+/// or ValueOr() for a fallback.
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
-    if (std::get<Status>(v_).ok()) v_ = Status::Internal("Result constructed from OK status");
+    if (std::get_if<Status>(&v_)->ok()) v_ = Status::Internal("Result constructed from OK status");
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;
-    return ok() ? kOk : std::get<Status>(v_);
+    const Status* s = std::get_if<Status>(&v_);
+    return s == nullptr ? kOk : *s;
   }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
+  /// The value. Precondition: ok(); otherwise aborts with the status as the message.
+  T& value() & { return *Checked(); }
+  const T& value() const& { return *Checked(); }
+  T&& value() && { return std::move(*Checked()); }
+  /// Same as value(): the name says what happens on an error.
+  T& ValueOrDie() & { return value(); }
+  const T& ValueOrDie() const& { return value(); }
+  T&& ValueOrDie() && { return std::move(*this).value(); }
+  /// The value, or `fallback` on an error. Never aborts.
+  T ValueOr(T fallback) const& { return ok() ? *std::get_if<T>(&v_) : std::move(fallback); }
+  T ValueOr(T fallback) && { return ok() ? std::move(*std::get_if<T>(&v_)) : std::move(fallback); }
+  T* operator->() { return Checked(); }
+  const T* operator->() const { return Checked(); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
 
  private:
+  T* Checked() {
+    T* v = std::get_if<T>(&v_);
+    if (v == nullptr) internal::DieOfBadResultAccess(*std::get_if<Status>(&v_));
+    return v;
+  }
+  const T* Checked() const {
+    const T* v = std::get_if<T>(&v_);
+    if (v == nullptr) internal::DieOfBadResultAccess(*std::get_if<Status>(&v_));
+    return v;
+  }
+
   std::variant<Status, T> v_;
 };
 

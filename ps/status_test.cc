@@ -37,5 +37,18 @@ TEST(StatusTest, ResultAndMacros) {
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
 }
 
+TEST(StatusTest, ResultValueOnAnErrorDiesWithTheStatus) {
+  Result<std::string> r = Status::NotFound("no table named 'x'");
+  EXPECT_EQ(r.ValueOr("fallback"), "fallback");
+  EXPECT_DEATH((void)r.value(),
+               "Result::value\\(\\) called on an error: NotFound: no table named 'x'");
+  EXPECT_DEATH((void)*r, "NotFound: no table named 'x'");
+  EXPECT_DEATH((void)r->size(), "NotFound");
+  EXPECT_DEATH((void)std::move(r).ValueOrDie(), "NotFound");
+  Result<std::string> ok = std::string("v");
+  EXPECT_EQ(ok.value(), "v");
+  EXPECT_EQ(ok.ValueOr("fallback"), "v");
+}
+
 }  // namespace
 }  // namespace tessera

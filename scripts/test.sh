@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Tessera and runs the default test suite (labels unit, integration, durability,
-# checkpoint, quality, gpu). Tests labelled soak, fuzz or bench run only when asked for:
+# checkpoint, faults, quality, gpu). Tests labelled soak, fuzz or bench run only when asked for:
 # TESSERA_TEST_LABELS="fuzz" bash scripts/test.sh.
 # Installs missing Debian packages first. Usage: bash scripts/test.sh [extra ctest args]
 set -euo pipefail

@@ -17,8 +17,11 @@ namespace {
 
 using testing::LocalCluster;
 
+// Checkpoints and exports are named relative to the servers' --admin_root; this process sees
+// the same directory (ClientOptions::admin_root) and writes the marker files there.
 std::unique_ptr<Client> Connect(const LocalCluster& c, ClientOptions o = {}) {
   o.servers = c.endpoints();
+  o.admin_root = c.admin_root();
   auto r = Client::Create(o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? std::move(r).value() : nullptr;
@@ -74,16 +77,17 @@ void ReshardRoundTrip(uint32_t from, uint32_t to, bool durable) {
   ASSERT_NE(ca, nullptr);
   Model ma = CreateModel(*ca);
   for (int s = 0; s < N; ++s) Step(*ca, ma, s);
-  const std::string dir = a.dir() + "/ckpt";
+  const std::string dir = "ckpt";
   auto cut = ca->Checkpoint(dir);
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
-  EXPECT_TRUE(std::filesystem::exists(dir + "/CHECKPOINT"));
+  EXPECT_TRUE(std::filesystem::exists(a.admin_root() + "/ckpt/CHECKPOINT"));
   EXPECT_EQ(ca->Checkpoint(dir).status().code(), StatusCode::kAlreadyExists);
   for (int s = N; s < N + M; ++s) Step(*ca, ma, s);
   auto A = Dump(*ca, ma);
 
   testing::LocalClusterOptions b_opts = testing::Servers(to);
   b_opts.with_data_dirs = durable;
+  b_opts.admin_root = a.admin_root();  // b restores what a wrote
   LocalCluster b(b_opts);
   ASSERT_TRUE(b.Start().ok());
   auto cb = Connect(b);
@@ -113,11 +117,10 @@ TEST(CheckpointTest, CorruptCheckpointIsRefused) {
   auto c = Connect(a);
   Model m = CreateModel(*c);
   Step(*c, m, 0);
-  const std::string dir = a.dir() + "/ckpt";
-  auto cut = c->Checkpoint(dir);
+  auto cut = c->Checkpoint("ckpt");
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
   // Flip a byte in the middle of a lane file.
-  const std::string lane = dir + "/server-0/lane-0";
+  const std::string lane = a.admin_root() + "/ckpt/server-0/lane-0";
   {
     std::FILE* f = std::fopen(lane.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
@@ -125,13 +128,15 @@ TEST(CheckpointTest, CorruptCheckpointIsRefused) {
     std::fputc(0x5a, f);
     std::fclose(f);
   }
-  LocalCluster b(testing::Servers(1));
+  testing::LocalClusterOptions b_opts = testing::Servers(1);
+  b_opts.admin_root = a.admin_root();
+  LocalCluster b(b_opts);
   ASSERT_TRUE(b.Start().ok());
   auto cb = Connect(b);
-  Status s = cb->Restore(dir);
+  Status s = cb->Restore("ckpt");
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
-  EXPECT_EQ(cb->Restore(a.dir() + "/nothing-here").code(), StatusCode::kNotFound);
+  EXPECT_EQ(cb->Restore("nothing-here").code(), StatusCode::kNotFound);
 }
 
 // Two asynchronous workers push known gradients while a checkpoint is taken: the checkpoint
@@ -171,7 +176,7 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const std::string dir = a.dir() + "/ckpt";
+  const std::string dir = "ckpt";
   auto cut = admin->Checkpoint(dir, DeadlineAfterMs(60000));
   for (auto& th : workers) th.join();
   ASSERT_FALSE(failed.load());
@@ -179,7 +184,9 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
   ASSERT_GE(*cut, 0);
   ASSERT_LT(*cut, kSteps);
 
-  LocalCluster b(testing::Servers(3));
+  testing::LocalClusterOptions b_opts = testing::Servers(3);
+  b_opts.admin_root = a.admin_root();
+  LocalCluster b(b_opts);
   ASSERT_TRUE(b.Start().ok());
   auto cb = Connect(b);
   ASSERT_TRUE(cb->Restore(dir).ok());
@@ -201,25 +208,28 @@ TEST(CheckpointTest, FullAndDeltaExportsReadWithoutServers) {
   auto tmp =
       std::filesystem::temp_directory_path() / ("tessera-export-" + std::to_string(getpid()));
   std::filesystem::remove_all(tmp);
-  root = tmp.string();
+  root = tmp.string() + "/exports";  // the export "exports" under the admin root `tmp`
   {
-    LocalCluster a(testing::Servers(2));
+    testing::LocalClusterOptions a_opts = testing::Servers(2);
+    a_opts.admin_root = tmp.string();
+    LocalCluster a(a_opts);
     ASSERT_TRUE(a.Start().ok());
     auto c = Connect(a);
     Model m = CreateModel(*c);
     for (int s = 0; s < 3; ++s) Step(*c, m, s);
-    EXPECT_EQ(c->Export(root, /*delta=*/true).status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(c->Export("exports", /*delta=*/true).status().code(),
+              StatusCode::kFailedPrecondition);
     // Deltas work at a granularity of seconds (rows updated in the second of the previous
     // export are sent again): let a second pass so the delta below is exact.
     std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-    auto v1 = c->Export(root, false);
+    auto v1 = c->Export("exports", false);
     ASSERT_TRUE(v1.ok()) << v1.status().ToString();
     EXPECT_EQ(*v1, 1u);
     at_v1 = Dump(*c, m).first;
     // Later steps touch only some keys; the delta holds those rows.
     std::this_thread::sleep_for(std::chrono::milliseconds(1100));
     Step(*c, m, 3);
-    auto v2 = c->Export(root, true);
+    auto v2 = c->Export("exports", true);
     ASSERT_TRUE(v2.ok()) << v2.status().ToString();
     EXPECT_EQ(*v2, 2u);
     auto d = Dump(*c, m);

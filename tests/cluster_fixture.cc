@@ -57,6 +57,9 @@ LocalCluster::~LocalCluster() {
 std::string LocalCluster::data_dir(uint32_t i) const {
   return dir_ + "/server" + std::to_string(i) + "-data";
 }
+std::string LocalCluster::admin_root() const {
+  return options_.admin_root.empty() ? dir_ + "/admin" : options_.admin_root;
+}
 std::string LocalCluster::log_path(uint32_t i) const {
   return dir_ + "/server" + std::to_string(i) + ".log";
 }
@@ -86,6 +89,7 @@ Status LocalCluster::Spawn(uint32_t i) {
                                    "--rank=" + std::to_string(i),
                                    "--lanes=" + std::to_string(options_.lanes)};
   if (options_.with_data_dirs) args.push_back("--data_dir=" + data_dir(i));
+  args.push_back("--admin_root=" + admin_root());
   for (auto& f : options_.extra_flags) args.push_back(f);
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return Status::IOError("pipe failed");

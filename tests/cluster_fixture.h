@@ -20,6 +20,10 @@ struct LocalClusterOptions {
   uint32_t lanes = 2;
   /// Give every server a RocksDB data directory under the cluster's temp dir.
   bool with_data_dirs = false;
+  /// Every server's --admin_root (checkpoints, restores, exports). Empty: `admin` in the
+  /// cluster's temp dir (see LocalCluster::admin_root()). Another cluster's root lets this one
+  /// restore its checkpoints.
+  std::string admin_root;
   /// Extra flags passed to every server.
   std::vector<std::string> extra_flags;
 };
@@ -52,6 +56,10 @@ class LocalCluster {
   Status Restart(uint32_t i);
   bool running(uint32_t i) const { return pids_[i] > 0; }
   const std::string& dir() const { return dir_; }
+  /// The servers' --admin_root (for ClientOptions::admin_root).
+  std::string admin_root() const;
+  /// The process id of server i (-1 when it is not running).
+  pid_t pid(uint32_t i) const { return pids_[i]; }
   std::string data_dir(uint32_t i) const;
   /// The log file of server i.
   std::string log_path(uint32_t i) const;

@@ -294,24 +294,28 @@ TEST(ClusterTest, CurveEncryptedClusterRefusesPlainAndWrongKeyClients) {
   std::vector<float> g(10, 1.0f), out(10);
   ASSERT_TRUE(c->Wait(c->PushPull(*t, keys, g, out.data())).ok());
   EXPECT_EQ(out[0], -1.0f);
-  // A client without the key, and one with another server key, never get an answer.
+  // A client without the key, and one with another server key, never complete the handshake:
+  // Create fails with FailedPrecondition naming the key (tests/edge_test.cc: within 1 s).
   ClientOptions plain;
   plain.servers = cluster.endpoints();
   plain.connect_timeout_ms = 1500;
-  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kFailedPrecondition);
   auto other = GenerateCurveKeyPair();
   ASSERT_TRUE(other.ok());
   plain.curve_server_key = other->public_key;
-  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kFailedPrecondition);
   plain.curve_server_key = "short";
   EXPECT_EQ(Client::Create(plain).status().code(), StatusCode::kInvalidArgument);
 }
 
+// With retries off, calls to a dead server fail fast (with retries on, the default, they wait
+// for it to come back: tests/exactly_once_test.cc, tests/worker/ride_through_test.cc).
 TEST(ClusterTest, KilledServerGivesUnavailableNotHang) {
   LocalCluster cluster(testing::Servers(2));
   ASSERT_TRUE(cluster.Start().ok());
   ClientOptions o;
   o.request_timeout_ms = 5000;
+  o.retry_for_ms = 0;
   auto c = Connect(cluster, o);
   ASSERT_NE(c, nullptr);
   TableSpec spec = TableSpec::Sparse("emb", 4, Sgd(0.1f));

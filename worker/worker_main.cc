@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 #include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
 #include "worker/backend.h"
 #include "worker/data_source.h"
+#include "worker/local_ranks.h"
 #include "worker/local_reducer.h"
 #include "worker/param_store.h"
 #include "worker/trainer.h"
@@ -23,7 +23,9 @@ DEFINE_string(curve_server_key_file, "",
               "--curve_secret_key_file)");
 DEFINE_uint32(worker_id, 0, "This worker's rank among the job's workers");
 DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
-DEFINE_uint32(local_ranks, 1, "Local ranks (CPU threads) reduced inside this node before push");
+DEFINE_uint32(local_ranks, 1,
+              "Local ranks reduced inside this node before one push: CPU threads, or with "
+              "--backend=cuda one GPU each (rank r on GPU r mod the GPU count; NCCL)");
 DEFINE_string(data, "synthetic", "synthetic | criteo:PATH | libsvm:PATH | movielens:DIR");
 DEFINE_uint64(train_samples, 2500000, "Synthetic: training samples (all workers together)");
 DEFINE_uint64(test_samples, 100000, "Synthetic: test samples");
@@ -63,6 +65,9 @@ DEFINE_bool(resume, true, "Resume from the stored position of this worker");
 DEFINE_bool(evaluate, true, "After training (and a barrier of all workers), worker 0 evaluates");
 DEFINE_double(progress_interval_s, 5, "Seconds between progress lines");
 DEFINE_int64(request_timeout_ms, 60000, "Client request timeout");
+DEFINE_int64(retry_for_ms, 120000,
+             "How long calls to a server that is down are retried (pushes apply exactly once) "
+             "before the worker fails; 0: no retries");
 
 namespace tw = tessera::worker;
 
@@ -88,6 +93,29 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
+  // The compute set-up is checked before anything connects: a node without the GPUs it was
+  // asked for is refused at once.
+  const uint32_t nl = std::max<uint32_t>(FLAGS_local_ranks, 1);
+  if (FLAGS_backend != "cpu" && FLAGS_backend != "cuda") {
+    return Fail(tessera::Status::InvalidArgument("--backend must be cpu or cuda, not '" +
+                                                 FLAGS_backend + "'"));
+  }
+  int gpus = 0;
+  if (FLAGS_backend == "cuda") {
+    auto n = tw::CudaDeviceCount();
+    if (!n.ok()) return Fail(n.status().WithContext("--backend=cuda"));
+    gpus = *n;
+  }
+  const tw::ReducerKind reducer_kind = tw::ChooseReducer(FLAGS_backend, nl);
+  auto group_or = tw::CreateReduceGroup(reducer_kind, nl);
+  if (!group_or.ok()) {
+    return Fail(group_or.status().WithContext("--backend=" + FLAGS_backend +
+                                              " --local_ranks=" + std::to_string(nl)));
+  }
+  std::shared_ptr<tw::ReduceGroup> group = *group_or;
+  std::printf("worker %u %s\n", FLAGS_worker_id, tw::DescribeReducer(reducer_kind, nl).c_str());
+  std::fflush(stdout);
+
   auto servers = tessera::ParseClusterList(FLAGS_servers);
   if (!servers.ok()) return Fail(servers.status());
   int32_t staleness = -1;
@@ -105,6 +133,7 @@ int main(int argc, char** argv) {
   copt.consistency.num_workers = FLAGS_num_workers;
   copt.consistency.staleness = staleness;
   copt.request_timeout_ms = FLAGS_request_timeout_ms;
+  copt.retry_for_ms = FLAGS_retry_for_ms;
   if (!FLAGS_curve_server_key_file.empty()) {
     auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
     if (!key.ok()) return Fail(key.status());
@@ -169,44 +198,34 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
 
-  const uint32_t nl = std::max<uint32_t>(FLAGS_local_ranks, 1);
-  std::shared_ptr<tw::CpuReduceGroup> group;
-  if (nl > 1) {
-    auto g = tw::CpuReduceGroup::Create(nl);
-    if (!g.ok()) return Fail(g.status());
-    group = *g;
-  }
-  std::vector<tessera::Result<tw::TrainResult>> results(nl, tessera::Status::Internal("not run"));
-  auto run_rank = [&](uint32_t local) -> tessera::Result<tw::TrainResult> {
+  // Every rank's set-up and training; a rank that fails aborts the group (RunLocalRanks), so
+  // that no other rank waits for it forever.
+  tw::TrainResult tr;
+  auto run_rank = [&](uint32_t local) -> tessera::Status {
+    std::unique_ptr<tw::LocalReducer> reducer;
+    if (group) {
+      TESSERA_ASSIGN_OR_RETURN(reducer, group->Join(local));
+    }
     tw::DataSourceOptions mine = dopt;
     mine.rank = FLAGS_worker_id * nl + local;
     TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(mine));
     std::unique_ptr<tw::Backend> backend;
     if (FLAGS_backend == "cuda") {
-      TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCudaBackend(*layout, static_cast<int>(local)));
+      TESSERA_ASSIGN_OR_RETURN(backend,
+                               tw::CreateCudaBackend(*layout, tw::DeviceOfLocalRank(local, gpus)));
     } else {
       TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCpuBackend(*layout, {FLAGS_threads}));
     }
-    std::unique_ptr<tw::LocalReducer> reducer;
-    if (group) reducer = group->Member(local);
     TESSERA_ASSIGN_OR_RETURN(auto trainer,
                              tw::Trainer::Create(topt, *layout, local == 0 ? store.get() : nullptr,
                                                  backend.get(), reader.get(), reducer.get()));
-    tessera::Status s = trainer->Init();
-    if (!s.ok()) {
-      if (reducer) reducer->Abort();
-      return s;
-    }
-    return trainer->Train();
+    TESSERA_RETURN_IF_ERROR(trainer->Init());
+    TESSERA_ASSIGN_OR_RETURN(tw::TrainResult r, trainer->Train());
+    if (local == 0) tr = r;
+    return tessera::Status::OK();
   };
-  std::vector<std::thread> threads;
-  for (uint32_t r = 1; r < nl; ++r) threads.emplace_back([&, r] { results[r] = run_rank(r); });
-  results[0] = run_rank(0);
-  for (auto& t : threads) t.join();
-  for (auto& r : results) {
-    if (!r.ok()) return Fail(r.status());
-  }
-  const tw::TrainResult& tr = *results[0];
+  tessera::Status trained = tw::RunLocalRanks(nl, group.get(), run_rank);
+  if (!trained.ok()) return Fail(trained);
   std::printf(
       "worker %u trained %llu samples in %.1f s (%.0f samples/s), %llu steps "
       "(%llu resumed), train loss %.4f\n",

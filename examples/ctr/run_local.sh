@@ -20,6 +20,8 @@ usage: bash examples/ctr/run_local.sh [options] [-- worker flags...]
   --resume DIR       restore the checkpoint in DIR (tessera-ctl restore) before training; the
                      workers carry on from the data positions and clocks stored in it
   --checkpoint DIR   take a checkpoint of the cluster into DIR after training
+                     (the servers get DIR's parent as --admin_root: with --resume, both DIRs
+                     must be in the same directory)
   --keep             keep the temp dir (server data, logs) and print where it is
   -h, --help         this text
 Other --flag=value arguments, and everything after --, are passed to both workers
@@ -74,6 +76,18 @@ if [[ -n $resume && ! -d $resume ]]; then
   echo "run_local.sh: --resume: $resume is not a directory" >&2
   exit 2
 fi
+# The servers take checkpoints and restore them only under their --admin_root, by names
+# relative to it: the root is the directory that holds DIR, the name DIR's last component.
+admin_root=""
+if [[ -n $checkpoint ]]; then admin_root=$(dirname -- "$checkpoint"); fi
+if [[ -n $resume ]]; then
+  if [[ -n $admin_root && $admin_root != "$(dirname -- "$resume")" ]]; then
+    echo "run_local.sh: --checkpoint and --resume must be in the same directory (the servers'" \
+      "--admin_root): $checkpoint, $resume" >&2
+    exit 2
+  fi
+  admin_root=$(dirname -- "$resume")
+fi
 
 cd "$(dirname "$0")/../.."
 bash scripts/install_deps.sh
@@ -88,6 +102,7 @@ for b in tessera-server worker/tessera-worker tessera-ctl; do
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-ctr.XXXXXX")
+[[ -n $admin_root ]] || admin_root=$work/admin
 pids=()
 cleanup() {
   local rc=$? p
@@ -142,7 +157,7 @@ cluster="tcp://127.0.0.1:$p0,tcp://127.0.0.1:$p1"
 echo "run_local.sh: servers $cluster, data $data, work dir $work"
 for r in 0 1; do
   "$build/tessera-server" --cluster="$cluster" --rank=$r --data_dir="$work/server$r" \
-    >"$work/server$r.out" 2>"$work/server$r.log" &
+    --admin_root="$admin_root" >"$work/server$r.out" 2>"$work/server$r.log" &
   pids+=($!)
 done
 for r in 0 1; do
@@ -154,9 +169,9 @@ for r in 0 1; do
   grep -q '^tessera-server ready' "$work/server$r.out" || fail "server $r not ready after 30 s"
 done
 
-ctl() { "$build/tessera-ctl" --cluster="$cluster" "$@"; }
+ctl() { "$build/tessera-ctl" --cluster="$cluster" --admin_root="$admin_root" "$@"; }
 if [[ -n $resume ]]; then
-  ctl restore "$resume" || fail "restore of $resume failed"
+  ctl restore "$(basename -- "$resume")" || fail "restore of $resume failed"
 fi
 
 # Both workers' progress lines are relayed as they come; worker 0's report (its lines after
@@ -204,8 +219,7 @@ while ((rcs[0] < 0 || rcs[1] < 0)); do
 done
 
 if [[ -n $checkpoint ]]; then
-  mkdir -p "$checkpoint"
-  ctl checkpoint "$checkpoint" || fail "checkpoint into $checkpoint failed"
+  ctl checkpoint "$(basename -- "$checkpoint")" || fail "checkpoint into $checkpoint failed"
 fi
 
 report=$(grep '^{' "$work/worker0.out" | tail -n 1 || true)

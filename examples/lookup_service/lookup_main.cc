@@ -171,7 +171,10 @@ class ClusterSource final : public Source {
   uint32_t dim() const override { return table_.spec.dim; }
   Status Lookup(std::span<const uint64_t> keys, float* out) override {
     tessera::Handle h = client_->Pull(table_, keys, out);
-    return client_->Wait(h, tessera::DeadlineAfterMs(timeout_ms_));
+    Status s = client_->Wait(h, tessera::DeadlineAfterMs(timeout_ms_));
+    // The caller frees `out` when this returns: a pull still in flight must not write into it.
+    if (s.code() == tessera::StatusCode::kDeadlineExceeded) client_->Cancel(h);
+    return s;
   }
 
  private:

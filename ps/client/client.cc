@@ -266,7 +266,7 @@ Result<Header> ClientImpl::Blocking(Header h, std::vector<uint32_t> servers, Dea
   for (uint32_t s : servers) {
     std::vector<zmq::message_t> frames;
     if (data != nullptr && h.op == Op::kPutMeta) frames.emplace_back(data->data(), data->size());
-    msgs.push_back(MakeOutgoing(s, h, std::move(frames), call, request_deadline));
+    msgs.push_back(MakeOutgoing(s, h, std::move(frames), call, request_deadline, deadline));
   }
   Send(call, std::move(msgs));
   TESSERA_RETURN_IF_ERROR(WaitCall(*call, deadline));
@@ -358,6 +358,24 @@ Status Client::Barrier(const std::string& name, Deadline deadline) {
 Status Client::Wait(const Handle& handle, Deadline deadline) {
   if (!handle.valid()) return Status::InvalidArgument("invalid handle");
   return internal::ClientImpl::WaitCall(*handle.call_, deadline);
+}
+
+void Client::Cancel(const Handle& handle) {
+  if (!handle.valid()) return;
+  internal::Call& c = *handle.call_;
+  {
+    // Waits for a reply being copied into the caller's buffer; later ones see the flag.
+    std::lock_guard<std::mutex> g(c.write_mu);
+    c.cancelled.store(true);
+  }
+  {
+    std::lock_guard<std::mutex> l(c.mu);
+    if (c.done) return;
+    c.status = Status::Cancelled("call cancelled");
+    c.done = true;
+    c.done_flag.store(true, std::memory_order_release);
+  }
+  c.cv.notify_all();
 }
 
 uint32_t Client::num_servers() const { return impl_->slot_map_.num_servers(); }

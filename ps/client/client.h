@@ -42,14 +42,30 @@ struct ClientOptions {
   /// This worker's id in [0, consistency.num_workers), or any id for a non-training client.
   uint32_t worker_id = 0;
   ConsistencyOptions consistency;
-  /// A request with no reply after this long fails with Unavailable. Default: 60000 ms.
+  /// A request with no reply after this long is sent again (see retry_for_ms), or fails with
+  /// Unavailable. Default: 60000 ms.
   int64_t request_timeout_ms = 60000;
+  /// How long a call to a server that is down (connection lost, not connected, no reply in
+  /// time) is retried, with backoff from 100 ms to 2 s, before it fails with Unavailable. Long
+  /// enough by default to ride through a server restart. Pushes carry this client's id and a
+  /// per-server sequence number, so a push whose reply was lost applies once. Data, clock,
+  /// barrier, meta, stats and table calls are retried; checkpoint, restore and export are not.
+  /// 0: no retries. Default: 120000 ms.
+  int64_t retry_for_ms = 120000;
   /// How long Create() waits for every server to answer a ping. Default: 10000 ms.
   int64_t connect_timeout_ms = 10000;
   /// CurveZMQ public key of the servers (40 Z85 characters), for clusters started with a
   /// secret key: connections are then encrypted (the client uses a fresh key pair of its own).
-  /// Default: empty (plain TCP).
+  /// Default: empty (plain TCP). A key that does not match the servers' (or a missing one,
+  /// or one for servers without encryption) fails Create() and calls to that server within
+  /// about a second with FailedPrecondition naming the key.
   std::string curve_server_key;
+  /// The servers' --admin_root as this process sees it (the same shared directory). Checkpoint
+  /// and Export write their marker files (CHECKPOINT, EXPORT, LATEST) under it and read
+  /// LATEST from it; the servers resolve the same relative names under their own root.
+  /// Default: empty: Checkpoint and Export fail with FailedPrecondition (Restore needs no
+  /// local root).
+  std::string admin_root;
 };
 
 /// A table known to the client (from CreateTable or GetTable). Cheap to copy.
@@ -77,11 +93,12 @@ class Handle {
 ///
 /// Buffers: input spans (keys, gradients) are copied before the call returns; output buffers
 /// passed to Pull must stay valid and untouched until Wait() on the handle returns OK or an
-/// error other than DeadlineExceeded (or until the client is destroyed).
+/// error other than DeadlineExceeded, until Cancel() on it returns, or until the client is
+/// destroyed.
 ///
-/// Errors: a server that is down fails its calls with Unavailable (at once when the client
-/// saw the connection drop, else after request_timeout_ms); the client reconnects by itself,
-/// so later calls succeed once the server is back. Bad arguments fail with InvalidArgument
+/// Errors: calls to a server that is down are retried until it is back, for up to
+/// retry_for_ms (pushes apply exactly once), and then fail with Unavailable; the client
+/// reconnects by itself, so later calls succeed once the server is back. Bad arguments fail with InvalidArgument
 /// before anything is sent; errors found by a server come back with the server's message.
 class Client {
  public:
@@ -130,24 +147,38 @@ class Client {
   /// Server `rank`'s statistics as text (one "name value" per line).
   Result<std::string> ServerStats(uint32_t rank, Deadline deadline = NoDeadline());
 
-  /// Takes a consistent checkpoint of the whole cluster into `dir`, a directory every server
-  /// (and this process) can write, e.g. shared storage. The cut is a clock C: every push of
-  /// steps <= C is in, none after (pushes of later steps wait while the servers write). Holds
-  /// rows with optimizer state, dense tables, specs, and the metadata records (worker clocks
-  /// and positions). Returns the cut clock. Blocking.
+  /// Takes a consistent checkpoint of the whole cluster into `dir`, a name relative to the
+  /// admin root (the servers' --admin_root, this client's ClientOptions::admin_root: the same
+  /// shared directory; no "..", not absolute: InvalidArgument). Each server writes
+  /// dir/server-<rank>/, then this client writes dir/CHECKPOINT. The cut is a clock C: every
+  /// push of steps <= C is in, none after (pushes of later steps wait while the servers
+  /// write). Holds rows with optimizer state, dense tables, specs, and the metadata records
+  /// (worker clocks and positions). Returns the cut clock. Blocking.
   Result<int64_t> Checkpoint(const std::string& dir, Deadline deadline = NoDeadline());
-  /// Loads a checkpoint into this cluster, which may have another number of servers than the
-  /// one that wrote it (rows move to the servers that now own their slots). Blocking.
+  /// Loads the checkpoint `dir` (relative to the servers' --admin_root) into this cluster,
+  /// which may have another number of servers than the one that wrote it (rows move to the
+  /// servers that now own their slots). Rows of the wrong length: Corruption. Blocking.
   Status Restore(const std::string& dir, Deadline deadline = NoDeadline());
 
-  /// Writes a versioned serving export (values only, no optimizer state) under `root`:
-  /// root/v<N>/, N one more than the latest there. A delta holds only the rows updated since
-  /// the servers' previous export. ExportReader reads the result. Returns N. Blocking.
+  /// Writes a versioned serving export (values only, no optimizer state) under `root`, a name
+  /// relative to the admin root as for Checkpoint: root/v<N>/, N one more than the latest
+  /// there (this client reads and writes root/LATEST and root/v<N>/EXPORT under
+  /// ClientOptions::admin_root). A delta holds only the rows updated since the servers'
+  /// previous export. ExportReader reads the result (local path: admin_root/root). Returns N.
+  /// Blocking.
   Result<uint64_t> Export(const std::string& root, bool delta, Deadline deadline = NoDeadline());
 
-  /// Waits for a call. DeadlineExceeded leaves the call in flight (Wait again later);
-  /// any other result is final.
+  /// Waits for a call. DeadlineExceeded leaves the call in flight (Wait again later, or
+  /// Cancel it); any other result is final.
   Status Wait(const Handle& handle, Deadline deadline = NoDeadline());
+
+  /// Cancels a call: when Cancel returns, nothing more is written into the call's output
+  /// buffer (a reply being copied in is finished first), so the caller may free it, e.g.
+  /// after Wait returned DeadlineExceeded. Wait on the handle then returns Cancelled, unless
+  /// the call had already completed (its result stands). Requests already sent are not
+  /// recalled: a cancelled push may or may not be applied. Thread-safe; no effect on an
+  /// invalid or completed handle.
+  void Cancel(const Handle& handle);
 
   uint32_t num_servers() const;
   const ClientOptions& options() const;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ps/admin_path.h"
 #include "ps/client/client.h"
 #include "ps/client/client_internal.h"
 #include "ps/client/export_reader.h"
@@ -51,15 +52,33 @@ int64_t StatValue(const std::string& text, const std::string& name) {
   }
   return 0;
 }
+// Where this process sees admin directory `name` (under ClientOptions::admin_root) for the
+// marker files it writes itself; `what` names the call in the error.
+Result<std::string> LocalAdminPath(const ClientOptions& o, const std::string& name,
+                                   const char* what) {
+  TESSERA_RETURN_IF_ERROR(ValidateAdminName(name).WithContext(what));
+  if (o.admin_root.empty()) {
+    return Status::FailedPrecondition(
+        std::string(what) +
+        " writes its marker files itself: set ClientOptions::admin_root (tessera-ctl "
+        "--admin_root) to the servers' --admin_root as this process sees it");
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::string root, CanonicalAdminRoot(o.admin_root));
+  return ResolveAdminPath(root, name);
+}
+
 }  // namespace
 
-Result<int64_t> Client::Checkpoint(const std::string& dir, Deadline deadline) {
-  if (dir.empty()) return Status::InvalidArgument("checkpoint directory is empty");
+Result<int64_t> Client::Checkpoint(const std::string& name, Deadline deadline) {
+  // The servers resolve `name` under their --admin_root; this process writes CHECKPOINT at
+  // the same place under its view of that root.
+  TESSERA_ASSIGN_OR_RETURN(const std::string dir, LocalAdminPath(options(), name, "checkpoint"));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
-  if (std::filesystem::exists(dir + "/CHECKPOINT")) {
-    return Status::AlreadyExists("'" + dir + "' already holds a checkpoint");
+  if (std::filesystem::exists(dir + "/CHECKPOINT", ec) || ec) {
+    return ec ? Status::IOError("cannot read '" + dir + "': " + ec.message())
+              : Status::AlreadyExists("'" + name + "' already holds a checkpoint");
   }
   int64_t cut = -1;
   bool taken = false;
@@ -75,7 +94,7 @@ Result<int64_t> Client::Checkpoint(const std::string& dir, Deadline deadline) {
     }
     cut = std::max(max_clock - 1, max_push) + attempt;
     Header h = impl_->BaseHeader(Op::kCheckpoint);
-    h.name = dir;
+    h.name = name;
     h.clock = cut;
     h.num_workers = workers;
     auto r = impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline);
@@ -100,8 +119,8 @@ Result<int64_t> Client::Checkpoint(const std::string& dir, Deadline deadline) {
   return cut;
 }
 
-Result<uint64_t> Client::Export(const std::string& root, bool delta, Deadline deadline) {
-  if (root.empty()) return Status::InvalidArgument("export directory is empty");
+Result<uint64_t> Client::Export(const std::string& name, bool delta, Deadline deadline) {
+  TESSERA_ASSIGN_OR_RETURN(const std::string root, LocalAdminPath(options(), name, "export"));
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) return Status::IOError("cannot create '" + root + "': " + ec.message());
@@ -112,7 +131,7 @@ Result<uint64_t> Client::Export(const std::string& root, bool delta, Deadline de
   const uint64_t version = latest + 1;
   const std::string dir = root + "/v" + std::to_string(version);
   Header h = impl_->BaseHeader(Op::kExport);
-  h.name = dir;
+  h.name = name + "/v" + std::to_string(version);  // the servers resolve it under their root
   h.count = delta ? 1 : 0;
   h.offset = delta ? latest : 0;  // the base version
   TESSERA_RETURN_IF_ERROR(
@@ -134,9 +153,10 @@ Result<uint64_t> Client::Export(const std::string& root, bool delta, Deadline de
   return version;
 }
 
-Status Client::Restore(const std::string& dir, Deadline deadline) {
+Status Client::Restore(const std::string& name, Deadline deadline) {
+  TESSERA_RETURN_IF_ERROR(ValidateAdminName(name).WithContext("restore"));
   Header h = impl_->BaseHeader(Op::kRestore);
-  h.name = dir;
+  h.name = name;
   return impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status();
 }
 

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
+#include <optional>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +37,12 @@ struct Call {
   uint32_t remaining = 0;  // I/O thread only
   Status first_error;      // I/O thread only
 
+  // Client::Cancel: the I/O thread runs on_reply and on_done holding write_mu and skips them
+  // once `cancelled` is set (under write_mu), so after Cancel nothing writes into the
+  // caller's buffers.
+  std::mutex write_mu;
+  std::atomic<bool> cancelled{false};
+
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;                   // guarded by mu
@@ -46,15 +54,26 @@ struct Call {
 struct Outgoing {
   uint32_t server;
   uint64_t request_id;
-  std::vector<zmq::message_t> parts;
-  std::shared_ptr<Call> call;  // null: fire and forget
-  Deadline deadline;
+  std::vector<zmq::message_t> parts;  // envelope, then data frames
+  std::shared_ptr<Call> call;         // null: fire and forget
+  Deadline deadline;                  // of the current attempt
+  // Retries: until when the request is sent again after a lost connection or a timeout
+  // (Deadline::min(): never retried).
+  Deadline give_up = Deadline::min();
+  // Pushes: the envelope is encoded again with this client's id and the server's next push
+  // sequence number when the request is first sent (on the I/O thread, in send order).
+  bool needs_seq = false;
+  Header header;                 // needs_seq only
+  uint64_t send_order = 0;       // per server, assigned when first handed to SendOne
+  Status last_error;             // why the last attempt failed
+  bool retryable() const { return give_up != Deadline::min(); }
 };
 
 struct InFlight {
   std::shared_ptr<Call> call;
   uint32_t server;
   Deadline deadline;
+  std::optional<Outgoing> retained;  // retryable requests: what to send again
 };
 
 // A call that completed before anything was sent (bad arguments, nothing to do).
@@ -86,8 +105,11 @@ class ClientImpl {
   Handle ClockCall(int64_t value);
 
   // ---------------------------------------------------------------- hand-over (client_io.cc)
+  // `give_up`: the latest time a retry may be sent (Deadline(): retry_for_ms from now); ops
+  // that are never retried ignore it.
   Outgoing MakeOutgoing(uint32_t server, Header h, std::vector<zmq::message_t> data,
-                        std::shared_ptr<Call> call, Deadline deadline);
+                        std::shared_ptr<Call> call, Deadline deadline,
+                        Deadline give_up = Deadline());
   Deadline RequestDeadline() const { return DeadlineAfterMs(options_.request_timeout_ms); }
   void Send(const std::shared_ptr<Call>& call, std::vector<Outgoing> out);
   static Status WaitCall(Call& c, Deadline deadline);
@@ -102,6 +124,17 @@ class ClientImpl {
     zmq::socket_t monitor;
     bool connected = false;
     bool ever_connected = false;
+    // Handshake failures in a row (monitor events); once they show an encryption or key
+    // mismatch, handshake_error fails calls to this server at once (cleared by a success).
+    uint32_t handshake_failures = 0;
+    Status handshake_error;
+    // Retries: requests waiting to be sent again, in send order; while any wait, new
+    // retryable requests queue behind them so the server sees them in order.
+    std::deque<Outgoing> retry;
+    Clock::time_point retry_at{};
+    int64_t backoff_ms = 100;
+    uint64_t next_send_order = 0;
+    uint64_t push_seq = 0;  // the last push sequence number given out
   };
 
   // Opens server i's DEALER socket and its monitor and starts connecting (part of Start).
@@ -111,8 +144,16 @@ class ClientImpl {
   // ---------------------------------------------------------------- I/O thread (client_io.cc)
   void IoLoop();
   void SendOne(Outgoing& o);
+  // Sends `o` now; registers it in flight. False when the socket refused it.
+  bool Transmit(Outgoing& o);
+  // Queues `o` to be sent again (in send order), or fails its call when it may not retry.
+  void RetryOrFail(Outgoing o, const Status& why, bool server_down);
+  // Sends what waits in server's retry queue once it is due and the server is connected.
+  void DrainRetries(uint32_t server, Clock::time_point now);
   void ReceiveFrom(uint32_t server);
   void MonitorEvent(uint32_t server);
+  // A handshake with `server` failed (monitor event `event`, value `value`).
+  void HandshakeFailed(uint32_t server, uint16_t event, uint32_t value);
   void FailServer(uint32_t server, const Status& st);
   void ExpireRequests(Clock::time_point now);
   static void PartDone(const std::shared_ptr<Call>& c, const Status& s);
@@ -123,6 +164,7 @@ class ClientImpl {
   std::thread io_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{0};
+  const uint64_t client_id_;  // random, non-zero: the id pushes carry for exactly-once
   std::mutex queue_mu_;
   std::vector<Outgoing> queue_;                        // guarded by queue_mu_
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // I/O thread only

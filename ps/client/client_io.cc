@@ -3,11 +3,14 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <random>
 #include <cstring>
 #include <zmq_addon.hpp>
 
 #include "ps/client/client_internal.h"
+#include "ps/limits.h"
 
 namespace tessera {
 namespace internal {
@@ -19,10 +22,32 @@ zmq::message_t EnvelopeFrame(const Header& h) {
   return zmq::message_t(env.data(), env.size());
 }
 
+uint64_t RandomClientId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
+  return id;
+}
+
+// Ops a client sends again after a lost connection or a timeout. Checkpoint, restore and
+// export are operator actions with their own attempts: they fail instead.
+bool Retryable(Op op) {
+  return op != Op::kCheckpoint && op != Op::kRestore && op != Op::kExport && op != Op::kPing;
+}
+
+bool IsPush(Op op) {
+  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
+}
+
+constexpr int64_t kMinBackoffMs = 100;
+constexpr int64_t kMaxBackoffMs = 2000;
+
 }  // namespace
 
 ClientImpl::ClientImpl(const ClientOptions& o)
-    : options_(o), slot_map_(SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()))) {}
+    : options_(o),
+      slot_map_(SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()))),
+      client_id_(RandomClientId()) {}
 
 ClientImpl::~ClientImpl() {
   stop_.store(true);
@@ -39,6 +64,14 @@ Status ClientImpl::Start() {
     return Status::InvalidArgument("worker_id " + std::to_string(options_.worker_id) +
                                    " is not below num_workers " +
                                    std::to_string(options_.consistency.num_workers));
+  }
+  if (options_.consistency.num_workers > kMaxWorkers || options_.consistency.staleness < -1 ||
+      options_.consistency.staleness > kMaxStaleness) {
+    return Status::InvalidArgument("consistency: num_workers must be at most " +
+                                   std::to_string(kMaxWorkers) + " and staleness in [-1, " +
+                                   std::to_string(kMaxStaleness) + "], got " +
+                                   std::to_string(options_.consistency.num_workers) + " and " +
+                                   std::to_string(options_.consistency.staleness));
   }
   CurveKeyPair mine;
   if (!options_.curve_server_key.empty()) {
@@ -68,9 +101,11 @@ Status ClientImpl::Start() {
       ping.push_back(MakeOutgoing(i, h, {}, call, DeadlineAfterMs(1000)));
       Send(call, std::move(ping));
       last = WaitCall(*call, NoDeadline());
-      if (last.ok() || Clock::now() >= until) break;
+      // Only "not there yet" is worth waiting for; a refusal or a key mismatch is final.
+      if (last.ok() || last.code() != StatusCode::kUnavailable || Clock::now() >= until) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    if (!last.ok() && last.code() != StatusCode::kUnavailable) return last;
     if (!last.ok()) {
       return Status::Unavailable(
           "server " + std::to_string(i) + " (" + options_.servers[i] + ") did not answer within " +
@@ -102,7 +137,10 @@ Status ClientImpl::ConnectServer(uint32_t i, const CurveKeyPair& mine) {
                           std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
                           std::to_string(i);
   if (zmq_socket_monitor(s.dealer.handle(), mon.c_str(),
-                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
     return Status::Internal("zmq_socket_monitor failed");
   }
   s.monitor = zmq::socket_t(ctx_, zmq::socket_type::pair);
@@ -117,16 +155,28 @@ Status ClientImpl::ConnectServer(uint32_t i, const CurveKeyPair& mine) {
 }
 
 Outgoing ClientImpl::MakeOutgoing(uint32_t server, Header h, std::vector<zmq::message_t> data,
-                                  std::shared_ptr<Call> call, Deadline deadline) {
+                                  std::shared_ptr<Call> call, Deadline deadline,
+                                  Deadline give_up) {
   Outgoing o;
   o.server = server;
   o.request_id = next_id_.fetch_add(1) + 1;
   h.request_id = o.request_id;
   o.parts.reserve(data.size() + 1);
-  o.parts.push_back(EnvelopeFrame(h));
+  if (IsPush(h.op)) {
+    // Encoded when first sent, with its sequence number.
+    o.needs_seq = true;
+    o.header = h;
+    o.parts.emplace_back();
+  } else {
+    o.parts.push_back(EnvelopeFrame(h));
+  }
   for (auto& d : data) o.parts.push_back(std::move(d));
   o.call = std::move(call);
   o.deadline = deadline;
+  if (options_.retry_for_ms > 0 && Retryable(h.op)) {
+    const Deadline limit = DeadlineAfterMs(options_.retry_for_ms);
+    o.give_up = give_up == Deadline() ? limit : std::min(give_up, limit);
+  }
   return o;
 }
 
@@ -200,6 +250,9 @@ void ClientImpl::IoLoop() {
       next_timeout_check = now + std::chrono::milliseconds(20);
       ExpireRequests(now);
     }
+    for (size_t i = 0; i < n; ++i) {
+      if (!servers_[i].retry.empty()) DrainRetries(static_cast<uint32_t>(i), now);
+    }
   }
   // Fail whatever is still pending.
   {
@@ -208,6 +261,12 @@ void ClientImpl::IoLoop() {
   }
   for (auto& o : batch) {
     if (o.call) PartDone(o.call, Status::Cancelled("client destroyed"));
+  }
+  for (auto& s : servers_) {
+    for (auto& o : s.retry) {
+      if (o.call) PartDone(o.call, Status::Cancelled("client destroyed"));
+    }
+    s.retry.clear();
   }
   auto left = std::move(in_flight_);
   for (auto& [id, f] : left) PartDone(f.call, Status::Cancelled("client destroyed"));
@@ -219,20 +278,108 @@ void ClientImpl::IoLoop() {
 
 void ClientImpl::SendOne(Outgoing& o) {
   ServerConn& s = servers_[o.server];
+  o.send_order = ++s.next_send_order;
+  if (o.needs_seq) {
+    // Sequence numbers follow the send order: the server sees a client's pushes in order.
+    o.header.client_id = client_id_;
+    o.header.client_seq = ++s.push_seq;
+    o.parts[0] = EnvelopeFrame(o.header);
+    o.needs_seq = false;
+  }
+  if (o.retryable() && !s.retry.empty()) {
+    s.retry.push_back(std::move(o));  // behind the requests waiting to be sent again
+    return;
+  }
+  if (Transmit(o)) return;
+  if (!s.handshake_error.ok()) {  // a key mismatch does not heal by retrying
+    if (o.call) PartDone(o.call, s.handshake_error);
+    return;
+  }
+  const Status why = Status::Unavailable("server " + std::to_string(o.server) + " (" +
+                                         options_.servers[o.server] + ") is not connected");
+  RetryOrFail(std::move(o), why, /*server_down=*/true);
+}
+
+bool ClientImpl::Transmit(Outgoing& o) {
+  ServerConn& s = servers_[o.server];
   bool sent = false;
+  // A retryable request keeps its frames to send them again: the wire gets copies that share
+  // the buffers (zmq_msg_copy counts references; nothing is copied for large frames).
+  std::vector<zmq::message_t> copies;
+  std::vector<zmq::message_t>* wire = &o.parts;
+  if (o.retryable()) {
+    copies.resize(o.parts.size());
+    for (size_t i = 0; i < o.parts.size(); ++i) copies[i].copy(o.parts[i]);
+    wire = &copies;
+  }
   try {
-    sent = zmq::send_multipart(s.dealer, o.parts, zmq::send_flags::dontwait).has_value();
+    sent = zmq::send_multipart(s.dealer, *wire, zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t&) {
     sent = false;
   }
-  if (!sent) {
+  if (!sent) return false;
+  if (o.call) {
+    const uint64_t id = o.request_id;
+    InFlight f{o.call, o.server, o.deadline, std::nullopt};
+    if (o.retryable()) f.retained = std::move(o);
+    in_flight_.emplace(id, std::move(f));
+  }
+  return true;
+}
+
+void ClientImpl::RetryOrFail(Outgoing o, const Status& why, bool server_down) {
+  if (o.call && o.call->cancelled.load()) {  // Client::Cancel: nobody waits for it
+    PartDone(o.call, Status::Cancelled("call cancelled"));
+    return;
+  }
+  const auto now = Clock::now();
+  if (!o.retryable() || now >= o.give_up) {
     if (o.call) {
-      PartDone(o.call, Status::Unavailable("server " + std::to_string(o.server) + " (" +
-                                           options_.servers[o.server] + ") is not connected"));
+      Status s = why;
+      if (o.retryable()) {
+        s = Status::Unavailable(why.message() + " (gave up after retrying for " +
+                                std::to_string(options_.retry_for_ms) + " ms)");
+      }
+      PartDone(o.call, s);
     }
     return;
   }
-  if (o.call) in_flight_.emplace(o.request_id, InFlight{o.call, o.server, o.deadline});
+  ServerConn& s = servers_[o.server];
+  o.last_error = why;
+  // Keep the queue in send order: requests that were in flight are older than queued ones.
+  auto pos = std::upper_bound(
+      s.retry.begin(), s.retry.end(), o.send_order,
+      [](uint64_t order, const Outgoing& q) { return order < q.send_order; });
+  s.retry.insert(pos, std::move(o));
+  const auto at = server_down ? now + std::chrono::milliseconds(s.backoff_ms) : now;
+  if (s.retry.size() == 1 || at < s.retry_at) s.retry_at = at;
+}
+
+void ClientImpl::DrainRetries(uint32_t server, Clock::time_point now) {
+  ServerConn& s = servers_[server];
+  for (auto it = s.retry.begin(); it != s.retry.end();) {
+    if (now >= it->give_up) {
+      Outgoing o = std::move(*it);
+      it = s.retry.erase(it);
+      const Status why = o.last_error;
+      RetryOrFail(std::move(o), why, /*server_down=*/true);
+    } else {
+      ++it;
+    }
+  }
+  if (s.retry.empty() || now < s.retry_at || !s.connected) return;
+  while (!s.retry.empty()) {
+    Outgoing o = std::move(s.retry.front());
+    s.retry.pop_front();
+    o.deadline = std::min(o.give_up, now + std::chrono::milliseconds(options_.request_timeout_ms));
+    if (!Transmit(o)) {
+      s.retry.push_front(std::move(o));
+      s.retry_at = now + std::chrono::milliseconds(s.backoff_ms);
+      s.backoff_ms = std::min(kMaxBackoffMs, s.backoff_ms * 2);
+      return;
+    }
+  }
+  s.backoff_ms = kMinBackoffMs;
 }
 
 void ClientImpl::ReceiveFrom(uint32_t server) {
@@ -255,10 +402,17 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
     in_flight_.erase(it);
     if (s.ok() && h.status != StatusCode::kOk) {
       s = Status(h.status, h.message).WithContext("server " + std::to_string(server));
+      if (h.status == StatusCode::kUnavailable && f.retained) {
+        // The server asks for a retry (a push whose original still waits to be applied).
+        RetryOrFail(std::move(*f.retained), s, /*server_down=*/true);
+        continue;
+      }
     }
     if (s.ok() && f.call->on_reply) {
       parts.erase(parts.begin());
-      s = f.call->on_reply(server, h, parts);
+      std::lock_guard<std::mutex> g(f.call->write_mu);  // Client::Cancel waits for the copy
+      s = f.call->cancelled.load() ? Status::Cancelled("call cancelled")
+                                   : f.call->on_reply(server, h, parts);
     }
     PartDone(f.call, s);
   }
@@ -283,7 +437,9 @@ void ClientImpl::MonitorEvent(uint32_t server) {
       s.connected = s.ever_connected = true;
       const int64_t c = clock_.load();
       if (reconnect && c > 0) {
-        // A restarted server lost the clocks it held in memory: tell it ours again.
+        // A restarted server lost the clocks it held in memory: tell it ours again, after
+        // the requests waiting to be sent again (they are older: a retried Clock of an
+        // earlier value must not come last).
         Header h = BaseHeader(Op::kClock);
         h.clock = c;
         Outgoing o = MakeOutgoing(server, h, {}, nullptr, Deadline::max());
@@ -294,36 +450,102 @@ void ClientImpl::MonitorEvent(uint32_t server) {
       FailServer(server,
                  Status::Unavailable("lost the connection to server " + std::to_string(server) +
                                      " (" + options_.servers[server] + ")"));
+    } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      s.handshake_failures = 0;
+      s.handshake_error = Status::OK();
+    } else {
+      uint32_t value;
+      std::memcpy(&value, static_cast<const char*>(parts[0].data()) + 2, sizeof(value));
+      HandshakeFailed(server, event, value);
     }
+  }
+}
+
+void ClientImpl::HandshakeFailed(uint32_t server, uint16_t event, uint32_t value) {
+  ServerConn& s = servers_[server];
+  ++s.handshake_failures;
+  const std::string who =
+      "server " + std::to_string(server) + " (" + options_.servers[server] + ")";
+  const bool have_key = !options_.curve_server_key.empty();
+  std::string why;
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+      value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH && have_key) {
+    why = who +
+          " does not use CurveZMQ encryption, but this client has a server key "
+          "(ClientOptions::curve_server_key / --curve_server_key_file): remove it, or start the "
+          "servers with --curve_secret_key_file";
+  } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+             value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+    why = who +
+          " requires CurveZMQ encryption: set ClientOptions::curve_server_key "
+          "(--curve_server_key_file) to the servers' public key";
+  } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+             event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+    why = "the CurveZMQ encryption handshake with " + who + " failed (" +
+          (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "authentication" : "protocol error") +
+          "): check that ClientOptions::curve_server_key (--curve_server_key_file) is the "
+          "public key of the servers' --curve_secret_key_file";
+  } else if (s.handshake_failures >= 2 && have_key) {
+    // The server closed the connection during the handshake, twice in a row: with CurveZMQ
+    // that is what a server does with a HELLO sealed for another key (or, sometimes, what a
+    // server without encryption does before this side saw the mechanism mismatch).
+    why = who +
+          " closed the connection during the CurveZMQ encryption handshake: "
+          "ClientOptions::curve_server_key (--curve_server_key_file) is not the public key of "
+          "the servers' --curve_secret_key_file, or the servers do not use encryption";
+  } else if (s.handshake_failures >= 2) {
+    why = who +
+          " closed the connection during the handshake: if the servers use CurveZMQ "
+          "encryption, set ClientOptions::curve_server_key (--curve_server_key_file) to their "
+          "public key; else check that it is a Tessera server";
+  }
+  if (why.empty() || !s.handshake_error.ok()) return;
+  s.handshake_error = Status::FailedPrecondition(why);
+  // What waits to be sent there again would only wait for the retry limit.
+  std::deque<Outgoing> waiting = std::move(s.retry);
+  s.retry.clear();
+  for (auto& o : waiting) {
+    if (o.call) PartDone(o.call, s.handshake_error);
   }
 }
 
 void ClientImpl::FailServer(uint32_t server, const Status& st) {
-  std::vector<std::shared_ptr<Call>> failed;
+  std::vector<InFlight> failed;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     if (it->second.server == server) {
-      failed.push_back(std::move(it->second.call));
+      failed.push_back(std::move(it->second));
       in_flight_.erase(it++);
     } else {
       ++it;
     }
   }
-  for (auto& c : failed) PartDone(c, st);
+  for (auto& f : failed) {
+    if (f.retained) {
+      RetryOrFail(std::move(*f.retained), st, /*server_down=*/true);
+    } else {
+      PartDone(f.call, st);
+    }
+  }
 }
 
 void ClientImpl::ExpireRequests(Clock::time_point now) {
-  std::vector<std::pair<std::shared_ptr<Call>, uint32_t>> expired;
+  std::vector<InFlight> expired;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     if (it->second.deadline <= now) {
-      expired.emplace_back(std::move(it->second.call), it->second.server);
+      expired.push_back(std::move(it->second));
       in_flight_.erase(it++);
     } else {
       ++it;
     }
   }
-  for (auto& [c, s] : expired) {
-    PartDone(c, Status::Unavailable("no reply from server " + std::to_string(s) + " (" +
-                                    options_.servers[s] + ") in time"));
+  for (auto& f : expired) {
+    Status st = Status::Unavailable("no reply from server " + std::to_string(f.server) + " (" +
+                                    options_.servers[f.server] + ") in time");
+    if (f.retained) {
+      RetryOrFail(std::move(*f.retained), st, /*server_down=*/false);
+    } else {
+      PartDone(f.call, st);
+    }
   }
 }
 
@@ -331,12 +553,15 @@ void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
   if (!s.ok() && c->first_error.ok()) c->first_error = s;
   if (c->remaining > 0) --c->remaining;
   if (c->remaining != 0) return;
-  if (c->first_error.ok() && c->on_done) c->on_done();
+  if (c->first_error.ok() && c->on_done) {
+    std::lock_guard<std::mutex> g(c->write_mu);
+    if (!c->cancelled.load()) c->on_done();
+  }
   c->on_reply = nullptr;
   c->on_done = nullptr;
   {
     std::lock_guard<std::mutex> l(c->mu);
-    c->status = c->first_error;
+    if (!c->done) c->status = c->first_error;  // a cancelled call keeps its Cancelled
     c->done = true;
     c->done_flag.store(true, std::memory_order_release);
   }

@@ -16,6 +16,9 @@
 DEFINE_string(cluster, "", "Server endpoints in rank order, comma-separated, or @FILE");
 DEFINE_int64(timeout_s, 3600, "Give up after this many seconds");
 DEFINE_bool(delta, false, "export: only the rows updated since the previous export");
+DEFINE_string(admin_root, "",
+              "The servers' --admin_root as this machine sees it (the same shared directory): "
+              "checkpoint and export write their marker files there. NAMEs are relative to it");
 DEFINE_string(curve_server_key_file, "",
               "File holding the servers' CurveZMQ public key, for clusters started with "
               "--curve_secret_key_file");
@@ -24,11 +27,13 @@ namespace {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: tessera-ctl --cluster=EPS COMMAND [ARGS]\n"
-               "  checkpoint DIR   consistent checkpoint of the whole cluster into DIR\n"
-               "  restore DIR      load a checkpoint (taken by a cluster of any size)\n"
-               "  export ROOT      versioned serving export (values only) under ROOT;\n"
+               "usage: tessera-ctl --cluster=EPS [--admin_root=DIR] COMMAND [ARGS]\n"
+               "  checkpoint NAME  consistent checkpoint of the whole cluster into NAME\n"
+               "  restore NAME     load a checkpoint (taken by a cluster of any size)\n"
+               "  export NAME      versioned serving export (values only) under NAME;\n"
                "                   --delta for the rows updated since the previous one\n"
+               "                   NAMEs are relative to the servers' --admin_root; checkpoint\n"
+               "                   and export need --admin_root (this machine's view of it)\n"
                "  stats            every server's counters\n"
                "  tables           the tables and their specs\n"
                "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
@@ -76,6 +81,7 @@ std::unique_ptr<tessera::Client> Connect(const std::vector<std::string>& eps, in
     o.curve_server_key = *key;
   }
   o.request_timeout_ms = FLAGS_timeout_s * 1000;
+  o.admin_root = FLAGS_admin_root;
   auto client = tessera::Client::Create(o);
   if (!client.ok()) {
     std::fprintf(stderr, "tessera-ctl: %s\n", client.status().ToString().c_str());

@@ -102,6 +102,11 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& root
       TESSERA_ASSIGN_OR_RETURN(auto specs, internal::ReadBlobs(sdir + "/tables"));
       for (const auto& b : specs) {
         TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
+        // A spec off the disk is checked before its sizes are used (a dense length of 2^62
+        // made the resize below throw length_error out of Open).
+        if (Status valid = ValidateTableSpec(spec); !valid.ok()) {
+          return Status::Corruption("bad table spec in '" + sdir + "/tables': " + valid.message());
+        }
         const uint64_t id = TableIdForName(spec.name);
         if (by_id.contains(id)) continue;
         auto t = std::make_unique<internal::ExportTable>();
@@ -135,8 +140,13 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& root
                 std::memcpy(t.rows.data() + size_t{pos->second} * t.spec.dim, rec.row.data(),
                             sizeof(float) * t.spec.dim);
               } else {
+                // The chunk index is checked before it is scaled (no wrap-around).
+                if (t.spec.kind != TableKind::kDense ||
+                    rec.key >= (t.spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats) {
+                  return Status::Corruption("dense chunk out of range in " + path);
+                }
                 const uint64_t first = rec.key * kDenseChunkFloats;
-                if (t.spec.kind != TableKind::kDense || first >= t.spec.length ||
+                if (first >= t.spec.length ||
                     rec.row.size() !=
                         std::min<uint64_t>(kDenseChunkFloats, t.spec.length - first)) {
                   return Status::Corruption("dense chunk out of range in " + path);

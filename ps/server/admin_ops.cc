@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "ps/optimizer.h"
 #include "ps/record_file_internal.h"
 #include "ps/server/server_impl_internal.h"
 #include "ps/server/snapshot_internal.h"
@@ -12,6 +13,38 @@ namespace {
 
 bool IsWrite(Op op) {
   return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
+}
+
+// A checkpoint record must be a whole row (or dense chunk) of its table: value and optimizer
+// state, of the table's kind, at a chunk index inside the tensor.
+Status CheckRestoredRecord(const TableSpec& spec, const Optimizer& opt, const Record& r,
+                           const std::string& path) {
+  const auto state = [&](uint64_t n) { return opt.StateFloats(static_cast<uint32_t>(n)); };
+  const std::string where =
+      "record of table '" + spec.name + "' (key " + std::to_string(r.key) + ") in " + path;
+  uint64_t want = 0;
+  if (r.kind == Record::kSparseRow) {
+    if (spec.kind != TableKind::kSparse)
+      return Status::Corruption("sparse " + where + ": dense table");
+    want = spec.dim + state(spec.dim);
+  } else {
+    if (spec.kind != TableKind::kDense)
+      return Status::Corruption("dense " + where + ": sparse table");
+    const uint64_t chunks = (spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats;
+    if (r.key >= chunks) {
+      return Status::Corruption(where + ": chunk index beyond the " + std::to_string(chunks) +
+                                " chunks of the tensor");
+    }
+    const uint64_t len =
+        std::min<uint64_t>(kDenseChunkFloats, spec.length - r.key * kDenseChunkFloats);
+    want = len + state(len);
+  }
+  if (r.row.size() != want) {
+    return Status::Corruption(where + " has " + std::to_string(r.row.size()) +
+                              " floats, the table's rows have " + std::to_string(want) +
+                              " (value and optimizer state)");
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -42,6 +75,7 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
     return Status::OK();
   }
   if (h.name.empty()) return Status::InvalidArgument("checkpoint without a directory");
+  TESSERA_ASSIGN_OR_RETURN(const std::string ckpt_dir, AdminPath(h.name));
   if (cut_) return Status::FailedPrecondition("a checkpoint is already in progress");
   if (h.num_workers > 0 && max_push_clock_ > h.clock) {
     return Status::FailedPrecondition("cut at clock " + std::to_string(h.clock) +
@@ -49,12 +83,12 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
                                       std::to_string(max_push_clock_) + " was applied");
   }
   std::error_code ec;
-  std::filesystem::create_directories(ServerDir(h.name, options_.rank), ec);
+  std::filesystem::create_directories(ServerDir(ckpt_dir, options_.rank), ec);
   if (ec) {
-    return Status::IOError("cannot create '" + ServerDir(h.name, options_.rank) +
+    return Status::IOError("cannot create '" + ServerDir(ckpt_dir, options_.rank) +
                            "': " + ec.message());
   }
-  cut_ = CutState{h.clock, h.num_workers, h.name, p};
+  cut_ = CutState{h.clock, h.num_workers, ckpt_dir, p};
   TakeSnapshotIfReady();
   return Status::OK();
 }
@@ -163,9 +197,14 @@ Status ServerImpl::RestoreRows(
       return Status::OK();
     });
   };
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Optimizer>> optimizers;
   auto visit = [&](const std::string& path, const Record& r) -> Status {
     auto t = tables_.find(r.table_id);
     if (t == tables_.end()) return Status::Corruption("row of an unknown table in " + path);
+    // Lanes copy exactly a row's floats (value + optimizer state) from these records.
+    auto& opt = optimizers[r.table_id];
+    if (!opt) opt = Optimizer::Make(t->second.spec.optimizer);
+    TESSERA_RETURN_IF_ERROR(CheckRestoredRecord(t->second.spec, *opt, r, path));
     uint32_t lane;
     const bool dense = r.kind == Record::kDenseChunk;
     if (dense) {
@@ -210,9 +249,11 @@ Status ServerImpl::RestoreRows(
 Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
   // Loads a checkpoint taken by a cluster of any size: every server reads every old server's
   // files and keeps the rows its slots (and dense ranges) now own.
-  const std::string& dir = p->header.name;
-  if (!std::filesystem::exists(dir + "/CHECKPOINT")) {
-    return Status::NotFound("'" + dir + "' holds no complete checkpoint (no CHECKPOINT file)");
+  TESSERA_ASSIGN_OR_RETURN(const std::string dir, AdminPath(p->header.name));
+  std::error_code ec;
+  if (!std::filesystem::exists(dir + "/CHECKPOINT", ec)) {
+    return Status::NotFound("'" + p->header.name + "' holds no complete checkpoint (no " +
+                            "CHECKPOINT file" + (ec ? ": " + ec.message() : std::string()) + ")");
   }
   TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(dir, 0) + "/manifest"));
   if (info.size() != 4) return Status::Corruption("bad manifest in '" + dir + "'");
@@ -250,20 +291,23 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   // export (delta; rows updated in that export's second are included again).
   const Header& h = p->header;
   if (h.name.empty()) return Status::InvalidArgument("export without a directory");
+  TESSERA_ASSIGN_OR_RETURN(const std::string export_dir, AdminPath(h.name));
   const bool delta = h.count == 1;
   uint32_t since = 0;
   if (delta) {
     // The base export (version h.offset, a sibling directory) recorded when it started on
     // this server; the delta holds the rows updated since then.
-    const std::string base =
-        std::filesystem::path(h.name).parent_path().string() + "/v" + std::to_string(h.offset);
+    std::string parent = std::filesystem::path(h.name).parent_path().string();
+    TESSERA_ASSIGN_OR_RETURN(const std::string base,
+                             AdminPath((parent.empty() ? std::string() : parent + "/") + "v" +
+                                       std::to_string(h.offset)));
     TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(base, options_.rank) + "/manifest"));
     if (info.size() < 5) return Status::Corruption("the manifest of '" + base + "' is incomplete");
     TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
     since = static_cast<uint32_t>(t);
   }
   const uint32_t now = NowSeconds();
-  const std::string dir = ServerDir(h.name, options_.rank);
+  const std::string dir = ServerDir(export_dir, options_.rank);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());

@@ -12,12 +12,18 @@ bool IsRead(Op op) {
 }  // namespace
 
 int64_t Consistency::MinClock(uint32_t num_workers) const {
+  // Loops over the clocks held, never over a count taken from a request: a worker not heard
+  // from counts as clock 0, the lowest a clock can be, so fewer clocks than workers is 0.
+  if (num_workers == 0) return INT64_MAX;
+  if (clocks_.size() < num_workers) return 0;
   int64_t m = INT64_MAX;
-  for (uint32_t w = 0; w < num_workers; ++w) {
-    auto it = clocks_.find(w);
-    m = std::min(m, it == clocks_.end() ? int64_t{0} : it->second);
+  uint32_t seen = 0;
+  for (auto& [w, c] : clocks_) {
+    if (w >= num_workers) continue;
+    ++seen;
+    m = std::min(m, c);
   }
-  return m;
+  return seen < num_workers ? std::min<int64_t>(m, 0) : m;
 }
 
 int64_t Consistency::MaxClock() const {
@@ -52,13 +58,16 @@ std::vector<Consistency::BarrierWait> Consistency::Arrive(zmq::message_t identit
   for (auto it = waiting.begin(); it != waiting.end(); ++it) {
     if (it->header.worker_id == h.worker_id) {
       waiting.erase(it);
+      --barrier_waiters_;
       break;
     }
   }
   waiting.push_back(BarrierWait{std::move(identity), h});
+  ++barrier_waiters_;
   if (waiting.size() < h.num_workers) return {};
   auto all = std::move(waiting);
   barriers_.erase(h.name);
+  barrier_waiters_ -= all.size();
   return all;
 }
 

@@ -24,7 +24,8 @@ class Consistency {
     Header header;
   };
 
-  /// The smallest clock of workers 0..num_workers-1 (a worker not heard from counts as 0).
+  /// The smallest clock of workers 0..num_workers-1 (a worker not heard from counts as 0);
+  /// INT64_MAX for 0 workers. Costs O(clocks held), whatever num_workers is.
   int64_t MinClock(uint32_t num_workers) const;
   /// The largest clock any worker reported (0 when none did).
   int64_t MaxClock() const;
@@ -45,6 +46,8 @@ class Consistency {
   std::vector<BarrierWait> Arrive(zmq::message_t identity, const Header& h);
 
   uint32_t job_workers() const { return job_workers_; }
+  /// Workers waiting at any barrier (bounded by the server: kMaxBarrierWaiters).
+  size_t barrier_waiters() const { return barrier_waiters_; }
   size_t parked_now() const { return parked_.size(); }
   uint64_t parked_total() const { return parked_total_; }
 
@@ -54,6 +57,7 @@ class Consistency {
   std::map<std::string, std::vector<BarrierWait>> barriers_;
   uint32_t job_workers_ = 0;
   uint64_t parked_total_ = 0;
+  size_t barrier_waiters_ = 0;
 };
 
 }  // namespace tessera::internal

@@ -47,6 +47,39 @@ void ServerImpl::RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<
   RunParts(p, std::move(parts), writes, /*seq=*/0, /*may_inline=*/false);
 }
 
+Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
+  Header& h = p->header;
+  switch (dedup_.Check(h.client_id, h.client_seq)) {
+    case PushDedup::Verdict::kNew:
+      dedup_.Accept(h.client_id, h.client_seq);
+      return false;
+    case PushDedup::Verdict::kPending:
+      return Status::Unavailable("push " + std::to_string(h.client_seq) +
+                                 " of this client is still waiting to be applied; retry later");
+    case PushDedup::Verdict::kApplied:
+      break;
+  }
+  ++retried_pushes_;
+  if (h.op != Op::kSparsePushPull) {
+    ReplyOk(std::move(p->identity), h);
+    return true;
+  }
+  h.op = Op::kSparsePull;  // the push part is applied already
+  h.client_id = 0;
+  return false;
+}
+
+Result<uint64_t> ServerImpl::LogPush(const Pending& p) {
+  const Header& h = p.header;
+  Result<uint64_t> seq = log_->Append(p);
+  if (!seq.ok()) {
+    dedup_.Abandon(h.client_id, h.client_seq);
+    return seq.status();
+  }
+  dedup_.Logged(h.client_id, h.client_seq);
+  return seq;
+}
+
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
   return ParkedByCut(p) || !consistency_.AdmitOrPark(p);
 }
@@ -97,6 +130,8 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
       return Status::InvalidArgument("gradient of key " + std::to_string(p->keys[bad / dim]) +
                                      " is not finite");
     }
+    TESSERA_ASSIGN_OR_RETURN(bool answered, AnsweredAsRetry(p));
+    if (answered) return Status::OK();
   }
   if (Parked(p)) return Status::OK();
   return SubmitSparse(p, std::move(split));
@@ -118,7 +153,7 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
     ++pushes_;
     push_keys_ += h.count;
     if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
-    TESSERA_ASSIGN_OR_RETURN(seq, log_->Append(*p));
+    TESSERA_ASSIGN_OR_RETURN(seq, LogPush(*p));
   }
   const uint64_t table_id = h.table_id;
   Pending* raw = p.get();
@@ -186,6 +221,8 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
       return Status::InvalidArgument("dense gradient element " + std::to_string(h.offset + bad) +
                                      " is not finite");
     }
+    TESSERA_ASSIGN_OR_RETURN(bool answered, AnsweredAsRetry(p));
+    if (answered) return Status::OK();
   }
   if (Parked(p)) return Status::OK();
   return SubmitDense(p);
@@ -202,7 +239,7 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   } else {
     ++pushes_;
     if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
-    TESSERA_ASSIGN_OR_RETURN(seq, log_->Append(*p));
+    TESSERA_ASSIGN_OR_RETURN(seq, LogPush(*p));
   }
   DenseSplit by_lane =
       SplitDenseByLane(h.table_id, h.offset, h.count, static_cast<uint32_t>(lanes_.size()));

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <zmq_addon.hpp>
 
+#include "ps/limits.h"
 #include "ps/optimizer.h"
 #include "ps/server/server_impl_internal.h"
 
@@ -13,7 +14,8 @@ namespace tessera::internal {
 
 void ServerImpl::IoLoop() {
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                             {replies_.handle(), 0, ZMQ_POLLIN, 0}};
+                             {replies_.handle(), 0, ZMQ_POLLIN, 0},
+                             {router_monitor_.handle(), 0, ZMQ_POLLIN, 0}};
   auto next_maintenance = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     const auto now = std::chrono::steady_clock::now();
@@ -22,13 +24,14 @@ void ServerImpl::IoLoop() {
       Maintain();
     }
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::poll(items, 3, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       LOG(ERROR) << "poll failed: " << e.what();
       continue;
     }
     if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
+    if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
     if (items[0].revents & ZMQ_POLLIN) ReceiveBurst();
   }
 }
@@ -48,6 +51,7 @@ void ServerImpl::Maintain() {
   uint64_t upto = log_->last_seq();
   for (auto& l : lanes_) upto = std::min(upto, l->committed_seq());
   log_->TruncateTo(upto);
+  peers_.Sweep(std::chrono::steady_clock::now() - std::chrono::seconds(60));
   auto p = std::make_shared<Pending>();
   p->silent = true;
   // Every push logged so far is queued ahead of this task on each lane (lanes run in order),
@@ -75,16 +79,20 @@ void ServerImpl::ForwardReplies() {
   }
 }
 
-void ServerImpl::SendToPeer(std::vector<zmq::message_t>& parts) {
+bool ServerImpl::SendToPeer(std::vector<zmq::message_t>& parts) {
   try {
-    zmq::send_multipart(router_, parts, zmq::send_flags::dontwait);
+    if (zmq::send_multipart(router_, parts, zmq::send_flags::dontwait)) return true;
+    // Its send queue is at --send_hwm: the peer does not read its replies (edge_ops.cc).
+    ++dropped_replies_;
+    peers_.MarkStalled(parts[0].to_string_view(), std::chrono::steady_clock::now());
   } catch (const zmq::error_t& e) {
-    // The peer is gone (or its queue is full): nothing else to tell it.
+    // The peer is gone: nothing else to tell it.
     VLOG(1) << "dropping reply: " << e.what();
   }
+  return false;
 }
 
-void ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const Status& s) {
+bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const Status& s) {
   ++errors_;
   Header h;
   h.request_id = req.request_id;
@@ -98,7 +106,7 @@ void ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const St
   std::vector<zmq::message_t> parts;
   parts.push_back(std::move(identity));
   parts.emplace_back(env.data(), env.size());
-  SendToPeer(parts);
+  return SendToPeer(parts);
 }
 
 void ServerImpl::ReplyOk(zmq::message_t identity, const Header& req, Header h,
@@ -120,15 +128,24 @@ void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
   ++requests_;
   if (parts.size() < 2) return;  // ROUTER always adds the identity; nothing to answer.
   auto p = std::make_shared<Pending>();
+  // The connection it came on (the identity frame does not always carry it).
+  const int fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
   p->identity = std::move(parts[0]);
   Status s = DecodeHeader(parts[1].data(), parts[1].size(), &p->header);
   if (!s.ok()) {
     ReplyError(std::move(p->identity), p->header, s);
     return;
   }
+  if (!Admitted(p, fd)) return;  // refused (connections, limits, in flight) or throttled
+  const std::string peer = p->identity.to_string();
   for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
   s = Dispatch(p);
   if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+  // An inline reply found the peer's queue full (replies via SendToPeer are noted there).
+  if (p->reply_dropped.load(std::memory_order_relaxed)) {
+    ++dropped_replies_;
+    peers_.MarkStalled(peer, std::chrono::steady_clock::now());
+  }
 }
 
 Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
@@ -280,6 +297,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "requests " << requests_ << "\n"
     << "errors " << errors_ << "\n"
     << "pushes " << pushes_ << "\n"
+    << "retried_pushes " << retried_pushes_ << "\n"
     << "push_keys " << push_keys_ << "\n"
     << "pulls " << pulls_ << "\n"
     << "pull_keys " << pull_keys_ << "\n"
@@ -289,7 +307,12 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "min_clock " << (job_workers ? consistency_.MinClock(job_workers) : 0) << "\n"
     << "max_clock " << consistency_.MaxClock() << "\n"
     << "max_push_clock " << max_push_clock_ << "\n"
-    << "checkpoint_pending " << (cut_ ? 1 : 0) << "\n";
+    << "checkpoint_pending " << (cut_ ? 1 : 0) << "\n"
+    << "connections " << connections_.open() << "\n"
+    << "refused_connections " << refused_connections_ << "\n"
+    << "stalled_peers " << peers_.stalled_count() << "\n"
+    << "dropped_replies " << dropped_replies_ << "\n"
+    << "throttled_requests " << throttled_requests_ << "\n";
   for (auto& [id, t] : tables_) {
     s << "table " << t.spec.name << " id=" << id
       << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
@@ -335,6 +358,11 @@ Status ServerImpl::BarrierOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.num_workers == 0) return Status::InvalidArgument("barrier with zero workers");
   if (h.name.empty()) return Status::InvalidArgument("barrier without a name");
+  if (consistency_.barrier_waiters() >= kMaxBarrierWaiters) {
+    return Status::ResourceExhausted("server " + std::to_string(options_.rank) + " holds " +
+                                     std::to_string(kMaxBarrierWaiters) +
+                                     " barrier waits, its limit");
+  }
   for (auto& w : consistency_.Arrive(std::move(p->identity), h)) {
     ReplyOk(std::move(w.identity), w.header);
   }

@@ -51,9 +51,11 @@ void SendReply(zmq::socket_t& sock, Pending& p) {
   if (status.ok() && p.has_out) parts.push_back(std::move(p.out));
   if (!text.empty()) parts.emplace_back(text.data(), text.size());
   try {
-    zmq::send_multipart(sock, parts, zmq::send_flags::dontwait);
+    if (!zmq::send_multipart(sock, parts, zmq::send_flags::dontwait)) {
+      p.reply_dropped.store(true, std::memory_order_relaxed);  // the peer's queue is full
+    }
   } catch (const zmq::error_t&) {
-    // The peer is gone (or its queue is full): nothing else to tell it.
+    // The peer is gone: nothing else to tell it.
   }
 }
 

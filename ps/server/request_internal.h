@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -55,6 +56,10 @@ struct Pending {
   Status status;                  // first error; guarded by mu
   std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
   bool silent = false;            // internal work (maintenance): no reply
+  // The edge (edge_ops.cc): the peer's in-flight slot, given back when the request is
+  // dropped; whether SendReply found the peer's send queue full (it does not read replies).
+  std::shared_ptr<void> admission;
+  std::atomic<bool> reply_dropped{false};
 
   /// Records `s` as the request's outcome unless an error is already recorded.
   void Fail(const Status& s);

@@ -14,12 +14,14 @@ std::string RequestLog::Encode(const Pending& p) {
   const uint64_t floats = sparse ? h.count * h.dim : h.count;
   std::string e(kHeaderBytes + (sparse ? h.count * 8 : 0) + floats * 4, '\0');
   char* d = e.data();
-  d[0] = sparse ? 1 : 2;
+  d[0] = sparse ? 3 : 4;
   const uint32_t dim = h.dim;
   std::memcpy(d + 4, &dim, 4);
   std::memcpy(d + 8, &h.table_id, 8);
   std::memcpy(d + 16, &h.count, 8);
   std::memcpy(d + 24, &h.offset, 8);
+  std::memcpy(d + 32, &h.client_id, 8);
+  std::memcpy(d + 40, &h.client_seq, 8);
   d += kHeaderBytes;
   if (sparse) {
     std::memcpy(d, p.keys, h.count * 8);
@@ -40,11 +42,17 @@ Result<uint64_t> RequestLog::Append(const Pending& p) {
   return seq;
 }
 
+Status RequestLog::StoreMarksAndTruncate(uint64_t mark) {
+  // The entries about to go hold the only durable copy of their clients' push marks.
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/clients", dedup_->Encode()));
+  return engine_->TruncateLog(mark);
+}
+
 void RequestLog::TruncateTo(uint64_t mark) {
   if (!engine_->durable()) return;
   mark = std::min(mark, seq_);
   if (mark <= truncated_) return;
-  Status s = engine_->TruncateLog(mark);
+  Status s = StoreMarksAndTruncate(mark);
   if (s.ok()) {
     truncated_ = mark;
   } else {
@@ -82,27 +90,38 @@ Result<std::vector<uint64_t>> RequestLog::ReadMarks(
 Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
                               std::vector<std::unique_ptr<LaneStore>>& stores,
                               const std::function<bool(uint64_t)>& known) {
-  if (e.size() < kHeaderBytes || (e[0] != 1 && e[0] != 2)) {
+  const char kind = e.empty() ? 0 : e[0];
+  const size_t header = kind == 3 || kind == 4 ? kHeaderBytes : kOldHeaderBytes;
+  if (kind < 1 || kind > 4 || e.size() < header) {
     return Status::Corruption("malformed request-log entry " + std::to_string(seq));
   }
   uint32_t dim;
-  uint64_t table, count, offset;
+  uint64_t table, count, offset, client = 0, client_seq = 0;
   std::memcpy(&dim, e.data() + 4, 4);
   std::memcpy(&table, e.data() + 8, 8);
   std::memcpy(&count, e.data() + 16, 8);
   std::memcpy(&offset, e.data() + 24, 8);
-  const bool sparse = e[0] == 1;
-  const uint64_t want = kHeaderBytes + (sparse ? count * 8 + count * dim * 4 : count * 4);
+  if (header == kHeaderBytes) {
+    std::memcpy(&client, e.data() + 32, 8);
+    std::memcpy(&client_seq, e.data() + 40, 8);
+  }
+  const bool sparse = kind == 1 || kind == 3;
+  if (dim > (1u << 20) || count > (uint64_t{1} << 40)) {
+    return Status::Corruption("request-log entry " + std::to_string(seq) + " has dim " +
+                              std::to_string(dim) + " and count " + std::to_string(count));
+  }
+  const uint64_t want = header + (sparse ? count * 8 + count * dim * 4 : count * 4);
   if (e.size() != want) {
     return Status::Corruption("request-log entry " + std::to_string(seq) + " has " +
                               std::to_string(e.size()) + " bytes, expected " +
                               std::to_string(want));
   }
+  dedup_->Logged(client, client_seq);
   if (!known(table)) return Status::OK();  // a table that no longer exists
   // Copies keep the floats aligned.
   std::vector<uint64_t> keys(sparse ? count : 0);
   std::vector<float> grads(sparse ? count * dim : count);
-  const char* d = e.data() + kHeaderBytes;
+  const char* d = e.data() + header;
   if (sparse) {
     std::memcpy(keys.data(), d, count * 8);
     d += count * 8;
@@ -142,6 +161,10 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
 Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
                           const std::function<bool(uint64_t)>& known) {
   if (!engine_->durable()) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(auto stored_clients, engine_->GetMeta("server/clients"));
+  if (stored_clients) {
+    TESSERA_RETURN_IF_ERROR(dedup_->Merge(*stored_clients).WithContext("server/clients"));
+  }
   TESSERA_ASSIGN_OR_RETURN(std::vector<uint64_t> marks, ReadMarks(stores));
   const uint64_t from = *std::min_element(marks.begin(), marks.end());
   uint64_t last = *std::max_element(marks.begin(), marks.end());
@@ -158,7 +181,7 @@ Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
     TESSERA_RETURN_IF_ERROR(s->Commit());
   }
   TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/lanes", std::to_string(stores.size())));
-  TESSERA_RETURN_IF_ERROR(engine_->TruncateLog(last));
+  TESSERA_RETURN_IF_ERROR(StoreMarksAndTruncate(last));
   seq_ = last;
   truncated_ = last;
   if (replayed > 0) {

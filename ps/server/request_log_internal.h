@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ps/server/dedup_internal.h"
 #include "ps/server/request_internal.h"
 #include "storage/storage.h"
 
@@ -20,17 +21,20 @@ namespace tessera::internal {
 /// I/O thread owns it (Replay runs before any lane thread exists).
 class RequestLog {
  public:
-  /// `engine` must outlive the log. With a memory-only engine the log keeps nothing.
-  explicit RequestLog(StorageEngine* engine) : engine_(engine) {}
+  /// `engine` and `dedup` must outlive the log. With a memory-only engine the log keeps
+  /// nothing. The clients' logged push marks in `dedup` are stored before the log is
+  /// truncated and rebuilt by Replay.
+  RequestLog(StorageEngine* engine, PushDedup* dedup) : engine_(engine), dedup_(dedup) {}
 
-  /// Appends the validated push `p` (sparse or dense); returns its sequence number, or 0 when
-  /// the engine keeps nothing.
+  /// Appends the validated push `p` (sparse or dense) with its client id and sequence number;
+  /// returns its log sequence number, or 0 when the engine keeps nothing.
   Result<uint64_t> Append(const Pending& p);
 
   /// Applies to `stores` (the current lane layout) the logged pushes their lanes had not
   /// committed when the server stopped; the marks were stored under the layout of that run.
-  /// Entries of tables `known` says no longer exist are skipped. Commits every store and
-  /// truncates the log behind the replayed entries.
+  /// Entries of tables `known` says no longer exist are skipped. Restores the clients' push
+  /// marks into the dedup table. Commits every store and truncates the log behind the
+  /// replayed entries.
   Status Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
                 const std::function<bool(uint64_t table_id)>& known);
 
@@ -40,13 +44,18 @@ class RequestLog {
   /// The last sequence number assigned.
   uint64_t last_seq() const { return seq_; }
 
-  /// Entry layout (little-endian): u8 kind (1 sparse, 2 dense), 3 bytes zero, u32 dim, u64
-  /// table id, u64 count, u64 offset, then keys (sparse, count x u64) and gradients (count x
-  /// dim floats; dense: count floats).
-  static constexpr size_t kHeaderBytes = 32;
+  /// Entry layout (little-endian): u8 kind (3 sparse, 4 dense), 3 bytes zero, u32 dim, u64
+  /// table id, u64 count, u64 offset, u64 client id, u64 client sequence number, then keys
+  /// (sparse, count x u64) and gradients (count x dim floats; dense: count floats). Kinds 1
+  /// (sparse) and 2 (dense), written before the client fields existed, have a 32-byte header
+  /// without them and are still replayed.
+  static constexpr size_t kHeaderBytes = 48;
+  static constexpr size_t kOldHeaderBytes = 32;
   static std::string Encode(const Pending& p);
 
  private:
+  // Stores the dedup table's logged marks, then drops log entries up to `mark`.
+  Status StoreMarksAndTruncate(uint64_t mark);
   // The mark of each lane of the layout the marks were written under.
   Result<std::vector<uint64_t>> ReadMarks(const std::vector<std::unique_ptr<LaneStore>>& stores);
   // Applies entry `seq` to the lanes whose mark is below it.
@@ -55,6 +64,7 @@ class RequestLog {
                     const std::function<bool(uint64_t)>& known);
 
   StorageEngine* const engine_;
+  PushDedup* const dedup_;
   uint64_t seq_ = 0;        // last sequence number assigned
   uint64_t truncated_ = 0;  // truncated up to here
 };

@@ -26,7 +26,7 @@ Status ServerImpl::Start() {
                                    std::to_string(options_.num_servers));
   }
   TESSERA_ASSIGN_OR_RETURN(engine_, OpenStorageEngine(options_.storage));
-  log_ = std::make_unique<RequestLog>(engine_.get());
+  log_ = std::make_unique<RequestLog>(engine_.get(), &dedup_);
   TESSERA_RETURN_IF_ERROR(BindSocket());
   const std::string reply_ep =
       "inproc://tessera-replies-" + std::to_string(reinterpret_cast<uintptr_t>(this));
@@ -58,9 +58,7 @@ Status ServerImpl::Start() {
 
 Status ServerImpl::BindSocket() {
   router_.set(zmq::sockopt::linger, 0);
-  router_.set(zmq::sockopt::sndhwm, 0);
-  router_.set(zmq::sockopt::rcvhwm, 0);
-  router_.set(zmq::sockopt::router_mandatory, 0);
+  TESSERA_RETURN_IF_ERROR(ConfigureRouterBounds());
   if (!options_.curve_secret_key.empty()) {
     if (options_.curve_secret_key.size() != 40) {
       return Status::InvalidArgument("a CurveZMQ secret key has 40 Z85 characters, got " +
@@ -95,6 +93,7 @@ void ServerImpl::Shutdown() {
   lanes_.clear();
   writer_.reset();
   router_.close();
+  router_monitor_.close();
   replies_.close();
   log_.reset();
   engine_.reset();

@@ -42,6 +42,26 @@ struct ServerOptions {
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).
   std::string curve_secret_key;
+  /// Directory under which Checkpoint, Restore and Export name their directories: a request
+  /// names a relative path (no "..") that must resolve inside it, symbolic links followed.
+  /// Created if missing. Default: empty: those admin ops are refused (FailedPrecondition).
+  std::string admin_root;
+  /// Most client connections served at once; later ones get ResourceExhausted for every
+  /// request until an earlier one closes. Each takes a file descriptor (RLIMIT_NOFILE).
+  /// 0: no limit. Default: 1024.
+  uint32_t max_connections = 1024;
+  /// Most requests of one client (connection) in flight on the server (queued, running,
+  /// parked by staleness or a checkpoint cut); more get ResourceExhausted. 0: no limit.
+  /// Default: 1024.
+  uint32_t max_in_flight_per_peer = 1024;
+  /// Replies queued for one client that has not read them yet (ZMQ_SNDHWM, in messages).
+  /// When a client's queue is full it is not reading: its later requests are refused or,
+  /// while its queue stays full, dropped unanswered. 0: unbounded. Default: 1000.
+  uint32_t send_hwm = 1000;
+  /// Requests received from one client and not yet taken by the I/O thread (ZMQ_RCVHWM, in
+  /// messages); beyond it the server stops reading that connection (TCP backpressure).
+  /// 0: unbounded. Default: 1000.
+  uint32_t recv_hwm = 1000;
 };
 
 /// A running server. Create() binds the socket, opens (and recovers) storage and starts the

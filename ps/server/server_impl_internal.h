@@ -20,7 +20,9 @@
 
 #include "ps/routing.h"
 #include "ps/server/consistency_internal.h"
+#include "ps/server/dedup_internal.h"
 #include "ps/server/lane_internal.h"
+#include "ps/server/peers_internal.h"
 #include "ps/server/request_internal.h"
 #include "ps/server/request_log_internal.h"
 #include "ps/server/server.h"
@@ -68,8 +70,10 @@ class ServerImpl {
   void ReceiveBurst();
   void Maintain();
   void ForwardReplies();
-  void SendToPeer(std::vector<zmq::message_t>& parts);
-  void ReplyError(zmq::message_t identity, const Header& req, const Status& s);
+  // False when the reply was not queued (the peer is gone, or its queue is full: then the
+  // peer is marked stalled).
+  bool SendToPeer(std::vector<zmq::message_t>& parts);
+  bool ReplyError(zmq::message_t identity, const Header& req, const Status& s);
   void ReplyOk(zmq::message_t identity, const Header& req, Header h = Header(),
                const std::string* data = nullptr);
   void HandleMessage(std::vector<zmq::message_t> parts);
@@ -86,6 +90,19 @@ class ServerImpl {
   // Sends every parked request through the gates again.
   void Readmit(std::vector<std::shared_ptr<Pending>> parked);
 
+  // ---- edge_ops.cc: bounds on connections, peers and requests; the admin root
+  /// High-water marks, handshake limit and the socket monitor of the ROUTER (before bind);
+  /// resolves the admin root.
+  Status ConfigureRouterBounds();
+  /// Feeds the ROUTER monitor's accepted/disconnected events to connections_.
+  void DrainRouterEvents();
+  /// Admits a decoded request that came on connection `fd` (-1: unknown), or answers it with
+  /// the reason it is refused (connection limit, envelope limits, in-flight limit) or drops it
+  /// (its peer does not read replies). True when it may be dispatched.
+  bool Admitted(const std::shared_ptr<Pending>& p, int fd);
+  /// `name` resolved under --admin_root; FailedPrecondition when admin ops are disabled.
+  Result<std::string> AdminPath(std::string_view name) const;
+
   // ---- data_ops.cc: pulls and pushes
   /// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
   /// one part and the lane is idle) and answers `p` once, when the last part finishes,
@@ -98,6 +115,12 @@ class ServerImpl {
   Status Sparse(const std::shared_ptr<Pending>& p);
   Status SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_lane);
   Status Dense(const std::shared_ptr<Pending>& p);
+  /// Exactly-once pushes: true when `p` retries a push that is already logged and has been
+  /// answered here; a retried push-pull becomes a pull (false). Unavailable when the original
+  /// is still waiting to be logged. A new push is accepted (false).
+  Result<bool> AnsweredAsRetry(const std::shared_ptr<Pending>& p);
+  /// Logs push `p` (its log sequence number, 0 without a log) and records it for dedup.
+  Result<uint64_t> LogPush(const Pending& p);
   Status SubmitDense(const std::shared_ptr<Pending>& p);
   /// True when the checkpoint cut or the staleness gate parked `p` (to be readmitted later).
   bool Parked(const std::shared_ptr<Pending>& p);
@@ -134,15 +157,22 @@ class ServerImpl {
   std::thread io_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stopped_{false};
+  zmq::socket_t router_monitor_{ctx_, zmq::socket_type::pair};  // I/O thread only
+  std::string admin_root_;  // canonical; empty: admin ops disabled
 
   // State below is owned by the I/O thread.
   absl::flat_hash_map<uint64_t, TableInfo> tables_;
   absl::flat_hash_map<std::string, uint64_t> names_;
   Consistency consistency_;
-  uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0;
+  PushDedup dedup_;
+  uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0,
+           retried_pushes_ = 0;
   int64_t max_push_clock_ = -1;
   std::optional<CutState> cut_;
   std::vector<std::shared_ptr<Pending>> cut_parked_;
+  ConnectionTable connections_{options_.max_connections};
+  PeerTable peers_{options_.max_in_flight_per_peer};
+  uint64_t refused_connections_ = 0, dropped_replies_ = 0, throttled_requests_ = 0;
 };
 
 }  // namespace tessera::internal

@@ -2,6 +2,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <iostream>
@@ -37,6 +38,44 @@ DEFINE_uint32(row_commit_interval_ms, 200,
 DEFINE_string(curve_secret_key_file, "",
               "File holding this server's CurveZMQ secret key (tessera-ctl keygen): every "
               "connection is then encrypted and authenticated. Empty: plain TCP");
+DEFINE_string(admin_root, "",
+              "Directory under which checkpoint, restore and export name their directories "
+              "(relative names, no '..', symbolic links must stay inside). Empty: those admin "
+              "operations are refused");
+DEFINE_uint32(max_connections, 1024,
+              "Most client connections served at once; later ones are refused with "
+              "ResourceExhausted until one closes (0: no limit). Needs as many file descriptors");
+DEFINE_uint32(max_in_flight_per_peer, 1024,
+              "Most requests of one client connection in flight on the server (0: no limit)");
+DEFINE_uint32(send_hwm, 1000,
+              "Replies queued for one client before it counts as not reading: its requests are "
+              "then refused or dropped until it reads (0: unbounded)");
+DEFINE_uint32(recv_hwm, 1000,
+              "Requests queued from one client before the server stops reading its connection "
+              "(0: unbounded)");
+
+namespace {
+
+// Raises the soft open-file limit to the hard one (a common default soft limit, 1024, is below
+// what --max_connections plus RocksDB's files need) and warns when even that is too low.
+void RaiseOpenFileLimit(uint32_t max_connections) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  const rlim_t want = rlim_t{max_connections} + 1024;  // + RocksDB, logs, sockets of our own
+  if (max_connections != 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    LOG(WARNING) << "the open-file limit is " << rl.rlim_cur
+                 << ", below --max_connections=" << max_connections
+                 << " + 1024 for storage: raise it (ulimit -n " << want
+                 << " or more; see docs/operations.md) or lower --max_connections";
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
@@ -65,6 +104,12 @@ int main(int argc, char** argv) {
   o.maintenance_interval_ms = FLAGS_maintenance_interval_ms;
   o.row_commit_interval_ms = FLAGS_row_commit_interval_ms;
   o.storage.data_dir = FLAGS_data_dir;
+  o.admin_root = FLAGS_admin_root;
+  o.max_connections = FLAGS_max_connections;
+  o.max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
+  o.send_hwm = FLAGS_send_hwm;
+  o.recv_hwm = FLAGS_recv_hwm;
+  RaiseOpenFileLimit(FLAGS_max_connections);
   o.storage.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
   if (FLAGS_durability == "strict") {
     o.storage.durability = tessera::Durability::kStrict;

@@ -12,7 +12,10 @@ Status WriteRows(LaneStore& store, const std::vector<std::pair<uint64_t, TableSp
   auto meta_of = [](const RowMeta& m) {
     return RecordMeta{m.update_count, m.last_step, m.last_update_s};
   };
-  for (const auto& [id, spec] : tables) {
+  for (const auto& table : tables) {
+    // Not a structured binding: the lambdas below capture these (clang 14 cannot).
+    const uint64_t id = table.first;
+    const TableSpec& spec = table.second;
     auto opt = Optimizer::Make(spec.optimizer);
     if (spec.kind == TableKind::kSparse) {
       const uint32_t state = opt->StateFloats(spec.dim);

@@ -1,0 +1,117 @@
+// The server's edge: the ROUTER's bounds (high-water marks, handshake time), its socket
+// monitor counting connections, the admission of every request (connection limit, envelope
+// limits, per-peer in-flight limit, peers that do not read their replies) and the admin root
+// under which checkpoints, restores and exports resolve their directories.
+#include <glog/logging.h>
+
+#include <zmq_addon.hpp>
+
+#include "ps/admin_path.h"
+#include "ps/limits.h"
+#include "ps/server/server_impl_internal.h"
+
+namespace tessera::internal {
+
+Status ServerImpl::ConfigureRouterBounds() {
+  router_.set(zmq::sockopt::sndhwm, static_cast<int>(options_.send_hwm));
+  router_.set(zmq::sockopt::rcvhwm, static_cast<int>(options_.recv_hwm));
+  // A full send queue is reported (EAGAIN) instead of dropping the reply silently, so a
+  // client that does not read is noticed and throttled (Admitted).
+  router_.set(zmq::sockopt::router_mandatory, 1);
+  // A connection that never completes the ZMTP (or CurveZMQ) handshake is closed.
+  router_.set(zmq::sockopt::handshake_ivl, 10000);
+  const std::string mon =
+      "inproc://tessera-router-mon-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+  if (zmq_socket_monitor(router_.handle(), mon.c_str(),
+                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    return Status::Internal("zmq_socket_monitor on the server socket failed");
+  }
+  router_monitor_.set(zmq::sockopt::linger, 0);
+  router_monitor_.connect(mon);
+  if (!options_.admin_root.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(admin_root_, CanonicalAdminRoot(options_.admin_root));
+  }
+  return Status::OK();
+}
+
+void ServerImpl::DrainRouterEvents() {
+  for (;;) {
+    std::vector<zmq::message_t> parts;
+    std::optional<size_t> got;
+    try {
+      got = zmq::recv_multipart(router_monitor_, std::back_inserter(parts),
+                                zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (!got) return;
+    if (parts.empty() || parts[0].size() < 6) continue;
+    uint16_t event;
+    uint32_t fd;
+    std::memcpy(&event, parts[0].data(), sizeof(event));
+    std::memcpy(&fd, static_cast<const char*>(parts[0].data()) + 2, sizeof(fd));
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      connections_.Accepted(static_cast<int>(fd));
+      if (!connections_.admitted(static_cast<int>(fd))) {
+        ++refused_connections_;
+        LOG_EVERY_N(WARNING, 100) << "connection refused: " << connections_.open()
+                                  << " open, --max_connections=" << connections_.max_connections();
+      }
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      connections_.Closed(static_cast<int>(fd));
+    }
+  }
+}
+
+bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
+  if (fd >= 0 && !connections_.admitted(fd)) {
+    DrainRouterEvents();  // the monitor may not have told us about closed ones yet
+  }
+  if (fd >= 0 && !connections_.admitted(fd)) {
+    ReplyError(std::move(p->identity), p->header,
+               Status::ResourceExhausted(
+                   "server " + std::to_string(options_.rank) + " refuses the connection: " +
+                   std::to_string(connections_.open()) + " connections are open and its limit " +
+                   "(--max_connections) is " + std::to_string(connections_.max_connections())));
+    return false;
+  }
+  Status s = ValidateRequestLimits(p->header);
+  if (!s.ok()) {
+    ReplyError(std::move(p->identity), p->header, s);
+    return false;
+  }
+  const std::string_view peer(static_cast<const char*>(p->identity.data()), p->identity.size());
+  const auto now = std::chrono::steady_clock::now();
+  if (peers_.stalled(peer)) {
+    // Its replies were not read: refuse without serving. Queuing the refusal succeeds once
+    // the client reads again; until then its requests are dropped unanswered.
+    const std::string id(peer);
+    if (ReplyError(std::move(p->identity), p->header,
+                   Status::ResourceExhausted(
+                       "replies to this client were not read (the server's send queue for it "
+                       "reached --send_hwm): request refused, read the replies"))) {
+      peers_.ClearStalled(id);
+    } else {
+      ++throttled_requests_;
+    }
+    return false;
+  }
+  auto slot = peers_.Admit(peer, now);
+  if (!slot.ok()) {
+    ReplyError(std::move(p->identity), p->header, slot.status());
+    return false;
+  }
+  p->admission = std::move(slot).value();
+  return true;
+}
+
+Result<std::string> ServerImpl::AdminPath(std::string_view name) const {
+  if (admin_root_.empty()) {
+    return Status::FailedPrecondition(
+        "checkpoint, restore and export are disabled on server " + std::to_string(options_.rank) +
+        ": start it with --admin_root=DIR (directories are then named relative to DIR)");
+  }
+  return ResolveAdminPath(admin_root_, name);
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,107 @@
+#include <string>
+
+#include "ps/server/peers_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+// The map's heterogeneous lookup takes absl's string_view (not std's in every absl build).
+absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+void ConnectionTable::Accepted(int fd) {
+  // A descriptor is reused only after its DISCONNECTED event, which comes first; drop a stale
+  // entry anyway rather than count it twice.
+  Closed(fd);
+  const bool admit = max_ == 0 || admitted_ < max_;
+  const uint64_t order = next_order_++;
+  conns_[fd] = Conn{order, admit};
+  if (admit) {
+    ++admitted_;
+  } else {
+    refused_[order] = fd;
+  }
+}
+
+void ConnectionTable::Closed(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  if (it->second.admitted) {
+    --admitted_;
+  } else {
+    refused_.erase(it->second.order);
+  }
+  conns_.erase(it);
+  // The oldest refused connection still open takes the freed place.
+  while ((max_ == 0 || admitted_ < max_) && !refused_.empty()) {
+    auto oldest = refused_.begin();
+    conns_[oldest->second].admitted = true;
+    ++admitted_;
+    refused_.erase(oldest);
+  }
+}
+
+bool ConnectionTable::admitted(int fd) const {
+  auto it = conns_.find(fd);
+  return it == conns_.end() || it->second.admitted;
+}
+
+// Holds one in-flight slot of a peer; gives it back when the request is dropped.
+struct PeerTable::Slot {
+  explicit Slot(std::shared_ptr<Peer> p) : peer(std::move(p)) {}
+  ~Slot() { peer->in_flight.fetch_sub(1, std::memory_order_relaxed); }
+  std::shared_ptr<Peer> peer;
+};
+
+const std::shared_ptr<PeerTable::Peer>& PeerTable::Touch(std::string_view peer, Time now) {
+  auto& p = peers_[std::string(peer)];
+  if (!p) p = std::make_shared<Peer>();
+  p->last_seen = now;
+  return p;
+}
+
+Result<std::shared_ptr<void>> PeerTable::Admit(std::string_view peer, Time now) {
+  const std::shared_ptr<Peer>& p = Touch(peer, now);
+  const uint32_t n = p->in_flight.load(std::memory_order_relaxed);
+  if (max_in_flight_ != 0 && n >= max_in_flight_) {
+    return Status::ResourceExhausted(
+        "this client has " + std::to_string(n) +
+        " requests in flight on the server, its limit (--max_in_flight_per_peer) is " +
+        std::to_string(max_in_flight_) + ": wait for replies before sending more");
+  }
+  p->in_flight.fetch_add(1, std::memory_order_relaxed);
+  return std::shared_ptr<void>(std::make_shared<Slot>(p));
+}
+
+void PeerTable::MarkStalled(std::string_view peer, Time now) { Touch(peer, now)->stalled = true; }
+
+void PeerTable::ClearStalled(std::string_view peer) {
+  auto it = peers_.find(Key(peer));
+  if (it != peers_.end()) it->second->stalled = false;
+}
+
+bool PeerTable::stalled(std::string_view peer) const {
+  auto it = peers_.find(Key(peer));
+  return it != peers_.end() && it->second->stalled;
+}
+
+uint32_t PeerTable::in_flight(std::string_view peer) const {
+  auto it = peers_.find(Key(peer));
+  return it == peers_.end() ? 0 : it->second->in_flight.load(std::memory_order_relaxed);
+}
+
+void PeerTable::Sweep(Time idle_since) {
+  absl::erase_if(peers_, [&](const auto& kv) {
+    return kv.second->in_flight.load(std::memory_order_relaxed) == 0 &&
+           kv.second->last_seen < idle_since;
+  });
+}
+
+size_t PeerTable::stalled_count() const {
+  size_t n = 0;
+  for (auto& [id, p] : peers_) n += p->stalled;
+  return n;
+}
+
+}  // namespace tessera::internal

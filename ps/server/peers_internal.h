@@ -1,0 +1,91 @@
+// The server's bounds on its clients: connections admitted in accept order up to a maximum
+// (ConnectionTable, fed by the ROUTER's socket monitor) and, per peer, the requests in flight
+// and whether its replies are being read (PeerTable).
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ps/status.h"
+
+namespace tessera::internal {
+
+/// The TCP connections of the ROUTER, from its monitor's ACCEPTED and DISCONNECTED events
+/// (keyed by file descriptor, which ZMQ_SRCFD names on every received frame). The first
+/// `max_connections` open connections are admitted; a later one is refused until an admitted
+/// one closes, then the oldest refused one is admitted. Not thread-safe: the I/O thread owns it.
+class ConnectionTable {
+ public:
+  /// `max_connections` 0: no limit.
+  explicit ConnectionTable(uint32_t max_connections) : max_(max_connections) {}
+
+  void Accepted(int fd);
+  void Closed(int fd);
+  /// Whether requests that arrive on `fd` are served. A connection the monitor has not
+  /// reported yet is admitted.
+  bool admitted(int fd) const;
+
+  size_t open() const { return conns_.size(); }
+  size_t admitted_count() const { return admitted_; }
+  uint32_t max_connections() const { return max_; }
+
+ private:
+  struct Conn {
+    uint64_t order;
+    bool admitted;
+  };
+  const uint32_t max_;
+  uint64_t next_order_ = 0;
+  size_t admitted_ = 0;
+  absl::flat_hash_map<int, Conn> conns_;
+  std::map<uint64_t, int> refused_;  // accept order -> fd, oldest first
+};
+
+/// Per-peer (ROUTER identity) admission: requests in flight up to a limit, and a peer whose
+/// replies could not be queued (it stopped reading and its send queue reached the high-water
+/// mark) is marked stalled until a reply to it can be queued again. The I/O thread owns the
+/// table; the in-flight slots it hands out are released by whichever thread drops them.
+class PeerTable {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+  /// `max_in_flight` 0: no limit.
+  explicit PeerTable(uint32_t max_in_flight) : max_in_flight_(max_in_flight) {}
+
+  /// Takes one in-flight slot of `peer`: held until the returned token is destroyed (it
+  /// travels with the request). ResourceExhausted when the peer already holds the limit.
+  Result<std::shared_ptr<void>> Admit(std::string_view peer, Time now);
+  /// Replies to `peer` cannot be queued: it is not reading them.
+  void MarkStalled(std::string_view peer, Time now);
+  void ClearStalled(std::string_view peer);
+  bool stalled(std::string_view peer) const;
+  /// Requests of `peer` in flight now.
+  uint32_t in_flight(std::string_view peer) const;
+  /// Forgets peers with nothing in flight that were last seen before `idle_since`.
+  void Sweep(Time idle_since);
+
+  size_t size() const { return peers_.size(); }
+  size_t stalled_count() const;
+  uint32_t max_in_flight() const { return max_in_flight_; }
+
+ private:
+  struct Peer {
+    std::atomic<uint32_t> in_flight{0};
+    bool stalled = false;  // I/O thread only, as last_seen
+    Time last_seen{};
+  };
+  struct Slot;
+  // The peer's entry (created if new), last seen `now`.
+  const std::shared_ptr<Peer>& Touch(std::string_view peer, Time now);
+
+  const uint32_t max_in_flight_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers_;
+};
+
+}  // namespace tessera::internal

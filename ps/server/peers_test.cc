@@ -1,0 +1,78 @@
+#include <gtest/gtest.h>
+
+#include "ps/server/consistency_internal.h"
+#include "ps/server/peers_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+TEST(ConnectionTable, AdmitsInAcceptOrderAndPromotesWhenOneCloses) {
+  ConnectionTable t(2);
+  t.Accepted(10);
+  t.Accepted(11);
+  t.Accepted(12);
+  t.Accepted(13);
+  EXPECT_TRUE(t.admitted(10));
+  EXPECT_TRUE(t.admitted(11));
+  EXPECT_FALSE(t.admitted(12));
+  EXPECT_FALSE(t.admitted(13));
+  EXPECT_TRUE(t.admitted(99));  // not reported by the monitor yet
+  t.Closed(11);
+  EXPECT_TRUE(t.admitted(12));  // the oldest refused one takes the place
+  EXPECT_FALSE(t.admitted(13));
+  t.Closed(13);  // a refused one leaves: nothing changes for the others
+  EXPECT_EQ(t.open(), 2u);
+  EXPECT_EQ(t.admitted_count(), 2u);
+  t.Accepted(11);  // the descriptor is reused by a new connection: refused
+  EXPECT_FALSE(t.admitted(11));
+  ConnectionTable unlimited(0);
+  for (int fd = 0; fd < 100; ++fd) unlimited.Accepted(fd);
+  EXPECT_TRUE(unlimited.admitted(99));
+}
+
+TEST(PeerTable, InFlightSlotsAreBoundedAndGivenBack) {
+  PeerTable t(2);
+  const auto now = std::chrono::steady_clock::now();
+  auto a = t.Admit("peer-a", now);
+  auto b = t.Admit("peer-a", now);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = t.Admit("peer-a", now);
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(t.Admit("peer-b", now).ok());  // another peer has its own slots
+  EXPECT_EQ(t.in_flight("peer-a"), 2u);
+  a = Status::Cancelled("dropped");  // the request is gone: its slot comes back
+  EXPECT_EQ(t.in_flight("peer-a"), 1u);
+  EXPECT_TRUE(t.Admit("peer-a", now).ok());
+}
+
+TEST(PeerTable, StalledPeersAndSweep) {
+  PeerTable t(0);
+  const auto now = std::chrono::steady_clock::now();
+  t.MarkStalled("p", now);
+  EXPECT_TRUE(t.stalled("p"));
+  EXPECT_EQ(t.stalled_count(), 1u);
+  t.ClearStalled("p");
+  EXPECT_FALSE(t.stalled("p"));
+  auto held = t.Admit("q", now);
+  ASSERT_TRUE(held.ok());
+  t.Sweep(now + std::chrono::seconds(1));  // both idle; q still has a request in flight
+  EXPECT_EQ(t.size(), 1u);
+  EXPECT_EQ(t.in_flight("q"), 1u);
+}
+
+TEST(Consistency, MinClockCostsTheClocksHeldNotTheWorkerCount) {
+  Consistency c;
+  EXPECT_EQ(c.MinClock(0xFFFFFFFFu), 0);
+  c.SetClock(0, 5, 2);
+  c.SetClock(1, 7, 2);
+  c.SetClock(9, 1, 10);
+  EXPECT_EQ(c.MinClock(2), 5);
+  EXPECT_EQ(c.MinClock(3), 0);  // worker 2 not heard from
+  EXPECT_EQ(c.MinClock(1), 5);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100000; ++i) ASSERT_EQ(c.MinClock(0xFFFFFFFFu), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+}
+
+}  // namespace
+}  // namespace tessera::internal

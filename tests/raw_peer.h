@@ -1,0 +1,67 @@
+// A raw DEALER socket that sends hand-made envelopes to one server, for tests that must reach
+// the server with what the client library would refuse to send (or would retry).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "ps/codec.h"
+
+namespace tessera::testing {
+
+/// One DEALER connection. Not thread-safe.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& endpoint, int reply_timeout_ms = 10000)
+      : sock_(ctx_, zmq::socket_type::dealer) {
+    sock_.set(zmq::sockopt::linger, 0);
+    sock_.set(zmq::sockopt::rcvtimeo, reply_timeout_ms);
+    sock_.connect(endpoint);
+  }
+  zmq::socket_t& socket() { return sock_; }
+
+  /// Sends `h` (request id assigned here) and `data` frames without waiting; false when the
+  /// socket's queue is full.
+  bool Send(Header h, const std::vector<std::string>& data = {}) {
+    h.request_id = ++next_id_;
+    std::string env;
+    EncodeHeader(h, &env);
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(env.data(), env.size());
+    for (auto& d : data) parts.emplace_back(d.data(), d.size());
+    return zmq::send_multipart(sock_, parts, zmq::send_flags::dontwait).has_value();
+  }
+
+  /// Sends `h` and waits for its reply (other replies are skipped). The reply's status is
+  /// Internal "no reply" when none came within the reply timeout.
+  Header Call(const Header& h, const std::vector<std::string>& data = {}) {
+    Header r;
+    r.status = StatusCode::kInternal;
+    r.message = "no reply";
+    if (!Send(h, data)) return r;
+    const uint64_t id = next_id_;
+    for (;;) {
+      std::vector<zmq::message_t> reply;
+      auto n = zmq::recv_multipart(sock_, std::back_inserter(reply));
+      if (!n || reply.empty()) return r;
+      Header got;
+      if (!DecodeHeader(reply[0].data(), reply[0].size(), &got).ok()) continue;
+      if (got.request_id == id) return got;
+    }
+  }
+
+ private:
+  zmq::context_t ctx_;
+  zmq::socket_t sock_;
+  uint64_t next_id_ = 0;
+};
+
+/// Milliseconds since `t0`.
+inline double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace tessera::testing
