@@ -395,7 +395,9 @@ std::unique_ptr<Client> ParkingClient(const LocalCluster& cluster) {
   o.worker_id = 0;
   o.consistency = {.num_workers = 2, .staleness = 0};
   auto c = Connect(cluster, o);
-  if (c) EXPECT_TRUE(c->Wait(c->SetClock(10)).ok());
+  if (c) {
+    EXPECT_TRUE(c->Wait(c->SetClock(10)).ok());
+  }
   return c;
 }
 

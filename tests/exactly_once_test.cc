@@ -4,15 +4,15 @@
 // push-pull returns the values without applying the push twice.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <regex>
 #include <string>
 #include <vector>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "ps/client/client.h"
 #include "ps/codec.h"
 #include "tests/cluster_fixture.h"
+#include "tests/raw_peer.h"
 
 namespace tessera {
 namespace {
@@ -22,54 +22,30 @@ using testing::LocalCluster;
 constexpr uint32_t kDim = 4;
 constexpr uint64_t kClient = 0x5eed5eed5eedULL;
 
-// A raw DEALER that sends hand-made pushes to one server (the client library would number
-// them itself).
-class RawPeer {
- public:
-  explicit RawPeer(const std::string& endpoint) : sock_(ctx_, zmq::socket_type::dealer) {
-    sock_.set(zmq::sockopt::linger, 0);
-    sock_.set(zmq::sockopt::rcvtimeo, 10000);
-    sock_.connect(endpoint);
+// Push (or push-pull) of gradient `g` on every element of `key`, as push `seq` of kClient, sent
+// by hand (the client library numbers its pushes itself). A push-pull's values go to *values.
+Header PushRaw(testing::RawPeer& peer, const Table& t, uint64_t key, float g, uint64_t seq,
+               Op op = Op::kSparsePush, std::vector<float>* values = nullptr) {
+  Header h;
+  h.op = op;
+  h.table_id = t.id;
+  h.elem_type = ElemType::kF32;
+  h.count = 1;
+  h.dim = kDim;
+  h.client_id = kClient;
+  h.client_seq = seq;
+  const std::vector<float> grads(kDim, g);
+  std::vector<std::string> reply;
+  Header r = peer.Call(h,
+                       {std::string(reinterpret_cast<const char*>(&key), sizeof(key)),
+                        std::string(reinterpret_cast<const char*>(grads.data()), kDim * 4)},
+                       &reply);
+  if (values != nullptr && reply.size() == 1) {
+    values->resize(reply[0].size() / sizeof(float));
+    std::memcpy(values->data(), reply[0].data(), reply[0].size());
   }
-  // Push (or push-pull) of gradient `g` on every element of `key`, as push `seq` of kClient.
-  Header Push(const Table& t, uint64_t key, float g, uint64_t seq, Op op = Op::kSparsePush,
-              std::vector<float>* values = nullptr) {
-    Header h;
-    h.request_id = ++next_id_;
-    h.op = op;
-    h.table_id = t.id;
-    h.elem_type = ElemType::kF32;
-    h.count = 1;
-    h.dim = kDim;
-    h.client_id = kClient;
-    h.client_seq = seq;
-    std::string env;
-    EncodeHeader(h, &env);
-    std::vector<float> grads(kDim, g);
-    std::vector<zmq::message_t> parts;
-    parts.emplace_back(env.data(), env.size());
-    parts.emplace_back(&key, sizeof(key));
-    parts.emplace_back(grads.data(), grads.size() * sizeof(float));
-    zmq::send_multipart(sock_, parts);
-    std::vector<zmq::message_t> reply;
-    Header r;
-    r.status = StatusCode::kInternal;
-    r.message = "no reply";
-    if (!zmq::recv_multipart(sock_, std::back_inserter(reply)) || reply.empty()) return r;
-    EXPECT_TRUE(DecodeHeader(reply[0].data(), reply[0].size(), &r).ok());
-    EXPECT_EQ(r.request_id, h.request_id);
-    if (values != nullptr && reply.size() == 2) {
-      values->resize(reply[1].size() / sizeof(float));
-      std::memcpy(values->data(), reply[1].data(), reply[1].size());
-    }
-    return r;
-  }
-
- private:
-  zmq::context_t ctx_;
-  zmq::socket_t sock_;
-  uint64_t next_id_ = 0;
-};
+  return r;
+}
 
 float Value(Client* c, const Table& t, uint64_t key) {
   std::vector<float> v(kDim, -1);
@@ -103,30 +79,32 @@ TEST(ExactlyOnceTest, RetriedPushAppliesOnceAcrossACrash) {
   ASSERT_TRUE(table.ok()) << table.status().ToString();
   const uint64_t key = 12345;
 
-  RawPeer peer(cluster.endpoints()[0]);
-  EXPECT_EQ(peer.Push(*table, key, 1.0f, 1).status, StatusCode::kOk);
+  testing::RawPeer peer(cluster.endpoints()[0]);
+  EXPECT_EQ(PushRaw(peer, *table, key, 1.0f, 1).status, StatusCode::kOk);
   EXPECT_EQ(Value(c, *table, key), -1.0f);
   // The same push again (its reply was lost): answered OK, not applied.
-  EXPECT_EQ(peer.Push(*table, key, 1.0f, 1).status, StatusCode::kOk);
+  EXPECT_EQ(PushRaw(peer, *table, key, 1.0f, 1).status, StatusCode::kOk);
   EXPECT_EQ(Value(c, *table, key), -1.0f);
   EXPECT_EQ(Stat(c, "retried_pushes"), 1);
-  EXPECT_EQ(peer.Push(*table, key, 1.0f, 2).status, StatusCode::kOk);
+  EXPECT_EQ(PushRaw(peer, *table, key, 1.0f, 2).status, StatusCode::kOk);
   EXPECT_EQ(Value(c, *table, key), -2.0f);
 
   // Kill -9 before the rows are committed (every 200 ms), restart: the request log holds the
   // pushes and their client sequence numbers.
   cluster.Kill(0);
   ASSERT_TRUE(cluster.Restart(0).ok());
-  RawPeer again(cluster.endpoints()[0]);
-  EXPECT_EQ(again.Push(*table, key, 1.0f, 2).status, StatusCode::kOk);
-  EXPECT_EQ(again.Push(*table, key, 1.0f, 1).status, StatusCode::kOk);
+  testing::RawPeer again(cluster.endpoints()[0]);
+  EXPECT_EQ(PushRaw(again, *table, key, 1.0f, 2).status, StatusCode::kOk);
+  EXPECT_EQ(PushRaw(again, *table, key, 1.0f, 1).status, StatusCode::kOk);
   EXPECT_EQ(Value(c, *table, key), -2.0f);
   // A retried push-pull returns the values and applies nothing.
   std::vector<float> values;
-  EXPECT_EQ(again.Push(*table, key, 1.0f, 3, Op::kSparsePushPull, &values).status, StatusCode::kOk);
+  EXPECT_EQ(PushRaw(again, *table, key, 1.0f, 3, Op::kSparsePushPull, &values).status,
+            StatusCode::kOk);
   EXPECT_EQ(values, std::vector<float>(kDim, -3.0f));
   values.clear();
-  EXPECT_EQ(again.Push(*table, key, 1.0f, 3, Op::kSparsePushPull, &values).status, StatusCode::kOk);
+  EXPECT_EQ(PushRaw(again, *table, key, 1.0f, 3, Op::kSparsePushPull, &values).status,
+            StatusCode::kOk);
   EXPECT_EQ(values, std::vector<float>(kDim, -3.0f));
   EXPECT_EQ(Value(c, *table, key), -3.0f);
 
@@ -135,10 +113,10 @@ TEST(ExactlyOnceTest, RetriedPushAppliesOnceAcrossACrash) {
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   cluster.Kill(0);
   ASSERT_TRUE(cluster.Restart(0).ok());
-  RawPeer third(cluster.endpoints()[0]);
-  EXPECT_EQ(third.Push(*table, key, 1.0f, 3).status, StatusCode::kOk);
+  testing::RawPeer third(cluster.endpoints()[0]);
+  EXPECT_EQ(PushRaw(third, *table, key, 1.0f, 3).status, StatusCode::kOk);
   EXPECT_EQ(Value(c, *table, key), -3.0f);
-  EXPECT_EQ(third.Push(*table, key, 1.0f, 4).status, StatusCode::kOk);
+  EXPECT_EQ(PushRaw(third, *table, key, 1.0f, 4).status, StatusCode::kOk);
   EXPECT_EQ(Value(c, *table, key), -4.0f);
 }
 

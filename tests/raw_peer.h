@@ -35,9 +35,11 @@ class RawPeer {
     return zmq::send_multipart(sock_, parts, zmq::send_flags::dontwait).has_value();
   }
 
-  /// Sends `h` and waits for its reply (other replies are skipped). The reply's status is
-  /// Internal "no reply" when none came within the reply timeout.
-  Header Call(const Header& h, const std::vector<std::string>& data = {}) {
+  /// Sends `h` and waits for its reply (other replies are skipped); the reply's data frames go
+  /// to `*reply_data` when given. The reply's status is Internal "no reply" when none came
+  /// within the reply timeout.
+  Header Call(const Header& h, const std::vector<std::string>& data = {},
+              std::vector<std::string>* reply_data = nullptr) {
     Header r;
     r.status = StatusCode::kInternal;
     r.message = "no reply";
@@ -49,7 +51,12 @@ class RawPeer {
       if (!n || reply.empty()) return r;
       Header got;
       if (!DecodeHeader(reply[0].data(), reply[0].size(), &got).ok()) continue;
-      if (got.request_id == id) return got;
+      if (got.request_id != id) continue;
+      if (reply_data != nullptr) {
+        reply_data->clear();
+        for (size_t i = 1; i < reply.size(); ++i) reply_data->push_back(reply[i].to_string());
+      }
+      return got;
     }
   }
 

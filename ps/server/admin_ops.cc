@@ -151,14 +151,8 @@ Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
   for (const auto& b : specs) {
     TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
     const uint64_t id = TableIdForName(spec.name);
-    auto it = tables_.find(id);
-    if (it != tables_.end()) {
-      std::string diff = DescribeSpecDifference(it->second.spec, spec);
-      if (!diff.empty()) {
-        return Status::AlreadyExists("table '" + spec.name +
-                                     "' exists with another spec than the checkpoint's: " + diff);
-      }
-    } else {
+    TESSERA_ASSIGN_OR_RETURN(bool known, SameTableExists(id, spec, "than the checkpoint's"));
+    if (!known) {
       TESSERA_RETURN_IF_ERROR(
           engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
       AddTableInfo(id, spec);

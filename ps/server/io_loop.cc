@@ -231,13 +231,8 @@ Status ServerImpl::CreateTable(const std::shared_ptr<Pending>& p) {
   const TableSpec& spec = *p->header.spec;
   TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
   const uint64_t id = TableIdForName(spec.name);
-  auto it = tables_.find(id);
-  if (it != tables_.end()) {
-    std::string diff = DescribeSpecDifference(it->second.spec, spec);
-    if (!diff.empty()) {
-      return Status::AlreadyExists("table '" + spec.name +
-                                   "' exists with another spec (existing vs requested): " + diff);
-    }
+  TESSERA_ASSIGN_OR_RETURN(bool known, SameTableExists(id, spec, "(existing vs requested)"));
+  if (known) {
     Header r;
     r.table_id = id;
     r.spec = spec;
@@ -250,6 +245,18 @@ Status ServerImpl::CreateTable(const std::shared_ptr<Pending>& p) {
   RunOnAllLanes(
       p, [id, spec](Lane& lane) { return lane.store().AddTable(id, spec); }, false);
   return Status::OK();
+}
+
+Result<bool> ServerImpl::SameTableExists(uint64_t id, const TableSpec& spec,
+                                         const char* compared) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return false;
+  std::string diff = DescribeSpecDifference(it->second.spec, spec);
+  if (!diff.empty()) {
+    return Status::AlreadyExists("table '" + spec.name + "' exists with another spec " +
+                                 compared + ": " + diff);
+  }
+  return true;
 }
 
 Status ServerImpl::GetTable(const std::shared_ptr<Pending>& p) {

@@ -82,6 +82,10 @@ class ServerImpl {
   Status ExpectFrames(const Pending& p, size_t n);
   Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys);
   Status CreateTable(const std::shared_ptr<Pending>& p);
+  /// True when table `id` exists with `spec`, false when it does not exist; AlreadyExists
+  /// naming the difference when it exists with another spec (`compared`: how the message
+  /// names the two specs).
+  Result<bool> SameTableExists(uint64_t id, const TableSpec& spec, const char* compared);
   Status GetTable(const std::shared_ptr<Pending>& p);
   Status MetaOp(const std::shared_ptr<Pending>& p);
   Status StatsOp(const std::shared_ptr<Pending>& p);

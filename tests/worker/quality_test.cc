@@ -32,20 +32,6 @@ using testing::LocalCluster;
 // The bar of the default run.
 constexpr double kDefaultRunGap = 0.01;
 
-// The numbers of worker 0's final JSON line ("key":number pairs).
-std::map<std::string, double> ParseReport(const std::string& out) {
-  std::map<std::string, double> r;
-  const size_t start = out.rfind("\n{\"data\"");
-  if (start == std::string::npos) return r;
-  const std::string line = out.substr(start + 1, out.find('\n', start + 1) - start - 1);
-  const std::regex kv(R"re("(\w+)":(-?[0-9.eE+-]+))re");
-  for (auto it = std::sregex_iterator(line.begin(), line.end(), kv); it != std::sregex_iterator();
-       ++it) {
-    r[(*it)[1]] = std::stod((*it)[2]);
-  }
-  return r;
-}
-
 // Runs `workers` tessera-worker processes with `flags` on a fresh 2-server cluster; returns
 // worker 0's report (empty on failure, with the failure recorded).
 std::map<std::string, double> RunJob(const std::vector<std::string>& flags, uint32_t workers = 2,
@@ -81,7 +67,7 @@ std::map<std::string, double> RunJob(const std::vector<std::string>& flags, uint
       return {};  // the others are killed by their destructors
     }
     if (w == 0) {
-      report = ParseReport(out);
+      report = testing::ParseWorkerReport(out);
       if (report.count("test_auc") == 0) ADD_FAILURE() << "no report in:\n" << out;
       const size_t p = out.rfind("test samples");
       std::printf("%s", out.substr(p == std::string::npos ? 0 : p).c_str());

@@ -37,20 +37,6 @@ using testing::LocalCluster;
 
 constexpr uint32_t kServers = 2;
 
-// The numbers of a worker's final JSON line ("key":number pairs).
-std::map<std::string, double> ParseReport(const std::string& out) {
-  std::map<std::string, double> r;
-  const size_t start = out.rfind("\n{\"data\"");
-  if (start == std::string::npos) return r;
-  const std::string line = out.substr(start + 1, out.find('\n', start + 1) - start - 1);
-  const std::regex kv(R"re("(\w+)":(-?[0-9.eE+-]+))re");
-  for (auto it = std::sregex_iterator(line.begin(), line.end(), kv); it != std::sregex_iterator();
-       ++it) {
-    r[(*it)[1]] = std::stod((*it)[2]);
-  }
-  return r;
-}
-
 // Pushes server `rank` has applied since it started (its stats line), or -1 when unreachable.
 int64_t Pushes(Client* admin, uint32_t rank) {
   auto stats = admin->ServerStats(rank, DeadlineAfterMs(5000));
@@ -151,7 +137,7 @@ JobResult RunJob(uint32_t workers, bool faults, const std::vector<int64_t>& push
       return result;
     }
     if (w == 0) {
-      result.report = ParseReport(out);
+      result.report = testing::ParseWorkerReport(out);
       if (result.report.count("test_auc") == 0) ADD_FAILURE() << "no report in:\n" << out;
     }
   }

@@ -10,12 +10,29 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace tessera::testing {
+
+/// The numbers ("key":number pairs) of the final JSON report line a tessera-worker prints;
+/// empty when there is none.
+inline std::map<std::string, double> ParseWorkerReport(const std::string& out) {
+  std::map<std::string, double> r;
+  const size_t start = out.rfind("\n{\"data\"");
+  if (start == std::string::npos) return r;
+  const std::string line = out.substr(start + 1, out.find('\n', start + 1) - start - 1);
+  const std::regex kv(R"re("(\w+)":(-?[0-9.eE+-]+))re");
+  for (auto it = std::sregex_iterator(line.begin(), line.end(), kv); it != std::sregex_iterator();
+       ++it) {
+    r[(*it)[1]] = std::stod((*it)[2]);
+  }
+  return r;
+}
 
 /// One child process. Its stdout and stderr go to `log_path`. The destructor kills it (SIGKILL)
 /// if it still runs; it also dies with the test process (PR_SET_PDEATHSIG). Not thread-safe.
