@@ -1,9 +1,12 @@
 // Bad input over a real socket: every malformed request gets an error reply that says what was
 // wrong, and the server keeps serving everyone else.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -62,11 +65,24 @@ std::string Bytes(const std::vector<T>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
+// Server `rank`'s "errors" counter: requests the I/O thread answered with an error.
+int64_t ErrorsCounter(Client& client, uint32_t rank) {
+  auto stats = client.ServerStats(rank);
+  if (!stats.ok()) return -1;
+  const std::string& t = *stats;
+  for (size_t pos = 0; pos < t.size(); pos = t.find('\n', pos) + 1) {
+    if (t.compare(pos, 7, "errors ") == 0) return std::strtoll(t.c_str() + pos + 7, nullptr, 10);
+    if (t.find('\n', pos) == std::string::npos) break;
+  }
+  return -1;
+}
+
 class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
     LocalClusterOptions opts = testing::Servers(2);
-    opts.extra_flags = {"--max_request_mb=64"};
+    admin_root_ = ::testing::TempDir() + "bad_input_test_admin_" + std::to_string(::getpid());
+    opts.extra_flags = {"--max_request_mb=64", "--admin_root=" + admin_root_};
     cluster_ = std::make_unique<LocalCluster>(opts);
     ASSERT_TRUE(cluster_->Start().ok());
     ClientOptions o;
@@ -80,50 +96,94 @@ class BadInputTest : public ::testing::Test {
     auto d = client_->CreateTable(TableSpec::Dense("dense", 100));
     ASSERT_TRUE(d.ok());
     dense_ = *d;
+    // Three chunks: each server holds a part.
+    auto big = client_->CreateTable(TableSpec::Dense("big", 3 * kDenseChunkFloats));
+    ASSERT_TRUE(big.ok());
+    big_ = *big;
     // A key that server 0 owns, and one it does not.
     for (uint64_t k = 0; own_key_ == kNone || other_key_ == kNone; ++k) {
       (SlotMap::Uniform(2).ServerOfKey(k) == 0 ? own_key_ : other_key_) = k;
     }
   }
+  void TearDown() override { std::filesystem::remove_all(admin_root_); }
 
-  Header PullHeader(uint64_t count, uint32_t dim = 4) {
+  Header Request(Op op) {
     Header h;
-    h.request_id = 1;
-    h.op = Op::kSparsePull;
+    h.request_id = ++next_id_;
+    h.op = op;
+    return h;
+  }
+  Header PullHeader(uint64_t count, uint32_t dim = 4) {
+    Header h = Request(Op::kSparsePull);
     h.table_id = table_.id;
     h.elem_type = ElemType::kF32;
     h.count = count;
     h.dim = dim;
     return h;
   }
+  Header DenseHeader(Op op, uint64_t offset, uint64_t count) {
+    Header h = Request(op);
+    h.table_id = big_.id;
+    h.elem_type = ElemType::kF32;
+    h.offset = offset;
+    h.count = count;
+    return h;
+  }
 
+  // Sends a malformed request to server 0 and checks its one reply: the request id and op the
+  // server could read from it (0 and Invalid when the envelope does not decode), `code`, a
+  // message that contains `says`, no data frames.
   void ExpectError(RawPeer& peer, std::vector<std::string> frames, StatusCode code,
                    const std::string& says) {
-    Header r = peer.Call(std::move(frames));
-    EXPECT_EQ(r.status, code) << r.message;
+    Header sent;
+    (void)DecodeHeader(frames[0].data(), frames[0].size(), &sent);
+    const uint64_t id = sent.request_id;
+    const Op op = static_cast<uint8_t>(sent.op) <= kMaxOp ? sent.op : Op::kInvalid;
+    std::vector<zmq::message_t> data;
+    Header r = peer.Call(std::move(frames), &data);
+    ++bad_requests_;
+    EXPECT_EQ(r.status, code) << "request " << id << " (" << OpName(op) << "): " << r.message;
     EXPECT_NE(r.message.find(says), std::string::npos)
         << "message '" << r.message << "' does not say '" << says << "'";
+    EXPECT_EQ(r.request_id, id) << "the reply to '" << says << "' carries another request id";
+    EXPECT_EQ(r.op, op) << "the reply to '" << says << "' carries another op";
+    EXPECT_TRUE(data.empty()) << "an error reply with data frames";
   }
 
   static constexpr uint64_t kNone = ~uint64_t{0};
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<Client> client_;
-  Table table_, dense_;
+  std::string admin_root_;
+  Table table_, dense_, big_;
   uint64_t own_key_ = kNone, other_key_ = kNone;
+  uint64_t next_id_ = 1000;
+  int64_t bad_requests_ = 0;
 };
 
 TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   RawPeer peer(cluster_->endpoints()[0]);
+  const int64_t errors_before = ErrorsCounter(*client_, 0);
+  ASSERT_GE(errors_before, 0) << "server 0's stats have no errors counter";
   const std::string keys1 = Bytes(std::vector<uint64_t>{own_key_});
 
+  // Envelopes that do not decode.
   ExpectError(peer, {"garbage that is not a flatbuffer"}, StatusCode::kInvalidArgument,
               "verification");
   ExpectError(peer, {std::string(kMaxEnvelopeBytes + 10, 'x')}, StatusCode::kInvalidArgument,
               "exceeds the limit");
+  ExpectError(peer, {std::string()}, StatusCode::kInvalidArgument, "empty envelope");
   Header v = PullHeader(1);
   v.version = kProtocolVersion + 1;
   ExpectError(peer, {Env(v), keys1}, StatusCode::kFailedPrecondition, "protocol version");
-  // Truncated and extra frames, size mismatches.
+  Header unknown_op = Request(static_cast<Op>(kMaxOp + 1));
+  ExpectError(peer, {Env(unknown_op)}, StatusCode::kInvalidArgument, "unknown op 17");
+  Header bad_elem = PullHeader(1);
+  bad_elem.elem_type = static_cast<ElemType>(9);
+  ExpectError(peer, {Env(bad_elem), keys1}, StatusCode::kInvalidArgument, "element type 9");
+  Header bad_status = Request(Op::kPing);
+  bad_status.status = static_cast<StatusCode>(40);
+  ExpectError(peer, {Env(bad_status)}, StatusCode::kInvalidArgument, "unknown status code");
+  // Sparse: truncated and extra frames, size mismatches.
   ExpectError(peer, {Env(PullHeader(1))}, StatusCode::kInvalidArgument, "expects 1 data frame");
   ExpectError(peer, {Env(PullHeader(1)), keys1, keys1}, StatusCode::kInvalidArgument, "got 2");
   ExpectError(peer, {Env(PullHeader(2)), keys1}, StatusCode::kInvalidArgument,
@@ -155,27 +215,81 @@ TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   push.op = Op::kSparsePush;
   ExpectError(peer, {Env(push), keys1, Bytes(std::vector<float>{1, NAN, 0, 0})},
               StatusCode::kInvalidArgument, "not finite");
+  push.request_id = ++next_id_;
   ExpectError(peer, {Env(push), keys1, Bytes(std::vector<float>{1, 2, 3})},
               StatusCode::kInvalidArgument, "values frame has 12 bytes, envelope implies 16");
-  // Dense range outside the table, or not this server's.
-  Header dr;
-  dr.request_id = 3;
-  dr.op = Op::kDensePull;
+  // Dense: outside the table, not this server's part, zero length, frames, type, finiteness.
+  const DenseRange mine = DenseRangeOfServer(big_.id, big_.spec.length, 0, 2);
+  ASSERT_LT(mine.begin, mine.end);
+  Header dr = Request(Op::kDensePull);
   dr.table_id = dense_.id;
   dr.offset = 90;
   dr.count = 20;
   ExpectError(peer, {Env(dr)}, StatusCode::kInvalidArgument, "outside table 'dense'");
-  // Bad table specs.
-  Header ct;
-  ct.op = Op::kCreateTable;
+  const uint64_t foreign = mine.begin > 0 ? 0 : mine.end;
+  ExpectError(peer, {Env(DenseHeader(Op::kDensePull, foreign, 1))}, StatusCode::kFailedPrecondition,
+              "is not within server 0's part");
+  ExpectError(peer, {Env(DenseHeader(Op::kDensePull, mine.begin, 0))}, StatusCode::kInvalidArgument,
+              "zero elements");
+  const std::string two_floats = Bytes(std::vector<float>{1, 2});
+  ExpectError(peer, {Env(DenseHeader(Op::kDensePush, mine.begin, 2))}, StatusCode::kInvalidArgument,
+              "DensePush expects 1 data frame(s), got 0");
+  Header dense_u64 = DenseHeader(Op::kDensePush, mine.begin, 2);
+  dense_u64.elem_type = ElemType::kU64;
+  ExpectError(peer, {Env(dense_u64), two_floats}, StatusCode::kInvalidArgument,
+              "dense values must be F32");
+  ExpectError(peer, {Env(DenseHeader(Op::kDensePush, mine.begin, 3)), two_floats},
+              StatusCode::kInvalidArgument, "values frame has 8 bytes, envelope implies 12");
+  ExpectError(
+      peer,
+      {Env(DenseHeader(Op::kDensePush, mine.begin, 2)), Bytes(std::vector<float>{0, INFINITY})},
+      StatusCode::kInvalidArgument,
+      "dense gradient element " + std::to_string(mine.begin + 1) + " is not finite");
+  // Bad table specs, unknown tables.
+  Header ct = Request(Op::kCreateTable);
   ExpectError(peer, {Env(ct)}, StatusCode::kInvalidArgument, "without a spec");
   ct.spec = TableSpec::Sparse("bad", 0);
   ExpectError(peer, {Env(ct)}, StatusCode::kInvalidArgument, "dim must be in");
   ct.spec = TableSpec::Sparse("emb", 16);
   ExpectError(peer, {Env(ct)}, StatusCode::kAlreadyExists, "dim: 4 vs 16");
+  Header gt = Request(Op::kGetTable);
+  gt.name = "nope";
+  ExpectError(peer, {Env(gt)}, StatusCode::kNotFound, "no table named 'nope'");
+  // Clocks, barriers, metadata records.
+  Header clock = Request(Op::kClock);
+  clock.clock = -5;
+  ExpectError(peer, {Env(clock)}, StatusCode::kInvalidArgument, "clock");
+  Header barrier = Request(Op::kBarrier);
+  barrier.name = "start";
+  ExpectError(peer, {Env(barrier)}, StatusCode::kInvalidArgument, "barrier with zero workers");
+  barrier.request_id = ++next_id_;
+  barrier.name.clear();
+  barrier.num_workers = 2;
+  ExpectError(peer, {Env(barrier)}, StatusCode::kInvalidArgument, "name");
+  Header meta = Request(Op::kGetMeta);
+  ExpectError(peer, {Env(meta)}, StatusCode::kInvalidArgument, "1..1024 bytes");
+  meta.request_id = ++next_id_;
+  meta.name = std::string(2000, 'm');
+  ExpectError(peer, {Env(meta)}, StatusCode::kInvalidArgument, "1024");
+  Header put = Request(Op::kPutMeta);
+  put.name = "m";
+  put.elem_type = ElemType::kBytes;
+  put.count = 1;
+  ExpectError(peer, {Env(put)}, StatusCode::kInvalidArgument, "PutMeta expects 1 data frame(s)");
+  put.request_id = ++next_id_;
+  ExpectError(peer, {Env(put), std::string((1 << 20) + 1, 'v')}, StatusCode::kResourceExhausted,
+              "limited to 1 MiB");
+  // Admin ops.
+  ExpectError(peer, {Env(Request(Op::kCheckpoint))}, StatusCode::kInvalidArgument,
+              "checkpoint without a directory");
+  ExpectError(peer, {Env(Request(Op::kExport))}, StatusCode::kInvalidArgument,
+              "export without a directory");
+  Header restore = Request(Op::kRestore);
+  restore.name = "never-written";
+  ExpectError(peer, {Env(restore)}, StatusCode::kNotFound, "no complete checkpoint");
+
   // A reply carries the request id it answers.
-  Header ping;
-  ping.op = Op::kPing;
+  Header ping = Request(Op::kPing);
   ping.request_id = 987654321;
   Header pong = peer.Call({Env(ping)});
   EXPECT_EQ(pong.status, StatusCode::kOk);
@@ -187,13 +301,14 @@ TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   ASSERT_EQ(data.size(), 1u);
   EXPECT_EQ(data[0].size(), 16u);
 
+  // Server 0 counted each bad request as an error, and only those.
+  EXPECT_EQ(ErrorsCounter(*client_, 0) - errors_before, bad_requests_)
+      << "server 0's errors counter does not match the " << bad_requests_
+      << " malformed requests it answered";
   // The server kept serving everyone: the regular client works on both servers.
   std::vector<uint64_t> keys = {own_key_, other_key_, 1, 2, 3};
   std::vector<float> out(keys.size() * 4);
   EXPECT_TRUE(client_->Wait(client_->Pull(table_, keys, out.data())).ok());
-  auto stats = client_->ServerStats(0);
-  ASSERT_TRUE(stats.ok());
-  EXPECT_NE(stats->find("errors "), std::string::npos);
 }
 
 TEST_F(BadInputTest, OversizedFrameDropsOnlyThatPeer) {
