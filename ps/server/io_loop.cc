@@ -3,6 +3,7 @@
 // clocks, barriers).
 #include <glog/logging.h>
 
+#include <cerrno>
 #include <sstream>
 #include <zmq_addon.hpp>
 
@@ -40,7 +41,13 @@ void ServerImpl::ReceiveBurst() {
   // Bound the burst so replies keep flowing under load.
   for (int i = 0; i < 256; ++i) {
     std::vector<zmq::message_t> parts;
-    auto n = zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    std::optional<size_t> n;
+    try {
+      n = zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      break;  // a signal in an embedding process: the next poll comes back here
+    }
     if (!n) break;
     HandleMessage(std::move(parts));
   }
@@ -73,7 +80,13 @@ void ServerImpl::Maintain() {
 void ServerImpl::ForwardReplies() {
   for (;;) {
     std::vector<zmq::message_t> parts;
-    auto n = zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    std::optional<size_t> n;
+    try {
+      n = zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      return;  // a signal in an embedding process: the next poll comes back here
+    }
     if (!n) return;
     SendToPeer(parts);
   }
