@@ -23,6 +23,7 @@
 #include "ps/initializer.h"
 #include "ps/optimizer.h"
 #include "ps/routing.h"
+#include "storage/log_file_internal.h"
 #include "storage/rocksdb_engine_internal.h"
 #include "storage/rocksdb_tuning_internal.h"
 #include "storage/row_cache_internal.h"
@@ -92,6 +93,81 @@ using internal::IdleRow;
 
 class RocksDbEngine;
 
+// One lane's rows (and applied mark) handed to the engine's writer thread. The lane copies the
+// rows out (the copy is the snapshot the writer writes); the writer sorts and batches them.
+// Reused by the lane once done, so its buffers do not fault in fresh pages every time.
+struct WriteBackJob {
+  static constexpr int kQueued = 0, kDone = 1, kFailed = 2;
+  // Sparse rows of one column family: records of a kSparseKeyBytes key, then the row.
+  struct Family {
+    rocksdb::ColumnFamilyHandle* cf = nullptr;
+    size_t value_bytes = 0;
+    std::string records;
+  };
+  std::vector<Family> families;
+  size_t used_families = 0;
+  // The lane's applied mark and its dense chunks; the writer appends the sparse rows.
+  rocksdb::WriteBatch batch;
+  Status error;  // set before state leaves kQueued
+  std::atomic<int> state{kQueued};
+
+  void Reset() {
+    for (Family& f : families) f.records.clear();
+    used_families = 0;
+    batch.Clear();
+    error = Status::OK();
+    state.store(kQueued, std::memory_order_relaxed);
+  }
+  Family& NextFamily(rocksdb::ColumnFamilyHandle* cf, size_t value_bytes) {
+    if (used_families == families.size()) families.emplace_back();
+    Family& f = families[used_families++];
+    f.cf = cf;
+    f.value_bytes = value_bytes;
+    return f;
+  }
+  // Appends the sparse rows to `batch` in key order: a memtable insert in order starts its
+  // skiplist search where the previous key went (measured: the unsorted inserts were a quarter
+  // of a durable server's CPU).
+  Status AppendSortedRows();
+  void Wait() {
+    for (int s = state.load(std::memory_order_acquire); s == kQueued;
+         s = state.load(std::memory_order_acquire)) {
+      state.wait(s, std::memory_order_acquire);
+    }
+  }
+};
+
+Status WriteBackJob::AppendSortedRows() {
+  struct Order {
+    uint64_t hi;  // key bytes 0..7, big-endian: slot and the key's high 48 bits
+    uint32_t lo;  // key bytes 8..9
+    uint32_t pos;
+  };
+  std::vector<Order> order;
+  for (size_t f = 0; f < used_families; ++f) {
+    const Family& fam = families[f];
+    const size_t rec = internal::kSparseKeyBytes + fam.value_bytes;
+    const size_t n = fam.records.size() / rec;
+    order.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const char* k = fam.records.data() + i * rec;
+      order[i] = Order{internal::GetBigEndian64(k),
+                       (uint32_t{static_cast<uint8_t>(k[8])} << 8) | static_cast<uint8_t>(k[9]),
+                       static_cast<uint32_t>(i)};
+    }
+    std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
+      return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
+    });
+    for (const Order& o : order) {
+      const char* r = fam.records.data() + size_t{o.pos} * rec;
+      auto s = batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
+                         rocksdb::Slice(r + internal::kSparseKeyBytes, fam.value_bytes));
+      if (!s.ok()) return FromRocks(s, "building the write-back batch");
+    }
+  }
+  return Status::OK();
+}
+
 // ------------------------------------------------------------------------------------ lane
 class RocksDbLaneStore final : public LaneStore {
  public:
@@ -108,6 +184,8 @@ class RocksDbLaneStore final : public LaneStore {
   Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                     const float* grad, const ApplyContext& ctx) override;
   Status Commit() override;
+  Status WriteBack(bool wait) override;
+  uint64_t dirty_bytes() const override;
   Status Scan(uint64_t table_id, const RowVisitor& fn) override;
   StoreStats stats() const override;
   Status Maintain(const ApplyContext& ctx) override;
@@ -134,10 +212,12 @@ class RocksDbLaneStore final : public LaneStore {
     uint32_t floats = 0;  // sparse: value + state per row
     bool gated = false;   // admission needs counting
     std::unique_ptr<CachedRows> rows;
-    std::vector<uint32_t> dirty_slots;
+    std::vector<uint32_t> dirty_slots;  // rows with kDirty (slot numbers: no Compact meanwhile)
+    std::vector<uint64_t> flight_keys;  // rows handed to the writer (pinned until it is done)
     absl::flat_hash_map<uint64_t, uint32_t> pending;  // pushes seen of keys not yet admitted
     absl::flat_hash_map<uint64_t, DenseChunk> dense;
     std::vector<uint64_t> dirty_chunks;
+    std::vector<uint64_t> flight_chunks;
     // Incremental disk sweep of Maintain(): index into the lane's slots and the key to resume at.
     size_t sweep_slot = 0;
     std::string sweep_from;
@@ -149,10 +229,19 @@ class RocksDbLaneStore final : public LaneStore {
   void MakeRoom(const Table& t);
   uint32_t InsertRow(Table* t, uint64_t key);
   void EraseRow(Table* t, uint32_t slot);
+  // A changed row stays pinned in memory until the writer has made it durable.
   void MarkDirty(Table* t, uint32_t slot) {
-    if ((t->rows->header(slot).flags & CachedRows::kPinned) == 0) {
+    CachedRows::Header& h = t->rows->header(slot);
+    if ((h.flags & CachedRows::kDirty) == 0) {
+      h.flags |= CachedRows::kDirty;
       t->rows->Pin(slot);
       t->dirty_slots.push_back(slot);
+    }
+  }
+  void MarkChunkDirty(Table* t, uint64_t chunk, DenseChunk* c) {
+    if (!c->dirty) {
+      c->dirty = true;
+      t->dirty_chunks.push_back(chunk);
     }
   }
   // Reads the rows of keys[misses[..]] from disk (deduplicated) into fetched_*; validates them.
@@ -164,8 +253,13 @@ class RocksDbLaneStore final : public LaneStore {
     return std::string_view(fetch_bytes_.data() + fetch_off_[it->second], fetch_len_[it->second]);
   }
   Result<DenseChunk*> GetChunk(Table* t, uint64_t chunk);
-  void Rollback();
   bool HasDirty() const;
+  // Encodes the dirty rows and the applied mark into a batch for the writer; the rows stay
+  // pinned until Reap().
+  Status HandOff();
+  // After the writer finished the hand-off in flight: unpins its rows (ok) or marks them dirty
+  // again (failed: they go out with the next hand-off). Returns the writer's status.
+  Status Reap();
   // Lane's slots, in order.
   const std::vector<uint32_t>& lane_slots() const { return lane_slots_; }
   Status SweepDisk(Table* t, const ApplyContext& ctx, rocksdb::WriteBatch* batch);
@@ -191,7 +285,11 @@ class RocksDbLaneStore final : public LaneStore {
   std::string encode_buf_;
   std::vector<float> scratch_row_;
   uint64_t applied_seq_ = 0;    // request-log entries applied (in memory)
-  uint64_t committed_seq_ = 0;  // ... and stored with the rows
+  uint64_t committed_seq_ = 0;  // ... and durable with the rows
+  std::shared_ptr<WriteBackJob> flight_;  // the hand-off being written, if any
+  std::shared_ptr<WriteBackJob> spare_;   // the last one, for its buffers
+  uint64_t flight_seq_ = 0;                         // the mark it carries
+  uint64_t flight_rows_ = 0;
 };
 
 // ------------------------------------------------------------------------------------ engine
@@ -209,6 +307,7 @@ class RocksDbEngine final : public StorageEngine {
   Status CreateCheckpoint(const std::string& dir) override;
   bool durable() const override { return true; }
   Status AppendLog(uint64_t seq, std::string_view entry) override;
+  Status AppendLogParts(uint64_t seq, std::span<const std::string_view> parts) override;
   Status ScanLog(uint64_t after,
                  const std::function<Status(uint64_t, std::string_view)>& fn) override;
   Status TruncateLog(uint64_t upto) override;
@@ -219,8 +318,12 @@ class RocksDbEngine final : public StorageEngine {
   const std::string& dir() const { return options_.data_dir; }
   // The column family of a table, created on first use; checks the stored layout.
   Result<rocksdb::ColumnFamilyHandle*> TableFamily(uint64_t table_id, const std::string& layout);
-  // Writes a lane's batch as durably as the mode asks.
+  // Writes a batch with the WAL, as durably as the mode asks.
   Status Write(rocksdb::WriteBatch* batch);
+  // Writes rows without the WAL: durable at the next memtable flush (atomic across families).
+  Status WriteRows(rocksdb::WriteBatch* batch);
+  // Queues a lane's hand-off for the writer thread.
+  void Submit(std::shared_ptr<WriteBackJob> job);
   void ReleaseLane(uint32_t lane) {
     std::lock_guard<std::mutex> l(mu_);
     open_lanes_.erase(lane);
@@ -231,6 +334,10 @@ class RocksDbEngine final : public StorageEngine {
   RocksDbEngine(const StorageOptions& options) : options_(options) {}
   Status DurableMetaWrite(rocksdb::WriteBatch* batch);
   void FlusherLoop();
+  void WriterLoop();
+  // Writes a round of hand-offs, then flushes every memtable: their rows and marks are on disk
+  // together or not at all.
+  void WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round);
   Status BackgroundError() {
     if (!has_bg_error_.load(std::memory_order_acquire)) return Status::OK();
     std::lock_guard<std::mutex> l(mu_);
@@ -250,7 +357,19 @@ class RocksDbEngine final : public StorageEngine {
   Status bg_error_;                                            // guarded by mu_
   std::atomic<bool> has_bg_error_{false};
 
-  // Relaxed mode: a thread flushes the WAL buffer every relaxed_window_ms / 2.
+  // The request log (docs/storage.md); the "log" family holds entries of older versions only.
+  std::unique_ptr<internal::LogFile> log_file_;
+  bool legacy_log_ = false;
+
+  // The writer thread of write-back hand-offs.
+  std::thread writer_;
+  std::mutex writer_mu_;
+  std::condition_variable writer_cv_;
+  std::vector<std::shared_ptr<WriteBackJob>> jobs_;  // guarded by writer_mu_
+  bool writer_stop_ = false;                         // guarded by writer_mu_
+  bool resume_ = false;                              // writer thread: the last round failed
+
+  // Relaxed mode: a thread flushes the log buffer (and the WAL) every relaxed_window_ms / 2.
   std::thread flusher_;
   std::mutex flusher_mu_;
   std::condition_variable flusher_cv_;
@@ -318,6 +437,19 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
       engine->families_[id] = engine->handles_[i];
     }
   }
+  {
+    // Entries an older version logged into the "log" family are replayed once, then deleted.
+    std::unique_ptr<rocksdb::Iterator> it(
+        engine->db_->NewIterator(rocksdb::ReadOptions(), engine->log_cf_));
+    it->SeekToFirst();
+    engine->legacy_log_ = it->Valid();
+  }
+  internal::LogFileOptions lo;
+  lo.dir = options.data_dir + "/request-log";
+  lo.fsync = options.fsync;
+  lo.buffered = options.durability == Durability::kRelaxed;
+  TESSERA_ASSIGN_OR_RETURN(engine->log_file_, internal::LogFile::Open(lo));
+  engine->writer_ = std::thread([e = engine.get()] { e->WriterLoop(); });
   if (options.durability == Durability::kRelaxed) {
     engine->flusher_ = std::thread([e = engine.get()] { e->FlusherLoop(); });
   }
@@ -325,6 +457,14 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
 }
 
 RocksDbEngine::~RocksDbEngine() {
+  if (writer_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(writer_mu_);
+      writer_stop_ = true;
+    }
+    writer_cv_.notify_all();
+    writer_.join();
+  }
   if (flusher_.joinable()) {
     {
       std::lock_guard<std::mutex> l(flusher_mu_);
@@ -333,6 +473,7 @@ RocksDbEngine::~RocksDbEngine() {
     flusher_cv_.notify_all();
     flusher_.join();
   }
+  log_file_.reset();  // writes what the relaxed mode buffered
   if (db_ == nullptr) return;
   if (options_.durability == Durability::kRelaxed) {
     auto s = db_->FlushWAL(options_.fsync);
@@ -352,11 +493,12 @@ void RocksDbEngine::FlusherLoop() {
     flusher_cv_.wait_for(l, period, [this] { return stop_; });
     if (stop_) break;
     l.unlock();
-    auto s = db_->FlushWAL(options_.fsync);
+    Status s = log_file_->Flush();
+    if (s.ok()) s = FromRocks(db_->FlushWAL(options_.fsync), "flushing the WAL");
     if (!s.ok()) {
       std::lock_guard<std::mutex> g(mu_);
       if (bg_error_.ok()) {
-        bg_error_ = FromRocks(s, "flushing the WAL of '" + options_.data_dir + "'");
+        bg_error_ = s.WithContext("'" + options_.data_dir + "'");
         LOG(ERROR) << bg_error_.ToString();
       }
       has_bg_error_.store(true, std::memory_order_release);
@@ -370,6 +512,61 @@ Status RocksDbEngine::Write(rocksdb::WriteBatch* batch) {
   rocksdb::WriteOptions wo;
   wo.sync = options_.fsync && options_.durability == Durability::kStrict;
   return FromRocks(db_->Write(wo, batch), "writing to '" + options_.data_dir + "'");
+}
+
+Status RocksDbEngine::WriteRows(rocksdb::WriteBatch* batch) {
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = true;
+  return FromRocks(db_->Write(wo, batch), "writing rows to '" + options_.data_dir + "'");
+}
+
+void RocksDbEngine::Submit(std::shared_ptr<WriteBackJob> job) {
+  {
+    std::lock_guard<std::mutex> l(writer_mu_);
+    jobs_.push_back(std::move(job));
+  }
+  writer_cv_.notify_one();
+}
+
+void RocksDbEngine::WriterLoop() {
+  std::vector<std::shared_ptr<WriteBackJob>> round;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(writer_mu_);
+      writer_cv_.wait(l, [this] { return writer_stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+      round.swap(jobs_);
+    }
+    WriteRound(round);
+    round.clear();
+  }
+}
+
+void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round) {
+  Status s;
+  if (resume_) {
+    // The last round failed and RocksDB may refuse writes until it recovers (space freed).
+    // Busy: its own recovery runs; the writes below tell whether it is done.
+    const rocksdb::Status r = db_->Resume();
+    if (!r.ok() && !r.IsBusy()) {
+      s = FromRocks(r, "resuming '" + options_.data_dir + "' after a failed write");
+    }
+  }
+  for (auto& job : round) {
+    if (s.ok()) s = job->AppendSortedRows();
+    if (s.ok()) s = WriteRows(&job->batch);
+  }
+  // Rows went in without the WAL: they and their marks are durable once every memtable is
+  // flushed, atomically across the column families (atomic_flush).
+  if (s.ok()) s = FlushMemtables();
+  resume_ = !s.ok();
+  if (!s.ok()) LOG(WARNING) << "write-back: " << s.ToString();
+  for (auto& job : round) {
+    job->error = s;
+    job->state.store(s.ok() ? WriteBackJob::kDone : WriteBackJob::kFailed,
+                     std::memory_order_release);
+    job->state.notify_all();
+  }
 }
 
 Status RocksDbEngine::DurableMetaWrite(rocksdb::WriteBatch* batch) {
@@ -476,29 +673,39 @@ Status RocksDbEngine::CreateCheckpoint(const std::string& dir) {
 }
 
 Status RocksDbEngine::AppendLog(uint64_t seq, std::string_view entry) {
-  rocksdb::WriteBatch b;
-  auto s = b.Put(log_cf_, SeqKey(seq), rocksdb::Slice(entry.data(), entry.size()));
-  if (!s.ok()) return FromRocks(s, "building a request-log entry");
-  return Write(&b);
+  TESSERA_RETURN_IF_ERROR(BackgroundError());
+  return log_file_->Append(seq, entry);
+}
+
+Status RocksDbEngine::AppendLogParts(uint64_t seq, std::span<const std::string_view> parts) {
+  TESSERA_RETURN_IF_ERROR(BackgroundError());
+  return log_file_->Append(seq, parts);
 }
 
 Status RocksDbEngine::ScanLog(uint64_t after,
                               const std::function<Status(uint64_t, std::string_view)>& fn) {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), log_cf_));
-  for (it->Seek(SeqKey(after + 1)); it->Valid(); it->Next()) {
-    if (it->key().size() != 8) return Status::Corruption("malformed request-log key");
-    TESSERA_RETURN_IF_ERROR(
-        fn(SeqOfKey(it->key()), std::string_view(it->value().data(), it->value().size())));
+  if (legacy_log_) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), log_cf_));
+    for (it->Seek(SeqKey(after + 1)); it->Valid(); it->Next()) {
+      if (it->key().size() != 8) return Status::Corruption("malformed request-log key");
+      const uint64_t seq = SeqOfKey(it->key());
+      TESSERA_RETURN_IF_ERROR(fn(seq, std::string_view(it->value().data(), it->value().size())));
+      after = std::max(after, seq);
+    }
+    TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "reading the request log"));
   }
-  return FromRocks(it->status(), "reading the request log");
+  return log_file_->Scan(after, fn);
 }
 
 Status RocksDbEngine::TruncateLog(uint64_t upto) {
   if (upto == 0) return Status::OK();
-  rocksdb::WriteBatch b;
-  auto s = b.DeleteRange(log_cf_, SeqKey(0), SeqKey(upto + 1));
-  if (!s.ok()) return FromRocks(s, "truncating the request log");
-  return Write(&b);
+  if (legacy_log_) {
+    rocksdb::WriteBatch b;
+    auto s = b.DeleteRange(log_cf_, SeqKey(0), SeqKey(upto + 1));
+    if (!s.ok()) return FromRocks(s, "truncating the request log");
+    TESSERA_RETURN_IF_ERROR(Write(&b));
+  }
+  return log_file_->Truncate(upto);
 }
 
 Status RocksDbEngine::FlushMemtables() {
@@ -785,87 +992,135 @@ Status RocksDbLaneStore::DenseApply(uint64_t table_id, uint64_t chunk, uint32_t 
   c->meta.last_update_s = ctx.now_s;
   t->opt->Apply(c->data.data(), c->data.data() + c->len, grad, c->len, begin, end,
                 c->meta.update_count);
-  if (!c->dirty) {
-    c->dirty = true;
-    t->dirty_chunks.push_back(chunk);
-  }
+  MarkChunkDirty(t, chunk, c);
   ++stats_.applies;
   return Status::OK();
 }
 
 bool RocksDbLaneStore::HasDirty() const {
-  for (const Table* t : sparse_tables_) {
-    if (!t->dirty_slots.empty()) return true;
-  }
   for (const auto& [id, t] : tables_) {
-    if (!t->dirty_chunks.empty()) return true;
+    if (!t->dirty_slots.empty() || !t->dirty_chunks.empty()) return true;
   }
   return false;
 }
 
-void RocksDbLaneStore::Rollback() {
-  // The request log still holds what was not committed: replay starts from the committed mark.
-  applied_seq_ = committed_seq_;
-  // The memory copies are ahead of the disk: drop them so the next read gets the committed row.
-  for (auto& [id, t] : tables_) {
-    for (uint32_t slot : t->dirty_slots) EraseRow(t.get(), slot);
-    t->dirty_slots.clear();
-    for (uint64_t chunk : t->dirty_chunks) t->dense.erase(chunk);
-    t->dirty_chunks.clear();
+uint64_t RocksDbLaneStore::dirty_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& [id, t] : tables_) {
+    if (t->rows) bytes += (t->dirty_slots.size() + t->flight_keys.size()) * t->rows->slot_bytes();
+    // Dense: t->floats is the state per element.
+    bytes += (t->dirty_chunks.size() + t->flight_chunks.size()) * sizeof(float) *
+             kDenseChunkFloats * (1 + t->floats);
   }
+  return bytes;
 }
 
-Status RocksDbLaneStore::Commit() {
-  if (!HasDirty() && applied_seq_ == committed_seq_) return Status::OK();
-  batch_.Clear();
-  if (applied_seq_ != committed_seq_) {
-    // The applied-log mark goes in the same batch as the rows it describes.
-    auto s = batch_.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_), SeqKey(applied_seq_));
-    if (!s.ok()) {
-      Rollback();
-      return FromRocks(s, "building the commit batch");
-    }
+Status RocksDbLaneStore::HandOff() {
+  std::shared_ptr<WriteBackJob> job = std::move(spare_);
+  if (job) {
+    job->Reset();
+  } else {
+    job = std::make_shared<WriteBackJob>();
   }
+  // The applied-log mark goes in the same batch as the rows it describes.
+  auto s = job->batch.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_),
+                          SeqKey(applied_seq_));
   uint64_t rows = 0;
   for (auto& [id, t] : tables_) {
-    for (uint32_t slot : t->dirty_slots) {
-      const CachedRows::Header& h = t->rows->header(slot);
-      internal::EncodeRow(t->rows->row(slot), t->floats, h.meta, &encode_buf_);
-      const auto key = internal::EncodeSparseKey(h.key);
-      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kSparseKeyBytes), encode_buf_);
-      if (!s.ok()) {
-        Rollback();
-        return FromRocks(s, "building the commit batch");
+    if (!t->dirty_slots.empty()) {
+      const size_t value_bytes = internal::RowBytes(t->floats);
+      const size_t rec = internal::kSparseKeyBytes + value_bytes;
+      WriteBackJob::Family& f = job->NextFamily(t->cf, value_bytes);
+      f.records.resize(t->dirty_slots.size() * rec);
+      char* out = f.records.data();
+      for (uint32_t slot : t->dirty_slots) {
+        CachedRows::Header& h = t->rows->header(slot);
+        std::memcpy(out, internal::EncodeSparseKey(h.key).bytes, internal::kSparseKeyBytes);
+        internal::EncodeRowTo(t->rows->row(slot), t->floats, h.meta,
+                              out + internal::kSparseKeyBytes);
+        out += rec;
+        h.flags &= ~CachedRows::kDirty;  // still pinned: evicted, it would read back stale
+        t->flight_keys.push_back(h.key);
       }
     }
     for (uint64_t chunk : t->dirty_chunks) {
-      const DenseChunk& c = t->dense.at(chunk);
+      DenseChunk& c = t->dense.at(chunk);
       internal::EncodeRow(c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta,
                           &encode_buf_);
       const auto key = internal::EncodeDenseKey(chunk);
-      auto s = batch_.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes), encode_buf_);
-      if (!s.ok()) {
-        Rollback();
-        return FromRocks(s, "building the commit batch");
+      if (s.ok()) {
+        s = job->batch.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes),
+                           encode_buf_);
       }
+      c.dirty = false;
+      t->flight_chunks.push_back(chunk);
     }
     rows += t->dirty_slots.size() + t->dirty_chunks.size();
-  }
-  Status st = engine_->Write(&batch_);
-  if (!st.ok()) {
-    Rollback();
-    return st;
-  }
-  for (auto& [id, t] : tables_) {
-    for (uint32_t slot : t->dirty_slots) t->rows->Unpin(slot);
     t->dirty_slots.clear();
-    for (uint64_t chunk : t->dirty_chunks) t->dense.at(chunk).dirty = false;
     t->dirty_chunks.clear();
+    // No slot numbers are held now: the arena may move rows.
+    if (t->rows) t->rows->Compact();
   }
-  ++stats_.commits;
-  stats_.rows_written += rows;
-  committed_seq_ = applied_seq_;
+  flight_ = job;
+  flight_seq_ = applied_seq_;
+  flight_rows_ = rows;
+  if (!s.ok()) {
+    // A batch RocksDB cannot hold (over its 4 GiB limit): nothing goes out, rows stay dirty.
+    job->error = FromRocks(s, "building the write-back batch");
+    job->state.store(WriteBackJob::kFailed);
+    return Reap();
+  }
+  engine_->Submit(std::move(job));
   return Status::OK();
+}
+
+Status RocksDbLaneStore::Reap() {
+  std::shared_ptr<WriteBackJob> job = std::move(flight_);
+  const bool ok = job->state.load(std::memory_order_acquire) == WriteBackJob::kDone;
+  for (auto& [id, t] : tables_) {
+    for (uint64_t key : t->flight_keys) {
+      const uint32_t slot = t->rows->Find(key);  // pinned: still there
+      if (slot == CachedRows::kNoSlot) continue;
+      if (!ok) {
+        MarkDirty(t.get(), slot);
+      } else if ((t->rows->header(slot).flags & CachedRows::kDirty) == 0) {
+        t->rows->Unpin(slot);
+      }
+    }
+    t->flight_keys.clear();
+    if (!ok) {
+      for (uint64_t chunk : t->flight_chunks) MarkChunkDirty(t.get(), chunk, &t->dense.at(chunk));
+    }
+    t->flight_chunks.clear();
+  }
+  const Status error = job->error;
+  spare_ = std::move(job);
+  if (!ok) return error;
+  committed_seq_ = flight_seq_;
+  ++stats_.commits;
+  stats_.rows_written += flight_rows_;
+  return Status::OK();
+}
+
+Status RocksDbLaneStore::WriteBack(bool wait) {
+  Status reaped;
+  if (flight_) {
+    if (!wait && flight_->state.load(std::memory_order_acquire) == WriteBackJob::kQueued) {
+      return Status::OK();  // one hand-off at a time
+    }
+    flight_->Wait();
+    reaped = Reap();
+  }
+  if (!HasDirty() && applied_seq_ == committed_seq_) return reaped;
+  Status s = HandOff();
+  return reaped.ok() ? s : reaped;
+}
+
+Status RocksDbLaneStore::Commit() {
+  (void)WriteBack(/*wait=*/true);  // a failed earlier hand-off goes out again with this one
+  if (!flight_) return Status::OK();
+  flight_->Wait();
+  return Reap();
 }
 
 Status RocksDbLaneStore::Scan(uint64_t table_id, const RowVisitor& fn) {
@@ -952,10 +1207,7 @@ Status RocksDbLaneStore::PutDenseChunk(uint64_t table_id, uint64_t chunk, const 
   c.len = internal::DenseChunkLength(t->spec.length, chunk);
   c.data.assign(row, row + c.len + t->opt->StateFloats(c.len));
   c.meta = meta;
-  if (!c.dirty) {
-    c.dirty = true;
-    t->dirty_chunks.push_back(chunk);
-  }
+  MarkChunkDirty(t, chunk, &c);
   return Status::OK();
 }
 
@@ -1005,7 +1257,6 @@ Status RocksDbLaneStore::SweepDisk(Table* t, const ApplyContext& ctx, rocksdb::W
 }
 
 Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
-  TESSERA_RETURN_IF_ERROR(Commit());
   rocksdb::WriteBatch deletes;
   std::vector<uint32_t> idle;
   for (Table* t : sparse_tables_) {
@@ -1015,7 +1266,9 @@ Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
     TESSERA_RETURN_IF_ERROR(SweepDisk(t, ctx, &deletes));
     idle.clear();
     t->rows->ForEachSlot([&](uint32_t slot) {
-      if (IdleRow(e, t->rows->header(slot).meta, ctx)) idle.push_back(slot);
+      const CachedRows::Header& h = t->rows->header(slot);
+      // A pinned row is not durable yet; it goes once the writer is done with it.
+      if ((h.flags & CachedRows::kPinned) == 0 && IdleRow(e, h.meta, ctx)) idle.push_back(slot);
       return true;
     });
     for (uint32_t slot : idle) {
@@ -1030,8 +1283,11 @@ Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
       EraseRow(t, slot);
     }
   }
-  if (deletes.Count() > 0) TESSERA_RETURN_IF_ERROR(engine_->Write(&deletes));
-  for (Table* t : sparse_tables_) t->rows->Compact();
+  // Without the WAL, like the rows: a delete lost in a crash only brings an idle row back.
+  if (deletes.Count() > 0) TESSERA_RETURN_IF_ERROR(engine_->WriteRows(&deletes));
+  for (Table* t : sparse_tables_) {
+    if (t->dirty_slots.empty()) t->rows->Compact();
+  }
   return Status::OK();
 }
 

@@ -54,7 +54,12 @@ rocksdb::DBOptions TunedDbOptions(const StorageOptions& options) {
   db.manual_wal_flush = options.durability == Durability::kRelaxed;
   db.max_background_jobs = options.background_jobs;
   db.bytes_per_sync = 1 << 20;
-  db.max_total_wal_size = uint64_t{512} << 20;
+  // Rows are written without the WAL (the request log holds what they lack); a memtable flush
+  // must then persist every column family at the same point, or a lane's rows could reach disk
+  // without the applied-log mark written in the same batch (docs/storage.md).
+  db.atomic_flush = true;
+  // The WAL holds only small metadata records now.
+  db.max_total_wal_size = uint64_t{64} << 20;
   db.keep_log_file_num = 4;
   db.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   return db;

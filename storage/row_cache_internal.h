@@ -26,7 +26,8 @@ class CachedRows {
   /// Flag bits of a slot.
   static constexpr uint32_t kLive = 1;        ///< The slot holds a row.
   static constexpr uint32_t kReferenced = 2;  ///< Used since the CLOCK hand last passed.
-  static constexpr uint32_t kPinned = 4;      ///< Updated since the last commit: not evictable.
+  static constexpr uint32_t kPinned = 4;      ///< Not yet durable in RocksDB: not evictable.
+  static constexpr uint32_t kDirty = 8;       ///< Changed since its last hand-off to the writer.
 
   struct Header {
     uint64_t key;  // free slots: the next free slot

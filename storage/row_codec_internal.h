@@ -73,15 +73,19 @@ inline DenseKey EncodeDenseKey(uint64_t chunk) {
 /// Bytes of a stored row of `floats` floats (value + state).
 inline size_t RowBytes(uint32_t floats) { return size_t{floats} * sizeof(float) + kMetaBytes; }
 
-/// Appends the row (floats, then meta) to `out` after clearing it.
+/// Writes the row (floats, then meta) to out[0 .. RowBytes(floats)).
+inline void EncodeRowTo(const float* row, uint32_t floats, const RowMeta& meta, char* out) {
+  std::memcpy(out, row, size_t{floats} * sizeof(float));
+  out += size_t{floats} * sizeof(float);
+  std::memcpy(out, &meta.update_count, 4);
+  std::memcpy(out + 4, &meta.last_step, 4);
+  std::memcpy(out + 8, &meta.last_update_s, 4);
+}
+
+/// Replaces `out` with the encoded row.
 inline void EncodeRow(const float* row, uint32_t floats, const RowMeta& meta, std::string* out) {
   out->resize(RowBytes(floats));
-  char* p = out->data();
-  std::memcpy(p, row, size_t{floats} * sizeof(float));
-  p += size_t{floats} * sizeof(float);
-  std::memcpy(p, &meta.update_count, 4);
-  std::memcpy(p + 4, &meta.last_step, 4);
-  std::memcpy(p + 8, &meta.last_update_s, 4);
+  EncodeRowTo(row, floats, meta, out->data());
 }
 
 /// Decodes a stored row; Corruption (naming `what`) unless it has exactly the expected size.

@@ -80,10 +80,24 @@ class LaneStore {
   virtual Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                             const float* grad, const ApplyContext& ctx) = 0;
 
-  /// Makes every update applied so far as durable as the store is configured to (strict mode:
-  /// survives kill -9 once this returns OK). The lane calls it before acknowledging pushes, once
-  /// per batch of queued requests (group commit).
+  /// Makes every update applied so far durable (survives kill -9 once this returns OK) and
+  /// waits for it. A server calls it only for writes its request log does not hold (restores);
+  /// logged pushes go out through WriteBack().
   virtual Status Commit() = 0;
+
+  /// Write-back: hands the rows changed so far, with the applied-log mark, to the engine's
+  /// writer and returns without waiting for the disk. They are durable, and committed_seq()
+  /// advances, once the writer has written them (a later call notices); until then they stay
+  /// pinned in memory, where reads find them. One hand-off is in flight per lane: with `wait`
+  /// false and one in flight this returns at once; with `wait` true it waits for it first (the
+  /// server's back-pressure). Returns the error of a hand-off that failed; its rows stay dirty
+  /// and go out with the next one. Default: Commit().
+  virtual Status WriteBack(bool wait) {
+    (void)wait;
+    return Commit();
+  }
+  /// Bytes of changed rows not yet durable (dirty or being written). Default: 0.
+  virtual uint64_t dirty_bytes() const { return 0; }
 
   /// Visits every stored row of a sparse table (value and state are dim and StateFloats(dim)
   /// floats). Stops early when `fn` returns false.
@@ -97,18 +111,21 @@ class LaneStore {
   virtual StoreStats stats() const = 0;
 
   /// Records that every request-log entry up to `seq` has been applied to this lane; the next
-  /// Commit() stores the mark atomically with the rows (see StorageEngine::AppendLog).
+  /// Commit() or WriteBack() stores the mark atomically with the rows (see
+  /// StorageEngine::AppendLog).
   virtual void SetAppliedSeq(uint64_t seq) { (void)seq; }
-  /// The mark stored by the last successful Commit() (recovered on open); 0 if none.
+  /// The mark durable with the rows (recovered on open; advanced by Commit() and by WriteBack()
+  /// calls that find a hand-off written); 0 if none.
   virtual uint64_t committed_seq() const { return 0; }
 
   /// Housekeeping the lane calls on a schedule, between request batches (suggested: every 1 s;
   /// the relaxed mode's WAL flushes do not depend on it): deletes the rows of sparse
   /// tables whose eviction policy says they are idle (ctx.step and ctx.now_s are the current
   /// push counter and time; a row is idle when ctx.step - last_step > max_idle_steps or
-  /// ctx.now_s - last_update_s > max_idle_seconds), returns memory the tier no longer needs, and
-  /// commits (as Commit()). Large tables on disk are swept incrementally: each call examines a
-  /// bounded number of rows and carries on where the previous call stopped. Default: no-op.
+  /// ctx.now_s - last_update_s > max_idle_seconds; rows not yet durable wait for their write),
+  /// and returns memory the tier no longer needs. Large tables on disk are swept incrementally:
+  /// each call examines a bounded number of rows and carries on where the previous call
+  /// stopped. Default: no-op.
   virtual Status Maintain(const ApplyContext& ctx) {
     (void)ctx;
     return Status::OK();
@@ -167,6 +184,12 @@ class StorageEngine {
   virtual Status AppendLog(uint64_t seq, std::string_view entry) {
     (void)seq, (void)entry;
     return Status::OK();
+  }
+  /// AppendLog of the concatenation of `parts`; engines with a log write them without copying.
+  virtual Status AppendLogParts(uint64_t seq, std::span<const std::string_view> parts) {
+    std::string entry;
+    for (std::string_view p : parts) entry.append(p);
+    return AppendLog(seq, entry);
   }
   /// Visits entries with sequence number > `after`, in order.
   virtual Status ScanLog(uint64_t after,

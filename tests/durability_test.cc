@@ -3,11 +3,13 @@
 // applied wholly or not at all.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "ps/client/client.h"
+#include "ps/server/server.h"
 #include "tests/cluster_fixture.h"
 
 namespace tessera {
@@ -120,6 +122,40 @@ void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound)
 TEST(DurabilityTest, StrictModeLosesNothingAcknowledged) { KillLoop("strict", 5, true); }
 
 TEST(DurabilityTest, RelaxedModeAppliesWholePushes) { KillLoop("relaxed", 3, false); }
+
+// A data_dir holds the slots of one rank in a cluster of one size: a server of another rank or
+// cluster size would serve initial values for rows stored under the other layout. Refused at
+// start, naming both layouts; the right server still starts on it.
+TEST(DurabilityTest, DataDirOfAnotherRankOrClusterSizeIsRefused) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("tessera-foreign-" + std::to_string(getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  auto start = [&](uint32_t rank, uint32_t servers) {
+    ServerOptions o;
+    o.listen = "tcp://127.0.0.1:*";
+    o.rank = rank;
+    o.num_servers = servers;
+    o.storage.data_dir = dir;
+    return Server::Create(o);
+  };
+  ASSERT_TRUE(start(0, 2).ok());  // created, then shut down
+  auto other_size = start(0, 3);
+  ASSERT_FALSE(other_size.ok());
+  EXPECT_EQ(other_size.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(other_size.status().message().find("rank 0 of 2 servers"), std::string::npos)
+      << other_size.status().ToString();
+  EXPECT_NE(other_size.status().message().find("rank 0 of 3 servers"), std::string::npos)
+      << other_size.status().ToString();
+  auto other_rank = start(1, 2);
+  ASSERT_FALSE(other_rank.ok());
+  EXPECT_NE(other_rank.status().message().find("rank 1 of 2 servers"), std::string::npos)
+      << other_rank.status().ToString();
+  auto same = start(0, 2);
+  EXPECT_TRUE(same.ok()) << same.status().ToString();
+  same = Status::Unavailable("shut down");  // before the directory goes
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace tessera

@@ -318,6 +318,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "errors " << errors_ << "\n"
     << "pushes " << pushes_ << "\n"
     << "retried_pushes " << retried_pushes_ << "\n"
+    << "log_last_seq " << log_->last_seq() << "\n"
+    << "log_truncated_to " << log_->truncated() << "\n"
     << "push_keys " << push_keys_ << "\n"
     << "pulls " << pulls_ << "\n"
     << "pull_keys " << pull_keys_ << "\n"
@@ -355,7 +357,13 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
           << l << "lookups " << st.lookups << "\n"
           << l << "memory_hits " << st.memory_hits << "\n"
           << l << "applies " << st.applies << "\n"
-          << l << "evicted_rows " << st.evicted_rows << "\n";
+          << l << "evicted_rows " << st.evicted_rows << "\n"
+          << l << "disk_reads " << st.disk_reads << "\n"
+          << l << "write_backs " << st.commits << "\n"
+          << l << "rows_written " << st.rows_written << "\n"
+          << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"
+          << l << "back_pressure_waits " << lane.back_pressure_waits() << "\n"
+          << l << "durable_log_mark " << lane.committed_seq() << "\n";
         std::lock_guard<std::mutex> g(raw->mu);
         raw->text[lane.index() + 1] = o.str();
         return Status::OK();

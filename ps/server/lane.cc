@@ -1,5 +1,7 @@
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "ps/record_file_internal.h"
 #include "ps/server/lane_internal.h"
 
@@ -18,11 +20,14 @@ zmq::socket_t ReplySocket(zmq::context_t& ctx, const std::string& endpoint) {
 }  // namespace
 
 Lane::Lane(uint32_t index, std::unique_ptr<LaneStore> store, zmq::context_t& ctx,
-           const std::string& reply_endpoint, uint32_t commit_interval_ms)
+           const std::string& reply_endpoint, uint32_t write_back_interval_ms,
+           uint64_t max_dirty_bytes)
     : index_(index),
       store_(std::move(store)),
       push_(ReplySocket(ctx, reply_endpoint)),
-      commit_interval_(std::chrono::milliseconds(commit_interval_ms)) {
+      write_back_interval_(std::chrono::milliseconds(write_back_interval_ms)),
+      max_dirty_bytes_(max_dirty_bytes) {
+  committed_seq_.store(store_->committed_seq());
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -54,17 +59,26 @@ bool Lane::TryRunInline(Task& t, zmq::socket_t& reply) {
   }
   std::vector<Task> one;
   one.push_back(std::move(t));
-  RunBatch(one, reply);
+  RunBatch(one, reply, /*may_wait=*/false);
   run_mu_.unlock();
   return true;
 }
 
 void Lane::Loop() {
   std::vector<Task> batch;
+  // An idle lane still wakes up: to hand off rows once the interval is over, and to notice a
+  // finished hand-off (which moves the log mark on).
+  const auto tick = std::clamp<std::chrono::milliseconds>(
+      write_back_interval_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
   for (;;) {
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (!cv_.wait_for(l, tick, [&] { return stop_ || !queue_.empty(); })) {
+        l.unlock();
+        std::lock_guard<std::mutex> run(run_mu_);
+        WriteBackIfDue(batch, /*may_wait=*/true);  // batch is empty
+        continue;
+      }
       if (queue_.empty() && stop_) return;
     }
     // Take the batch while holding run_mu_, so an inline run never overtakes queued tasks.
@@ -74,43 +88,47 @@ void Lane::Loop() {
       batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
       queue_.clear();
     }
-    RunBatch(batch, push_);
+    RunBatch(batch, push_, /*may_wait=*/true);
   }
 }
 
-void Lane::RunBatch(std::vector<Task>& batch, zmq::socket_t& reply) {
+void Lane::RunBatch(std::vector<Task>& batch, zmq::socket_t& reply, bool may_wait) {
   for (Task& t : batch) {
     Status s = t.run(*this);
     if (!s.ok()) t.pending->Fail(s);
     if (t.seq != 0) store_->SetAppliedSeq(t.seq);
   }
-  CommitIfDue(batch);
+  WriteBackIfDue(batch, may_wait);
   for (Task& t : batch) FinishPart(*t.pending, Status::OK(), reply);
   batch.clear();
 }
 
-void Lane::CommitIfDue(std::vector<Task>& batch) {
+void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
   bool wrote = false, unlogged = false;
   for (const Task& t : batch) {
     wrote |= t.writes;
-    // Writes the request log does not hold (restored rows, maintenance) commit at once.
+    // Writes the request log does not hold (restored rows) are durable before the reply.
     unlogged |= t.writes && t.seq == 0;
   }
-  const auto now = std::chrono::steady_clock::now();
-  if (!wrote ||
-      (!unlogged && commit_interval_.count() != 0 && now - last_commit_ < commit_interval_)) {
-    return;
-  }
-  // Group commit: one durability point for every write of the batch. With the request log
-  // on, pushes were durable before they reached the lane; this bounds replay work.
-  last_commit_ = now;
-  Status s = store_->Commit();
-  if (!s.ok()) {
-    LOG(ERROR) << "lane " << index_ << ": commit failed: " << s.ToString();
-    for (Task& t : batch) {
-      if (t.writes) t.pending->Fail(s.WithContext("commit"));
+  if (unlogged || (wrote && write_back_interval_.count() == 0)) {
+    Status s = store_->Commit();
+    if (!s.ok()) {
+      LOG(ERROR) << "lane " << index_ << ": commit failed: " << s.ToString();
+      for (Task& t : batch) {
+        if (t.writes) t.pending->Fail(s.WithContext("commit"));
+      }
     }
-    return;
+  } else if (write_back_interval_.count() != 0) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool over = max_dirty_bytes_ != 0 && store_->dirty_bytes() > max_dirty_bytes_;
+    if (over || now - last_write_back_ >= write_back_interval_) {
+      last_write_back_ = now;
+      if (over && may_wait) waits_.fetch_add(1, std::memory_order_relaxed);
+      // A failed write-back loses nothing: the pushes are in the request log, the rows stay
+      // pinned in memory and go out with the next hand-off.
+      Status s = store_->WriteBack(/*wait=*/over && may_wait);
+      if (!s.ok()) LOG(WARNING) << "lane " << index_ << ": writing rows back: " << s.ToString();
+    }
   }
   committed_seq_.store(store_->committed_seq(), std::memory_order_release);
 }

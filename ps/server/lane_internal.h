@@ -38,11 +38,14 @@ struct Task {
 /// and the scratch buffers belong to whoever runs the lane's tasks.
 class Lane {
  public:
-  /// `commit_interval_ms` > 0: rows of logged pushes are committed at most that often (the
-  /// request log already holds them durably); 0: every batch commits before it is answered.
-  /// Replies go to `reply_endpoint` (an inproc PULL the I/O thread forwards).
+  /// `write_back_interval_ms` > 0: rows changed by logged pushes are handed to the storage
+  /// engine's writer about that often (the request log holds them durably meanwhile), and at
+  /// once when more than `max_dirty_bytes` (0: no limit) are not yet durable, then waiting for
+  /// the previous hand-off (back-pressure); 0: every batch that wrote commits before it is
+  /// answered. Replies go to `reply_endpoint` (an inproc PULL the I/O thread forwards).
   Lane(uint32_t index, std::unique_ptr<LaneStore> store, zmq::context_t& ctx,
-       const std::string& reply_endpoint, uint32_t commit_interval_ms);
+       const std::string& reply_endpoint, uint32_t write_back_interval_ms,
+       uint64_t max_dirty_bytes);
   ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -62,6 +65,8 @@ class Lane {
   uint32_t index() const { return index_; }
   /// The lane's next step number (row update steps for eviction by idle steps).
   uint64_t NextStep() { return ++step_; }
+  /// Times the lane waited for the storage writer because too many rows were not yet durable.
+  uint64_t back_pressure_waits() const { return waits_.load(std::memory_order_relaxed); }
 
   // Scratch buffers for request parts, reused across requests (lane thread only).
   std::vector<uint64_t> scratch_keys;
@@ -70,9 +75,10 @@ class Lane {
 
  private:
   void Loop();
-  void RunBatch(std::vector<Task>& batch, zmq::socket_t& reply);
-  // Group commit of the batch's writes, when due; fails the writing tasks if it fails.
-  void CommitIfDue(std::vector<Task>& batch);
+  // `may_wait`: whether back-pressure may block this thread (not the I/O thread's inline runs).
+  void RunBatch(std::vector<Task>& batch, zmq::socket_t& reply, bool may_wait);
+  // Commits writes the request log does not hold; hands rows to the writer when due.
+  void WriteBackIfDue(std::vector<Task>& batch, bool may_wait);
 
   const uint32_t index_;
   std::unique_ptr<LaneStore> store_;
@@ -85,9 +91,11 @@ class Lane {
   // Held while tasks run: by the lane thread, or by the I/O thread for an inline run.
   std::mutex run_mu_;
   uint64_t step_ = 0;  // whoever holds run_mu_
-  const std::chrono::milliseconds commit_interval_;
-  std::chrono::steady_clock::time_point last_commit_{};  // whoever holds run_mu_
+  const std::chrono::milliseconds write_back_interval_;
+  const uint64_t max_dirty_bytes_;
+  std::chrono::steady_clock::time_point last_write_back_{};  // whoever holds run_mu_
   std::atomic<uint64_t> committed_seq_{0};
+  std::atomic<uint64_t> waits_{0};
 };
 
 /// Writes files off the lanes (checkpoint snapshots): write and fsync, then finish one part of

@@ -8,13 +8,11 @@
 
 namespace tessera::internal {
 
-std::string RequestLog::Encode(const Pending& p) {
+std::array<char, RequestLog::kHeaderBytes> RequestLog::EncodeHeader(const Pending& p) {
   const Header& h = p.header;
-  const bool sparse = h.op != Op::kDensePush;
-  const uint64_t floats = sparse ? h.count * h.dim : h.count;
-  std::string e(kHeaderBytes + (sparse ? h.count * 8 : 0) + floats * 4, '\0');
+  std::array<char, kHeaderBytes> e{};
   char* d = e.data();
-  d[0] = sparse ? 3 : 4;
+  d[0] = h.op != Op::kDensePush ? 3 : 4;
   const uint32_t dim = h.dim;
   std::memcpy(d + 4, &dim, 4);
   std::memcpy(d + 8, &h.table_id, 8);
@@ -22,19 +20,22 @@ std::string RequestLog::Encode(const Pending& p) {
   std::memcpy(d + 24, &h.offset, 8);
   std::memcpy(d + 32, &h.client_id, 8);
   std::memcpy(d + 40, &h.client_seq, 8);
-  d += kHeaderBytes;
-  if (sparse) {
-    std::memcpy(d, p.keys, h.count * 8);
-    d += h.count * 8;
-  }
-  std::memcpy(d, p.values, floats * 4);
   return e;
 }
 
 Result<uint64_t> RequestLog::Append(const Pending& p) {
   if (!engine_->durable()) return uint64_t{0};
+  const Header& h = p.header;
+  const bool sparse = h.op != Op::kDensePush;
+  const uint64_t floats = sparse ? h.count * h.dim : h.count;
+  const auto header = EncodeHeader(p);
+  // The keys and gradients go to the log straight from the request's frames.
+  const std::string_view parts[] = {
+      std::string_view(header.data(), header.size()),
+      std::string_view(reinterpret_cast<const char*>(p.keys), sparse ? h.count * 8 : 0),
+      std::string_view(reinterpret_cast<const char*>(p.values), floats * 4)};
   const uint64_t seq = ++seq_;
-  Status s = engine_->AppendLog(seq, Encode(p));
+  Status s = engine_->AppendLogParts(seq, parts);
   if (!s.ok()) {
     --seq_;
     return s.WithContext("logging the push");
@@ -118,6 +119,8 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
   }
   dedup_->Logged(client, client_seq);
   if (!known(table)) return Status::OK();  // a table that no longer exists
+  // Every lane holds this entry already: it was read for its client mark only.
+  if (seq <= *std::min_element(marks.begin(), marks.end())) return Status::OK();
   // Copies keep the floats aligned.
   std::vector<uint64_t> keys(sparse ? count : 0);
   std::vector<float> grads(sparse ? count * dim : count);
@@ -170,10 +173,13 @@ Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
   uint64_t last = *std::max_element(marks.begin(), marks.end());
   for (auto& s : stores) last = std::max(last, s->committed_seq());
   uint64_t replayed = 0;
-  TESSERA_RETURN_IF_ERROR(engine_->ScanLog(from, [&](uint64_t seq, std::string_view e) -> Status {
+  // From the start of what the log kept, not from the lowest mark: the entries at or below the
+  // marks may hold client marks newer than the stored "server/clients" record (rows become
+  // durable before the next truncation stores it), and a retried push must still be known.
+  TESSERA_RETURN_IF_ERROR(engine_->ScanLog(0, [&](uint64_t seq, std::string_view e) -> Status {
     last = std::max(last, seq);
     TESSERA_RETURN_IF_ERROR(ApplyEntry(seq, e, marks, stores, known));
-    ++replayed;
+    if (seq > from) ++replayed;
     return Status::OK();
   }));
   for (auto& s : stores) {

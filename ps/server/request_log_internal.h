@@ -2,6 +2,8 @@
 // replayed per lane after a crash (docs/storage.md, "The request log").
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +45,8 @@ class RequestLog {
 
   /// The last sequence number assigned.
   uint64_t last_seq() const { return seq_; }
+  /// Entries up to this one are gone from the log.
+  uint64_t truncated() const { return truncated_; }
 
   /// Entry layout (little-endian): u8 kind (3 sparse, 4 dense), 3 bytes zero, u32 dim, u64
   /// table id, u64 count, u64 offset, u64 client id, u64 client sequence number, then keys
@@ -51,7 +55,8 @@ class RequestLog {
   /// without them and are still replayed.
   static constexpr size_t kHeaderBytes = 48;
   static constexpr size_t kOldHeaderBytes = 32;
-  static std::string Encode(const Pending& p);
+  /// The entry's header; the entry is the header, the keys (sparse) and the gradients.
+  static std::array<char, kHeaderBytes> EncodeHeader(const Pending& p);
 
  private:
   // Stores the dedup table's logged marks, then drops log entries up to `mark`.

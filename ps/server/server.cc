@@ -26,6 +26,7 @@ Status ServerImpl::Start() {
                                    std::to_string(options_.num_servers));
   }
   TESSERA_ASSIGN_OR_RETURN(engine_, OpenStorageEngine(options_.storage));
+  TESSERA_RETURN_IF_ERROR(CheckDataDirLayout());
   log_ = std::make_unique<RequestLog>(engine_.get(), &dedup_);
   TESSERA_RETURN_IF_ERROR(BindSocket());
   const std::string reply_ep =
@@ -41,10 +42,16 @@ Status ServerImpl::Start() {
   TESSERA_RETURN_IF_ERROR(RecoverTables(stores));
   TESSERA_RETURN_IF_ERROR(
       log_->Replay(stores, [this](uint64_t id) { return tables_.contains(id); }));
+  uint64_t dirty = options_.max_dirty_bytes;
+  if (dirty == 0) {
+    dirty = options_.storage.memory_budget_bytes != 0 ? options_.storage.memory_budget_bytes / 2
+                                                      : uint64_t{1} << 30;
+  }
   for (uint32_t i = 0; i < options_.lanes; ++i) {
-    lanes_.push_back(
-        std::make_unique<Lane>(i, std::move(stores[i]), ctx_, reply_ep,
-                               engine_->durable() ? options_.row_commit_interval_ms : 0));
+    lanes_.push_back(std::make_unique<Lane>(
+        i, std::move(stores[i]), ctx_, reply_ep,
+        engine_->durable() ? options_.write_back_interval_ms : 0,
+        std::max<uint64_t>(dirty / options_.lanes, 1)));
   }
   writer_ = std::make_unique<FileWriter>(ctx_, reply_ep);
   io_ = std::thread([this] { IoLoop(); });
@@ -97,6 +104,22 @@ void ServerImpl::Shutdown() {
   replies_.close();
   log_.reset();
   engine_.reset();
+}
+
+Status ServerImpl::CheckDataDirLayout() {
+  if (!engine_->durable()) return Status::OK();
+  // A server owns the slots of its rank in a cluster of its size: rows stored under another
+  // layout would be served from the wrong server or not at all.
+  const std::string mine = "rank " + std::to_string(options_.rank) + " of " +
+                           std::to_string(options_.num_servers) + " servers";
+  TESSERA_ASSIGN_OR_RETURN(auto stored, engine_->GetMeta("server/layout"));
+  if (!stored) return engine_->PutMeta("server/layout", mine);
+  if (*stored == mine) return Status::OK();
+  return Status::FailedPrecondition(
+      "data_dir '" + options_.storage.data_dir + "' holds the rows of " + *stored +
+      ", this server is " + mine +
+      ": start it with that rank and cluster, or move the rows to this layout with "
+      "tessera-ctl checkpoint and restore");
 }
 
 Status ServerImpl::RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores) {

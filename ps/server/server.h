@@ -34,10 +34,15 @@ struct ServerOptions {
   /// Interval of the storage maintenance (eviction) pass, in milliseconds. Default: 1000.
   uint32_t maintenance_interval_ms = 1000;
   /// Durable storage: a push is acknowledged once its request-log entry is written (as durable
-  /// as the durability mode says); the rows it changed are committed to their column families
-  /// at most this often per lane (and at every maintenance pass), and replayed from the log
-  /// after a crash. 0: commit the rows of every batch before answering. Default: 200.
-  uint32_t row_commit_interval_ms = 200;
+  /// as the durability mode says); each lane hands the rows it changed to the storage writer
+  /// about this often, which writes them and moves the log's truncation mark on. Recovery
+  /// replays at most about one interval of pushes. 0: commit the rows of every batch before
+  /// answering (slow). Default: 2000.
+  uint32_t write_back_interval_ms = 2000;
+  /// Durable storage: bytes of changed rows not yet durable, over all lanes, beyond which a
+  /// lane hands its rows off at once and waits for the writer (pushes slow down; none fails).
+  /// 0: half of storage.memory_budget_bytes, or 1 GiB without a budget. Default: 0.
+  uint64_t max_dirty_bytes = 0;
   /// CurveZMQ secret key of the server (40 Z85 characters). When set, every connection is
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).

@@ -62,6 +62,8 @@ class ServerImpl {
 
   // ---- server.cc: start-up
   Status BindSocket();
+  // Refuses a data_dir written by a server of another rank or cluster size.
+  Status CheckDataDirLayout();
   Status RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores);
   void AddTableInfo(uint64_t id, const TableSpec& spec);
 

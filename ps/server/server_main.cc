@@ -32,9 +32,12 @@ DEFINE_bool(fsync, false, "fsync the write-ahead log before acknowledging (machi
 DEFINE_uint64(max_request_mb, 1024,
               "Largest request accepted, in MiB of keys and values it carries or produces");
 DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms");
-DEFINE_uint32(row_commit_interval_ms, 200,
-              "With --data_dir: pushes are acknowledged once logged; changed rows are committed "
-              "at most this often per lane (0: before every acknowledgement)");
+DEFINE_uint32(write_back_interval_ms, 2000,
+              "With --data_dir: pushes are acknowledged once logged; changed rows are written "
+              "back about this often per lane (0: before every acknowledgement)");
+DEFINE_uint64(max_dirty_mb, 0,
+              "With --data_dir: MiB of changed rows not yet written back beyond which pushes "
+              "wait for the writer (0: half of --memory_budget_mb, or 1024 without a budget)");
 DEFINE_string(curve_secret_key_file, "",
               "File holding this server's CurveZMQ secret key (tessera-ctl keygen): every "
               "connection is then encrypted and authenticated. Empty: plain TCP");
@@ -102,7 +105,8 @@ int main(int argc, char** argv) {
   o.lanes = FLAGS_lanes;
   o.max_request_bytes = FLAGS_max_request_mb << 20;
   o.maintenance_interval_ms = FLAGS_maintenance_interval_ms;
-  o.row_commit_interval_ms = FLAGS_row_commit_interval_ms;
+  o.write_back_interval_ms = FLAGS_write_back_interval_ms;
+  o.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
   o.storage.data_dir = FLAGS_data_dir;
   o.admin_root = FLAGS_admin_root;
   o.max_connections = FLAGS_max_connections;

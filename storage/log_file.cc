@@ -1,0 +1,333 @@
+// The request log as segment files (log_file_internal.h).
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+
+#include "storage/log_file_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+constexpr char kSuffix[] = ".tlog";
+// The active segment is closed and deleted by Truncate only from this size on: smaller ones
+// are not worth a new file per truncation.
+constexpr uint64_t kCloseActiveBytes = uint64_t{4} << 20;
+
+Status Errno(const std::string& what) {
+  const int e = errno;
+  std::string msg = what + ": " + std::strerror(e);
+  return e == ENOSPC ? Status::IOError("no space left: " + msg) : Status::IOError(msg);
+}
+
+uint64_t Seed(uint64_t seq, uint64_t len) { return seq ^ (len << 32); }
+
+uint64_t Checksum(uint64_t seq, std::string_view payload) {
+  return XXH3_64bits_withSeed(payload.data(), payload.size(), Seed(seq, payload.size()));
+}
+
+// The same as Checksum() of the parts put together.
+uint64_t Checksum(uint64_t seq, std::span<const std::string_view> parts, uint64_t len) {
+  XXH3_state_t state;
+  XXH3_64bits_reset_withSeed(&state, Seed(seq, len));
+  for (std::string_view p : parts) XXH3_64bits_update(&state, p.data(), p.size());
+  return XXH3_64bits_digest(&state);
+}
+
+void EncodeHeader(uint64_t seq, uint32_t len, uint64_t sum, char* h) {
+  const uint32_t magic = LogFile::kMagic;
+  std::memcpy(h, &magic, 4);
+  std::memcpy(h + 4, &len, 4);
+  std::memcpy(h + 8, &seq, 8);
+  std::memcpy(h + 16, &sum, 8);
+}
+
+std::string SegmentName(uint64_t first_seq) {
+  std::string digits = std::to_string(first_seq);
+  return std::string(20 - digits.size(), '0') + digits + kSuffix;
+}
+
+Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("opening '" + dir + "'");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? Status::OK() : Errno("syncing '" + dir + "'");
+}
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("opening '" + path + "'");
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    Status s = Errno("stat '" + path + "'");
+    ::close(fd);
+    return s;
+  }
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Status s = n < 0 ? Errno("reading '" + path + "'") : Status::OK();
+      ::close(fd);
+      if (!s.ok()) return s;
+      data.resize(got);  // shrank meanwhile
+      return data;
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return data;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LogFile>> LogFile::Open(const LogFileOptions& options) {
+  if (options.dir.empty()) return Status::InvalidArgument("the request log needs a directory");
+  std::unique_ptr<LogFile> log(new LogFile(options));
+  TESSERA_RETURN_IF_ERROR(log->Recover());
+  return log;
+}
+
+LogFile::~LogFile() {
+  std::lock_guard<std::mutex> l(mu_);
+  Status s = FlushLocked();
+  if (!s.ok()) LOG(ERROR) << "request log: " << s.ToString();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status LogFile::Recover() {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.dir, ec);
+  if (ec) return Status::IOError("creating '" + options_.dir + "': " + ec.message());
+  for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 20 + sizeof(kSuffix) - 1 || !name.ends_with(kSuffix)) continue;
+    uint64_t first = 0;
+    auto [p, err] = std::from_chars(name.data(), name.data() + 20, first);
+    if (err != std::errc() || p != name.data() + 20) continue;
+    segments_.push_back(Segment{first, static_cast<uint64_t>(e.file_size()), e.path().string()});
+  }
+  if (ec) return Status::IOError("listing '" + options_.dir + "': " + ec.message());
+  std::sort(segments_.begin(), segments_.end(),
+            [](const Segment& a, const Segment& b) { return a.first_seq < b.first_seq; });
+  // Segments left empty by a crash right after their creation hold nothing.
+  while (!segments_.empty() && segments_.back().bytes == 0) {
+    std::filesystem::remove(segments_.back().path, ec);
+    segments_.pop_back();
+  }
+  if (segments_.empty()) return Status::OK();
+  Segment& last = segments_.back();
+  uint64_t expect = 0, valid = 0;
+  TESSERA_RETURN_IF_ERROR(ScanSegment(
+      last, /*last=*/true, 0,
+      [&](uint64_t seq, std::string_view) {
+        last_seq_ = seq;
+        return Status::OK();
+      },
+      &expect, &valid));
+  fd_ = ::open(last.path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd_ < 0) return Errno("opening '" + last.path + "'");
+  if (valid < last.bytes) {
+    LOG(WARNING) << "request log: cutting " << (last.bytes - valid) << " bytes of a torn record "
+                 << "off the end of " << last.path << " (it was never acknowledged)";
+    if (::ftruncate(fd_, static_cast<off_t>(valid)) != 0) return Errno("cutting " + last.path);
+    last.bytes = valid;
+  }
+  if (last_seq_ == 0) last_seq_ = last.first_seq - 1;
+  return Status::OK();
+}
+
+Status LogFile::ScanSegment(const Segment& s, bool last, uint64_t after,
+                            const std::function<Status(uint64_t, std::string_view)>& fn,
+                            uint64_t* expect, uint64_t* valid_bytes) {
+  TESSERA_ASSIGN_OR_RETURN(std::string data, ReadWholeFile(s.path));
+  size_t off = 0;
+  auto damaged = [&](const std::string& what) -> Status {
+    if (last) return Status::OK();  // a torn tail: the caller cuts it
+    return Status::Corruption("request log " + s.path + " at byte " + std::to_string(off) + ": " +
+                              what);
+  };
+  while (off < data.size()) {
+    if (data.size() - off < kHeaderBytes) return damaged("a header cut short");
+    uint32_t magic, len;
+    uint64_t seq, sum;
+    std::memcpy(&magic, data.data() + off, 4);
+    std::memcpy(&len, data.data() + off + 4, 4);
+    std::memcpy(&seq, data.data() + off + 8, 8);
+    std::memcpy(&sum, data.data() + off + 16, 8);
+    if (magic != kMagic) return damaged("not a record header");
+    if (len > data.size() - off - kHeaderBytes) return damaged("a record cut short");
+    const std::string_view payload(data.data() + off + kHeaderBytes, len);
+    if (Checksum(seq, payload) != sum) return damaged("checksum mismatch");
+    if (*expect != 0 && seq != *expect) {
+      return Status::Corruption("request log " + s.path + ": record " + std::to_string(seq) +
+                                " follows " + std::to_string(*expect - 1));
+    }
+    *expect = seq + 1;
+    if (seq > after) TESSERA_RETURN_IF_ERROR(fn(seq, payload));
+    off += kHeaderBytes + len;
+    *valid_bytes = off;
+  }
+  return Status::OK();
+}
+
+Status LogFile::StartSegment(uint64_t first_seq) {
+  if (fd_ >= 0) ::close(fd_);
+  const std::string path = (std::filesystem::path(options_.dir) / SegmentName(first_seq)).string();
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) return Errno("creating '" + path + "'");
+  // Blocks reserved up front: appends do not allocate (the size still grows with the data).
+  (void)::fallocate(fd_, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(options_.segment_bytes));
+  if (options_.fsync) TESSERA_RETURN_IF_ERROR(SyncDir(options_.dir));
+  segments_.push_back(Segment{first_seq, 0, path});
+  return Status::OK();
+}
+
+Status LogFile::WriteOut(struct iovec* iov, int n, size_t total) {
+  Segment& seg = segments_.back();
+  size_t done = 0;
+  while (done < total) {
+    const ssize_t w = ::writev(fd_, iov, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      Status s = Errno("writing the request log " + seg.path);
+      // Undo a partial record: what follows must start at a record boundary.
+      if (::ftruncate(fd_, static_cast<off_t>(seg.bytes)) != 0) broken_ = s;
+      return s;
+    }
+    done += static_cast<size_t>(w);
+    size_t left = static_cast<size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  if (options_.fsync && ::fdatasync(fd_) != 0) {
+    Status s = Errno("syncing the request log " + seg.path);
+    if (::ftruncate(fd_, static_cast<off_t>(seg.bytes)) != 0) broken_ = s;
+    return s;
+  }
+  seg.bytes += total;
+  return Status::OK();
+}
+
+Status LogFile::Append(uint64_t seq, std::span<const std::string_view> parts) {
+  uint64_t len = 0;
+  for (std::string_view p : parts) len += p.size();
+  if (len >= kMaxRecordBytes) {
+    return Status::InvalidArgument("request-log record of " + std::to_string(len) + " bytes");
+  }
+  const uint64_t sum = Checksum(seq, parts, len);  // outside the lock
+  std::lock_guard<std::mutex> l(mu_);
+  if (!broken_.ok()) return broken_.WithContext("the request log is unusable until a restart");
+  if (seq <= last_seq_) {
+    return Status::InvalidArgument("request-log record " + std::to_string(seq) +
+                                   " is not above the last one, " + std::to_string(last_seq_));
+  }
+  char header[kHeaderBytes];
+  EncodeHeader(seq, static_cast<uint32_t>(len), sum, header);
+  if (options_.buffered) {
+    if (buffer_.empty()) buffer_first_ = seq;
+    buffer_.append(header, kHeaderBytes);
+    for (std::string_view p : parts) buffer_.append(p);
+    last_seq_ = seq;
+    return buffer_.size() >= kMaxBuffer ? FlushLocked() : Status::OK();
+  }
+  if (fd_ < 0 || segments_.back().bytes >= options_.segment_bytes) {
+    TESSERA_RETURN_IF_ERROR(StartSegment(seq));
+  }
+  iov_.clear();
+  iov_.push_back({header, kHeaderBytes});
+  for (std::string_view p : parts) {
+    if (!p.empty()) iov_.push_back({const_cast<char*>(p.data()), p.size()});
+  }
+  TESSERA_RETURN_IF_ERROR(
+      WriteOut(iov_.data(), static_cast<int>(iov_.size()), kHeaderBytes + len));
+  last_seq_ = seq;
+  return Status::OK();
+}
+
+Status LogFile::Flush() {
+  std::lock_guard<std::mutex> l(mu_);
+  return FlushLocked();
+}
+
+Status LogFile::FlushLocked() {
+  if (buffer_.empty()) return Status::OK();
+  if (!broken_.ok()) return broken_.WithContext("the request log is unusable until a restart");
+  if (fd_ < 0 || segments_.back().bytes >= options_.segment_bytes) {
+    TESSERA_RETURN_IF_ERROR(StartSegment(buffer_first_));
+  }
+  struct iovec iov = {buffer_.data(), buffer_.size()};
+  Status s = WriteOut(&iov, 1, buffer_.size());
+  // Failed: these records were acknowledged in the relaxed mode; they are lost with the
+  // window, and what follows must not depend on them.
+  if (!s.ok()) broken_ = s;
+  buffer_.clear();
+  return s;
+}
+
+Status LogFile::Scan(uint64_t after,
+                     const std::function<Status(uint64_t, std::string_view)>& fn) {
+  std::lock_guard<std::mutex> l(mu_);
+  TESSERA_RETURN_IF_ERROR(FlushLocked());
+  uint64_t expect = 0;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    // Every record of segment i is below the next segment's first.
+    if (i + 1 < segments_.size() && segments_[i + 1].first_seq <= after + 1) continue;
+    uint64_t valid = 0;
+    TESSERA_RETURN_IF_ERROR(ScanSegment(segments_[i], /*last=*/false, after, fn, &expect, &valid));
+  }
+  return Status::OK();
+}
+
+Status LogFile::Truncate(uint64_t upto) {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t drop = 0;
+  while (drop + 1 < segments_.size() && segments_[drop + 1].first_seq <= upto + 1) ++drop;
+  const bool drop_active = drop + 1 == segments_.size() && buffer_.empty() &&
+                           last_seq_ <= upto && segments_.back().bytes >= kCloseActiveBytes;
+  if (drop_active) {
+    ::close(fd_);
+    fd_ = -1;
+    ++drop;
+  }
+  Status result;
+  for (size_t i = 0; i < drop; ++i) {
+    if (::unlink(segments_[i].path.c_str()) != 0 && errno != ENOENT && result.ok()) {
+      result = Errno("deleting '" + segments_[i].path + "'");
+    }
+  }
+  segments_.erase(segments_.begin(), segments_.begin() + static_cast<ptrdiff_t>(drop));
+  return result;
+}
+
+uint64_t LogFile::last_seq() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return last_seq_;
+}
+
+uint64_t LogFile::bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t b = buffer_.size();
+  for (const Segment& s : segments_) b += s.bytes;
+  return b;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,96 @@
+// The request log of a durable server as plain files: segments of checksummed records, appended
+// with one write(2) each (docs/storage.md explains why not a RocksDB column family).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ps/status.h"
+
+namespace tessera::internal {
+
+struct LogFileOptions {
+  /// Directory of the segments, created if missing.
+  std::string dir;
+  /// fdatasync each write before Append() / Flush() returns (survives power loss).
+  bool fsync = false;
+  /// Appends wait in memory until Flush() (or until kMaxBuffer bytes wait): the relaxed mode.
+  /// Otherwise Append() has written the record when it returns (survives kill -9).
+  bool buffered = false;
+  /// A segment is closed and a new one started once it holds this many bytes.
+  uint64_t segment_bytes = uint64_t{64} << 20;
+};
+
+/// Records of increasing sequence numbers in segment files `<first seq, 20 digits>.tlog`.
+/// A record is a 24-byte header (u32 magic, u32 length, u64 seq, u64 XXH3 of the payload seeded
+/// with seq and length; little-endian) followed by the payload. Thread-safe.
+class LogFile {
+ public:
+  static constexpr uint32_t kMagic = 0x474c5354;  // "TSLG"
+  static constexpr size_t kHeaderBytes = 24;
+  static constexpr size_t kMaxBuffer = size_t{4} << 20;
+  static constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 31;
+
+  /// Opens the log in options.dir. A record torn or damaged at the end of the last segment (what
+  /// a crash can leave: it was never acknowledged) is cut off with a warning; damage anywhere
+  /// else is found by Scan() and reported as Corruption.
+  static Result<std::unique_ptr<LogFile>> Open(const LogFileOptions& options);
+  ~LogFile();
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+
+  /// Appends record `seq`, which must be above last_seq(). Unbuffered: written (and fdatasync'd
+  /// with fsync) when this returns OK. On an error nothing of the record stays in the log.
+  Status Append(uint64_t seq, std::string_view payload) { return Append(seq, {&payload, 1}); }
+  /// Appends record `seq` whose payload is the concatenation of `parts` (written with one
+  /// writev, without copying them together).
+  Status Append(uint64_t seq, std::span<const std::string_view> parts);
+  /// Writes what waits in the buffer (buffered mode); fdatasync with fsync.
+  Status Flush();
+  /// Visits the records with seq > `after`, in order. Corruption for a damaged record or a gap
+  /// in the sequence numbers.
+  Status Scan(uint64_t after, const std::function<Status(uint64_t, std::string_view)>& fn);
+  /// Deletes the segments whose records all have seq <= `upto` (the active segment too when it
+  /// is large enough to be worth closing).
+  Status Truncate(uint64_t upto);
+
+  /// The highest sequence number appended (0: none).
+  uint64_t last_seq() const;
+  /// Bytes in the segment files.
+  uint64_t bytes() const;
+
+ private:
+  struct Segment {
+    uint64_t first_seq;  // the seq its name gives (its first record, when it has one)
+    uint64_t bytes;
+    std::string path;
+  };
+  explicit LogFile(const LogFileOptions& o) : options_(o) {}
+  Status Recover();
+  Status StartSegment(uint64_t first_seq);  // mu_ held
+  Status WriteOut(struct iovec* iov, int n, size_t total);  // mu_ held
+  Status FlushLocked();                                            // mu_ held
+  Status ScanSegment(const Segment& s, bool last, uint64_t after,
+                     const std::function<Status(uint64_t, std::string_view)>& fn,
+                     uint64_t* expect, uint64_t* valid_bytes);
+
+  const LogFileOptions options_;
+  mutable std::mutex mu_;
+  std::vector<Segment> segments_;  // by first_seq; the last is active
+  int fd_ = -1;                    // the active segment
+  uint64_t last_seq_ = 0;
+  std::string buffer_;         // buffered mode: records not yet written
+  uint64_t buffer_first_ = 0;  // the lowest seq in buffer_
+  Status broken_;              // a failed write that could not be undone
+  std::vector<struct iovec> iov_;  // Append's scratch
+};
+
+}  // namespace tessera::internal

@@ -1,0 +1,177 @@
+// The request log's segment files: what a crash leaves is cut, damage elsewhere is reported,
+// truncation deletes whole segments, the relaxed mode writes on Flush().
+#include "storage/log_file_internal.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "storage/test_util_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+std::unique_ptr<LogFile> MustOpen(const std::string& dir, uint64_t segment_bytes = 1 << 20,
+                                  bool buffered = false) {
+  LogFileOptions o;
+  o.dir = dir;
+  o.segment_bytes = segment_bytes;
+  o.buffered = buffered;
+  auto log = LogFile::Open(o);
+  EXPECT_TRUE(log.ok()) << log.status().ToString();
+  return log.ok() ? std::move(*log) : nullptr;
+}
+
+std::string Payload(uint64_t seq) { return "entry-" + std::to_string(seq) + std::string(seq % 7, 'x'); }
+
+// Every record after `after`, as (seq, payload).
+std::vector<std::pair<uint64_t, std::string>> ReadAll(LogFile& log, uint64_t after = 0,
+                                                      Status* status = nullptr) {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  Status s = log.Scan(after, [&](uint64_t seq, std::string_view p) {
+    out.emplace_back(seq, std::string(p));
+    return Status::OK();
+  });
+  if (status != nullptr) *status = s;
+  else EXPECT_TRUE(s.ok()) << s.ToString();
+  return out;
+}
+
+std::vector<std::string> Segments(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(LogFileTest, RecordsReadBackInOrderAcrossSegmentsAndReopen) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), /*segment_bytes=*/256);
+    for (uint64_t s = 1; s <= 40; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+    // Parts are one record: the same as their concatenation.
+    const std::string_view parts[] = {"entry-", "41", "xxxxxx"};
+    ASSERT_TRUE(log->Append(41, parts).ok());
+    EXPECT_EQ(log->last_seq(), 41u);
+    EXPECT_EQ(log->Append(41, "again").code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_GT(Segments(dir.path()).size(), 3u);
+  auto log = MustOpen(dir.path(), 256);
+  EXPECT_EQ(log->last_seq(), 41u);
+  auto all = ReadAll(*log);
+  ASSERT_EQ(all.size(), 41u);
+  for (uint64_t s = 1; s <= 41; ++s) {
+    EXPECT_EQ(all[s - 1].first, s);
+    EXPECT_EQ(all[s - 1].second, Payload(s));
+  }
+  auto tail = ReadAll(*log, 30);
+  ASSERT_EQ(tail.size(), 11u);
+  EXPECT_EQ(tail.front().first, 31u);
+  ASSERT_TRUE(log->Append(42, Payload(42)).ok());
+  EXPECT_EQ(ReadAll(*log, 41).size(), 1u);
+}
+
+TEST(LogFileTest, TornLastRecordIsCutAndAppendsContinueAfterIt) {
+  TempDir dir;
+  std::string last_segment;
+  {
+    auto log = MustOpen(dir.path());
+    for (uint64_t s = 1; s <= 5; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  last_segment = dir.path() + "/" + Segments(dir.path()).back();
+  const auto size = std::filesystem::file_size(last_segment);
+  std::filesystem::resize_file(last_segment, size - 3);  // record 5 torn
+  {
+    auto log = MustOpen(dir.path());
+    EXPECT_EQ(log->last_seq(), 4u);
+    ASSERT_TRUE(log->Append(5, "five again").ok());
+  }
+  auto log = MustOpen(dir.path());
+  auto all = ReadAll(*log);
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_EQ(all.back().second, "five again");
+}
+
+TEST(LogFileTest, DamageBeforeTheLastSegmentIsCorruptionNotACut) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), /*segment_bytes=*/128);
+    for (uint64_t s = 1; s <= 20; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const auto names = Segments(dir.path());
+  ASSERT_GT(names.size(), 2u);
+  {
+    std::fstream f(dir.path() + "/" + names[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(LogFile::kHeaderBytes + 2);
+    f.put('#');  // a payload byte of the first record
+  }
+  auto log = MustOpen(dir.path(), 128);
+  Status s;
+  ReadAll(*log, 0, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
+}
+
+TEST(LogFileTest, AMissingSegmentIsAGap) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), /*segment_bytes=*/128);
+    for (uint64_t s = 1; s <= 20; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const auto names = Segments(dir.path());
+  ASSERT_GT(names.size(), 3u);
+  std::filesystem::remove(dir.path() + "/" + names[1]);
+  auto log = MustOpen(dir.path(), 128);
+  Status s;
+  ReadAll(*log, 0, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+}
+
+TEST(LogFileTest, TruncateDeletesWholeSegmentsOnly) {
+  TempDir dir;
+  auto log = MustOpen(dir.path(), /*segment_bytes=*/128);
+  for (uint64_t s = 1; s <= 30; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  const size_t before = Segments(dir.path()).size();
+  const uint64_t bytes = log->bytes();
+  ASSERT_TRUE(log->Truncate(15).ok());
+  EXPECT_LT(Segments(dir.path()).size(), before);
+  EXPECT_LT(log->bytes(), bytes);
+  // Records after the mark are all there (and perhaps a few at or below it).
+  auto all = ReadAll(*log);
+  ASSERT_FALSE(all.empty());
+  EXPECT_LE(all.front().first, 16u);
+  EXPECT_EQ(all.back().first, 30u);
+  ASSERT_TRUE(log->Truncate(30).ok());  // the active segment is small: kept
+  ASSERT_TRUE(log->Append(31, Payload(31)).ok());
+  auto reopened = MustOpen(dir.path(), 128);
+  auto tail = ReadAll(*reopened, 30);
+  ASSERT_EQ(tail.size(), 1u);
+  EXPECT_EQ(tail[0].first, 31u);
+}
+
+TEST(LogFileTest, BufferedModeWritesOnFlush) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), 1 << 20, /*buffered=*/true);
+    ASSERT_TRUE(log->Append(1, "one").ok());
+    ASSERT_TRUE(log->Append(2, "two").ok());
+    // Nothing written yet: a process killed now loses these (the relaxed window).
+    auto other = MustOpen(dir.path());
+    EXPECT_EQ(other->last_seq(), 0u);
+    other.reset();
+    ASSERT_TRUE(log->Flush().ok());
+    auto third = MustOpen(dir.path());
+    EXPECT_EQ(third->last_seq(), 2u);
+  }
+  auto log = MustOpen(dir.path());
+  EXPECT_EQ(ReadAll(*log).size(), 2u);
+}
+
+}  // namespace
+}  // namespace tessera::internal
