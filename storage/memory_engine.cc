@@ -38,7 +38,7 @@ class MemoryLaneStore final : public LaneStore {
     const bool gated = t->spec.admission.min_count > 1 || t->spec.admission.probability < 1;
     for (size_t i = 0; i < keys.size(); ++i) {
       ++stats_.lookups;
-      float* row = t->rows->Find(keys[i]);
+      const float* row = t->rows->Find(keys[i]);
       if (row != nullptr) {
         ++stats_.memory_hits;
       } else if (gated) {
@@ -83,7 +83,7 @@ class MemoryLaneStore final : public LaneStore {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
     uint32_t len;
-    float* row = t->dense->Get(chunk, &len);
+    const float* row = t->dense->Read(chunk, &len);
     if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
     std::memcpy(out, row + begin, sizeof(float) * (end - begin));
     return Status::OK();
@@ -94,9 +94,10 @@ class MemoryLaneStore final : public LaneStore {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
     uint32_t len;
-    float* row = t->dense->Get(chunk, &len);
+    RowMeta* m;
+    float* row = t->dense->Get(chunk, &len, &m);
     if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
-    RowMeta& meta = t->dense->Meta(chunk);
+    RowMeta& meta = *m;
     ++meta.update_count;
     meta.last_step = static_cast<uint32_t>(ctx.step);
     meta.last_update_s = ctx.now_s;
@@ -160,11 +161,14 @@ class MemoryLaneStore final : public LaneStore {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
     uint32_t len;
-    float* dst = t->dense->Get(chunk, &len);
+    RowMeta* m;
+    float* dst = t->dense->Get(chunk, &len, &m);
     std::memcpy(dst, row, sizeof(float) * (len + t->opt->StateFloats(len)));
-    t->dense->Meta(chunk) = meta;
+    *m = meta;
     return Status::OK();
   }
+
+  Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() override;
 
   StoreStats stats() const override {
     StoreStats s = stats_;
@@ -203,6 +207,56 @@ class MemoryLaneStore final : public LaneStore {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
   StoreStats stats_;
 };
+
+// The lane's tables frozen: blocks and chunks shared copy-on-write with the lane.
+class MemoryLaneSnapshot final : public LaneSnapshot {
+ public:
+  struct Table {
+    TableSpec spec;
+    SparseRows::Frozen rows;
+    DenseChunks::Frozen dense;
+  };
+  explicit MemoryLaneSnapshot(absl::flat_hash_map<uint64_t, Table> tables)
+      : tables_(std::move(tables)) {}
+
+  Status Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) override {
+    TESSERA_ASSIGN_OR_RETURN(const Table* t, Get(table_id, TableKind::kSparse));
+    const uint32_t dim = t->rows.dim;
+    t->rows.ForEach([&](uint64_t key, const float* row, const RowMeta& meta) {
+      return meta.update_count == 0 || fn(key, row, row + dim, meta);
+    });
+    return Status::OK();
+  }
+
+  Status ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) override {
+    TESSERA_ASSIGN_OR_RETURN(const Table* t, Get(table_id, TableKind::kDense));
+    for (const auto& [chunk, c] : t->dense) {
+      if (!fn(chunk, c->data.data(), DenseChunkLength(t->spec.length, chunk), c->meta)) break;
+    }
+    return Status::OK();
+  }
+
+ private:
+  Result<const Table*> Get(uint64_t table_id, TableKind kind) const {
+    auto it = tables_.find(table_id);
+    if (it == tables_.end() || it->second.spec.kind != kind) {
+      return Status::NotFound("table id " + std::to_string(table_id) + " not in the snapshot");
+    }
+    return &it->second;
+  }
+  const absl::flat_hash_map<uint64_t, Table> tables_;
+};
+
+Result<std::unique_ptr<LaneSnapshot>> MemoryLaneStore::TakeSnapshot() {
+  absl::flat_hash_map<uint64_t, MemoryLaneSnapshot::Table> tables;
+  for (auto& [id, t] : tables_) {
+    MemoryLaneSnapshot::Table& f = tables[id];
+    f.spec = t->spec;
+    if (t->rows) f.rows = t->rows->Freeze();
+    if (t->dense) f.dense = t->dense->Freeze();
+  }
+  return std::unique_ptr<LaneSnapshot>(new MemoryLaneSnapshot(std::move(tables)));
+}
 
 class MemoryEngine final : public StorageEngine {
  public:

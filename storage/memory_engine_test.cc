@@ -301,6 +301,58 @@ TEST_P(StoreConformanceTest, PutRowsAndDenseChunksRestoreWhatScanSaw) {
   EXPECT_NEAR(Lookup1(id, 11, 2)[0], 1.0f - 0.1f / 2.0f, 1e-6);
 }
 
+// A snapshot keeps the rows of its moment while the lane goes on changing them: rows durable,
+// handed to the writer and dirty (RocksDB), across several copy-on-write blocks (memory).
+TEST_P(StoreConformanceTest, SnapshotKeepsItsMomentWhileTheLaneGoesOn) {
+  const uint64_t id = AddSparse(TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f}));
+  const uint64_t did = TableIdForName("d");
+  ASSERT_TRUE(lane_->AddTable(did, TableSpec::Dense("d", 3, {OptimizerKind::kSgd, 1.0f})).ok());
+  constexpr uint64_t kRows = 10000;  // more than two blocks of 4096
+  const float minus_one = -1.0f;
+  auto push = [&](uint64_t from, uint64_t to, uint64_t step) {
+    std::vector<uint64_t> keys;
+    for (uint64_t k = from; k < to; ++k) keys.push_back(k);
+    std::vector<const float*> g(keys.size(), &minus_one);
+    ASSERT_TRUE(lane_->Apply(id, keys, g, {step, 1000}).ok());
+    const float dg[] = {-1, -1, -1};
+    ASSERT_TRUE(lane_->DenseApply(did, 0, 0, 3, dg, {step, 1000}).ok());
+  };
+  push(0, 4000, 1);
+  ASSERT_TRUE(lane_->Commit().ok());                   // durable
+  push(4000, 7000, 2);
+  ASSERT_TRUE(lane_->WriteBack(/*wait=*/false).ok());  // handed off (perhaps written already)
+  push(7000, kRows, 3);                                // dirty
+  auto snapshot = lane_->TakeSnapshot();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status().ToString();
+  // The lane goes on: every row changes again and reaches the disk; one row goes.
+  push(0, kRows, 4);
+  ASSERT_TRUE(lane_->Commit().ok());
+  std::map<uint64_t, float> rows;
+  ASSERT_TRUE((*snapshot)
+                  ->Scan(id,
+                         [&](uint64_t k, const float* v, const float*, const RowMeta& m) {
+                           EXPECT_EQ(m.update_count, 1u) << k;
+                           rows[k] = v[0];
+                           return true;
+                         })
+                  .ok());
+  ASSERT_EQ(rows.size(), kRows);
+  for (const auto& [k, v] : rows) ASSERT_EQ(v, 1.0f) << "key " << k;
+  std::vector<float> dense;
+  ASSERT_TRUE((*snapshot)
+                  ->ScanDense(did,
+                              [&](uint64_t, const float* row, uint32_t len, const RowMeta&) {
+                                dense.assign(row, row + len);
+                                return true;
+                              })
+                  .ok());
+  EXPECT_EQ(dense, std::vector<float>(3, 3.0f));  // pushes 1-3
+  snapshot->reset();
+  // The lane itself has moved on.
+  EXPECT_EQ(Lookup1(id, 7, 1)[0], 2.0f);
+  EXPECT_EQ(Lookup1(id, kRows - 1, 1)[0], 2.0f);
+}
+
 TEST_P(StoreConformanceTest, MetaRecords) {
   ASSERT_TRUE(engine_->PutMeta("table/1", "a").ok());
   ASSERT_TRUE(engine_->PutMeta("table/2", "b").ok());

@@ -187,6 +187,7 @@ class RocksDbLaneStore final : public LaneStore {
   Status WriteBack(bool wait) override;
   uint64_t dirty_bytes() const override;
   Status Scan(uint64_t table_id, const RowVisitor& fn) override;
+  Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() override;
   StoreStats stats() const override;
   Status Maintain(const ApplyContext& ctx) override;
   Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) override;
@@ -1123,41 +1124,105 @@ Status RocksDbLaneStore::Commit() {
   return Reap();
 }
 
-Status RocksDbLaneStore::Scan(uint64_t table_id, const RowVisitor& fn) {
+// A lane's rows at one point: a RocksDB snapshot (every row written back by then) with the rows
+// not yet durable (dirty or in flight: pinned in memory) copied over it.
+class RocksDbLaneSnapshot final : public LaneSnapshot {
+ public:
+  struct Table {
+    TableSpec spec;
+    rocksdb::ColumnFamilyHandle* cf = nullptr;
+    uint32_t floats = 0;  // sparse: value + state per row
+    // Copied rows (encoded as on disk): key or chunk -> [offset, length) in `bytes`.
+    absl::flat_hash_map<uint64_t, std::pair<size_t, size_t>> copied;
+    std::string bytes;
+    std::unique_ptr<Optimizer> opt;  // dense: the state floats of a chunk
+  };
+  RocksDbLaneSnapshot(rocksdb::DB* db, std::vector<uint32_t> slots, uint32_t lane,
+                      uint32_t num_lanes, absl::flat_hash_map<uint64_t, Table> tables)
+      : db_(db),
+        snapshot_(db->GetSnapshot()),
+        slots_(std::move(slots)),
+        lane_(lane),
+        num_lanes_(num_lanes),
+        tables_(std::move(tables)) {}
+  ~RocksDbLaneSnapshot() override { db_->ReleaseSnapshot(snapshot_); }
+
+  Status Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) override;
+  Status ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) override;
+
+ private:
+  Result<Table*> Get(uint64_t id, TableKind kind) {
+    auto it = tables_.find(id);
+    if (it == tables_.end() || it->second.spec.kind != kind) {
+      return Status::NotFound("table id " + std::to_string(id) + " not in the snapshot");
+    }
+    return &it->second;
+  }
+  std::unique_ptr<rocksdb::Iterator> NewIterator(const Table& t) {
+    rocksdb::ReadOptions ro;
+    ro.snapshot = snapshot_;
+    ro.fill_cache = false;  // a scan must not push the hot rows out
+    return std::unique_ptr<rocksdb::Iterator>(db_->NewIterator(ro, t.cf));
+  }
+
+  rocksdb::DB* const db_;
+  const rocksdb::Snapshot* const snapshot_;
+  const std::vector<uint32_t> slots_;
+  const uint32_t lane_, num_lanes_;
+  absl::flat_hash_map<uint64_t, Table> tables_;
+  std::vector<float> row_;
+};
+
+Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
-  // After the commit the disk holds every updated row at its latest value.
-  TESSERA_RETURN_IF_ERROR(Commit());
   const uint32_t dim = t->spec.dim;
-  scratch_row_.resize(t->floats);
-  rocksdb::ReadOptions ro;
-  ro.fill_cache = false;
-  std::unique_ptr<rocksdb::Iterator> it(engine_->db()->NewIterator(ro, t->cf));
-  for (uint32_t slot : lane_slots_) {
+  row_.resize(t->floats);
+  RowMeta meta;
+  auto visit = [&](uint64_t key, std::string_view stored, bool* go) -> Status {
+    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
+        stored, t->floats, row_.data(), &meta,
+        "table '" + t->spec.name + "' key " + std::to_string(key)));
+    *go = meta.update_count == 0 || fn(key, row_.data(), row_.data() + dim, meta);
+    return Status::OK();
+  };
+  bool go = true;
+  auto it = NewIterator(*t);
+  for (uint32_t slot : slots_) {
     const std::string prefix = internal::SlotPrefix(slot);
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    for (it->Seek(prefix); go && it->Valid() && it->key().starts_with(prefix); it->Next()) {
       uint64_t key;
       if (!internal::DecodeSparseKey(it->key().ToStringView(), &key)) {
         return Status::Corruption("table '" + t->spec.name + "': malformed stored key");
       }
-      RowMeta meta;
-      TESSERA_RETURN_IF_ERROR(
-          internal::DecodeRow(it->value().ToStringView(), t->floats, scratch_row_.data(), &meta,
-                              "table '" + t->spec.name + "' key " + std::to_string(key)));
-      if (!fn(key, scratch_row_.data(), scratch_row_.data() + dim, meta)) return Status::OK();
+      if (t->copied.contains(key)) continue;  // newer in memory
+      TESSERA_RETURN_IF_ERROR(visit(key, it->value().ToStringView(), &go));
     }
     TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "table '" + t->spec.name + "': scan"));
+    if (!go) return Status::OK();
+  }
+  for (const auto& [key, at] : t->copied) {
+    TESSERA_RETURN_IF_ERROR(visit(key, std::string_view(t->bytes).substr(at.first, at.second), &go));
+    if (!go) break;
   }
   return Status::OK();
 }
 
-Status RocksDbLaneStore::ScanDense(uint64_t table_id, const ChunkVisitor& fn) {
+Status RocksDbLaneSnapshot::ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
-  TESSERA_RETURN_IF_ERROR(Commit());
-  rocksdb::ReadOptions ro;
-  ro.fill_cache = false;
-  std::unique_ptr<rocksdb::Iterator> it(engine_->db()->NewIterator(ro, t->cf));
   const uint64_t chunks = (t->spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats;
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+  RowMeta meta;
+  auto visit = [&](uint64_t chunk, std::string_view stored, bool* go) -> Status {
+    const uint32_t len = internal::DenseChunkLength(t->spec.length, chunk);
+    row_.resize(size_t{len} + t->opt->StateFloats(len));
+    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
+        stored, static_cast<uint32_t>(row_.size()), row_.data(), &meta,
+        "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
+    *go = fn(chunk, row_.data(), len, meta);
+    return Status::OK();
+  };
+  bool go = true;
+  auto it = NewIterator(*t);
+  for (it->SeekToFirst(); go && it->Valid(); it->Next()) {
     if (it->key().size() != internal::kDenseKeyBytes) {
       return Status::Corruption("table '" + t->spec.name + "': malformed dense chunk key");
     }
@@ -1166,16 +1231,72 @@ Status RocksDbLaneStore::ScanDense(uint64_t table_id, const ChunkVisitor& fn) {
       return Status::Corruption("table '" + t->spec.name + "': stored chunk " +
                                 std::to_string(chunk) + " is beyond the table's length");
     }
-    if (LaneOfChunk(table_id, chunk, num_lanes_) != lane_) continue;
-    const uint32_t len = internal::DenseChunkLength(t->spec.length, chunk);
-    scratch_row_.resize(len + t->opt->StateFloats(len));
-    RowMeta meta;
-    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
-        it->value().ToStringView(), static_cast<uint32_t>(scratch_row_.size()), scratch_row_.data(),
-        &meta, "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
-    if (!fn(chunk, scratch_row_.data(), len, meta)) return Status::OK();
+    if (LaneOfChunk(table_id, chunk, num_lanes_) != lane_ || t->copied.contains(chunk)) continue;
+    TESSERA_RETURN_IF_ERROR(visit(chunk, it->value().ToStringView(), &go));
   }
-  return FromRocks(it->status(), "table '" + t->spec.name + "': dense scan");
+  TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "table '" + t->spec.name + "': dense scan"));
+  for (const auto& [chunk, at] : t->copied) {
+    if (!go) break;
+    TESSERA_RETURN_IF_ERROR(
+        visit(chunk, std::string_view(t->bytes).substr(at.first, at.second), &go));
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
+  absl::flat_hash_map<uint64_t, RocksDbLaneSnapshot::Table> tables;
+  auto copy = [](RocksDbLaneSnapshot::Table& f, uint64_t key, const float* row, uint32_t floats,
+                 const RowMeta& meta) {
+    if (f.copied.contains(key)) return;
+    const size_t at = f.bytes.size();
+    f.bytes.resize(at + internal::RowBytes(floats));
+    internal::EncodeRowTo(row, floats, meta, f.bytes.data() + at);
+    f.copied[key] = {at, internal::RowBytes(floats)};
+  };
+  for (auto& [id, t] : tables_) {
+    RocksDbLaneSnapshot::Table& f = tables[id];
+    f.spec = t->spec;
+    f.cf = t->cf;
+    f.floats = t->floats;
+    f.opt = Optimizer::Make(t->spec.optimizer);
+    // Pinned rows (dirty, or handed to the writer) may be newer than RocksDB: copied.
+    if (t->rows) {
+      f.bytes.reserve((t->dirty_slots.size() + t->flight_keys.size()) *
+                      internal::RowBytes(t->floats));
+      for (uint32_t slot : t->dirty_slots) {
+        const CachedRows::Header& h = t->rows->header(slot);
+        copy(f, h.key, t->rows->row(slot), t->floats, h.meta);
+      }
+      for (uint64_t key : t->flight_keys) {
+        const uint32_t slot = t->rows->Find(key);
+        if (slot != CachedRows::kNoSlot) {
+          copy(f, key, t->rows->row(slot), t->floats, t->rows->header(slot).meta);
+        }
+      }
+    }
+    for (const auto* list : {&t->dirty_chunks, &t->flight_chunks}) {
+      for (uint64_t chunk : *list) {
+        const DenseChunk& c = t->dense.at(chunk);
+        copy(f, chunk, c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta);
+      }
+    }
+  }
+  // The RocksDB snapshot is taken now, on the lane's thread: every row not copied above was
+  // written back before, and later writes of this lane (rows, eviction deletes) are newer.
+  return std::unique_ptr<LaneSnapshot>(
+      new RocksDbLaneSnapshot(engine_->db(), lane_slots_, lane_, num_lanes_, std::move(tables)));
+}
+
+Status RocksDbLaneStore::Scan(uint64_t table_id, const RowVisitor& fn) {
+  TESSERA_RETURN_IF_ERROR(Get(table_id, TableKind::kSparse).status());
+  TESSERA_ASSIGN_OR_RETURN(auto snapshot, TakeSnapshot());
+  return snapshot->Scan(table_id, fn);
+}
+
+Status RocksDbLaneStore::ScanDense(uint64_t table_id, const ChunkVisitor& fn) {
+  TESSERA_RETURN_IF_ERROR(Get(table_id, TableKind::kDense).status());
+  TESSERA_ASSIGN_OR_RETURN(auto snapshot, TakeSnapshot());
+  return snapshot->ScanDense(table_id, fn);
 }
 
 Status RocksDbLaneStore::PutRows(uint64_t table_id, std::span<const uint64_t> keys,

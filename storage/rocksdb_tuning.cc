@@ -2,6 +2,7 @@
 #include <rocksdb/convenience.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/table.h>
+#include <rocksdb/write_buffer_manager.h>
 
 #include <algorithm>
 #include <string>
@@ -68,7 +69,12 @@ rocksdb::DBOptions TunedDbOptions(const StorageOptions& options) {
 Result<RocksDbTuning> TuneRocksDb(const StorageOptions& options) {
   RocksDbTuning tuning;
   tuning.db = TunedDbOptions(options);
-  auto cache = rocksdb::NewLRUCache(std::max<uint64_t>(options.block_cache_bytes, 1 << 20));
+  const uint64_t buffers = std::max<uint64_t>(options.write_buffer_bytes, 4 << 20);
+  auto cache =
+      rocksdb::NewLRUCache(std::max<uint64_t>(options.block_cache_bytes, 1 << 20) + buffers);
+  // Memtables of all families share one budget, charged to the cache: memory stays bounded
+  // however many tables there are (each family alone would take up to 3 x 64 MiB).
+  tuning.db.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(buffers, cache);
   tuning.table = TunedTableOptions(cache);
   if (!options.rocksdb_table_options.empty()) {
     rocksdb::ConfigOptions config;

@@ -24,16 +24,18 @@ rocksdb::ColumnFamilyOptions TunedTableOptions(const std::shared_ptr<rocksdb::Ca
 /// The DB-wide options for `options`: creates the DB and missing families, paranoid checks, a torn
 /// last WAL record tolerated on recovery (anything else in the WAL is Corruption), manual WAL
 /// flush in the relaxed mode, options.background_jobs background jobs, 1 MiB bytes_per_sync,
-/// 512 MiB max_total_wal_size, 4 info log files at WARN level. env is left at the default.
+/// atomic flushes across families, 64 MiB max_total_wal_size, 4 info log files at WARN level.
+/// env is left at the default.
 rocksdb::DBOptions TunedDbOptions(const StorageOptions& options);
 
 /// The whole configuration the engine opens RocksDB with for `options`.
 struct RocksDbTuning {
   /// TunedDbOptions(options).
   rocksdb::DBOptions db;
-  /// TunedTableOptions over a new LRU block cache of max(options.block_cache_bytes, 1 MiB) bytes
-  /// (shared by every family opened with these options), then options.rocksdb_table_options
-  /// applied over it.
+  /// TunedTableOptions over a new LRU block cache of max(options.block_cache_bytes, 1 MiB) +
+  /// max(options.write_buffer_bytes, 4 MiB) bytes (shared by every family opened with these
+  /// options; db.write_buffer_manager charges the memtables to it), then
+  /// options.rocksdb_table_options applied over it.
   rocksdb::ColumnFamilyOptions table;
 };
 

@@ -7,6 +7,29 @@ namespace tessera::internal {
 SparseRows::SparseRows(const TableSpec& spec, const Optimizer* opt)
     : spec_(spec), opt_(opt), dim_(spec.dim), stride_(spec.dim + opt->StateFloats(spec.dim)) {}
 
+SparseRows::Block SparseRows::NewBlock() const {
+  Block b;
+  b.rows.reset(new float[size_t{kRowsPerBlock} * stride_]);
+  b.metas.reset(new RowMeta[kRowsPerBlock]);
+  b.keys.reset(new uint64_t[kRowsPerBlock]);
+  b.live.reset(new uint8_t[kRowsPerBlock]());
+  return b;
+}
+
+SparseRows::Block& SparseRows::Own(uint32_t slot) {
+  std::shared_ptr<Block>& b = blocks_[slot / kRowsPerBlock];
+  // Only this thread adds owners (Freeze); a count falling meanwhile costs one needless copy.
+  if (b.use_count() > 1) {
+    auto copy = std::make_shared<Block>(NewBlock());
+    std::memcpy(copy->rows.get(), b->rows.get(), sizeof(float) * kRowsPerBlock * stride_);
+    std::memcpy(copy->metas.get(), b->metas.get(), sizeof(RowMeta) * kRowsPerBlock);
+    std::memcpy(copy->keys.get(), b->keys.get(), sizeof(uint64_t) * kRowsPerBlock);
+    std::memcpy(copy->live.get(), b->live.get(), kRowsPerBlock);
+    b = std::move(copy);
+  }
+  return *b;
+}
+
 uint32_t SparseRows::Allocate() {
   if (!free_.empty()) {
     uint32_t s = free_.back();
@@ -14,84 +37,114 @@ uint32_t SparseRows::Allocate() {
     return s;
   }
   uint32_t s = next_slot_++;
-  if (s / kRowsPerBlock >= blocks_.size()) {
-    blocks_.emplace_back(new float[size_t{kRowsPerBlock} * stride_]);
-    metas_.resize(blocks_.size() * kRowsPerBlock);
-  }
+  if (s / kRowsPerBlock >= blocks_.size()) blocks_.push_back(std::make_shared<Block>(NewBlock()));
   return s;
 }
 
-float* SparseRows::FindOrCreate(uint64_t key, bool* created) {
-  auto [it, inserted] = index_.try_emplace(key, 0);
-  if (!inserted) {
-    *created = false;
-    return RowAt(it->second);
-  }
-  uint32_t slot = Allocate();
-  it->second = slot;
-  float* row = RowAt(slot);
+uint32_t SparseRows::Create(uint64_t key) {
+  const uint32_t slot = Allocate();
+  Block& b = Own(slot);
+  const uint32_t i = slot % kRowsPerBlock;
+  float* row = b.rows.get() + size_t{i} * stride_;
   InitializeValues(spec_.initializer, key, 0, dim_, row);
   opt_->InitState(row + dim_, dim_);
-  metas_[slot] = RowMeta{};
-  *created = true;
-  return row;
+  b.metas[i] = RowMeta{};
+  b.keys[i] = key;
+  b.live[i] = 1;
+  return slot;
+}
+
+float* SparseRows::FindOrCreate(uint64_t key, bool* created) {
+  RowMeta* meta;
+  return FindOrCreate(key, created, &meta);
 }
 
 float* SparseRows::FindOrCreate(uint64_t key, bool* created, RowMeta** meta) {
   auto [it, inserted] = index_.try_emplace(key, 0);
   *created = inserted;
-  if (inserted) {
-    const uint32_t slot = Allocate();
-    it->second = slot;
-    float* row = RowAt(slot);
-    InitializeValues(spec_.initializer, key, 0, dim_, row);
-    opt_->InitState(row + dim_, dim_);
-    metas_[slot] = RowMeta{};
-  }
-  *meta = &metas_[it->second];
-  return RowAt(it->second);
+  if (inserted) it->second = Create(key);
+  Block& b = Own(it->second);
+  const uint32_t i = it->second % kRowsPerBlock;
+  *meta = &b.metas[i];
+  return b.rows.get() + size_t{i} * stride_;
 }
 
-RowMeta& SparseRows::MetaOf(uint64_t key) { return metas_[index_.at(key)]; }
+const RowMeta& SparseRows::MetaOf(uint64_t key) const {
+  const uint32_t slot = index_.at(key);
+  return blocks_[slot / kRowsPerBlock]->metas[slot % kRowsPerBlock];
+}
 
 void SparseRows::Put(uint64_t key, const float* row, const RowMeta& meta) {
   auto [it, inserted] = index_.try_emplace(key, 0);
   if (inserted) it->second = Allocate();
-  std::memcpy(RowAt(it->second), row, sizeof(float) * stride_);
-  metas_[it->second] = meta;
+  Block& b = Own(it->second);
+  const uint32_t i = it->second % kRowsPerBlock;
+  std::memcpy(b.rows.get() + size_t{i} * stride_, row, sizeof(float) * stride_);
+  b.metas[i] = meta;
+  b.keys[i] = key;
+  b.live[i] = 1;
 }
 
 bool SparseRows::Erase(uint64_t key) {
   auto it = index_.find(key);
   if (it == index_.end()) return false;
+  Own(it->second).live[it->second % kRowsPerBlock] = 0;
   free_.push_back(it->second);
   index_.erase(it);
   return true;
 }
 
 uint64_t SparseRows::MemoryBytes() const {
-  const uint64_t arena = uint64_t{blocks_.size()} * kRowsPerBlock * stride_ * sizeof(float);
-  const uint64_t metas = metas_.capacity() * sizeof(RowMeta);
+  const uint64_t per_slot = stride_ * sizeof(float) + sizeof(RowMeta) + sizeof(uint64_t) + 1;
+  const uint64_t arena = uint64_t{blocks_.size()} * kRowsPerBlock * per_slot;
   const uint64_t map = index_.capacity() * (sizeof(std::pair<uint64_t, uint32_t>) + 1);
-  return arena + metas + map + free_.capacity() * sizeof(uint32_t);
+  return arena + map + free_.capacity() * sizeof(uint32_t);
 }
 
-float* DenseChunks::Get(uint64_t chunk, uint32_t* len) {
+SparseRows::Frozen SparseRows::Freeze() const {
+  Frozen f;
+  f.blocks.assign(blocks_.begin(), blocks_.end());
+  f.slots = next_slot_;
+  f.dim = dim_;
+  f.stride = stride_;
+  return f;
+}
+
+std::shared_ptr<DenseChunks::Chunk>& DenseChunks::Slot(uint64_t chunk, uint32_t* len) {
   *len = DenseChunkLength(spec_.length, chunk);
   auto [it, inserted] = chunks_.try_emplace(chunk);
   if (inserted) {
     const uint32_t n = *len;
-    it->second.data.resize(size_t{n} + opt_->StateFloats(n));
-    InitializeValues(spec_.initializer, 0, chunk * kDenseChunkFloats, n, it->second.data.data());
-    opt_->InitState(it->second.data.data() + n, n);
+    it->second = std::make_shared<Chunk>();
+    it->second->data.resize(size_t{n} + opt_->StateFloats(n));
+    InitializeValues(spec_.initializer, 0, chunk * kDenseChunkFloats, n, it->second->data.data());
+    opt_->InitState(it->second->data.data() + n, n);
   }
-  return it->second.data.data();
+  return it->second;
+}
+
+float* DenseChunks::Get(uint64_t chunk, uint32_t* len, RowMeta** meta) {
+  std::shared_ptr<Chunk>& c = Slot(chunk, len);
+  if (c.use_count() > 1) c = std::make_shared<Chunk>(*c);  // a frozen view holds it
+  if (meta != nullptr) *meta = &c->meta;
+  return c->data.data();
+}
+
+const float* DenseChunks::Read(uint64_t chunk, uint32_t* len) {
+  return Slot(chunk, len)->data.data();
 }
 
 uint64_t DenseChunks::MemoryBytes() const {
   uint64_t b = 0;
-  for (auto& [c, ch] : chunks_) b += ch.data.capacity() * sizeof(float) + sizeof(Chunk);
+  for (auto& [c, ch] : chunks_) b += ch->data.capacity() * sizeof(float) + sizeof(Chunk);
   return b;
+}
+
+DenseChunks::Frozen DenseChunks::Freeze() const {
+  Frozen f;
+  f.reserve(chunks_.size());
+  for (auto& [c, ch] : chunks_) f.emplace_back(c, ch);
+  return f;
 }
 
 bool Admitted(const AdmissionSpec& spec, uint64_t key, uint32_t count) {

@@ -17,25 +17,56 @@
 namespace tessera::internal {
 
 /// Rows of one sparse table in one lane: a hash map from key to a row slot in a block arena.
-/// Each slot holds dim values, then the optimizer state. Not thread-safe.
+/// Each slot holds dim values, then the optimizer state. Blocks are shared with snapshots
+/// (Freeze()) and copied before their first change after one (copy-on-write), so a snapshot
+/// costs a pointer per block however many rows there are. Not thread-safe; a frozen view may be
+/// read from another thread.
 class SparseRows {
  public:
+  static constexpr uint32_t kRowsPerBlock = 4096;
+  /// kRowsPerBlock slots: floats, metadata, key and a live flag each.
+  struct Block {
+    std::unique_ptr<float[]> rows;
+    std::unique_ptr<RowMeta[]> metas;
+    std::unique_ptr<uint64_t[]> keys;
+    std::unique_ptr<uint8_t[]> live;
+  };
+  /// The rows at Freeze() time.
+  struct Frozen {
+    std::vector<std::shared_ptr<const Block>> blocks;
+    uint32_t slots = 0;  // slots handed out: [0, slots)
+    uint32_t dim = 0;
+    uint32_t stride = 0;
+    /// Visits every live row: fn(key, row, meta) -> bool; false stops.
+    template <typename Fn>
+    void ForEach(Fn&& fn) const {
+      for (uint32_t s = 0; s < slots; ++s) {
+        const Block& b = *blocks[s / kRowsPerBlock];
+        const uint32_t i = s % kRowsPerBlock;
+        if (b.live[i] != 0 && !fn(b.keys[i], b.rows.get() + size_t{i} * stride, b.metas[i])) {
+          return;
+        }
+      }
+    }
+  };
+
   SparseRows(const TableSpec& spec, const Optimizer* opt);
 
   uint32_t dim() const { return dim_; }
   uint32_t stride() const { return stride_; }
   size_t size() const { return index_.size(); }
 
-  /// The row of `key`, or nullptr.
-  float* Find(uint64_t key) {
+  /// The row of `key` for reading, or nullptr.
+  const float* Find(uint64_t key) const {
     auto it = index_.find(key);
     return it == index_.end() ? nullptr : RowAt(it->second);
   }
-  /// The row of `key`, created with the initializer and initial state if absent.
+  /// The row of `key`, which the caller may change; created with the initializer and initial
+  /// state if absent.
   float* FindOrCreate(uint64_t key, bool* created);
-  /// Like FindOrCreate, also returning the row's metadata: one hash probe for both.
+  /// Like FindOrCreate, also returning the row's metadata (writable): one hash probe for both.
   float* FindOrCreate(uint64_t key, bool* created, RowMeta** meta);
-  RowMeta& MetaOf(uint64_t key);
+  const RowMeta& MetaOf(uint64_t key) const;
   /// Inserts or overwrites a row (value + state) with its metadata.
   void Put(uint64_t key, const float* row, const RowMeta& meta);
   /// Deletes a row; returns whether it existed.
@@ -44,53 +75,65 @@ class SparseRows {
   uint64_t MemoryBytes() const;
 
   template <typename Fn>
-  void ForEach(Fn&& fn) {
+  void ForEach(Fn&& fn) const {
     for (auto& [key, slot] : index_) {
-      if (!fn(key, RowAt(slot), metas_[slot])) return;
+      const Block& b = *blocks_[slot / kRowsPerBlock];
+      if (!fn(key, RowAt(slot), b.metas[slot % kRowsPerBlock])) return;
     }
   }
 
-  /// Slot-level access for engines that track rows themselves.
-  float* RowAt(uint32_t slot) {
-    return blocks_[slot / kRowsPerBlock].get() + size_t{slot % kRowsPerBlock} * stride_;
-  }
+  /// Shares every block with the returned view: later changes copy a shared block first.
+  Frozen Freeze() const;
 
  private:
-  static constexpr uint32_t kRowsPerBlock = 4096;
+  const float* RowAt(uint32_t slot) const {
+    return blocks_[slot / kRowsPerBlock]->rows.get() + size_t{slot % kRowsPerBlock} * stride_;
+  }
+  // The block of `slot`, copied first when a frozen view shares it.
+  Block& Own(uint32_t slot);
+  Block NewBlock() const;
   uint32_t Allocate();
+  // A new slot for `key` with the initializer's values and initial state.
+  uint32_t Create(uint64_t key);
 
   TableSpec spec_;
   const Optimizer* opt_;
   uint32_t dim_;
   uint32_t stride_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;
-  std::vector<std::unique_ptr<float[]>> blocks_;
-  std::vector<RowMeta> metas_;
+  std::vector<std::shared_ptr<Block>> blocks_;
   std::vector<uint32_t> free_;
   uint32_t next_slot_ = 0;
 };
 
-/// One dense table's chunks owned by a lane: value then state per chunk, created lazily.
+/// One dense table's chunks owned by a lane: value then state per chunk, created lazily, shared
+/// with frozen views copy-on-write like SparseRows' blocks.
 class DenseChunks {
  public:
-  DenseChunks(const TableSpec& spec, const Optimizer* opt) : spec_(spec), opt_(opt) {}
-  /// Chunk `chunk`'s row (value then state), created with the initializer if absent.
-  float* Get(uint64_t chunk, uint32_t* len);
-  RowMeta& Meta(uint64_t chunk) { return chunks_[chunk].meta; }
-  template <typename Fn>
-  void ForEach(Fn&& fn) {
-    for (auto& [c, ch] : chunks_) fn(c, ch.data.data(), ch.meta);
-  }
-  uint64_t MemoryBytes() const;
-
- private:
   struct Chunk {
     std::vector<float> data;
     RowMeta meta;
   };
+  using Frozen = std::vector<std::pair<uint64_t, std::shared_ptr<const Chunk>>>;
+
+  DenseChunks(const TableSpec& spec, const Optimizer* opt) : spec_(spec), opt_(opt) {}
+  /// Chunk `chunk`'s row (value then state) and metadata, which the caller may change; created
+  /// with the initializer if absent.
+  float* Get(uint64_t chunk, uint32_t* len, RowMeta** meta = nullptr);
+  /// The same for reading.
+  const float* Read(uint64_t chunk, uint32_t* len);
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (auto& [c, ch] : chunks_) fn(c, ch->data.data(), ch->meta);
+  }
+  uint64_t MemoryBytes() const;
+  Frozen Freeze() const;
+
+ private:
+  std::shared_ptr<Chunk>& Slot(uint64_t chunk, uint32_t* len);
   TableSpec spec_;
   const Optimizer* opt_;
-  absl::flat_hash_map<uint64_t, Chunk> chunks_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Chunk>> chunks_;
 };
 
 /// Length of dense chunk `chunk` of a tensor of `length` floats.

@@ -54,6 +54,8 @@ struct StoreStats {
   uint64_t rows_written = 0;
 };
 
+class LaneSnapshot;
+
 /// The rows that one lane owns, of every table. Not thread-safe: exactly one lane thread uses a
 /// LaneStore; no lock is needed on the hot path.
 class LaneStore {
@@ -133,6 +135,13 @@ class LaneStore {
 
   // ---- Snapshot and restore (checkpoints, resharding). Rows are value then optimizer state.
 
+  /// The lane's rows as they are now, to be read later from any thread while the lane goes on
+  /// (checkpoints without a stall). Cheap: memory rows are shared copy-on-write; a RocksDB lane
+  /// takes a RocksDB snapshot and copies only its rows not yet written back.
+  virtual Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() {
+    return Status::FailedPrecondition("this storage engine cannot take snapshots");
+  }
+
   /// Visits every materialized chunk of a dense table: `row` holds `len` values then the
   /// optimizer state. Stops early when `fn` returns false.
   using ChunkVisitor =
@@ -154,6 +163,16 @@ class LaneStore {
     (void)table_id, (void)chunk, (void)row, (void)meta;
     return Status::FailedPrecondition("this storage engine cannot restore dense chunks");
   }
+};
+
+/// A lane's rows frozen by LaneStore::TakeSnapshot(). Thread-safe to read (one reader at a
+/// time); outlives nothing: release it before its engine. Scan and ScanDense behave as
+/// LaneStore's (rows only looked up are not visited).
+class LaneSnapshot {
+ public:
+  virtual ~LaneSnapshot() = default;
+  virtual Status Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) = 0;
+  virtual Status ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) = 0;
 };
 
 /// One server's storage: hands out a LaneStore per lane and keeps small metadata records
@@ -242,6 +261,10 @@ struct StorageOptions {
   /// RocksDB block cache (uncompressed data, index and filter blocks), bytes, shared by all
   /// tables of the server; used by reads of rows that are not in the memory tier. Default: 64 MiB.
   uint64_t block_cache_bytes = uint64_t{64} << 20;
+  /// RocksDB memtables of every column family together, bytes (one WriteBufferManager, charged
+  /// to the block cache, whose capacity grows by this much): RocksDB's memory stays near
+  /// block_cache_bytes + write_buffer_bytes however many tables there are. Default: 64 MiB.
+  uint64_t write_buffer_bytes = uint64_t{64} << 20;
   /// RocksDB background threads (flushes and compactions). Default: 2.
   int background_jobs = 2;
   /// Extra RocksDB column-family options for table families, in RocksDB's option-string format

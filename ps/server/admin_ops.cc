@@ -119,25 +119,9 @@ void ServerImpl::TakeSnapshotIfReady() {
   if (!s.ok()) {
     ReplyError(std::move(cut.request->identity), cut.request->header, s);
   } else {
-    // Lanes run tasks in order: each copies its rows before it sees any released push. A lane
-    // pauses only to copy its rows into memory; the file writer thread writes and fsyncs them
-    // (one more part of the request per lane file).
+    // Lanes run tasks in order: each freezes its rows before it sees any released push.
     LOG(INFO) << "checkpoint at clock " << cut.cut << " into " << dir;
-    auto tables = TableList();
-    FileWriter* writer = writer_.get();
-    std::shared_ptr<Pending> p = cut.request;
-    Pending* raw = p.get();
-    RunOnAllLanes(
-        p,
-        [raw, p, dir, tables, writer](Lane& lane) -> Status {
-          auto data = std::make_shared<std::string>();
-          Status s = SerializeLaneSnapshot(lane.store(), tables, {}, data.get());
-          if (!s.ok()) data = std::make_shared<std::string>();  // the writer still finishes
-          raw->parts.Add();
-          writer->Submit(p, dir + "/lane-" + std::to_string(lane.index()), std::move(data));
-          return s;
-        },
-        false);
+    WriteLaneSnapshots(cut.request, dir, {});
   }
   Readmit(std::move(cut_parked_));
   cut_parked_.clear();
@@ -316,14 +300,31 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   SnapshotOptions so;
   so.values_only = true;
   so.min_update_s = since;
+  WriteLaneSnapshots(p, dir, so);
+  return Status::OK();
+}
+
+void ServerImpl::WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,
+                                    const SnapshotOptions& options) {
+  // A lane pauses only to take its snapshot (copy-on-write, or a RocksDB snapshot plus the
+  // rows not yet written back); the file writer thread writes and fsyncs the files, one more
+  // part of the request per lane.
+  auto tables = TableList();
+  FileWriter* writer = writer_.get();
+  Pending* raw = p.get();
   RunOnAllLanes(
       p,
-      [dir, tables, so](Lane& lane) {
-        return WriteLaneSnapshot(lane.store(), tables,
-                                 dir + "/lane-" + std::to_string(lane.index()), so);
+      [raw, p, dir, tables, writer, options](Lane& lane) -> Status {
+        TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<LaneSnapshot> snapshot,
+                                 lane.store().TakeSnapshot());
+        const std::string path = dir + "/lane-" + std::to_string(lane.index());
+        raw->parts.Add();
+        writer->Submit(p, [snapshot, tables, path, options] {
+          return WriteLaneSnapshot(*snapshot, tables, path, options);
+        });
+        return Status::OK();
       },
       false);
-  return Status::OK();
 }
 
 }  // namespace tessera::internal

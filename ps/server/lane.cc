@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "ps/record_file_internal.h"
 #include "ps/server/lane_internal.h"
 
 namespace tessera::internal {
@@ -140,11 +139,10 @@ FileWriter::FileWriter(zmq::context_t& ctx, const std::string& reply_endpoint)
 
 FileWriter::~FileWriter() { Stop(); }
 
-void FileWriter::Submit(std::shared_ptr<Pending> p, std::string path,
-                        std::shared_ptr<std::string> data) {
+void FileWriter::Submit(std::shared_ptr<Pending> p, std::function<Status()> work) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    jobs_.push_back(Job{std::move(p), std::move(path), std::move(data)});
+    jobs_.push_back(Job{std::move(p), std::move(work)});
   }
   cv_.notify_one();
 }
@@ -170,8 +168,8 @@ void FileWriter::Loop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    Status s = WriteFileDurably(job.path, *job.data);
-    job.data.reset();
+    Status s = job.work();
+    job.work = nullptr;  // what it holds (a snapshot) goes before the reply
     FinishPart(*job.pending, s, push_);
   }
 }

@@ -98,8 +98,8 @@ class Lane {
   std::atomic<uint64_t> waits_{0};
 };
 
-/// Writes files off the lanes (checkpoint snapshots): write and fsync, then finish one part of
-/// the request. Submit() is thread-safe.
+/// Runs file work off the lanes (writing checkpoint and export snapshots), one job at a time,
+/// then finishes one part of the job's request. Submit() is thread-safe.
 class FileWriter {
  public:
   FileWriter(zmq::context_t& ctx, const std::string& reply_endpoint);
@@ -107,16 +107,15 @@ class FileWriter {
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
 
-  /// Writes `data` to `path` durably, then finishes one part of `p` (which the caller added).
-  void Submit(std::shared_ptr<Pending> p, std::string path, std::shared_ptr<std::string> data);
-  /// Writes what is queued, then joins the thread. Idempotent.
+  /// Runs `work`, then finishes one part of `p` (which the caller added) with its status.
+  void Submit(std::shared_ptr<Pending> p, std::function<Status()> work);
+  /// Runs what is queued, then joins the thread. Idempotent.
   void Stop();
 
  private:
   struct Job {
     std::shared_ptr<Pending> pending;
-    std::string path;
-    std::shared_ptr<std::string> data;
+    std::function<Status()> work;
   };
   void Loop();
 

@@ -25,6 +25,7 @@
 #include "ps/server/peers_internal.h"
 #include "ps/server/request_internal.h"
 #include "ps/server/request_log_internal.h"
+#include "ps/server/snapshot_internal.h"
 #include "ps/server/server.h"
 #include "ps/table_spec.h"
 
@@ -137,6 +138,9 @@ class ServerImpl {
   bool ParkedByCut(const std::shared_ptr<Pending>& p);
   Status CheckpointOp(const std::shared_ptr<Pending>& p);
   void TakeSnapshotIfReady();
+  // Every lane freezes its rows; the file writer writes them to `dir`/lane-<i>.
+  void WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,
+                          const SnapshotOptions& options);
   Status WriteCheckpointHeader(const std::string& dir, int64_t cut);
   Status RestoreOp(const std::shared_ptr<Pending>& p);
   Result<std::vector<std::pair<uint64_t, TableSpec>>> RestoreTables(const std::string& dir);

@@ -24,6 +24,10 @@ DEFINE_string(data_dir, "",
               "keep everything in memory (lost when the process ends)");
 DEFINE_uint64(memory_budget_mb, 0,
               "Memory tier budget in MiB; rows beyond it live in RocksDB only (0: unbounded)");
+DEFINE_uint64(block_cache_mb, 64,
+              "With --data_dir: RocksDB block cache in MiB (rows read back from disk)");
+DEFINE_uint64(write_buffer_mb, 64,
+              "With --data_dir: RocksDB memtables of all tables together, in MiB");
 DEFINE_string(durability, "strict",
               "strict: an acknowledged push survives kill -9; relaxed: it may be lost for up "
               "to --relaxed_window_ms");
@@ -115,6 +119,8 @@ int main(int argc, char** argv) {
   o.recv_hwm = FLAGS_recv_hwm;
   RaiseOpenFileLimit(FLAGS_max_connections);
   o.storage.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
+  o.storage.block_cache_bytes = FLAGS_block_cache_mb << 20;
+  o.storage.write_buffer_bytes = FLAGS_write_buffer_mb << 20;
   if (FLAGS_durability == "strict") {
     o.storage.durability = tessera::Durability::kStrict;
   } else if (FLAGS_durability == "relaxed") {

@@ -7,7 +7,7 @@
 namespace tessera::internal {
 
 namespace {
-Status WriteRows(LaneStore& store, const std::vector<std::pair<uint64_t, TableSpec>>& tables,
+Status WriteRows(LaneSnapshot& store, const std::vector<std::pair<uint64_t, TableSpec>>& tables,
                  const SnapshotOptions& options, RecordWriter& w) {
   auto meta_of = [](const RowMeta& m) {
     return RecordMeta{m.update_count, m.last_step, m.last_update_s};
@@ -43,23 +43,12 @@ Status WriteRows(LaneStore& store, const std::vector<std::pair<uint64_t, TableSp
 }
 }  // namespace
 
-Status WriteLaneSnapshot(LaneStore& store,
+Status WriteLaneSnapshot(LaneSnapshot& snapshot,
                          const std::vector<std::pair<uint64_t, TableSpec>>& tables,
                          const std::string& path, const SnapshotOptions& options) {
   RecordWriter w(path);
   if (!w.ok()) return Status::IOError("cannot create '" + path + "': " + std::strerror(errno));
-  return WriteRows(store, tables, options, w);
-}
-
-Status SerializeLaneSnapshot(LaneStore& store,
-                             const std::vector<std::pair<uint64_t, TableSpec>>& tables,
-                             const SnapshotOptions& options, std::string* out) {
-  out->clear();
-  // One allocation up front: the rows take about what the memory tier holds (growing a
-  // string of hundreds of MiB by doubling copies it and faults in fresh pages each time).
-  out->reserve(store.stats().bytes_in_memory + (1 << 20));
-  RecordWriter w(out);
-  return WriteRows(store, tables, options, w);
+  return WriteRows(snapshot, tables, options, w);
 }
 
 }  // namespace tessera::internal

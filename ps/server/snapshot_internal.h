@@ -19,14 +19,10 @@ struct SnapshotOptions {
   uint32_t min_update_s = 0;
 };
 
-/// Writes the rows and chunks `store` holds of `tables` to the record file `path`.
-Status WriteLaneSnapshot(LaneStore& store,
+/// Writes the rows and chunks `snapshot` holds of `tables` to the record file `path` (fsync'd).
+/// Runs on any thread (the file writer's): the lane that took the snapshot goes on meanwhile.
+Status WriteLaneSnapshot(LaneSnapshot& snapshot,
                          const std::vector<std::pair<uint64_t, TableSpec>>& tables,
                          const std::string& path, const SnapshotOptions& options = {});
-/// The same file's bytes, built in memory (the lane pauses only for this; the write and fsync
-/// can happen elsewhere).
-Status SerializeLaneSnapshot(LaneStore& store,
-                             const std::vector<std::pair<uint64_t, TableSpec>>& tables,
-                             const SnapshotOptions& options, std::string* out);
 
 }  // namespace tessera::internal
