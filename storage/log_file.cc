@@ -7,6 +7,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
+#include <climits>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -194,11 +196,11 @@ Status LogFile::StartSegment(uint64_t first_seq) {
   return Status::OK();
 }
 
-Status LogFile::WriteOut(struct iovec* iov, int n, size_t total) {
+Status LogFile::WriteOut(struct iovec* iov, size_t n, size_t total) {
   Segment& seg = segments_.back();
   size_t done = 0;
   while (done < total) {
-    const ssize_t w = ::writev(fd_, iov, n);
+    const ssize_t w = ::writev(fd_, iov, static_cast<int>(std::min<size_t>(n, IOV_MAX)));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       Status s = Errno("writing the request log " + seg.path);
@@ -227,39 +229,51 @@ Status LogFile::WriteOut(struct iovec* iov, int n, size_t total) {
   return Status::OK();
 }
 
-Status LogFile::Append(uint64_t seq, std::span<const std::string_view> parts) {
-  uint64_t len = 0;
-  for (std::string_view p : parts) len += p.size();
-  if (len >= kMaxRecordBytes) {
-    return Status::InvalidArgument("request-log record of " + std::to_string(len) + " bytes");
+Status LogFile::Append(std::span<const Entry> entries) {
+  if (entries.empty()) return Status::OK();
+  // Headers (with their checksums) are built outside the lock.
+  std::vector<std::array<char, kHeaderBytes>> headers(entries.size());
+  uint64_t total = 0;
+  for (size_t e = 0; e < entries.size(); ++e) {
+    uint64_t len = 0;
+    for (std::string_view p : entries[e].parts) len += p.size();
+    if (len >= kMaxRecordBytes) {
+      return Status::InvalidArgument("request-log record of " + std::to_string(len) + " bytes");
+    }
+    if (e > 0 && entries[e].seq <= entries[e - 1].seq) {
+      return Status::InvalidArgument("request-log records out of order");
+    }
+    EncodeHeader(entries[e].seq, static_cast<uint32_t>(len),
+                 Checksum(entries[e].seq, entries[e].parts, len), headers[e].data());
+    total += kHeaderBytes + len;
   }
-  const uint64_t sum = Checksum(seq, parts, len);  // outside the lock
   std::lock_guard<std::mutex> l(mu_);
   if (!broken_.ok()) return broken_.WithContext("the request log is unusable until a restart");
-  if (seq <= last_seq_) {
-    return Status::InvalidArgument("request-log record " + std::to_string(seq) +
+  if (entries.front().seq <= last_seq_) {
+    return Status::InvalidArgument("request-log record " + std::to_string(entries.front().seq) +
                                    " is not above the last one, " + std::to_string(last_seq_));
   }
-  char header[kHeaderBytes];
-  EncodeHeader(seq, static_cast<uint32_t>(len), sum, header);
   if (options_.buffered) {
-    if (buffer_.empty()) buffer_first_ = seq;
-    buffer_.append(header, kHeaderBytes);
-    for (std::string_view p : parts) buffer_.append(p);
-    last_seq_ = seq;
+    if (buffer_.empty()) buffer_first_ = entries.front().seq;
+    for (size_t e = 0; e < entries.size(); ++e) {
+      buffer_.append(headers[e].data(), kHeaderBytes);
+      for (std::string_view p : entries[e].parts) buffer_.append(p);
+    }
+    last_seq_ = entries.back().seq;
     return buffer_.size() >= kMaxBuffer ? FlushLocked() : Status::OK();
   }
   if (fd_ < 0 || segments_.back().bytes >= options_.segment_bytes) {
-    TESSERA_RETURN_IF_ERROR(StartSegment(seq));
+    TESSERA_RETURN_IF_ERROR(StartSegment(entries.front().seq));
   }
   iov_.clear();
-  iov_.push_back({header, kHeaderBytes});
-  for (std::string_view p : parts) {
-    if (!p.empty()) iov_.push_back({const_cast<char*>(p.data()), p.size()});
+  for (size_t e = 0; e < entries.size(); ++e) {
+    iov_.push_back({headers[e].data(), kHeaderBytes});
+    for (std::string_view p : entries[e].parts) {
+      if (!p.empty()) iov_.push_back({const_cast<char*>(p.data()), p.size()});
+    }
   }
-  TESSERA_RETURN_IF_ERROR(
-      WriteOut(iov_.data(), static_cast<int>(iov_.size()), kHeaderBytes + len));
-  last_seq_ = seq;
+  TESSERA_RETURN_IF_ERROR(WriteOut(iov_.data(), iov_.size(), total));
+  last_seq_ = entries.back().seq;
   return Status::OK();
 }
 

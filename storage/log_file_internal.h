@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ps/status.h"
+#include "storage/storage.h"
 
 namespace tessera::internal {
 
@@ -52,7 +53,14 @@ class LogFile {
   Status Append(uint64_t seq, std::string_view payload) { return Append(seq, {&payload, 1}); }
   /// Appends record `seq` whose payload is the concatenation of `parts` (written with one
   /// writev, without copying them together).
-  Status Append(uint64_t seq, std::span<const std::string_view> parts);
+  Status Append(uint64_t seq, std::span<const std::string_view> parts) {
+    const Entry e{seq, parts};
+    return Append({&e, 1});
+  }
+  using Entry = LogEntry;
+  /// Appends records of increasing seq in one write (group commit: one fdatasync for all).
+  /// On an error none of them stays in the log.
+  Status Append(std::span<const Entry> entries);
   /// Writes what waits in the buffer (buffered mode); fdatasync with fsync.
   Status Flush();
   /// Visits the records with seq > `after`, in order. Corruption for a damaged record or a gap
@@ -76,7 +84,7 @@ class LogFile {
   explicit LogFile(const LogFileOptions& o) : options_(o) {}
   Status Recover();
   Status StartSegment(uint64_t first_seq);  // mu_ held
-  Status WriteOut(struct iovec* iov, int n, size_t total);  // mu_ held
+  Status WriteOut(struct iovec* iov, size_t n, size_t total);  // mu_ held
   Status FlushLocked();                                            // mu_ held
   Status ScanSegment(const Segment& s, bool last, uint64_t after,
                      const std::function<Status(uint64_t, std::string_view)>& fn,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -153,6 +154,33 @@ TEST(LogFileTest, TruncateDeletesWholeSegmentsOnly) {
   auto tail = ReadAll(*reopened, 30);
   ASSERT_EQ(tail.size(), 1u);
   EXPECT_EQ(tail[0].first, 31u);
+}
+
+TEST(LogFileTest, AGroupIsOneWriteOfWholeRecords) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path());
+    std::vector<std::string> payloads;
+    for (uint64_t s = 1; s <= 300; ++s) payloads.push_back(Payload(s));  // > IOV_MAX / 3
+    std::vector<std::array<std::string_view, 2>> parts(payloads.size());
+    std::vector<LogEntry> entries;
+    for (size_t i = 0; i < payloads.size(); ++i) {
+      parts[i] = {std::string_view(payloads[i]).substr(0, 3),
+                  std::string_view(payloads[i]).substr(3)};
+      entries.push_back(LogEntry{i + 1, parts[i]});
+    }
+    ASSERT_TRUE(log->Append(entries).ok());
+    EXPECT_EQ(log->last_seq(), 300u);
+    // Out of order inside a group: refused whole.
+    const std::string_view x = "x";
+    const LogEntry bad[] = {{302, {&x, 1}}, {301, {&x, 1}}};
+    EXPECT_EQ(log->Append(bad).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(log->last_seq(), 300u);
+  }
+  auto log = MustOpen(dir.path());
+  auto all = ReadAll(*log);
+  ASSERT_EQ(all.size(), 300u);
+  for (uint64_t s = 1; s <= 300; ++s) EXPECT_EQ(all[s - 1].second, Payload(s));
 }
 
 TEST(LogFileTest, BufferedModeWritesOnFlush) {

@@ -308,7 +308,7 @@ class RocksDbEngine final : public StorageEngine {
   Status CreateCheckpoint(const std::string& dir) override;
   bool durable() const override { return true; }
   Status AppendLog(uint64_t seq, std::string_view entry) override;
-  Status AppendLogParts(uint64_t seq, std::span<const std::string_view> parts) override;
+  Status AppendLogGroup(std::span<const LogEntry> entries) override;
   Status ScanLog(uint64_t after,
                  const std::function<Status(uint64_t, std::string_view)>& fn) override;
   Status TruncateLog(uint64_t upto) override;
@@ -678,9 +678,9 @@ Status RocksDbEngine::AppendLog(uint64_t seq, std::string_view entry) {
   return log_file_->Append(seq, entry);
 }
 
-Status RocksDbEngine::AppendLogParts(uint64_t seq, std::span<const std::string_view> parts) {
+Status RocksDbEngine::AppendLogGroup(std::span<const LogEntry> entries) {
   TESSERA_RETURN_IF_ERROR(BackgroundError());
-  return log_file_->Append(seq, parts);
+  return log_file_->Append(entries);
 }
 
 Status RocksDbEngine::ScanLog(uint64_t after,

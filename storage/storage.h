@@ -56,6 +56,12 @@ struct StoreStats {
 
 class LaneSnapshot;
 
+/// A request-log entry given as parts (written one after the other, never copied together).
+struct LogEntry {
+  uint64_t seq;
+  std::span<const std::string_view> parts;
+};
+
 /// The rows that one lane owns, of every table. Not thread-safe: exactly one lane thread uses a
 /// LaneStore; no lock is needed on the hot path.
 class LaneStore {
@@ -204,11 +210,16 @@ class StorageEngine {
     (void)seq, (void)entry;
     return Status::OK();
   }
-  /// AppendLog of the concatenation of `parts`; engines with a log write them without copying.
-  virtual Status AppendLogParts(uint64_t seq, std::span<const std::string_view> parts) {
-    std::string entry;
-    for (std::string_view p : parts) entry.append(p);
-    return AppendLog(seq, entry);
+  /// Appends entries of increasing seq at once (group commit: one write, one fdatasync with
+  /// fsync); on an error none of them is in the log. Engines with a log write the parts
+  /// without copying them together.
+  virtual Status AppendLogGroup(std::span<const LogEntry> entries) {
+    for (const LogEntry& e : entries) {
+      std::string entry;
+      for (std::string_view p : e.parts) entry.append(p);
+      TESSERA_RETURN_IF_ERROR(AppendLog(e.seq, entry));
+    }
+    return Status::OK();
   }
   /// Visits entries with sequence number > `after`, in order.
   virtual Status ScanLog(uint64_t after,

@@ -30,6 +30,7 @@ const T* View(zmq::message_t& f, std::vector<T>* copy) {
 
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                           bool writes, uint64_t seq, bool may_inline) {
+  FlushStaged();  // pushes staged earlier reach the lanes first
   const bool inline_ok = may_inline && parts.size() == 1;
   p->parts.Add(static_cast<uint32_t>(parts.size()));
   for (LanePart& part : parts) {
@@ -69,15 +70,32 @@ Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
   return false;
 }
 
-Result<uint64_t> ServerImpl::LogPush(const Pending& p) {
-  const Header& h = p.header;
-  Result<uint64_t> seq = log_->Append(p);
-  if (!seq.ok()) {
-    dedup_.Abandon(h.client_id, h.client_seq);
-    return seq.status();
+void ServerImpl::LogAndRun(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
+                           bool may_inline) {
+  if (!log_->durable()) {
+    dedup_.Logged(p->header.client_id, p->header.client_seq);
+    RunParts(p, std::move(parts), /*writes=*/true, /*seq=*/0, may_inline);
+    return;
   }
-  dedup_.Logged(h.client_id, h.client_seq);
-  return seq;
+  const uint64_t seq = log_->Stage(p);
+  staged_.push_back(StagedRun{p, std::move(parts), seq, may_inline});
+}
+
+void ServerImpl::FlushStaged() {
+  if (staged_.empty()) return;
+  std::vector<StagedRun> staged;
+  staged.swap(staged_);
+  const Status s = log_->WriteStaged();
+  for (StagedRun& r : staged) {
+    const Header& h = r.p->header;
+    if (!s.ok()) {
+      dedup_.Abandon(h.client_id, h.client_seq);
+      ReplyError(std::move(r.p->identity), h, s);
+      continue;
+    }
+    dedup_.Logged(h.client_id, h.client_seq);
+    RunParts(r.p, std::move(r.parts), /*writes=*/true, r.seq, r.may_inline);
+  }
 }
 
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
@@ -148,12 +166,10 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
     ++pulls_;
     pull_keys_ += h.count;
   }
-  uint64_t seq = 0;
   if (push) {
     ++pushes_;
     push_keys_ += h.count;
     if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
-    TESSERA_ASSIGN_OR_RETURN(seq, LogPush(*p));
   }
   const uint64_t table_id = h.table_id;
   Pending* raw = p.get();
@@ -188,7 +204,12 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
                                return Status::OK();
                              }});
   }
-  RunParts(p, std::move(parts), push, seq, h.count * dim <= kInlineMaxFloats);
+  const bool may_inline = h.count * dim <= kInlineMaxFloats;
+  if (push) {
+    LogAndRun(p, std::move(parts), may_inline);
+  } else {
+    RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
+  }
   return Status::OK();
 }
 
@@ -231,7 +252,6 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
 Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool push = h.op == Op::kDensePush;
-  uint64_t seq = 0;
   if (!push) {
     p->out = zmq::message_t(h.count * sizeof(float));
     p->has_out = true;
@@ -239,7 +259,6 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   } else {
     ++pushes_;
     if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
-    TESSERA_ASSIGN_OR_RETURN(seq, LogPush(*p));
   }
   DenseSplit by_lane =
       SplitDenseByLane(h.table_id, h.offset, h.count, static_cast<uint32_t>(lanes_.size()));
@@ -265,7 +284,12 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
                    return Status::OK();
                  }});
   }
-  RunParts(p, std::move(parts), push, seq, h.count <= kInlineMaxFloats);
+  const bool may_inline = h.count <= kInlineMaxFloats;
+  if (push) {
+    LogAndRun(p, std::move(parts), may_inline);
+  } else {
+    RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
+  }
   return Status::OK();
 }
 

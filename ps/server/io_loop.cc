@@ -34,6 +34,7 @@ void ServerImpl::IoLoop() {
     if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
     if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
     if (items[0].revents & ZMQ_POLLIN) ReceiveBurst();
+    FlushStaged();  // pushes readmitted outside a burst
   }
 }
 
@@ -51,9 +52,11 @@ void ServerImpl::ReceiveBurst() {
     if (!n) break;
     HandleMessage(std::move(parts));
   }
+  FlushStaged();  // the burst's pushes: one log write
 }
 
 void ServerImpl::Maintain() {
+  FlushStaged();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
   uint64_t upto = log_->last_seq();
   for (auto& l : lanes_) upto = std::min(upto, l->committed_seq());

@@ -23,24 +23,34 @@ std::array<char, RequestLog::kHeaderBytes> RequestLog::EncodeHeader(const Pendin
   return e;
 }
 
-Result<uint64_t> RequestLog::Append(const Pending& p) {
-  if (!engine_->durable()) return uint64_t{0};
-  const Header& h = p.header;
+uint64_t RequestLog::Stage(std::shared_ptr<Pending> p) {
+  const Header& h = p->header;
   const bool sparse = h.op != Op::kDensePush;
   const uint64_t floats = sparse ? h.count * h.dim : h.count;
-  const auto header = EncodeHeader(p);
+  Staged& st = staged_.emplace_back();
+  st.header = EncodeHeader(*p);
   // The keys and gradients go to the log straight from the request's frames.
-  const std::string_view parts[] = {
-      std::string_view(header.data(), header.size()),
-      std::string_view(reinterpret_cast<const char*>(p.keys), sparse ? h.count * 8 : 0),
-      std::string_view(reinterpret_cast<const char*>(p.values), floats * 4)};
-  const uint64_t seq = ++seq_;
-  Status s = engine_->AppendLogParts(seq, parts);
-  if (!s.ok()) {
-    --seq_;
-    return s.WithContext("logging the push");
+  st.parts = {std::string_view(st.header.data(), st.header.size()),
+              std::string_view(reinterpret_cast<const char*>(p->keys), sparse ? h.count * 8 : 0),
+              std::string_view(reinterpret_cast<const char*>(p->values), floats * 4)};
+  st.p = std::move(p);
+  return ++seq_;
+}
+
+Status RequestLog::WriteStaged() {
+  if (staged_.empty()) return Status::OK();
+  std::vector<LogEntry> entries;
+  entries.reserve(staged_.size());
+  const uint64_t first = seq_ + 1 - staged_.size();
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    // The header array moved with the vector's growth: point at it again.
+    staged_[i].parts[0] = std::string_view(staged_[i].header.data(), kHeaderBytes);
+    entries.push_back(LogEntry{first + i, staged_[i].parts});
   }
-  return seq;
+  Status s = engine_->AppendLogGroup(entries);
+  if (!s.ok()) seq_ = first - 1;
+  staged_.clear();
+  return s.ok() ? s : s.WithContext("logging the push");
 }
 
 Status RequestLog::StoreMarksAndTruncate(uint64_t mark) {

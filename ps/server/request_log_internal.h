@@ -28,9 +28,16 @@ class RequestLog {
   /// truncated and rebuilt by Replay.
   RequestLog(StorageEngine* engine, PushDedup* dedup) : engine_(engine), dedup_(dedup) {}
 
-  /// Appends the validated push `p` (sparse or dense) with its client id and sequence number;
-  /// returns its log sequence number, or 0 when the engine keeps nothing.
-  Result<uint64_t> Append(const Pending& p);
+  /// Whether the log keeps anything (a durable engine).
+  bool durable() const { return engine_->durable(); }
+
+  /// Group commit, part 1: gives the validated push `p` (sparse or dense, with its client id
+  /// and sequence number) the next log sequence number and keeps its entry, which points into
+  /// `p`'s frames (`p` must stay alive until WriteStaged). Durable engines only.
+  uint64_t Stage(std::shared_ptr<Pending> p);
+  /// Part 2: writes every staged entry in one write (one fdatasync with --fsync). On an error
+  /// none of them is in the log and their sequence numbers are given out again.
+  Status WriteStaged();
 
   /// Applies to `stores` (the current lane layout) the logged pushes their lanes had not
   /// committed when the server stopped; the marks were stored under the layout of that run.
@@ -70,6 +77,12 @@ class RequestLog {
 
   StorageEngine* const engine_;
   PushDedup* const dedup_;
+  struct Staged {
+    std::shared_ptr<Pending> p;
+    std::array<char, kHeaderBytes> header;
+    std::array<std::string_view, 3> parts;
+  };
+  std::vector<Staged> staged_;
   uint64_t seq_ = 0;        // last sequence number assigned
   uint64_t truncated_ = 0;  // truncated up to here
 };

@@ -126,8 +126,13 @@ class ServerImpl {
   /// answered here; a retried push-pull becomes a pull (false). Unavailable when the original
   /// is still waiting to be logged. A new push is accepted (false).
   Result<bool> AnsweredAsRetry(const std::shared_ptr<Pending>& p);
-  /// Logs push `p` (its log sequence number, 0 without a log) and records it for dedup.
-  Result<uint64_t> LogPush(const Pending& p);
+  /// Hands push `p`'s lane parts to the lanes once it is logged: with a durable log, staged
+  /// for the group write of FlushStaged(); without, at once.
+  void LogAndRun(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool may_inline);
+  /// Group commit: writes the staged pushes' log entries in one write, then hands them to the
+  /// lanes in order (or answers them all with the write's error). Runs at the end of every
+  /// burst and before anything else reaches a lane, so lanes still see requests in order.
+  void FlushStaged();
   Status SubmitDense(const std::shared_ptr<Pending>& p);
   /// True when the checkpoint cut or the staleness gate parked `p` (to be readmitted later).
   bool Parked(const std::shared_ptr<Pending>& p);
@@ -162,6 +167,14 @@ class ServerImpl {
   std::string endpoint_;
   std::unique_ptr<StorageEngine> engine_;
   std::unique_ptr<RequestLog> log_;
+  // Pushes logged by the next group write, with their lane parts (FlushStaged).
+  struct StagedRun {
+    std::shared_ptr<Pending> p;
+    std::vector<LanePart> parts;
+    uint64_t seq;
+    bool may_inline;
+  };
+  std::vector<StagedRun> staged_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::unique_ptr<FileWriter> writer_;
   std::thread io_;
