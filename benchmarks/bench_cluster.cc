@@ -14,16 +14,64 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
+#include <set>
 #include <thread>
 
 namespace tessera::bench {
 
+namespace {
+
+// What a stop signal must clean up: the running children, then their logs and the temporary
+// directories.
+struct Leftovers {
+  std::mutex mu;
+  std::set<pid_t> children;
+  std::set<std::string> paths;
+};
+
+Leftovers& TheLeftovers() {
+  static Leftovers* const leftovers = new Leftovers;  // never destroyed: used until _exit
+  return *leftovers;
+}
+
+void RememberChild(pid_t pid) {
+  Leftovers& l = TheLeftovers();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.children.insert(pid);
+}
+
+void ForgetChild(pid_t pid) {
+  Leftovers& l = TheLeftovers();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.children.erase(pid);
+}
+
+void RememberPath(const std::string& path) {
+  Leftovers& l = TheLeftovers();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.paths.insert(path);
+}
+
+void ForgetPath(const std::string& path) {
+  Leftovers& l = TheLeftovers();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.paths.erase(path);
+}
+
+}  // namespace
+
 Result<std::string> ServerProcess::Start(const std::vector<std::string>& argv,
-                                         const std::string& ready) {
+                                         const std::string& ready, std::chrono::seconds timeout) {
   Stop();
+  argv_ = argv;
+  ready_ = ready;
   char log_tmpl[] = "/tmp/tessera-bench-XXXXXX";
   const int log = mkstemp(log_tmpl);
-  if (log >= 0) log_path_ = log_tmpl;
+  if (log >= 0) {
+    log_path_ = log_tmpl;
+    RememberPath(log_path_);
+  }
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) {
     if (log >= 0) close(log);
@@ -47,15 +95,20 @@ Result<std::string> ServerProcess::Start(const std::vector<std::string>& argv,
     // Only async-signal-safe calls between fork and exec.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
+    // CleanUpOnStopSignals() blocks the stop signals here; the child must still obey them.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(out[1], 1);
     if (log >= 0) dup2(log, 2);
     execv(cargs[0], cargs.data());
     _exit(127);
   }
+  RememberChild(pid_);
   close(out[1]);
   if (log >= 0) close(log);
   std::string seen, endpoint;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto until = std::chrono::steady_clock::now() + timeout;
   while (endpoint.empty() && std::chrono::steady_clock::now() < until) {
     pollfd p{out[0], POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
@@ -83,23 +136,46 @@ Result<std::string> ServerProcess::Start(const std::vector<std::string>& argv,
   return endpoint;
 }
 
-void ServerProcess::Stop() {
+Result<std::string> ServerProcess::Restart(std::chrono::seconds timeout) {
+  const std::vector<std::string> argv = argv_;  // Start() assigns argv_
+  const std::string ready = ready_;
+  return Start(argv, ready, timeout);
+}
+
+void ServerProcess::Stop() { Reap(/*gracefully=*/true); }
+
+void ServerProcess::Kill() { Reap(/*gracefully=*/false); }
+
+void ServerProcess::Pause() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void ServerProcess::Resume() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
+void ServerProcess::Reap(bool gracefully) {
   if (pid_ > 0) {
-    kill(pid_, SIGTERM);
     int st;
     bool reaped = false;
-    for (int i = 0; i < 100 && !reaped; ++i) {
-      reaped = waitpid(pid_, &st, WNOHANG) == pid_;
-      if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (gracefully) {
+      kill(pid_, SIGTERM);
+      kill(pid_, SIGCONT);  // a paused process handles SIGTERM only once it runs
+      for (int i = 0; i < 100 && !reaped; ++i) {
+        reaped = waitpid(pid_, &st, WNOHANG) == pid_;
+        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
     }
     if (!reaped) {
       kill(pid_, SIGKILL);
       waitpid(pid_, &st, 0);
     }
+    ForgetChild(pid_);
     pid_ = -1;
   }
   if (!log_path_.empty()) {
     unlink(log_path_.c_str());
+    ForgetPath(log_path_);
     log_path_.clear();
   }
 }
@@ -142,10 +218,79 @@ Status BenchCluster::Start(uint32_t n, const std::string& mode, const std::strin
   return Status::OK();
 }
 
+void BenchCluster::Kill(uint32_t rank) {
+  if (rank < processes_.size()) processes_[rank]->Kill();
+}
+
+void BenchCluster::Pause() {
+  for (auto& p : processes_) p->Pause();
+}
+
+void BenchCluster::Resume() {
+  for (auto& p : processes_) p->Resume();
+}
+
+Status BenchCluster::Restart(uint32_t rank, std::chrono::seconds timeout) {
+  if (rank >= processes_.size()) {
+    return Status::InvalidArgument("no server process of rank " + std::to_string(rank));
+  }
+  TESSERA_ASSIGN_OR_RETURN(endpoints_[rank], processes_[rank]->Restart(timeout));
+  return Status::OK();
+}
+
 void BenchCluster::Stop() {
   servers_.clear();
   processes_.clear();
   endpoints_.clear();
+}
+
+void RunOnly(const std::vector<BenchCluster*>& all, const BenchCluster& active) {
+  for (BenchCluster* c : all) {
+    if (c == &active) {
+      c->Resume();
+    } else {
+      c->Pause();
+    }
+  }
+}
+
+TempDir::TempDir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    std::perror(("mkdtemp " + tmpl).c_str());
+    std::exit(1);
+  }
+  path_ = tmpl;
+  RememberPath(path_);
+}
+
+TempDir::~TempDir() {
+  ForgetPath(path_);
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void CleanUpOnStopSignals() {
+  static sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop_signals, sig);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A plain thread, not a signal handler: it may lock, reap and remove files. The lock stays
+  // held to the end, so no server starts and no directory appears after the sweep.
+  std::thread([] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    Leftovers& l = TheLeftovers();
+    l.mu.lock();
+    for (pid_t pid : l.children) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    std::error_code ec;
+    for (const std::string& path : l.paths) std::filesystem::remove_all(path, ec);
+    std::fprintf(stderr, "stopped by signal %d; servers killed, temporary files removed\n", sig);
+    _exit(128 + sig);
+  }).detach();
 }
 
 std::string DefaultServerBinary(const char* argv0) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "benchmarks/bench_cluster.h"
+#include "benchmarks/bench_keys.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 
@@ -51,68 +52,8 @@ using BenchClock = std::chrono::steady_clock;
 using tessera::bench::Median;
 using tessera::bench::Percentile;
 
-// ------------------------------------------------------------------ Zipf sampler
-
-// SplitMix64: a small, fast generator, good enough for benchmark keys.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : s_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-
- private:
-  uint64_t s_;
-};
-
-// Zipf over ranks 1..n with P(k) ~ k^-s, by rejection-inversion (Hormann and Derflinger 1996,
-// as in Apache Commons RNG): O(1) per sample with no table, about 1.1 uniforms per sample.
-class ZipfSampler {
- public:
-  ZipfSampler(uint64_t n, double s) : n_(n), s_(s) {
-    h_integral_x1_ = HIntegral(1.5) - 1.0;
-    h_integral_n_ = HIntegral(static_cast<double>(n) + 0.5);
-    cut_ = 2.0 - HIntegralInverse(HIntegral(2.5) - H(2.0));
-  }
-
-  uint64_t operator()(SplitMix64& rng) const {
-    for (;;) {
-      const double u = h_integral_n_ + rng.Uniform() * (h_integral_x1_ - h_integral_n_);
-      const double x = HIntegralInverse(u);
-      double k = std::floor(x + 0.5);
-      k = std::clamp(k, 1.0, static_cast<double>(n_));
-      if (k - x <= cut_ || u >= HIntegral(k + 0.5) - H(k)) return static_cast<uint64_t>(k);
-    }
-  }
-
- private:
-  double H(double x) const { return std::exp(-s_ * std::log(x)); }
-  double HIntegral(double x) const {
-    const double lx = std::log(x);
-    return Helper2((1.0 - s_) * lx) * lx;
-  }
-  double HIntegralInverse(double x) const {
-    double t = x * (1.0 - s_);
-    if (t < -1.0) t = -1.0;  // numerical safety at the far end
-    return std::exp(Helper1(t) * x);
-  }
-  // log1p(x)/x and expm1(x)/x, stable near 0.
-  static double Helper1(double x) {
-    return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x));
-  }
-  static double Helper2(double x) {
-    return std::abs(x) > 1e-8 ? std::expm1(x) / x
-                              : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
-  }
-
-  uint64_t n_;
-  double s_;
-  double h_integral_x1_, h_integral_n_, cut_;
-};
+using tessera::bench::SplitMix64;
+using tessera::bench::ZipfSampler;
 
 // ------------------------------------------------------------------ workload
 
@@ -141,7 +82,7 @@ std::vector<Batch> MakeBatches(const Shape& shape, uint32_t count, uint64_t seed
     b.keys.resize(shape.keys);
     // Rank -> id through an odd multiplier (a bijection): hot ids are spread over the key
     // space like hashed feature ids, not packed at the bottom.
-    for (auto& k : b.keys) k = zipf(rng) * 0x9e3779b97f4a7c15ULL;
+    for (auto& k : b.keys) k = tessera::bench::SpreadId(zipf(rng));
     b.grads.resize(shape.keys * shape.dim);
     for (auto& g : b.grads) g = static_cast<float>(rng.Uniform() - 0.5) * 0.01f;
     std::unordered_set<uint64_t> seen(b.keys.begin(), b.keys.end());

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace tessera::bench {
@@ -22,6 +24,16 @@ inline double Median(std::vector<double> v) {
   if (n % 2 == 1) return *mid;
   // The lower middle value is the largest of the elements before `mid`.
   return 0.5 * (*std::max_element(v.begin(), mid) + *mid);
+}
+
+/// The median over `items` of figure(item): a pointer to a numeric data member, or any callable
+/// taking an item and returning a number (e.g. one figure of every repetition's result).
+template <typename T, typename Figure>
+double MedianOver(const std::vector<T>& items, Figure&& figure) {
+  std::vector<double> v;
+  v.reserve(items.size());
+  for (const T& item : items) v.push_back(static_cast<double>(std::invoke(figure, item)));
+  return Median(std::move(v));
 }
 
 /// The p-th quantile of `v` (p in [0, 1]; 0.99 is the 99th percentile) by the nearest-rank

@@ -307,7 +307,7 @@ TEST_P(StoreConformanceTest, SnapshotKeepsItsMomentWhileTheLaneGoesOn) {
   const uint64_t id = AddSparse(TableSpec::Sparse("t", 1, {OptimizerKind::kSgd, 1.0f}));
   const uint64_t did = TableIdForName("d");
   ASSERT_TRUE(lane_->AddTable(did, TableSpec::Dense("d", 3, {OptimizerKind::kSgd, 1.0f})).ok());
-  constexpr uint64_t kRows = 10000;  // more than two blocks of 4096
+  constexpr uint64_t kRows = 10000;  // many copy-on-write blocks
   const float minus_one = -1.0f;
   auto push = [&](uint64_t from, uint64_t to, uint64_t step) {
     std::vector<uint64_t> keys;

@@ -213,8 +213,10 @@ class RocksDbLaneStore final : public LaneStore {
     uint32_t floats = 0;  // sparse: value + state per row
     bool gated = false;   // admission needs counting
     std::unique_ptr<CachedRows> rows;
-    std::vector<uint32_t> dirty_slots;  // rows with kDirty (slot numbers: no Compact meanwhile)
-    std::vector<uint64_t> flight_keys;  // rows handed to the writer (pinned until it is done)
+    // Slot numbers of rows with kDirty, and of rows handed to the writer (pinned until it is
+    // done): the arena is compacted only while both are empty (Compact moves rows).
+    std::vector<uint32_t> dirty_slots;
+    std::vector<uint32_t> flight_slots;
     absl::flat_hash_map<uint64_t, uint32_t> pending;  // pushes seen of keys not yet admitted
     absl::flat_hash_map<uint64_t, DenseChunk> dense;
     std::vector<uint64_t> dirty_chunks;
@@ -446,7 +448,7 @@ Result<std::unique_ptr<RocksDbEngine>> RocksDbEngine::Open(const StorageOptions&
     engine->legacy_log_ = it->Valid();
   }
   internal::LogFileOptions lo;
-  lo.dir = options.data_dir + "/request-log";
+  lo.dir = options.log_dir.empty() ? options.data_dir + "/request-log" : options.log_dir;
   lo.fsync = options.fsync;
   lo.buffered = options.durability == Durability::kRelaxed;
   TESSERA_ASSIGN_OR_RETURN(engine->log_file_, internal::LogFile::Open(lo));
@@ -1008,7 +1010,7 @@ bool RocksDbLaneStore::HasDirty() const {
 uint64_t RocksDbLaneStore::dirty_bytes() const {
   uint64_t bytes = 0;
   for (const auto& [id, t] : tables_) {
-    if (t->rows) bytes += (t->dirty_slots.size() + t->flight_keys.size()) * t->rows->slot_bytes();
+    if (t->rows) bytes += (t->dirty_slots.size() + t->flight_slots.size()) * t->rows->slot_bytes();
     // Dense: t->floats is the state per element.
     bytes += (t->dirty_chunks.size() + t->flight_chunks.size()) * sizeof(float) *
              kDenseChunkFloats * (1 + t->floats);
@@ -1041,7 +1043,7 @@ Status RocksDbLaneStore::HandOff() {
                               out + internal::kSparseKeyBytes);
         out += rec;
         h.flags &= ~CachedRows::kDirty;  // still pinned: evicted, it would read back stale
-        t->flight_keys.push_back(h.key);
+        t->flight_slots.push_back(slot);
       }
     }
     for (uint64_t chunk : t->dirty_chunks) {
@@ -1059,8 +1061,6 @@ Status RocksDbLaneStore::HandOff() {
     rows += t->dirty_slots.size() + t->dirty_chunks.size();
     t->dirty_slots.clear();
     t->dirty_chunks.clear();
-    // No slot numbers are held now: the arena may move rows.
-    if (t->rows) t->rows->Compact();
   }
   flight_ = job;
   flight_seq_ = applied_seq_;
@@ -1079,16 +1079,16 @@ Status RocksDbLaneStore::Reap() {
   std::shared_ptr<WriteBackJob> job = std::move(flight_);
   const bool ok = job->state.load(std::memory_order_acquire) == WriteBackJob::kDone;
   for (auto& [id, t] : tables_) {
-    for (uint64_t key : t->flight_keys) {
-      const uint32_t slot = t->rows->Find(key);  // pinned: still there
-      if (slot == CachedRows::kNoSlot) continue;
+    for (uint32_t slot : t->flight_slots) {  // pinned: not evicted, not moved
       if (!ok) {
         MarkDirty(t.get(), slot);
       } else if ((t->rows->header(slot).flags & CachedRows::kDirty) == 0) {
         t->rows->Unpin(slot);
       }
     }
-    t->flight_keys.clear();
+    t->flight_slots.clear();
+    // No slot numbers are held now (unless rows changed again meanwhile): rows may move.
+    if (t->rows && t->dirty_slots.empty()) t->rows->Compact();
     if (!ok) {
       for (uint64_t chunk : t->flight_chunks) MarkChunkDirty(t.get(), chunk, &t->dense.at(chunk));
     }
@@ -1132,10 +1132,22 @@ class RocksDbLaneSnapshot final : public LaneSnapshot {
     TableSpec spec;
     rocksdb::ColumnFamilyHandle* cf = nullptr;
     uint32_t floats = 0;  // sparse: value + state per row
-    // Copied rows (encoded as on disk): key or chunk -> [offset, length) in `bytes`.
-    absl::flat_hash_map<uint64_t, std::pair<size_t, size_t>> copied;
+    // Rows copied at the cut, one after the other: u64 key (sparse) or chunk (dense), u32
+    // length, then the row encoded as on disk. Indexed by the reader (copied), not by the lane.
     std::string bytes;
+    absl::flat_hash_map<uint64_t, std::pair<size_t, size_t>> copied;
     std::unique_ptr<Optimizer> opt;  // dense: the state floats of a chunk
+    void Index() {
+      if (!copied.empty() || bytes.empty()) return;
+      for (size_t at = 0; at + 12 <= bytes.size();) {
+        uint64_t key;
+        uint32_t len;
+        std::memcpy(&key, bytes.data() + at, 8);
+        std::memcpy(&len, bytes.data() + at + 8, 4);
+        copied[key] = {at + 12, len};
+        at += 12 + len;
+      }
+    }
   };
   RocksDbLaneSnapshot(rocksdb::DB* db, std::vector<uint32_t> slots, uint32_t lane,
                       uint32_t num_lanes, absl::flat_hash_map<uint64_t, Table> tables)
@@ -1175,6 +1187,7 @@ class RocksDbLaneSnapshot final : public LaneSnapshot {
 
 Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  t->Index();
   const uint32_t dim = t->spec.dim;
   row_.resize(t->floats);
   RowMeta meta;
@@ -1209,6 +1222,7 @@ Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor&
 
 Status RocksDbLaneSnapshot::ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+  t->Index();
   const uint64_t chunks = (t->spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats;
   RowMeta meta;
   auto visit = [&](uint64_t chunk, std::string_view stored, bool* go) -> Status {
@@ -1245,13 +1259,15 @@ Status RocksDbLaneSnapshot::ScanDense(uint64_t table_id, const LaneStore::ChunkV
 
 Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
   absl::flat_hash_map<uint64_t, RocksDbLaneSnapshot::Table> tables;
+  // The lane only appends (memcpy speed); the reader indexes the copies.
   auto copy = [](RocksDbLaneSnapshot::Table& f, uint64_t key, const float* row, uint32_t floats,
                  const RowMeta& meta) {
-    if (f.copied.contains(key)) return;
+    const uint32_t len = static_cast<uint32_t>(internal::RowBytes(floats));
     const size_t at = f.bytes.size();
-    f.bytes.resize(at + internal::RowBytes(floats));
-    internal::EncodeRowTo(row, floats, meta, f.bytes.data() + at);
-    f.copied[key] = {at, internal::RowBytes(floats)};
+    f.bytes.resize(at + 12 + len);
+    std::memcpy(f.bytes.data() + at, &key, 8);
+    std::memcpy(f.bytes.data() + at + 8, &len, 4);
+    internal::EncodeRowTo(row, floats, meta, f.bytes.data() + at + 12);
   };
   for (auto& [id, t] : tables_) {
     RocksDbLaneSnapshot::Table& f = tables[id];
@@ -1259,26 +1275,29 @@ Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
     f.cf = t->cf;
     f.floats = t->floats;
     f.opt = Optimizer::Make(t->spec.optimizer);
-    // Pinned rows (dirty, or handed to the writer) may be newer than RocksDB: copied.
+    // Pinned rows (dirty, or handed to the writer) may be newer than RocksDB: copied, each once
+    // (a row in flight that changed again is in the dirty list).
     if (t->rows) {
-      f.bytes.reserve((t->dirty_slots.size() + t->flight_keys.size()) *
-                      internal::RowBytes(t->floats));
+      f.bytes.reserve((t->dirty_slots.size() + t->flight_slots.size()) *
+                      (12 + internal::RowBytes(t->floats)));
       for (uint32_t slot : t->dirty_slots) {
         const CachedRows::Header& h = t->rows->header(slot);
         copy(f, h.key, t->rows->row(slot), t->floats, h.meta);
       }
-      for (uint64_t key : t->flight_keys) {
-        const uint32_t slot = t->rows->Find(key);
-        if (slot != CachedRows::kNoSlot) {
-          copy(f, key, t->rows->row(slot), t->floats, t->rows->header(slot).meta);
+      for (uint32_t slot : t->flight_slots) {
+        const CachedRows::Header& h = t->rows->header(slot);
+        if ((h.flags & CachedRows::kDirty) == 0) {
+          copy(f, h.key, t->rows->row(slot), t->floats, h.meta);
         }
       }
     }
-    for (const auto* list : {&t->dirty_chunks, &t->flight_chunks}) {
-      for (uint64_t chunk : *list) {
-        const DenseChunk& c = t->dense.at(chunk);
-        copy(f, chunk, c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta);
-      }
+    for (uint64_t chunk : t->dirty_chunks) {
+      const DenseChunk& c = t->dense.at(chunk);
+      copy(f, chunk, c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta);
+    }
+    for (uint64_t chunk : t->flight_chunks) {
+      const DenseChunk& c = t->dense.at(chunk);
+      if (!c.dirty) copy(f, chunk, c.data.data(), static_cast<uint32_t>(c.data.size()), c.meta);
     }
   }
   // The RocksDB snapshot is taken now, on the lane's thread: every row not copied above was
@@ -1407,7 +1426,7 @@ Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
   // Without the WAL, like the rows: a delete lost in a crash only brings an idle row back.
   if (deletes.Count() > 0) TESSERA_RETURN_IF_ERROR(engine_->WriteRows(&deletes));
   for (Table* t : sparse_tables_) {
-    if (t->dirty_slots.empty()) t->rows->Compact();
+    if (t->dirty_slots.empty() && t->flight_slots.empty()) t->rows->Compact();
   }
   return Status::OK();
 }

@@ -258,6 +258,10 @@ enum class Durability : uint8_t {
 struct StorageOptions {
   /// Directory of the server's RocksDB. Empty: memory only (nothing survives the process).
   std::string data_dir;
+  /// Directory of the request log's segment files. Empty: DATA_DIR/request-log. Another file
+  /// system (device) keeps pushes from waiting behind the rows' and checkpoints' fsyncs, as a
+  /// database keeps its WAL apart. Default: empty.
+  std::string log_dir;
   /// Bytes the memory tier may hold across all lanes; rows beyond live in RocksDB only.
   /// 0: unbounded. Default: 0.
   /// The memory-only engine ignores it (it has nowhere to spill to).

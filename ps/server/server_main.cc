@@ -24,6 +24,9 @@ DEFINE_string(data_dir, "",
               "keep everything in memory (lost when the process ends)");
 DEFINE_uint64(memory_budget_mb, 0,
               "Memory tier budget in MiB; rows beyond it live in RocksDB only (0: unbounded)");
+DEFINE_string(request_log_dir, "",
+              "With --data_dir: directory of the request log (default DATA_DIR/request-log); "
+              "another device keeps pushes from waiting behind row and checkpoint fsyncs");
 DEFINE_uint64(block_cache_mb, 64,
               "With --data_dir: RocksDB block cache in MiB (rows read back from disk)");
 DEFINE_uint64(write_buffer_mb, 64,
@@ -82,6 +85,27 @@ void RaiseOpenFileLimit(uint32_t max_connections) {
   }
 }
 
+// The storage flags; false (after a message) when one is bad.
+bool StorageFromFlags(tessera::StorageOptions* s) {
+  s->data_dir = FLAGS_data_dir;
+  s->log_dir = FLAGS_request_log_dir;
+  s->memory_budget_bytes = FLAGS_memory_budget_mb << 20;
+  s->block_cache_bytes = FLAGS_block_cache_mb << 20;
+  s->write_buffer_bytes = FLAGS_write_buffer_mb << 20;
+  if (FLAGS_durability == "strict") {
+    s->durability = tessera::Durability::kStrict;
+  } else if (FLAGS_durability == "relaxed") {
+    s->durability = tessera::Durability::kRelaxed;
+  } else {
+    std::cerr << "tessera-server: --durability must be strict or relaxed, got '" << FLAGS_durability
+              << "'\n";
+    return false;
+  }
+  s->relaxed_window_ms = FLAGS_relaxed_window_ms;
+  s->fsync = FLAGS_fsync;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,27 +135,13 @@ int main(int argc, char** argv) {
   o.maintenance_interval_ms = FLAGS_maintenance_interval_ms;
   o.write_back_interval_ms = FLAGS_write_back_interval_ms;
   o.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
-  o.storage.data_dir = FLAGS_data_dir;
   o.admin_root = FLAGS_admin_root;
   o.max_connections = FLAGS_max_connections;
   o.max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
   o.send_hwm = FLAGS_send_hwm;
   o.recv_hwm = FLAGS_recv_hwm;
   RaiseOpenFileLimit(FLAGS_max_connections);
-  o.storage.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
-  o.storage.block_cache_bytes = FLAGS_block_cache_mb << 20;
-  o.storage.write_buffer_bytes = FLAGS_write_buffer_mb << 20;
-  if (FLAGS_durability == "strict") {
-    o.storage.durability = tessera::Durability::kStrict;
-  } else if (FLAGS_durability == "relaxed") {
-    o.storage.durability = tessera::Durability::kRelaxed;
-  } else {
-    std::cerr << "tessera-server: --durability must be strict or relaxed, got '" << FLAGS_durability
-              << "'\n";
-    return 2;
-  }
-  o.storage.relaxed_window_ms = FLAGS_relaxed_window_ms;
-  o.storage.fsync = FLAGS_fsync;
+  if (!StorageFromFlags(&o.storage)) return 2;
   if (!FLAGS_curve_secret_key_file.empty()) {
     auto key = tessera::ReadCurveKeyFile(FLAGS_curve_secret_key_file);
     if (!key.ok()) {
