@@ -290,7 +290,10 @@ void ClientImpl::SendOne(Outgoing& o) {
     s.retry.push_back(std::move(o));  // behind the requests waiting to be sent again
     return;
   }
-  if (Transmit(o)) return;
+  // Known to be down, and no retries: ZeroMQ would queue the request for a reconnect that no
+  // event reports, and it would wait for its deadline.
+  const bool down = s.ever_connected && !s.connected;
+  if (!(down && !o.retryable()) && Transmit(o)) return;
   if (!s.handshake_error.ok()) {  // a key mismatch does not heal by retrying
     if (o.call) PartDone(o.call, s.handshake_error);
     return;

@@ -192,14 +192,20 @@ Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
     if (seq > from) ++replayed;
     return Status::OK();
   }));
-  for (auto& s : stores) {
-    s->SetAppliedSeq(last);
-    TESSERA_RETURN_IF_ERROR(s->Commit());
+  for (auto& s : stores) s->SetAppliedSeq(last);
+  uint64_t durable = from;
+  if (marks.size() != stores.size()) {
+    // A new lane layout: its marks must cover everything before "server/lanes" says so, or a
+    // crash now would replay entries the old lanes had already applied.
+    for (auto& s : stores) TESSERA_RETURN_IF_ERROR(s->Commit());
+    durable = last;
   }
   TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/lanes", std::to_string(stores.size())));
-  TESSERA_RETURN_IF_ERROR(StoreMarksAndTruncate(last));
+  // Otherwise the replayed rows stay dirty and go out with the lanes' first write-back: the
+  // server serves without waiting for them (the log keeps them until then).
+  TESSERA_RETURN_IF_ERROR(StoreMarksAndTruncate(durable));
   seq_ = last;
-  truncated_ = last;
+  truncated_ = durable;
   if (replayed > 0) {
     LOG(INFO) << "replayed " << replayed << " request-log entries (up to " << last << ")";
   }

@@ -42,8 +42,8 @@ class RequestLog {
   /// Applies to `stores` (the current lane layout) the logged pushes their lanes had not
   /// committed when the server stopped; the marks were stored under the layout of that run.
   /// Entries of tables `known` says no longer exist are skipped. Restores the clients' push
-  /// marks into the dedup table. Commits every store and truncates the log behind the
-  /// replayed entries.
+  /// marks into the dedup table. The replayed rows stay dirty (the lanes write them back; the
+  /// log keeps them until then), unless the lane count changed: then every store commits first.
   Status Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
                 const std::function<bool(uint64_t table_id)>& known);
 

@@ -3,6 +3,8 @@
 
 #include <glog/logging.h>
 
+#include <chrono>
+
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera {
@@ -25,7 +27,9 @@ Status ServerImpl::Start() {
                                    " is not below the number of servers " +
                                    std::to_string(options_.num_servers));
   }
+  const auto t0 = std::chrono::steady_clock::now();
   TESSERA_ASSIGN_OR_RETURN(engine_, OpenStorageEngine(options_.storage));
+  const auto t_open = std::chrono::steady_clock::now();
   TESSERA_RETURN_IF_ERROR(CheckDataDirLayout());
   log_ = std::make_unique<RequestLog>(engine_.get(), &dedup_);
   TESSERA_RETURN_IF_ERROR(BindSocket());
@@ -42,6 +46,11 @@ Status ServerImpl::Start() {
   TESSERA_RETURN_IF_ERROR(RecoverTables(stores));
   TESSERA_RETURN_IF_ERROR(
       log_->Replay(stores, [this](uint64_t id) { return tables_.contains(id); }));
+  if (engine_->durable()) {
+    const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    LOG(INFO) << "storage open in " << secs(t0, t_open) << " s, tables and request log in "
+              << secs(t_open, std::chrono::steady_clock::now()) << " s";
+  }
   uint64_t dirty = options_.max_dirty_bytes;
   if (dirty == 0) {
     dirty = options_.storage.memory_budget_bytes != 0 ? options_.storage.memory_budget_bytes / 2
