@@ -1,6 +1,7 @@
 // The request log as segment files (log_file_internal.h).
 #include <fcntl.h>
 #include <glog/logging.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
@@ -65,32 +66,43 @@ Status SyncDir(const std::string& dir) {
   return rc == 0 ? Status::OK() : Errno("syncing '" + dir + "'");
 }
 
-Result<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("opening '" + path + "'");
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    Status s = Errno("stat '" + path + "'");
-    ::close(fd);
-    return s;
-  }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < data.size()) {
-    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      Status s = n < 0 ? Errno("reading '" + path + "'") : Status::OK();
+// A segment mapped read-only: replay reads it without copying (reading it into a fresh buffer
+// cost a memset, a copy and a page fault per 4 KiB: 60% of a replay's time in a profile).
+class MappedFile {
+ public:
+  static Result<std::unique_ptr<MappedFile>> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("opening '" + path + "'");
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      Status s = Errno("stat '" + path + "'");
       ::close(fd);
-      if (!s.ok()) return s;
-      data.resize(got);  // shrank meanwhile
-      return data;
+      return s;
     }
-    got += static_cast<size_t>(n);
+    auto m = std::unique_ptr<MappedFile>(new MappedFile());
+    m->size_ = static_cast<size_t>(st.st_size);
+    if (m->size_ > 0) {
+      void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      if (p == MAP_FAILED) {
+        Status s = Errno("mapping '" + path + "'");
+        ::close(fd);
+        return s;
+      }
+      m->data_ = static_cast<const char*>(p);
+    }
+    ::close(fd);
+    return m;
   }
-  ::close(fd);
-  return data;
-}
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+  }
+  std::string_view view() const { return {data_, size_}; }
+
+ private:
+  MappedFile() = default;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 }  // namespace
 
@@ -153,7 +165,8 @@ Status LogFile::Recover() {
 Status LogFile::ScanSegment(const Segment& s, bool last, uint64_t after,
                             const std::function<Status(uint64_t, std::string_view)>& fn,
                             uint64_t* expect, uint64_t* valid_bytes) {
-  TESSERA_ASSIGN_OR_RETURN(std::string data, ReadWholeFile(s.path));
+  TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(s.path));
+  const std::string_view data = file->view();
   size_t off = 0;
   auto damaged = [&](const std::string& what) -> Status {
     if (last) return Status::OK();  // a torn tail: the caller cuts it
@@ -299,14 +312,19 @@ Status LogFile::FlushLocked() {
 
 Status LogFile::Scan(uint64_t after,
                      const std::function<Status(uint64_t, std::string_view)>& fn) {
-  std::lock_guard<std::mutex> l(mu_);
-  TESSERA_RETURN_IF_ERROR(FlushLocked());
+  std::vector<Segment> segments;
+  {
+    // The files are read without the lock: replay scans from several threads at once.
+    std::lock_guard<std::mutex> l(mu_);
+    TESSERA_RETURN_IF_ERROR(FlushLocked());
+    segments = segments_;
+  }
   uint64_t expect = 0;
-  for (size_t i = 0; i < segments_.size(); ++i) {
+  for (size_t i = 0; i < segments.size(); ++i) {
     // Every record of segment i is below the next segment's first.
-    if (i + 1 < segments_.size() && segments_[i + 1].first_seq <= after + 1) continue;
+    if (i + 1 < segments.size() && segments[i + 1].first_seq <= after + 1) continue;
     uint64_t valid = 0;
-    TESSERA_RETURN_IF_ERROR(ScanSegment(segments_[i], /*last=*/false, after, fn, &expect, &valid));
+    TESSERA_RETURN_IF_ERROR(ScanSegment(segments[i], /*last=*/false, after, fn, &expect, &valid));
   }
   return Status::OK();
 }

@@ -64,7 +64,8 @@ class LogFile {
   /// Writes what waits in the buffer (buffered mode); fdatasync with fsync.
   Status Flush();
   /// Visits the records with seq > `after`, in order. Corruption for a damaged record or a gap
-  /// in the sequence numbers.
+  /// in the sequence numbers. Scans may run at once (replay reads the log per lane), but not
+  /// beside appends.
   Status Scan(uint64_t after, const std::function<Status(uint64_t, std::string_view)>& fn);
   /// Deletes the segments whose records all have seq <= `upto` (the active segment too when it
   /// is large enough to be worth closing).

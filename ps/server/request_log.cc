@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "ps/routing.h"
 #include "ps/server/request_log_internal.h"
@@ -100,7 +101,8 @@ Result<std::vector<uint64_t>> RequestLog::ReadMarks(
 
 Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
                               std::vector<std::unique_ptr<LaneStore>>& stores,
-                              const std::function<bool(uint64_t)>& known) {
+                              const std::function<bool(uint64_t)>& known,
+                              const std::vector<bool>& mine, bool note_client) {
   const char kind = e.empty() ? 0 : e[0];
   const size_t header = kind == 3 || kind == 4 ? kHeaderBytes : kOldHeaderBytes;
   if (kind < 1 || kind > 4 || e.size() < header) {
@@ -127,7 +129,7 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
                               std::to_string(e.size()) + " bytes, expected " +
                               std::to_string(want));
   }
-  dedup_->Logged(client, client_seq);
+  if (note_client) dedup_->Logged(client, client_seq);
   if (!known(table)) return Status::OK();  // a table that no longer exists
   // Every lane holds this entry already: it was read for its client mark only.
   if (seq <= *std::min_element(marks.begin(), marks.end())) return Status::OK();
@@ -146,6 +148,7 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
   if (!sparse) {
     DenseSplit split = SplitDenseByLane(table, offset, count, nl);
     for (uint32_t l = 0; l < nl; ++l) {
+      if (!mine[l]) continue;
       for (const DenseSegment& s : split[l]) {
         if (seq <= marks[LaneOfChunk(table, s.chunk, old_lanes)]) continue;
         TESSERA_RETURN_IF_ERROR(
@@ -159,6 +162,7 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
   std::vector<uint64_t> k;
   std::vector<const float*> g;
   for (uint32_t l = 0; l < nl; ++l) {
+    if (!mine[l]) continue;
     k.clear();
     g.clear();
     for (uint32_t i : split[l]) {
@@ -182,16 +186,32 @@ Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
   const uint64_t from = *std::min_element(marks.begin(), marks.end());
   uint64_t last = *std::max_element(marks.begin(), marks.end());
   for (auto& s : stores) last = std::max(last, s->committed_seq());
-  uint64_t replayed = 0;
   // From the start of what the log kept, not from the lowest mark: the entries at or below the
   // marks may hold client marks newer than the stored "server/clients" record (rows become
   // durable before the next truncation stores it), and a retried push must still be known.
-  TESSERA_RETURN_IF_ERROR(engine_->ScanLog(0, [&](uint64_t seq, std::string_view e) -> Status {
-    last = std::max(last, seq);
-    TESSERA_RETURN_IF_ERROR(ApplyEntry(seq, e, marks, stores, known));
-    if (seq > from) ++replayed;
-    return Status::OK();
-  }));
+  // Lanes replay in parallel (each reads the log and applies its own keys: replay is mostly
+  // reading rows back from RocksDB into an empty memory tier); thread 0 notes the clients.
+  const uint32_t nl = static_cast<uint32_t>(stores.size());
+  const uint32_t threads = std::max(1u, std::min(nl, std::thread::hardware_concurrency()));
+  std::vector<Status> status(threads);
+  std::vector<uint64_t> lasts(threads, last), counts(threads, 0);
+  auto run = [&](uint32_t t) {
+    std::vector<bool> mine(nl, false);
+    for (uint32_t l = t; l < nl; l += threads) mine[l] = true;
+    status[t] = engine_->ScanLog(0, [&](uint64_t seq, std::string_view e) -> Status {
+      lasts[t] = std::max(lasts[t], seq);
+      TESSERA_RETURN_IF_ERROR(ApplyEntry(seq, e, marks, stores, known, mine, t == 0));
+      if (seq > from) ++counts[t];
+      return Status::OK();
+    });
+  };
+  std::vector<std::thread> helpers;
+  for (uint32_t t = 1; t < threads; ++t) helpers.emplace_back(run, t);
+  run(0);
+  for (auto& h : helpers) h.join();
+  for (const Status& st : status) TESSERA_RETURN_IF_ERROR(st);
+  last = *std::max_element(lasts.begin(), lasts.end());
+  const uint64_t replayed = counts[0];
   for (auto& s : stores) s->SetAppliedSeq(last);
   uint64_t durable = from;
   if (marks.size() != stores.size()) {

@@ -70,10 +70,12 @@ class RequestLog {
   Status StoreMarksAndTruncate(uint64_t mark);
   // The mark of each lane of the layout the marks were written under.
   Result<std::vector<uint64_t>> ReadMarks(const std::vector<std::unique_ptr<LaneStore>>& stores);
-  // Applies entry `seq` to the lanes whose mark is below it.
+  // Applies entry `seq` to the lanes in `mine` whose mark is below it; notes its client mark
+  // when `note_client` (one thread of a parallel replay does).
   Status ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
                     std::vector<std::unique_ptr<LaneStore>>& stores,
-                    const std::function<bool(uint64_t)>& known);
+                    const std::function<bool(uint64_t)>& known, const std::vector<bool>& mine,
+                    bool note_client);
 
   StorageEngine* const engine_;
   PushDedup* const dedup_;
