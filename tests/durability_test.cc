@@ -41,11 +41,13 @@ void Stream(Client& c, const Table& t, const Table& d, const std::vector<uint64_
   }
 }
 
-void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound) {
+void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound,
+              const std::vector<std::string>& flags = {}) {
   testing::LocalClusterOptions o = testing::Servers(1);
   o.lanes = 2;
   o.with_data_dirs = true;
   o.extra_flags = {"--durability=" + durability, "--relaxed_window_ms=50"};
+  o.extra_flags.insert(o.extra_flags.end(), flags.begin(), flags.end());
   LocalCluster cluster(o);
   ASSERT_TRUE(cluster.Start().ok());
   ClientOptions co;
@@ -120,6 +122,13 @@ void KillLoop(const std::string& durability, int rounds, bool exact_lower_bound)
 }
 
 TEST(DurabilityTest, StrictModeLosesNothingAcknowledged) { KillLoop("strict", 5, true); }
+
+// Rows written back, marks moved and the log truncated many times per round: kills land
+// between a write-back and its flush, between the flush and the truncation, and right after a
+// recovery whose replayed rows are not written back yet.
+TEST(DurabilityTest, StrictModeWithConstantWriteBacksLosesNothing) {
+  KillLoop("strict", 6, true, {"--write_back_interval_ms=10", "--maintenance_interval_ms=30"});
+}
 
 TEST(DurabilityTest, RelaxedModeAppliesWholePushes) { KillLoop("relaxed", 3, false); }
 
