@@ -75,19 +75,38 @@ bool WaitForStat(Client* c, const std::string& name, int64_t at_least) {
   return true;
 }
 
+// One server with a RocksDB data directory, a client (retries on) and the SGD table "eo".
+struct DurableServer {
+  explicit DurableServer(testing::LocalClusterOptions o) : cluster(std::move(o)) {}
+  // Starts the server and creates the table; false after a test failure otherwise.
+  bool Start() {
+    if (!cluster.Start().ok()) return false;
+    ClientOptions co;
+    co.servers = cluster.endpoints();
+    auto created = Client::Create(co);
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    if (!created.ok()) return false;
+    client = std::move(*created);
+    OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
+    auto t = client->CreateTable(TableSpec::Sparse("eo", kDim, sgd));
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return false;
+    table = *t;
+    return true;
+  }
+  LocalCluster cluster;
+  std::unique_ptr<Client> client;
+  Table table;
+};
+
 TEST(ExactlyOnceTest, RetriedPushAppliesOnceAcrossACrash) {
   testing::LocalClusterOptions o = testing::Servers(1);
   o.with_data_dirs = true;
-  LocalCluster cluster(o);
-  ASSERT_TRUE(cluster.Start().ok());
-  ClientOptions co;
-  co.servers = cluster.endpoints();
-  auto client = Client::Create(co);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  Client* c = client->get();
-  OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
-  auto table = c->CreateTable(TableSpec::Sparse("eo", kDim, sgd));
-  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  DurableServer server(o);
+  ASSERT_TRUE(server.Start());
+  LocalCluster& cluster = server.cluster;
+  Client* c = server.client.get();
+  const Table* table = &server.table;
   const uint64_t key = 12345;
 
   testing::RawPeer peer(cluster.endpoints()[0]);
@@ -140,16 +159,11 @@ TEST(ExactlyOnceTest, RetriedPushAppliesOnceWhenRowsAreDurableBeforeTheLogIsTrun
   o.lanes = 1;  // one mark: the lowest mark then covers every push
   // Rows go out every 50 ms; the maintenance pass (which truncates the log) never comes.
   o.extra_flags = {"--write_back_interval_ms=50", "--maintenance_interval_ms=3600000"};
-  LocalCluster cluster(o);
-  ASSERT_TRUE(cluster.Start().ok());
-  ClientOptions co;
-  co.servers = cluster.endpoints();
-  auto client = Client::Create(co);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  Client* c = client->get();
-  OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
-  auto table = c->CreateTable(TableSpec::Sparse("eo", kDim, sgd));
-  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  DurableServer server(o);
+  ASSERT_TRUE(server.Start());
+  LocalCluster& cluster = server.cluster;
+  Client* c = server.client.get();
+  const Table* table = &server.table;
   const uint64_t key = 777;
   testing::RawPeer peer(cluster.endpoints()[0]);
   EXPECT_EQ(PushRaw(peer, *table, key, 1.0f, 1).status, StatusCode::kOk);
