@@ -46,6 +46,10 @@ struct ModelGrads {
   double loss_sum = 0;
 };
 
+/// Checks a batch before a backend reads it (every backend checks the same way): the pointers
+/// it needs are set, and every row index is below num_rows. InvalidArgument otherwise.
+Status CheckModelInput(const ModelConfig& config, const ModelInput& in, bool need_labels);
+
 /// A compute backend. Implementations are not thread-safe: one thread calls a backend (use one
 /// backend per local rank).
 class Backend {

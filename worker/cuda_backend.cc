@@ -128,30 +128,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  Status Check(const ModelInput& in, bool train) const {
-    const ModelConfig& c = layout_.config();
-    if (in.batch_size == 0) return Status::OK();
-    if (in.offsets == nullptr || in.rows == nullptr || in.params == nullptr) {
-      return Status::InvalidArgument("model input lacks offsets, rows or params");
-    }
-    if (c.deep && c.num_dense > 0 && in.dense == nullptr) {
-      return Status::InvalidArgument("model input lacks dense features");
-    }
-    if (train && in.labels == nullptr) return Status::InvalidArgument("no labels");
-    if ((c.deep && in.embeddings == nullptr && in.num_rows > 0) ||
-        (c.wide && in.wide == nullptr && in.num_rows > 0)) {
-      return Status::InvalidArgument("model input lacks sparse rows");
-    }
-    const uint32_t entries = in.offsets[size_t{in.batch_size} * c.num_fields];
-    for (uint32_t e = 0; e < entries; ++e) {
-      if (in.rows[e] >= in.num_rows) {
-        return Status::InvalidArgument("row index " + std::to_string(in.rows[e]) + " >= num_rows " +
-                                       std::to_string(in.num_rows));
-      }
-    }
-    return Status::OK();
-  }
-
   void PlanSections(const ModelInput& in, bool train) {
     const ModelConfig& c = layout_.config();
     const size_t b = in.batch_size, r = in.num_rows, p = layout_.num_params();
@@ -206,7 +182,7 @@ class CudaBackend final : public Backend {
   // Uploads and enqueues the whole step; waits for nothing. The calling member waits once before
   // it returns, so the staging memory is free again for the next call.
   Status Enqueue(const ModelInput& in, float scale, bool train) {
-    TESSERA_RETURN_IF_ERROR(Check(in, train));
+    TESSERA_RETURN_IF_ERROR(CheckModelInput(layout_.config(), in, train));
     TESSERA_CUDA(cudaSetDevice(device_));
     if (in_flight_) {
       // The previous call failed before its wait: its copies may still read the staging memory.
@@ -439,7 +415,9 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(const ModelLayout& layout, in
   return std::unique_ptr<Backend>(std::move(b));
 }
 
-Status EmbeddingBagForward(const EmbeddingBagArgs& a, void* stream) {
+namespace {
+// The kernels' view of one table's bags (one field).
+internal::EmbeddingBagLaunch LaunchOf(const EmbeddingBagArgs& a) {
   internal::EmbeddingBagLaunch l;
   l.offsets = a.offsets;
   l.rows = a.rows;
@@ -449,6 +427,12 @@ Status EmbeddingBagForward(const EmbeddingBagArgs& a, void* stream) {
   l.dim = a.dim;
   l.mean = a.mean;
   l.inv_denom = a.inv_denom;
+  return l;
+}
+}  // namespace
+
+Status EmbeddingBagForward(const EmbeddingBagArgs& a, void* stream) {
+  const internal::EmbeddingBagLaunch l = LaunchOf(a);
   TESSERA_CUDA(
       internal::LaunchEmbeddingBagForward(l, a.table, a.out, static_cast<cudaStream_t>(stream)));
   return Status::OK();
@@ -456,15 +440,7 @@ Status EmbeddingBagForward(const EmbeddingBagArgs& a, void* stream) {
 
 Status EmbeddingBagBackward(const EmbeddingBagArgs& a, const float* d_out, float* grad_table,
                             void* stream) {
-  internal::EmbeddingBagLaunch l;
-  l.offsets = a.offsets;
-  l.rows = a.rows;
-  l.weights = a.weights;
-  l.num_bags = a.num_bags;
-  l.num_fields = 1;
-  l.dim = a.dim;
-  l.mean = a.mean;
-  l.inv_denom = a.inv_denom;
+  const internal::EmbeddingBagLaunch l = LaunchOf(a);
   TESSERA_CUDA(internal::LaunchEmbeddingBagBackward(l, d_out, grad_table,
                                                     static_cast<cudaStream_t>(stream)));
   return Status::OK();
