@@ -218,6 +218,10 @@ Status BenchCluster::Start(uint32_t n, const std::string& mode, const std::strin
   return Status::OK();
 }
 
+pid_t BenchCluster::pid(uint32_t rank) const {
+  return rank < processes_.size() && processes_[rank] ? processes_[rank]->pid() : -1;
+}
+
 void BenchCluster::Kill(uint32_t rank) {
   if (rank < processes_.size()) processes_[rank]->Kill();
 }

@@ -52,6 +52,9 @@ class ServerProcess {
   void Pause();
   void Resume();
 
+  // The child's process id, or -1 when none runs.
+  pid_t pid() const { return pid_; }
+
  private:
   void Reap(bool gracefully);
 
@@ -82,6 +85,8 @@ class BenchCluster {
 
   // Mode "process" only: SIGKILLs server `rank` (ServerProcess::Kill).
   void Kill(uint32_t rank);
+  // Mode "process" only: the process id of server `rank` (-1 when it does not run).
+  pid_t pid(uint32_t rank) const;
   // Mode "process" only: pauses or resumes every server (ServerProcess::Pause, Resume).
   void Pause();
   void Resume();

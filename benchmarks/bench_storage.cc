@@ -1,7 +1,10 @@
 // Storage benchmark: Tessera's LaneStore (memory tier over RocksDB) against raw RocksDB Put/Get of
-// the same row bytes, in the same run; strict vs relaxed durability; memory per row.
+// the same row bytes, in the same run; strict vs relaxed durability; memory per row. Then the
+// server tier with a table four times its memory budget against a memory-only server: pushes,
+// pulls and the durable server's peak memory against the budget plus the documented overhead
+// (bench_storage_server.h).
 //
-//   bench_storage [--quick] [--rows=N] [--dim=16] [--reps=5] [--dir=/tmp]
+//   bench_storage [--quick] [--rows=N] [--dim=16] [--reps=5] [--dir=/tmp] [--server_rows=N]
 //
 // Prints a table, then (last line) one JSON object with the headline ratios.
 #include <gflags/gflags.h>
@@ -22,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_stats.h"
+#include "benchmarks/bench_storage_server.h"
 #include "ps/routing.h"
 #include "storage/rocksdb_tuning_internal.h"
 #include "storage/storage.h"
@@ -34,6 +39,10 @@ DEFINE_int32(reps, 0, "Repetitions per measurement; medians are reported (0: 3 q
 DEFINE_string(dir, "", "Parent of the scratch directories (default: $TMPDIR or /tmp)");
 DEFINE_string(rocksdb_table_options, "",
               "Extra RocksDB column-family options for both Tessera and raw RocksDB");
+DEFINE_uint64(server_rows, 0,
+              "Rows in the server-level part's table (0: 1000000 with --quick, else 4000000; "
+              "the budget is a quarter of their value + state bytes)");
+DEFINE_string(server_binary, "", "tessera-server (default: next to this program)");
 
 namespace {
 
@@ -276,6 +285,7 @@ std::pair<double, double> DurablePush(uint64_t rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::bench::CleanUpOnStopSignals();
   gflags::SetUsageMessage("Tessera storage benchmark");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (FLAGS_rows == 0) FLAGS_rows = FLAGS_quick ? 200000 : 1000000;
@@ -315,14 +325,49 @@ int main(int argc, char** argv) {
   std::printf("%-44s %14.3f\n", "10x budget: lookup memory hit rate", cold.hit_rate);
   std::printf("%-44s %14.1f %14.0f %8.2f\n", "memory per row (bytes) vs raw value+state", per_row,
               raw_bytes, per_row / raw_bytes);
+  tessera::bench::ServerBudgetOptions so;
+  so.server_binary = FLAGS_server_binary.empty() ? tessera::bench::DefaultServerBinary(argv[0])
+                                                 : FLAGS_server_binary;
+  so.rows = FLAGS_server_rows != 0 ? FLAGS_server_rows : (FLAGS_quick ? 1000000 : 4000000);
+  so.dim = FLAGS_dim;
+  so.reps = FLAGS_reps;
+  auto budget = tessera::bench::MeasureServerBudget(so);
+  if (!budget.ok()) {
+    std::fprintf(stderr, "bench_storage: server part: %s\n", budget.status().ToString().c_str());
+    return 1;
+  }
+  const auto& b = *budget;
+  std::printf(
+      "server, %llu rows x dim %u (Adagrad), --memory_budget_mb=%llu (a quarter of the raw "
+      "bytes), --block_cache_mb=%llu --write_buffer_mb=%llu, against a memory-only server; "
+      "pushes and pulls of %u uniform keys, caller keys/s, median of %d\n",
+      static_cast<unsigned long long>(so.rows), so.dim,
+      static_cast<unsigned long long>(b.budget_mb),
+      static_cast<unsigned long long>(so.block_cache_mb),
+      static_cast<unsigned long long>(so.write_buffer_mb), so.batch, so.reps);
+  std::printf("%-44s %14s %14s %8s\n", "measurement", "budget keys/s", "memory keys/s", "ratio");
+  line("server at 1/4 budget: push vs memory-only", b.push_budget, b.push_memory);
+  line("server at 1/4 budget: pull vs memory-only", b.pull_budget, b.pull_memory);
+  std::printf(
+      "%-44s %8.1f MiB peak (VmHWM) vs %llu budget + %.1f overhead (%.1f started + %llu cache "
+      "+ %llu write buffers): %.2f\n",
+      "server at 1/4 budget: memory", b.peak_rss_mb, static_cast<unsigned long long>(b.budget_mb),
+      b.overhead_mb, b.base_rss_mb, static_cast<unsigned long long>(so.block_cache_mb),
+      static_cast<unsigned long long>(so.write_buffer_mb), b.rss_vs_budget_plus_overhead);
   std::printf(
       "{\"rows\": %llu, \"dim\": %u, \"strict_vs_relaxed_push\": %.3f, "
       "\"cold_lookup_vs_rocksdb_get\": %.3f, \"memory_per_row_vs_raw\": %.3f, "
       "\"hot_lookup_vs_rocksdb_get\": %.3f, \"hot_apply_vs_rocksdb_put\": %.3f, "
       "\"cold_apply_vs_rocksdb_put\": %.3f, \"cold_hit_rate\": %.3f, "
-      "\"strict_push_keys_per_s\": %.0f, \"relaxed_push_keys_per_s\": %.0f}\n",
+      "\"strict_push_keys_per_s\": %.0f, \"relaxed_push_keys_per_s\": %.0f, "
+      "\"server_rows\": %llu, \"server_budget_mb\": %llu, "
+      "\"server_budget_push_vs_memory\": %.3f, \"server_budget_pull_vs_memory\": %.3f, "
+      "\"server_budget_peak_rss_mb\": %.1f, \"server_budget_overhead_mb\": %.1f, "
+      "\"rss_vs_budget_plus_overhead\": %.3f}\n",
       static_cast<unsigned long long>(rows), FLAGS_dim, strict / relaxed, cold.lookup / cold.get,
       per_row / raw_bytes, hot.lookup / hot.get, hot.apply / hot.put, cold.apply / cold.put,
-      cold.hit_rate, strict, relaxed);
+      cold.hit_rate, strict, relaxed, static_cast<unsigned long long>(so.rows),
+      static_cast<unsigned long long>(b.budget_mb), b.push_budget / b.push_memory,
+      b.pull_budget / b.pull_memory, b.peak_rss_mb, b.overhead_mb, b.rss_vs_budget_plus_overhead);
   return 0;
 }

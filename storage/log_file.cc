@@ -330,23 +330,28 @@ Status LogFile::Scan(uint64_t after,
 }
 
 Status LogFile::Truncate(uint64_t upto) {
-  std::lock_guard<std::mutex> l(mu_);
-  size_t drop = 0;
-  while (drop + 1 < segments_.size() && segments_[drop + 1].first_seq <= upto + 1) ++drop;
-  const bool drop_active = drop + 1 == segments_.size() && buffer_.empty() &&
-                           last_seq_ <= upto && segments_.back().bytes >= kCloseActiveBytes;
-  if (drop_active) {
-    ::close(fd_);
-    fd_ = -1;
-    ++drop;
+  std::vector<std::string> gone;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    size_t drop = 0;
+    while (drop + 1 < segments_.size() && segments_[drop + 1].first_seq <= upto + 1) ++drop;
+    const bool drop_active = drop + 1 == segments_.size() && buffer_.empty() &&
+                             last_seq_ <= upto && segments_.back().bytes >= kCloseActiveBytes;
+    if (drop_active) {
+      ::close(fd_);
+      fd_ = -1;
+      ++drop;
+    }
+    for (size_t i = 0; i < drop; ++i) gone.push_back(std::move(segments_[i].path));
+    segments_.erase(segments_.begin(), segments_.begin() + static_cast<ptrdiff_t>(drop));
   }
+  // Unlinked without the lock: freeing a 64 MiB file takes milliseconds, and appends go on.
   Status result;
-  for (size_t i = 0; i < drop; ++i) {
-    if (::unlink(segments_[i].path.c_str()) != 0 && errno != ENOENT && result.ok()) {
-      result = Errno("deleting '" + segments_[i].path + "'");
+  for (const std::string& path : gone) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT && result.ok()) {
+      result = Errno("deleting '" + path + "'");
     }
   }
-  segments_.erase(segments_.begin(), segments_.begin() + static_cast<ptrdiff_t>(drop));
   return result;
 }
 

@@ -215,21 +215,28 @@ class MemoryLaneSnapshot final : public LaneSnapshot {
     TableSpec spec;
     SparseRows::Frozen rows;
     DenseChunks::Frozen dense;
+    bool scanned = false;
   };
   explicit MemoryLaneSnapshot(absl::flat_hash_map<uint64_t, Table> tables)
       : tables_(std::move(tables)) {}
 
   Status Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) override {
-    TESSERA_ASSIGN_OR_RETURN(const Table* t, Get(table_id, TableKind::kSparse));
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+    if (t->scanned) {
+      return Status::FailedPrecondition("table '" + t->spec.name +
+                                        "' was already scanned in this snapshot");
+    }
+    t->scanned = true;
     const uint32_t dim = t->rows.dim;
-    t->rows.ForEach([&](uint64_t key, const float* row, const RowMeta& meta) {
+    // Each block goes back to the lane once read: a push to it then copies nothing.
+    t->rows.ForEachAndRelease([&](uint64_t key, const float* row, const RowMeta& meta) {
       return meta.update_count == 0 || fn(key, row, row + dim, meta);
     });
     return Status::OK();
   }
 
   Status ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) override {
-    TESSERA_ASSIGN_OR_RETURN(const Table* t, Get(table_id, TableKind::kDense));
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     for (const auto& [chunk, c] : t->dense) {
       if (!fn(chunk, c->data.data(), DenseChunkLength(t->spec.length, chunk), c->meta)) break;
     }
@@ -237,14 +244,14 @@ class MemoryLaneSnapshot final : public LaneSnapshot {
   }
 
  private:
-  Result<const Table*> Get(uint64_t table_id, TableKind kind) const {
+  Result<Table*> Get(uint64_t table_id, TableKind kind) {
     auto it = tables_.find(table_id);
     if (it == tables_.end() || it->second.spec.kind != kind) {
       return Status::NotFound("table id " + std::to_string(table_id) + " not in the snapshot");
     }
     return &it->second;
   }
-  const absl::flat_hash_map<uint64_t, Table> tables_;
+  absl::flat_hash_map<uint64_t, Table> tables_;
 };
 
 Result<std::unique_ptr<LaneSnapshot>> MemoryLaneStore::TakeSnapshot() {

@@ -338,6 +338,11 @@ TEST_P(StoreConformanceTest, SnapshotKeepsItsMomentWhileTheLaneGoesOn) {
                   .ok());
   ASSERT_EQ(rows.size(), kRows);
   for (const auto& [k, v] : rows) ASSERT_EQ(v, 1.0f) << "key " << k;
+  // The scan let go of the rows as it read them: a second one is refused, not wrong.
+  EXPECT_EQ((*snapshot)
+                ->Scan(id, [](uint64_t, const float*, const float*, const RowMeta&) { return true; })
+                .code(),
+            StatusCode::kFailedPrecondition);
   std::vector<float> dense;
   ASSERT_TRUE((*snapshot)
                   ->ScanDense(did,

@@ -1,7 +1,9 @@
 // StorageEngine over RocksDB: a byte-bounded memory tier (CLOCK) over one RocksDB per server,
 // a column family per table, group-committed WriteBatches with the WAL on. See docs/storage.md.
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <glog/logging.h>
+#include <malloc.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/utilities/checkpoint.h>
@@ -98,37 +100,47 @@ class RocksDbEngine;
 // Reused by the lane once done, so its buffers do not fault in fresh pages every time.
 struct WriteBackJob {
   static constexpr int kQueued = 0, kDone = 1, kFailed = 2;
-  // Sparse rows of one column family: records of a kSparseKeyBytes key, then the row.
+  // Sparse rows of one column family: the lane's arena frozen at the hand-off and the slots of
+  // the rows to write. The writer encodes them and lets the arena go.
   struct Family {
     rocksdb::ColumnFamilyHandle* cf = nullptr;
-    size_t value_bytes = 0;
-    std::string records;
+    uint32_t floats = 0;
+    CachedRows::Frozen frozen;
+    std::vector<uint32_t> slots;
   };
   std::vector<Family> families;
   size_t used_families = 0;
   // The lane's applied mark and its dense chunks; the writer appends the sparse rows.
   rocksdb::WriteBatch batch;
+  std::string records;  // the writer's: sparse rows encoded, before they go into `batch`
   Status error;  // set before state leaves kQueued
   std::atomic<int> state{kQueued};
 
   void Reset() {
-    for (Family& f : families) f.records.clear();
+    ReleaseRows();
+    for (Family& f : families) f.slots.clear();
     used_families = 0;
     batch.Clear();
     error = Status::OK();
     state.store(kQueued, std::memory_order_relaxed);
   }
-  Family& NextFamily(rocksdb::ColumnFamilyHandle* cf, size_t value_bytes) {
+  // Lets the lane's arena go: its next change to a block need not copy it.
+  void ReleaseRows() {
+    for (Family& f : families) f.frozen = CachedRows::Frozen();
+  }
+  Family& NextFamily(rocksdb::ColumnFamilyHandle* cf, uint32_t floats) {
     if (used_families == families.size()) families.emplace_back();
     Family& f = families[used_families++];
     f.cf = cf;
-    f.value_bytes = value_bytes;
+    f.floats = floats;
     return f;
   }
-  // Appends the sparse rows to `batch` in key order: a memtable insert in order starts its
-  // skiplist search where the previous key went (measured: the unsorted inserts were a quarter
-  // of a durable server's CPU).
+  // Encodes the sparse rows, releasing the arena, and appends them to `batch` in key order (a
+  // memtable insert in order starts its skiplist search where the previous key went; measured:
+  // the unsorted inserts were a quarter of a durable server's CPU).
   Status AppendSortedRows();
+  // Frees `records` (and `batch`) when large.
+  void TrimBuffers(bool batch_too);
   void Wait() {
     for (int s = state.load(std::memory_order_acquire); s == kQueued;
          s = state.load(std::memory_order_acquire)) {
@@ -145,27 +157,47 @@ Status WriteBackJob::AppendSortedRows() {
   };
   std::vector<Order> order;
   for (size_t f = 0; f < used_families; ++f) {
-    const Family& fam = families[f];
-    const size_t rec = internal::kSparseKeyBytes + fam.value_bytes;
-    const size_t n = fam.records.size() / rec;
-    order.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      const char* k = fam.records.data() + i * rec;
-      order[i] = Order{internal::GetBigEndian64(k),
-                       (uint32_t{static_cast<uint8_t>(k[8])} << 8) | static_cast<uint8_t>(k[9]),
-                       static_cast<uint32_t>(i)};
-    }
+    Family& fam = families[f];
+    // Encoded in arena order, so that each block goes back to the lane as soon as it is read
+    // (a push to a block still held copies it).
+    const size_t rec = internal::kSparseKeyBytes + internal::RowBytes(fam.floats);
+    records.resize(fam.slots.size() * rec);
+    order.clear();
+    char* out = records.data();
+    fam.frozen.VisitAndRelease(fam.slots, [&](uint32_t slot) {
+      const auto k = internal::EncodeSparseKey(fam.frozen.key(slot));
+      std::memcpy(out, k.bytes, internal::kSparseKeyBytes);
+      internal::EncodeRowTo(fam.frozen.row(slot), fam.floats, fam.frozen.meta(slot),
+                            out + internal::kSparseKeyBytes);
+      order.push_back(Order{internal::GetBigEndian64(k.bytes),
+                            (uint32_t{static_cast<uint8_t>(k.bytes[8])} << 8) |
+                                static_cast<uint8_t>(k.bytes[9]),
+                            static_cast<uint32_t>(order.size())});
+      out += rec;
+    });
     std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
       return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
     });
     for (const Order& o : order) {
-      const char* r = fam.records.data() + size_t{o.pos} * rec;
+      const char* r = records.data() + size_t{o.pos} * rec;
       auto s = batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
-                         rocksdb::Slice(r + internal::kSparseKeyBytes, fam.value_bytes));
-      if (!s.ok()) return FromRocks(s, "building the write-back batch");
+                         rocksdb::Slice(r + internal::kSparseKeyBytes, rec - internal::kSparseKeyBytes));
+      if (!s.ok()) {
+        ReleaseRows();
+        return FromRocks(s, "building the write-back batch");
+      }
     }
   }
+  TrimBuffers(/*batch_too=*/false);
   return Status::OK();
+}
+
+void WriteBackJob::TrimBuffers(bool batch_too) {
+  // Large buffers go back to the system between hand-offs (they are mmap'd chunks): kept, two
+  // copies of the largest hand-off stayed in every lane's memory for good.
+  constexpr size_t kKeepBytes = size_t{1} << 20;
+  if (records.capacity() > kKeepBytes) std::string().swap(records);
+  if (batch_too && batch.GetDataSize() > kKeepBytes) batch = rocksdb::WriteBatch();
 }
 
 // ------------------------------------------------------------------------------------ lane
@@ -213,8 +245,9 @@ class RocksDbLaneStore final : public LaneStore {
     uint32_t floats = 0;  // sparse: value + state per row
     bool gated = false;   // admission needs counting
     std::unique_ptr<CachedRows> rows;
-    // Slot numbers of rows with kDirty, and of rows handed to the writer (pinned until it is
-    // done): the arena is compacted only while both are empty (Compact moves rows).
+    // Slot numbers of the dirty rows, and of the rows handed to the writer (pinned until it is
+    // done; CachedRows tracks both by generation): the arena is compacted only while both are
+    // empty (Compact moves rows).
     std::vector<uint32_t> dirty_slots;
     std::vector<uint32_t> flight_slots;
     absl::flat_hash_map<uint64_t, uint32_t> pending;  // pushes seen of keys not yet admitted
@@ -234,12 +267,7 @@ class RocksDbLaneStore final : public LaneStore {
   void EraseRow(Table* t, uint32_t slot);
   // A changed row stays pinned in memory until the writer has made it durable.
   void MarkDirty(Table* t, uint32_t slot) {
-    CachedRows::Header& h = t->rows->header(slot);
-    if ((h.flags & CachedRows::kDirty) == 0) {
-      h.flags |= CachedRows::kDirty;
-      t->rows->Pin(slot);
-      t->dirty_slots.push_back(slot);
-    }
+    if (t->rows->MarkDirty(slot)) t->dirty_slots.push_back(slot);
   }
   void MarkChunkDirty(Table* t, uint64_t chunk, DenseChunk* c) {
     if (!c->dirty) {
@@ -271,7 +299,10 @@ class RocksDbLaneStore final : public LaneStore {
   uint32_t lane_;
   uint32_t num_lanes_;
   uint64_t budget_;       // bytes; 0 = unbounded
-  uint64_t charged_ = 0;  // rows in memory x their cost
+  // Rows in memory x their cost, plus the writer's copies of the rows in flight (flight_charge_):
+  // the budget covers both, so the memory tier evicts clean rows to pay for a write-back.
+  uint64_t charged_ = 0;
+  uint64_t flight_charge_ = 0;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
   std::vector<Table*> sparse_tables_;  // eviction turns
   size_t evict_turn_ = 0;
@@ -369,6 +400,7 @@ class RocksDbEngine final : public StorageEngine {
   std::mutex writer_mu_;
   std::condition_variable writer_cv_;
   std::vector<std::shared_ptr<WriteBackJob>> jobs_;  // guarded by writer_mu_
+  std::chrono::steady_clock::time_point last_trim_;  // the writer's
   bool writer_stop_ = false;                         // guarded by writer_mu_
   bool resume_ = false;                              // writer thread: the last round failed
 
@@ -565,10 +597,19 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
   resume_ = !s.ok();
   if (!s.ok()) LOG(WARNING) << "write-back: " << s.ToString();
   for (auto& job : round) {
+    job->TrimBuffers(/*batch_too=*/true);
     job->error = s;
     job->state.store(s.ok() ? WriteBackJob::kDone : WriteBackJob::kFailed,
                      std::memory_order_release);
     job->state.notify_all();
+  }
+  // Memory the lanes freed (rows evicted, blocks copied while frozen) goes back to the system:
+  // glibc keeps freed memory inside its per-thread arenas otherwise (measured: 41 MB of a
+  // 32 MB-budget server's 140 MB).
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_trim_ >= std::chrono::seconds(1)) {
+    malloc_trim(0);
+    last_trim_ = now;
   }
 }
 
@@ -864,7 +905,7 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
       continue;
     }
     ++stats_.memory_hits;
-    rows.header(slot).flags |= CachedRows::kReferenced;
+    rows.flags(slot) |= CachedRows::kReferenced;
     std::memcpy(out[i], rows.row(slot), sizeof(float) * dim);
   }
   if (misses_.empty()) return Status::OK();
@@ -881,10 +922,10 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
       slot = InsertRow(t, key);
       if (!stored.empty()) {
         // Size checked by Fetch.
-        internal::DecodeRow(stored, t->floats, rows.row(slot), &rows.header(slot).meta, "")
+        internal::DecodeRow(stored, t->floats, rows.mutable_row(slot), &rows.mutable_meta(slot), "")
             .IgnoreError();
       } else {
-        float* row = rows.row(slot);
+        float* row = rows.mutable_row(slot);
         InitializeValues(t->spec.initializer, key, 0, dim, row);
         t->opt->InitState(row + dim, dim);
       }
@@ -925,22 +966,22 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
         t->pending.erase(key);
       }
       slot = InsertRow(t, key);
-      float* row = rows.row(slot);
+      float* row = rows.mutable_row(slot);
       if (!stored.empty()) {
-        internal::DecodeRow(stored, t->floats, row, &rows.header(slot).meta, "").IgnoreError();
+        internal::DecodeRow(stored, t->floats, row, &rows.mutable_meta(slot), "").IgnoreError();
       } else {
         InitializeValues(t->spec.initializer, key, 0, dim, row);
         t->opt->InitState(row + dim, dim);
       }
       MarkDirty(t, slot);
     }
-    CachedRows::Header& h = rows.header(slot);
-    ++h.meta.update_count;
-    h.meta.last_step = static_cast<uint32_t>(ctx.step);
-    h.meta.last_update_s = ctx.now_s;
-    h.flags |= CachedRows::kReferenced;
-    float* row = rows.row(slot);
-    t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, h.meta.update_count);
+    RowMeta& meta = rows.mutable_meta(slot);
+    ++meta.update_count;
+    meta.last_step = static_cast<uint32_t>(ctx.step);
+    meta.last_update_s = ctx.now_s;
+    rows.flags(slot) |= CachedRows::kReferenced;
+    float* row = rows.mutable_row(slot);
+    t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count);
     ++stats_.applies;
   }
   return Status::OK();
@@ -1029,22 +1070,18 @@ Status RocksDbLaneStore::HandOff() {
   auto s = job->batch.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_),
                           SeqKey(applied_seq_));
   uint64_t rows = 0;
+  uint64_t charge = 0;
   for (auto& [id, t] : tables_) {
+    rows += t->dirty_slots.size() + t->dirty_chunks.size();
+    charge += t->dirty_slots.size() * (internal::kSparseKeyBytes + internal::RowBytes(t->floats));
     if (!t->dirty_slots.empty()) {
-      const size_t value_bytes = internal::RowBytes(t->floats);
-      const size_t rec = internal::kSparseKeyBytes + value_bytes;
-      WriteBackJob::Family& f = job->NextFamily(t->cf, value_bytes);
-      f.records.resize(t->dirty_slots.size() * rec);
-      char* out = f.records.data();
-      for (uint32_t slot : t->dirty_slots) {
-        CachedRows::Header& h = t->rows->header(slot);
-        std::memcpy(out, internal::EncodeSparseKey(h.key).bytes, internal::kSparseKeyBytes);
-        internal::EncodeRowTo(t->rows->row(slot), t->floats, h.meta,
-                              out + internal::kSparseKeyBytes);
-        out += rec;
-        h.flags &= ~CachedRows::kDirty;  // still pinned: evicted, it would read back stale
-        t->flight_slots.push_back(slot);
-      }
+      // No row is copied here: the writer encodes them from the frozen arena, and a push that
+      // changes one meanwhile copies its block. The rows stay pinned (in flight) until Reap.
+      WriteBackJob::Family& f = job->NextFamily(t->cf, t->floats);
+      f.frozen = t->rows->Freeze();
+      f.slots.assign(t->dirty_slots.begin(), t->dirty_slots.end());
+      t->rows->BeginFlight();
+      t->flight_slots.swap(t->dirty_slots);  // flight_slots was empty: reaped before
     }
     for (uint64_t chunk : t->dirty_chunks) {
       DenseChunk& c = t->dense.at(chunk);
@@ -1058,13 +1095,14 @@ Status RocksDbLaneStore::HandOff() {
       c.dirty = false;
       t->flight_chunks.push_back(chunk);
     }
-    rows += t->dirty_slots.size() + t->dirty_chunks.size();
     t->dirty_slots.clear();
     t->dirty_chunks.clear();
   }
   flight_ = job;
   flight_seq_ = applied_seq_;
   flight_rows_ = rows;
+  flight_charge_ = charge;
+  charged_ += charge;
   if (!s.ok()) {
     // A batch RocksDB cannot hold (over its 4 GiB limit): nothing goes out, rows stay dirty.
     job->error = FromRocks(s, "building the write-back batch");
@@ -1078,13 +1116,15 @@ Status RocksDbLaneStore::HandOff() {
 Status RocksDbLaneStore::Reap() {
   std::shared_ptr<WriteBackJob> job = std::move(flight_);
   const bool ok = job->state.load(std::memory_order_acquire) == WriteBackJob::kDone;
+  charged_ -= flight_charge_;
+  flight_charge_ = 0;
+  job->ReleaseRows();  // when the writer failed before encoding them
   for (auto& [id, t] : tables_) {
-    for (uint32_t slot : t->flight_slots) {  // pinned: not evicted, not moved
+    if (t->rows) {
       if (!ok) {
-        MarkDirty(t.get(), slot);
-      } else if ((t->rows->header(slot).flags & CachedRows::kDirty) == 0) {
-        t->rows->Unpin(slot);
+        for (uint32_t slot : t->flight_slots) MarkDirty(t.get(), slot);  // pinned: not moved
       }
+      t->rows->EndFlight();
     }
     t->flight_slots.clear();
     // No slot numbers are held now (unless rows changed again meanwhile): rows may move.
@@ -1125,19 +1165,31 @@ Status RocksDbLaneStore::Commit() {
 }
 
 // A lane's rows at one point: a RocksDB snapshot (every row written back by then) with the rows
-// not yet durable (dirty or in flight: pinned in memory) copied over it.
+// not yet durable (dirty or in flight: pinned in memory) laid over it: sparse rows frozen in the
+// lane's arena (copy-on-write), dense chunks copied.
 class RocksDbLaneSnapshot final : public LaneSnapshot {
  public:
   struct Table {
     TableSpec spec;
     rocksdb::ColumnFamilyHandle* cf = nullptr;
     uint32_t floats = 0;  // sparse: value + state per row
-    // Rows copied at the cut, one after the other: u64 key (sparse) or chunk (dense), u32
-    // length, then the row encoded as on disk. Indexed by the reader (copied), not by the lane.
+    // Sparse: the arena as it was and the slots of its pinned rows (a slot may be listed twice:
+    // dirty and in flight). Indexed by the reader (pinned), not by the lane. Scanned once: the
+    // scan lets go of the arena as it goes.
+    CachedRows::Frozen frozen;
+    std::vector<uint32_t> slots;
+    absl::flat_hash_set<uint64_t> pinned;
+    bool scanned = false;
+    // Dense: chunks copied at the cut, one after the other: u64 chunk, u32 length, then the
+    // chunk encoded as on disk. Indexed by the reader (copied).
     std::string bytes;
     absl::flat_hash_map<uint64_t, std::pair<size_t, size_t>> copied;
     std::unique_ptr<Optimizer> opt;  // dense: the state floats of a chunk
     void Index() {
+      if (pinned.empty() && !slots.empty() && !frozen.empty()) {
+        pinned.reserve(slots.size());
+        for (uint32_t slot : slots) pinned.insert(frozen.key(slot));
+      }
       if (!copied.empty() || bytes.empty()) return;
       for (size_t at = 0; at + 12 <= bytes.size();) {
         uint64_t key;
@@ -1198,7 +1250,19 @@ Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor&
     *go = meta.update_count == 0 || fn(key, row_.data(), row_.data() + dim, meta);
     return Status::OK();
   };
+  if (t->scanned) {
+    return Status::FailedPrecondition("table '" + t->spec.name +
+                                      "' was already scanned in this snapshot");
+  }
+  t->scanned = true;
+  // The rows pinned in memory first, in arena order, letting go of each block once read.
   bool go = true;
+  t->frozen.VisitAndRelease(t->slots, [&](uint32_t slot) {
+    const RowMeta& m = t->frozen.meta(slot);
+    const float* row = t->frozen.row(slot);
+    if (go && m.update_count != 0) go = fn(t->frozen.key(slot), row, row + dim, m);
+  });
+  if (!go) return Status::OK();
   auto it = NewIterator(*t);
   for (uint32_t slot : slots_) {
     const std::string prefix = internal::SlotPrefix(slot);
@@ -1207,15 +1271,11 @@ Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor&
       if (!internal::DecodeSparseKey(it->key().ToStringView(), &key)) {
         return Status::Corruption("table '" + t->spec.name + "': malformed stored key");
       }
-      if (t->copied.contains(key)) continue;  // newer in memory
+      if (t->pinned.contains(key)) continue;  // newer in memory
       TESSERA_RETURN_IF_ERROR(visit(key, it->value().ToStringView(), &go));
     }
     TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "table '" + t->spec.name + "': scan"));
     if (!go) return Status::OK();
-  }
-  for (const auto& [key, at] : t->copied) {
-    TESSERA_RETURN_IF_ERROR(visit(key, std::string_view(t->bytes).substr(at.first, at.second), &go));
-    if (!go) break;
   }
   return Status::OK();
 }
@@ -1275,21 +1335,13 @@ Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
     f.cf = t->cf;
     f.floats = t->floats;
     f.opt = Optimizer::Make(t->spec.optimizer);
-    // Pinned rows (dirty, or handed to the writer) may be newer than RocksDB: copied, each once
-    // (a row in flight that changed again is in the dirty list).
+    // Pinned rows (dirty, or handed to the writer) may be newer than RocksDB: frozen in the
+    // arena, a pointer per block; the reader drops the slots listed twice.
     if (t->rows) {
-      f.bytes.reserve((t->dirty_slots.size() + t->flight_slots.size()) *
-                      (12 + internal::RowBytes(t->floats)));
-      for (uint32_t slot : t->dirty_slots) {
-        const CachedRows::Header& h = t->rows->header(slot);
-        copy(f, h.key, t->rows->row(slot), t->floats, h.meta);
-      }
-      for (uint32_t slot : t->flight_slots) {
-        const CachedRows::Header& h = t->rows->header(slot);
-        if ((h.flags & CachedRows::kDirty) == 0) {
-          copy(f, h.key, t->rows->row(slot), t->floats, h.meta);
-        }
-      }
+      f.frozen = t->rows->Freeze();
+      f.slots.reserve(t->dirty_slots.size() + t->flight_slots.size());
+      f.slots.assign(t->dirty_slots.begin(), t->dirty_slots.end());
+      f.slots.insert(f.slots.end(), t->flight_slots.begin(), t->flight_slots.end());
     }
     for (uint64_t chunk : t->dirty_chunks) {
       const DenseChunk& c = t->dense.at(chunk);
@@ -1328,8 +1380,8 @@ Status RocksDbLaneStore::PutRows(uint64_t table_id, std::span<const uint64_t> ke
   for (size_t i = 0; i < keys.size(); ++i) {
     uint32_t slot = t->rows->Find(keys[i]);
     if (slot == CachedRows::kNoSlot) slot = InsertRow(t, keys[i]);
-    std::memcpy(t->rows->row(slot), rows[i], sizeof(float) * t->floats);
-    t->rows->header(slot).meta = metas[i];
+    std::memcpy(t->rows->mutable_row(slot), rows[i], sizeof(float) * t->floats);
+    t->rows->mutable_meta(slot) = metas[i];
     MarkDirty(t, slot);
     t->pending.erase(keys[i]);
   }
@@ -1408,7 +1460,7 @@ Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
     t->rows->ForEachSlot([&](uint32_t slot) {
       const CachedRows::Header& h = t->rows->header(slot);
       // A pinned row is not durable yet; it goes once the writer is done with it.
-      if ((h.flags & CachedRows::kPinned) == 0 && IdleRow(e, h.meta, ctx)) idle.push_back(slot);
+      if (!t->rows->pinned(slot) && IdleRow(e, h.meta, ctx)) idle.push_back(slot);
       return true;
     });
     for (uint32_t slot : idle) {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 
@@ -6,7 +7,9 @@
 
 namespace tessera::internal {
 namespace {
-constexpr size_t kTargetBlockBytes = 64 * 1024;
+// Small blocks: after Freeze(), a changed row copies its whole block (a uniform push of 500 rows
+// to a lane then copies 500 blocks: 2.5 MiB at 8 KiB, 32 MiB at 64 KiB).
+constexpr size_t kTargetBlockBytes = 4 * 1024;
 }  // namespace
 
 CachedRows::CachedRows(uint32_t floats)
@@ -27,14 +30,15 @@ uint32_t CachedRows::Insert(uint64_t key) {
   } else {
     slot = next_slot_++;
     if ((slot >> block_shift_) >= blocks_.size()) {
-      blocks_.emplace_back(new std::byte[(size_t{block_mask_} + 1) * slot_bytes_]);
+      blocks_.emplace_back(new std::byte[BlockBytes()]);
+      frozen_.push_back(0);
       // Slots of a new block are not live until handed out.
       for (uint32_t i = 0; i <= block_mask_; ++i) {
-        header((static_cast<uint32_t>(blocks_.size() - 1) << block_shift_) + i).flags = 0;
+        flags((static_cast<uint32_t>(blocks_.size() - 1) << block_shift_) + i) = 0;
       }
     }
   }
-  Header& h = header(slot);
+  Header& h = *reinterpret_cast<Header*>(OwnedSlotPtr(slot));
   h.key = key;
   h.meta = RowMeta{};
   h.flags = kLive | kReferenced;
@@ -43,10 +47,17 @@ uint32_t CachedRows::Insert(uint64_t key) {
 }
 
 void CachedRows::Erase(uint32_t slot) {
-  Header& h = header(slot);
-  if ((h.flags & kLive) == 0) return;
+  if ((header(slot).flags & kLive) == 0) return;
+  // The key becomes a free-list link: a Frozen that still holds the row keeps its key.
+  Header& h = *reinterpret_cast<Header*>(OwnedSlotPtr(slot));
   index_.erase(slot);  // while the key is still in the header
-  if ((h.flags & kPinned) != 0) --pinned_;
+  if (PinnedFlags(h.flags)) {
+    if ((h.flags >> kGenShift) == dirty_gen_) {
+      --dirty_rows_;
+    } else {
+      --flight_rows_;
+    }
+  }
   h.flags = 0;
   h.key = free_head_;
   free_head_ = slot;
@@ -59,10 +70,10 @@ uint32_t CachedRows::NextVictim() {
   for (uint64_t n = 0; n < 2 * uint64_t{next_slot_} + 1; ++n) {
     if (hand_ >= next_slot_) hand_ = 0;
     const uint32_t s = hand_++;
-    Header& h = header(s);
-    if ((h.flags & kLive) == 0 || (h.flags & kPinned) != 0) continue;
-    if ((h.flags & kReferenced) != 0) {
-      h.flags &= ~kReferenced;
+    uint32_t& f = flags(s);
+    if ((f & kLive) == 0 || PinnedFlags(f)) continue;
+    if ((f & kReferenced) != 0) {
+      f &= ~kReferenced;
       continue;
     }
     return s;
@@ -71,10 +82,52 @@ uint32_t CachedRows::NextVictim() {
 }
 
 uint64_t CachedRows::MemoryBytes() const {
-  const uint64_t arena = uint64_t{blocks_.size()} * (uint64_t{block_mask_} + 1) * slot_bytes_;
+  // A block: its bytes and the shared_ptr's control block (about 32 bytes with malloc's header).
+  const uint64_t arena = uint64_t{blocks_.size()} * (BlockBytes() + 32);
   // absl's SwissTable: one 4-byte slot and one control byte per bucket.
   const uint64_t index = index_.capacity() * (sizeof(uint32_t) + 1);
-  return arena + index + blocks_.capacity() * sizeof(blocks_[0]) + sizeof(*this);
+  return arena + index + blocks_.capacity() * (sizeof(blocks_[0]) + 1) + sizeof(*this);
+}
+
+void CachedRows::BeginFlight() {
+  flight_gen_ = dirty_gen_;
+  flight_rows_ = dirty_rows_;
+  dirty_rows_ = 0;
+  if (dirty_gen_ + 1 < (uint32_t{1} << (32 - kGenShift))) {
+    ++dirty_gen_;
+    return;
+  }
+  // Generations ran out (after a billion hand-offs): renumber, flight 1, dirty (none) 2.
+  for (uint32_t s = 0; s < next_slot_; ++s) {
+    uint32_t& f = flags(s);
+    const uint32_t g = (f >> kGenShift) == flight_gen_ ? 1 : 0;
+    f = (f & ((1u << kGenShift) - 1)) | (g << kGenShift);
+  }
+  flight_gen_ = 1;
+  dirty_gen_ = 2;
+}
+
+CachedRows::Frozen CachedRows::Freeze() {
+  Frozen f;
+  f.blocks_ = blocks_;
+  f.slot_bytes_ = slot_bytes_;
+  f.block_shift_ = block_shift_;
+  f.block_mask_ = block_mask_;
+  std::fill(frozen_.begin(), frozen_.end(), uint8_t{1});
+  return f;
+}
+
+void CachedRows::Unshare(uint32_t b) {
+  frozen_[b] = 0;
+  if (blocks_[b].use_count() > 1) {
+    std::shared_ptr<std::byte[]> copy(new std::byte[BlockBytes()]);
+    std::memcpy(copy.get(), blocks_[b].get(), BlockBytes());
+    blocks_[b] = std::move(copy);
+    ++copied_blocks_;
+  } else {
+    // The last Frozen let go (its release decrement): its reads happen before our writes.
+    std::atomic_thread_fence(std::memory_order_acquire);
+  }
 }
 
 bool CachedRows::Compact() {
@@ -97,9 +150,9 @@ bool CachedRows::Compact() {
     if (next_hole == holes.size() || holes[next_hole] >= s) break;
     const uint32_t dst = holes[next_hole++];
     index_.erase(s);
-    std::memcpy(SlotPtr(dst), SlotPtr(s), slot_bytes_);
+    std::memcpy(OwnedSlotPtr(dst), SlotPtr(s), slot_bytes_);
     index_.insert(dst);
-    header(s).flags = 0;
+    flags(s) = 0;
     --top;
   }
   // Slots [0, top) are now all live.
@@ -111,6 +164,8 @@ bool CachedRows::Compact() {
   const bool released = keep_blocks < blocks_.size();
   blocks_.resize(keep_blocks);
   blocks_.shrink_to_fit();
+  frozen_.resize(keep_blocks);
+  frozen_.shrink_to_fit();
   index_.rehash(0);
   return released;
 }

@@ -4,6 +4,7 @@
 
 #include <absl/container/flat_hash_set.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -16,18 +17,22 @@ namespace tessera::internal {
 
 /// Rows of one sparse table cached in memory. A slot holds a 24-byte header (key, RowMeta,
 /// flags) followed by the row's floats (value, then optimizer state); slots live in blocks of
-/// about 64 KiB allocated once and reused through an intrusive free list. The index is a hash
-/// set of 4-byte slot numbers whose hash and equality read the key from the slot, so a row costs
-/// its slot plus about 5-11 bytes of index (see MemoryBytes()). Not thread-safe.
+/// at most 8 KiB (a power of two of slots) allocated once and reused through an intrusive free
+/// list. The index is a hash set of 4-byte slot numbers whose hash and equality read the key
+/// from the slot, so a row costs its slot plus about 5-11 bytes of index (see MemoryBytes()).
+///
+/// Freeze() shares every block with a Frozen view copy-on-write: the first change to a shared
+/// block's keys, metas or floats copies that block, so the view keeps the rows as they were and
+/// can be read on another thread. Flags are the owner's alone: a Frozen never reads them, so
+/// flags() changes them in place. Not thread-safe otherwise.
 class CachedRows {
  public:
   static constexpr uint32_t kNoSlot = 0xffffffffu;
 
-  /// Flag bits of a slot.
+  /// Flag bits of a slot; the bits above kGenShift hold the row's write-back generation.
   static constexpr uint32_t kLive = 1;        ///< The slot holds a row.
   static constexpr uint32_t kReferenced = 2;  ///< Used since the CLOCK hand last passed.
-  static constexpr uint32_t kPinned = 4;      ///< Not yet durable in RocksDB: not evictable.
-  static constexpr uint32_t kDirty = 8;       ///< Changed since its last hand-off to the writer.
+  static constexpr uint32_t kGenShift = 2;
 
   struct Header {
     uint64_t key;  // free slots: the next free slot
@@ -35,6 +40,40 @@ class CachedRows {
     uint32_t flags;
   };
   static_assert(sizeof(Header) == 24);
+
+  /// Rows as they were at Freeze(). Reads only keys, metas and floats (never flags); safe on
+  /// another thread while the owner goes on changing its rows.
+  class Frozen {
+   public:
+    Frozen() = default;
+    uint64_t key(uint32_t slot) const { return Slot(slot)->key; }
+    const RowMeta& meta(uint32_t slot) const { return Slot(slot)->meta; }
+    const float* row(uint32_t slot) const { return reinterpret_cast<const float*>(Slot(slot) + 1); }
+    /// Visits `slots` (sorted here, each once) in arena order, fn(slot), and lets go of each
+    /// block once past it (the owner then changes it in place, no copy), then of every block.
+    template <typename Fn>
+    void VisitAndRelease(std::vector<uint32_t>& slots, Fn&& fn) {
+      std::sort(slots.begin(), slots.end());
+      slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+      for (size_t i = 0; i < slots.size(); ++i) {
+        fn(slots[i]);
+        const uint32_t b = slots[i] >> block_shift_;
+        if (i + 1 == slots.size() || (slots[i + 1] >> block_shift_) != b) blocks_[b].reset();
+      }
+      blocks_.clear();
+    }
+    bool empty() const { return blocks_.empty(); }
+
+   private:
+    friend class CachedRows;
+    const Header* Slot(uint32_t slot) const {
+      return reinterpret_cast<const Header*>(blocks_[slot >> block_shift_].get() +
+                                             size_t{slot & block_mask_} * slot_bytes_);
+    }
+    std::vector<std::shared_ptr<std::byte[]>> blocks_;
+    size_t slot_bytes_ = 0;
+    uint32_t block_shift_ = 0, block_mask_ = 0;
+  };
 
   /// `floats` per row: value plus optimizer state.
   explicit CachedRows(uint32_t floats);
@@ -57,32 +96,56 @@ class CachedRows {
   /// Removes the row in `slot`.
   void Erase(uint32_t slot);
 
-  Header& header(uint32_t slot) { return *reinterpret_cast<Header*>(SlotPtr(slot)); }
   const Header& header(uint32_t slot) const {
     return *reinterpret_cast<const Header*>(SlotPtr(slot));
   }
-  float* row(uint32_t slot) { return reinterpret_cast<float*>(SlotPtr(slot) + sizeof(Header)); }
+  const float* row(uint32_t slot) const {
+    return reinterpret_cast<const float*>(SlotPtr(slot) + sizeof(Header));
+  }
+  /// The flag bits of `slot`, changed in place (never copies a frozen block).
+  uint32_t& flags(uint32_t slot) { return reinterpret_cast<Header*>(SlotPtr(slot))->flags; }
+  /// The row's metadata and floats, to change: copies the block first while a Frozen shares it.
+  RowMeta& mutable_meta(uint32_t slot) {
+    return reinterpret_cast<Header*>(OwnedSlotPtr(slot))->meta;
+  }
+  float* mutable_row(uint32_t slot) {
+    return reinterpret_cast<float*>(OwnedSlotPtr(slot) + sizeof(Header));
+  }
+
+  /// Shares every block with the returned view (a pointer copy per block).
+  Frozen Freeze();
 
   /// CLOCK: the next unpinned row that was not referenced since the hand last passed it
   /// (clearing the referenced bits it passes), or kNoSlot when every row is pinned.
   uint32_t NextVictim();
 
+  /// Write-back state, by generation (so that a hand-off to the writer and its end cost O(1),
+  /// not a pass over the rows): a row is dirty when changed since the last BeginFlight(), in
+  /// flight when it was dirty then and has not changed since, until EndFlight(). Dirty and in
+  /// flight rows are pinned: not durable yet, never a victim.
+  /// Marks the row dirty; true when it was not dirty before (the caller lists it).
+  bool MarkDirty(uint32_t slot) {
+    uint32_t& f = flags(slot);
+    const uint32_t g = f >> kGenShift;
+    if (g == dirty_gen_) return false;
+    if (flight_gen_ != 0 && g == flight_gen_) --flight_rows_;
+    f = (f & ((1u << kGenShift) - 1)) | (dirty_gen_ << kGenShift);
+    ++dirty_rows_;
+    return true;
+  }
+  bool dirty(uint32_t slot) const { return (header(slot).flags >> kGenShift) == dirty_gen_; }
+  bool pinned(uint32_t slot) const { return PinnedFlags(header(slot).flags); }
+  /// The dirty rows go in flight; none is dirty. At most one flight at a time.
+  void BeginFlight();
+  /// The rows in flight are durable: no longer pinned. (After a failed flight, MarkDirty() its
+  /// rows again first.)
+  void EndFlight() {
+    flight_gen_ = 0;
+    flight_rows_ = 0;
+  }
+  size_t dirty_rows() const { return dirty_rows_; }
   /// Number of rows that are not pinned (evictable).
-  size_t unpinned() const { return index_.size() - pinned_; }
-  void Pin(uint32_t slot) {
-    Header& h = header(slot);
-    if ((h.flags & kPinned) == 0) {
-      h.flags |= kPinned;
-      ++pinned_;
-    }
-  }
-  void Unpin(uint32_t slot) {
-    Header& h = header(slot);
-    if ((h.flags & kPinned) != 0) {
-      h.flags &= ~kPinned;
-      --pinned_;
-    }
-  }
+  size_t unpinned() const { return index_.size() - dirty_rows_ - flight_rows_; }
 
   /// Visits every live slot (fn(slot) -> bool; false stops). `fn` must not insert or erase.
   template <typename Fn>
@@ -94,6 +157,8 @@ class CachedRows {
 
   /// Bytes allocated: blocks, index, block table.
   uint64_t MemoryBytes() const;
+  /// Blocks copied because a Frozen shared them (since construction).
+  uint64_t copied_blocks() const { return copied_blocks_; }
 
   /// Moves rows down into free slots and releases the blocks that become empty, when at least a
   /// quarter of the slots are free. Slot numbers change: no row may be pinned. Returns whether
@@ -121,18 +186,36 @@ class CachedRows {
   std::byte* SlotPtr(uint32_t slot) const {
     return blocks_[slot >> block_shift_].get() + size_t{slot & block_mask_} * slot_bytes_;
   }
+  std::byte* OwnedSlotPtr(uint32_t slot) {
+    if (frozen_[slot >> block_shift_] != 0) Unshare(slot >> block_shift_);
+    return SlotPtr(slot);
+  }
+  // Gives block `b` back to this arena alone: copies it while a Frozen still holds it.
+  void Unshare(uint32_t b);
+  bool PinnedFlags(uint32_t f) const {
+    const uint32_t g = f >> kGenShift;
+    return (f & kLive) != 0 && (g == dirty_gen_ || (flight_gen_ != 0 && g == flight_gen_));
+  }
+  size_t BlockBytes() const { return (size_t{block_mask_} + 1) * slot_bytes_; }
 
   uint32_t floats_;
   size_t slot_bytes_;
   uint32_t block_shift_;
   uint32_t block_mask_;
-  std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  std::vector<std::shared_ptr<std::byte[]>> blocks_;
+  // Per block: 1 while a Frozen taken since its last Unshare may hold it.
+  std::vector<uint8_t> frozen_;
+  uint64_t copied_blocks_ = 0;
   absl::flat_hash_set<uint32_t, SlotHash, SlotEq> index_;
   uint32_t next_slot_ = 0;  // slots [0, next_slot_) have been handed out
   uint32_t free_head_ = kNoSlot;
   uint32_t free_count_ = 0;
   uint32_t hand_ = 0;
-  size_t pinned_ = 0;
+  // Write-back generations (never 0; a new row has generation 0) and their row counts.
+  uint32_t dirty_gen_ = 1;
+  uint32_t flight_gen_ = 0;  // 0: nothing in flight
+  size_t dirty_rows_ = 0;
+  size_t flight_rows_ = 0;
 };
 
 }  // namespace tessera::internal

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "storage/row_table_internal.h"
@@ -8,23 +10,34 @@ SparseRows::SparseRows(const TableSpec& spec, const Optimizer* opt)
     : spec_(spec), opt_(opt), dim_(spec.dim), stride_(spec.dim + opt->StateFloats(spec.dim)) {}
 
 SparseRows::Block SparseRows::NewBlock() const {
+  static_assert(alignof(RowMeta) <= alignof(float));
+  const size_t keys = sizeof(uint64_t) * kRowsPerBlock;
+  const size_t rows = sizeof(float) * kRowsPerBlock * stride_;
+  const size_t metas = sizeof(RowMeta) * kRowsPerBlock;
   Block b;
-  b.rows.reset(new float[size_t{kRowsPerBlock} * stride_]);
-  b.metas.reset(new RowMeta[kRowsPerBlock]);
-  b.keys.reset(new uint64_t[kRowsPerBlock]);
-  b.live.reset(new uint8_t[kRowsPerBlock]());
+  b.bytes = keys + rows + metas + kRowsPerBlock;
+  b.mem.reset(new std::byte[b.bytes]);
+  b.keys = reinterpret_cast<uint64_t*>(b.mem.get());
+  b.rows = reinterpret_cast<float*>(b.mem.get() + keys);
+  b.metas = reinterpret_cast<RowMeta*>(b.mem.get() + keys + rows);
+  b.live = reinterpret_cast<uint8_t*>(b.mem.get() + keys + rows + metas);
+  std::memset(b.live, 0, kRowsPerBlock);
   return b;
 }
 
 SparseRows::Block& SparseRows::Own(uint32_t slot) {
-  std::shared_ptr<Block>& b = blocks_[slot / kRowsPerBlock];
-  // Only this thread adds owners (Freeze); a count falling meanwhile costs one needless copy.
-  if (b.use_count() > 1) {
+  const uint32_t bi = slot / kRowsPerBlock;
+  std::shared_ptr<Block>& b = blocks_[bi];
+  // Only blocks frozen since their last Own() can be shared: the others cost no look at the
+  // count (a cache miss per row pushed). Only this thread adds owners (Freeze).
+  if (frozen_[bi] == 0) return *b;
+  frozen_[bi] = 0;
+  if (b.use_count() <= 1) {
+    // The views let go (a release decrement): their reads happen before our writes.
+    std::atomic_thread_fence(std::memory_order_acquire);
+  } else {
     auto copy = std::make_shared<Block>(NewBlock());
-    std::memcpy(copy->rows.get(), b->rows.get(), sizeof(float) * kRowsPerBlock * stride_);
-    std::memcpy(copy->metas.get(), b->metas.get(), sizeof(RowMeta) * kRowsPerBlock);
-    std::memcpy(copy->keys.get(), b->keys.get(), sizeof(uint64_t) * kRowsPerBlock);
-    std::memcpy(copy->live.get(), b->live.get(), kRowsPerBlock);
+    std::memcpy(copy->mem.get(), b->mem.get(), b->bytes);
     b = std::move(copy);
   }
   return *b;
@@ -37,7 +50,10 @@ uint32_t SparseRows::Allocate() {
     return s;
   }
   uint32_t s = next_slot_++;
-  if (s / kRowsPerBlock >= blocks_.size()) blocks_.push_back(std::make_shared<Block>(NewBlock()));
+  if (s / kRowsPerBlock >= blocks_.size()) {
+    blocks_.push_back(std::make_shared<Block>(NewBlock()));
+    frozen_.push_back(0);
+  }
   return s;
 }
 
@@ -45,7 +61,7 @@ uint32_t SparseRows::Create(uint64_t key) {
   const uint32_t slot = Allocate();
   Block& b = Own(slot);
   const uint32_t i = slot % kRowsPerBlock;
-  float* row = b.rows.get() + size_t{i} * stride_;
+  float* row = b.rows + size_t{i} * stride_;
   InitializeValues(spec_.initializer, key, 0, dim_, row);
   opt_->InitState(row + dim_, dim_);
   b.metas[i] = RowMeta{};
@@ -66,7 +82,7 @@ float* SparseRows::FindOrCreate(uint64_t key, bool* created, RowMeta** meta) {
   Block& b = Own(it->second);
   const uint32_t i = it->second % kRowsPerBlock;
   *meta = &b.metas[i];
-  return b.rows.get() + size_t{i} * stride_;
+  return b.rows + size_t{i} * stride_;
 }
 
 const RowMeta& SparseRows::MetaOf(uint64_t key) const {
@@ -79,7 +95,7 @@ void SparseRows::Put(uint64_t key, const float* row, const RowMeta& meta) {
   if (inserted) it->second = Allocate();
   Block& b = Own(it->second);
   const uint32_t i = it->second % kRowsPerBlock;
-  std::memcpy(b.rows.get() + size_t{i} * stride_, row, sizeof(float) * stride_);
+  std::memcpy(b.rows + size_t{i} * stride_, row, sizeof(float) * stride_);
   b.metas[i] = meta;
   b.keys[i] = key;
   b.live[i] = 1;
@@ -104,6 +120,7 @@ uint64_t SparseRows::MemoryBytes() const {
 SparseRows::Frozen SparseRows::Freeze() const {
   Frozen f;
   f.blocks.assign(blocks_.begin(), blocks_.end());
+  std::fill(frozen_.begin(), frozen_.end(), uint8_t{1});
   f.slots = next_slot_;
   f.dim = dim_;
   f.stride = stride_;

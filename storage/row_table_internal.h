@@ -26,13 +26,16 @@ class SparseRows {
   // Small blocks keep copy-on-write cheap: uniform pushes right after a snapshot touch nearly
   // every block, so a block copies at most kRowsPerBlock rows per key pushed (4096-row blocks
   // made the first push after a snapshot copy the whole table: a 200 ms pause at 1M rows).
-  static constexpr uint32_t kRowsPerBlock = 32;
-  /// kRowsPerBlock slots: floats, metadata, key and a live flag each.
+  static constexpr uint32_t kRowsPerBlock = 16;
+  /// kRowsPerBlock slots: key, floats, metadata and a live flag each, in one allocation (a
+  /// copy-on-write copy is one allocation and one memcpy).
   struct Block {
-    std::unique_ptr<float[]> rows;
-    std::unique_ptr<RowMeta[]> metas;
-    std::unique_ptr<uint64_t[]> keys;
-    std::unique_ptr<uint8_t[]> live;
+    std::unique_ptr<std::byte[]> mem;
+    size_t bytes = 0;
+    uint64_t* keys = nullptr;
+    float* rows = nullptr;
+    RowMeta* metas = nullptr;
+    uint8_t* live = nullptr;
   };
   /// The rows at Freeze() time.
   struct Frozen {
@@ -40,16 +43,20 @@ class SparseRows {
     uint32_t slots = 0;  // slots handed out: [0, slots)
     uint32_t dim = 0;
     uint32_t stride = 0;
-    /// Visits every live row: fn(key, row, meta) -> bool; false stops.
+    /// Visits every live row, fn(key, row, meta) -> bool (false stops), letting go of each
+    /// block once visited (the owner then changes it in place, no copy) and of every block at
+    /// the end: the view is empty after.
     template <typename Fn>
-    void ForEach(Fn&& fn) const {
-      for (uint32_t s = 0; s < slots; ++s) {
+    void ForEachAndRelease(Fn&& fn) {
+      bool go = true;
+      for (uint32_t s = 0; s < slots && go; ++s) {
         const Block& b = *blocks[s / kRowsPerBlock];
         const uint32_t i = s % kRowsPerBlock;
-        if (b.live[i] != 0 && !fn(b.keys[i], b.rows.get() + size_t{i} * stride, b.metas[i])) {
-          return;
-        }
+        if (b.live[i] != 0) go = fn(b.keys[i], b.rows + size_t{i} * stride, b.metas[i]);
+        if (i + 1 == kRowsPerBlock) blocks[s / kRowsPerBlock].reset();
       }
+      blocks.clear();
+      slots = 0;
     }
   };
 
@@ -90,7 +97,7 @@ class SparseRows {
 
  private:
   const float* RowAt(uint32_t slot) const {
-    return blocks_[slot / kRowsPerBlock]->rows.get() + size_t{slot % kRowsPerBlock} * stride_;
+    return blocks_[slot / kRowsPerBlock]->rows + size_t{slot % kRowsPerBlock} * stride_;
   }
   // The block of `slot`, copied first when a frozen view shares it.
   Block& Own(uint32_t slot);
@@ -105,6 +112,8 @@ class SparseRows {
   uint32_t stride_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;
   std::vector<std::shared_ptr<Block>> blocks_;
+  // Per block: 1 while a Frozen taken since its last Own() may share it.
+  mutable std::vector<uint8_t> frozen_;
   std::vector<uint32_t> free_;
   uint32_t next_slot_ = 0;
 };

@@ -173,7 +173,8 @@ class LaneStore {
 
 /// A lane's rows frozen by LaneStore::TakeSnapshot(). Thread-safe to read (one reader at a
 /// time); outlives nothing: release it before its engine. Scan and ScanDense behave as
-/// LaneStore's (rows only looked up are not visited).
+/// LaneStore's (rows only looked up are not visited); each table is scanned at most once (a
+/// snapshot may let go of rows as it visits them: FailedPrecondition the second time).
 class LaneSnapshot {
  public:
   virtual ~LaneSnapshot() = default;

@@ -93,19 +93,24 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
-Status ServerImpl::WriteCheckpointHeader(const std::string& dir, int64_t cut) {
+Result<std::function<Status()>> ServerImpl::CheckpointHeader(const std::string& dir,
+                                                              int64_t cut) {
   std::vector<std::string> specs;
   for (auto& [id, t] : tables_) specs.push_back(EncodeTableSpec(t.spec));
-  TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
   std::vector<std::string> meta;
   TESSERA_RETURN_IF_ERROR(engine_->ScanMeta("user/", [&](std::string_view k, std::string_view v) {
     meta.emplace_back(k);
     meta.emplace_back(v);
   }));
-  TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/meta", meta));
-  return WriteBlobs(dir + "/manifest",
-                    {std::to_string(options_.rank), std::to_string(options_.num_servers),
-                     std::to_string(cut), std::to_string(lanes_.size())});
+  std::vector<std::string> manifest = {std::to_string(options_.rank),
+                                       std::to_string(options_.num_servers), std::to_string(cut),
+                                       std::to_string(lanes_.size())};
+  return std::function<Status()>([dir, specs = std::move(specs), meta = std::move(meta),
+                                  manifest = std::move(manifest)]() -> Status {
+    TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
+    TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/meta", meta));
+    return WriteBlobs(dir + "/manifest", manifest);
+  });
 }
 
 void ServerImpl::TakeSnapshotIfReady() {
@@ -115,13 +120,13 @@ void ServerImpl::TakeSnapshotIfReady() {
   CutState cut = std::move(*cut_);
   cut_.reset();
   const std::string dir = ServerDir(cut.dir, options_.rank);
-  Status s = WriteCheckpointHeader(dir, cut.cut);
-  if (!s.ok()) {
-    ReplyError(std::move(cut.request->identity), cut.request->header, s);
+  auto header = CheckpointHeader(dir, cut.cut);
+  if (!header.ok()) {
+    ReplyError(std::move(cut.request->identity), cut.request->header, header.status());
   } else {
     // Lanes run tasks in order: each freezes its rows before it sees any released push.
     LOG(INFO) << "checkpoint at clock " << cut.cut << " into " << dir;
-    WriteLaneSnapshots(cut.request, dir, {});
+    WriteLaneSnapshots(cut.request, dir, {}, std::move(*header));
   }
   Readmit(std::move(cut_parked_));
   cut_parked_.clear();
@@ -289,32 +294,40 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
-  auto tables = TableList();
   std::vector<std::string> specs;
-  for (auto& [id, spec] : tables) specs.push_back(EncodeTableSpec(spec));
-  TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
-  TESSERA_RETURN_IF_ERROR(
-      WriteBlobs(dir + "/manifest",
-                 {std::to_string(options_.rank), std::to_string(options_.num_servers),
-                  std::to_string(since), std::to_string(lanes_.size()), std::to_string(now)}));
+  for (auto& [id, spec] : TableList()) specs.push_back(EncodeTableSpec(spec));
+  std::vector<std::string> manifest = {std::to_string(options_.rank),
+                                       std::to_string(options_.num_servers), std::to_string(since),
+                                       std::to_string(lanes_.size()), std::to_string(now)};
   SnapshotOptions so;
   so.values_only = true;
   so.min_update_s = since;
-  WriteLaneSnapshots(p, dir, so);
+  WriteLaneSnapshots(p, dir, so,
+                     [dir, specs = std::move(specs), manifest = std::move(manifest)]() -> Status {
+                       TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
+                       return WriteBlobs(dir + "/manifest", manifest);
+                     });
   return Status::OK();
 }
 
 void ServerImpl::WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,
-                                    const SnapshotOptions& options) {
+                                    const SnapshotOptions& options,
+                                    std::function<Status()> header) {
   // A lane pauses only to take its snapshot (copy-on-write, or a RocksDB snapshot plus the
   // rows not yet written back); the file writer thread writes and fsyncs the files, one more
-  // part of the request per lane.
+  // part of the request per lane, and the header files (lane 0 hands them over: an fsync on
+  // the I/O thread stalled every request, 10-70 ms while the disk was busy).
   auto tables = TableList();
   FileWriter* writer = writer_.get();
   Pending* raw = p.get();
+  auto shared_header = std::make_shared<std::function<Status()>>(std::move(header));
   RunOnAllLanes(
       p,
-      [raw, p, dir, tables, writer, options](Lane& lane) -> Status {
+      [raw, p, dir, tables, writer, options, shared_header](Lane& lane) -> Status {
+        if (lane.index() == 0 && *shared_header) {
+          raw->parts.Add();
+          writer->Submit(p, std::move(*shared_header));
+        }
         TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<LaneSnapshot> snapshot,
                                  lane.store().TakeSnapshot());
         const std::string path = dir + "/lane-" + std::to_string(lane.index());

@@ -54,21 +54,55 @@ Status RequestLog::WriteStaged() {
   return s.ok() ? s : s.WithContext("logging the push");
 }
 
-Status RequestLog::StoreMarksAndTruncate(uint64_t mark) {
+RequestLog::~RequestLog() {
+  {
+    std::lock_guard<std::mutex> l(truncate_mu_);
+    truncate_stop_ = true;
+  }
+  truncate_cv_.notify_one();
+  if (truncator_.joinable()) truncator_.join();
+}
+
+Status RequestLog::StoreMarksAndTruncate(uint64_t mark, const std::string& marks) {
   // The entries about to go hold the only durable copy of their clients' push marks.
-  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/clients", dedup_->Encode()));
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/clients", marks));
   return engine_->TruncateLog(mark);
 }
 
 void RequestLog::TruncateTo(uint64_t mark) {
   if (!engine_->durable()) return;
   mark = std::min(mark, seq_);
-  if (mark <= truncated_) return;
-  Status s = StoreMarksAndTruncate(mark);
-  if (s.ok()) {
-    truncated_ = mark;
-  } else {
-    LOG(WARNING) << "truncating the request log: " << s.ToString();
+  if (mark <= truncated_.load(std::memory_order_acquire)) return;
+  {
+    std::lock_guard<std::mutex> l(truncate_mu_);
+    if (truncate_busy_ && mark <= truncate_mark_) return;  // that much is on its way
+    truncate_busy_ = truncate_pending_ = true;
+    truncate_mark_ = mark;
+    truncate_marks_ = dedup_->Encode();  // the I/O thread's table, read here
+    if (!truncator_.joinable()) truncator_ = std::thread([this] { TruncateLoop(); });
+  }
+  truncate_cv_.notify_one();
+}
+
+void RequestLog::TruncateLoop() {
+  std::unique_lock<std::mutex> l(truncate_mu_);
+  for (;;) {
+    truncate_cv_.wait(l, [&] { return truncate_stop_ || truncate_pending_; });
+    if (!truncate_pending_) return;  // stopping, nothing asked
+    truncate_pending_ = false;
+    const uint64_t mark = truncate_mark_;
+    const std::string marks = std::move(truncate_marks_);
+    l.unlock();
+    const Status s = StoreMarksAndTruncate(mark, marks);
+    l.lock();
+    if (s.ok()) {
+      truncated_.store(std::max(truncated_.load(std::memory_order_relaxed), mark),
+                       std::memory_order_release);
+    } else {
+      LOG(WARNING) << "truncating the request log: " << s.ToString();
+    }
+    // A later mark asked meanwhile is still to do; otherwise the next TruncateTo asks again.
+    truncate_busy_ = truncate_pending_;
   }
 }
 
@@ -223,9 +257,9 @@ Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
   TESSERA_RETURN_IF_ERROR(engine_->PutMeta("server/lanes", std::to_string(stores.size())));
   // Otherwise the replayed rows stay dirty and go out with the lanes' first write-back: the
   // server serves without waiting for them (the log keeps them until then).
-  TESSERA_RETURN_IF_ERROR(StoreMarksAndTruncate(durable));
+  TESSERA_RETURN_IF_ERROR(StoreMarksAndTruncate(durable, dedup_->Encode()));
   seq_ = last;
-  truncated_ = durable;
+  truncated_.store(durable, std::memory_order_release);
   if (replayed > 0) {
     LOG(INFO) << "replayed " << replayed << " request-log entries (up to " << last << ")";
   }

@@ -3,12 +3,15 @@
 #pragma once
 
 #include <array>
-
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "ps/server/dedup_internal.h"
@@ -20,13 +23,19 @@ namespace tessera::internal {
 /// Appends pushes to the storage engine's log and replays them at start-up. Each lane stores
 /// the sequence number it has applied atomically with its rows (LaneStore::SetAppliedSeq), so
 /// replay applies to each lane exactly the entries it had not committed. Not thread-safe: the
-/// I/O thread owns it (Replay runs before any lane thread exists).
+/// I/O thread owns it (Replay runs before any lane thread exists). Truncation runs on a thread
+/// of its own: storing the marks and deleting segments took 10-160 ms, a stall of every
+/// request when the I/O thread did it.
 class RequestLog {
  public:
   /// `engine` and `dedup` must outlive the log. With a memory-only engine the log keeps
   /// nothing. The clients' logged push marks in `dedup` are stored before the log is
   /// truncated and rebuilt by Replay.
   RequestLog(StorageEngine* engine, PushDedup* dedup) : engine_(engine), dedup_(dedup) {}
+  /// Finishes a truncation under way.
+  ~RequestLog();
+  RequestLog(const RequestLog&) = delete;
+  RequestLog& operator=(const RequestLog&) = delete;
 
   /// Whether the log keeps anything (a durable engine).
   bool durable() const { return engine_->durable(); }
@@ -47,13 +56,14 @@ class RequestLog {
   Status Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
                 const std::function<bool(uint64_t table_id)>& known);
 
-  /// Drops the entries up to `mark` (every lane has committed them), when it advanced.
+  /// Drops the entries up to `mark` (every lane has committed them), when it advanced: stores
+  /// the clients' marks as of now, then deletes the segments, in the background.
   void TruncateTo(uint64_t mark);
 
   /// The last sequence number assigned.
   uint64_t last_seq() const { return seq_; }
   /// Entries up to this one are gone from the log.
-  uint64_t truncated() const { return truncated_; }
+  uint64_t truncated() const { return truncated_.load(std::memory_order_acquire); }
 
   /// Entry layout (little-endian): u8 kind (3 sparse, 4 dense), 3 bytes zero, u32 dim, u64
   /// table id, u64 count, u64 offset, u64 client id, u64 client sequence number, then keys
@@ -66,8 +76,10 @@ class RequestLog {
   static std::array<char, kHeaderBytes> EncodeHeader(const Pending& p);
 
  private:
-  // Stores the dedup table's logged marks, then drops log entries up to `mark`.
-  Status StoreMarksAndTruncate(uint64_t mark);
+  // Stores `marks` (the dedup table's logged marks, encoded), then drops log entries up to
+  // `mark`.
+  Status StoreMarksAndTruncate(uint64_t mark, const std::string& marks);
+  void TruncateLoop();
   // The mark of each lane of the layout the marks were written under.
   Result<std::vector<uint64_t>> ReadMarks(const std::vector<std::unique_ptr<LaneStore>>& stores);
   // Applies entry `seq` to the lanes in `mine` whose mark is below it; notes its client mark
@@ -85,8 +97,17 @@ class RequestLog {
     std::array<std::string_view, 3> parts;
   };
   std::vector<Staged> staged_;
-  uint64_t seq_ = 0;        // last sequence number assigned
-  uint64_t truncated_ = 0;  // truncated up to here
+  uint64_t seq_ = 0;  // last sequence number assigned
+  std::atomic<uint64_t> truncated_{0};  // truncated up to here
+  // The truncation thread, started by the first TruncateTo, and what it is asked to do.
+  std::thread truncator_;
+  std::mutex truncate_mu_;
+  std::condition_variable truncate_cv_;
+  bool truncate_stop_ = false;
+  bool truncate_busy_ = false;     // asked and not yet done
+  bool truncate_pending_ = false;  // asked and not yet taken by the thread
+  uint64_t truncate_mark_ = 0;
+  std::string truncate_marks_;
 };
 
 }  // namespace tessera::internal

@@ -143,10 +143,12 @@ class ServerImpl {
   bool ParkedByCut(const std::shared_ptr<Pending>& p);
   Status CheckpointOp(const std::shared_ptr<Pending>& p);
   void TakeSnapshotIfReady();
-  // Every lane freezes its rows; the file writer writes them to `dir`/lane-<i>.
+  // Every lane freezes its rows; the file writer writes them to `dir`/lane-<i>, and runs
+  // `header` (files beside them), all parts of `p`.
   void WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,
-                          const SnapshotOptions& options);
-  Status WriteCheckpointHeader(const std::string& dir, int64_t cut);
+                          const SnapshotOptions& options, std::function<Status()> header);
+  // The writing of a checkpoint's tables, meta and manifest files, gathered now.
+  Result<std::function<Status()>> CheckpointHeader(const std::string& dir, int64_t cut);
   Status RestoreOp(const std::shared_ptr<Pending>& p);
   Result<std::vector<std::pair<uint64_t, TableSpec>>> RestoreTables(const std::string& dir);
   Status RestoreRows(const std::string& dir, uint32_t old_servers,
