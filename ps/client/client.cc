@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ps/client/client_internal.h"
+#include "ps/client/key_index_internal.h"
 
 namespace tessera {
 namespace internal {
@@ -26,16 +27,14 @@ std::shared_ptr<SparsePlan> DedupeKeys(std::span<const uint64_t> keys) {
   auto plan = std::make_shared<SparsePlan>();
   plan->unique_of.resize(n);
   plan->unique_keys.reserve(n);
-  // One map per calling thread, cleared (not freed) between calls: no page faults for a
-  // fresh allocation on every request.
-  thread_local absl::flat_hash_map<uint64_t, uint32_t> index;
-  index.clear();
-  index.reserve(n);
+  // One table per calling thread, emptied in O(1) between calls: no allocation, no page
+  // faults on every request.
+  thread_local KeyIndex index;
+  index.Reset(n);
   for (size_t i = 0; i < n; ++i) {
-    auto [it, inserted] =
-        index.try_emplace(keys[i], static_cast<uint32_t>(plan->unique_keys.size()));
+    auto [u, inserted] = index.Insert(keys[i], static_cast<uint32_t>(plan->unique_keys.size()));
     if (inserted) plan->unique_keys.push_back(keys[i]);
-    plan->unique_of[i] = it->second;
+    plan->unique_of[i] = u;
   }
   return plan;
 }
