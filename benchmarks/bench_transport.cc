@@ -6,6 +6,9 @@
 //   raw      a DEALER per server talks to a minimal echo ROUTER. "push" sends a 16-byte header
 //            and the payload and gets a 16-byte ack; "pull" sends a 16-byte header and gets the
 //            header and the payload back, copied into the caller's buffer.
+//   touch    pushes only: the same raw push, but the ROUTER adds the payload's floats into a
+//            float array of its own before it acks, as a parameter server must (the fair
+//            baseline: an ack-only server never reads what it receives, *_vs_zmq_touch).
 //   tessera  Client::DensePush / DensePull of a dense SGD table of the same byte size.
 // With 2 servers both sides cut the payload into 64 KiB chunks and give each server a
 // contiguous half of the chunks, as Tessera's dense placement does.
@@ -80,6 +83,7 @@ struct RawHeader {
 };
 constexpr uint32_t kRawPush = 1;
 constexpr uint32_t kRawPull = 2;
+constexpr uint32_t kRawPushTouch = 3;  // a push the server adds into its own floats
 
 volatile sig_atomic_t g_echo_stop = 0;
 
@@ -94,8 +98,10 @@ void RunEchoServer(const std::string& endpoint, const std::atomic<bool>* stop,
   router.set(zmq::sockopt::rcvhwm, 0);
   router.bind(endpoint);
   on_ready(router.get(zmq::sockopt::last_endpoint));
-  // The source of pulled bytes (a server produces them from its own memory).
+  // The source of pulled bytes (a server produces them from its own memory), and the floats
+  // touching pushes are added into.
   std::vector<char> store;
+  std::vector<float> sums;
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
   std::vector<zmq::message_t> parts;
   for (;;) {
@@ -119,6 +125,15 @@ void RunEchoServer(const std::string& endpoint, const std::atomic<bool>* stop,
       if (h.op == kRawPull) {
         if (store.size() < h.bytes) store.assign(h.bytes, 1);
         reply.emplace_back(store.data(), h.bytes);
+      } else if (h.op == kRawPushTouch && parts.size() == 3) {
+        const size_t n = parts[2].size() / sizeof(float);
+        if (sums.size() < n) sums.resize(n, 0.0f);
+        const char* g = static_cast<const char*>(parts[2].data());
+        for (size_t i = 0; i < n; ++i) {
+          float x;
+          std::memcpy(&x, g + i * sizeof(float), sizeof(float));
+          sums[i] += x;
+        }
       }
       zmq::send_multipart(router, reply, zmq::send_flags::dontwait);
     }
@@ -263,7 +278,7 @@ class RawClient {
       if (b >= e) continue;
       ++o.remaining;
       RawHeader h{id, op, static_cast<uint32_t>(e - b)};
-      if (op == kRawPush) {
+      if (op == kRawPush || op == kRawPushTouch) {
         dealers_[s].send(zmq::const_buffer(&h, sizeof(h)), zmq::send_flags::sndmore);
         // Copied like Tessera copies the caller's span.
         zmq::message_t payload(src + b, e - b);
@@ -337,8 +352,11 @@ struct Side {
 struct Row {
   Cell cell;
   double raw_mbps, tes_mbps, raw_lat_us, tes_lat_us, raw_rate, tes_rate;
+  // Pushes: the touching raw server's figures (0 for pulls).
+  double touch_mbps = 0, touch_lat_us = 0, touch_rate = 0;
   double tput_ratio() const { return raw_mbps > 0 ? tes_mbps / raw_mbps : 0; }
   double lat_ratio() const { return raw_lat_us > 0 ? tes_lat_us / raw_lat_us : 0; }
+  double touch_ratio() const { return touch_mbps > 0 ? tes_mbps / touch_mbps : 0; }
 };
 
 std::string JsonNum(double v) {
@@ -405,8 +423,12 @@ int main(int argc, char** argv) {
       "per side and cell (alternating raw / Tessera), medians; MB = 1e6 bytes\n",
       FLAGS_server_mode == "process" ? "separate processes" : "threads of this process",
       FLAGS_lanes, reps, rep_s);
-  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s\n", "cell", "raw MB/s", "tes MB/s",
-              "ratio", "raw us", "tes us", "ratio", "raw op/s", "tes op/s", "ratio");
+  std::printf(
+      "raw: the server acks pushes unread; touch: it adds each pushed payload into its own "
+      "floats first (pushes only); ratios are Tessera / raw, and Tessera / touch last\n");
+  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s %10s %6s\n", "cell", "raw MB/s",
+              "tes MB/s", "ratio", "raw us", "tes us", "ratio", "raw op/s", "tes op/s", "ratio",
+              "touch MB/s", "ratio");
   std::fflush(stdout);
 
   std::vector<Row> rows;
@@ -456,14 +478,14 @@ int main(int argc, char** argv) {
           if (!FLAGS_only.empty() && cell.Name().find(FLAGS_only) == std::string::npos) continue;
           std::vector<tessera::Handle> handles(window);
           tessera::Status error;
-          auto run_raw = [&](double secs) {
+          auto run_raw_op = [&](double secs, uint32_t op) {
             return RunWindow(
                 window, secs, min_ops,
-                [&](uint64_t id) {
-                  raw.Issue(id, push ? kRawPush : kRawPull, src.data(), dst.data(), bytes,
-                            table.id);
-                },
+                [&](uint64_t id) { raw.Issue(id, op, src.data(), dst.data(), bytes, table.id); },
                 [&](uint64_t id) { raw.Complete(id); });
+          };
+          auto run_raw = [&](double secs) {
+            return run_raw_op(secs, push ? kRawPush : kRawPull);
           };
           auto run_tessera = [&](double secs) {
             return RunWindow(
@@ -477,16 +499,19 @@ int main(int argc, char** argv) {
                   if (!s.ok() && error.ok()) error = s;
                 });
           };
-          // Warm up both paths (connections, lazily created chunks, page faults).
+          // Warm up every path (connections, lazily created chunks, page faults).
           run_raw(rep_s / 4);
+          if (push) run_raw_op(rep_s / 4, kRawPushTouch);
           run_tessera(rep_s / 4);
-          Side raw_side, tes_side;
-          // Raw first on even repetitions, Tessera first on odd ones.
-          tessera::bench::ForEachAlternating(2, reps, [&](size_t side, int) {
+          Side raw_side, tes_side, touch_side;
+          // Sides in turn, the order reversed on odd repetitions: raw, Tessera (, touch).
+          tessera::bench::ForEachAlternating(push ? 3 : 2, reps, [&](size_t side, int) {
             if (side == 0) {
               raw_side.Add(run_raw(rep_s), bytes);
-            } else {
+            } else if (side == 1) {
               tes_side.Add(run_tessera(rep_s), bytes);
+            } else {
+              touch_side.Add(run_raw_op(rep_s, kRawPushTouch), bytes);
             }
             return true;
           });
@@ -502,10 +527,17 @@ int main(int argc, char** argv) {
                   Median(tes_side.latencies_us),
                   Median(raw_side.ops_per_s),
                   Median(tes_side.ops_per_s)};
-          std::printf("%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f\n",
-                      cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(),
-                      row.raw_lat_us, row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
-                      row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0);
+          if (push) {
+            row.touch_mbps = Median(touch_side.mbps);
+            row.touch_lat_us = Median(touch_side.latencies_us);
+            row.touch_rate = Median(touch_side.ops_per_s);
+          }
+          std::printf(
+              "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f\n",
+              cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(), row.raw_lat_us,
+              row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
+              row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0, row.touch_mbps,
+              row.touch_ratio());
           std::fflush(stdout);
           rows.push_back(row);
         }
@@ -530,8 +562,14 @@ int main(int argc, char** argv) {
   for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{16} << 20}) {
     for (bool push : {true, false}) {
       const std::string base = std::string("dense_") + (push ? "push_" : "pull_") + SizeName(bytes);
-      if (const Row* r = find(push, bytes, 1)) put(base + "_vs_zmq", r->tput_ratio());
-      if (const Row* r = find(push, bytes, 8)) put(base + "_inflight8_vs_zmq", r->tput_ratio());
+      if (const Row* r = find(push, bytes, 1)) {
+        put(base + "_vs_zmq", r->tput_ratio());
+        if (push) put(base + "_vs_zmq_touch", r->touch_ratio());
+      }
+      if (const Row* r = find(push, bytes, 8)) {
+        put(base + "_inflight8_vs_zmq", r->tput_ratio());
+        if (push) put(base + "_inflight8_vs_zmq_touch", r->touch_ratio());
+      }
     }
   }
   const Row* sp = find(true, 4096, 1);
@@ -557,7 +595,12 @@ int main(int argc, char** argv) {
             ",\"raw_latency_us\":" + JsonNum(r.raw_lat_us) +
             ",\"tessera_latency_us\":" + JsonNum(r.tes_lat_us) +
             ",\"raw_ops_per_s\":" + JsonNum(r.raw_rate) +
-            ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) + "}";
+            ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) +
+            (r.cell.push ? ",\"touch_MBps\":" + JsonNum(r.touch_mbps) +
+                               ",\"touch_latency_us\":" + JsonNum(r.touch_lat_us) +
+                               ",\"touch_ops_per_s\":" + JsonNum(r.touch_rate)
+                         : std::string()) +
+            "}";
   }
   json += "]}";
   std::printf("%s\n", json.c_str());
