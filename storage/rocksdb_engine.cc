@@ -344,6 +344,7 @@ class RocksDbEngine final : public StorageEngine {
   Status ScanLog(uint64_t after,
                  const std::function<Status(uint64_t, std::string_view)>& fn) override;
   Status TruncateLog(uint64_t upto) override;
+  std::vector<std::pair<std::string, uint64_t>> EngineStats() const override;
 
   // For lanes.
   rocksdb::ColumnFamilyHandle* meta_cf() const { return meta_cf_; }
@@ -384,7 +385,7 @@ class RocksDbEngine final : public StorageEngine {
   rocksdb::ColumnFamilyHandle* log_cf_ = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned; every family opened
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, rocksdb::ColumnFamilyHandle*> families_;  // guarded by mu_
   std::set<uint32_t> open_lanes_;                              // guarded by mu_
   Status bg_error_;                                            // guarded by mu_
@@ -729,6 +730,37 @@ Status RocksDbEngine::ScanLog(uint64_t after,
     TESSERA_RETURN_IF_ERROR(FromRocks(it->status(), "reading the request log"));
   }
   return log_file_->Scan(after, fn);
+}
+
+std::vector<std::pair<std::string, uint64_t>> RocksDbEngine::EngineStats() const {
+  // RocksDB's memory by kind (docs/operations.md, "Capacity"): over every column family.
+  std::vector<std::pair<std::string, uint64_t>> out;
+  auto add = [&](const char* name, const std::string& property, bool aggregated) {
+    uint64_t v = 0;
+    const bool ok = aggregated ? db_->GetAggregatedIntProperty(property, &v)
+                               : db_->GetIntProperty(property, &v);
+    if (ok) out.emplace_back(name, v);
+  };
+  // The tables share one block cache (the default family has its own): the largest figure.
+  uint64_t cache = 0, pinned = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [id, h] : families_) {
+      uint64_t v = 0;
+      if (db_->GetIntProperty(h, rocksdb::DB::Properties::kBlockCacheUsage, &v)) {
+        cache = std::max(cache, v);
+      }
+      if (db_->GetIntProperty(h, rocksdb::DB::Properties::kBlockCachePinnedUsage, &v)) {
+        pinned = std::max(pinned, v);
+      }
+    }
+  }
+  out.emplace_back("rocksdb_block_cache_bytes", cache);
+  out.emplace_back("rocksdb_block_cache_pinned_bytes", pinned);
+  add("rocksdb_memtable_bytes", rocksdb::DB::Properties::kSizeAllMemTables, true);
+  add("rocksdb_table_readers_bytes", rocksdb::DB::Properties::kEstimateTableReadersMem, true);
+  out.emplace_back("request_log_bytes", log_file_ ? log_file_->bytes() : 0);
+  return out;
 }
 
 Status RocksDbEngine::TruncateLog(uint64_t upto) {

@@ -135,6 +135,42 @@ TEST(RocksDbEngineTest, RowsDenseChunksAndStateSurviveReopen) {
   EXPECT_NE(a[0], 0.0f);
 }
 
+// The engine's own figures: RocksDB's memory by kind, read back after rows went to disk and
+// came back through the block cache.
+TEST(RocksDbEngineTest, EngineStatsReportRocksDbMemory) {
+  TempDir dir;
+  auto engine = MustOpen(dir.path());
+  const uint64_t sid = TableIdForName("emb");
+  std::vector<uint64_t> keys(3000);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k * 0x9e3779b97f4a7c15ULL;
+  std::vector<float> rows(keys.size() * 8, 0.5f);
+  std::vector<float*> out(keys.size());
+  std::vector<const float*> grads(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) grads[i] = out[i] = rows.data() + i * 8;
+  const TableSpec spec = TableSpec::Sparse("emb", 8, {OptimizerKind::kSgd, 0.1f});
+  {
+    auto lane = MustLane(engine.get());
+    ASSERT_TRUE(lane->AddTable(sid, spec).ok());
+    ASSERT_TRUE(lane->Apply(sid, keys, grads, Ctx(1)).ok());
+    ASSERT_TRUE(lane->Commit().ok());
+  }
+  {
+    // A new lane has nothing in memory: every lookup reads RocksDB.
+    auto lane = MustLane(engine.get());
+    ASSERT_TRUE(lane->AddTable(sid, spec).ok());
+    ASSERT_TRUE(lane->Lookup(sid, keys, out).ok());
+  }
+  std::map<std::string, uint64_t> stats;
+  for (const auto& [name, value] : engine->EngineStats()) stats[name] = value;
+  for (const char* name : {"rocksdb_block_cache_bytes", "rocksdb_block_cache_pinned_bytes",
+                           "rocksdb_memtable_bytes", "rocksdb_table_readers_bytes",
+                           "request_log_bytes"}) {
+    EXPECT_TRUE(stats.contains(name)) << name;
+  }
+  EXPECT_GT(stats["rocksdb_block_cache_bytes"], 0u);
+  EXPECT_TRUE(NewMemoryStorageEngine()->EngineStats().empty());
+}
+
 TEST(RocksDbEngineTest, TableTenTimesTheBudgetTrainsLikeAnUnboundedOne) {
   TempDir dir;
   constexpr uint32_t kDim = 8;

@@ -206,6 +206,8 @@ class StorageEngine {
 
   /// Whether this engine keeps anything across restarts (false: the log calls are no-ops).
   virtual bool durable() const { return false; }
+  /// Named figures of the engine itself, e.g. RocksDB's memory by kind (name, value).
+  virtual std::vector<std::pair<std::string, uint64_t>> EngineStats() const { return {}; }
   /// Appends entry `seq` (increasing), durable per the durability mode when this returns.
   virtual Status AppendLog(uint64_t seq, std::string_view entry) {
     (void)seq, (void)entry;

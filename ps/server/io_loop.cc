@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <sstream>
+#include <vector>
 #include <zmq_addon.hpp>
 
 #include "ps/limits.h"
@@ -12,6 +13,23 @@
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
+namespace {
+
+// One message from `socket` without waiting into `parts` (cleared first); false when none is
+// there, or when a signal interrupted the call (a signal in an embedding process: the next poll
+// comes back here).
+bool TryReceive(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
+  parts->clear();
+  try {
+    return zmq::recv_multipart(socket, std::back_inserter(*parts), zmq::recv_flags::dontwait)
+        .has_value();
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+    return false;
+  }
+}
+
+}  // namespace
 
 void ServerImpl::IoLoop() {
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
@@ -42,14 +60,7 @@ void ServerImpl::ReceiveBurst() {
   // Bound the burst so replies keep flowing under load.
   for (int i = 0; i < 256; ++i) {
     std::vector<zmq::message_t> parts;
-    std::optional<size_t> n;
-    try {
-      n = zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-      break;  // a signal in an embedding process: the next poll comes back here
-    }
-    if (!n) break;
+    if (!TryReceive(router_, &parts)) break;
     HandleMessage(std::move(parts));
   }
   FlushStaged();  // the burst's pushes: one log write
@@ -81,16 +92,7 @@ void ServerImpl::Maintain() {
 }
 
 void ServerImpl::ForwardReplies() {
-  for (;;) {
-    std::vector<zmq::message_t> parts;
-    std::optional<size_t> n;
-    try {
-      n = zmq::recv_multipart(replies_, std::back_inserter(parts), zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-      return;  // a signal in an embedding process: the next poll comes back here
-    }
-    if (!n) return;
+  for (std::vector<zmq::message_t> parts; TryReceive(replies_, &parts);) {
     SendToPeer(parts);
   }
 }
@@ -338,6 +340,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "stalled_peers " << peers_.stalled_count() << "\n"
     << "dropped_replies " << dropped_replies_ << "\n"
     << "throttled_requests " << throttled_requests_ << "\n";
+  for (const auto& [name, value] : engine_->EngineStats()) s << name << " " << value << "\n";
   for (auto& [id, t] : tables_) {
     s << "table " << t.spec.name << " id=" << id
       << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
