@@ -31,7 +31,13 @@ const T* View(zmq::message_t& f, std::vector<T>* copy) {
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                           bool writes, uint64_t seq, bool may_inline) {
   FlushStaged();  // pushes staged earlier reach the lanes first
-  const bool inline_ok = may_inline && parts.size() == 1;
+  // A request of one lane runs on this thread when that lane is idle. One of several lanes
+  // (a dense request over 64 KiB) does too, lane by lane, when no other request is waiting on
+  // the socket: two thread hops and the reply's trip through the lane's socket cost more than
+  // the lanes' parallelism gains for it; with requests waiting, the lanes take them in parallel.
+  const bool inline_ok =
+      may_inline &&
+      (parts.size() == 1 || (router_.get(zmq::sockopt::events) & ZMQ_POLLIN) == 0);
   p->parts.Add(static_cast<uint32_t>(parts.size()));
   for (LanePart& part : parts) {
     Task t{p, std::move(part.run), writes, seq};
@@ -284,7 +290,7 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
                    return Status::OK();
                  }});
   }
-  const bool may_inline = h.count <= kInlineMaxFloats;
+  const bool may_inline = h.count <= kInlineMaxDenseFloats;
   if (push) {
     LogAndRun(p, std::move(parts), may_inline);
   } else {

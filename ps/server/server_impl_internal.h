@@ -160,6 +160,8 @@ class ServerImpl {
 
   // Requests of at most this many floats that touch one lane may run on the I/O thread.
   static constexpr uint64_t kInlineMaxFloats = 16384;
+  // Dense requests up to this many floats may run on the I/O thread across lanes (RunParts).
+  static constexpr uint64_t kInlineMaxDenseFloats = uint64_t{1} << 20;
 
   const ServerOptions options_;
   zmq::context_t ctx_;
