@@ -17,6 +17,8 @@
 // mode) unless --server_mode=thread. The last line of output is one JSON object.
 #include <gflags/gflags.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +34,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -57,6 +60,9 @@ DEFINE_string(server_binary, "",
               "tessera-server executable (default: tessera-server next to this program)");
 DEFINE_uint32(lanes, 2, "Lanes (executor threads) per Tessera server");
 DEFINE_string(only, "", "Run only cells whose name contains this text (e.g. push/4KiB)");
+DEFINE_bool(loaded, true,
+            "Also run the 4 KiB cells of 1 server while a busy-looping process per core competes "
+            "for the CPUs (cells .../loaded, keys *_loaded)");
 DEFINE_string(echo_server, "",
               "Internal: serve as a raw echo ROUTER bound to this endpoint until SIGTERM");
 
@@ -332,10 +338,37 @@ struct Cell {
   bool push;
   uint64_t bytes;
   uint32_t window;
+  bool loaded = false;  // busy-looping processes compete for every core
   std::string Name() const {
     return std::string(push ? "push" : "pull") + "/" + SizeName(bytes) + "/s" +
-           std::to_string(servers) + "/w" + std::to_string(window);
+           std::to_string(servers) + "/w" + std::to_string(window) + (loaded ? "/loaded" : "");
   }
+};
+
+// One busy-looping child process per core while it lives: the "loaded" cells measure how the
+// client and server keep up when other processes compete for the CPUs.
+class CpuBurners {
+ public:
+  CpuBurners() {
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    for (long i = 0; i < cores; ++i) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;) asm volatile("" ::: "memory");  // spin: a loop the compiler keeps
+      }
+      if (pid > 0) pids_.push_back(pid);
+    }
+  }
+  ~CpuBurners() {
+    for (pid_t pid : pids_) kill(pid, SIGKILL);
+    for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
+  }
+  CpuBurners(const CpuBurners&) = delete;
+  CpuBurners& operator=(const CpuBurners&) = delete;
+
+ private:
+  std::vector<pid_t> pids_;
 };
 
 struct Side {
@@ -474,8 +507,12 @@ int main(int argc, char** argv) {
 
       for (bool push : {true, false}) {
         for (uint32_t window : {1u, 8u}) {
-          const Cell cell{static_cast<uint32_t>(nservers), push, bytes, window};
+         for (bool loaded : {false, true}) {
+          if (loaded && (!FLAGS_loaded || bytes != 4096 || nservers != 1)) continue;
+          const Cell cell{static_cast<uint32_t>(nservers), push, bytes, window, loaded};
           if (!FLAGS_only.empty() && cell.Name().find(FLAGS_only) == std::string::npos) continue;
+          std::optional<CpuBurners> burners;
+          if (loaded) burners.emplace();
           std::vector<tessera::Handle> handles(window);
           tessera::Status error;
           auto run_raw_op = [&](double secs, uint32_t op) {
@@ -540,6 +577,7 @@ int main(int argc, char** argv) {
               row.touch_ratio());
           std::fflush(stdout);
           rows.push_back(row);
+         }
         }
       }
     }
@@ -547,10 +585,10 @@ int main(int argc, char** argv) {
   }
 
   // Headline figures (1 server). Sync/8-in-flight figures take the worse of push and pull.
-  auto find = [&](bool push, uint64_t bytes, uint32_t window) -> const Row* {
+  auto find = [&](bool push, uint64_t bytes, uint32_t window, bool loaded = false) -> const Row* {
     for (const Row& r : rows) {
       if (r.cell.servers == 1 && r.cell.push == push && r.cell.bytes == bytes &&
-          r.cell.window == window) {
+          r.cell.window == window && r.cell.loaded == loaded) {
         return &r;
       }
     }
@@ -579,13 +617,20 @@ int main(int argc, char** argv) {
     put("sync_4KiB_push_latency_vs_zmq", sp->lat_ratio());
     put("sync_4KiB_pull_latency_vs_zmq", sl->lat_ratio());
   }
-  const Row* ip = find(true, 4096, 8);
-  const Row* il = find(false, 4096, 8);
-  if (ip && il) {
-    const double rp = ip->tes_rate / ip->raw_rate, rl = il->tes_rate / il->raw_rate;
-    put("inflight8_4KiB_rate_vs_zmq", std::min(rp, rl));
-    put("inflight8_4KiB_push_rate_vs_zmq", rp);
-    put("inflight8_4KiB_pull_rate_vs_zmq", rl);
+  for (bool loaded : {false, true}) {
+    const std::string suffix = loaded ? "_loaded" : "";
+    const Row* ip = find(true, 4096, 8, loaded);
+    const Row* il = find(false, 4096, 8, loaded);
+    if (ip && il) {
+      const double rp = ip->tes_rate / ip->raw_rate, rl = il->tes_rate / il->raw_rate;
+      put("inflight8_4KiB_rate_vs_zmq" + suffix, std::min(rp, rl));
+      put("inflight8_4KiB_push_rate_vs_zmq" + suffix, rp);
+      put("inflight8_4KiB_pull_rate_vs_zmq" + suffix, rl);
+    }
+    if (!loaded) continue;
+    const Row* lp = find(true, 4096, 1, true);
+    const Row* ll = find(false, 4096, 1, true);
+    if (lp && ll) put("sync_4KiB_latency_vs_zmq_loaded", std::max(lp->lat_ratio(), ll->lat_ratio()));
   }
   json += ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
