@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "storage/copy_on_write_internal.h"
 #include "storage/row_table_internal.h"
 #include "storage/storage.h"
 
@@ -222,11 +223,7 @@ class MemoryLaneSnapshot final : public LaneSnapshot {
 
   Status Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
-    if (t->scanned) {
-      return Status::FailedPrecondition("table '" + t->spec.name +
-                                        "' was already scanned in this snapshot");
-    }
-    t->scanned = true;
+    TESSERA_RETURN_IF_ERROR(internal::ClaimScan(&t->scanned, t->spec.name));
     const uint32_t dim = t->rows.dim;
     // Each block goes back to the lane once read: a push to it then copies nothing.
     t->rows.ForEachAndRelease([&](uint64_t key, const float* row, const RowMeta& meta) {

@@ -24,6 +24,7 @@
 #include "ps/initializer.h"
 #include "ps/optimizer.h"
 #include "ps/routing.h"
+#include "storage/copy_on_write_internal.h"
 #include "storage/log_file_internal.h"
 #include "storage/rocksdb_engine_internal.h"
 #include "storage/rocksdb_tuning_internal.h"
@@ -181,10 +182,7 @@ Status WriteBackJob::AppendSortedRows() {
       const char* r = records.data() + size_t{o.pos} * rec;
       auto s = batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
                          rocksdb::Slice(r + internal::kSparseKeyBytes, rec - internal::kSparseKeyBytes));
-      if (!s.ok()) {
-        ReleaseRows();
-        return FromRocks(s, "building the write-back batch");
-      }
+      if (!s.ok()) return FromRocks(s, "building the write-back batch");  // Reap releases
     }
   }
   TrimBuffers(/*batch_too=*/false);
@@ -735,11 +733,9 @@ Status RocksDbEngine::ScanLog(uint64_t after,
 std::vector<std::pair<std::string, uint64_t>> RocksDbEngine::EngineStats() const {
   // RocksDB's memory by kind (docs/operations.md, "Capacity"): over every column family.
   std::vector<std::pair<std::string, uint64_t>> out;
-  auto add = [&](const char* name, const std::string& property, bool aggregated) {
+  auto add = [&](const char* name, const std::string& property) {
     uint64_t v = 0;
-    const bool ok = aggregated ? db_->GetAggregatedIntProperty(property, &v)
-                               : db_->GetIntProperty(property, &v);
-    if (ok) out.emplace_back(name, v);
+    if (db_->GetAggregatedIntProperty(property, &v)) out.emplace_back(name, v);
   };
   // The tables share one block cache (the default family has its own): the largest figure.
   uint64_t cache = 0, pinned = 0;
@@ -757,8 +753,8 @@ std::vector<std::pair<std::string, uint64_t>> RocksDbEngine::EngineStats() const
   }
   out.emplace_back("rocksdb_block_cache_bytes", cache);
   out.emplace_back("rocksdb_block_cache_pinned_bytes", pinned);
-  add("rocksdb_memtable_bytes", rocksdb::DB::Properties::kSizeAllMemTables, true);
-  add("rocksdb_table_readers_bytes", rocksdb::DB::Properties::kEstimateTableReadersMem, true);
+  add("rocksdb_memtable_bytes", rocksdb::DB::Properties::kSizeAllMemTables);
+  add("rocksdb_table_readers_bytes", rocksdb::DB::Properties::kEstimateTableReadersMem);
   out.emplace_back("request_log_bytes", log_file_ ? log_file_->bytes() : 0);
   return out;
 }
@@ -1261,6 +1257,7 @@ class RocksDbLaneSnapshot final : public LaneSnapshot {
 
 Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor& fn) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  TESSERA_RETURN_IF_ERROR(internal::ClaimScan(&t->scanned, t->spec.name));
   t->Index();
   const uint32_t dim = t->spec.dim;
   row_.resize(t->floats);
@@ -1272,11 +1269,6 @@ Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor&
     *go = meta.update_count == 0 || fn(key, row_.data(), row_.data() + dim, meta);
     return Status::OK();
   };
-  if (t->scanned) {
-    return Status::FailedPrecondition("table '" + t->spec.name +
-                                      "' was already scanned in this snapshot");
-  }
-  t->scanned = true;
   // The rows pinned in memory first, in arena order, letting go of each block once read.
   bool go = true;
   t->frozen.VisitAndRelease(t->slots, [&](uint32_t slot) {

@@ -1,9 +1,10 @@
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cstring>
 
 #include "storage/row_cache_internal.h"
+
+#include "storage/copy_on_write_internal.h"
 
 namespace tessera::internal {
 namespace {
@@ -118,16 +119,12 @@ CachedRows::Frozen CachedRows::Freeze() {
 }
 
 void CachedRows::Unshare(uint32_t b) {
-  frozen_[b] = 0;
-  if (blocks_[b].use_count() > 1) {
+  const bool copied = UnshareBlock(blocks_[b], &frozen_[b], [&](const auto& old) {
     std::shared_ptr<std::byte[]> copy(new std::byte[BlockBytes()]);
-    std::memcpy(copy.get(), blocks_[b].get(), BlockBytes());
-    blocks_[b] = std::move(copy);
-    ++copied_blocks_;
-  } else {
-    // The last Frozen let go (its release decrement): its reads happen before our writes.
-    std::atomic_thread_fence(std::memory_order_acquire);
-  }
+    std::memcpy(copy.get(), old.get(), BlockBytes());
+    return copy;
+  });
+  if (copied) ++copied_blocks_;
 }
 
 bool CachedRows::Compact() {

@@ -1,7 +1,7 @@
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
+#include "storage/copy_on_write_internal.h"
 #include "storage/row_table_internal.h"
 
 namespace tessera::internal {
@@ -29,16 +29,13 @@ SparseRows::Block& SparseRows::Own(uint32_t slot) {
   const uint32_t bi = slot / kRowsPerBlock;
   std::shared_ptr<Block>& b = blocks_[bi];
   // Only blocks frozen since their last Own() can be shared: the others cost no look at the
-  // count (a cache miss per row pushed). Only this thread adds owners (Freeze).
-  if (frozen_[bi] == 0) return *b;
-  frozen_[bi] = 0;
-  if (b.use_count() <= 1) {
-    // The views let go (a release decrement): their reads happen before our writes.
-    std::atomic_thread_fence(std::memory_order_acquire);
-  } else {
-    auto copy = std::make_shared<Block>(NewBlock());
-    std::memcpy(copy->mem.get(), b->mem.get(), b->bytes);
-    b = std::move(copy);
+  // count (a cache miss per row pushed).
+  if (frozen_[bi] != 0) {
+    UnshareBlock(b, &frozen_[bi], [&](const auto& old) {
+      auto copy = std::make_shared<Block>(NewBlock());
+      std::memcpy(copy->mem.get(), old->mem.get(), old->bytes);
+      return copy;
+    });
   }
   return *b;
 }
