@@ -57,6 +57,34 @@ Result<uint64_t> ParseStoredNumber(std::string_view text, std::string_view what,
   return v;
 }
 
+Status ValidateEndpoint(std::string_view endpoint, bool allow_any_port) {
+  const std::string quoted = "endpoint '" + std::string(endpoint) + "'";
+  constexpr std::string_view kTcp = "tcp://";
+  if (endpoint.substr(0, kTcp.size()) != kTcp) {
+    return Status::InvalidArgument(quoted + " must be tcp://HOST:PORT");
+  }
+  const std::string_view rest = endpoint.substr(kTcp.size());
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos) {
+    return Status::InvalidArgument(quoted + " has no port (tcp://HOST:PORT)");
+  }
+  const std::string_view host = rest.substr(0, colon);
+  const std::string_view port = rest.substr(colon + 1);
+  if (host.empty()) return Status::InvalidArgument(quoted + " has an empty host");
+  if (host.find_first_of(" \t/") != std::string_view::npos) {
+    return Status::InvalidArgument(quoted + ": host '" + std::string(host) + "' is not valid");
+  }
+  if (allow_any_port && port == "*") return Status::OK();
+  uint32_t p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (port.empty() || ec != std::errc() || end != port.data() + port.size() || p < 1 ||
+      p > 65535) {
+    return Status::InvalidArgument(quoted + ": port '" + std::string(port) +
+                                   "' is not a number in 1..65535");
+  }
+  return Status::OK();
+}
+
 Result<std::vector<std::string>> ParseClusterList(const std::string& spec) {
   std::vector<std::string> out;
   if (!spec.empty() && spec[0] == '@') {
@@ -73,10 +101,13 @@ Result<std::vector<std::string>> ParseClusterList(const std::string& spec) {
     std::stringstream ss(spec);
     std::string item;
     while (std::getline(ss, item, ',')) {
-      if (!item.empty()) out.push_back(item);
+      const size_t a = item.find_first_not_of(" \t");
+      if (a == std::string::npos) continue;
+      out.push_back(item.substr(a, item.find_last_not_of(" \t") - a + 1));
     }
   }
   if (out.empty()) return Status::InvalidArgument("cluster list is empty");
+  for (const std::string& e : out) TESSERA_RETURN_IF_ERROR(ValidateEndpoint(e));
   if (out.size() > 65535) return Status::InvalidArgument("too many servers in cluster list");
   return out;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/status.h"
@@ -80,8 +81,14 @@ constexpr uint32_t LaneOfChunk(uint64_t table_id, uint64_t chunk, uint32_t lanes
 Result<uint64_t> ParseStoredNumber(std::string_view text, std::string_view what,
                                    uint64_t max = ~uint64_t{0});
 
+/// Checks a server endpoint "tcp://HOST:PORT": HOST non-empty (a name, an address, [IPv6], or
+/// "*" to bind every interface), PORT a decimal number in 1..65535, or "*" (a free port) when
+/// `allow_any_port` (a server's bind address). InvalidArgument naming the endpoint otherwise.
+Status ValidateEndpoint(std::string_view endpoint, bool allow_any_port = false);
+
 /// Parses a cluster list: comma-separated endpoints, or "@FILE" with one endpoint per line
-/// (blank lines and lines starting with '#' ignored).
+/// (blank lines and lines starting with '#' ignored). Every endpoint must pass
+/// ValidateEndpoint (InvalidArgument naming the first that does not).
 Result<std::vector<std::string>> ParseClusterList(const std::string& spec);
 
 }  // namespace tessera

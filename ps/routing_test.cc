@@ -94,7 +94,43 @@ TEST(RoutingTest, ParseClusterList) {
   auto b = ParseClusterList("@" + path);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(*b, (std::vector<std::string>{"tcp://x:1", "tcp://y:2"}));
+  {
+    std::ofstream f(path);
+    f << "tcp://x:1\ntcp://y:70000\n";
+  }
+  auto bad = ParseClusterList("@" + path);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'tcp://y:70000'"), std::string::npos)
+      << bad.status().ToString();
   std::remove(path.c_str());
+  auto spaced = ParseClusterList("tcp://a:1, tcp://b:2 ");
+  ASSERT_TRUE(spaced.ok()) << spaced.status().ToString();
+  EXPECT_EQ(*spaced, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
+}
+
+// A port out of range is an error naming the endpoint (it used to wrap silently at connect).
+TEST(RoutingTest, ParseClusterListRejectsBadEndpoints) {
+  auto wrapped = ParseClusterList("tcp://127.0.0.1:7000,tcp://127.0.0.1:99999");
+  ASSERT_FALSE(wrapped.ok());
+  EXPECT_EQ(wrapped.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrapped.status().message().find("'tcp://127.0.0.1:99999'"), std::string::npos)
+      << wrapped.status().ToString();
+  EXPECT_NE(wrapped.status().message().find("1..65535"), std::string::npos)
+      << wrapped.status().ToString();
+  for (const char* bad : {"tcp://h:0", "tcp://h:65536", "tcp://h:-1", "tcp://h:+80", "tcp://h:",
+                          "tcp://h:7x", "tcp://h", "tcp://:7000", "h:7000", "udp://h:7000",
+                          "tcp://h:*", "tcp://a b:1"}) {
+    EXPECT_FALSE(ValidateEndpoint(bad).ok()) << bad;
+    EXPECT_FALSE(ParseClusterList(bad).ok()) << bad;
+  }
+  for (const char* good : {"tcp://h:1", "tcp://h:65535", "tcp://10.0.0.1:7000",
+                           "tcp://[::1]:7000", "tcp://tessera-server-0.tessera:7000"}) {
+    EXPECT_TRUE(ValidateEndpoint(good).ok()) << good << ": " << ValidateEndpoint(good).ToString();
+  }
+  // A bind address may ask for a free port; a connect address may not.
+  EXPECT_TRUE(ValidateEndpoint("tcp://127.0.0.1:*", /*allow_any_port=*/true).ok());
+  EXPECT_TRUE(ValidateEndpoint("tcp://*:7000", /*allow_any_port=*/true).ok());
+  EXPECT_FALSE(ValidateEndpoint("tcp://127.0.0.1:99999", /*allow_any_port=*/true).ok());
 }
 
 }  // namespace

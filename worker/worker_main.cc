@@ -2,11 +2,14 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <sstream>
 
+#include "ps/cli.h"
 #include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
@@ -73,12 +76,11 @@ namespace tw = tessera::worker;
 
 namespace {
 
-std::string Num(double x) {
-  if (!std::isfinite(x)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.6g", x);
-  return buf;
-}
+constexpr tessera::cli::ToolInfo kTool{
+    .name = "tessera-worker",
+    .usage = "usage: tessera-worker --servers=EPS [--worker_id=I --num_workers=N] [--data=SPEC]\n"
+             "Trains a click model on a Tessera cluster and reports its test quality.",
+    .flags_file = __FILE__};
 
 int Fail(const tessera::Status& s) {
   std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id, s.ToString().c_str());
@@ -88,18 +90,21 @@ int Fail(const tessera::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("Trains a click model on a Tessera cluster");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
+  if (!tessera::cli::CheckOneOf(kTool, "backend", FLAGS_backend, {"cpu", "cuda"}) ||
+      !tessera::cli::CheckOneOf(kTool, "pooling", FLAGS_pooling, {"sum", "mean"}) ||
+      !tessera::cli::CheckOneOf(kTool, "consistency", FLAGS_consistency,
+                                {"async", "bsp", "ssp"})) {
+    return 2;
+  }
+  auto servers = tessera::ParseClusterList(FLAGS_servers);
+  if (!servers.ok()) return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
   // The compute set-up is checked before anything connects: a node without the GPUs it was
   // asked for is refused at once.
   const uint32_t nl = std::max<uint32_t>(FLAGS_local_ranks, 1);
-  if (FLAGS_backend != "cpu" && FLAGS_backend != "cuda") {
-    return Fail(tessera::Status::InvalidArgument("--backend must be cpu or cuda, not '" +
-                                                 FLAGS_backend + "'"));
-  }
   int gpus = 0;
   if (FLAGS_backend == "cuda") {
     auto n = tw::CudaDeviceCount();
@@ -116,15 +121,11 @@ int main(int argc, char** argv) {
   std::printf("worker %u %s\n", FLAGS_worker_id, tw::DescribeReducer(reducer_kind, nl).c_str());
   std::fflush(stdout);
 
-  auto servers = tessera::ParseClusterList(FLAGS_servers);
-  if (!servers.ok()) return Fail(servers.status());
-  int32_t staleness = -1;
+  int32_t staleness = -1;  // async
   if (FLAGS_consistency == "bsp") {
     staleness = 0;
   } else if (FLAGS_consistency == "ssp") {
     staleness = std::max(FLAGS_staleness, 1);
-  } else if (FLAGS_consistency != "async") {
-    return Fail(tessera::Status::InvalidArgument("--consistency must be async, bsp or ssp"));
   }
 
   tessera::ClientOptions copt;
@@ -251,17 +252,27 @@ int main(int argc, char** argv) {
                 ev->oracle_logloss, ev->oracle_auc - ev->auc);
   }
   std::printf("\n");
-  std::printf(
-      "{\"data\":\"%s\",\"workers\":%u,\"local_ranks\":%u,\"consistency\":\"%s\","
-      "\"prefetch\":%s,\"model\":\"%s\",\"train_samples\":%llu,\"train_seconds\":%s,"
-      "\"samples_per_s\":%s,\"samples_per_s_cluster\":%s,\"train_loss\":%s,\"test_samples\":%llu,"
-      "\"test_auc\":%s,\"test_logloss\":%s,\"oracle_auc\":%s,\"oracle_logloss\":%s}\n",
-      FLAGS_data.c_str(), FLAGS_num_workers, nl, FLAGS_consistency.c_str(),
-      FLAGS_prefetch ? "true" : "false", FLAGS_deep ? (FLAGS_wide ? "dlrm+wide" : "dlrm") : "wide",
-      static_cast<unsigned long long>(tr.samples), Num(tr.seconds).c_str(),
-      Num(tr.samples_per_s).c_str(), Num(tr.samples_per_s * FLAGS_num_workers).c_str(),
-      Num(tr.train_loss).c_str(), static_cast<unsigned long long>(ev->samples),
-      Num(ev->auc).c_str(), Num(ev->logloss).c_str(), Num(ev->oracle_auc).c_str(),
-      Num(ev->oracle_logloss).c_str());
+  // The report line (examples/ctr/README.md lists its keys). The training figures are worker
+  // 0's own (its node's local ranks together, this run only): this process does not see the
+  // other workers' counts. "data" stays the first key (scripts find the line by it); NaN
+  // (no oracle) is written as null.
+  nlohmann::ordered_json report;
+  report["data"] = FLAGS_data;
+  report["workers"] = FLAGS_num_workers;
+  report["local_ranks"] = nl;
+  report["consistency"] = FLAGS_consistency;
+  report["prefetch"] = FLAGS_prefetch;
+  report["model"] = FLAGS_deep ? (FLAGS_wide ? "dlrm+wide" : "dlrm") : "wide";
+  report["train_samples_worker0"] = tr.samples;
+  report["train_seconds"] = tr.seconds;
+  report["samples_per_s_worker0"] = tr.samples_per_s;
+  report["train_loss"] = tr.train_loss;
+  report["test_samples"] = ev->samples;
+  report["test_auc"] = ev->auc;
+  report["test_logloss"] = ev->logloss;
+  report["oracle_auc"] = ev->oracle_auc;
+  report["oracle_logloss"] = ev->oracle_logloss;
+  // A --data path need not be UTF-8; replace what is not rather than throw.
+  std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "ps/cli.h"
 #include "ps/client/client.h"
 #include "ps/routing.h"
 
@@ -16,8 +18,19 @@ DEFINE_uint32(batch, 4096, "Keys per sparse request");
 DEFINE_uint32(dim, 16, "Embedding width");
 DEFINE_uint64(dense, 1 << 20, "Dense tensor length (floats)");
 
+namespace {
+
+constexpr tessera::cli::ToolInfo kTool{
+    .name = "tessera-demo",
+    .usage = "usage: tessera-demo --cluster=EPS [--steps=N]\n"
+             "A client workload against a running cluster: creates a sparse and a dense table, "
+             "pushes and pulls\nfor --steps rounds and prints what it did.",
+    .flags_file = __FILE__};
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
   auto endpoints = tessera::ParseClusterList(FLAGS_cluster);
   if (!endpoints.ok()) {
     std::fprintf(stderr, "tessera-demo: %s\n", endpoints.status().ToString().c_str());

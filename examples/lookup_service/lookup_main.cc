@@ -1,5 +1,6 @@
 // tessera-lookup: a small online "service" that embeds the Tessera client library (and nothing
-// else: no RocksDB, no worker runtime) and answers embedding lookups for lists of keys, either
+// else: no RocksDB, no worker runtime; gflags for its flags, like every Tessera program) and
+// answers embedding lookups for lists of keys, either
 // from a running cluster (Client::GetTable + Pull) or from a serving export on disk
 // (ExportReader, no server needed).
 //
@@ -9,6 +10,8 @@
 //
 // Output: one line per key, "KEY<TAB>v0 v1 ... v(dim-1)", in request order (duplicates
 // allowed). With --stdin every input line is one request; an empty line separates answers.
+#include <gflags/gflags.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ps/cli.h"
 #include "ps/client/client.h"
 #include "ps/client/export_reader.h"
 #include "ps/routing.h"
@@ -29,30 +33,38 @@
 #include "ps/table_spec.h"
 #include "worker/keys.h"  // Header-only: MakeKey for --field; no link dependency.
 
+DEFINE_string(cluster, "", "Server endpoints in rank order, comma-separated, or @FILE");
+DEFINE_string(export_dir, "", "Answer from the serving export under this directory (no server)");
+DEFINE_uint64(export_version, 0, "Export version to open (0: the latest)");
+DEFINE_string(table, "ctr/emb", "Sparse table to read");
+DEFINE_string(keys, "", "Keys, separated by commas or blanks, decimal or 0x-hex");
+DEFINE_int64(field, -1,
+             "The keys are raw categorical values of field F: look up MakeKey(F, value), as the "
+             "CTR job stores them (-1: the keys are table keys)");
+DEFINE_bool(stdin, false,
+            "Service loop: read one request (a key list) per input line; answers are separated "
+            "by an empty line");
+DEFINE_int64(timeout_ms, 5000, "Connect and request deadline of the cluster, in ms");
+DEFINE_int32(precision, 6, "Digits after the decimal point (at most 9)");
+
 namespace {
 
 using tessera::Result;
 using tessera::Status;
 
-constexpr char kUsage[] =
-    "usage: tessera-lookup (--cluster=EPS | --export_dir=ROOT) [--table=NAME] "
-    "(--keys=K1,K2,... | --stdin)\n"
-    "  --cluster=EPS       server endpoints in rank order, comma-separated, or @FILE\n"
-    "  --export_dir=ROOT   answer from the serving export under ROOT (no server)\n"
-    "  --export_version=N  export version to open (default 0: the latest)\n"
-    "  --table=NAME        sparse table to read (default ctr/emb)\n"
-    "  --keys=LIST         keys, comma-separated, decimal or 0x-hex\n"
-    "  --field=F           the keys are raw categorical values of field F: look up\n"
-    "                      MakeKey(F, value), as the CTR job stores them\n"
-    "  --stdin             read one request (a key list) per input line\n"
-    "  --timeout_ms=MS     deadline of each cluster request (default 5000)\n"
-    "  --precision=P       digits after the decimal point (default 6)\n";
+constexpr tessera::cli::ToolInfo kTool{
+    .name = "tessera-lookup",
+    .usage = "usage: tessera-lookup (--cluster=EPS | --export_dir=ROOT) [--table=NAME] "
+             "(--keys=K1,K2,... | --stdin)\n"
+             "Answers embedding lookups from a running cluster or from a serving export: one line "
+             "per key,\nKEY<TAB>v0 v1 ... v(dim-1), in request order.",
+    .flags_file = __FILE__};
 
 struct Flags {
-  std::string cluster;
+  std::vector<std::string> servers;  // --cluster, parsed
   std::string export_dir;
   uint64_t export_version = 0;
-  std::string table = "ctr/emb";
+  std::string table;
   std::string keys;
   std::optional<uint32_t> field;
   bool from_stdin = false;
@@ -74,50 +86,31 @@ Result<uint64_t> ParseUint(std::string_view s, std::string_view what) {
   return static_cast<uint64_t>(v);
 }
 
-Result<Flags> ParseFlags(int argc, char** argv) {
+// The parsed flags, checked: InvalidArgument says which is wrong.
+Result<Flags> FlagsFromGflags() {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") return Status::Cancelled("help");
-    if (arg == "--stdin") {
-      f.from_stdin = true;
-      continue;
+  f.export_dir = FLAGS_export_dir;
+  f.export_version = FLAGS_export_version;
+  f.table = FLAGS_table;
+  f.keys = FLAGS_keys;
+  f.from_stdin = FLAGS_stdin;
+  if (FLAGS_field >= 0) {
+    if (FLAGS_field >= static_cast<int64_t>(tessera::worker::kMaxFields)) {
+      return Status::InvalidArgument("--field must be < " +
+                                     std::to_string(tessera::worker::kMaxFields));
     }
-    const size_t eq = arg.find('=');
-    if (arg.substr(0, 2) != "--" || eq == std::string_view::npos) {
-      return Status::InvalidArgument("unexpected argument '" + std::string(arg) + "'");
-    }
-    const std::string_view name = arg.substr(2, eq - 2);
-    const std::string_view value = arg.substr(eq + 1);
-    if (name == "cluster") {
-      f.cluster = value;
-    } else if (name == "export_dir") {
-      f.export_dir = value;
-    } else if (name == "export_version") {
-      TESSERA_ASSIGN_OR_RETURN(f.export_version, ParseUint(value, "--export_version"));
-    } else if (name == "table") {
-      f.table = value;
-    } else if (name == "keys") {
-      f.keys = value;
-    } else if (name == "field") {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t field, ParseUint(value, "--field"));
-      if (field >= tessera::worker::kMaxFields) {
-        return Status::InvalidArgument("--field must be < " +
-                                       std::to_string(tessera::worker::kMaxFields));
-      }
-      f.field = static_cast<uint32_t>(field);
-    } else if (name == "timeout_ms") {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t ms, ParseUint(value, "--timeout_ms"));
-      f.timeout_ms = static_cast<int64_t>(ms);
-    } else if (name == "precision") {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t p, ParseUint(value, "--precision"));
-      f.precision = static_cast<int>(std::min<uint64_t>(p, 9));
-    } else {
-      return Status::InvalidArgument("unknown flag --" + std::string(name));
-    }
+    f.field = static_cast<uint32_t>(FLAGS_field);
   }
-  if (f.cluster.empty() == f.export_dir.empty()) {
+  if (FLAGS_timeout_ms <= 0) return Status::InvalidArgument("--timeout_ms must be positive");
+  f.timeout_ms = FLAGS_timeout_ms;
+  f.precision = std::clamp(FLAGS_precision, 0, 9);
+  if (FLAGS_cluster.empty() == f.export_dir.empty()) {
     return Status::InvalidArgument("give exactly one of --cluster and --export_dir");
+  }
+  if (!FLAGS_cluster.empty()) {
+    auto servers = tessera::ParseClusterList(FLAGS_cluster);
+    if (!servers.ok()) return servers.status().WithContext("--cluster");
+    f.servers = std::move(*servers);
   }
   if (f.keys.empty() == !f.from_stdin) {
     return Status::InvalidArgument("give exactly one of --keys and --stdin");
@@ -155,9 +148,8 @@ class Source {
 class ClusterSource final : public Source {
  public:
   static Result<std::unique_ptr<Source>> Open(const Flags& f) {
-    TESSERA_ASSIGN_OR_RETURN(auto servers, tessera::ParseClusterList(f.cluster));
     tessera::ClientOptions o;
-    o.servers = std::move(servers);
+    o.servers = f.servers;
     o.request_timeout_ms = f.timeout_ms;
     o.connect_timeout_ms = f.timeout_ms;
     TESSERA_ASSIGN_OR_RETURN(auto client, tessera::Client::Create(o));
@@ -232,7 +224,7 @@ Status Answer(Source* source, std::span<const uint64_t> keys, int precision) {
 
 Status Run(const Flags& f) {
   std::unique_ptr<Source> source;
-  if (!f.cluster.empty()) {
+  if (!f.servers.empty()) {
     TESSERA_ASSIGN_OR_RETURN(source, ClusterSource::Open(f));
   } else {
     TESSERA_ASSIGN_OR_RETURN(source, ExportSource::Open(f));
@@ -260,14 +252,11 @@ Status Run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto flags = ParseFlags(argc, argv);
+  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
+  auto flags = FlagsFromGflags();
   if (!flags.ok()) {
-    if (flags.status().code() == tessera::StatusCode::kCancelled) {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "tessera-lookup: %s\n%s", flags.status().ToString().c_str(), kUsage);
-    return 2;
+    return tessera::cli::UsageError(
+        kTool, flags.status().message() + " (tessera-lookup --help lists the flags)");
   }
   const Status s = Run(*flags);
   if (!s.ok()) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/cli.h"
 #include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
@@ -25,20 +26,61 @@ DEFINE_string(curve_server_key_file, "",
 
 namespace {
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: tessera-ctl --cluster=EPS [--admin_root=DIR] COMMAND [ARGS]\n"
-               "  checkpoint NAME  consistent checkpoint of the whole cluster into NAME\n"
-               "  restore NAME     load a checkpoint (taken by a cluster of any size)\n"
-               "  export NAME      versioned serving export (values only) under NAME;\n"
-               "                   --delta for the rows updated since the previous one\n"
-               "                   NAMEs are relative to the servers' --admin_root; checkpoint\n"
-               "                   and export need --admin_root (this machine's view of it)\n"
-               "  stats            every server's counters\n"
-               "  tables           the tables and their specs\n"
-               "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
-               "                   --curve_secret_key_file) and DIR/server.pub (public)\n");
+constexpr char kCommands[] =
+    "Commands:\n"
+    "  checkpoint NAME  consistent checkpoint of the whole cluster into NAME\n"
+    "  restore NAME     load a checkpoint (taken by a cluster of any size)\n"
+    "  export NAME      versioned serving export (values only) under NAME;\n"
+    "                   --delta for the rows updated since the previous one\n"
+    "                   NAMEs are relative to the servers' --admin_root; checkpoint\n"
+    "                   and export need --admin_root (this machine's view of it)\n"
+    "  stats            every server's counters\n"
+    "  tables           the tables and their specs\n"
+    "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
+    "                   --curve_secret_key_file) and DIR/server.pub (public)\n";
+
+constexpr tessera::cli::ToolInfo kTool{
+    .name = "tessera-ctl",
+    .usage = "usage: tessera-ctl --cluster=EPS [--admin_root=DIR] COMMAND [ARGS]\n"
+             "Operations on a running Tessera cluster.",
+    .flags_file = __FILE__,
+    .epilog = kCommands,
+    .positional_args = true};
+
+// A command and how many arguments it takes.
+struct Command {
+  const char* name;
+  int args;
+};
+constexpr Command kCommandList[] = {{"checkpoint", 1}, {"restore", 1}, {"export", 1},
+                                    {"stats", 0},      {"tables", 0},  {"keygen", 1}};
+
+// Prints `why` (if any), the usage line and the commands to stderr; returns 2.
+int Usage(const std::string& why = "") {
+  if (!why.empty()) std::fprintf(stderr, "tessera-ctl: %s\n", why.c_str());
+  std::fprintf(stderr, "%.*s\n\n%s(flags: tessera-ctl --help)\n",
+               static_cast<int>(kTool.usage.size()), kTool.usage.data(), kCommands);
   return 2;
+}
+
+// The command line's command; null (after Usage) when it is missing, unknown or has the wrong
+// number of arguments.
+const Command* FindCommand(int argc, char** argv) {
+  if (argc < 2) {
+    Usage("missing command");
+    return nullptr;
+  }
+  const std::string cmd = argv[1];
+  for (const Command& c : kCommandList) {
+    if (cmd != c.name) continue;
+    if (argc - 2 != c.args) {
+      Usage(cmd + (c.args == 0 ? " takes no argument" : " takes one argument"));
+      return nullptr;
+    }
+    return &c;
+  }
+  Usage("unknown command '" + cmd + "'");
+  return nullptr;
 }
 
 // keygen DIR: writes DIR/server.key (secret) and DIR/server.pub (public).
@@ -158,11 +200,11 @@ int StatsOrTables(tessera::Client& c, const std::string& cmd, const std::vector<
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("tessera-ctl --cluster=EPS checkpoint|restore|stats|tables [DIR]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc < 2) return Usage();
-  const std::string cmd = argv[1];
-  if (cmd == "keygen") return argc == 3 ? Keygen(argv[2]) : Usage();
+  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
+  const Command* command = FindCommand(argc, argv);
+  if (command == nullptr) return 2;
+  const std::string cmd = command->name;
+  if (cmd == "keygen") return Keygen(argv[2]);
   auto eps = tessera::ParseClusterList(FLAGS_cluster);
   if (!eps.ok()) {
     std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());
@@ -174,9 +216,8 @@ int main(int argc, char** argv) {
   const auto deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
   const auto t0 = std::chrono::steady_clock::now();
   if (cmd == "checkpoint" || cmd == "restore") {
-    return argc == 3 ? CheckpointOrRestore(*client, cmd, argv[2], deadline, t0) : Usage();
+    return CheckpointOrRestore(*client, cmd, argv[2], deadline, t0);
   }
-  if (cmd == "export") return argc == 3 ? Export(*client, argv[2], deadline, t0) : Usage();
-  if (cmd == "stats" || cmd == "tables") return StatsOrTables(*client, cmd, *eps, deadline);
-  return Usage();
+  if (cmd == "export") return Export(*client, argv[2], deadline, t0);
+  return StatsOrTables(*client, cmd, *eps, deadline);
 }

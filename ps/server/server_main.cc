@@ -6,7 +6,10 @@
 
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "ps/cli.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
 #include "ps/server/server.h"
@@ -66,6 +69,13 @@ DEFINE_uint32(recv_hwm, 1000,
 
 namespace {
 
+constexpr tessera::cli::ToolInfo kTool{
+    .name = "tessera-server",
+    .usage = "usage: tessera-server --cluster=tcp://h0:7000,tcp://h1:7000 --rank=R "
+             "[--data_dir=DIR]\n"
+             "Serves one shard of a Tessera parameter-server cluster.",
+    .flags_file = __FILE__};
+
 // Raises the soft open-file limit to the hard one (a common default soft limit, 1024, is below
 // what --max_connections plus RocksDB's files need) and warns when even that is too low.
 void RaiseOpenFileLimit(uint32_t max_connections) {
@@ -85,6 +95,15 @@ void RaiseOpenFileLimit(uint32_t max_connections) {
   }
 }
 
+// The endpoint to bind: --listen, else this rank's --cluster entry; false (after a message) when
+// --listen is not one.
+bool ListenFromFlags(const std::vector<std::string>& cluster, std::string* listen) {
+  *listen = FLAGS_listen.empty() ? cluster[FLAGS_rank] : FLAGS_listen;
+  tessera::Status s = tessera::ValidateEndpoint(*listen, /*allow_any_port=*/true);
+  if (!s.ok()) tessera::cli::UsageError(kTool, "--listen: " + s.ToString());
+  return s.ok();
+}
+
 // The storage flags; false (after a message) when one is bad.
 bool StorageFromFlags(tessera::StorageOptions* s) {
   s->data_dir = FLAGS_data_dir;
@@ -92,15 +111,11 @@ bool StorageFromFlags(tessera::StorageOptions* s) {
   s->memory_budget_bytes = FLAGS_memory_budget_mb << 20;
   s->block_cache_bytes = FLAGS_block_cache_mb << 20;
   s->write_buffer_bytes = FLAGS_write_buffer_mb << 20;
-  if (FLAGS_durability == "strict") {
-    s->durability = tessera::Durability::kStrict;
-  } else if (FLAGS_durability == "relaxed") {
-    s->durability = tessera::Durability::kRelaxed;
-  } else {
-    std::cerr << "tessera-server: --durability must be strict or relaxed, got '" << FLAGS_durability
-              << "'\n";
+  if (!tessera::cli::CheckOneOf(kTool, "durability", FLAGS_durability, {"strict", "relaxed"})) {
     return false;
   }
+  s->durability = FLAGS_durability == "strict" ? tessera::Durability::kStrict
+                                               : tessera::Durability::kRelaxed;
   s->relaxed_window_ms = FLAGS_relaxed_window_ms;
   s->fsync = FLAGS_fsync;
   return true;
@@ -109,10 +124,7 @@ bool StorageFromFlags(tessera::StorageOptions* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "tessera-server --cluster=tcp://h0:7000,tcp://h1:7000 --rank=R [--data_dir=DIR]\n"
-      "Serves one shard of a Tessera parameter-server cluster.");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 
@@ -127,7 +139,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   tessera::ServerOptions o;
-  o.listen = FLAGS_listen.empty() ? (*cluster)[FLAGS_rank] : FLAGS_listen;
+  if (!ListenFromFlags(*cluster, &o.listen)) return 2;
   o.rank = FLAGS_rank;
   o.num_servers = static_cast<uint32_t>(cluster->size());
   o.lanes = FLAGS_lanes;

@@ -1,12 +1,20 @@
 // The tessera-worker binary's choice of reducer and of GPUs: the line that names the reducer a
 // run uses, the refusal of --backend=cuda where the GPUs are missing (at once, never a hang),
 // and, on a GPU machine (suites named Gpu*: label gpu), a CUDA run that trains like the CPU one
-// and a multi-GPU node that reduces with NCCL.
+// and a multi-GPU node that reduces with NCCL. And the command line of every Tessera program
+// (suite ToolsCli): --help and --version, tessera-ctl's commands, endpoint and enum flag checks,
+// and a JSON report that stays valid whatever the --data path holds.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +24,10 @@
 
 #ifndef TESSERA_WORKER_BINARY
 #error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
+#endif
+#if !defined(TESSERA_CTL_BINARY) || !defined(TESSERA_LOOKUP_BINARY) || \
+    !defined(TESSERA_DEMO_BINARY) || !defined(TESSERA_VERSION)
+#error "TESSERA_{CTL,LOOKUP,DEMO}_BINARY and TESSERA_VERSION must be defined"
 #endif
 
 namespace tessera {
@@ -98,10 +110,6 @@ TEST(WorkerCli, CudaBackendRefusedAtOnceWithoutAGpu) {
     EXPECT_NE(r.out.find("--backend=cuda: no usable GPU"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("reducer:"), std::string::npos) << r.out;
   }
-  WorkerRun bad =
-      RunWorker(Args("tcp://127.0.0.1:9", "bad", "tpu", 1), ::testing::TempDir() + "/bad.log", 30);
-  EXPECT_EQ(bad.rc, 1) << bad.out;
-  EXPECT_NE(bad.out.find("--backend must be cpu or cuda"), std::string::npos) << bad.out;
 }
 
 // On a GPU: the CUDA backend trains the same 20 BSP steps to the CPU's loss; with 2 GPUs or more
@@ -134,6 +142,197 @@ TEST(WorkerCliGpu, CudaRunsTrainLikeCpuAndMultiGpuNodesUseNccl) {
     EXPECT_LT(two.seconds, 10.0) << two.out;
     EXPECT_NE(two.out.find("2 local ranks need 2 GPUs for NCCL"), std::string::npos) << two.out;
   }
+}
+
+// ---------------------------------------------------------------- every program's command line
+
+// A program run to its end with `args` (stdout and stderr together).
+WorkerRun RunTool(const std::vector<std::string>& args, const std::string& name) {
+  return RunWorker(args, ::testing::TempDir() + "/tool-" + name + ".log", 30);
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+struct Tool {
+  const char* binary;
+  const char* name;
+  const char* own_flag;  // a flag the program defines itself, as --help shows it
+  bool glog;             // links glog (whose flags --helpfull then lists)
+};
+const Tool kTools[] = {
+    {TESSERA_SERVER_BINARY, "tessera-server", "--cluster=STRING", true},
+    {TESSERA_WORKER_BINARY, "tessera-worker", "--servers=STRING", true},
+    {TESSERA_CTL_BINARY, "tessera-ctl", "--cluster=STRING", false},
+    {TESSERA_LOOKUP_BINARY, "tessera-lookup", "--export_dir=STRING", false},
+    {TESSERA_DEMO_BINARY, "tessera-demo", "--steps=UINT32", false},
+};
+
+// --help: exit 0, the usage line first, then the program's own flags; the flags of gflags
+// itself and of glog (which --helpfull shows) are not listed.
+TEST(ToolsCli, HelpListsTheProgramsOwnFlagsFirstAndExitsZero) {
+  for (const Tool& t : kTools) {
+    for (const char* help : {"--help", "-h"}) {
+      WorkerRun r = RunTool({t.binary, help}, t.name);
+      EXPECT_EQ(r.rc, 0) << t.name << " " << help << "\n" << r.out;
+      const std::vector<std::string> lines = Lines(r.out);
+      ASSERT_GE(lines.size(), 5u) << t.name << "\n" << r.out;
+      EXPECT_EQ(lines[0].rfind(std::string("usage: ") + t.name, 0), 0u) << r.out;
+      // The first flag listed is within the first lines, and it is one of the program's own.
+      size_t first_flag = 0;
+      while (first_flag < lines.size() && lines[first_flag].rfind("  --", 0) != 0) ++first_flag;
+      EXPECT_LT(first_flag, 8u) << t.name << "\n" << r.out;
+      EXPECT_NE(r.out.find(std::string("  ") + t.own_flag), std::string::npos)
+          << t.name << "\n" << r.out;
+      for (const char* other : {"tryfromenv", "undefok", "tab_completion_word", "logtostderr",
+                                "minloglevel", "stderrthreshold", "vmodule"}) {
+        EXPECT_EQ(r.out.find(other), std::string::npos) << t.name << " lists " << other << "\n"
+                                                        << r.out;
+      }
+    }
+    WorkerRun full = RunTool({t.binary, "--helpfull"}, t.name);
+    EXPECT_EQ(full.rc, 0) << t.name << "\n" << full.out;
+    EXPECT_NE(full.out.find("tryfromenv"), std::string::npos) << t.name << "\n" << full.out;
+    if (t.glog) {
+      EXPECT_NE(full.out.find("logtostderr"), std::string::npos) << t.name << "\n" << full.out;
+    }
+  }
+  // Defaults read as typed: the worker's --dense_lr is 0.003, not 0.0030000000000000001.
+  WorkerRun worker = RunTool({TESSERA_WORKER_BINARY, "--help"}, "worker-help");
+  EXPECT_NE(worker.out.find("--dense_lr=DOUBLE  (default: 0.003)"), std::string::npos)
+      << worker.out;
+}
+
+TEST(ToolsCli, VersionPrintsNameAndProjectVersion) {
+  for (const Tool& t : kTools) {
+    WorkerRun r = RunTool({t.binary, "--version"}, t.name);
+    EXPECT_EQ(r.rc, 0) << t.name << "\n" << r.out;
+    EXPECT_EQ(r.out, std::string(t.name) + " " + TESSERA_VERSION + "\n");
+  }
+}
+
+TEST(ToolsCli, CtlListsItsCommandsAndRejectsUnknownOnes) {
+  WorkerRun help = RunTool({TESSERA_CTL_BINARY, "--help"}, "ctl-help");
+  EXPECT_EQ(help.rc, 0) << help.out;
+  for (const char* cmd : {"checkpoint NAME", "restore NAME", "export NAME", "stats", "tables",
+                          "keygen DIR"}) {
+    EXPECT_NE(help.out.find(std::string("  ") + cmd), std::string::npos) << cmd << help.out;
+  }
+  WorkerRun none = RunTool({TESSERA_CTL_BINARY}, "ctl-none");
+  EXPECT_EQ(none.rc, 2) << none.out;
+  EXPECT_NE(none.out.find("tessera-ctl: missing command"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("checkpoint NAME"), std::string::npos) << none.out;
+  WorkerRun unknown =
+      RunTool({TESSERA_CTL_BINARY, "--cluster=tcp://127.0.0.1:9", "frobnicate"}, "ctl-unknown");
+  EXPECT_EQ(unknown.rc, 2) << unknown.out;
+  EXPECT_NE(unknown.out.find("tessera-ctl: unknown command 'frobnicate'"), std::string::npos)
+      << unknown.out;
+  EXPECT_NE(unknown.out.find("restore NAME"), std::string::npos) << unknown.out;
+  WorkerRun arity = RunTool({TESSERA_CTL_BINARY, "--cluster=tcp://127.0.0.1:9", "checkpoint"},
+                            "ctl-arity");
+  EXPECT_EQ(arity.rc, 2) << arity.out;
+  EXPECT_NE(arity.out.find("checkpoint takes one argument"), std::string::npos) << arity.out;
+}
+
+// A port of 99999 is refused before anything connects, naming the endpoint, by every program
+// that reads a cluster list (ParseClusterList).
+TEST(ToolsCli, PortOutOfRangeIsRefusedNamingTheEndpoint) {
+  const std::string bad = "tcp://127.0.0.1:99999";
+  const std::vector<std::vector<std::string>> runs = {
+      {TESSERA_SERVER_BINARY, "--cluster=" + bad},
+      {TESSERA_WORKER_BINARY, "--servers=" + bad},
+      {TESSERA_CTL_BINARY, "--cluster=" + bad, "stats"},
+      {TESSERA_LOOKUP_BINARY, "--cluster=" + bad, "--keys=1"},
+      {TESSERA_DEMO_BINARY, "--cluster=" + bad},
+      {TESSERA_SERVER_BINARY, "--cluster=tcp://127.0.0.1:7000", "--listen=" + bad},
+  };
+  for (const auto& args : runs) {
+    WorkerRun r = RunTool(args, "port");
+    EXPECT_EQ(r.rc, 2) << args[0] << "\n" << r.out;
+    EXPECT_NE(r.out.find("'" + bad + "'"), std::string::npos) << args[0] << "\n" << r.out;
+    EXPECT_NE(r.out.find("1..65535"), std::string::npos) << args[0] << "\n" << r.out;
+  }
+}
+
+// Enum flags: a value outside the set is refused at once with the set and exit 2 (no server
+// runs at the address).
+TEST(ToolsCli, EnumFlagsAreChecked) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string nowhere = "tcp://127.0.0.1:9";
+  const std::vector<Case> cases = {
+      {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--backend=tpu"},
+       "tessera-worker: --backend must be one of cpu, cuda (got 'tpu')"},
+      {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--pooling=max"},
+       "tessera-worker: --pooling must be one of sum, mean (got 'max')"},
+      {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--consistency=eventual"},
+       "tessera-worker: --consistency must be one of async, bsp, ssp (got 'eventual')"},
+      {{TESSERA_SERVER_BINARY, "--cluster=" + nowhere, "--durability=lazy"},
+       "tessera-server: --durability must be one of strict, relaxed (got 'lazy')"},
+  };
+  for (const Case& c : cases) {
+    WorkerRun r = RunTool(c.args, "enum");
+    EXPECT_EQ(r.rc, 2) << c.args.back() << "\n" << r.out;
+    EXPECT_LT(r.seconds, 10.0) << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << r.out;
+  }
+}
+
+// tessera-lookup takes gflags' syntax like the others: --flag=value and --flag value.
+TEST(ToolsCli, LookupTakesGflagsSyntax) {
+  WorkerRun both = RunTool({TESSERA_LOOKUP_BINARY, "--cluster", "tcp://127.0.0.1:9",
+                            "--export_dir=x", "--keys=1"},
+                           "lookup-both");
+  EXPECT_EQ(both.rc, 2) << both.out;
+  EXPECT_NE(both.out.find("give exactly one of --cluster and --export_dir"), std::string::npos)
+      << both.out;
+  WorkerRun missing = RunTool({TESSERA_LOOKUP_BINARY, "--export_dir",
+                               ::testing::TempDir() + "/no-export", "--keys=1"},
+                              "lookup-missing");
+  EXPECT_EQ(missing.rc, 1) << missing.out;  // the flags are fine; the export is not there
+}
+
+// The report line is written by a JSON library: a --data path holding '"' and '\\' reads back
+// intact, and the training figures say whose they are.
+TEST(ToolsCli, WorkerJsonReportStaysValidWithQuotesInThePath) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string dir = cluster.dir() + "/odd \"name\" \\ dir";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/clicks.libsvm";
+  {
+    std::ofstream f(path);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 3000; ++i) {
+      const int a = static_cast<int>(rng() % 50), b = static_cast<int>(rng() % 50);
+      const bool click = (a + b) % 3 == 0 || rng() % 10 == 0;
+      f << (click ? 1 : 0) << " " << a << ":1 " << 100 + b << ":1\n";
+    }
+  }
+  WorkerRun r = RunWorker({TESSERA_WORKER_BINARY, "--servers=" + cluster.endpoints()[0],
+                           "--data=libsvm:" + path, "--job=json", "--batch_size=64",
+                           "--bottom_mlp=8", "--top_mlp=8", "--request_timeout_ms=20000"},
+                          cluster.dir() + "/json.log", 120);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t start = r.out.rfind("\n{");
+  ASSERT_NE(start, std::string::npos) << r.out;
+  const std::string line = r.out.substr(start + 1, r.out.find('\n', start + 1) - start - 1);
+  const nlohmann::json report = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << line;
+  EXPECT_EQ(report.value("data", ""), "libsvm:" + path) << line;
+  EXPECT_EQ(line.rfind("{\"data\":", 0), 0u) << line;  // scripts find the line by its first key
+  ASSERT_TRUE(report.contains("train_samples_worker0")) << line;
+  EXPECT_GT(report["train_samples_worker0"].get<double>(), 0) << line;
+  EXPECT_FALSE(report.contains("train_samples")) << line;
+  EXPECT_FALSE(report.contains("samples_per_s_cluster")) << line;  // was worker 0's rate x N
+  EXPECT_TRUE(report["test_auc"].is_number()) << line;
+  EXPECT_TRUE(report["oracle_auc"].is_null()) << line;  // no planted model in a file
 }
 
 }  // namespace
