@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Tessera and runs the default test suite (labels unit, integration, durability,
-# checkpoint, faults, quality, gpu). Tests labelled soak, fuzz or bench run only when asked for:
-# TESSERA_TEST_LABELS="fuzz" bash scripts/test.sh.
+# checkpoint, faults, quality, gpu, deploy). Tests labelled soak, fuzz, bench or container run
+# only when asked for: TESSERA_TEST_LABELS="fuzz" bash scripts/test.sh.
 # Installs missing Debian packages first. Usage: bash scripts/test.sh [extra ctest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +13,6 @@ ninja -C "$build" -j "$jobs"
 if [[ -n ${TESSERA_TEST_LABELS:-} ]]; then
   ctest --test-dir "$build" --output-on-failure -j 2 --timeout 900 -L "$TESSERA_TEST_LABELS" "$@"
 else
-  ctest --test-dir "$build" --output-on-failure -j 2 --timeout 600 -LE "soak|fuzz|bench" "$@"
+  ctest --test-dir "$build" --output-on-failure -j 2 --timeout 600 \
+        -LE "soak|fuzz|bench|container" "$@"
 fi
