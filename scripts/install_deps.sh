@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
       librocksdb-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
-      libabsl-dev libeigen3-dev libxxhash-dev)
+      libabsl-dev libeigen3-dev libxxhash-dev libcpp-httplib-dev nlohmann-json3-dev
+      pybind11-dev python3-dev python3-numpy libyaml-cpp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

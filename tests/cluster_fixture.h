@@ -72,6 +72,10 @@ class LocalCluster {
   std::vector<pid_t> pids_;
 };
 
+/// GET `path` from http://127.0.0.1:`port`: the whole response (status line, headers, body),
+/// or "" when nothing answered within `timeout_ms`.
+std::string HttpGet(uint32_t port, const std::string& path, int timeout_ms = 5000);
+
 /// Runs `argv` and returns its exit code, with stdout+stderr in *output (for CLI tests).
 int RunCommand(const std::vector<std::string>& argv, std::string* output, int timeout_s = 60);
 

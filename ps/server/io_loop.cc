@@ -78,17 +78,44 @@ void ServerImpl::Maintain() {
   // Every push logged so far is queued ahead of this task on each lane (lanes run in order),
   // so the task completes the lane's log mark up to the last sequence number.
   std::vector<LanePart> parts;
+  ServerMetrics* m = metrics_.get();
   for (uint32_t l = 0; l < lanes_.size(); ++l) {
     parts.push_back(
-        LanePart{l, [](Lane& lane) {
+        LanePart{l, [m](Lane& lane) {
                    Status s = lane.store().Maintain(ApplyContext{lane.NextStep(), NowSeconds()});
                    if (!s.ok()) {
                      LOG(WARNING) << "lane " << lane.index() << " maintenance: " << s.ToString();
                    }
+                   m->PublishLane(lane.index(), lane.store().stats(), lane.store().dirty_bytes(),
+                                  lane.back_pressure_waits(), lane.committed_seq());
                    return Status::OK();
                  }});
   }
   RunParts(p, std::move(parts), /*writes=*/true, log_->last_seq(), /*may_inline=*/false);
+  PublishIoMetrics();
+}
+
+void ServerImpl::PublishIoMetrics() {
+  const uint32_t job_workers = consistency_.job_workers();
+  metrics_->PublishIo({
+      .tables = tables_.size(),
+      .connections = connections_.open(),
+      .parked = consistency_.parked_now(),
+      .stalled_peers = peers_.stalled_count(),
+      .min_clock = job_workers ? consistency_.MinClock(job_workers) : 0,
+      .max_clock = consistency_.MaxClock(),
+      .max_push_clock = max_push_clock_,
+      .log_last_seq = log_->last_seq(),
+      .log_truncated_to = log_->truncated(),
+      .refused_connections = refused_connections_,
+      .dropped_replies = dropped_replies_,
+      .throttled_requests = throttled_requests_,
+      .retried_pushes = retried_pushes_,
+      .push_keys = push_keys_,
+      .pull_keys = pull_keys_,
+      .checkpoint_pending = cut_.has_value(),
+      .engine = engine_->EngineStats(),
+  });
 }
 
 void ServerImpl::ForwardReplies() {
@@ -121,10 +148,19 @@ bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const St
   h.message = s.message();
   std::string env;
   EncodeHeader(h, &env);
+  NoteInlineReply(req, false, env.size());
   std::vector<zmq::message_t> parts;
   parts.push_back(std::move(identity));
   parts.emplace_back(env.data(), env.size());
   return SendToPeer(parts);
+}
+
+void ServerImpl::NoteInlineReply(const Header& req, bool ok, size_t bytes) {
+  metrics_->Sent(bytes);
+  if (inline_answer_.active && req.request_id == inline_answer_.request_id) {
+    inline_answer_.answered = true;
+    inline_answer_.ok = inline_answer_.ok && ok;
+  }
 }
 
 void ServerImpl::ReplyOk(zmq::message_t identity, const Header& req, Header h,
@@ -139,6 +175,7 @@ void ServerImpl::ReplyOk(zmq::message_t identity, const Header& req, Header h,
   parts.push_back(std::move(identity));
   parts.emplace_back(env.data(), env.size());
   if (data != nullptr) parts.emplace_back(data->data(), data->size());
+  NoteInlineReply(req, true, env.size() + (data != nullptr ? data->size() : 0));
   SendToPeer(parts);
 }
 
@@ -146,15 +183,31 @@ void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
   ++requests_;
   if (parts.size() < 2) return;  // ROUTER always adds the identity; nothing to answer.
   auto p = std::make_shared<Pending>();
+  p->received = std::chrono::steady_clock::now();
+  inline_answer_ = {.active = true};
+  const bool decoded = Receive(p, parts);
+  // A request answered here, on the I/O thread (the lanes count the replies they send).
+  if (inline_answer_.answered) {
+    metrics_->Completed(decoded ? p->header.op : Op::kInvalid, inline_answer_.ok, p->received);
+  }
+  inline_answer_.active = false;
+}
+
+bool ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts) {
+  size_t bytes = 0;
+  for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size();
   // The connection it came on (the identity frame does not always carry it).
   const int fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
   p->identity = std::move(parts[0]);
   Status s = DecodeHeader(parts[1].data(), parts[1].size(), &p->header);
+  metrics_->Received(s.ok() ? &p->header.op : nullptr, bytes);
+  inline_answer_.request_id = p->header.request_id;
   if (!s.ok()) {
     ReplyError(std::move(p->identity), p->header, s);
-    return;
+    return false;
   }
-  if (!Admitted(p, fd)) return;  // refused (connections, limits, in flight) or throttled
+  p->metrics = metrics_.get();
+  if (!Admitted(p, fd)) return true;  // refused (connections, limits, in flight) or throttled
   const std::string peer = p->identity.to_string();
   for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
   s = Dispatch(p);
@@ -164,6 +217,7 @@ void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
     ++dropped_replies_;
     peers_.MarkStalled(peer, std::chrono::steady_clock::now());
   }
+  return true;
 }
 
 Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
@@ -341,6 +395,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "dropped_replies " << dropped_replies_ << "\n"
     << "throttled_requests " << throttled_requests_ << "\n";
   for (const auto& [name, value] : engine_->EngineStats()) s << name << " " << value << "\n";
+  s << metrics_->StatsLines();
   for (auto& [id, t] : tables_) {
     s << "table " << t.spec.name << " id=" << id
       << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")

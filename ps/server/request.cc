@@ -2,6 +2,7 @@
 #include <zmq_addon.hpp>
 
 #include "ps/server/request_internal.h"
+#include "ps/server/server_metrics_internal.h"
 
 namespace tessera::internal {
 
@@ -50,6 +51,12 @@ void SendReply(zmq::socket_t& sock, Pending& p) {
   parts.emplace_back(env.data(), env.size());
   if (status.ok() && p.has_out) parts.push_back(std::move(p.out));
   if (!text.empty()) parts.emplace_back(text.data(), text.size());
+  if (p.metrics != nullptr) {
+    size_t bytes = 0;
+    for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size();
+    p.metrics->Sent(bytes);
+    p.metrics->Completed(p.header.op, status.ok(), p.received);
+  }
   try {
     if (!zmq::send_multipart(sock, parts, zmq::send_flags::dontwait)) {
       p.reply_dropped.store(true, std::memory_order_relaxed);  // the peer's queue is full

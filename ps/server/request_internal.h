@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,8 @@
 #include "ps/status.h"
 
 namespace tessera::internal {
+
+class ServerMetrics;
 
 /// Seconds since the epoch (row update times, export cut-offs).
 uint32_t NowSeconds();
@@ -60,6 +63,9 @@ struct Pending {
   // dropped; whether SendReply found the peer's send queue full (it does not read replies).
   std::shared_ptr<void> admission;
   std::atomic<bool> reply_dropped{false};
+  // Where the reply is counted (null: nowhere), and when the request came in.
+  ServerMetrics* metrics = nullptr;
+  std::chrono::steady_clock::time_point received;
 
   /// Records `s` as the request's outcome unless an error is already recorded.
   void Fail(const Status& s);

@@ -27,6 +27,13 @@ Status ServerImpl::Start() {
                                    " is not below the number of servers " +
                                    std::to_string(options_.num_servers));
   }
+  metrics::Registry* registry = options_.metrics;
+  if (registry == nullptr) {
+    own_registry_ = std::make_unique<metrics::Registry>();
+    registry = own_registry_.get();
+  }
+  metrics_ = std::make_unique<ServerMetrics>(*registry, options_.rank, options_.num_servers,
+                                             options_.lanes);
   const auto t0 = std::chrono::steady_clock::now();
   TESSERA_ASSIGN_OR_RETURN(engine_, OpenStorageEngine(options_.storage));
   const auto t_open = std::chrono::steady_clock::now();
@@ -113,6 +120,7 @@ void ServerImpl::Shutdown() {
   replies_.close();
   log_.reset();
   engine_.reset();
+  metrics_.reset();  // its collectors leave the registry
 }
 
 Status ServerImpl::CheckDataDirLayout() {

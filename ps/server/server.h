@@ -14,6 +14,9 @@ namespace tessera {
 namespace internal {
 class ServerImpl;
 }
+namespace metrics {
+class Registry;
+}
 
 struct ServerOptions {
   /// ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:7000" ("tcp://127.0.0.1:*" picks a free
@@ -67,6 +70,10 @@ struct ServerOptions {
   /// messages); beyond it the server stops reading that connection (TCP backpressure).
   /// 0: unbounded. Default: 1000.
   uint32_t recv_hwm = 1000;
+  /// Where the server registers its metrics (tessera_server_*, tessera_storage_*; see
+  /// docs/operations.md, "Metrics"). Not owned; must outlive the server. The server stops
+  /// reading its state into it at Shutdown(). Default: null: the server keeps its own.
+  metrics::Registry* metrics = nullptr;
 };
 
 /// A running server. Create() binds the socket, opens (and recovers) storage and starts the

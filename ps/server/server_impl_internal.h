@@ -27,6 +27,7 @@
 #include "ps/server/request_log_internal.h"
 #include "ps/server/snapshot_internal.h"
 #include "ps/server/server.h"
+#include "ps/server/server_metrics_internal.h"
 #include "ps/table_spec.h"
 
 namespace tessera::internal {
@@ -80,6 +81,8 @@ class ServerImpl {
   void ReplyOk(zmq::message_t identity, const Header& req, Header h = Header(),
                const std::string* data = nullptr);
   void HandleMessage(std::vector<zmq::message_t> parts);
+  // HandleMessage's work: decode, admit, dispatch. False when the envelope did not decode.
+  bool Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts);
   Status Dispatch(const std::shared_ptr<Pending>& p);
   Result<const TableInfo*> FindTable(const Header& h, TableKind kind);
   Status ExpectFrames(const Pending& p, size_t n);
@@ -200,6 +203,20 @@ class ServerImpl {
   ConnectionTable connections_{options_.max_connections};
   PeerTable peers_{options_.max_in_flight_per_peer};
   uint64_t refused_connections_ = 0, dropped_replies_ = 0, throttled_requests_ = 0;
+
+  // Metrics (server_metrics_internal.h): the registry the options name, else this one.
+  std::unique_ptr<metrics::Registry> own_registry_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  // The request HandleMessage is dispatching, for replies sent on the I/O thread (ReplyOk,
+  // ReplyError): whether one answered it, and how. I/O thread only.
+  struct InlineAnswer {
+    bool active = false, answered = false, ok = true;
+    uint64_t request_id = 0;
+  } inline_answer_;
+  // Counts a reply sent by ReplyOk/ReplyError (`bytes` in all) to request `req`.
+  void NoteInlineReply(const Header& req, bool ok, size_t bytes);
+  // The I/O thread's state into metrics_ (each maintenance pass).
+  void PublishIoMetrics();
 };
 
 }  // namespace tessera::internal

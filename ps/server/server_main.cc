@@ -11,6 +11,7 @@
 
 #include "ps/cli.h"
 #include "ps/curve.h"
+#include "ps/metrics/http_endpoint.h"
 #include "ps/routing.h"
 #include "ps/server/server.h"
 
@@ -66,6 +67,10 @@ DEFINE_uint32(send_hwm, 1000,
 DEFINE_uint32(recv_hwm, 1000,
               "Requests queued from one client before the server stops reading its connection "
               "(0: unbounded)");
+DEFINE_uint32(metrics_port, 0,
+              "Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port "
+              "(0: off). /readyz answers 503 until recovery has finished");
+DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on");
 
 namespace {
 
@@ -170,11 +175,27 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // The metrics endpoint comes up first: probes see a live process (/healthz) that is not
+  // ready (/readyz 503) while storage opens and the request log replays.
+  tessera::metrics::Registry registry;
+  std::unique_ptr<tessera::metrics::HttpEndpoint> http;
+  if (FLAGS_metrics_port != 0) {
+    auto e = tessera::metrics::HttpEndpoint::Start(
+        {.address = FLAGS_metrics_address, .port = FLAGS_metrics_port}, &registry);
+    if (!e.ok()) {
+      std::cerr << "tessera-server: --metrics_port: " << e.status().ToString() << "\n";
+      return 2;
+    }
+    http = std::move(*e);
+    http->SetReady(false, "recovering: opening storage and replaying the request log");
+  }
+  o.metrics = &registry;
   auto server = tessera::Server::Create(o);
   if (!server.ok()) {
     std::cerr << "tessera-server: cannot start: " << server.status().ToString() << "\n";
     return 1;
   }
+  if (http) http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
   // A line tests and scripts wait for.
   std::printf("tessera-server ready rank=%u endpoint=%s\n", FLAGS_rank,
               (*server)->endpoint().c_str());
@@ -182,6 +203,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";
+  if (http) http->SetReady(false, "shutting down");
   (*server)->Shutdown();
   LOG(INFO) << "stopped";
   return 0;

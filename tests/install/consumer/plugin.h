@@ -1,0 +1,6 @@
+#pragma once
+#include <string>
+
+// Creates a table on the cluster at `endpoint`, pushes and pulls, checks the values. Returns
+// 0 and prints "consumer: OK" when they are right; otherwise prints why and returns 1.
+int RunAgainst(const std::string& endpoint);
