@@ -157,10 +157,12 @@ Result<uint32_t> ShuffleReader::Read(uint32_t max_samples, Batch* batch) {
 }
 
 namespace {
-class RoundRobinReader final : public DataReader {
+// Keeps the samples of another reader whose index (0-based, in the inner reader's order) a
+// predicate accepts.
+class IndexFilterReader final : public DataReader {
  public:
-  RoundRobinReader(std::unique_ptr<DataReader> inner, uint32_t rank, uint32_t world)
-      : inner_(std::move(inner)), rank_(rank), world_(world) {
+  IndexFilterReader(std::unique_ptr<DataReader> inner, std::function<bool(uint64_t)> keep)
+      : inner_(std::move(inner)), keep_(std::move(keep)) {
     scratch_.Clear(inner_->schema());
   }
   const Schema& schema() const override { return inner_->schema(); }
@@ -176,7 +178,7 @@ class RoundRobinReader final : public DataReader {
       scratch_.Clear(inner_->schema());
       TESSERA_ASSIGN_OR_RETURN(uint32_t got, inner_->Read(1, &scratch_));
       if (got == 0) break;
-      if (seen_++ % world_ != rank_) continue;
+      if (!keep_(seen_++)) continue;
       batch->AppendSample(scratch_, 0);
       ++n;
     }
@@ -186,16 +188,52 @@ class RoundRobinReader final : public DataReader {
 
  private:
   std::unique_ptr<DataReader> inner_;
-  uint32_t rank_, world_;
+  std::function<bool(uint64_t)> keep_;
   Batch scratch_;
   uint64_t seen_ = 0;
   uint64_t position_ = 0;
 };
+
+class BatchReader final : public DataReader {
+ public:
+  explicit BatchReader(Batch samples) : samples_(std::move(samples)) {}
+  const Schema& schema() const override { return samples_.schema; }
+  Status Rewind() override {
+    position_ = 0;
+    return Status::OK();
+  }
+  Status Seek(uint64_t position) override {
+    if (position > samples_.size) return Status::InvalidArgument("seek past the end");
+    position_ = static_cast<uint32_t>(position);
+    return Status::OK();
+  }
+  uint64_t position() const override { return position_; }
+  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override {
+    const uint32_t n = std::min(max_samples, samples_.size - position_);
+    for (uint32_t i = 0; i < n; ++i) batch->AppendSample(samples_, position_ + i);
+    position_ += n;
+    return n;
+  }
+
+ private:
+  Batch samples_;
+  uint32_t position_ = 0;
+};
 }  // namespace
+
+std::unique_ptr<DataReader> FilterByIndex(std::unique_ptr<DataReader> inner,
+                                          std::function<bool(uint64_t)> keep) {
+  return std::make_unique<IndexFilterReader>(std::move(inner), std::move(keep));
+}
 
 std::unique_ptr<DataReader> ShardReader(std::unique_ptr<DataReader> inner, uint32_t rank,
                                         uint32_t world) {
-  return std::make_unique<RoundRobinReader>(std::move(inner), rank, std::max<uint32_t>(world, 1));
+  world = std::max<uint32_t>(world, 1);
+  return FilterByIndex(std::move(inner), [rank, world](uint64_t i) { return i % world == rank; });
+}
+
+std::unique_ptr<DataReader> InMemoryReader(Batch samples) {
+  return std::make_unique<BatchReader>(std::move(samples));
 }
 
 Status ReadAll(DataReader* reader, Batch* out) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -122,6 +123,14 @@ class ShuffleReader final : public DataReader {
 /// deal their lines themselves). position() counts the samples kept.
 std::unique_ptr<DataReader> ShardReader(std::unique_ptr<DataReader> inner, uint32_t rank,
                                         uint32_t world);
+
+/// Keeps the samples of `inner` whose 0-based index in `inner`'s order `keep` accepts.
+/// position() counts the samples kept. ShardReader is this with `i % world == rank`.
+std::unique_ptr<DataReader> FilterByIndex(std::unique_ptr<DataReader> inner,
+                                          std::function<bool(uint64_t)> keep);
+
+/// The samples of `samples` (held in memory), in order; Seek jumps.
+std::unique_ptr<DataReader> InMemoryReader(Batch samples);
 
 /// Reads every remaining sample of `reader` into `out` (for small test sets).
 Status ReadAll(DataReader* reader, Batch* out);

@@ -1,5 +1,8 @@
 #include "worker/data_source.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace tessera::worker {
 namespace {
 
@@ -42,10 +45,26 @@ Result<std::unique_ptr<DataReader>> Open(const DataSourceOptions& o, bool train)
   return OpenMovieLens(spec.path, shard);
 }
 
+// Files hold out training sample g (its index in the whole training part) for validation iff
+// g % mod == mod - 1. Every reader deals the part round-robin, so sample j of rank r's shard is
+// sample j * world + r of the part.
+bool IsValidationSample(uint64_t g, uint32_t mod) { return mod > 1 && g % mod == mod - 1; }
+bool FileValidation(const DataSourceOptions& o) {
+  return o.validation_mod > 1 && o.spec != "synthetic";
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DataReader>> OpenTrainData(const DataSourceOptions& o) {
+  if (o.validation_mod == 1) return Status::InvalidArgument("validation_mod 1 would hold out all");
   TESSERA_ASSIGN_OR_RETURN(auto r, Open(o, true));
+  if (FileValidation(o)) {
+    const uint64_t rank = o.rank, world = std::max<uint32_t>(o.world, 1);
+    const uint32_t mod = o.validation_mod;
+    r = FilterByIndex(std::move(r), [rank, world, mod](uint64_t j) {
+      return !IsValidationSample(j * world + rank, mod);
+    });
+  }
   if (o.shuffle_buffer > 0) {
     r = std::make_unique<ShuffleReader>(std::move(r), o.shuffle_buffer,
                                         o.shuffle_seed * 1000003 + o.rank);
@@ -56,6 +75,53 @@ Result<std::unique_ptr<DataReader>> OpenTrainData(const DataSourceOptions& o) {
 
 Result<std::unique_ptr<DataReader>> OpenTestData(const DataSourceOptions& o) {
   return Open(o, false);
+}
+
+Result<std::unique_ptr<DataReader>> OpenValidationData(const DataSourceOptions& o) {
+  if (o.validation_mod == 0 || o.validation_mod == 1) {
+    return Status::InvalidArgument("no validation part (validation_mod " +
+                                   std::to_string(o.validation_mod) + ")");
+  }
+  DataSourceOptions whole = o;
+  whole.rank = 0;
+  whole.world = 1;
+  if (o.spec == "synthetic") {
+    SyntheticOptions s = o.synthetic;
+    s.rank = 0;
+    s.world = 1;
+    s.stream = 2;
+    s.num_samples = o.validation_samples;
+    TESSERA_ASSIGN_OR_RETURN(auto r, SyntheticReader::Create(s));
+    return std::unique_ptr<DataReader>(std::move(r));
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto r, Open(whole, true));
+  const uint32_t mod = o.validation_mod;
+  return FilterByIndex(std::move(r), [mod](uint64_t g) { return IsValidationSample(g, mod); });
+}
+
+Result<uint64_t> SmallestTrainShard(const DataSourceOptions& o) {
+  const uint64_t world = std::max<uint32_t>(o.world, 1);
+  uint64_t part = o.train_samples;
+  if (o.spec != "synthetic") {
+    DataSourceOptions whole = o;
+    whole.rank = 0;
+    whole.world = 1;
+    TESSERA_ASSIGN_OR_RETURN(auto r, Open(whole, true));
+    Batch b;
+    part = 0;
+    while (true) {
+      b.Clear(r->schema());
+      TESSERA_ASSIGN_OR_RETURN(uint32_t n, r->Read(1u << 14, &b));
+      if (n == 0) break;
+      part += n;
+    }
+  }
+  if (!FileValidation(o)) return part / world;  // round-robin: the last rank has the fewest
+  std::vector<uint64_t> shard(world, 0);
+  for (uint64_t g = 0; g < part; ++g) {
+    if (!IsValidationSample(g, o.validation_mod)) ++shard[g % world];
+  }
+  return *std::min_element(shard.begin(), shard.end());
 }
 
 bool HasOracle(const DataSourceOptions& o) { return o.spec == "synthetic"; }

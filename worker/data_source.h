@@ -35,12 +35,27 @@ struct DataSourceOptions {
   uint64_t test_samples = 100000;
   /// libSVM reader options.
   LibsvmOptions libsvm;
+  /// Validation part. Files: sample g of the training part (g counted over the whole part in
+  /// file order, before it is dealt to ranks) is a validation sample iff
+  /// g % validation_mod == validation_mod - 1, and no rank trains on it; 0: none, every
+  /// training sample trains. Synthetic: the validation part is a stream of its own (stream 2,
+  /// as the test part is stream 1) of validation_samples samples; the training part is whole.
+  /// Default: 10.
+  uint32_t validation_mod = 10;
+  /// Validation samples read by OpenValidationData's caller (the first of the part); synthetic:
+  /// the size of the validation stream. Default: 20000.
+  uint64_t validation_samples = 20000;
 };
 
 /// This shard's training reader (with epochs and shuffling applied).
 Result<std::unique_ptr<DataReader>> OpenTrainData(const DataSourceOptions& options);
 /// The whole held-out part (not sharded).
 Result<std::unique_ptr<DataReader>> OpenTestData(const DataSourceOptions& options);
+/// The validation part (not sharded, no epochs or shuffle; see validation_mod).
+Result<std::unique_ptr<DataReader>> OpenValidationData(const DataSourceOptions& options);
+/// Samples in one epoch of the smallest training shard of `options.world` ranks (validation
+/// samples excluded). Synthetic: computed; files: one pass over the training part.
+Result<uint64_t> SmallestTrainShard(const DataSourceOptions& options);
 /// Whether the source knows every sample's true click probability.
 bool HasOracle(const DataSourceOptions& options);
 

@@ -1,7 +1,9 @@
 #include "worker/metrics.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 namespace tessera::worker {
@@ -60,5 +62,36 @@ void RunningMetrics::Add(std::span<const float> probs, std::span<const float> la
 
 double RunningMetrics::Auc() const { return worker::Auc(probs_, labels_); }
 double RunningMetrics::LogLoss() const { return worker::LogLoss(probs_, labels_); }
+
+Result<std::unique_ptr<CurveFile>> CurveFile::Create(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return Status::IOError("cannot create '" + path + "': " + std::strerror(errno));
+  std::unique_ptr<CurveFile> c(new CurveFile(path, f));
+  if (std::fputs("step,samples,train_loss,validation_auc,validation_logloss,samples_per_s\n", f) <
+          0 ||
+      std::fflush(f) != 0) {
+    return Status::IOError("cannot write '" + path + "'");
+  }
+  return c;
+}
+
+CurveFile::~CurveFile() { std::fclose(f_); }
+
+Status CurveFile::Append(const CurveRow& row) {
+  std::string line = std::to_string(row.step) + "," + std::to_string(row.samples);
+  for (double v : {row.train_loss, row.validation_auc, row.validation_logloss, row.samples_per_s}) {
+    line += ",";
+    if (std::isfinite(v)) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.6g", v);
+      line += buf;
+    }
+  }
+  line += "\n";
+  if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0) {
+    return Status::IOError("cannot write '" + path_ + "'");
+  }
+  return Status::OK();
+}
 
 }  // namespace tessera::worker

@@ -1,7 +1,6 @@
 #include "worker/readers.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -10,85 +9,15 @@
 #include <vector>
 
 #include "worker/keys.h"
+#include "worker/line_reader_internal.h"
 
 namespace tessera::worker {
 namespace {
 
-Status ParseError(const ShardedLineReader& r, std::string_view what) {
-  return Status::Corruption(r.path() + ":" + std::to_string(r.line_number()) + ": " +
-                            std::string(what));
-}
-
-// Splits `s` on `sep` into `out` (views into s).
-void Split(std::string_view s, char sep, std::vector<std::string_view>* out) {
-  out->clear();
-  size_t start = 0;
-  while (true) {
-    size_t pos = s.find(sep, start);
-    if (pos == std::string_view::npos) {
-      out->push_back(s.substr(start));
-      return;
-    }
-    out->push_back(s.substr(start, pos - start));
-    start = pos + 1;
-  }
-}
-
-template <typename T>
-bool ParseNumber(std::string_view s, T* v, int base = 10) {
-  if (s.empty()) return false;
-  if constexpr (std::is_integral_v<T>) {
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v, base);
-    return ec == std::errc() && p == s.data() + s.size();
-  } else {
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
-    return ec == std::errc() && p == s.data() + s.size();
-  }
-}
-
-// The frame shared by the line-oriented readers: owns the sharded line stream (file, line
-// splitting, sharding by rank), the schema and the position, and hands each selected line to
-// ParseLine. A reader only says how one line becomes one sample.
-class LineReader : public DataReader {
- public:
-  const Schema& schema() const final { return schema_; }
-  Status Rewind() final {
-    position_ = 0;
-    return lines_->Rewind();
-  }
-  uint64_t position() const final { return position_; }
-
-  Result<uint32_t> Read(uint32_t max_samples, Batch* batch) final {
-    uint32_t n = 0;
-    while (n < max_samples && lines_->Next(&line_)) {
-      TESSERA_ASSIGN_OR_RETURN(const bool appended, ParseLine(line_, batch));
-      if (!appended) continue;
-      ++batch->size;
-      ++n;
-    }
-    position_ += n;
-    return n;
-  }
-
- protected:
-  LineReader(std::unique_ptr<ShardedLineReader> lines, const Schema& schema)
-      : lines_(std::move(lines)), schema_(schema) {}
-
-  // Appends the sample of `line` to `batch` (everything but batch->size, which Read counts).
-  // False: the line is not a sample of this reader (skipped, not counted). Errors are
-  // Corruption naming the file and line (Error()).
-  virtual Result<bool> ParseLine(std::string_view line, Batch* batch) = 0;
-
-  // The line stream (for error messages that name the file and line).
-  const ShardedLineReader& lines() const { return *lines_; }
-  Status Error(std::string_view what) const { return ParseError(*lines_, what); }
-
- private:
-  std::unique_ptr<ShardedLineReader> lines_;
-  const Schema schema_;
-  std::string line_;
-  uint64_t position_ = 0;
-};
+using internal::LineReader;
+using internal::ParseError;
+using internal::ParseNumber;
+using internal::Split;
 
 class CriteoReader final : public LineReader {
  public:
@@ -214,34 +143,6 @@ class LibsvmReader final : public LineReader {
 
 // ------------------------------------------------------------------ MovieLens
 
-// Splits one CSV line, honoring double quotes (movie titles contain commas).
-void SplitCsv(std::string_view s, std::vector<std::string>* out) {
-  out->clear();
-  std::string cur;
-  bool quoted = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < s.size() && s[i + 1] == '"') {
-        cur.push_back('"');
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        cur.push_back(c);
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      out->push_back(std::move(cur));
-      cur.clear();
-    } else {
-      cur.push_back(c);
-    }
-  }
-  out->push_back(std::move(cur));
-}
-
 struct MovieInfo {
   std::vector<uint64_t> genres;
   uint64_t year_key = 0;
@@ -313,7 +214,7 @@ Status LoadMovies(const std::string& dir, bool use_tags,
     if (++line_no == 1) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    SplitCsv(line, &cols);
+    internal::SplitQuoted(line, ',', &cols);
     uint64_t id = 0;
     if (cols.size() != 3 || !ParseNumber(std::string_view(cols[0]), &id)) {
       return Status::Corruption(path + ":" + std::to_string(line_no) +
@@ -343,7 +244,7 @@ Status LoadMovies(const std::string& dir, bool use_tags,
     if (++line_no == 1) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    SplitCsv(line, &cols);
+    internal::SplitQuoted(line, ',', &cols);
     uint64_t movie = 0;
     if (cols.size() != 4 || !ParseNumber(std::string_view(cols[1]), &movie)) {
       return Status::Corruption(tags_path + ":" + std::to_string(line_no) +

@@ -373,6 +373,31 @@ Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   return Status::OK();
 }
 
+Result<bool> Trainer::Pause(const TrainProgress& progress) {
+  Status st;
+  bool stop = false;
+  if (leader_) {
+    // What the pause looks at (the cluster's tables) must include this step.
+    st = committer_->WaitIdle();
+    if (st.ok()) {
+      auto r = options_.on_pause(progress);
+      if (r.ok()) {
+        stop = *r;
+      } else {
+        st = r.status().WithContext("step " + std::to_string(step_));
+      }
+    }
+  }
+  if (reducer_ != nullptr) {
+    // 0: go on, 1: stop, 2: the leader failed.
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, ShareFromLeader(reducer_, st.ok() ? (stop ? 1 : 0) : 2));
+    if (v == 2) return st.ok() ? Status::Internal("the leader's pause failed") : st;
+    stop = v == 1;
+  }
+  TESSERA_RETURN_IF_ERROR(st);
+  return stop;
+}
+
 Result<TrainResult> Trainer::Train() {
   TrainResult result;
   result.resumed_steps = step_;
@@ -392,6 +417,28 @@ Result<TrainResult> Trainer::Train() {
   };
   auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };
   const bool pull_early = options_.prefetch && options_.staleness != 0;
+  // The progress since the previous report (leader; other ranks get zeros in the figures they
+  // do not track). Starts the next report's window.
+  auto report = [&]() -> TrainProgress {
+    TrainProgress p;
+    p.step = step_;
+    p.samples = result.samples;
+    p.seconds = SecondsSince(start);
+    const double dt = SecondsSince(last_report);
+    p.samples_per_s = dt > 0 ? static_cast<double>(result.samples - last_samples) / dt : 0;
+    p.loss =
+        result.samples > last_samples
+            ? (result.train_loss - last_loss) / static_cast<double>(result.samples - last_samples)
+            : 0;
+    if (leader_) {
+      p.running_auc = running_->Auc();
+      p.running_logloss = running_->LogLoss();
+    }
+    last_report = SteadyClock::now();
+    last_samples = result.samples;
+    last_loss = result.train_loss;
+    return p;
+  };
 
   if (!limit_reached()) {
     Status s = Prepare(cur);
@@ -403,7 +450,7 @@ Result<TrainResult> Trainer::Train() {
   while (!cur->end) {
     Status s = FinishPull(cur);
     if (!s.ok()) return fail(s);
-    const bool last = options_.max_steps != 0 && step_ + 1 >= options_.max_steps;
+    bool last = options_.max_steps != 0 && step_ + 1 >= options_.max_steps;
     if (options_.prefetch && !last) {
       s = Prepare(next);
       if (s.ok() && pull_early) s = IssuePull(next);
@@ -411,6 +458,17 @@ Result<TrainResult> Trainer::Train() {
     }
     s = ComputeAndPush(cur, &result);
     if (!s.ok()) return fail(s);
+    if (options_.pause_at && options_.on_pause && options_.pause_at(step_)) {
+      auto stop = Pause(report());
+      if (!stop.ok()) return fail(stop.status());
+      if (*stop) {
+        // The prefetched pulls write into `next`: they must finish before it is dropped.
+        for (Pending& p : next->pulls) (void)p.Wait();
+        next->pulls.clear();
+        result.stopped = true;
+        last = true;
+      }
+    }
     if (last) {
       next->end = true;
     } else if (!options_.prefetch) {
@@ -422,22 +480,8 @@ Result<TrainResult> Trainer::Train() {
     if (!s.ok()) return fail(s);
     if (leader_ && options_.progress_interval_s > 0 &&
         SecondsSince(last_report) >= options_.progress_interval_s) {
-      TrainProgress p;
-      p.step = step_;
-      p.samples = result.samples;
-      p.seconds = SecondsSince(start);
-      const double dt = SecondsSince(last_report);
-      p.samples_per_s = static_cast<double>(result.samples - last_samples) / dt;
-      p.loss =
-          result.samples > last_samples
-              ? (result.train_loss - last_loss) / static_cast<double>(result.samples - last_samples)
-              : 0;
-      p.running_auc = running_->Auc();
-      p.running_logloss = running_->LogLoss();
+      const TrainProgress p = report();
       if (options_.on_progress) options_.on_progress(p);
-      last_report = SteadyClock::now();
-      last_samples = result.samples;
-      last_loss = result.train_loss;
     }
     std::swap(cur, next);
   }

@@ -60,6 +60,14 @@ struct TrainerOptions {
   bool mean_loss = false;
   /// Called after each committed step with the step number (tests use it). Default: none.
   std::function<void(uint64_t)> on_commit;
+  /// Pauses for validation: after step S with pause_at(S) true (every local rank asks), the
+  /// leader waits until step S's pushes are applied and the step is committed, then calls
+  /// on_pause with a progress report of the steps since the previous report (on_progress is
+  /// not called for those); the other local ranks wait for its answer. true: training ends
+  /// after step S (the batch prefetched for the next step is dropped); an error fails Train.
+  /// Both or neither. Default: none.
+  std::function<bool(uint64_t)> pause_at;
+  std::function<Result<bool>(const TrainProgress&)> on_pause;
 };
 
 /// The result of Train().
@@ -71,6 +79,7 @@ struct TrainResult {
   double samples_per_s = 0;
   double train_loss = 0;  ///< Mean loss over this run's samples.
   double running_auc = 0.5;
+  bool stopped = false;  ///< on_pause ended training before the data or max_steps did.
 };
 
 /// One local rank's training loop. With a LocalReducer, every local rank of the node runs its
@@ -100,6 +109,7 @@ class Trainer {
   Status IssuePull(Step* step);
   Status FinishPull(Step* step);
   Status ComputeAndPush(Step* step, TrainResult* result);
+  Result<bool> Pause(const TrainProgress& progress);
   std::string MetaKey() const;
 
   TrainerOptions options_;

@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
 #include "ps/cli.h"
 #include "ps/client/client.h"
 #include "ps/curve.h"
+#include "ps/metrics/http_endpoint.h"
 #include "ps/routing.h"
 #include "worker/backend.h"
 #include "worker/data_source.h"
@@ -19,6 +21,7 @@
 #include "worker/local_reducer.h"
 #include "worker/param_store.h"
 #include "worker/trainer.h"
+#include "worker/validation.h"
 
 DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or @FILE");
 DEFINE_string(curve_server_key_file, "",
@@ -71,6 +74,24 @@ DEFINE_int64(request_timeout_ms, 60000, "Client request timeout");
 DEFINE_int64(retry_for_ms, 120000,
              "How long calls to a server that is down are retried (pushes apply exactly once) "
              "before the worker fails; 0: no retries");
+DEFINE_uint32(metrics_port, 0,
+              "Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port "
+              "(0: off); /readyz answers 200 while the worker trains");
+DEFINE_string(validate_every, "epoch",
+              "Validation rounds: after every N steps, or 'epoch' (after each pass over the "
+              "training data), and after the last step; 0: no validation (and no validation part)");
+DEFINE_uint32(validation_mod, 10,
+              "Files: every N-th sample of the training part is held out for validation; "
+              "synthetic: validation is a stream of its own (--validation_samples)");
+DEFINE_uint64(validation_samples, 20000, "Validation samples scored per round (at most)");
+DEFINE_uint32(early_stopping_patience, 3,
+              "Stop when the validation AUC has not improved for this many rounds (0: never)");
+DEFINE_string(admin_root, "",
+              "The servers' --admin_root as this worker sees it: worker 0 keeps the best "
+              "validated state there as a checkpoint and restores it before the test (empty: the "
+              "final state is tested)");
+DEFINE_string(out_dir, ".", "Worker 0 writes metrics.csv (the training curve) here");
+DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on");
 
 namespace tw = tessera::worker;
 
@@ -81,6 +102,52 @@ constexpr tessera::cli::ToolInfo kTool{
     .usage = "usage: tessera-worker --servers=EPS [--worker_id=I --num_workers=N] [--data=SPEC]\n"
              "Trains a click model on a Tessera cluster and reports its test quality.",
     .flags_file = __FILE__};
+
+// The worker's training figures as metrics (tessera_worker_*), set from each progress report.
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(tessera::metrics::Registry& r)
+      : step_(r.AddGauge("tessera_worker_step", "Steps done by this node (resumed included).")),
+        samples_(r.AddCounter("tessera_worker_samples_total",
+                              "Samples this node trained in this run (all its local ranks).")),
+        rate_(r.AddGauge("tessera_worker_samples_per_second",
+                         "This node's training rate since the previous progress report.")),
+        loss_(r.AddGauge("tessera_worker_train_loss",
+                         "Mean training loss since the previous progress report.")),
+        auc_(r.AddGauge("tessera_worker_running_auc",
+                        "AUC of the node's recent predictions, before their update.")),
+        logloss_(r.AddGauge("tessera_worker_running_logloss",
+                            "Log loss of the node's recent predictions, before their update.")),
+        test_auc_(r.AddGauge("tessera_worker_test_auc", "Test AUC (worker 0, after training).")),
+        test_logloss_(r.AddGauge("tessera_worker_test_logloss",
+                                 "Test log loss (worker 0, after training).")) {
+    r.AddGauge("tessera_worker_info", "Constant 1, labelled with the worker's place and build.",
+               {{"worker_id", std::to_string(FLAGS_worker_id)},
+                {"num_workers", std::to_string(FLAGS_num_workers)},
+                {"backend", FLAGS_backend},
+                {"version", std::string(tessera::cli::Version())}})
+        .Set(1);
+  }
+  void Progress(const tw::TrainProgress& p) {
+    step_.Set(static_cast<double>(p.step));
+    if (p.samples > samples_seen_) samples_.Inc(p.samples - samples_seen_);
+    samples_seen_ = std::max(samples_seen_, p.samples);
+    rate_.Set(p.samples_per_s);
+    loss_.Set(p.loss);
+    auc_.Set(p.running_auc);
+    logloss_.Set(p.running_logloss);
+  }
+  void Test(double auc, double logloss) {
+    test_auc_.Set(auc);
+    test_logloss_.Set(logloss);
+  }
+
+ private:
+  tessera::metrics::Gauge& step_;
+  tessera::metrics::Counter& samples_;
+  tessera::metrics::Gauge &rate_, &loss_, &auc_, &logloss_, &test_auc_, &test_logloss_;
+  uint64_t samples_seen_ = 0;  // progress reports come from one thread
+};
 
 int Fail(const tessera::Status& s) {
   std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id, s.ToString().c_str());
@@ -101,6 +168,16 @@ int main(int argc, char** argv) {
   if (!servers.ok()) return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
+  tessera::metrics::Registry registry;
+  WorkerMetrics worker_metrics(registry);
+  std::unique_ptr<tessera::metrics::HttpEndpoint> http;
+  if (FLAGS_metrics_port != 0) {
+    auto e = tessera::metrics::HttpEndpoint::Start(
+        {.address = FLAGS_metrics_address, .port = FLAGS_metrics_port}, &registry);
+    if (!e.ok()) return tessera::cli::UsageError(kTool, "--metrics_port: " + e.status().ToString());
+    http = std::move(*e);
+    http->SetReady(false, "connecting to the servers");
+  }
 
   // The compute set-up is checked before anything connects: a node without the GPUs it was
   // asked for is refused at once.
@@ -135,10 +212,24 @@ int main(int argc, char** argv) {
   copt.consistency.staleness = staleness;
   copt.request_timeout_ms = FLAGS_request_timeout_ms;
   copt.retry_for_ms = FLAGS_retry_for_ms;
+  copt.admin_root = FLAGS_admin_root;
   if (!FLAGS_curve_server_key_file.empty()) {
     auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
     if (!key.ok()) return Fail(key.status());
     copt.curve_server_key = *key;
+  }
+  uint64_t validate_every = 0;
+  const bool validate = FLAGS_validate_every != "0";
+  if (validate && FLAGS_validate_every != "epoch") {
+    char* end = nullptr;
+    validate_every = std::strtoull(FLAGS_validate_every.c_str(), &end, 10);
+    if (end == FLAGS_validate_every.c_str() || *end != '\0' || FLAGS_validate_every[0] == '-') {
+      return tessera::cli::UsageError(kTool, "--validate_every must be a number of steps, "
+                                             "'epoch' or 0, not '" + FLAGS_validate_every + "'");
+    }
+  }
+  if (validate && FLAGS_validation_mod < 2) {
+    return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
   }
   auto client = tessera::Client::Create(copt);
   if (!client.ok()) return Fail(client.status());
@@ -158,6 +249,8 @@ int main(int argc, char** argv) {
   dopt.synthetic.bias_std = FLAGS_bias_std;
   dopt.synthetic.planted_dim = FLAGS_planted_dim;
   dopt.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
+  dopt.validation_mod = validate ? FLAGS_validation_mod : 0;
+  dopt.validation_samples = FLAGS_validation_samples;
 
   // The model's shape follows the data's.
   auto probe = tw::OpenTestData(dopt);
@@ -192,12 +285,112 @@ int main(int argc, char** argv) {
   topt.job = FLAGS_job;
   topt.resume = FLAGS_resume;
   topt.progress_interval_s = FLAGS_progress_interval_s;
-  topt.on_progress = [](const tw::TrainProgress& p) {
+  topt.on_progress = [&worker_metrics](const tw::TrainProgress& p) {
+    worker_metrics.Progress(p);
     std::printf("worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
                 FLAGS_worker_id, static_cast<unsigned long long>(p.step),
                 static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss, p.running_auc);
     std::fflush(stdout);
   };
+
+  // Validation: every node trains the same number of steps (the last step that every rank
+  // still has data for), so that every node takes part in every round.
+  tw::ValidationSchedule schedule;
+  std::unique_ptr<tw::Validator> validator;
+  std::unique_ptr<tw::Backend> validation_backend;
+  std::unique_ptr<tw::CurveFile> curve;
+  const uint64_t global_batch =
+      static_cast<uint64_t>(FLAGS_batch_size) * nl * FLAGS_num_workers;
+  if (validate) {
+    auto shard = tw::SmallestTrainShard(dopt);
+    if (!shard.ok()) return Fail(shard.status().WithContext("counting the training part"));
+    const uint64_t planned = tw::PlannedSteps(*shard, FLAGS_epochs, FLAGS_batch_size);
+    if (planned != 0 && (topt.max_steps == 0 || planned < topt.max_steps)) {
+      topt.max_steps = planned;
+    }
+    schedule.every_steps = validate_every;
+    schedule.epoch_samples = *shard;
+    schedule.batch_size = FLAGS_batch_size;
+    schedule.last_step = topt.max_steps;
+    tw::ValidationOptions vopt;
+    vopt.job = FLAGS_job;
+    vopt.worker_id = FLAGS_worker_id;
+    vopt.num_workers = FLAGS_num_workers;
+    vopt.patience = FLAGS_early_stopping_patience;
+    vopt.last_step = topt.max_steps;
+    if (!FLAGS_admin_root.empty()) vopt.best_dir = FLAGS_job + "-best";
+    tw::Batch samples;
+    if (FLAGS_worker_id == 0) {
+      auto vr = tw::OpenValidationData(dopt);
+      if (!vr.ok()) return Fail(vr.status());
+      samples.Clear((*vr)->schema());
+      while (samples.size < FLAGS_validation_samples) {
+        auto n = (*vr)->Read(static_cast<uint32_t>(std::min<uint64_t>(
+                                 FLAGS_validation_samples - samples.size, 1u << 16)),
+                             &samples);
+        if (!n.ok()) return Fail(n.status().WithContext("reading the validation part"));
+        if (*n == 0) break;
+      }
+      auto b = tw::CreateCpuBackend(*layout, {std::max(FLAGS_threads, 2)});
+      if (!b.ok()) return Fail(b.status());
+      validation_backend = std::move(*b);
+      if (FLAGS_admin_root.empty()) {
+        std::printf("worker 0: no --admin_root: the best validated state is not kept; the test "
+                    "scores the final state\n");
+      }
+    }
+    auto v = tw::Validator::Create(vopt, *layout, store.get(), client->get(),
+                                   validation_backend.get(), std::move(samples));
+    if (!v.ok()) return Fail(v.status());
+    validator = std::move(*v);
+    topt.pause_at = [&schedule](uint64_t step) { return schedule.Due(step); };
+    topt.on_pause = [&](const tw::TrainProgress& p) -> tessera::Result<bool> {
+      TESSERA_ASSIGN_OR_RETURN(bool stop, validator->Round(p.step));
+      if (FLAGS_worker_id != 0) return stop;
+      const tw::ValidationPoint& v = validator->history().back();
+      std::printf("worker 0 validate step %llu samples %llu auc %.4f logloss %.4f%s\n",
+                  static_cast<unsigned long long>(v.step),
+                  static_cast<unsigned long long>(v.samples), v.auc, v.logloss,
+                  validator->rounds_without_improvement() == 0 ? " (best)" : "");
+      if (stop) {
+        std::printf("worker 0 early stop after step %llu: no better validation auc for %u "
+                    "rounds (best: step %llu auc %.4f)\n",
+                    static_cast<unsigned long long>(p.step), FLAGS_early_stopping_patience,
+                    static_cast<unsigned long long>(validator->best()->step),
+                    validator->best()->auc);
+      }
+      std::fflush(stdout);
+      if (curve) {
+        tw::CurveRow row;
+        row.step = p.step;
+        row.samples = p.step * global_batch;
+        row.train_loss = p.loss;
+        row.samples_per_s = p.samples_per_s;
+        row.validation_auc = v.auc;
+        row.validation_logloss = v.logloss;
+        TESSERA_RETURN_IF_ERROR(curve->Append(row));
+      }
+      return stop;
+    };
+  }
+  if (FLAGS_worker_id == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(FLAGS_out_dir, ec);
+    auto c = tw::CurveFile::Create((std::filesystem::path(FLAGS_out_dir) / "metrics.csv").string());
+    if (!c.ok()) return Fail(c.status().WithContext("--out_dir"));
+    curve = std::move(*c);
+    auto on_progress = topt.on_progress;
+    topt.on_progress = [on_progress, &curve, global_batch](const tw::TrainProgress& p) {
+      on_progress(p);
+      tw::CurveRow row;
+      row.step = p.step;
+      row.samples = p.step * global_batch;
+      row.train_loss = p.loss;
+      row.samples_per_s = p.samples_per_s;
+      tessera::Status s = curve->Append(row);
+      if (!s.ok()) std::fprintf(stderr, "tessera-worker 0: %s\n", s.ToString().c_str());
+    };
+  }
 
   // Every rank's set-up and training; a rank that fails aborts the group (RunLocalRanks), so
   // that no other rank waits for it forever.
@@ -221,12 +414,14 @@ int main(int argc, char** argv) {
                              tw::Trainer::Create(topt, *layout, local == 0 ? store.get() : nullptr,
                                                  backend.get(), reader.get(), reducer.get()));
     TESSERA_RETURN_IF_ERROR(trainer->Init());
+    if (http && local == 0) http->SetReady(true);
     TESSERA_ASSIGN_OR_RETURN(tw::TrainResult r, trainer->Train());
     if (local == 0) tr = r;
     return tessera::Status::OK();
   };
   tessera::Status trained = tw::RunLocalRanks(nl, group.get(), run_rank);
   if (!trained.ok()) return Fail(trained);
+  if (http) http->SetReady(false, "training finished");
   std::printf(
       "worker %u trained %llu samples in %.1f s (%.0f samples/s), %llu steps "
       "(%llu resumed), train loss %.4f\n",
@@ -239,12 +434,25 @@ int main(int argc, char** argv) {
   tessera::Status s = store->Barrier(FLAGS_job + "/train_done");
   if (!s.ok()) return Fail(s);
   if (FLAGS_worker_id != 0) return 0;
+  std::optional<uint64_t> restored;
+  if (validator) {
+    auto r = validator->RestoreBest(tr.steps);
+    if (!r.ok()) return Fail(r.status());
+    restored = *r;
+    if (restored) {
+      std::printf("worker 0 restored the best validated state (step %llu, checkpoint %s) for "
+                  "the test\n",
+                  static_cast<unsigned long long>(*restored),
+                  validator->best_checkpoint().c_str());
+    }
+  }
   auto test = tw::OpenTestData(dopt);
   if (!test.ok()) return Fail(test.status());
   auto backend = tw::CreateCpuBackend(*layout, {std::max(FLAGS_threads, 2)});
   if (!backend.ok()) return Fail(backend.status());
   auto ev = tw::Evaluate(*layout, store.get(), backend->get(), test->get());
   if (!ev.ok()) return Fail(ev.status());
+  worker_metrics.Test(ev->auc, ev->logloss);
   std::printf("test samples %llu auc %.4f logloss %.4f",
               static_cast<unsigned long long>(ev->samples), ev->auc, ev->logloss);
   if (std::isfinite(ev->oracle_auc)) {
@@ -272,6 +480,14 @@ int main(int argc, char** argv) {
   report["test_logloss"] = ev->logloss;
   report["oracle_auc"] = ev->oracle_auc;
   report["oracle_logloss"] = ev->oracle_logloss;
+  report["steps"] = tr.steps;
+  report["early_stopped"] = tr.stopped;
+  if (validator && validator->best()) {
+    report["best_validation_step"] = validator->best()->step;
+    report["best_validation_auc"] = validator->best()->auc;
+    report["tested_step"] = restored ? *restored : tr.steps;
+  }
+  if (curve) report["metrics_csv"] = curve->path();
   // A --data path need not be UTF-8; replace what is not rather than throw.
   std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;

@@ -335,5 +335,54 @@ TEST(ToolsCli, WorkerJsonReportStaysValidWithQuotesInThePath) {
   EXPECT_TRUE(report["oracle_auc"].is_null()) << line;  // no planted model in a file
 }
 
+// --metrics_port on a training worker: /readyz 200 while it trains and /metrics with its
+// step, samples and loss from the progress reports.
+TEST(WorkerMetrics, ScrapedWhileTraining) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  const uint32_t port = testing::PickFreePort();
+  std::vector<std::string> args = Args(cluster.endpoints()[0], "metrics", "cpu", 1);
+  for (auto& a : args) {
+    if (a == "--max_steps=20") a = "--max_steps=1000000";  // until the test kills it
+  }
+  args.push_back("--train_samples=100000000");
+  args.push_back("--progress_interval_s=0.2");
+  args.push_back("--metrics_port=" + std::to_string(port));
+  args.push_back("--metrics_address=127.0.0.1");
+  ChildProcess worker;
+  ASSERT_TRUE(worker.Start(args, cluster.dir() + "/worker-metrics.log"));
+  std::string body;
+  bool ready = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < until && worker.Running()) {
+    ready = ready || testing::HttpGet(port, "/readyz").rfind("HTTP/1.1 200", 0) == 0;
+    body = testing::HttpGet(port, "/metrics");
+    std::smatch m;
+    if (ready && std::regex_search(body, m, std::regex("\ntessera_worker_step ([0-9]+)\n")) &&
+        std::stoull(m[1]) > 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(worker.Running()) << worker.Output();
+  EXPECT_TRUE(ready) << "/readyz never answered 200 while the worker trained";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(body, m, std::regex("\ntessera_worker_step ([0-9]+)\n")))
+      << body;
+  EXPECT_GT(std::stoull(m[1]), 0u) << body;
+  ASSERT_TRUE(
+      std::regex_search(body, m, std::regex("\ntessera_worker_samples_total ([0-9]+)\n")));
+  EXPECT_GT(std::stoull(m[1]), 0u);
+  // The loss of a click model starts near ln 2; a NaN or 0 would mean it is not being set.
+  ASSERT_TRUE(std::regex_search(body, m, std::regex("\ntessera_worker_train_loss ([0-9.e+-]+)\n")))
+      << body;
+  EXPECT_GT(std::stod(m[1]), 0.01);
+  EXPECT_LT(std::stod(m[1]), 5);
+  EXPECT_NE(body.find("tessera_worker_info{worker_id=\"0\",num_workers=\"1\",backend=\"cpu\""),
+            std::string::npos)
+      << body;
+  worker.Kill();
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,0 +1,142 @@
+#include "worker/validation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "ps/admin_path.h"
+#include "worker/trainer.h"
+
+namespace tessera::worker {
+
+bool ValidationSchedule::Due(uint64_t step) const {
+  if (step == 0) return false;
+  if (last_step != 0 && step == last_step) return true;
+  if (every_steps > 0) return step % every_steps == 0;
+  if (epoch_samples == 0) return false;
+  // An epoch ends in this step iff a multiple of epoch_samples lies in ((step-1)*b, step*b].
+  const uint64_t b = std::max<uint32_t>(batch_size, 1);
+  return step * b / epoch_samples > (step - 1) * b / epoch_samples;
+}
+
+uint64_t PlannedSteps(uint64_t shard_samples, uint32_t epochs, uint32_t batch_size) {
+  const uint64_t b = std::max<uint32_t>(batch_size, 1);
+  return (shard_samples * epochs + b - 1) / b;
+}
+
+Result<std::unique_ptr<Validator>> Validator::Create(const ValidationOptions& options,
+                                                     const ModelLayout& layout, ParamStore* store,
+                                                     Client* client, Backend* backend,
+                                                     Batch samples) {
+  if (store == nullptr) return Status::InvalidArgument("validation needs a store");
+  std::unique_ptr<DataReader> reader;
+  if (options.worker_id == 0) {
+    if (backend == nullptr) return Status::InvalidArgument("worker 0 validates: needs a backend");
+    if (samples.size == 0) return Status::InvalidArgument("the validation part is empty");
+    if (!options.best_dir.empty()) {
+      if (client == nullptr) return Status::InvalidArgument("keeping the best needs a client");
+      TESSERA_RETURN_IF_ERROR(ValidateAdminName(options.best_dir).WithContext("best_dir"));
+    }
+    reader = InMemoryReader(std::move(samples));
+  }
+  return std::unique_ptr<Validator>(
+      new Validator(options, layout, store, client, backend, std::move(reader)));
+}
+
+Validator::Validator(const ValidationOptions& options, const ModelLayout& layout,
+                     ParamStore* store, Client* client, Backend* backend,
+                     std::unique_ptr<DataReader> samples)
+    : options_(options),
+      layout_(layout),
+      store_(store),
+      client_(client),
+      backend_(backend),
+      samples_(std::move(samples)) {}
+
+Validator::~Validator() = default;
+
+Status Validator::WaitForMeta(const std::string& name, std::string* value) {
+  // Rounds are rare and short next to training: poll, backing off to 50 ms.
+  auto wait = std::chrono::milliseconds(1);
+  while (true) {
+    TESSERA_ASSIGN_OR_RETURN(auto v, store_->GetMeta(name));
+    if (v.has_value()) {
+      *value = std::move(*v);
+      return Status::OK();
+    }
+    std::this_thread::sleep_for(wait);
+    wait = std::min(wait * 2, std::chrono::milliseconds(50));
+  }
+}
+
+Result<bool> Validator::Round(uint64_t step) {
+  const std::string round = options_.job + "/val/" + std::to_string(step);
+  std::string value;
+  if (options_.worker_id != 0) {
+    TESSERA_RETURN_IF_ERROR(
+        store_->PutMeta(round + "/ready/" + std::to_string(options_.worker_id), "1"));
+    TESSERA_RETURN_IF_ERROR(WaitForMeta(round, &value));
+    return value == "stop";
+  }
+  for (uint32_t w = 1; w < options_.num_workers; ++w) {
+    TESSERA_RETURN_IF_ERROR(WaitForMeta(round + "/ready/" + std::to_string(w), &value));
+  }
+  TESSERA_RETURN_IF_ERROR(samples_->Rewind());
+  TESSERA_ASSIGN_OR_RETURN(
+      EvalResult ev, Evaluate(layout_, store_, backend_, samples_.get(), options_.eval_batch));
+  ValidationPoint point{step, ev.samples, ev.auc, ev.logloss};
+  history_.push_back(point);
+  if (!best_ || point.auc > best_->auc) {
+    best_ = point;
+    bad_ = 0;
+    TESSERA_RETURN_IF_ERROR(KeepBest(step));
+  } else {
+    ++bad_;
+  }
+  const bool stop = options_.patience > 0 && bad_ >= options_.patience;
+  TESSERA_RETURN_IF_ERROR(store_->PutMeta(round, stop ? "stop" : "go"));
+  return stop;
+}
+
+Status Validator::KeepBest(uint64_t step) {
+  if (options_.best_dir.empty() || step == options_.last_step) {
+    // Nothing kept, or nothing follows this step: the final state is the best.
+    best_ckpt_.clear();
+    return Status::OK();
+  }
+  TESSERA_ASSIGN_OR_RETURN(const std::string root,
+                           CanonicalAdminRoot(client_->options().admin_root));
+  const std::string name = options_.best_dir + "/step-" + std::to_string(step);
+  auto remove = [&](const std::string& n) -> Status {
+    TESSERA_ASSIGN_OR_RETURN(const std::string path, ResolveAdminPath(root, n));
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (ec) return Status::IOError("cannot remove '" + path + "': " + ec.message());
+    return Status::OK();
+  };
+  // A directory of the same name from an earlier run of the job would refuse the checkpoint.
+  TESSERA_RETURN_IF_ERROR(remove(name));
+  TESSERA_RETURN_IF_ERROR(client_->Checkpoint(name).status().WithContext("keeping the best"));
+  if (!best_ckpt_.empty()) TESSERA_RETURN_IF_ERROR(remove(best_ckpt_));
+  best_ckpt_ = name;
+  return Status::OK();
+}
+
+Result<std::optional<uint64_t>> Validator::RestoreBest(uint64_t last_step) {
+  if (options_.worker_id != 0 || !best_ || best_->step == last_step || best_ckpt_.empty()) {
+    return std::optional<uint64_t>();
+  }
+  // The checkpoint holds the position records of the best step; the job has gone past it.
+  std::vector<std::pair<std::string, std::string>> positions;
+  for (uint32_t w = 0; w < options_.num_workers; ++w) {
+    const std::string key = options_.job + "/pos/" + std::to_string(w);
+    TESSERA_ASSIGN_OR_RETURN(auto v, store_->GetMeta(key));
+    if (v.has_value()) positions.emplace_back(key, std::move(*v));
+  }
+  TESSERA_RETURN_IF_ERROR(client_->Restore(best_ckpt_).WithContext("restoring the best state"));
+  for (const auto& [key, value] : positions) TESSERA_RETURN_IF_ERROR(store_->PutMeta(key, value));
+  return std::optional<uint64_t>(best_->step);
+}
+
+}  // namespace tessera::worker

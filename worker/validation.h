@@ -1,0 +1,124 @@
+// Validation during training: when rounds happen, the job-wide stop decision, the best state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ps/client/client.h"
+#include "ps/status.h"
+#include "worker/backend.h"
+#include "worker/batch.h"
+#include "worker/data_reader.h"
+#include "worker/model.h"
+#include "worker/param_store.h"
+
+namespace tessera::worker {
+
+/// When validation rounds happen: after every `every_steps`-th step, or (every_steps 0) after
+/// the step in which each epoch of `epoch_samples` samples ends (a step reads `batch_size`
+/// samples); and after `last_step`, the planned end (0: none). Every worker computes the same.
+struct ValidationSchedule {
+  uint64_t every_steps = 0;
+  uint64_t epoch_samples = 0;
+  uint32_t batch_size = 1;
+  uint64_t last_step = 0;
+  /// Whether a round follows step `step` (>= 1).
+  bool Due(uint64_t step) const;
+};
+
+/// Steps of one node that read `epochs` passes over `shard_samples` samples per local rank,
+/// `batch_size` a step, ending with the last step every rank still has a sample for: every
+/// node of a job whose smallest shard has `shard_samples` can do this many (0 epochs: 0, no
+/// end).
+uint64_t PlannedSteps(uint64_t shard_samples, uint32_t epochs, uint32_t batch_size);
+
+/// Options of a Validator.
+struct ValidationOptions {
+  /// Job name: the round records are "<job>/val/<step>" (the decision, written by worker 0)
+  /// and "<job>/val/<step>/ready/<worker>" (the others). Default: "ctr".
+  std::string job = "ctr";
+  /// This worker's id; worker 0 evaluates and decides. Default: 0.
+  uint32_t worker_id = 0;
+  /// Workers in the job (all take part in every round). Default: 1.
+  uint32_t num_workers = 1;
+  /// Stop once the validation AUC has not improved on the best for this many rounds in a row;
+  /// 0: never stop early. Default: 3.
+  uint32_t patience = 3;
+  /// The planned last step (0: none): a best found there is not checkpointed (nothing follows
+  /// it). Default: 0.
+  uint64_t last_step = 0;
+  /// Worker 0 keeps the best state as a cluster checkpoint "<best_dir>/step-<S>" (a name
+  /// relative to the servers' --admin_root; the client needs ClientOptions::admin_root), the
+  /// previous best's directory removed. Empty: the best state is not kept. Default: empty.
+  std::string best_dir;
+  /// Samples per evaluation batch. Default: 8192.
+  uint32_t eval_batch = 8192;
+};
+
+/// The validation figures after one step.
+struct ValidationPoint {
+  uint64_t step = 0;
+  uint64_t samples = 0;  ///< Validation samples scored.
+  double auc = 0.5;
+  double logloss = 0;
+};
+
+/// Runs the validation rounds of one worker (its leader rank). In a round after step S every
+/// worker has its step S committed (pushes applied); the others record that they are there and
+/// wait for worker 0's decision; worker 0 waits for them, scores the validation samples with
+/// the cluster's parameters (Evaluate), checkpoints a new best, and records the decision. So
+/// every worker stops after the same step, and worker 0 scores exactly the state after step S
+/// of every worker. Not thread-safe: the leader's training thread calls it.
+class Validator {
+ public:
+  /// Borrows `store`, `client` and `backend` (must outlive the validator). Worker 0 needs
+  /// `backend` (CPU is enough) and `samples` (the validation set); `client` (Checkpoint,
+  /// Restore) only with a best_dir. Other workers pass only `store`.
+  static Result<std::unique_ptr<Validator>> Create(const ValidationOptions& options,
+                                                   const ModelLayout& layout, ParamStore* store,
+                                                   Client* client, Backend* backend,
+                                                   Batch samples);
+  ~Validator();
+
+  /// The round after step `step` (every worker calls it after the same steps). Returns
+  /// whether the job stops here. Blocks until worker 0 has decided (others) or every worker
+  /// has arrived (worker 0); no time limit, as Barrier.
+  Result<bool> Round(uint64_t step);
+  /// Worker 0, once no worker trains any more: loads the best state's checkpoint into the
+  /// cluster unless the state after `last_step` is the best (or none was kept); the position
+  /// records "<job>/pos/<w>", which the checkpoint holds too, are put back to their final
+  /// values. Returns the step restored, or nullopt when nothing was.
+  Result<std::optional<uint64_t>> RestoreBest(uint64_t last_step);
+
+  /// Worker 0: the best round so far (highest AUC, the earliest of equals).
+  std::optional<ValidationPoint> best() const { return best_; }
+  /// Worker 0: every round's figures.
+  const std::vector<ValidationPoint>& history() const { return history_; }
+  /// Worker 0: rounds since the best.
+  uint32_t rounds_without_improvement() const { return bad_; }
+  /// Worker 0: the checkpoint name holding the best state; empty when none.
+  const std::string& best_checkpoint() const { return best_ckpt_; }
+
+ private:
+  Validator(const ValidationOptions& options, const ModelLayout& layout, ParamStore* store,
+            Client* client, Backend* backend, std::unique_ptr<DataReader> samples);
+  Status WaitForMeta(const std::string& name, std::string* value);
+  Status KeepBest(uint64_t step);
+
+  ValidationOptions options_;
+  const ModelLayout& layout_;
+  ParamStore* store_;
+  Client* client_;
+  Backend* backend_;
+  std::unique_ptr<DataReader> samples_;
+  std::optional<ValidationPoint> best_;
+  std::vector<ValidationPoint> history_;
+  uint32_t bad_ = 0;
+  std::string best_ckpt_;
+};
+
+}  // namespace tessera::worker
