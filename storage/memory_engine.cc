@@ -173,15 +173,24 @@ class MemoryLaneStore final : public LaneStore {
 
   StoreStats stats() const override {
     StoreStats s = stats_;
-    for (auto& [id, t] : tables_) {
-      if (t->rows) {
-        s.rows_in_memory += t->rows->size();
-        s.bytes_in_memory += t->rows->MemoryBytes();
-      } else {
-        s.bytes_in_memory += t->dense->MemoryBytes();
-      }
+    for (const TableMemory& t : TableStats()) {
+      s.rows_in_memory += t.rows_in_memory;
+      s.bytes_in_memory += t.bytes_in_memory;
     }
     return s;
+  }
+
+  std::vector<TableMemory> TableStats() const override {
+    std::vector<TableMemory> out;
+    out.reserve(tables_.size());
+    for (auto& [id, t] : tables_) {
+      if (t->rows) {
+        out.push_back({id, t->rows->size(), t->rows->MemoryBytes()});
+      } else {
+        out.push_back({id, 0, t->dense->MemoryBytes()});
+      }
+    }
+    return out;
   }
 
  private:

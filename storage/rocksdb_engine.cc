@@ -218,6 +218,7 @@ class RocksDbLaneStore final : public LaneStore {
   Status Scan(uint64_t table_id, const RowVisitor& fn) override;
   Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() override;
   StoreStats stats() const override;
+  std::vector<TableMemory> TableStats() const override;
   Status Maintain(const ApplyContext& ctx) override;
   Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) override;
   Status PutRows(uint64_t table_id, std::span<const uint64_t> keys,
@@ -1499,16 +1500,28 @@ Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
 
 StoreStats RocksDbLaneStore::stats() const {
   StoreStats s = stats_;
-  for (const auto& [id, t] : tables_) {
-    if (t->rows) {
-      s.rows_in_memory += t->rows->size();
-      s.bytes_in_memory += t->rows->MemoryBytes() + t->pending.capacity() * 13;
-    }
-    for (const auto& [c, ch] : t->dense) {
-      s.bytes_in_memory += ch.data.capacity() * sizeof(float) + sizeof(ch);
-    }
+  for (const TableMemory& t : TableStats()) {
+    s.rows_in_memory += t.rows_in_memory;
+    s.bytes_in_memory += t.bytes_in_memory;
   }
   return s;
+}
+
+std::vector<TableMemory> RocksDbLaneStore::TableStats() const {
+  std::vector<TableMemory> out;
+  out.reserve(tables_.size());
+  for (const auto& [id, t] : tables_) {
+    TableMemory m{id, 0, 0};
+    if (t->rows) {
+      m.rows_in_memory = t->rows->size();
+      m.bytes_in_memory = t->rows->MemoryBytes() + t->pending.capacity() * 13;
+    }
+    for (const auto& [c, ch] : t->dense) {
+      m.bytes_in_memory += ch.data.capacity() * sizeof(float) + sizeof(ch);
+    }
+    out.push_back(m);
+  }
+  return out;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ps/status.h"
 #include "ps/table_spec.h"
@@ -52,6 +53,14 @@ struct StoreStats {
   /// Commits that wrote a batch, and rows (plus dense chunks) they wrote.
   uint64_t commits = 0;
   uint64_t rows_written = 0;
+};
+
+/// One table's share of a lane's memory tier (StoreStats' rows_in_memory and bytes_in_memory,
+/// by table).
+struct TableMemory {
+  uint64_t table_id = 0;
+  uint64_t rows_in_memory = 0;
+  uint64_t bytes_in_memory = 0;
 };
 
 class LaneSnapshot;
@@ -117,6 +126,9 @@ class LaneStore {
   virtual Status Scan(uint64_t table_id, const RowVisitor& fn) = 0;
 
   virtual StoreStats stats() const = 0;
+  /// The memory tier by table (every table of the lane, in no particular order); the sums are
+  /// stats()' rows_in_memory and bytes_in_memory.
+  virtual std::vector<TableMemory> TableStats() const = 0;
 
   /// Records that every request-log entry up to `seq` has been applied to this lane; the next
   /// Commit() or WriteBack() stores the mark atomically with the rows (see

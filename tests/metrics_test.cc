@@ -133,7 +133,8 @@ TEST(ServerMetrics, CountRequestsLatencyErrorsAndLaneState) {
   while (std::chrono::steady_clock::now() < until) {
     m = Parse(registry.Text());
     if (m["tessera_server_push_keys_total"] == 30 &&
-        Sum(m, "tessera_storage_rows_in_memory{") == keys.size()) {
+        Sum(m, "tessera_storage_rows_in_memory{") == keys.size() &&
+        m["tessera_table_rows_in_memory{table=\"emb\"}"] == keys.size()) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -143,6 +144,12 @@ TEST(ServerMetrics, CountRequestsLatencyErrorsAndLaneState) {
   EXPECT_EQ(Sum(m, "tessera_storage_rows_in_memory{"), keys.size());
   EXPECT_EQ(Sum(m, "tessera_storage_applies_total{"), 30);
   EXPECT_EQ(m["tessera_server_tables"], 1);
+  // By table: the rows of "emb" on every lane, and their bytes (4 floats of value each, and
+  // Adagrad's state, at least).
+  EXPECT_EQ(m["tessera_table_rows_in_memory{table=\"emb\"}"], keys.size());
+  EXPECT_GE(m["tessera_table_memory_bytes{table=\"emb\"}"], keys.size() * 4 * sizeof(float));
+  EXPECT_EQ(m["tessera_table_memory_bytes{table=\"emb\"}"],
+            Sum(m, "tessera_storage_memory_bytes{"));
 
   // After shutdown the server's state is no longer read; its counters stay.
   (*server)->Shutdown();

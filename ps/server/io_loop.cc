@@ -86,13 +86,21 @@ void ServerImpl::Maintain() {
                    if (!s.ok()) {
                      LOG(WARNING) << "lane " << lane.index() << " maintenance: " << s.ToString();
                    }
-                   m->PublishLane(lane.index(), lane.store().stats(), lane.store().dirty_bytes(),
+                   m->PublishLane(lane.index(), lane.store().stats(), lane.store().TableStats(),
+                                  lane.store().dirty_bytes(),
                                   lane.back_pressure_waits(), lane.committed_seq());
                    return Status::OK();
                  }});
   }
   RunParts(p, std::move(parts), /*writes=*/true, log_->last_seq(), /*may_inline=*/false);
   PublishIoMetrics();
+}
+
+std::vector<std::pair<uint64_t, std::string>> ServerImpl::TableNames() const {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  out.reserve(tables_.size());
+  for (const auto& [id, t] : tables_) out.emplace_back(id, t.spec.name);
+  return out;
 }
 
 void ServerImpl::PublishIoMetrics() {
@@ -114,6 +122,7 @@ void ServerImpl::PublishIoMetrics() {
       .push_keys = push_keys_,
       .pull_keys = pull_keys_,
       .checkpoint_pending = cut_.has_value(),
+      .table_names = TableNames(),
       .engine = engine_->EngineStats(),
   });
 }

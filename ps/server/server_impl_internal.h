@@ -217,6 +217,7 @@ class ServerImpl {
   void NoteInlineReply(const Header& req, bool ok, size_t bytes);
   // The I/O thread's state into metrics_ (each maintenance pass).
   void PublishIoMetrics();
+  std::vector<std::pair<uint64_t, std::string>> TableNames() const;
 };
 
 }  // namespace tessera::internal

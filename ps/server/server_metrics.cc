@@ -64,6 +64,7 @@ ServerMetrics::ServerMetrics(metrics::Registry& registry, uint32_t rank, uint32_
   for (uint32_t l = 0; l < lanes; ++l) lanes_.push_back(std::make_unique<LaneMirror>());
   AddLaneCollectors();
   AddIoCollectors();
+  AddTableCollectors();
 }
 
 ServerMetrics::~ServerMetrics() { registry_.RemoveCollectors(this); }
@@ -122,10 +123,15 @@ std::string ServerMetrics::StatsLines() const {
   return o.str();
 }
 
-void ServerMetrics::PublishLane(uint32_t l, const StoreStats& st, uint64_t dirty_bytes,
+void ServerMetrics::PublishLane(uint32_t l, const StoreStats& st,
+                                std::vector<TableMemory> tables, uint64_t dirty_bytes,
                                 uint64_t back_pressure_waits, uint64_t durable_log_mark) {
   if (l >= lanes_.size()) return;
   LaneMirror& m = *lanes_[l];
+  {
+    std::lock_guard<std::mutex> g(m.tables_mu);
+    m.tables = std::move(tables);
+  }
   constexpr auto r = std::memory_order_relaxed;
   m.rows.store(st.rows_in_memory, r);
   m.bytes.store(st.bytes_in_memory, r);
@@ -249,6 +255,40 @@ void ServerMetrics::AddIoCollectors() {
         }
         return out;
       });
+}
+
+void ServerMetrics::AddTableCollectors() {
+  // Per table, summed over the lanes: each lane's figures as of its last maintenance pass, the
+  // table's name as of the I/O thread's. A table a lane has not reported yet counts 0 there.
+  auto table = [this](const char* name, const char* help, uint64_t TableMemory::*field) {
+    registry_.AddCollector(this, name, help, Registry::Type::kGauge, [this, field] {
+      std::vector<std::pair<uint64_t, std::string>> names;
+      {
+        std::lock_guard<std::mutex> l(io_mu_);
+        names = io_.table_names;
+      }
+      std::sort(names.begin(), names.end(),
+                [](const auto& a, const auto& b) { return a.second < b.second; });
+      std::vector<double> sums(names.size(), 0);
+      for (const auto& lane : lanes_) {
+        std::lock_guard<std::mutex> g(lane->tables_mu);
+        for (const TableMemory& t : lane->tables) {
+          for (size_t i = 0; i < names.size(); ++i) {
+            if (names[i].first == t.table_id) sums[i] += static_cast<double>(t.*field);
+          }
+        }
+      }
+      Samples out;
+      for (size_t i = 0; i < names.size(); ++i) {
+        out.push_back({{{"table", names[i].second}}, sums[i]});
+      }
+      return out;
+    });
+  };
+  table("tessera_table_rows_in_memory", "Rows of a table in the memory tier of this server.",
+        &TableMemory::rows_in_memory);
+  table("tessera_table_memory_bytes", "Bytes of a table in the memory tier of this server.",
+        &TableMemory::bytes_in_memory);
 }
 
 }  // namespace tessera::internal

@@ -39,8 +39,8 @@ class ServerMetrics {
   std::string StatsLines() const;
 
   /// Lane `l`'s store, published by the lane itself (a maintenance task).
-  void PublishLane(uint32_t l, const StoreStats& st, uint64_t dirty_bytes,
-                   uint64_t back_pressure_waits, uint64_t durable_log_mark);
+  void PublishLane(uint32_t l, const StoreStats& st, std::vector<TableMemory> tables,
+                   uint64_t dirty_bytes, uint64_t back_pressure_waits, uint64_t durable_log_mark);
 
   /// The I/O thread's state, published once per maintenance pass.
   struct IoState {
@@ -50,6 +50,7 @@ class ServerMetrics {
     uint64_t refused_connections = 0, dropped_replies = 0, throttled_requests = 0,
              retried_pushes = 0, push_keys = 0, pull_keys = 0;
     bool checkpoint_pending = false;
+    std::vector<std::pair<uint64_t, std::string>> table_names;  // id, name
     std::vector<std::pair<std::string, uint64_t>> engine;  // StorageEngine::EngineStats()
   };
   void PublishIo(IoState s);
@@ -64,9 +65,12 @@ class ServerMetrics {
     std::atomic<uint64_t> rows{0}, bytes{0}, lookups{0}, memory_hits{0}, applies{0},
         apply_memory_hits{0}, evicted{0}, disk_reads{0}, budget_evictions{0}, write_backs{0},
         rows_written{0}, dirty_bytes{0}, back_pressure_waits{0}, durable_log_mark{0};
+    std::mutex tables_mu;
+    std::vector<TableMemory> tables;  // guarded by tables_mu
   };
   void AddLaneCollectors();
   void AddIoCollectors();
+  void AddTableCollectors();
 
   metrics::Registry& registry_;
   const TimePoint started_ = std::chrono::steady_clock::now();
