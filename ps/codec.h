@@ -66,6 +66,9 @@ struct Header {
   /// retries); 0: none.
   uint64_t client_id = 0;
   uint64_t client_seq = 0;
+  /// Pushes: the table's learning rate is multiplied by this for this push (a learning-rate
+  /// schedule, computed by the sender; FTRL ignores it). Servers accept [0, kMaxLrScale].
+  float lr_scale = 1.0f;
 };
 
 /// Serializes `h` into `out` (replacing its contents).

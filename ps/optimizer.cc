@@ -16,9 +16,9 @@ class Sgd final : public Optimizer {
   using Optimizer::Optimizer;
   uint32_t StateFloats(uint32_t) const override { return 0; }
   void Apply(float* w, float*, const float* g, uint32_t, uint32_t begin, uint32_t end,
-             uint64_t) const override {
-    const float lr = spec_.learning_rate;
-    for (uint32_t j = begin; j < end; ++j) w[j] -= lr * g[j - begin];
+             uint64_t, float lr_scale) const override {
+    const float lr = spec_.learning_rate * lr_scale, l2 = spec_.l2;
+    for (uint32_t j = begin; j < end; ++j) w[j] -= lr * (g[j - begin] + l2 * w[j]);
   }
 };
 
@@ -27,10 +27,10 @@ class Momentum final : public Optimizer {
   using Optimizer::Optimizer;
   uint32_t StateFloats(uint32_t dim) const override { return dim; }
   void Apply(float* w, float* m, const float* g, uint32_t, uint32_t begin, uint32_t end,
-             uint64_t) const override {
-    const float lr = spec_.learning_rate, mu = spec_.momentum;
+             uint64_t, float lr_scale) const override {
+    const float lr = spec_.learning_rate * lr_scale, mu = spec_.momentum, l2 = spec_.l2;
     for (uint32_t j = begin; j < end; ++j) {
-      m[j] = mu * m[j] + g[j - begin];
+      m[j] = mu * m[j] + g[j - begin] + l2 * w[j];
       w[j] -= lr * m[j];
     }
   }
@@ -44,10 +44,10 @@ class Adagrad final : public Optimizer {
     for (uint32_t j = 0; j < dim; ++j) a[j] = spec_.initial_accumulator;
   }
   void Apply(float* w, float* a, const float* g, uint32_t, uint32_t begin, uint32_t end,
-             uint64_t) const override {
-    const float lr = spec_.learning_rate, eps = spec_.epsilon;
+             uint64_t, float lr_scale) const override {
+    const float lr = spec_.learning_rate * lr_scale, eps = spec_.epsilon, l2 = spec_.l2;
     for (uint32_t j = begin; j < end; ++j) {
-      const float gj = g[j - begin];
+      const float gj = g[j - begin] + l2 * w[j];
       a[j] += gj * gj;
       w[j] -= lr * gj / (std::sqrt(a[j]) + eps);
     }
@@ -60,13 +60,17 @@ class RowwiseAdagrad final : public Optimizer {
   uint32_t StateFloats(uint32_t) const override { return 1; }
   void InitState(float* a, uint32_t) const override { a[0] = spec_.initial_accumulator; }
   void Apply(float* w, float* a, const float* g, uint32_t, uint32_t begin, uint32_t end,
-             uint64_t) const override {
+             uint64_t, float lr_scale) const override {
     if (end <= begin) return;
+    const float l2 = spec_.l2;
     double sq = 0;
-    for (uint32_t j = begin; j < end; ++j) sq += double{g[j - begin]} * g[j - begin];
+    for (uint32_t j = begin; j < end; ++j) {
+      const double gj = double{g[j - begin]} + double{l2} * w[j];
+      sq += gj * gj;
+    }
     a[0] += static_cast<float>(sq / (end - begin));
-    const float scale = spec_.learning_rate / (std::sqrt(a[0]) + spec_.epsilon);
-    for (uint32_t j = begin; j < end; ++j) w[j] -= scale * g[j - begin];
+    const float scale = spec_.learning_rate * lr_scale / (std::sqrt(a[0]) + spec_.epsilon);
+    for (uint32_t j = begin; j < end; ++j) w[j] -= scale * (g[j - begin] + l2 * w[j]);
   }
 };
 
@@ -75,16 +79,16 @@ class Adam final : public Optimizer {
   using Optimizer::Optimizer;
   uint32_t StateFloats(uint32_t dim) const override { return 2 * dim; }
   void Apply(float* w, float* s, const float* g, uint32_t dim, uint32_t begin, uint32_t end,
-             uint64_t step) const override {
+             uint64_t step, float lr_scale) const override {
     float* m = s;
     float* v = s + dim;
-    const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.epsilon;
+    const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.epsilon, l2 = spec_.l2;
     const double t = static_cast<double>(step == 0 ? 1 : step);
-    const float lr_t =
-        static_cast<float>(spec_.learning_rate * std::sqrt(1.0 - std::pow(double{b2}, t)) /
-                           (1.0 - std::pow(double{b1}, t)));
+    const float lr_t = static_cast<float>(double{spec_.learning_rate} * lr_scale *
+                                          std::sqrt(1.0 - std::pow(double{b2}, t)) /
+                                          (1.0 - std::pow(double{b1}, t)));
     for (uint32_t j = begin; j < end; ++j) {
-      const float gj = g[j - begin];
+      const float gj = g[j - begin] + l2 * w[j];
       m[j] = b1 * m[j] + (1 - b1) * gj;
       v[j] = b2 * v[j] + (1 - b2) * gj * gj;
       w[j] -= lr_t * m[j] / (std::sqrt(v[j]) + eps);
@@ -100,7 +104,7 @@ class Ftrl final : public Optimizer {
   uint32_t StateFloats(uint32_t dim) const override { return 2 * dim; }
   bool ValueFromStateOnly() const override { return true; }
   void Apply(float* w, float* s, const float* g, uint32_t dim, uint32_t begin, uint32_t end,
-             uint64_t) const override {
+             uint64_t, float) const override {
     float* z = s;
     float* n = s + dim;
     const float alpha = spec_.learning_rate, beta = spec_.ftrl_beta, l1 = spec_.l1, l2 = spec_.l2;

@@ -21,8 +21,12 @@ class Optimizer {
   virtual void InitState(float* state, uint32_t dim) const;
   /// Applies gradients to elements [begin, end) of a row of `dim` values: grad[k] is the
   /// gradient of element begin + k. `step` is the row's update count including this one (>= 1).
+  /// The step size is learning_rate * lr_scale (a schedule's factor for this push; FTRL ignores
+  /// it). With spec().l2 > 0, every optimizer but FTRL (whose l2 is its own proximal term) adds
+  /// l2 * value to each element's gradient first: L2 regularization of the rows a push updates
+  /// (lazy: a row no push touches is not decayed).
   virtual void Apply(float* value, float* state, const float* grad, uint32_t dim, uint32_t begin,
-                     uint32_t end, uint64_t step) const = 0;
+                     uint32_t end, uint64_t step, float lr_scale) const = 0;
   /// FTRL keeps the value as a function of its state; others return false.
   virtual bool ValueFromStateOnly() const { return false; }
 

@@ -17,7 +17,7 @@ TEST(OptimizerTest, SgdClosedForm) {
   std::vector<float> w = {1, 2, 3};
   const float g[] = {1, -2, 0.5};
   // With a constant gradient, w_t = w_0 - t*lr*g.
-  for (int t = 1; t <= 10; ++t) opt->Apply(w.data(), nullptr, g, 3, 0, 3, t);
+  for (int t = 1; t <= 10; ++t) opt->Apply(w.data(), nullptr, g, 3, 0, 3, t, 1.0f);
   EXPECT_NEAR(w[0], 1 - 10 * 0.1 * 1, 1e-5);
   EXPECT_NEAR(w[1], 2 + 10 * 0.1 * 2, 1e-5);
   EXPECT_NEAR(w[2], 3 - 10 * 0.1 * 0.5, 1e-5);
@@ -37,7 +37,7 @@ TEST(OptimizerTest, AdagradClosedForm) {
   // Constant gradient g: a_t = t*g^2, step t moves by lr*g/(|g|*sqrt(t)) = lr*sign(g)/sqrt(t).
   double expect = 0;
   for (int t = 1; t <= 20; ++t) {
-    opt->Apply(w.data(), a.data(), g, 2, 0, 2, t);
+    opt->Apply(w.data(), a.data(), g, 2, 0, 2, t, 1.0f);
     expect += 0.5 / std::sqrt(double(t));
   }
   EXPECT_NEAR(w[0], -expect, 1e-4);
@@ -52,13 +52,93 @@ TEST(OptimizerTest, PartialRangeTouchesOnlyItsElements) {
   auto opt = Optimizer::Make(spec);
   std::vector<float> w = {1, 1, 1, 1}, s(opt->StateFloats(4), 0.0f);
   const float g[] = {1, 1};
-  opt->Apply(w.data(), s.data(), g, 4, 1, 3, 1);
+  opt->Apply(w.data(), s.data(), g, 4, 1, 3, 1, 1.0f);
   EXPECT_EQ(w[0], 1.0f);
   EXPECT_LT(w[1], 1.0f);
   EXPECT_LT(w[2], 1.0f);
   EXPECT_EQ(w[3], 1.0f);
   // Adam's first step moves by lr exactly (bias correction), whatever the gradient scale.
   EXPECT_NEAR(w[1], 1.0f - spec.learning_rate, 1e-6);
+}
+
+// A push's learning-rate scale multiplies the step size of every optimizer but FTRL; a scale of
+// 1 is the plain update bit for bit.
+TEST(OptimizerTest, LearningRateScaleMultipliesTheStep) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum,
+                             OptimizerKind::kAdagrad, OptimizerKind::kRowwiseAdagrad,
+                             OptimizerKind::kAdam}) {
+    OptimizerSpec spec;
+    spec.kind = kind;
+    spec.learning_rate = 0.1f;
+    spec.initial_accumulator = 0.1f;
+    auto opt = Optimizer::Make(spec);
+    OptimizerSpec scaled_spec = spec;
+    scaled_spec.learning_rate = 0.1f * 0.25f;
+    auto reference = Optimizer::Make(scaled_spec);
+    const float g[] = {0.5f, -1.5f, 2.0f};
+    std::vector<float> w(3, 1.0f), s(opt->StateFloats(3)), w_ref = w, s_ref(s.size());
+    opt->InitState(s.data(), 3);
+    reference->InitState(s_ref.data(), 3);
+    std::vector<float> w_one = w, s_one = s;
+    for (uint64_t t = 1; t <= 5; ++t) {
+      opt->Apply(w.data(), s.data(), g, 3, 0, 3, t, 0.25f);
+      reference->Apply(w_ref.data(), s_ref.data(), g, 3, 0, 3, t, 1.0f);
+    }
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_NEAR(w[j], w_ref[j], 1e-6) << OptimizerKindName(kind) << " element " << j;
+      EXPECT_NE(w[j], 1.0f) << OptimizerKindName(kind);
+    }
+    // Scale 0: the state moves (the gradient was seen), the value does not.
+    opt->Apply(w_one.data(), s_one.data(), g, 3, 0, 3, 1, 0.0f);
+    EXPECT_EQ(w_one, std::vector<float>(3, 1.0f)) << OptimizerKindName(kind);
+  }
+  // FTRL has per-coordinate rates of its own: the scale is ignored.
+  OptimizerSpec ftrl;
+  ftrl.kind = OptimizerKind::kFtrl;
+  ftrl.learning_rate = 0.5f;
+  auto opt = Optimizer::Make(ftrl);
+  const float g[] = {1.0f, -2.0f};
+  std::vector<float> a(2, 0.0f), sa(4, 0.0f), b = a, sb = sa;
+  opt->Apply(a.data(), sa.data(), g, 2, 0, 2, 1, 1.0f);
+  opt->Apply(b.data(), sb.data(), g, 2, 0, 2, 1, 0.1f);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[0], 0.0f);
+}
+
+// L2 regularization adds l2 * w to the gradient of each updated element: with SGD and a zero
+// gradient, w_t = w_0 (1 - lr l2)^t; with Adagrad, the accumulator sees the regularized gradient.
+TEST(OptimizerTest, L2AddsDecayToTheUpdatedElements) {
+  OptimizerSpec spec;
+  spec.kind = OptimizerKind::kSgd;
+  spec.learning_rate = 0.1f;
+  spec.l2 = 0.5f;
+  auto sgd = Optimizer::Make(spec);
+  std::vector<float> w = {2.0f, -4.0f, 8.0f};
+  const float zero[] = {0.0f, 0.0f};
+  for (uint64_t t = 1; t <= 10; ++t) sgd->Apply(w.data(), nullptr, zero, 3, 0, 2, t, 1.0f);
+  EXPECT_NEAR(w[0], 2.0 * std::pow(0.95, 10), 1e-5);
+  EXPECT_NEAR(w[1], -4.0 * std::pow(0.95, 10), 1e-5);
+  EXPECT_EQ(w[2], 8.0f);  // not in the range pushed: not decayed (lazy)
+
+  spec.kind = OptimizerKind::kAdagrad;
+  spec.learning_rate = 1.0f;
+  spec.epsilon = 0.0f;
+  spec.initial_accumulator = 0.0f;
+  auto adagrad = Optimizer::Make(spec);
+  std::vector<float> v = {2.0f}, acc = {0.0f};
+  const float g[] = {1.0f};
+  adagrad->Apply(v.data(), acc.data(), g, 1, 0, 1, 1, 1.0f);
+  // g' = 1 + 0.5 * 2 = 2: a = 4, v = 2 - 2 / 2.
+  EXPECT_NEAR(acc[0], 4.0f, 1e-6);
+  EXPECT_NEAR(v[0], 1.0f, 1e-6);
+
+  // l2 = 0 is the plain update.
+  spec.l2 = 0.0f;
+  auto plain = Optimizer::Make(spec);
+  std::vector<float> p = {2.0f}, pa = {0.0f};
+  plain->Apply(p.data(), pa.data(), g, 1, 0, 1, 1, 1.0f);
+  EXPECT_NEAR(p[0], 1.0f, 1e-6);
+  EXPECT_NEAR(pa[0], 1.0f, 1e-6);
 }
 
 }  // namespace

@@ -38,11 +38,16 @@ struct OptimizerSpec {
   float epsilon = 1e-8f;
   /// Starting value of Adagrad accumulators. Default: 0.
   float initial_accumulator = 0.0f;
-  /// FTRL beta, L1 and L2 strengths. Defaults: 1, 0, 0.
+  /// FTRL beta, L1 and L2 strengths (FTRL's own proximal terms). Defaults: 1, 0, 0.
   float ftrl_beta = 1.0f;
   float l1 = 0.0f;
+  /// Every other optimizer: L2 regularization, l2 * value added to the gradient of each
+  /// element a push updates (lazy for sparse rows: rows no push touches are not decayed).
   float l2 = 0.0f;
 };
+
+/// The largest learning-rate scale of a push (Client::SetLearningRateScale) a server accepts.
+inline constexpr float kMaxLrScale = 1000.0f;
 
 /// How a row (or dense element) gets its first value. Every value is a pure function of
 /// (seed, key, element index): it never depends on the server, the lane or the time.

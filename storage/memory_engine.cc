@@ -73,7 +73,7 @@ class MemoryLaneStore final : public LaneStore {
       ++meta.update_count;
       meta.last_step = static_cast<uint32_t>(ctx.step);
       meta.last_update_s = ctx.now_s;
-      t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count);
+      t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count, ctx.lr_scale);
       ++stats_.applies;
     }
     return Status::OK();
@@ -102,7 +102,7 @@ class MemoryLaneStore final : public LaneStore {
     ++meta.update_count;
     meta.last_step = static_cast<uint32_t>(ctx.step);
     meta.last_update_s = ctx.now_s;
-    t->opt->Apply(row, row + len, grad, len, begin, end, meta.update_count);
+    t->opt->Apply(row, row + len, grad, len, begin, end, meta.update_count, ctx.lr_scale);
     ++stats_.applies;
     return Status::OK();
   }

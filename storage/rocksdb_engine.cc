@@ -1000,7 +1000,7 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
     meta.last_update_s = ctx.now_s;
     rows.flags(slot) |= CachedRows::kReferenced;
     float* row = rows.mutable_row(slot);
-    t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count);
+    t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count, ctx.lr_scale);
     ++stats_.applies;
   }
   return Status::OK();
@@ -1054,7 +1054,7 @@ Status RocksDbLaneStore::DenseApply(uint64_t table_id, uint64_t chunk, uint32_t 
   c->meta.last_step = static_cast<uint32_t>(ctx.step);
   c->meta.last_update_s = ctx.now_s;
   t->opt->Apply(c->data.data(), c->data.data() + c->len, grad, c->len, begin, end,
-                c->meta.update_count);
+                c->meta.update_count, ctx.lr_scale);
   MarkChunkDirty(t, chunk, c);
   ++stats_.applies;
   return Status::OK();

@@ -31,6 +31,8 @@ struct ApplyContext {
   uint64_t step = 0;
   /// Current time in seconds since the epoch.
   uint32_t now_s = 0;
+  /// The push's learning-rate factor (Header::lr_scale), passed to Optimizer::Apply.
+  float lr_scale = 1.0f;
 };
 
 /// Counters a store reports (monotonic unless said otherwise).

@@ -3,6 +3,7 @@
 // applied wholly or not at all.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -164,6 +165,56 @@ TEST(DurabilityTest, DataDirOfAnotherRankOrClusterSizeIsRefused) {
   EXPECT_TRUE(same.ok()) << same.status().ToString();
   same = Status::Unavailable("shut down");  // before the directory goes
   std::filesystem::remove_all(dir);
+}
+
+// A push's learning-rate scale is applied by the server and logged with the push: after kill -9
+// (nothing written back: every push is only in the request log) the replay applies each push
+// with its own scale. SGD with lr 1 and gradient -1 on both tables: a scale s adds s.
+TEST(DurabilityTest, LearningRateScaleIsAppliedAndReplayedAfterKill) {
+  testing::LocalClusterOptions co = testing::Servers(1);
+  co.with_data_dirs = true;
+  co.extra_flags = {"--write_back_interval_ms=600000"};
+  LocalCluster cluster(co);
+  ASSERT_TRUE(cluster.Start().ok());
+  const OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
+  const std::vector<uint64_t> keys = {3, 1000003, 77};
+  const std::vector<float> scales = {0.5f, 0.0f, 2.0f, 0.25f};
+  const float expect = 0.5f + 0.0f + 2.0f + 0.25f;
+  auto read = [&](Client& c, const Table& t, const Table& d) {
+    std::vector<float> rows(keys.size() * 2), dense(5);
+    EXPECT_TRUE(c.Wait(c.Pull(t, keys, rows.data())).ok());
+    EXPECT_TRUE(c.Wait(c.DensePull(d, 0, dense.size(), dense.data())).ok());
+    rows.insert(rows.end(), dense.begin(), dense.end());
+    return rows;
+  };
+  {
+    ClientOptions o;
+    o.servers = cluster.endpoints();
+    auto c = Client::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto t = (*c)->CreateTable(TableSpec::Sparse("scaled", 2, sgd));
+    auto d = (*c)->CreateTable(TableSpec::Dense("scaled_dense", 5, sgd));
+    ASSERT_TRUE(t.ok() && d.ok());
+    EXPECT_EQ((*c)->SetLearningRateScale(-1.0f).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*c)->SetLearningRateScale(std::nanf("")).code(), StatusCode::kInvalidArgument);
+    const std::vector<float> grads(keys.size() * 2, -1.0f), dgrads(5, -1.0f);
+    for (float s : scales) {
+      ASSERT_TRUE((*c)->SetLearningRateScale(s).ok());
+      ASSERT_TRUE((*c)->Wait((*c)->Push(*t, keys, grads)).ok());
+      ASSERT_TRUE((*c)->Wait((*c)->DensePush(*d, 0, dgrads)).ok());
+    }
+    for (float v : read(**c, *t, *d)) EXPECT_FLOAT_EQ(v, expect);
+  }
+  cluster.Kill(0);
+  ASSERT_TRUE(cluster.Restart(0).ok());
+  ClientOptions o;
+  o.servers = cluster.endpoints();
+  auto c = Client::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto t = (*c)->GetTable("scaled");
+  auto d = (*c)->GetTable("scaled_dense");
+  ASSERT_TRUE(t.ok() && d.ok());
+  for (float v : read(**c, *t, *d)) EXPECT_FLOAT_EQ(v, expect) << "after replay";
 }
 
 }  // namespace

@@ -72,6 +72,9 @@ class ClusterStore final : public ParamStore {
   Result<std::optional<std::string>> GetMeta(const std::string& name) override {
     return client_->GetMeta(name);
   }
+  Status SetLearningRateScale(float scale) override {
+    return client_->SetLearningRateScale(scale);
+  }
 
  private:
   Table Get(uint32_t i) {
@@ -159,7 +162,7 @@ class LocalStore final : public ParamStore {
     ++r.step;
     t->opt->Apply(r.data.data(), r.data.data() + t->dim, grads.data(), t->dim,
                   static_cast<uint32_t>(offset), static_cast<uint32_t>(offset + grads.size()),
-                  r.step);
+                  r.step, lr_scale_);
     return Pending();
   }
 
@@ -188,6 +191,14 @@ class LocalStore final : public ParamStore {
     auto it = meta_.find(name);
     if (it == meta_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
+  }
+  Status SetLearningRateScale(float scale) override {
+    if (!(scale >= 0.0f && scale <= kMaxLrScale)) {
+      return Status::InvalidArgument("learning-rate scale must be in [0, 1000]");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    lr_scale_ = scale;
+    return Status::OK();
   }
 
  private:
@@ -219,10 +230,12 @@ class LocalStore final : public ParamStore {
   void Apply(LocalTable* t, uint64_t key, const float* grad) {
     Row& r = RowOf(t, key);
     ++r.step;
-    t->opt->Apply(r.data.data(), r.data.data() + t->dim, grad, t->dim, 0, t->dim, r.step);
+    t->opt->Apply(r.data.data(), r.data.data() + t->dim, grad, t->dim, 0, t->dim, r.step,
+                  lr_scale_);
   }
 
   mutable std::mutex mu_;
+  float lr_scale_ = 1.0f;  // GUARDED_BY(mu_)
   std::vector<std::unique_ptr<LocalTable>> tables_;  // GUARDED_BY(mu_)
   int64_t clock_ = 0;                                // GUARDED_BY(mu_)
   std::map<std::string, std::string> meta_;          // GUARDED_BY(mu_)

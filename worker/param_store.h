@@ -48,6 +48,8 @@ class ParamStore {
   virtual Status Barrier(const std::string& name) = 0;
   virtual Status PutMeta(const std::string& name, std::string_view value) = 0;
   virtual Result<std::optional<std::string>> GetMeta(const std::string& name) = 0;
+  /// The learning-rate factor of pushes issued from now on (Client::SetLearningRateScale).
+  virtual Status SetLearningRateScale(float scale) = 0;
 };
 
 /// A store on a Tessera cluster through `client` (borrowed; must outlive the store).

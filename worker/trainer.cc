@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -317,6 +318,27 @@ Status Trainer::FinishPull(Step* s) {
   return reducer_->Broadcast(s->params);
 }
 
+float LrSchedule::Factor(uint64_t k) const {
+  if (k == 0) k = 1;
+  if (warmup_steps > 0 && k < warmup_steps) {
+    return static_cast<float>(static_cast<double>(k) / static_cast<double>(warmup_steps));
+  }
+  if (decay == Decay::kNone || decay_steps == 0) return 1.0f;
+  const uint64_t after = k - std::min(k, warmup_steps);
+  const double p = std::min(1.0, static_cast<double>(after) / static_cast<double>(decay_steps));
+  const double f = final_scale;
+  if (decay == Decay::kLinear) return static_cast<float>(1.0 - (1.0 - f) * p);
+  return static_cast<float>(f + (1.0 - f) * 0.5 * (1.0 + std::cos(M_PI * p)));
+}
+
+Result<LrSchedule::Decay> ParseLrDecay(std::string_view name) {
+  if (name == "none") return LrSchedule::Decay::kNone;
+  if (name == "linear") return LrSchedule::Decay::kLinear;
+  if (name == "cosine") return LrSchedule::Decay::kCosine;
+  return Status::InvalidArgument("learning-rate decay must be none, linear or cosine, not '" +
+                                 std::string(name) + "'");
+}
+
 Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   ModelGrads& grads = grads_;
   std::vector<float>& probs = probs_;
@@ -350,6 +372,9 @@ Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   // At most one step in flight uncommitted: a restarted worker redoes at most that step.
   TESSERA_RETURN_IF_ERROR(committer_->WaitIdle());
   const ModelConfig& c = layout_.config();
+  if (options_.lr_schedule.active()) {
+    TESSERA_RETURN_IF_ERROR(store_->SetLearningRateScale(options_.lr_schedule.Factor(step_)));
+  }
   std::vector<Pending> pushes;
   if (c.deep) pushes.push_back(store_->Push(emb_table_, s->keys, grads.embeddings));
   if (c.wide) pushes.push_back(store_->Push(wide_table_, s->keys, grads.wide));

@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/status.h"
@@ -28,6 +29,27 @@ struct TrainProgress {
   double running_auc = 0.5;  ///< AUC of the leader's last predictions (before their update).
   double running_logloss = 0;
 };
+
+/// A learning-rate schedule: the factor every table's learning rate is multiplied by for the
+/// pushes of step k (k = 1, 2, ...; resumed steps count), sent with the pushes
+/// (Client::SetLearningRateScale; FTRL tables ignore it). Linear warm-up from 1/warmup_steps to
+/// 1 over the first warmup_steps steps, then a decay from 1 to final_scale over decay_steps
+/// steps (none: 1 throughout; linear; cosine: final + (1 - final) (1 + cos(pi p)) / 2), then
+/// final_scale.
+struct LrSchedule {
+  enum class Decay : uint8_t { kNone, kLinear, kCosine };
+  uint64_t warmup_steps = 0;
+  Decay decay = Decay::kNone;
+  uint64_t decay_steps = 0;
+  float final_scale = 0.1f;
+  /// Whether the factor is ever other than 1.
+  bool active() const { return warmup_steps > 0 || (decay != Decay::kNone && decay_steps > 0); }
+  /// The factor of step `k` (>= 1).
+  float Factor(uint64_t k) const;
+};
+
+/// "none" | "linear" | "cosine"; InvalidArgument otherwise.
+Result<LrSchedule::Decay> ParseLrDecay(std::string_view name);
 
 /// Options of a Trainer.
 struct TrainerOptions {
@@ -67,6 +89,8 @@ struct TrainerOptions {
   /// after step S (the batch prefetched for the next step is dropped); an error fails Train.
   /// Both or neither. Default: none.
   std::function<bool(uint64_t)> pause_at;
+  /// The learning-rate schedule (pushes of the leader). Default: none (factor 1).
+  LrSchedule lr_schedule;
   std::function<Result<bool>(const TrainProgress&)> on_pause;
 };
 

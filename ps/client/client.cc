@@ -155,6 +155,9 @@ Header ClientImpl::BaseHeader(Op op) const {
   h.clock = clock_.load();
   h.staleness = options_.consistency.staleness;
   h.num_workers = options_.consistency.num_workers;
+  if (op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush) {
+    h.lr_scale = lr_scale_.load(std::memory_order_relaxed);
+  }
   return h;
 }
 
@@ -343,6 +346,19 @@ Handle Client::DensePush(const Table& table, uint64_t offset, std::span<const fl
 Handle Client::Clock() { return impl_->ClockCall(impl_->clock_.load() + 1); }
 int64_t Client::clock() const { return impl_->clock_.load(); }
 Handle Client::SetClock(int64_t clock) { return impl_->ClockCall(clock); }
+
+Status Client::SetLearningRateScale(float scale) {
+  if (!(scale >= 0.0f && scale <= kMaxLrScale)) {
+    return Status::InvalidArgument("learning-rate scale must be in [0, " +
+                                   std::to_string(kMaxLrScale) + "], got " +
+                                   std::to_string(scale));
+  }
+  impl_->lr_scale_.store(scale, std::memory_order_relaxed);
+  return Status::OK();
+}
+float Client::learning_rate_scale() const {
+  return impl_->lr_scale_.load(std::memory_order_relaxed);
+}
 
 Status Client::Barrier(const std::string& name, Deadline deadline) {
   if (impl_->options_.consistency.num_workers == 0) {

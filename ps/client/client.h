@@ -136,6 +136,13 @@ class Client {
   /// Sets the local clock (a restarted worker resumes at its stored clock) and tells servers.
   Handle SetClock(int64_t clock);
 
+  /// Learning-rate schedule: pushes sent from now on have each table's learning rate multiplied
+  /// by `scale` on the servers (e.g. a warm-up or decay factor for the current step; FTRL tables
+  /// ignore it). A retried push keeps the scale it was sent with. InvalidArgument unless
+  /// finite and in [0, 1000]. Default: 1.
+  Status SetLearningRateScale(float scale);
+  float learning_rate_scale() const;
+
   /// Blocks until every worker of the job (consistency.num_workers) has called Barrier(name).
   Status Barrier(const std::string& name, Deadline deadline = NoDeadline());
 

@@ -117,6 +117,7 @@ class ClientImpl {
   const ClientOptions options_;
   const SlotMap slot_map_;
   std::atomic<int64_t> clock_{0};
+  std::atomic<float> lr_scale_{1.0f};  // Header::lr_scale of pushes
 
  private:
   struct ServerConn {

@@ -26,6 +26,14 @@ const T* View(zmq::message_t& f, std::vector<T>* copy) {
   return copy->data();
 }
 
+Status CheckLrScale(float scale) {
+  if (!(scale >= 0.0f && scale <= kMaxLrScale)) {
+    return Status::InvalidArgument("learning-rate scale " + std::to_string(scale) +
+                                   " is not in [0, " + std::to_string(kMaxLrScale) + "]");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
@@ -149,6 +157,7 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
                                       ", not server " + std::to_string(options_.rank));
   }
   if (push) {
+    TESSERA_RETURN_IF_ERROR(CheckLrScale(h.lr_scale));
     const uint64_t bad = FirstNonFinite(p->values, h.count * dim);
     if (bad != kAllFinite) {
       return Status::InvalidArgument("gradient of key " + std::to_string(p->keys[bad / dim]) +
@@ -178,12 +187,14 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
     if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
   }
   const uint64_t table_id = h.table_id;
+  const float lr_scale = h.lr_scale;
   Pending* raw = p.get();
   std::vector<LanePart> parts;
   for (uint32_t l = 0; l < by_lane.size(); ++l) {
     if (by_lane[l].empty()) continue;
     auto idx = std::make_shared<std::vector<uint32_t>>(std::move(by_lane[l]));
-    parts.push_back(LanePart{l, [raw, idx, table_id, dim, push, pull](Lane& lane) -> Status {
+    parts.push_back(LanePart{l, [raw, idx, table_id, dim, push, pull,
+                                 lr_scale](Lane& lane) -> Status {
                                const size_t n = idx->size();
                                std::vector<uint64_t>& keys = lane.scratch_keys;
                                keys.resize(n);
@@ -194,7 +205,7 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
                                  for (size_t i = 0; i < n; ++i) {
                                    grads[i] = raw->values + size_t{(*idx)[i]} * dim;
                                  }
-                                 ApplyContext ctx{lane.NextStep(), NowSeconds()};
+                                 ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
                                  TESSERA_RETURN_IF_ERROR(
                                      lane.store().Apply(table_id, keys, grads, ctx));
                                }
@@ -243,6 +254,7 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
     if (h.elem_type != ElemType::kF32) return Status::InvalidArgument("dense values must be F32");
     TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 4, "values"));
     p->values = View<float>(p->frames[0], &p->value_copy);
+    TESSERA_RETURN_IF_ERROR(CheckLrScale(h.lr_scale));
     const uint64_t bad = FirstNonFinite(p->values, h.count);
     if (bad != kAllFinite) {
       return Status::InvalidArgument("dense gradient element " + std::to_string(h.offset + bad) +
@@ -269,14 +281,15 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   DenseSplit by_lane =
       SplitDenseByLane(h.table_id, h.offset, h.count, static_cast<uint32_t>(lanes_.size()));
   const uint64_t table_id = h.table_id;
+  const float lr_scale = h.lr_scale;
   Pending* raw = p.get();
   std::vector<LanePart> parts;
   for (uint32_t l = 0; l < by_lane.size(); ++l) {
     if (by_lane[l].empty()) continue;
     auto segs = std::make_shared<std::vector<DenseSegment>>(std::move(by_lane[l]));
     parts.push_back(
-        LanePart{l, [raw, segs, table_id, push](Lane& lane) -> Status {
-                   ApplyContext ctx{lane.NextStep(), NowSeconds()};
+        LanePart{l, [raw, segs, table_id, push, lr_scale](Lane& lane) -> Status {
+                   ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
                    for (const DenseSegment& s : *segs) {
                      if (push) {
                        TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(

@@ -13,7 +13,7 @@ std::array<char, RequestLog::kHeaderBytes> RequestLog::EncodeHeader(const Pendin
   const Header& h = p.header;
   std::array<char, kHeaderBytes> e{};
   char* d = e.data();
-  d[0] = h.op != Op::kDensePush ? 3 : 4;
+  d[0] = h.op != Op::kDensePush ? 5 : 6;
   const uint32_t dim = h.dim;
   std::memcpy(d + 4, &dim, 4);
   std::memcpy(d + 8, &h.table_id, 8);
@@ -21,6 +21,7 @@ std::array<char, RequestLog::kHeaderBytes> RequestLog::EncodeHeader(const Pendin
   std::memcpy(d + 24, &h.offset, 8);
   std::memcpy(d + 32, &h.client_id, 8);
   std::memcpy(d + 40, &h.client_seq, 8);
+  std::memcpy(d + 48, &h.lr_scale, 4);
   return e;
 }
 
@@ -138,21 +139,27 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
                               const std::function<bool(uint64_t)>& known,
                               const std::vector<bool>& mine, bool note_client) {
   const char kind = e.empty() ? 0 : e[0];
-  const size_t header = kind == 3 || kind == 4 ? kHeaderBytes : kOldHeaderBytes;
-  if (kind < 1 || kind > 4 || e.size() < header) {
+  const size_t header = kind >= 5 ? kHeaderBytes : kind >= 3 ? kClientHeaderBytes : kOldHeaderBytes;
+  if (kind < 1 || kind > 6 || e.size() < header) {
     return Status::Corruption("malformed request-log entry " + std::to_string(seq));
   }
   uint32_t dim;
   uint64_t table, count, offset, client = 0, client_seq = 0;
+  float lr_scale = 1.0f;
   std::memcpy(&dim, e.data() + 4, 4);
   std::memcpy(&table, e.data() + 8, 8);
   std::memcpy(&count, e.data() + 16, 8);
   std::memcpy(&offset, e.data() + 24, 8);
-  if (header == kHeaderBytes) {
+  if (header >= kClientHeaderBytes) {
     std::memcpy(&client, e.data() + 32, 8);
     std::memcpy(&client_seq, e.data() + 40, 8);
   }
-  const bool sparse = kind == 1 || kind == 3;
+  if (header == kHeaderBytes) std::memcpy(&lr_scale, e.data() + 48, 4);
+  const bool sparse = kind % 2 == 1;
+  if (!(lr_scale >= 0.0f && lr_scale <= kMaxLrScale)) {
+    return Status::Corruption("request-log entry " + std::to_string(seq) +
+                              " has learning-rate scale " + std::to_string(lr_scale));
+  }
   if (dim > (1u << 20) || count > (uint64_t{1} << 40)) {
     return Status::Corruption("request-log entry " + std::to_string(seq) + " has dim " +
                               std::to_string(dim) + " and count " + std::to_string(count));
@@ -178,7 +185,7 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
   std::memcpy(grads.data(), d, grads.size() * 4);
   const uint32_t nl = static_cast<uint32_t>(stores.size());
   const uint32_t old_lanes = static_cast<uint32_t>(marks.size());
-  const ApplyContext ctx{0, NowSeconds()};
+  const ApplyContext ctx{0, NowSeconds(), lr_scale};
   if (!sparse) {
     DenseSplit split = SplitDenseByLane(table, offset, count, nl);
     for (uint32_t l = 0; l < nl; ++l) {

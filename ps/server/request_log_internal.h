@@ -65,12 +65,14 @@ class RequestLog {
   /// Entries up to this one are gone from the log.
   uint64_t truncated() const { return truncated_.load(std::memory_order_acquire); }
 
-  /// Entry layout (little-endian): u8 kind (3 sparse, 4 dense), 3 bytes zero, u32 dim, u64
-  /// table id, u64 count, u64 offset, u64 client id, u64 client sequence number, then keys
-  /// (sparse, count x u64) and gradients (count x dim floats; dense: count floats). Kinds 1
-  /// (sparse) and 2 (dense), written before the client fields existed, have a 32-byte header
-  /// without them and are still replayed.
-  static constexpr size_t kHeaderBytes = 48;
+  /// Entry layout (little-endian): u8 kind (5 sparse, 6 dense), 3 bytes zero, u32 dim, u64
+  /// table id, u64 count, u64 offset, u64 client id, u64 client sequence number, f32 learning-
+  /// rate scale, 4 bytes zero, then keys (sparse, count x u64) and gradients (count x dim
+  /// floats; dense: count floats). Entries of older versions are still replayed: kinds 3
+  /// (sparse) and 4 (dense) have a 48-byte header without the scale (1), kinds 1 and 2 a
+  /// 32-byte header without the client fields either.
+  static constexpr size_t kHeaderBytes = 56;
+  static constexpr size_t kClientHeaderBytes = 48;
   static constexpr size_t kOldHeaderBytes = 32;
   /// The entry's header; the entry is the header, the keys (sparse) and the gradients.
   static std::array<char, kHeaderBytes> EncodeHeader(const Pending& p);
