@@ -12,20 +12,40 @@
 // process; the first output line says which. Every run gets fresh servers (memory tier) or a
 // fresh local store, so each trains the same samples from the same initial parameters.
 //
+// A PyTorch cell (issue 13): benchmarks/pytorch_dlrm.py, the same model, optimizers, data,
+// batch and threads in plain PyTorch, run by a Python interpreter (--python; CMake's choice by
+// default: /usr/bin/python3 first) as one more configuration of the same alternation. Skipped,
+// with a message naming scripts/install_bench_deps.sh, when the interpreter or torch is missing.
+//
+// Training samples are generated before the timed phase (--pregenerate, on by default) and read
+// from memory, as the PyTorch cell has its samples ready before it starts its clock: samples/s
+// counts the training loop alone on both sides. (Before issue 13 the generator ran inside the
+// timed loop: --pregenerate=false.)
+//
+// After each run the trained model is scored on the test stream (--test_samples; not timed),
+// so every configuration reports a test AUC (median over repetitions).
+//
 // Repetitions alternate the configurations (rep-major order) so that drift on a shared machine
 // hits them all; reported figures are medians. The last line of output is one JSON object with
 // ps_vs_inprocess_{prefetch,no_prefetch} (1 server + 1 worker vs 1 in-process trainer) and
-// ps2x2_vs_inprocess2_{prefetch,no_prefetch} (2 + 2 vs 2 in-process trainers), plus the raw
-// samples/s of every configuration.
+// ps2x2_vs_inprocess2_{prefetch,no_prefetch} (2 + 2 vs 2 in-process trainers),
+// tessera_1s1w_vs_pytorch and tessera_inprocess_vs_pytorch (prefetch on vs the PyTorch cell;
+// only when it ran), plus the raw samples/s and test AUC of every configuration.
+#include <fcntl.h>
 #include <gflags/gflags.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <barrier>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -65,6 +85,27 @@ DEFINE_string(server_binary, "",
               "tessera-server executable (default: <build>/tessera-server, this program being "
               "<build>/examples/ctr/bench_train)");
 DEFINE_uint32(lanes, 2, "Lanes (executor threads) per Tessera server");
+DEFINE_uint64(test_samples, 0,
+              "Test samples every trained model is scored on (0: 20000 with --quick, else "
+              "100000)");
+DEFINE_bool(pregenerate, true,
+            "Generate every worker's training samples before the timed phase (held in memory), "
+            "as the PyTorch cell does; false: the reader generates them while training is timed");
+DEFINE_bool(pytorch, true,
+            "Run the PyTorch baseline cell (benchmarks/pytorch_dlrm.py) next to the Tessera ones");
+DEFINE_string(python, "",
+              "Python interpreter of the PyTorch cell (default: the one CMake chose, "
+              "/usr/bin/python3 first)");
+DEFINE_string(pytorch_script, "",
+              "The PyTorch baseline script (default: benchmarks/pytorch_dlrm.py of the source "
+              "tree this program was built from)");
+
+#ifndef TESSERA_SOURCE_DIR
+#define TESSERA_SOURCE_DIR "."
+#endif
+#ifndef TESSERA_BENCH_PYTHON
+#define TESSERA_BENCH_PYTHON "/usr/bin/python3"
+#endif
 
 namespace tw = tessera::worker;
 using tessera::Result;
@@ -79,9 +120,10 @@ using tessera::bench::Median;
 
 struct Config {
   std::string name;
-  bool tessera;      // parameters on servers (else in local memory)
+  bool tessera;      // parameters on servers (else in local memory, or PyTorch's)
   uint32_t workers;  // trainers (threads), each with its own data shard
   bool prefetch;
+  bool pytorch = false;  // the PyTorch baseline (benchmarks/pytorch_dlrm.py), 1 process
 };
 
 struct RunResult {
@@ -89,11 +131,43 @@ struct RunResult {
   double seconds = 0;
   double samples_per_s = 0;
   double train_loss = 0;
+  double test_auc = std::nan("");
+  double oracle_auc = std::nan("");
+  // CPU seconds every process of the cell spent while training (this program's threads and
+  // its server processes, or the PyTorch process), per trained sample, in microseconds: a
+  // figure that other load on the machine changes much less than wall time.
+  double cpu_us_per_sample = std::nan("");
+  std::string blas;  // PyTorch cell: the BLAS its process loaded
 };
 
 // Trains `samples` samples with `workers` trainers and returns the aggregate throughput, timed
 // from the first trainer's start of Train() to the last one's end (Init, table creation and
 // server start are not timed).
+// CPU seconds (user + system) of this process, all threads.
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// CPU seconds (user + system) of process `pid` from /proc/<pid>/stat; 0 when unreadable.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close_paren = stat.rfind(')');  // the command name may hold spaces
+  if (close_paren == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close_paren + 2));
+  std::string f;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {  // field 3 is the state; 14, 15 the times
+    if (i == 14) utime = std::strtod(f.c_str(), nullptr);
+    if (i == 15) stime = std::strtod(f.c_str(), nullptr);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// After training (not timed), worker 0's view of the parameters is scored on the test stream.
 Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
                           const tw::DataSourceOptions& data, uint64_t samples,
                           const std::string& server_binary) {
@@ -125,6 +199,15 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
   };
   std::vector<PerWorker> per(cfg.workers);
   std::barrier sync(static_cast<std::ptrdiff_t>(cfg.workers));
+  // This process's CPU time and that of its server processes (thread servers count in it).
+  auto cpu_now = [&] {
+    double t = SelfCpuSeconds();
+    for (uint32_t s = 0; cfg.tessera && !server_binary.empty() && s < cfg.workers; ++s) {
+      t += ProcessCpuSeconds(cluster.pid(s));
+    }
+    return t;
+  };
+  double cpu_start = 0;
   auto body = [&](uint32_t w) {
     PerWorker& me = per[w];
     std::unique_ptr<tw::DataReader> reader;
@@ -136,6 +219,13 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
       mine.world = cfg.workers;
       mine.train_samples = samples;
       TESSERA_ASSIGN_OR_RETURN(reader, tw::OpenTrainData(mine));
+      if (FLAGS_pregenerate) {
+        // The shard's samples generated now, not while timed (the PyTorch cell does the same).
+        tw::Batch all;
+        all.Clear(reader->schema());
+        TESSERA_RETURN_IF_ERROR(tw::ReadAll(reader.get(), &all));
+        reader = tw::InMemoryReader(std::move(all));
+      }
       TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCpuBackend(layout, {FLAGS_threads}));
       tw::TrainerOptions o;
       o.batch_size = FLAGS_batch_size;
@@ -152,6 +242,7 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
     };
     me.status = setup();
     sync.arrive_and_wait();  // every trainer is ready (or failed): start together
+    if (w == 0) cpu_start = cpu_now();
     if (!me.status.ok()) return;
     me.start = BenchClock::now();
     auto r = trainer->Train();
@@ -166,6 +257,7 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
   for (uint32_t w = 1; w < cfg.workers; ++w) threads.emplace_back(body, w);
   body(0);
   for (auto& t : threads) t.join();
+  const double cpu_end = cpu_now();
 
   RunResult r;
   BenchClock::time_point start = BenchClock::time_point::max(), end{};
@@ -180,6 +272,150 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
   r.seconds = std::chrono::duration<double>(end - start).count();
   r.samples_per_s = r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0;
   r.train_loss = r.samples > 0 ? loss / static_cast<double>(r.samples) : 0;
+  if (r.samples > 0) {
+    r.cpu_us_per_sample = 1e6 * (cpu_end - cpu_start) / static_cast<double>(r.samples);
+  }
+
+  if (data.test_samples > 0) {
+    TESSERA_ASSIGN_OR_RETURN(auto test, tw::OpenTestData(data));
+    TESSERA_ASSIGN_OR_RETURN(auto backend,
+                             tw::CreateCpuBackend(layout, {std::max(FLAGS_threads, 1)}));
+    tw::ParamStore* store = cfg.tessera ? stores[0].get() : local.get();
+    auto ev = tw::Evaluate(layout, store, backend.get(), test.get());
+    if (!ev.ok()) return ev.status().WithContext(cfg.name + " test");
+    r.test_auc = ev->auc;
+    r.oracle_auc = ev->oracle_auc;
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ the PyTorch cell
+
+// Runs `argv` (argv[0] a path) with stdout into a pipe (stderr passes through) and returns its
+// exit status (-1: not started or killed by a signal) with what it printed.
+int RunCapture(const std::vector<std::string>& argv, std::string* out) {
+  out->clear();
+  // Built before fork: the child of a multi-threaded program may only make async-signal-safe
+  // calls until it execs (no malloc).
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with this program
+    dup2(fds[1], STDOUT_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    out->append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The last line of `text` that starts with '{' (the script's JSON line), or "".
+std::string LastJsonLine(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '{') last = line;
+  }
+  return last;
+}
+
+// The value of "key" in a flat JSON object line: a number (NaN when absent or not a number) or a
+// string without escapes ("" when absent).
+double JsonNumberField(const std::string& json, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const size_t p = json.find(k);
+  if (p == std::string::npos) return std::nan("");
+  const char* s = json.c_str() + p + k.size();
+  while (*s == ' ') ++s;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  return end == s ? std::nan("") : v;
+}
+std::string JsonStringField(const std::string& json, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  size_t p = json.find(k);
+  if (p == std::string::npos) return "";
+  p = json.find('"', p + k.size());
+  if (p == std::string::npos) return "";
+  const size_t e = json.find('"', p + 1);
+  return e == std::string::npos ? "" : json.substr(p + 1, e - p - 1);
+}
+
+struct PyTorchCell {
+  std::string python, script;
+  std::vector<std::string> args;  // the model, data and threads flags, same as the C++ cells
+};
+
+// Whether the PyTorch cell can run: the interpreter exists and imports torch and numpy (the
+// script's --check). Fills `why` when not, and `blas` with the BLAS torch loads when it can.
+bool PyTorchAvailable(const PyTorchCell& cell, std::string* why, std::string* blas) {
+  std::error_code ec;
+  if (!std::filesystem::exists(cell.python, ec)) {
+    *why = "no Python interpreter at " + cell.python;
+    return false;
+  }
+  if (!std::filesystem::exists(cell.script, ec)) {
+    *why = "no baseline script at " + cell.script;
+    return false;
+  }
+  std::string out;
+  const int rc = RunCapture({cell.python, cell.script, "--check"}, &out);
+  if (rc != 0) {
+    *why = cell.python + " cannot run the baseline (" +
+           (rc == 3 ? std::string("torch or numpy missing") : "exit " + std::to_string(rc)) + ")";
+    return false;
+  }
+  const std::string line = LastJsonLine(out);
+  *blas = JsonStringField(line, "blas") + " (" + JsonStringField(line, "blas_library") +
+          "), torch " + JsonStringField(line, "torch");
+  return true;
+}
+
+Result<RunResult> RunPyTorch(const PyTorchCell& cell) {
+  std::vector<std::string> argv = {cell.python, cell.script};
+  argv.insert(argv.end(), cell.args.begin(), cell.args.end());
+  std::string out;
+  const int rc = RunCapture(argv, &out);
+  const std::string line = LastJsonLine(out);
+  if (rc != 0 || line.empty()) {
+    return Status::Internal("pytorch: " + cell.script + " exited with status " +
+                            std::to_string(rc) + (line.empty() ? " and no JSON line" : ""));
+  }
+  RunResult r;
+  r.samples = static_cast<uint64_t>(JsonNumberField(line, "train_samples"));
+  r.seconds = JsonNumberField(line, "train_s");
+  r.samples_per_s = JsonNumberField(line, "samples_per_s");
+  r.train_loss = JsonNumberField(line, "train_loss");
+  r.test_auc = JsonNumberField(line, "test_auc");
+  r.oracle_auc = JsonNumberField(line, "oracle_auc");
+  r.blas = JsonStringField(line, "blas");
+  r.cpu_us_per_sample = 1e6 * JsonNumberField(line, "train_cpu_s") /
+                        static_cast<double>(std::max<uint64_t>(r.samples, 1));
+  if (!std::isfinite(r.samples_per_s) || r.samples_per_s <= 0) {
+    return Status::Internal("pytorch: no samples_per_s in its JSON line: " + line);
+  }
   return r;
 }
 
@@ -239,9 +475,12 @@ int main(int argc, char** argv) {
   std::string server_note;
   const std::string server_binary = FindServerBinary(argv[0], &server_note);
 
+  const uint64_t test_samples = FLAGS_test_samples ? FLAGS_test_samples
+                                : FLAGS_quick      ? 20000
+                                                   : 100000;
   tw::DataSourceOptions data;
   data.spec = "synthetic";
-  data.test_samples = 1;
+  data.test_samples = test_samples;
   data.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
   tw::ModelConfig mc;
   mc.embedding_dim = FLAGS_embedding_dim;
@@ -262,67 +501,135 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  const std::vector<Config> configs = {
+  std::vector<Config> configs = {
       {"inprocess_1w", false, 1, true}, {"inprocess_1w", false, 1, false},
       {"tessera_1s1w", true, 1, true},  {"tessera_1s1w", true, 1, false},
       {"inprocess_2w", false, 2, true}, {"inprocess_2w", false, 2, false},
       {"tessera_2s2w", true, 2, true},  {"tessera_2s2w", true, 2, false},
   };
+  // The PyTorch baseline: the same model, optimizers, samples, batch and threads.
+  PyTorchCell pt;
+  pt.python = FLAGS_python.empty() ? TESSERA_BENCH_PYTHON : FLAGS_python;
+  pt.script = FLAGS_pytorch_script.empty()
+                  ? std::string(TESSERA_SOURCE_DIR) + "/benchmarks/pytorch_dlrm.py"
+                  : FLAGS_pytorch_script;
+  pt.args = {"--train_samples=" + std::to_string(samples),
+             "--test_samples=" + std::to_string(test_samples),
+             "--batch_size=" + std::to_string(FLAGS_batch_size),
+             "--threads=" + std::to_string(std::max(FLAGS_threads, 1)),
+             "--embedding_dim=" + std::to_string(FLAGS_embedding_dim),
+             "--bottom_mlp=" + FLAGS_bottom_mlp,
+             "--top_mlp=" + FLAGS_top_mlp,
+             std::string("--wide=") + (FLAGS_wide ? "1" : "0"),
+             "--max_cardinality=" + std::to_string(FLAGS_synthetic_max_cardinality),
+             "--seed=" + std::to_string(data.synthetic.seed)};
+  std::string pytorch_skipped, pytorch_blas;
+  if (!FLAGS_pytorch) {
+    pytorch_skipped = "--pytorch=false";
+  } else if (!PyTorchAvailable(pt, &pytorch_skipped, &pytorch_blas)) {
+    pytorch_skipped += "; install with: bash scripts/install_bench_deps.sh";
+  } else {
+    configs.push_back({"pytorch_1w", false, 1, false, /*pytorch=*/true});
+  }
+  const bool have_pytorch = pytorch_skipped.empty();
   std::printf("%s\n", server_note.c_str());
   std::printf(
       "model: DLRM emb %u, bottom [%s], top [%s]%s; generated Criteo-shaped data (cardinality "
-      "cap %llu); batch %u per worker; %llu samples per run; %d reps, alternating; %u cores\n",
+      "cap %llu%s); batch %u per worker; %llu samples per run, %llu test samples; %d threads "
+      "per worker; %d reps, alternating; %u cores\n",
       FLAGS_embedding_dim, FLAGS_bottom_mlp.c_str(), FLAGS_top_mlp.c_str(),
       FLAGS_wide ? " + wide (FTRL)" : "",
-      static_cast<unsigned long long>(FLAGS_synthetic_max_cardinality), FLAGS_batch_size,
-      static_cast<unsigned long long>(samples), reps, std::thread::hardware_concurrency());
+      static_cast<unsigned long long>(FLAGS_synthetic_max_cardinality),
+      FLAGS_pregenerate ? ", generated before timing" : ", generated while timed", FLAGS_batch_size,
+      static_cast<unsigned long long>(samples), static_cast<unsigned long long>(test_samples),
+      std::max(FLAGS_threads, 1), reps, std::thread::hardware_concurrency());
+  if (have_pytorch) {
+    std::printf("pytorch: %s %s, %d thread(s), BLAS %s\n", pt.python.c_str(), pt.script.c_str(),
+                std::max(FLAGS_threads, 1), pytorch_blas.c_str());
+  } else {
+    std::printf("pytorch: skipped: %s\n", pytorch_skipped.c_str());
+  }
   std::fflush(stdout);
 
   const double load_start = LoadAverage();
   std::vector<double> loss(configs.size());
+  std::vector<std::vector<double>> aucs(configs.size()), cpus(configs.size());
+  double oracle_auc = std::nan("");
+  std::string pytorch_blas_kind;  // as the PyTorch cell's runs report it
   const auto t0 = BenchClock::now();
   // Odd repetitions run the list backwards, so no configuration always follows another.
   auto measured = tessera::bench::AlternateRepetitions(
       configs.size(), reps, [&](size_t c, int) -> std::optional<double> {
-        auto r = RunOnce(configs[c], *layout, data, samples, server_binary);
+        auto r = configs[c].pytorch ? RunPyTorch(pt)
+                                    : RunOnce(configs[c], *layout, data, samples, server_binary);
         if (!r.ok()) {
           std::fprintf(stderr, "bench_train: %s\n", r.status().ToString().c_str());
           return std::nullopt;
         }
         loss[c] = r->train_loss;
+        if (std::isfinite(r->test_auc)) aucs[c].push_back(r->test_auc);
+        if (std::isfinite(r->cpu_us_per_sample)) cpus[c].push_back(r->cpu_us_per_sample);
+        if (!configs[c].pytorch && std::isfinite(r->oracle_auc)) oracle_auc = r->oracle_auc;
+        if (configs[c].pytorch) pytorch_blas_kind = r->blas;
         return r->samples_per_s;
       });
   if (!measured) return 1;
   const std::vector<std::vector<double>> sps = std::move(*measured);  // samples/s per run
   const double total_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
 
-  std::vector<double> med(configs.size());
-  for (size_t c = 0; c < configs.size(); ++c) med[c] = Median(sps[c]);
+  std::vector<double> med(configs.size()), auc(configs.size()), cpu(configs.size());
+  for (size_t c = 0; c < configs.size(); ++c) {
+    med[c] = Median(sps[c]);
+    auc[c] = aucs[c].empty() ? std::nan("") : Median(aucs[c]);
+    cpu[c] = cpus[c].empty() ? std::nan("") : Median(cpus[c]);
+  }
   // The in-process configuration with the same workers and prefetch setting.
   auto baseline = [&](size_t c) {
     for (size_t b = 0; b < configs.size(); ++b) {
-      if (!configs[b].tessera && configs[b].workers == configs[c].workers &&
+      if (!configs[b].tessera && !configs[b].pytorch && configs[b].workers == configs[c].workers &&
           configs[b].prefetch == configs[c].prefetch) {
         return b;
       }
     }
     return c;
   };
-  std::printf("\n%-14s %7s %7s %8s %12s %12s %12s %9s %10s\n", "config", "servers", "workers",
-              "prefetch", "samples/s", "min", "max", "vs inproc", "train loss");
+  std::printf("\n%-14s %7s %7s %8s %12s %12s %12s %9s %10s %9s %10s\n", "config", "servers",
+              "workers", "prefetch", "samples/s", "min", "max", "vs inproc", "train loss",
+              "test AUC", "cpu us/smp");
   for (size_t c = 0; c < configs.size(); ++c) {
     const Config& k = configs[c];
-    std::printf("%-14s %7u %7u %8s %12.0f %12.0f %12.0f %9.3f %10.4f\n", k.name.c_str(),
-                k.tessera ? k.workers : 0, k.workers, k.prefetch ? "on" : "off", med[c],
-                *std::min_element(sps[c].begin(), sps[c].end()),
-                *std::max_element(sps[c].begin(), sps[c].end()), med[c] / med[baseline(c)],
-                loss[c]);
+    char vs[32];
+    std::snprintf(vs, sizeof(vs), "%9.3f", med[c] / med[baseline(c)]);
+    std::printf("%-14s %7s %7u %8s %12.0f %12.0f %12.0f %9s %10.4f %9.4f %10.1f\n", k.name.c_str(),
+                k.pytorch ? "-" : std::to_string(k.tessera ? k.workers : 0).c_str(), k.workers,
+                k.pytorch    ? "-"
+                : k.prefetch ? "on"
+                             : "off",
+                med[c], *std::min_element(sps[c].begin(), sps[c].end()),
+                *std::max_element(sps[c].begin(), sps[c].end()), k.pytorch ? "-" : vs, loss[c],
+                auc[c], cpu[c]);
   }
   auto ratio = [&](size_t c) { return med[c] / med[baseline(c)]; };
   std::printf(
       "\nvs inproc: median samples/s of the configuration / that of the in-process one with the "
-      "same workers and prefetch. Total time %.1f s.\n",
-      total_s);
+      "same workers and prefetch. samples/s: all the configuration's workers together, training "
+      "only (from the first trainer's start to the last one's end). test AUC: median over "
+      "repetitions, %llu test samples (oracle AUC %.4f). cpu us/smp: CPU time of every process of "
+      "the configuration (its server processes included) while it trained, per sample, median. "
+      "Total time %.1f s.\n",
+      static_cast<unsigned long long>(test_samples), oracle_auc, total_s);
+  // Against PyTorch: Tessera's default (prefetch on), 1 worker, over the PyTorch cell.
+  const size_t kInproc1 = 0, kTessera1 = 2, kPyTorch = configs.size() - 1;
+  double vs_pt_1s1w = std::nan(""), vs_pt_inproc = std::nan("");
+  if (have_pytorch) {
+    vs_pt_1s1w = med[kTessera1] / med[kPyTorch];
+    vs_pt_inproc = med[kInproc1] / med[kPyTorch];
+    std::printf(
+        "tessera_1s1w_vs_pytorch: %.3f (median samples/s, 1 server + 1 worker, prefetch on / "
+        "PyTorch)\ntessera_inprocess_vs_pytorch: %.3f (1 in-process trainer, prefetch on / "
+        "PyTorch)\ntest AUC: tessera_1s1w %.4f, inprocess_1w %.4f, pytorch %.4f\n",
+        vs_pt_1s1w, vs_pt_inproc, auc[kTessera1], auc[kInproc1], auc[kPyTorch]);
+  }
 
   const double load_end = LoadAverage();
   std::printf("1-minute load average: %.2f at the start, %.2f at the end (%u cores)\n", load_start,
@@ -332,19 +639,46 @@ int main(int argc, char** argv) {
   json += ",\"server_mode\":\"";
   json += server_binary.empty() ? "thread" : "process";
   json += "\",\"samples_per_run\":" + std::to_string(samples) +
+          ",\"test_samples\":" + std::to_string(test_samples) +
           ",\"reps\":" + std::to_string(reps) +
           ",\"batch_size\":" + std::to_string(FLAGS_batch_size) +
+          ",\"threads\":" + std::to_string(std::max(FLAGS_threads, 1)) +
+          ",\"pregenerate\":" + (FLAGS_pregenerate ? "true" : "false") +
           ",\"cores\":" + std::to_string(std::thread::hardware_concurrency());
   json += ",\"loadavg_start\":" + JsonNum(load_start) + ",\"loadavg_end\":" + JsonNum(load_end);
   json += ",\"ps_vs_inprocess_prefetch\":" + JsonNum(ratio(2));
   json += ",\"ps_vs_inprocess_no_prefetch\":" + JsonNum(ratio(3));
   json += ",\"ps2x2_vs_inprocess2_prefetch\":" + JsonNum(ratio(6));
   json += ",\"ps2x2_vs_inprocess2_no_prefetch\":" + JsonNum(ratio(7));
+  if (have_pytorch) {
+    json += ",\"tessera_1s1w_vs_pytorch\":" + JsonNum(vs_pt_1s1w);
+    json += ",\"tessera_inprocess_vs_pytorch\":" + JsonNum(vs_pt_inproc);
+    json += ",\"pytorch_blas\":\"" + pytorch_blas_kind + "\"";
+  } else {
+    std::string why = pytorch_skipped;
+    std::replace(why.begin(), why.end(), '"', '\'');
+    json += ",\"pytorch_skipped\":\"" + why + "\"";
+  }
+  json += ",\"oracle_auc\":" + JsonNum(oracle_auc);
   json += ",\"samples_per_s\":{";
+  auto key = [&](size_t c) {
+    return configs[c].name + (configs[c].pytorch    ? ""
+                              : configs[c].prefetch ? "_prefetch"
+                                                    : "_no_prefetch");
+  };
   for (size_t c = 0; c < configs.size(); ++c) {
     if (c) json += ",";
-    json += "\"" + configs[c].name + (configs[c].prefetch ? "_prefetch" : "_no_prefetch") +
-            "\":" + JsonNum(med[c]);
+    json += "\"" + key(c) + "\":" + JsonNum(med[c]);
+  }
+  json += "},\"test_auc\":{";
+  for (size_t c = 0; c < configs.size(); ++c) {
+    if (c) json += ",";
+    json += "\"" + key(c) + "\":" + JsonNum(auc[c]);
+  }
+  json += "},\"cpu_us_per_sample\":{";
+  for (size_t c = 0; c < configs.size(); ++c) {
+    if (c) json += ",";
+    json += "\"" + key(c) + "\":" + JsonNum(cpu[c]);
   }
   json += "}}";
   std::printf("%s\n", json.c_str());
