@@ -131,77 +131,48 @@ class CpuModel {
   // Per-thread buffers kept between calls (no allocation or page faults per batch).
   struct Workspace {
     std::vector<Mat> bottom_acts, top_acts;
-    Mat tm, dtm, dx;
+    // DCN-v2: cross_x[l] = x_l (x_0 = x0 = tm), cross_z[l] = x_l W_l^T + b_l.
+    std::vector<Mat> cross_x, cross_z;
+    Mat tm, dtm, dx, dcross;
     Vec logit, g, denom;
   };
 
+  T WeightOf(const InputT<T>& in, uint32_t e) const { return in.weights ? in.weights[e] : T(1); }
+
+  // Forward (and, when grads is set, backward) of samples [s0, s1). The formulas of the three
+  // kinds are in model.h (ModelKind).
   void RunChunk(const InputT<T>& in, uint32_t s0, uint32_t s1, T scale, T* probs, GradsT<T>* grads,
                 Workspace& ws) const {
     const ModelConfig& c = layout_.config();
-    const uint32_t bc = s1 - s0, nf = c.num_fields, nd = c.num_dense;
+    const uint32_t bc = s1 - s0, nf = c.num_fields;
     Vec& logit = ws.logit;
     logit.setConstant(bc, in.params[layout_.bias_offset()]);
-    auto weight_of = [&](uint32_t e) { return in.weights ? in.weights[e] : T(1); };
     if (c.wide) {
       for (uint32_t s = 0; s < bc; ++s) {
         const uint32_t b = in.offsets[size_t{s0 + s} * nf], e = in.offsets[size_t{s0 + s + 1} * nf];
         T sum = 0;
-        for (uint32_t k = b; k < e; ++k) sum += weight_of(k) * in.wide[in.rows[k]];
+        for (uint32_t k = b; k < e; ++k) sum += WeightOf(in, k) * in.wide[in.rows[k]];
         logit[s] += sum;
       }
     }
-    const bool hb = c.deep && nd > 0;
-    const uint32_t d = c.embedding_dim, n = layout_.num_vectors();
-    std::vector<Mat>& bottom_acts = ws.bottom_acts;
-    std::vector<Mat>& top_acts = ws.top_acts;
-    Mat& tm = ws.tm;  // bc x n*d: [bottom output, pooled field 0, ...]
-    Vec& denom = ws.denom;
     if (c.deep) {
-      tm.setZero(bc, size_t{n} * d);
-      if (hb) {
-        bottom_acts.resize(layout_.bottom().size() + 1);
-        bottom_acts[0] = CMap(in.dense + size_t{s0} * nd, bc, nd);
-        Mlp(layout_.bottom(), in.params, &bottom_acts);
-        tm.leftCols(d) = bottom_acts.back();
+      PoolForward(in, s0, bc, ws);
+      ws.top_acts.resize(layout_.top().size() + 1);
+      switch (c.kind) {
+        case ModelKind::kDlrm:
+          DotsForward(bc, ws);
+          break;
+        case ModelKind::kDeepFm:
+          ws.top_acts[0] = ws.tm;
+          FmForward(bc, ws.tm, &logit);
+          break;
+        case ModelKind::kDcn:
+          CrossForward(in.params, ws);
+          ws.top_acts[0] = ws.cross_x.back();
+          break;
       }
-      denom.setOnes(size_t{bc} * nf);
-      for (uint32_t s = 0; s < bc; ++s) {
-        for (uint32_t f = 0; f < nf; ++f) {
-          const size_t bag = size_t{s0 + s} * nf + f;
-          T* out = tm.row(s).data() + size_t{f + (hb ? 1 : 0)} * d;
-          T wsum = 0;
-          for (uint32_t k = in.offsets[bag]; k < in.offsets[bag + 1]; ++k) {
-            const T w = weight_of(k);
-            const T* row = in.embeddings + size_t{in.rows[k]} * d;
-            for (uint32_t j = 0; j < d; ++j) out[j] += w * row[j];
-            wsum += w;
-          }
-          if (c.pooling == Pooling::kMean && wsum != T(0)) {
-            denom[size_t{s} * nf + f] = wsum;
-            for (uint32_t j = 0; j < d; ++j) out[j] /= wsum;
-          }
-        }
-      }
-      const uint32_t dot0 = hb ? d : 0;
-      top_acts.resize(layout_.top().size() + 1);
-      Mat& x = top_acts[0];
-      x.resize(bc, layout_.top_input());
-      if (hb) x.leftCols(d) = bottom_acts.back();
-      for (uint32_t s = 0; s < bc; ++s) {
-        const T* ts = tm.row(s).data();
-        T* xs = x.row(s).data() + dot0;
-        for (uint32_t i = 1; i < n; ++i) {
-          const T* ti = ts + size_t{i} * d;
-          for (uint32_t j = 0; j < i; ++j) {
-            const T* tj = ts + size_t{j} * d;
-            T dot = 0;
-            for (uint32_t q = 0; q < d; ++q) dot += ti[q] * tj[q];
-            *xs++ = dot;
-          }
-        }
-      }
-      Mlp(layout_.top(), in.params, &top_acts);
-      logit += top_acts.back().col(0);
+      Mlp(layout_.top(), in.params, &ws.top_acts);
+      logit += ws.top_acts.back().col(0);
     }
     for (uint32_t s = 0; s < bc; ++s) probs[s0 + s] = T(1) / (T(1) + std::exp(-logit[s]));
     if (grads == nullptr) return;
@@ -219,20 +190,122 @@ class CpuModel {
     if (c.wide) {
       for (uint32_t s = 0; s < bc; ++s) {
         const uint32_t b = in.offsets[size_t{s0 + s} * nf], e = in.offsets[size_t{s0 + s + 1} * nf];
-        for (uint32_t k = b; k < e; ++k) grads->wide[in.rows[k]] += g[s] * weight_of(k);
+        for (uint32_t k = b; k < e; ++k) grads->wide[in.rows[k]] += g[s] * WeightOf(in, k);
       }
     }
     if (!c.deep) return;
-    Mat& dx = ws.dx;
-    MlpBackward(layout_.top(), in.params, top_acts, Mat(g), grads->params.data(), &dx);
+    MlpBackward(layout_.top(), in.params, ws.top_acts, Mat(g), grads->params.data(), &ws.dx);
+    switch (c.kind) {
+      case ModelKind::kDlrm:
+        DotsBackward(bc, ws);
+        break;
+      case ModelKind::kDeepFm:
+        FmBackward(bc, ws);
+        break;
+      case ModelKind::kDcn:
+        CrossBackward(in.params, grads->params.data(), ws);
+        break;
+    }
+    PoolBackward(in, s0, bc, ws, grads);
+  }
+
+  // ws.tm (bc x n*d) = [bottom MLP output (with dense features), pooled field 0, field 1, ...];
+  // ws.denom the mean pooling's weight sums.
+  void PoolForward(const InputT<T>& in, uint32_t s0, uint32_t bc, Workspace& ws) const {
+    const ModelConfig& c = layout_.config();
+    const uint32_t nf = c.num_fields, nd = c.num_dense, d = c.embedding_dim;
+    const uint32_t n = layout_.num_vectors();
+    const bool hb = nd > 0;
+    Mat& tm = ws.tm;
+    tm.setZero(bc, size_t{n} * d);
+    if (hb) {
+      std::vector<Mat>& bottom_acts = ws.bottom_acts;
+      bottom_acts.resize(layout_.bottom().size() + 1);
+      bottom_acts[0] = CMap(in.dense + size_t{s0} * nd, bc, nd);
+      Mlp(layout_.bottom(), in.params, &bottom_acts);
+      tm.leftCols(d) = bottom_acts.back();
+    }
+    Vec& denom = ws.denom;
+    denom.setOnes(size_t{bc} * nf);
+    for (uint32_t s = 0; s < bc; ++s) {
+      for (uint32_t f = 0; f < nf; ++f) {
+        const size_t bag = size_t{s0 + s} * nf + f;
+        T* out = tm.row(s).data() + size_t{f + (hb ? 1 : 0)} * d;
+        T wsum = 0;
+        for (uint32_t k = in.offsets[bag]; k < in.offsets[bag + 1]; ++k) {
+          const T w = WeightOf(in, k);
+          const T* row = in.embeddings + size_t{in.rows[k]} * d;
+          for (uint32_t j = 0; j < d; ++j) out[j] += w * row[j];
+          wsum += w;
+        }
+        if (c.pooling == Pooling::kMean && wsum != T(0)) {
+          denom[size_t{s} * nf + f] = wsum;
+          for (uint32_t j = 0; j < d; ++j) out[j] /= wsum;
+        }
+      }
+    }
+  }
+
+  // Bottom MLP and embedding gradients from ws.dtm = d(loss)/d(tm).
+  void PoolBackward(const InputT<T>& in, uint32_t s0, uint32_t bc, const Workspace& ws,
+                    GradsT<T>* grads) const {
+    const ModelConfig& c = layout_.config();
+    const uint32_t nf = c.num_fields, d = c.embedding_dim;
+    const bool hb = c.num_dense > 0;
+    const Mat& dtm = ws.dtm;
+    if (hb) {
+      MlpBackward(layout_.bottom(), in.params, ws.bottom_acts, Mat(dtm.leftCols(d)),
+                  grads->params.data(), nullptr);
+    }
+    for (uint32_t s = 0; s < bc; ++s) {
+      for (uint32_t f = 0; f < nf; ++f) {
+        const size_t bag = size_t{s0 + s} * nf + f;
+        const T* dp = dtm.row(s).data() + size_t{f + (hb ? 1 : 0)} * d;
+        const T inv = c.pooling == Pooling::kMean ? T(1) / ws.denom[size_t{s} * nf + f] : T(1);
+        for (uint32_t k = in.offsets[bag]; k < in.offsets[bag + 1]; ++k) {
+          const T w = WeightOf(in, k) * inv;
+          T* out = grads->embeddings.data() + size_t{in.rows[k]} * d;
+          for (uint32_t j = 0; j < d; ++j) out[j] += w * dp[j];
+        }
+      }
+    }
+  }
+
+  // DLRM: top_acts[0] = [bottom output (with dense features), v_i . v_j for i > j].
+  void DotsForward(uint32_t bc, Workspace& ws) const {
+    const uint32_t d = layout_.config().embedding_dim, n = layout_.num_vectors();
+    const bool hb = layout_.config().num_dense > 0;
+    const uint32_t dot0 = hb ? d : 0;
+    Mat& x = ws.top_acts[0];
+    x.resize(bc, layout_.top_input());
+    if (hb) x.leftCols(d) = ws.bottom_acts.back();
+    for (uint32_t s = 0; s < bc; ++s) {
+      const T* ts = ws.tm.row(s).data();
+      T* xs = x.row(s).data() + dot0;
+      for (uint32_t i = 1; i < n; ++i) {
+        const T* ti = ts + size_t{i} * d;
+        for (uint32_t j = 0; j < i; ++j) {
+          const T* tj = ts + size_t{j} * d;
+          T dot = 0;
+          for (uint32_t q = 0; q < d; ++q) dot += ti[q] * tj[q];
+          *xs++ = dot;
+        }
+      }
+    }
+  }
+
+  // DLRM: ws.dtm from ws.dx = d(loss)/d(top input).
+  void DotsBackward(uint32_t bc, Workspace& ws) const {
+    const uint32_t d = layout_.config().embedding_dim, n = layout_.num_vectors();
+    const bool hb = layout_.config().num_dense > 0;
+    const uint32_t dot0 = hb ? d : 0;
     Mat& dtm = ws.dtm;
     dtm.setZero(bc, size_t{n} * d);
-    const uint32_t dot0 = hb ? d : 0;
-    if (hb) dtm.leftCols(d) = dx.leftCols(d);
+    if (hb) dtm.leftCols(d) = ws.dx.leftCols(d);
     for (uint32_t s = 0; s < bc; ++s) {
-      const T* ts = tm.row(s).data();
+      const T* ts = ws.tm.row(s).data();
       T* dts = dtm.row(s).data();
-      const T* dxs = dx.row(s).data() + dot0;
+      const T* dxs = ws.dx.row(s).data() + dot0;
       for (uint32_t i = 1; i < n; ++i) {
         const T* ti = ts + size_t{i} * d;
         T* dti = dts + size_t{i} * d;
@@ -247,22 +320,78 @@ class CpuModel {
         }
       }
     }
-    if (hb) {
-      MlpBackward(layout_.bottom(), in.params, bottom_acts, Mat(dtm.leftCols(d)),
-                  grads->params.data(), nullptr);
-    }
+  }
+
+  // DeepFM: logit[s] += 1/2 sum_q [(sum_i v_iq)^2 - sum_i v_iq^2], v_i the vectors of row s of tm.
+  void FmForward(uint32_t bc, const Mat& tm, Vec* logit) const {
+    const uint32_t d = layout_.config().embedding_dim, n = layout_.num_vectors();
     for (uint32_t s = 0; s < bc; ++s) {
-      for (uint32_t f = 0; f < nf; ++f) {
-        const size_t bag = size_t{s0 + s} * nf + f;
-        const T* dp = dtm.row(s).data() + size_t{f + (hb ? 1 : 0)} * d;
-        const T inv = c.pooling == Pooling::kMean ? T(1) / denom[size_t{s} * nf + f] : T(1);
-        for (uint32_t k = in.offsets[bag]; k < in.offsets[bag + 1]; ++k) {
-          const T w = weight_of(k) * inv;
-          T* out = grads->embeddings.data() + size_t{in.rows[k]} * d;
-          for (uint32_t j = 0; j < d; ++j) out[j] += w * dp[j];
+      const T* ts = tm.row(s).data();
+      T fm = 0;
+      for (uint32_t q = 0; q < d; ++q) {
+        T sum = 0, sq = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+          const T v = ts[size_t{i} * d + q];
+          sum += v;
+          sq += v * v;
         }
+        fm += sum * sum - sq;
+      }
+      (*logit)[s] += T(0.5) * fm;
+    }
+  }
+
+  // DeepFM: d/dv_iq of the FM term is sum_j v_jq - v_iq; the DNN's input is tm itself.
+  void FmBackward(uint32_t bc, Workspace& ws) const {
+    const uint32_t d = layout_.config().embedding_dim, n = layout_.num_vectors();
+    Mat& dtm = ws.dtm;
+    dtm = ws.dx;
+    for (uint32_t s = 0; s < bc; ++s) {
+      const T* ts = ws.tm.row(s).data();
+      T* dts = dtm.row(s).data();
+      const T gs = ws.g[s];
+      for (uint32_t q = 0; q < d; ++q) {
+        T sum = 0;
+        for (uint32_t i = 0; i < n; ++i) sum += ts[size_t{i} * d + q];
+        for (uint32_t i = 0; i < n; ++i)
+          dts[size_t{i} * d + q] += gs * (sum - ts[size_t{i} * d + q]);
       }
     }
+  }
+
+  // DCN-v2: x_0 = tm; z_l = x_l W_l^T + b_l; x_{l+1} = x_0 ⊙ z_l + x_l (rows are samples).
+  void CrossForward(const T* params, Workspace& ws) const {
+    const std::vector<LayerShape>& cross = layout_.cross();
+    ws.cross_x.resize(cross.size() + 1);
+    ws.cross_z.resize(cross.size());
+    ws.cross_x[0] = ws.tm;
+    for (size_t l = 0; l < cross.size(); ++l) {
+      Mat& z = ws.cross_z[l];
+      z.noalias() = ws.cross_x[l] * Weight(params, cross[l]).transpose();
+      z.rowwise() += BiasOf(params, cross[l]);
+      ws.cross_x[l + 1] = ws.tm.cwiseProduct(z) + ws.cross_x[l];
+    }
+  }
+
+  // DCN-v2 backward from ws.dx = d(loss)/d(x_L): with dx = d/dx_{l+1}, dz_l = dx ⊙ x_0,
+  // d/dx_0 (direct) += dx ⊙ z_l, dW_l += dz_l^T x_l, db_l += sum of dz_l's rows, and
+  // d/dx_l = dx + dz_l W_l. ws.dtm = every path into x_0 = tm.
+  void CrossBackward(const T* params, T* grad_params, Workspace& ws) const {
+    const std::vector<LayerShape>& cross = layout_.cross();
+    Mat& dtm = ws.dtm;
+    dtm.setZero(ws.tm.rows(), ws.tm.cols());
+    Mat& dx = ws.dcross;
+    dx = ws.dx;
+    for (size_t l = cross.size(); l-- > 0;) {
+      const LayerShape& w = cross[l];
+      const Mat dz = dx.cwiseProduct(ws.tm);
+      dtm += dx.cwiseProduct(ws.cross_z[l]);
+      MMap(grad_params + w.offset, w.out, w.in).noalias() += dz.transpose() * ws.cross_x[l];
+      Eigen::Map<RowVec>(grad_params + w.offset + uint64_t{w.out} * w.in, w.out) +=
+          dz.colwise().sum();
+      dx.noalias() += dz * Weight(params, w);
+    }
+    dtm += dx;
   }
 
   const ModelLayout& layout_;

@@ -1,5 +1,6 @@
-// The CUDA backend: cuBLAS for the MLPs, kernels (cuda_kernels.cu) for the embedding bags, the
-// interaction and the loss. Inputs are host buffers (the trainer's pulled rows).
+// The CUDA backend: cuBLAS for the MLPs and DCN-v2's cross layers, kernels (cuda_kernels.cu) for
+// the embedding bags, the interactions (DLRM's dots, DeepFM's second-order term, the element-wise
+// part of the cross layers) and the loss. Inputs are host buffers (the trainer's pulled rows).
 //
 // One call: the inputs are packed into pinned host memory and uploaded with one copy, before
 // the first kernel; the outputs (loss, probabilities, gradients) live in one device block that
@@ -254,10 +255,9 @@ class CudaBackend final : public Backend {
       }
       TESSERA_CUDA(internal::LaunchEmbeddingBagForward(bags, InPtr<const float>(lay_.emb), t_.get(),
                                                        stream_));
-      TESSERA_RETURN_IF_ERROR(x_.Reserve(size_t{b} * layout_.top_input()));
-      TESSERA_CUDA(internal::LaunchInteractionForward(t_.get(), b, nvec, d, hb, layout_.top_input(),
-                                                      x_.get(), stream_));
-      TESSERA_RETURN_IF_ERROR(Mlp(layout_.top(), params, b, x_.get(), &top_));
+      const float* top_in = nullptr;
+      TESSERA_RETURN_IF_ERROR(InteractionForward(params, b, &top_in));
+      TESSERA_RETURN_IF_ERROR(Mlp(layout_.top(), params, b, top_in, &top_));
       top_out = top_.back().get();
     }
     TESSERA_CUDA(internal::LaunchLoss(
@@ -271,13 +271,13 @@ class CudaBackend final : public Backend {
           internal::LaunchWideBackward(offsets, rows, weights, g_.get(), b, nf, gwide, stream_));
     }
     if (!c.deep) return Status::OK();
-    // g (b x 1) is d(top output); the top MLP's output layer is linear, so g stays intact.
+    // g (b x 1) is d(top output); the top MLP's output layer is linear, so g stays intact (the
+    // FM term's gradient reads it next).
     TESSERA_RETURN_IF_ERROR(dx_.Reserve(size_t{b} * layout_.top_input()));
     TESSERA_RETURN_IF_ERROR(
-        MlpBackward(layout_.top(), params, b, x_.get(), &top_, gparams, g_.get(), dx_.get()));
+        MlpBackward(layout_.top(), params, b, TopInput(), &top_, gparams, g_.get(), dx_.get()));
     TESSERA_RETURN_IF_ERROR(dt_.Reserve(size_t{b} * nvec * d));
-    TESSERA_CUDA(internal::LaunchInteractionBackward(t_.get(), dx_.get(), b, nvec, d, hb,
-                                                     layout_.top_input(), dt_.get(), stream_));
+    TESSERA_RETURN_IF_ERROR(InteractionBackward(params, gparams, b));
     if (hb) {
       TESSERA_RETURN_IF_ERROR(dbottom_.Reserve(size_t{b} * d));
       TESSERA_CUDA(cudaMemcpy2DAsync(dbottom_.get(), d * sizeof(float), dt_.get(),
@@ -287,6 +287,111 @@ class CudaBackend final : public Backend {
                                           dbottom_.get(), nullptr));
     }
     TESSERA_CUDA(internal::LaunchEmbeddingBagBackward(bags, dt_.get(), gemb, stream_));
+    return Status::OK();
+  }
+
+  // The top MLP's input of the model's kind from t_ (b x nvec x d, every vector of a sample):
+  // DLRM [bottom output, dots] in x_; DeepFM t_ itself, its FM term added to logit_; DCN-v2
+  // x_L of the cross layers (t_ when there are none).
+  Status InteractionForward(const float* params, uint32_t b, const float** top_in) {
+    const ModelConfig& c = layout_.config();
+    const uint32_t nvec = layout_.num_vectors(), d = c.embedding_dim, width = nvec * d;
+    switch (c.kind) {
+      case ModelKind::kDlrm:
+        TESSERA_RETURN_IF_ERROR(x_.Reserve(size_t{b} * layout_.top_input()));
+        TESSERA_CUDA(internal::LaunchInteractionForward(t_.get(), b, nvec, d, c.num_dense > 0,
+                                                        layout_.top_input(), x_.get(), stream_));
+        break;
+      case ModelKind::kDeepFm:
+        TESSERA_CUDA(internal::LaunchFmForward(t_.get(), b, nvec, d, logit_.get(), stream_));
+        break;
+      case ModelKind::kDcn: {
+        const std::vector<LayerShape>& cross = layout_.cross();
+        cross_x_.resize(cross.size());
+        cross_z_.resize(cross.size());
+        for (size_t l = 0; l < cross.size(); ++l) {
+          const LayerShape& w = cross[l];
+          TESSERA_RETURN_IF_ERROR(cross_z_[l].Reserve(size_t{b} * width));
+          TESSERA_RETURN_IF_ERROR(cross_x_[l].Reserve(size_t{b} * width));
+          const float* xl = l == 0 ? t_.get() : cross_x_[l - 1].get();
+          float* z = cross_z_[l].get();
+          TESSERA_RETURN_IF_ERROR(Gemm(xl, params + w.offset, z, b, width, width));
+          TESSERA_CUDA(internal::LaunchBiasAct(z, params + w.offset + uint64_t{width} * width, b,
+                                               width, false, stream_));
+          TESSERA_CUDA(internal::LaunchCrossCombine(t_.get(), z, xl, size_t{b} * width,
+                                                    cross_x_[l].get(), stream_));
+        }
+        break;
+      }
+    }
+    *top_in = TopInput();
+    return Status::OK();
+  }
+
+  // The input InteractionForward gave the top MLP.
+  const float* TopInput() const {
+    switch (layout_.config().kind) {
+      case ModelKind::kDlrm:
+        return x_.get();
+      case ModelKind::kDeepFm:
+        return t_.get();
+      case ModelKind::kDcn:
+        return cross_x_.empty() ? t_.get() : cross_x_.back().get();
+    }
+    return nullptr;
+  }
+
+  // dt_ (b x nvec x d) = d(loss)/d(t_) from dx_ = d(loss)/d(top input) and g_ = d(loss)/d(logit).
+  Status InteractionBackward(const float* params, float* gparams, uint32_t b) {
+    const ModelConfig& c = layout_.config();
+    const uint32_t nvec = layout_.num_vectors(), d = c.embedding_dim, width = nvec * d;
+    const size_t n = size_t{b} * width;
+    switch (c.kind) {
+      case ModelKind::kDlrm:
+        TESSERA_CUDA(internal::LaunchInteractionBackward(t_.get(), dx_.get(), b, nvec, d,
+                                                         c.num_dense > 0, layout_.top_input(),
+                                                         dt_.get(), stream_));
+        break;
+      case ModelKind::kDeepFm:
+        TESSERA_CUDA(cudaMemcpyAsync(dt_.get(), dx_.get(), n * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream_));
+        TESSERA_CUDA(
+            internal::LaunchFmBackward(t_.get(), g_.get(), b, nvec, d, dt_.get(), stream_));
+        break;
+      case ModelKind::kDcn:
+        TESSERA_RETURN_IF_ERROR(CrossBackward(params, gparams, b));
+        break;
+    }
+    return Status::OK();
+  }
+
+  // DCN-v2 backward. dx_ holds d(x_L) and becomes d(x_l) layer by layer; with dx = d(x_{l+1}):
+  // dz = dx * x0, d(x0) += dx * z_l (kernel), dW_l += dz^T x_l, db_l += dz^T 1, d(x_l) = dx + dz
+  // W_l (cuBLAS); dt_ = the direct parts + d(x_0).
+  Status CrossBackward(const float* params, float* gparams, uint32_t b) {
+    const std::vector<LayerShape>& cross = layout_.cross();
+    const uint32_t width = layout_.top_input();
+    const size_t n = size_t{b} * width;
+    const float one = 1.0f;
+    TESSERA_CUDA(cudaMemsetAsync(dt_.get(), 0, n * sizeof(float), stream_));
+    TESSERA_RETURN_IF_ERROR(cross_dz_.Reserve(n));
+    float* dx = dx_.get();
+    float* dz = cross_dz_.get();
+    for (size_t l = cross.size(); l-- > 0;) {
+      const LayerShape& w = cross[l];
+      const float* xl = l == 0 ? t_.get() : cross_x_[l - 1].get();
+      TESSERA_CUDA(internal::LaunchCrossBackward(dx, t_.get(), cross_z_[l].get(), n, dz, dt_.get(),
+                                                 stream_));
+      // dW^T (in x out, column-major) += X^T dZ, as in MlpBackward.
+      TESSERA_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, width, b, &one, xl, width,
+                                 dz, width, &one, gparams + w.offset, width));
+      TESSERA_CUBLAS(cublasSgemv(blas_, CUBLAS_OP_N, width, b, &one, dz, width, ones_.get(), 1,
+                                 &one, gparams + w.offset + uint64_t{width} * width, 1));
+      // dX (b x in) += dZ W.
+      TESSERA_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, width, b, width, &one,
+                                 params + w.offset, width, dz, width, &one, dx, width));
+    }
+    TESSERA_CUBLAS(cublasSaxpy(blas_, static_cast<int>(n), &one, dx, 1, dt_.get(), 1));
     return Status::OK();
   }
 
@@ -380,6 +485,9 @@ class CudaBackend final : public Backend {
   PinnedBuffer<char> host_in_, host_out_;
   DeviceBuffer<char> in_, out_;
   DeviceBuffer<float> logit_, g_, ones_, t_, inv_denom_, x_, dx_, dt_, dbottom_, ping_, pong_;
+  // DCN-v2: x_1 .. x_L, z_0 .. z_{L-1} (z_l = x_l W_l^T + b_l), and dz of one layer.
+  std::vector<DeviceBuffer<float>> cross_x_, cross_z_;
+  DeviceBuffer<float> cross_dz_;
   size_t ones_filled_ = 0;
   bool in_flight_ = false;  // work enqueued that no wait has covered yet
   std::vector<DeviceBuffer<float>> bottom_, top_;

@@ -25,6 +25,134 @@ using testing::Outputs;
 using testing::RunStep;
 using testing::StepInput;
 
+// DeepFM and DCN-v2 on the shapes of BackendCases: the production shape, multi-key weighted
+// bags, mean pooling without dense features, width 33 (two lane passes).
+std::vector<BackendCase> ModelCases() {
+  auto of = [](ModelConfig c, ModelKind kind, uint32_t cross_layers) {
+    c.kind = kind;
+    c.num_cross_layers = cross_layers;
+    return c;
+  };
+  const ModelKind fm = ModelKind::kDeepFm, dcn = ModelKind::kDcn;
+  std::vector<BackendCase> v;
+  v.push_back({"deepfm_criteo_shape",
+               of(testing::CaseConfig(13, 26, 8, {32}, {32}, Pooling::kSum, true, true), fm, 0),
+               {300, 1037},
+               {1531, 2903},
+               1,
+               false,
+               21});
+  v.push_back({"deepfm_mean_weighted_no_dense",
+               of(testing::CaseConfig(0, 7, 8, {}, {16, 8}, Pooling::kMean, true, false), fm, 0),
+               {100, 257},
+               {151, 389},
+               3,
+               true,
+               22});
+  v.push_back({"deepfm_width_33_weighted_multikey",
+               of(testing::CaseConfig(3, 3, 33, {10}, {6}, Pooling::kSum, true, true), fm, 0),
+               {65, 130},
+               {33, 77},
+               3,
+               true,
+               23});
+  v.push_back({"dcn_criteo_shape",
+               of(testing::CaseConfig(13, 26, 8, {32}, {32}, Pooling::kSum, true, true), dcn, 3),
+               {300, 1037},
+               {1531, 2903},
+               1,
+               false,
+               24});
+  v.push_back({"dcn_mean_weighted_no_dense",
+               of(testing::CaseConfig(0, 7, 8, {}, {16, 8}, Pooling::kMean, true, false), dcn, 2),
+               {100, 257},
+               {151, 389},
+               3,
+               true,
+               25});
+  v.push_back({"dcn_width_33_one_layer_no_top_hidden",
+               of(testing::CaseConfig(3, 3, 33, {10}, {}, Pooling::kSum, true, true), dcn, 1),
+               {65, 130},
+               {33, 77},
+               3,
+               true,
+               26});
+  return v;
+}
+
+// testing::MakeStep initialises the bottom and top layers; the cross layers get LeCun-uniform
+// weights (variance 1/fan_in: z = x W^T + b stays O(1), so x0 * z neither vanishes nor explodes
+// over the layers) and small biases here.
+StepInput MakeModelStep(const ModelLayout& layout, const BackendCase& c, size_t step) {
+  StepInput s = MakeStep(layout, c, step);
+  std::mt19937_64 rng(c.seed * 7919 + step);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const LayerShape& l : layout.cross()) {
+    const float a = std::sqrt(3.0f / static_cast<float>(l.in));
+    for (uint64_t i = 0; i < uint64_t{l.out} * l.in; ++i) s.params[l.offset + i] = a * u(rng);
+    for (uint32_t j = 0; j < l.out; ++j) {
+      s.params[l.offset + uint64_t{l.out} * l.in + j] = 0.1f * u(rng);
+    }
+  }
+  return s;
+}
+
+// The cross layers' W and b gradients: testing::Tensors covers the bottom and top layers only.
+std::vector<testing::Tensor> CrossTensors(const ModelLayout& layout, const Outputs& o) {
+  std::vector<testing::Tensor> t;
+  const std::vector<float>& p = o.grads.params;
+  if (p.size() != layout.num_params()) return t;  // testing::Tensors reports the size
+  for (size_t i = 0; i < layout.cross().size(); ++i) {
+    const LayerShape& l = layout.cross()[i];
+    const uint64_t w = uint64_t{l.out} * l.in;
+    t.push_back(
+        {"cross" + std::to_string(i) + ".W", std::span<const float>(p).subspan(l.offset, w)});
+    t.push_back({"cross" + std::to_string(i) + ".b",
+                 std::span<const float>(p).subspan(l.offset + w, l.out)});
+  }
+  return t;
+}
+
+std::vector<testing::Tensor> AllTensors(const ModelLayout& layout, const Outputs& o) {
+  std::vector<testing::Tensor> t = testing::Tensors(layout, o), cross = CrossTensors(layout, o);
+  t.insert(t.end(), cross.begin(), cross.end());
+  return t;
+}
+
+// The largest error of a cross tensor in units of the tolerance of testing::CompareOutputs.
+double WorstCrossError(const ModelLayout& layout, const Outputs& ref, const Outputs& got) {
+  const testing::Tolerance tol;
+  const std::vector<testing::Tensor> a = CrossTensors(layout, ref), b = CrossTensors(layout, got);
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    double sq = 0;
+    for (float x : a[t].values) sq += double{x} * x;
+    const double rms = std::sqrt(sq / a[t].values.size());
+    for (size_t i = 0; i < a[t].values.size(); ++i) {
+      const double r = a[t].values[i], g = b[t].values[i];
+      worst =
+          std::max(worst, std::abs(g - r) / (tol.rtol * std::abs(r) + tol.atol_rms * rms + 1e-12));
+    }
+  }
+  return worst;
+}
+
+// testing::CompareOutputs, and the cross tensors at the same tolerance (x factor).
+std::string CompareAll(const ModelLayout& layout, const Outputs& ref, const Outputs& got,
+                       double factor = 1.0) {
+  std::string report = CompareOutputs(layout, ref, got, factor);
+  const double worst = WorstCrossError(layout, ref, got);
+  if (worst > factor) {
+    report += "cross layers: worst error " + std::to_string(worst / factor) + " of the tolerance\n";
+  }
+  return report;
+}
+
+double WorstErrorAll(const ModelLayout& layout, const Outputs& ref, const Outputs& got) {
+  return std::max(testing::WorstError(layout, ref, got), WorstCrossError(layout, ref, got));
+}
+
 // Steps alternate the summed loss (scale 1) and the mean loss (scale 1 / batch).
 float ScaleOf(const StepInput& s, size_t step) {
   return step % 2 == 0 ? 1.0f : 1.0f / static_cast<float>(s.batch);
@@ -77,7 +205,7 @@ TEST_P(CpuBackendCase, MatchesDoubleModelAndFiniteDifferences) {
   ASSERT_TRUE(cpu.ok());
   for (size_t step = 0; step < c.batches.size(); ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    const StepInput s = MakeStep(*layout, c, step);
+    const StepInput s = MakeModelStep(*layout, c, step);
     const float scale = ScaleOf(s, step);
     Status st;
     Outputs f = RunStep(cpu->get(), s, scale, &st);
@@ -90,9 +218,9 @@ TEST_P(CpuBackendCase, MatchesDoubleModelAndFiniteDifferences) {
     model.Run(d.Input(s), scale, pd.data(), &gd);
     auto fl = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
     Outputs ref{fl(pd), {fl(gd.embeddings), fl(gd.wide), fl(gd.params), gd.loss_sum}};
-    EXPECT_EQ(CompareOutputs(*layout, ref, f, 0.25), "");
+    EXPECT_EQ(CompareAll(*layout, ref, f, 0.25), "");
     std::printf("%s step %zu: float vs double: worst error %.3g of the GPU tolerance\n",
-                c.name.c_str(), step, testing::WorstError(*layout, ref, f));
+                c.name.c_str(), step, WorstErrorAll(*layout, ref, f));
 
     // Finite differences of scale * loss_sum with respect to inputs of each kind.
     const double eps = 1e-6;
@@ -140,7 +268,7 @@ TEST_P(CpuBackendCase, ExercisesEveryTensor) {
   auto cpu = CreateCpuBackend(*layout);
   ASSERT_TRUE(cpu.ok());
   const size_t last = c.batches.size() - 1;
-  const StepInput s = MakeStep(*layout, c, last);
+  const StepInput s = MakeModelStep(*layout, c, last);
   Status st;
   Outputs o = RunStep(cpu->get(), s, 1.0f, &st);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -148,7 +276,7 @@ TEST_P(CpuBackendCase, ExercisesEveryTensor) {
   for (float p : o.probs) mean += p / o.probs.size();
   for (float p : o.probs) var += (p - mean) * (p - mean) / o.probs.size();
   EXPECT_GT(std::sqrt(var), 0.05) << "predictions hardly vary";
-  for (const testing::Tensor& t : testing::Tensors(*layout, o)) {
+  for (const testing::Tensor& t : AllTensors(*layout, o)) {
     if (t.name == "probs" || t.values.empty()) continue;
     size_t nonzero = 0;
     for (float x : t.values) nonzero += x != 0.0f;
@@ -167,8 +295,8 @@ TEST_P(CpuBackendCase, ComparisonRejectsWrongKernels) {
   const ModelConfig& m = c.config;
   auto layout = ModelLayout::Create(m);
   ASSERT_TRUE(layout.ok());
-  const StepInput prev = MakeStep(*layout, c, 0);
-  const StepInput s = MakeStep(*layout, c, 1);
+  const StepInput prev = MakeModelStep(*layout, c, 0);
+  const StepInput s = MakeModelStep(*layout, c, 1);
   const float scale = 0.5f;
   auto run = [&](const ModelConfig& config, const StepInput& in, float sc) {
     auto l = ModelLayout::Create(config);
@@ -179,7 +307,7 @@ TEST_P(CpuBackendCase, ComparisonRejectsWrongKernels) {
     return o;
   };
   const Outputs ref = run(m, s, scale);
-  ASSERT_EQ(CompareOutputs(*layout, ref, run(m, s, scale)), "");  // deterministic
+  ASSERT_EQ(CompareAll(*layout, ref, run(m, s, scale)), "");  // deterministic
 
   struct Mutation {
     std::string name;
@@ -245,6 +373,23 @@ TEST_P(CpuBackendCase, ComparisonRejectsWrongKernels) {
         "wide weights not read",
         [](StepInput* in) { std::fill(in->wide.begin(), in->wide.end(), 0.0f); }, m);
   }
+  if (m.kind == ModelKind::kDeepFm) {
+    // DCN-v2 without cross layers has DeepFM's layout and its DNN: only the FM term differs.
+    ModelConfig no_fm = m;
+    no_fm.kind = ModelKind::kDcn;
+    no_fm.num_cross_layers = 0;
+    mutate("FM term left out", same, no_fm);
+  }
+  if (!layout->cross().empty()) {
+    mutate(
+        "cross layers read as zeros (x_L = x0)",
+        [&](StepInput* in) {
+          for (const LayerShape& l : layout->cross()) {
+            std::fill_n(in->params.begin() + l.offset, l.size(), 0.0f);
+          }
+        },
+        m);
+  }
   wrong.push_back({"loss scale ignored", run(m, s, 1.0f)});
   {
     // A grid that misses the samples of the last partial block of 256.
@@ -266,13 +411,14 @@ TEST_P(CpuBackendCase, ComparisonRejectsWrongKernels) {
     wrong.push_back({"dense gradients kept from the previous step", o});
   }
   for (const Mutation& w : wrong) {
-    EXPECT_NE(CompareOutputs(*layout, ref, w.out), "") << c.name << ": not caught: " << w.name;
+    EXPECT_NE(CompareAll(*layout, ref, w.out), "") << c.name << ": not caught: " << w.name;
     std::printf("%s: %s: worst error %.3g of the GPU tolerance\n", c.name.c_str(), w.name.c_str(),
-                testing::WorstError(*layout, ref, w.out));
+                WorstErrorAll(*layout, ref, w.out));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CpuBackendCase, ::testing::ValuesIn(BackendCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Models, CpuBackendCase, ::testing::ValuesIn(ModelCases()), CaseName);
 
 class GpuCudaBackend : public ::testing::TestWithParam<BackendCase> {};
 
@@ -290,14 +436,14 @@ TEST_P(GpuCudaBackend, MatchesCpuBackend) {
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   for (size_t step = 0; step < c.batches.size(); ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    const StepInput s = MakeStep(*layout, c, step);
+    const StepInput s = MakeModelStep(*layout, c, step);
     const float scale = ScaleOf(s, step);
     Status sc, sg;
     const Outputs oc = RunStep(cpu->get(), s, scale, &sc);
     const Outputs og = RunStep(gpu->get(), s, scale, &sg);
     ASSERT_TRUE(sc.ok()) << sc.ToString();
     ASSERT_TRUE(sg.ok()) << sg.ToString();
-    EXPECT_EQ(CompareOutputs(*layout, oc, og), "");
+    EXPECT_EQ(CompareAll(*layout, oc, og), "");
     std::vector<float> pf(s.batch);
     ASSERT_TRUE((*gpu)->Forward(s.Input(), pf.data()).ok());
     for (uint32_t i = 0; i < s.batch; ++i) ASSERT_NEAR(pf[i], og.probs[i], 1e-6) << i;
@@ -305,6 +451,8 @@ TEST_P(GpuCudaBackend, MatchesCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuCudaBackend, ::testing::ValuesIn(BackendCases()), CaseName);
+// DeepFM and DCN-v2 (FM kernels, cross layers on cuBLAS) against the CPU backend.
+INSTANTIATE_TEST_SUITE_P(Models, GpuCudaBackend, ::testing::ValuesIn(ModelCases()), CaseName);
 
 TEST(GpuCudaBackendEdges, EmptyBatchBadRowsAndMissingDevice) {
   std::string why;
@@ -313,7 +461,7 @@ TEST(GpuCudaBackendEdges, EmptyBatchBadRowsAndMissingDevice) {
   auto layout = ModelLayout::Create(c.config);
   auto gpu = CreateCudaBackend(*layout, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  StepInput s = MakeStep(*layout, c, 0);
+  StepInput s = MakeModelStep(*layout, c, 0);
   ModelInput in = s.Input();
   in.batch_size = 0;
   ModelGrads g;

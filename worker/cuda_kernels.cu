@@ -1,5 +1,6 @@
-// The CUDA backend's kernels: embedding bags, wide part, interaction, loss, and small helpers
-// for the cuBLAS MLPs. See cuda_kernels_internal.h for what each computes.
+// The CUDA backend's kernels: embedding bags, wide part, interactions (DLRM's dots, DeepFM's
+// second-order term, DCN-v2's element-wise cross products), loss, and small helpers for the
+// cuBLAS MLPs and cross layers. See cuda_kernels_internal.h for what each computes.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -166,6 +167,53 @@ __global__ void InteractionBackwardKernel(const float* t, const float* dx, uint3
   }
 }
 
+// One thread per sample: the FM term over its num_vectors x dim values.
+__global__ void FmForwardKernel(const float* t, uint32_t batch, uint32_t nvec, uint32_t d,
+                                float* logit) {
+  const uint32_t s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= batch) return;
+  const float* ts = t + size_t(s) * nvec * d;
+  float fm = 0.0f;
+  for (uint32_t q = 0; q < d; ++q) {
+    float sum = 0.0f, sq = 0.0f;
+    for (uint32_t i = 0; i < nvec; ++i) {
+      const float v = ts[size_t(i) * d + q];
+      sum += v;
+      sq += v * v;
+    }
+    fm += sum * sum - sq;
+  }
+  logit[s] += 0.5f * fm;
+}
+
+// One thread per (sample, element q): the column sum over the vectors, then each vector's part.
+__global__ void FmBackwardKernel(const float* t, const float* g, uint32_t batch, uint32_t nvec,
+                                 uint32_t d, float* dt) {
+  const size_t id = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= size_t(batch) * d) return;
+  const uint32_t s = static_cast<uint32_t>(id / d), q = static_cast<uint32_t>(id % d);
+  const float* ts = t + size_t(s) * nvec * d + q;
+  float* dts = dt + size_t(s) * nvec * d + q;
+  float sum = 0.0f;
+  for (uint32_t i = 0; i < nvec; ++i) sum += ts[size_t(i) * d];
+  const float gs = g[s];
+  for (uint32_t i = 0; i < nvec; ++i) dts[size_t(i) * d] += gs * (sum - ts[size_t(i) * d]);
+}
+
+__global__ void CrossCombineKernel(const float* x0, const float* z, const float* xl, size_t n,
+                                   float* x_next) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x_next[i] = x0[i] * z[i] + xl[i];
+}
+
+__global__ void CrossBackwardKernel(const float* dx, const float* x0, const float* z, size_t n,
+                                    float* dz, float* dx0) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  dz[i] = dx[i] * x0[i];
+  dx0[i] += dx[i] * z[i];
+}
+
 template <typename T>
 __device__ __forceinline__ T WarpSum(T v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
@@ -297,6 +345,35 @@ cudaError_t LaunchInteractionBackward(const float* t, const float* dx, uint32_t 
   if (batch == 0) return cudaGetLastError();
   InteractionBackwardKernel<<<batch, 128, 0, stream>>>(t, dx, num_vectors, dim, has_bottom, top_in,
                                                        dt);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFmForward(const float* t, uint32_t batch, uint32_t num_vectors, uint32_t dim,
+                            float* logit, cudaStream_t stream) {
+  if (batch == 0) return cudaGetLastError();
+  FmForwardKernel<<<Blocks(batch, kBlock), kBlock, 0, stream>>>(t, batch, num_vectors, dim, logit);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFmBackward(const float* t, const float* g, uint32_t batch, uint32_t num_vectors,
+                             uint32_t dim, float* dt, cudaStream_t stream) {
+  const size_t n = size_t(batch) * dim;
+  if (n == 0) return cudaGetLastError();
+  FmBackwardKernel<<<Blocks(n, kBlock), kBlock, 0, stream>>>(t, g, batch, num_vectors, dim, dt);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCrossCombine(const float* x0, const float* z, const float* xl, size_t n,
+                               float* x_next, cudaStream_t stream) {
+  if (n == 0) return cudaGetLastError();
+  CrossCombineKernel<<<Blocks(n, kBlock), kBlock, 0, stream>>>(x0, z, xl, n, x_next);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCrossBackward(const float* dx, const float* x0, const float* z, size_t n,
+                                float* dz, float* dx0, cudaStream_t stream) {
+  if (n == 0) return cudaGetLastError();
+  CrossBackwardKernel<<<Blocks(n, kBlock), kBlock, 0, stream>>>(dx, x0, z, n, dz, dx0);
   return cudaGetLastError();
 }
 

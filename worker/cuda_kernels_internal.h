@@ -68,6 +68,21 @@ cudaError_t LaunchInteractionBackward(const float* t, const float* dx, uint32_t 
                                       uint32_t num_vectors, uint32_t dim, bool has_bottom,
                                       uint32_t top_in, float* dt, cudaStream_t stream);
 
+/// DeepFM's second-order term: logit[s] += 1/2 sum_q [(sum_i t[s][i][q])^2 - sum_i t[s][i][q]^2]
+/// (t is batch x num_vectors x dim).
+cudaError_t LaunchFmForward(const float* t, uint32_t batch, uint32_t num_vectors, uint32_t dim,
+                            float* logit, cudaStream_t stream);
+/// Its gradient: dt[s][i][q] += g[s] * (sum_j t[s][j][q] - t[s][i][q]).
+cudaError_t LaunchFmBackward(const float* t, const float* g, uint32_t batch, uint32_t num_vectors,
+                             uint32_t dim, float* dt, cudaStream_t stream);
+
+/// DCN-v2, element-wise over n values: x_next = x0 * z + xl (z = xl W^T + b).
+cudaError_t LaunchCrossCombine(const float* x0, const float* z, const float* xl, size_t n,
+                               float* x_next, cudaStream_t stream);
+/// Its backward, dx = d(x_next): dz = dx * x0 and dx0 += dx * z (d(xl) = dx + dz W is cuBLAS').
+cudaError_t LaunchCrossBackward(const float* dx, const float* x0, const float* z, size_t n,
+                                float* dz, float* dx0, cudaStream_t stream);
+
 /// Per sample: l = logit[s] + top[s] (top may be null), probs[s] = sigmoid(l). With labels:
 /// g[s] = (probs[s] - y) * scale, and on the device *loss_sum += the sum of the logistic losses
 /// (double) and *bias_grad += the sum of g (one atomic add per block).

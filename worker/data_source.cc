@@ -16,15 +16,20 @@ Result<Spec> ParseSpec(const std::string& s) {
   spec.kind = s.substr(0, colon);
   if (colon != std::string::npos) spec.path = s.substr(colon + 1);
   if (spec.kind == "synthetic") return spec;
-  if (spec.kind == "criteo" || spec.kind == "libsvm" || spec.kind == "movielens") {
+  if (spec.kind == "criteo" || spec.kind == "libsvm" || spec.kind == "csv" ||
+      spec.kind == "movielens") {
     if (spec.path.empty()) return Status::InvalidArgument("data spec '" + s + "' needs a path");
     return spec;
   }
   return Status::InvalidArgument("unknown data spec '" + s +
-                                 "' (want synthetic, criteo:PATH, libsvm:PATH, movielens:DIR)");
+                                 "' (want synthetic, criteo:PATH, libsvm:PATH, csv:PATH, "
+                                 "movielens:DIR)");
 }
 
-Result<std::unique_ptr<DataReader>> Open(const DataSourceOptions& o, bool train) {
+// The training part (train), or test part; `validation` (with train): the validation part of
+// a source that splits it off itself (MovieLens, by time).
+Result<std::unique_ptr<DataReader>> Open(const DataSourceOptions& o, bool train,
+                                         bool validation = false) {
   TESSERA_ASSIGN_OR_RETURN(Spec spec, ParseSpec(o.spec));
   ShardOptions shard;
   shard.rank = train ? o.rank : 0;
@@ -42,15 +47,35 @@ Result<std::unique_ptr<DataReader>> Open(const DataSourceOptions& o, bool train)
   }
   if (spec.kind == "criteo") return OpenCriteo(spec.path, shard);
   if (spec.kind == "libsvm") return OpenLibsvm(spec.path, shard, o.libsvm);
-  return OpenMovieLens(spec.path, shard);
+  if (spec.kind == "csv") {
+    if (o.schema.empty()) {
+      return Status::InvalidArgument("data spec '" + o.spec +
+                                     "' needs a schema (--schema='label=COL;categorical=...')");
+    }
+    CsvOptions csv;
+    TESSERA_ASSIGN_OR_RETURN(csv.schema, ParseCsvSchema(o.schema));
+    csv.skip_bad_lines = o.skip_bad_lines;
+    csv.skipped = o.skipped_lines;
+    return OpenCsv(spec.path, shard, csv);
+  }
+  // MovieLens splits by time: its validation part is the latest tenth (1 / validation_mod) of
+  // the training part, as the test part is the latest tenth of all.
+  MovieLensOptions ml;
+  if (o.validation_mod > 1 && shard.part == ShardOptions::Part::kTrain) {
+    ml.validation_fraction = 1.0 / o.validation_mod;
+    ml.validation = validation;
+  }
+  return OpenMovieLens(spec.path, shard, ml);
 }
 
 // Files hold out training sample g (its index in the whole training part) for validation iff
 // g % mod == mod - 1. Every reader deals the part round-robin, so sample j of rank r's shard is
 // sample j * world + r of the part.
 bool IsValidationSample(uint64_t g, uint32_t mod) { return mod > 1 && g % mod == mod - 1; }
+// Sources whose validation part is every validation_mod-th sample (synthetic data has a stream
+// of its own, MovieLens a time range).
 bool FileValidation(const DataSourceOptions& o) {
-  return o.validation_mod > 1 && o.spec != "synthetic";
+  return o.validation_mod > 1 && o.spec != "synthetic" && o.spec.rfind("movielens:", 0) != 0;
 }
 
 }  // namespace
@@ -94,6 +119,7 @@ Result<std::unique_ptr<DataReader>> OpenValidationData(const DataSourceOptions& 
     TESSERA_ASSIGN_OR_RETURN(auto r, SyntheticReader::Create(s));
     return std::unique_ptr<DataReader>(std::move(r));
   }
+  if (!FileValidation(o)) return Open(whole, true, /*validation=*/true);
   TESSERA_ASSIGN_OR_RETURN(auto r, Open(whole, true));
   const uint32_t mod = o.validation_mod;
   return FilterByIndex(std::move(r), [mod](uint64_t g) { return IsValidationSample(g, mod); });

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ps/status.h"
+#include "worker/csv_reader.h"
 #include "worker/data_reader.h"
 #include "worker/readers.h"
 #include "worker/synthetic_data.h"
@@ -14,7 +15,8 @@ namespace tessera::worker {
 
 /// Where a job's samples come from and how they are split.
 struct DataSourceOptions {
-  /// "synthetic", "criteo:PATH", "libsvm:PATH" or "movielens:DIR". Default: "synthetic".
+  /// "synthetic", "criteo:PATH", "libsvm:PATH", "csv:PATH" (with `schema`) or "movielens:DIR".
+  /// Default: "synthetic".
   std::string spec = "synthetic";
   /// This reader's shard of the training part. Defaults: 0 of 1.
   uint32_t rank = 0;
@@ -25,8 +27,8 @@ struct DataSourceOptions {
   uint32_t shuffle_buffer = 0;
   /// Seed of the shuffle buffer. Default: 1.
   uint64_t shuffle_seed = 1;
-  /// Criteo and libSVM: line i is held out for testing iff i % holdout_mod == holdout_mod - 1.
-  /// Default: 10 (a tenth). MovieLens splits by time instead.
+  /// Criteo, libSVM and CSV: line i is held out for testing iff
+  /// i % holdout_mod == holdout_mod - 1. Default: 10 (a tenth). MovieLens splits by time instead.
   uint32_t holdout_mod = 10;
   /// Synthetic: the generator (its rank, world, stream and num_samples are set from here).
   SyntheticOptions synthetic;
@@ -35,12 +37,21 @@ struct DataSourceOptions {
   uint64_t test_samples = 100000;
   /// libSVM reader options.
   LibsvmOptions libsvm;
+  /// CSV: the column schema (ParseCsvSchema's syntax, docs/worker.md "CSV input"); required for
+  /// "csv:PATH". Default: empty.
+  std::string schema;
+  /// CSV: skip malformed lines (CsvOptions::skip_bad_lines) instead of failing. Default: false.
+  bool skip_bad_lines = false;
+  /// CSV: where skipped lines are counted; may be null. Borrowed: must outlive every reader
+  /// opened from these options (copies share it). Default: null.
+  SkippedLines* skipped_lines = nullptr;
   /// Validation part. Files: sample g of the training part (g counted over the whole part in
   /// file order, before it is dealt to ranks) is a validation sample iff
   /// g % validation_mod == validation_mod - 1, and no rank trains on it; 0: none, every
   /// training sample trains. Synthetic: the validation part is a stream of its own (stream 2,
   /// as the test part is stream 1) of validation_samples samples; the training part is whole.
-  /// Default: 10.
+  /// MovieLens, split by time: the latest 1/validation_mod of the training part's ratings (as
+  /// the test part is the latest tenth of all). Default: 10.
   uint32_t validation_mod = 10;
   /// Validation samples read by OpenValidationData's caller (the first of the part); synthetic:
   /// the size of the validation stream. Default: 20000.

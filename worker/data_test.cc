@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 
+#include "worker/csv_reader.h"
 #include "worker/data_reader.h"
 #include "worker/data_source.h"
 #include "worker/keys.h"
@@ -265,6 +266,286 @@ TEST(Wrappers, ShuffleIsAPermutationAndEpochsRepeat) {
   ASSERT_TRUE(ReadAll(&epochs, &e).ok());
   EXPECT_EQ(e.size, 3000u);
   EXPECT_EQ(epochs.position(), 3000u);
+}
+
+// ------------------------------------------------------------------ CSV
+
+// The Avazu layout (docs/worker.md, "CSV input"), and the schema documented for it.
+constexpr const char* kAvazuHeader =
+    "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
+    "app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,"
+    "C17,C18,C19,C20,C21";
+constexpr const char* kAvazuSchema =
+    "label=click;categorical=hour,C1,banner_pos,site_id,site_domain,site_category,app_id,"
+    "app_domain,app_category,device_id,device_ip,device_model,device_type,device_conn_type,"
+    "C14,C15,C16,C17,C18,C19,C20,C21";
+
+// Avazu-like line i: id i, a click every third line, site_id s<i%5>, C15 320 or 0, C16 = i.
+std::string AvazuLine(int i) {
+  std::string s = std::to_string(1000 + i) + "," + (i % 3 == 0 ? "1" : "0") + ",14102100,1005," +
+                  std::to_string(i % 2) + ",s" + std::to_string(i % 5) + ",dom,cat,app" +
+                  std::to_string(i % 4) + ",adom,acat,dev,ip" + std::to_string(i) + ",model," +
+                  "1,0,15706," + (i % 2 ? "320" : "0") + "," + std::to_string(i) +
+                  ",1722,0,35,-1,79";
+  return s + "\n";
+}
+
+std::string AvazuFile(int lines) {
+  std::string text = std::string(kAvazuHeader) + "\n";
+  for (int i = 0; i < lines; ++i) text += AvazuLine(i);
+  return text;
+}
+
+Result<std::unique_ptr<DataReader>> OpenCsvWith(const std::string& path, const std::string& schema,
+                                                ShardOptions shard = {},
+                                                SkippedLines* skipped = nullptr,
+                                                bool skip = false) {
+  TESSERA_ASSIGN_OR_RETURN(CsvSchema s, ParseCsvSchema(schema));
+  CsvOptions o;
+  o.schema = s;
+  o.skip_bad_lines = skip;
+  o.skipped = skipped;
+  return OpenCsv(path, shard, o);
+}
+
+Batch ReadCsv(DataReader* r) {
+  Batch b;
+  b.Clear(r->schema());
+  Status s = ReadAll(r, &b);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(b.Validate().ok());
+  return b;
+}
+
+TEST(CsvSchema, ParsesTheDocumentedSyntaxAndRefusesMistakes) {
+  auto s = ParseCsvSchema(
+      " label=click; numeric=hour:none, price:log ,age;categorical=site_id,app_id,device_type;"
+      "delimiter=\\t;header=false;");
+  // header=false wants indexes: refused, naming the column.
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("'click'"), std::string::npos) << s.status().ToString();
+
+  auto t = ParseCsvSchema(
+      "label=click; numeric=hour:none, price:log ,age;categorical=site_id,app_id,device_type;"
+      "delimiter=\\t;header=true;");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->label, "click");
+  ASSERT_EQ(t->numeric.size(), 3u);
+  EXPECT_EQ(t->numeric[0].column, "hour");
+  EXPECT_EQ(t->numeric[0].transform, NumericTransform::kNone);
+  EXPECT_EQ(t->numeric[1].column, "price");
+  EXPECT_EQ(t->numeric[1].transform, NumericTransform::kLog);
+  EXPECT_EQ(t->numeric[2].transform, NumericTransform::kNone);  // the default
+  EXPECT_EQ(t->categorical, (std::vector<std::string>{"site_id", "app_id", "device_type"}));
+  EXPECT_EQ(t->delimiter, '\t');
+  EXPECT_TRUE(t->header);
+  // Defaults: comma, a header.
+  auto d = ParseCsvSchema("label=0;categorical=1");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->delimiter, ',');
+  EXPECT_TRUE(d->header);
+  EXPECT_EQ(ParseCsvSchema("label=y;categorical=a;delimiter=|")->delimiter, '|');
+  EXPECT_EQ(ParseCsvSchema("label=y;categorical=a;delimiter=semicolon")->delimiter, ';');
+  EXPECT_EQ(ParseCsvSchema("label=y;categorical=a;delimiter= ")->delimiter, ' ');
+
+  for (const char* bad : {"categorical=a", "label=y", "label=y;categorical=", "label=y;cat=a",
+                          "label=y;categorical=a;numeric=p:sqrt", "label=y;categorical=a,,b",
+                          "label=y;categorical=a;delimiter=ab", "label=y;categorical=a;delimiter=",
+                          "label=y;categorical=a;header=yes", "label=y;categorical=a,a",
+                          "label=y;categorical=a,y", "label=y;categorical=a;label=z",
+                          "label=y,z;categorical=a", "label=y;categorical=a;delimiter=\""}) {
+    auto r = ParseCsvSchema(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseCsvSchema("label=y;categorical=a;numeric=p:sqrt")
+                .status()
+                .message()
+                .find("'sqrt'"),
+            std::string::npos);
+  // A column may be both numeric and categorical.
+  EXPECT_TRUE(ParseCsvSchema("label=y;numeric=hour;categorical=hour").ok());
+}
+
+TEST(CsvReader, AvazuLayoutWithHeaderGivesKeysLabelsAndValues) {
+  TempDir dir;
+  const std::string path = dir.Write("avazu.csv", AvazuFile(30));
+  auto r = OpenCsvWith(path, kAvazuSchema);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->schema().num_dense, 0u);
+  EXPECT_EQ((*r)->schema().num_fields, 22u);
+  Batch b = ReadCsv(r->get());
+  ASSERT_EQ(b.size, 30u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(b.labels[i], i % 3 == 0 ? 1.0f : 0.0f) << i;
+  EXPECT_EQ(b.keys.size(), 30u * 22u);  // no empty values
+  // Field f of the schema is field f of the key; values are hashed as strings.
+  EXPECT_EQ(b.keys[0], MakeStringKey(0, "14102100"));  // hour
+  EXPECT_EQ(b.keys[3], MakeStringKey(3, "s0"));        // site_id
+  EXPECT_EQ(b.keys[22 + 3], MakeStringKey(3, "s1"));   // line 1
+  EXPECT_EQ(b.keys[7 * 22 + 10], MakeStringKey(10, "ip7"));  // device_ip of line 7
+  for (uint32_t f = 0; f < 22; ++f) EXPECT_EQ(FieldOfKey(b.keys[f]), f);
+
+  // Numeric columns with both transforms; ignored columns (id and most others).
+  auto n =
+      OpenCsvWith(path, "label=click;numeric=C15:none,C16:log;categorical=site_id,device_type");
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ((*n)->schema().num_dense, 2u);
+  EXPECT_EQ((*n)->schema().num_fields, 2u);
+  Batch c = ReadCsv(n->get());
+  ASSERT_EQ(c.size, 30u);
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_FLOAT_EQ(c.dense[2 * i], i % 2 ? 320.0f : 0.0f) << i;
+    EXPECT_FLOAT_EQ(c.dense[2 * i + 1], static_cast<float>(std::log1p(i))) << i;
+    EXPECT_EQ(c.keys[2 * i], MakeStringKey(0, "s" + std::to_string(i % 5))) << i;
+    EXPECT_EQ(c.keys[2 * i + 1], MakeStringKey(1, "1")) << i;
+  }
+
+  // A column the header lacks: InvalidArgument naming it.
+  auto missing = OpenCsvWith(path, "label=click;categorical=site_id,campaign");
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("'campaign'"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_EQ(OpenCsvWith(dir.path() + "/none.csv", kAvazuSchema).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(CsvReader, ShardsByRankAndHoldsOutEveryNthLine) {
+  TempDir dir;
+  const std::string path = dir.Write("avazu.csv", AvazuFile(40));
+  const std::string schema = "label=click;numeric=C16:none;categorical=site_id";
+  // Holdout 4: lines 3, 7, ... test; the rest train, dealt to 2 ranks in turn.
+  std::vector<float> got[2];
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ShardOptions s;
+    s.rank = rank;
+    s.world = 2;
+    s.holdout_mod = 4;
+    s.part = ShardOptions::Part::kTrain;
+    auto r = OpenCsvWith(path, schema, s);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Batch b = ReadCsv(r->get());
+    got[rank] = b.dense;
+  }
+  std::vector<float> train;
+  for (int i = 0; i < 40; ++i) {
+    if (i % 4 != 3) train.push_back(static_cast<float>(i));
+  }
+  ASSERT_EQ(train.size(), 30u);
+  std::vector<float> want[2];
+  for (size_t j = 0; j < train.size(); ++j) want[j % 2].push_back(train[j]);
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(got[1], want[1]);
+
+  ShardOptions t;
+  t.holdout_mod = 4;
+  t.part = ShardOptions::Part::kTest;
+  auto r = OpenCsvWith(path, schema, t);
+  ASSERT_TRUE(r.ok());
+  Batch b = ReadCsv(r->get());
+  EXPECT_EQ(b.dense, (std::vector<float>{3, 7, 11, 15, 19, 23, 27, 31, 35, 39}));
+
+  // Through the data source: csv:PATH with the schema; 2 ranks split the training part.
+  DataSourceOptions o;
+  o.spec = "csv:" + path;
+  o.schema = schema;
+  o.holdout_mod = 4;
+  o.validation_mod = 0;
+  o.world = 2;
+  o.rank = 1;
+  auto ds = OpenTrainData(o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ReadCsv(ds->get()).dense, want[1]);
+  EXPECT_EQ(SmallestTrainShard(o).value(), 15u);
+  EXPECT_FALSE(HasOracle(o));
+  o.schema.clear();
+  EXPECT_EQ(OpenTrainData(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CsvReader, HeaderlessByIndexQuotesEmptyValuesAndTabs) {
+  TempDir dir;
+  // Columns: 0 id (ignored), 1 label, 2 price, 3 city (quoted, with the delimiter inside), 4 tag.
+  const std::string path = dir.Write(
+      "plain.csv",
+      "a,1,3.5,\"Paris, FR\",x\r\n"
+      "b,0,,\"Say \"\"hi\"\"\",\n"
+      "\n"
+      "c,-1, 7 ,Rome,y\n"
+      "d,2,1e2,,z\n");
+  auto r = OpenCsvWith(path, "label=1;numeric=2:log;categorical=3,4;header=false");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Batch b = ReadCsv(r->get());
+  ASSERT_EQ(b.size, 4u);  // the empty line is no sample
+  EXPECT_EQ(b.labels, (std::vector<float>{1, 0, 0, 1}));  // > 0 is a click
+  EXPECT_FLOAT_EQ(b.dense[0], std::log1p(3.5f));
+  EXPECT_EQ(b.dense[1], 0.0f);  // empty numeric value
+  EXPECT_FLOAT_EQ(b.dense[2], std::log1p(7.0f));
+  EXPECT_FLOAT_EQ(b.dense[3], std::log1p(100.0f));
+  EXPECT_EQ(b.keys[0], MakeStringKey(0, "Paris, FR"));  // quoted: the comma is in the value
+  EXPECT_EQ(b.keys[1], MakeStringKey(1, "x"));           // "\r" dropped
+  EXPECT_EQ(b.keys[2], MakeStringKey(0, "Say \"hi\""));
+  EXPECT_EQ(b.offsets[4] - b.offsets[3], 0u);  // line 2: empty tag, an empty bag
+  EXPECT_EQ(b.offsets[7] - b.offsets[6], 0u);  // line 5: empty city
+  EXPECT_EQ(b.keys.size(), 6u);
+
+  // Tab-separated, with a header; a quoted header name.
+  const std::string tsv = dir.Write("t.tsv", "y\t\"the city\"\n1\tOslo\n0\tBergen\n");
+  auto t = OpenCsvWith(tsv, "label=y;categorical=the city;delimiter=\\t");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Batch tb = ReadCsv(t->get());
+  ASSERT_EQ(tb.size, 2u);
+  EXPECT_EQ(tb.keys[1], MakeStringKey(0, "Bergen"));
+}
+
+TEST(CsvReader, MalformedLineNamesItsLineOrIsSkippedAndCounted) {
+  TempDir dir;
+  std::string text = AvazuFile(10);
+  text += "1010,1,14102100\n";  // line 12: too few columns
+  text += AvazuLine(11);
+  std::string bad_label = AvazuLine(12);
+  bad_label.replace(5, 1, "yes");  // "1012,1,..." -> "1012,yes,..."
+  text += bad_label;               // line 14: a label that is no number
+  text += "1013,0,\"open quote\n";  // line 15: unclosed quote
+  text += AvazuLine(14);
+  const std::string path = dir.Write("bad.csv", text);
+  const std::string schema = "label=click;numeric=C16:none;categorical=site_id";
+
+  auto r = OpenCsvWith(path, schema);
+  ASSERT_TRUE(r.ok());
+  Batch b;
+  b.Clear((*r)->schema());
+  Status s = ReadAll(r->get(), &b);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_NE(s.message().find(path + ":12:"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("expected 24 columns"), std::string::npos) << s.ToString();
+
+  SkippedLines skipped;
+  auto k = OpenCsvWith(path, schema, {}, &skipped, /*skip=*/true);
+  ASSERT_TRUE(k.ok());
+  Batch kb = ReadCsv(k->get());
+  EXPECT_EQ(kb.size, 12u);
+  EXPECT_EQ(kb.dense, (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 14}));
+  EXPECT_EQ(skipped.count(), 3u);
+  EXPECT_NE(skipped.first_error().find(":12:"), std::string::npos) << skipped.first_error();
+  // A second pass (an epoch) skips the same lines: still 3 distinct lines.
+  ASSERT_TRUE((*k)->Rewind().ok());
+  EXPECT_EQ(ReadCsv(k->get()).size, 12u);
+  EXPECT_EQ(skipped.count(), 3u);
+
+  // With skipped lines, 2 ranks deal samples (not lines): every good sample once, in turn, so
+  // rank r's j-th sample is the part's (2j + r)-th whatever was skipped.
+  std::vector<float> dealt[2];
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ShardOptions sh;
+    sh.rank = rank;
+    sh.world = 2;
+    auto rr = OpenCsvWith(path, schema, sh, &skipped, true);
+    ASSERT_TRUE(rr.ok());
+    dealt[rank] = ReadCsv(rr->get()).dense;
+  }
+  EXPECT_EQ(dealt[0], (std::vector<float>{0, 2, 4, 6, 8, 11}));
+  EXPECT_EQ(dealt[1], (std::vector<float>{1, 3, 5, 7, 9, 14}));
+  EXPECT_EQ(skipped.count(), 3u);
 }
 
 TEST(DataSource, ParsesSpecs) {

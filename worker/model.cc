@@ -54,6 +54,26 @@ Result<std::vector<uint32_t>> ParseLayerWidths(std::string_view text) {
   return out;
 }
 
+Result<ModelKind> ParseModelKind(std::string_view name) {
+  for (ModelKind k : {ModelKind::kDlrm, ModelKind::kDeepFm, ModelKind::kDcn}) {
+    if (name == ModelKindName(k)) return k;
+  }
+  return Status::InvalidArgument("unknown model '" + std::string(name) +
+                                 "' (known: dlrm, deepfm, dcn)");
+}
+
+std::string_view ModelKindName(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kDlrm:
+      return "dlrm";
+    case ModelKind::kDeepFm:
+      return "deepfm";
+    case ModelKind::kDcn:
+      return "dcn";
+  }
+  return "unknown";
+}
+
 Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
   if (c.num_fields == 0 || c.num_fields > kMaxFields) {
     return Status::InvalidArgument("num_fields must be in [1, " + std::to_string(kMaxFields) + "]");
@@ -65,6 +85,15 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
   }
   for (uint32_t w : c.top_mlp) {
     if (w == 0) return Status::InvalidArgument("top_mlp has a 0-wide layer");
+  }
+  if (c.kind != ModelKind::kDlrm && !c.deep) {
+    return Status::InvalidArgument("model " + std::string(ModelKindName(c.kind)) +
+                                   " needs the deep part (a wide-only model is --model=dlrm "
+                                   "--deep=false)");
+  }
+  if (c.kind == ModelKind::kDcn && c.num_cross_layers > 64) {
+    return Status::InvalidArgument("num_cross_layers " + std::to_string(c.num_cross_layers) +
+                                   " is above 64");
   }
   ModelLayout l;
   l.config_ = c;
@@ -89,8 +118,18 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
       add(&l.bottom_, in, d, true);
     }
     l.num_vectors_ = c.num_fields + (c.num_dense > 0 ? 1 : 0);
-    l.top_input_ = (c.num_dense > 0 ? d : 0) + l.num_vectors_ * (l.num_vectors_ - 1) / 2;
+    if (c.kind == ModelKind::kDlrm) {
+      l.top_input_ = (c.num_dense > 0 ? d : 0) + l.num_vectors_ * (l.num_vectors_ - 1) / 2;
+    } else {
+      // DeepFM's DNN and DCN-v2's cross layers read the concatenated vectors x0.
+      l.top_input_ = l.num_vectors_ * d;
+    }
     if (l.top_input_ == 0) return Status::InvalidArgument("the top MLP would have no input");
+    if (c.kind == ModelKind::kDcn) {
+      for (uint32_t i = 0; i < c.num_cross_layers; ++i) {
+        add(&l.cross_, l.top_input_, l.top_input_, false);
+      }
+    }
     uint32_t in = l.top_input_;
     for (uint32_t w : c.top_mlp) {
       add(&l.top_, in, w, true);
@@ -111,13 +150,17 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
       const float bound = 1.0f / std::sqrt(static_cast<float>(layers[i].in));
       init.a = -bound;
       init.b = bound;
-      init.seed = c.init_seed + 101 * (i + 1) + (name == "top" ? 7919 : 0);
+      init.seed = c.init_seed + 101 * (i + 1) + (name == "top" ? 7919 : 0) +
+                  (name == "cross" ? 15485863 : 0);
+      OptimizerSpec opt = c.dense_optimizer;
+      if (name == "cross") opt.learning_rate *= c.cross_learning_rate_scale;
       l.dense_tables_.push_back({TableSpec::Dense(p + "/" + name + std::to_string(i),
-                                                  layers[i].size(), c.dense_optimizer, init),
+                                                  layers[i].size(), opt, init),
                                  layers[i].offset});
     }
   };
   layer_tables(l.bottom_, "bottom");
+  layer_tables(l.cross_, "cross");
   layer_tables(l.top_, "top");
   if (c.deep) {
     InitializerSpec init;

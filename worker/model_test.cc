@@ -146,6 +146,71 @@ TEST(GradientCheck, DeeperMlpsThreaded) {
   CheckGradients(c, false, 3);
 }
 
+TEST(ModelConfigTest, ParseModelKind) {
+  EXPECT_EQ(*ParseModelKind("dlrm"), ModelKind::kDlrm);
+  EXPECT_EQ(*ParseModelKind("deepfm"), ModelKind::kDeepFm);
+  EXPECT_EQ(*ParseModelKind("dcn"), ModelKind::kDcn);
+  for (ModelKind k : {ModelKind::kDlrm, ModelKind::kDeepFm, ModelKind::kDcn}) {
+    EXPECT_EQ(*ParseModelKind(ModelKindName(k)), k);
+  }
+  const Status bad = ParseModelKind("DeepFM").status();
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'DeepFM'"), std::string::npos) << bad.ToString();
+  EXPECT_EQ(ParseModelKind("").status().code(), StatusCode::kInvalidArgument);
+}
+
+ModelConfig SmallOf(ModelKind kind) {
+  ModelConfig c = Small();
+  c.kind = kind;
+  c.num_cross_layers = 2;
+  return c;
+}
+
+// DeepFM: bias + wide + FM over [bottom output, fields] + the DNN on their concatenation.
+TEST(GradientCheck, DeepFmWithWideSumPooling) {
+  CheckGradients(SmallOf(ModelKind::kDeepFm), false, 1);
+}
+
+TEST(GradientCheck, DeepFmMeanPoolingWeightedNoDense) {
+  ModelConfig c = SmallOf(ModelKind::kDeepFm);
+  c.pooling = Pooling::kMean;
+  c.num_dense = 0;
+  c.wide = false;
+  CheckGradients(c, true, 1);
+}
+
+TEST(GradientCheck, DeepFmDeeperMlpsThreaded) {
+  ModelConfig c = SmallOf(ModelKind::kDeepFm);
+  c.bottom_mlp = {6, 4};
+  c.top_mlp = {5, 3};
+  CheckGradients(c, true, 3);
+}
+
+// DCN-v2: stacked full-rank cross layers on x0, then the top MLP.
+TEST(GradientCheck, DcnWithWideSumPooling) { CheckGradients(SmallOf(ModelKind::kDcn), false, 1); }
+
+TEST(GradientCheck, DcnThreeCrossLayersMeanWeightedNoDense) {
+  ModelConfig c = SmallOf(ModelKind::kDcn);
+  c.num_cross_layers = 3;
+  c.pooling = Pooling::kMean;
+  c.num_dense = 0;
+  c.wide = false;
+  CheckGradients(c, true, 1);
+}
+
+TEST(GradientCheck, DcnNoTopHiddenLayerThreaded) {
+  ModelConfig c = SmallOf(ModelKind::kDcn);
+  c.top_mlp = {};
+  c.bottom_mlp = {6, 4};
+  CheckGradients(c, true, 3);
+}
+
+TEST(GradientCheck, DcnWithoutCrossLayers) {
+  ModelConfig c = SmallOf(ModelKind::kDcn);
+  c.num_cross_layers = 0;
+  CheckGradients(c, false, 1);
+}
+
 TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) {
   ModelConfig c = Small();
   Case k = MakeCase(c, false, 7);
@@ -221,6 +286,52 @@ TEST(ModelLayout, TablesCoverTheFlatVector) {
   c.deep = false;
   c.wide = false;
   EXPECT_FALSE(ModelLayout::Create(c).ok());
+}
+
+// DeepFM and DCN-v2 read the concatenated vectors (27 x 16 with the defaults); DCN-v2 adds one
+// dense table per cross layer (a square W and its b), between the bottom and the top layers.
+TEST(ModelLayout, DeepFmAndDcnTables) {
+  ModelConfig c;
+  c.kind = ModelKind::kDeepFm;
+  auto fm = ModelLayout::Create(c);
+  ASSERT_TRUE(fm.ok());
+  EXPECT_EQ(fm->top_input(), 27u * 16u);
+  EXPECT_TRUE(fm->cross().empty());
+  c.kind = ModelKind::kDcn;
+  auto dcn = ModelLayout::Create(c);
+  ASSERT_TRUE(dcn.ok());
+  ASSERT_EQ(dcn->cross().size(), 3u);
+  EXPECT_EQ(dcn->top_input(), 27u * 16u);
+  std::vector<std::string> names;
+  uint64_t covered = 0;
+  for (const auto& t : dcn->dense_tables()) {
+    EXPECT_EQ(t.offset, covered) << t.spec.name;
+    covered += t.spec.length;
+    names.push_back(t.spec.name);
+  }
+  EXPECT_EQ(covered, dcn->num_params());
+  EXPECT_EQ(names, (std::vector<std::string>{"ctr/bias", "ctr/bottom0", "ctr/bottom1", "ctr/cross0",
+                                             "ctr/cross1", "ctr/cross2", "ctr/top0", "ctr/top1"}));
+  for (const LayerShape& l : dcn->cross()) {
+    EXPECT_EQ(l.in, 27u * 16u);
+    EXPECT_EQ(l.out, 27u * 16u);
+    EXPECT_FALSE(l.relu);
+  }
+  EXPECT_EQ(dcn->cross()[0].offset, dcn->bottom().back().offset + dcn->bottom().back().size());
+  EXPECT_EQ(dcn->top()[0].offset, dcn->cross().back().offset + dcn->cross().back().size());
+  // The DLRM layout does not change with the new fields.
+  c.kind = ModelKind::kDlrm;
+  auto dlrm = ModelLayout::Create(c);
+  ASSERT_TRUE(dlrm.ok());
+  EXPECT_TRUE(dlrm->cross().empty());
+  EXPECT_EQ(dlrm->num_params(), dcn->num_params() - 3 * dcn->cross()[0].size() -
+                                    (dcn->top()[0].size() - dlrm->top()[0].size()));
+  c.kind = ModelKind::kDcn;
+  c.num_cross_layers = 65;
+  EXPECT_EQ(ModelLayout::Create(c).status().code(), StatusCode::kInvalidArgument);
+  c.num_cross_layers = 3;
+  c.deep = false;
+  EXPECT_EQ(ModelLayout::Create(c).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

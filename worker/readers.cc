@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string_view>
 #include <unordered_map>
@@ -156,11 +157,11 @@ class MovieLensReader final : public LineReader {
  public:
   MovieLensReader(std::unique_ptr<ShardedLineReader> lines,
                   std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies,
-                  int64_t cutoff, bool train, double threshold)
+                  int64_t from, int64_t to, double threshold)
       : LineReader(std::move(lines), Schema{.num_fields = kMovieLensFields}),
         movies_(std::move(movies)),
-        cutoff_(cutoff),
-        train_(train),
+        from_(from),
+        to_(to),
         threshold_(threshold) {}
 
  private:
@@ -174,7 +175,7 @@ class MovieLensReader final : public LineReader {
         !ParseNumber(cols_[2], &rating) || !ParseNumber(cols_[3], &ts)) {
       return Error("expected userId,movieId,rating,timestamp");
     }
-    if ((ts < cutoff_) != train_) return false;  // the other side of the time split
+    if (ts < from_ || ts >= to_) return false;  // another part of the time split
     auto it = movies_->find(movie);
     const MovieInfo& info = it == movies_->end() ? kNone : it->second;
     if (!batch->weights.empty()) batch->weights.resize(batch->keys.size(), 1.0f);
@@ -195,8 +196,7 @@ class MovieLensReader final : public LineReader {
   }
 
   std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies_;
-  int64_t cutoff_;
-  bool train_;
+  int64_t from_, to_;  // the part's timestamps: [from_, to_)
   double threshold_;
   std::vector<std::string_view> cols_;
 };
@@ -339,9 +339,28 @@ Result<std::unique_ptr<DataReader>> OpenMovieLens(const std::string& dir, const 
   lines_opt.rank = 0;
   lines_opt.world = 1;
   TESSERA_ASSIGN_OR_RETURN(auto lines, ShardedLineReader::Open(ratings, lines_opt, true));
-  const bool train = shard.part != ShardOptions::Part::kTest;
+  // Parts by time: [min, validation cut) train, [validation cut, cut) validation, [cut, max) test.
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t from = kMin, to = cutoff;
+  if (shard.part == ShardOptions::Part::kTest) {
+    from = cutoff;
+    to = kMax;
+  } else if (options.validation_fraction > 0) {
+    if (!(options.validation_fraction < 1)) {
+      return Status::InvalidArgument("validation_fraction must be in [0, 1)");
+    }
+    TESSERA_ASSIGN_OR_RETURN(
+        int64_t vcut,
+        TimeCutoff(ratings, options.train_fraction * (1 - options.validation_fraction)));
+    if (options.validation) {
+      from = vcut;
+    } else {
+      to = vcut;
+    }
+  }
   std::unique_ptr<DataReader> reader(
-      new MovieLensReader(std::move(lines), movies, cutoff, train, options.click_threshold));
+      new MovieLensReader(std::move(lines), movies, from, to, options.click_threshold));
   if (shard.world <= 1) return reader;
   return ShardReader(std::move(reader), shard.rank, shard.world);
 }

@@ -42,11 +42,18 @@ struct MovieLensOptions {
   double click_threshold = 4.0;
   /// Add a field with the movie's tags from tags.csv when present. Default: true.
   bool use_tags = true;
+  /// Validation part, by time as the test split: the last validation_fraction of the training
+  /// part's ratings (0: none, the training part is whole). Default: 0.
+  double validation_fraction = 0;
+  /// With a validation part, read it instead of the training part (a kTrain shard). Default:
+  /// false.
+  bool validation = false;
 };
 
 /// MovieLens (ratings.csv, movies.csv, optional tags.csv in `dir`) as click data: fields user,
 /// movie, genres (bag), release year, tags (bag); no dense features. The split is by time: the
-/// first train_fraction of ratings by timestamp train, the rest test. ratings.csv is streamed
+/// first train_fraction of ratings by timestamp train (of which the last validation_fraction,
+/// by time, is the validation part when asked for), the rest test. ratings.csv is streamed
 /// (a first pass only histograms timestamps); movies.csv and tags.csv are per-movie side tables.
 inline constexpr uint32_t kMovieLensFields = 5;
 Result<std::unique_ptr<DataReader>> OpenMovieLens(const std::string& dir, const ShardOptions& shard,

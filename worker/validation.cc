@@ -82,12 +82,12 @@ Result<bool> Validator::Round(uint64_t step) {
   for (uint32_t w = 1; w < options_.num_workers; ++w) {
     TESSERA_RETURN_IF_ERROR(WaitForMeta(round + "/ready/" + std::to_string(w), &value));
   }
-  TESSERA_RETURN_IF_ERROR(samples_->Rewind());
-  TESSERA_ASSIGN_OR_RETURN(
-      EvalResult ev, Evaluate(layout_, store_, backend_, samples_.get(), options_.eval_batch));
-  ValidationPoint point{step, ev.samples, ev.auc, ev.logloss};
+  TESSERA_ASSIGN_OR_RETURN(ValidationPoint point, Score());
+  point.step = step;
   history_.push_back(point);
-  if (!best_ || point.auc > best_->auc) {
+  const bool better = !best_ || (options_.by_auc ? point.auc > best_->auc
+                                                 : point.logloss < best_->logloss);
+  if (better) {
     best_ = point;
     bad_ = 0;
     TESSERA_RETURN_IF_ERROR(KeepBest(step));
@@ -97,6 +97,14 @@ Result<bool> Validator::Round(uint64_t step) {
   const bool stop = options_.patience > 0 && bad_ >= options_.patience;
   TESSERA_RETURN_IF_ERROR(store_->PutMeta(round, stop ? "stop" : "go"));
   return stop;
+}
+
+Result<ValidationPoint> Validator::Score() {
+  if (options_.worker_id != 0) return Status::FailedPrecondition("only worker 0 scores");
+  TESSERA_RETURN_IF_ERROR(samples_->Rewind());
+  TESSERA_ASSIGN_OR_RETURN(
+      EvalResult ev, Evaluate(layout_, store_, backend_, samples_.get(), options_.eval_batch));
+  return ValidationPoint{0, ev.samples, ev.auc, ev.logloss};
 }
 
 Status Validator::KeepBest(uint64_t step) {

@@ -36,6 +36,10 @@ struct ValidationSchedule {
 /// end).
 uint64_t PlannedSteps(uint64_t shard_samples, uint32_t epochs, uint32_t batch_size);
 
+/// tessera-worker's --batch_size=0 picks the batch (at most 1024, at least 32) that gives an
+/// epoch at least this many steps a rank.
+inline constexpr uint64_t kMinStepsPerEpoch = 100;
+
 /// Options of a Validator.
 struct ValidationOptions {
   /// Job name: the round records are "<job>/val/<step>" (the decision, written by worker 0)
@@ -57,6 +61,10 @@ struct ValidationOptions {
   std::string best_dir;
   /// Samples per evaluation batch. Default: 8192.
   uint32_t eval_batch = 8192;
+  /// What "better" means for the best round and early stopping: a higher AUC, or (false) a
+  /// lower logloss. Default: logloss (docs/worker.md: on MovieLens the AUC of 9k validation
+  /// samples stays flat over the epochs where the test AUC falls).
+  bool by_auc = false;
 };
 
 /// The validation figures after one step.
@@ -93,8 +101,12 @@ class Validator {
   /// records "<job>/pos/<w>", which the checkpoint holds too, are put back to their final
   /// values. Returns the step restored, or nullopt when nothing was.
   Result<std::optional<uint64_t>> RestoreBest(uint64_t last_step);
+  /// Worker 0: scores the validation samples with the cluster's parameters as they are now
+  /// (step is 0 in the result). After RestoreBest, equal to best() (the check that the restore
+  /// brought back that state).
+  Result<ValidationPoint> Score();
 
-  /// Worker 0: the best round so far (highest AUC, the earliest of equals).
+  /// Worker 0: the best round so far (highest AUC or lowest logloss, the earliest of equals).
   std::optional<ValidationPoint> best() const { return best_; }
   /// Worker 0: every round's figures.
   const std::vector<ValidationPoint>& history() const { return history_; }

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +22,7 @@
 #include "worker/local_ranks.h"
 #include "worker/local_reducer.h"
 #include "worker/param_store.h"
+#include "worker/report.h"
 #include "worker/trainer.h"
 #include "worker/validation.h"
 
@@ -32,7 +35,14 @@ DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
 DEFINE_uint32(local_ranks, 1,
               "Local ranks reduced inside this node before one push: CPU threads, or with "
               "--backend=cuda one GPU each (rank r on GPU r mod the GPU count; NCCL)");
-DEFINE_string(data, "synthetic", "synthetic | criteo:PATH | libsvm:PATH | movielens:DIR");
+DEFINE_string(data, "synthetic",
+              "synthetic | criteo:PATH | libsvm:PATH | csv:PATH (with --schema) | movielens:DIR");
+DEFINE_string(schema, "",
+              "--data=csv: the columns, e.g. 'label=click;numeric=price:log;"
+              "categorical=site_id,app_id;delimiter=,;header=true' (docs/worker.md, CSV input)");
+DEFINE_bool(skip_bad_lines, false,
+            "--data=csv: skip malformed lines (counted: skipped_lines in the report) instead of "
+            "failing");
 DEFINE_uint64(train_samples, 2500000, "Synthetic: training samples (all workers together)");
 DEFINE_uint64(test_samples, 100000, "Synthetic: test samples");
 DEFINE_uint64(seed, 1, "Synthetic: seed of the planted model");
@@ -44,10 +54,14 @@ DEFINE_double(bias_std, tessera::worker::SyntheticOptions{}.bias_std,
               "Synthetic: standard deviation of the planted per-id biases' logit part");
 DEFINE_uint32(planted_dim, tessera::worker::SyntheticOptions{}.planted_dim,
               "Synthetic: width of the planted field vectors (1..8)");
-DEFINE_uint32(epochs, 1, "Passes over the training data");
+DEFINE_uint32(epochs, 1,
+              "Passes over the training data (0: repeat the data until --max_steps, which must "
+              "then be set)");
 DEFINE_uint32(shuffle_buffer, 0, "Shuffle buffer in samples (0: file order)");
-DEFINE_uint32(holdout_mod, 10, "Criteo/libSVM: every N-th line is a test line");
-DEFINE_uint32(batch_size, 1024, "Samples per step per local rank");
+DEFINE_uint32(holdout_mod, 10, "Criteo/libSVM/CSV: every N-th line is a test line");
+DEFINE_uint32(batch_size, 0,
+              "Samples per step per local rank; 0: chosen from the data, 1024 or less so that an "
+              "epoch has at least 100 steps (at least 32)");
 DEFINE_uint64(max_steps, 0, "Stop after this many steps (0: when the data ends)");
 DEFINE_bool(prefetch, true, "Pull the next batch while this one computes");
 DEFINE_string(consistency, "async", "async | bsp | ssp");
@@ -58,11 +72,23 @@ DEFINE_uint32(embedding_dim, 8, "Embedding width");
 DEFINE_string(bottom_mlp, "64", "Bottom MLP hidden widths, comma-separated (may be empty)");
 DEFINE_string(top_mlp, "64", "Top MLP hidden widths, comma-separated (may be empty)");
 DEFINE_string(pooling, "sum", "Embedding bag pooling: sum | mean");
+DEFINE_string(model, "dlrm", "dlrm | deepfm | dcn");
+DEFINE_uint32(cross_layers, 3, "--model=dcn: DCN-v2 full-rank cross layers before the top MLP");
 DEFINE_bool(deep, true, "Train the deep (DLRM) part");
 DEFINE_bool(wide, true, "Train the wide part (FTRL)");
 DEFINE_double(emb_lr, 0.05, "Embedding Adagrad learning rate");
 DEFINE_double(dense_lr, 0.003, "MLP Adam learning rate");
 DEFINE_double(wide_lr, 0.05, "Wide FTRL alpha");
+DEFINE_double(emb_l2, 0, "L2 regularization of the embeddings (applied by the servers to the rows "
+              "a push updates)");
+DEFINE_double(dense_l2, 0, "L2 regularization of the MLP weights and biases (applied by the servers)");
+DEFINE_double(wide_l2, 0.1, "Wide FTRL L2 strength");
+DEFINE_uint64(lr_warmup_steps, 0,
+              "Learning-rate warm-up: the rate rises linearly to its value over this many steps");
+DEFINE_string(lr_decay, "none", "Learning-rate decay after the warm-up: none | linear | cosine");
+DEFINE_uint64(lr_decay_steps, 0,
+              "Steps the decay lasts (0: until the planned last step, when there is one)");
+DEFINE_double(lr_final_scale, 0.1, "Learning-rate factor at the end of the decay");
 DEFINE_double(emb_init_acc,
               tessera::worker::ModelConfig::DefaultEmbeddingOptimizer().initial_accumulator,
               "Embedding Adagrad initial accumulator");
@@ -84,6 +110,9 @@ DEFINE_uint32(validation_mod, 10,
               "Files: every N-th sample of the training part is held out for validation; "
               "synthetic: validation is a stream of its own (--validation_samples)");
 DEFINE_uint64(validation_samples, 20000, "Validation samples scored per round (at most)");
+DEFINE_string(early_stopping_metric, "logloss",
+              "Validation figure that picks the best round and stops early: auc (higher is better) "
+              "| logloss (lower is better)");
 DEFINE_uint32(early_stopping_patience, 3,
               "Stop when the validation AUC has not improved for this many rounds (0: never)");
 DEFINE_string(admin_root, "",
@@ -149,6 +178,46 @@ class WorkerMetrics {
   uint64_t samples_seen_ = 0;  // progress reports come from one thread
 };
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// What one worker trained in this run: its record "<job>/trained/<worker>" for the job's totals.
+struct Trained {
+  uint64_t samples = 0;
+  double loss_sum = 0;
+  double start_s = 0, end_s = 0;  // Unix seconds
+};
+
+std::string FormatTrained(const Trained& t) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "samples=%llu loss_sum=%.17g start=%.6f end=%.6f",
+                static_cast<unsigned long long>(t.samples), t.loss_sum, t.start_s, t.end_s);
+  return buf;
+}
+
+// The job's totals from every worker's record (called after the barrier that follows them).
+tessera::Result<Trained> JobTotals(tw::ParamStore* store) {
+  Trained total;
+  total.start_s = 1e300;
+  for (uint32_t w = 0; w < FLAGS_num_workers; ++w) {
+    const std::string key = FLAGS_job + "/trained/" + std::to_string(w);
+    TESSERA_ASSIGN_OR_RETURN(auto v, store->GetMeta(key));
+    unsigned long long samples = 0;
+    double loss = 0, start = 0, end = 0;
+    if (!v || std::sscanf(v->c_str(), "samples=%llu loss_sum=%lf start=%lf end=%lf", &samples,
+                          &loss, &start, &end) != 4) {
+      return tessera::Status::Corruption("no valid training record " + key);
+    }
+    total.samples += samples;
+    total.loss_sum += loss;
+    total.start_s = std::min(total.start_s, start);
+    total.end_s = std::max(total.end_s, end);
+  }
+  return total;
+}
+
 int Fail(const tessera::Status& s) {
   std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id, s.ToString().c_str());
   return 1;
@@ -163,6 +232,10 @@ int main(int argc, char** argv) {
       !tessera::cli::CheckOneOf(kTool, "consistency", FLAGS_consistency,
                                 {"async", "bsp", "ssp"})) {
     return 2;
+  }
+  const auto model_kind = tw::ParseModelKind(FLAGS_model);
+  if (!model_kind.ok()) {
+    return tessera::cli::UsageError(kTool, "--model: " + model_kind.status().message());
   }
   auto servers = tessera::ParseClusterList(FLAGS_servers);
   if (!servers.ok()) return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
@@ -235,8 +308,12 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status());
   auto store = tw::CreateClusterStore(client->get());
 
+  tw::SkippedLines skipped_lines;  // outlives every reader opened from dopt
   tw::DataSourceOptions dopt;
   dopt.spec = FLAGS_data;
+  dopt.schema = FLAGS_schema;
+  dopt.skip_bad_lines = FLAGS_skip_bad_lines;
+  dopt.skipped_lines = &skipped_lines;
   dopt.world = FLAGS_num_workers * FLAGS_local_ranks;
   dopt.epochs = FLAGS_epochs;
   dopt.shuffle_buffer = FLAGS_shuffle_buffer;
@@ -251,6 +328,19 @@ int main(int argc, char** argv) {
   dopt.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
   dopt.validation_mod = validate ? FLAGS_validation_mod : 0;
   dopt.validation_samples = FLAGS_validation_samples;
+  if (FLAGS_epochs == 0 && FLAGS_max_steps == 0) {
+    return tessera::cli::UsageError(kTool, "--epochs=0 repeats the data without end: give "
+                                           "--max_steps too");
+  }
+  if (FLAGS_batch_size == 0) {
+    // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
+    auto shard = tw::SmallestTrainShard(dopt);
+    if (!shard.ok()) return Fail(shard.status().WithContext("counting the training part"));
+    FLAGS_batch_size = static_cast<uint32_t>(
+        std::clamp<uint64_t>(*shard / tw::kMinStepsPerEpoch, 32, 1024));
+    std::printf("worker %u batch size %u (chosen: %llu training samples a rank)\n",
+                FLAGS_worker_id, FLAGS_batch_size, static_cast<unsigned long long>(*shard));
+  }
 
   // The model's shape follows the data's.
   auto probe = tw::OpenTestData(dopt);
@@ -266,6 +356,8 @@ int main(int argc, char** argv) {
   mc.bottom_mlp = *bottom;
   mc.top_mlp = *top;
   mc.pooling = FLAGS_pooling == "mean" ? tw::Pooling::kMean : tw::Pooling::kSum;
+  mc.kind = *model_kind;
+  mc.num_cross_layers = FLAGS_cross_layers;
   mc.deep = FLAGS_deep;
   mc.wide = FLAGS_wide;
   mc.table_prefix = FLAGS_job;
@@ -273,6 +365,9 @@ int main(int argc, char** argv) {
   mc.embedding_optimizer.initial_accumulator = static_cast<float>(FLAGS_emb_init_acc);
   mc.dense_optimizer.learning_rate = static_cast<float>(FLAGS_dense_lr);
   mc.wide_optimizer.learning_rate = static_cast<float>(FLAGS_wide_lr);
+  mc.embedding_optimizer.l2 = static_cast<float>(FLAGS_emb_l2);
+  mc.dense_optimizer.l2 = static_cast<float>(FLAGS_dense_l2);
+  mc.wide_optimizer.l2 = static_cast<float>(FLAGS_wide_l2);
   auto layout = tw::ModelLayout::Create(mc);
   if (!layout.ok()) return Fail(layout.status());
 
@@ -317,6 +412,11 @@ int main(int argc, char** argv) {
     vopt.worker_id = FLAGS_worker_id;
     vopt.num_workers = FLAGS_num_workers;
     vopt.patience = FLAGS_early_stopping_patience;
+    if (FLAGS_early_stopping_metric != "auc" && FLAGS_early_stopping_metric != "logloss") {
+      return tessera::cli::UsageError(kTool, "--early_stopping_metric must be auc or logloss, "
+                                             "not '" + FLAGS_early_stopping_metric + "'");
+    }
+    vopt.by_auc = FLAGS_early_stopping_metric == "auc";
     vopt.last_step = topt.max_steps;
     if (!FLAGS_admin_root.empty()) vopt.best_dir = FLAGS_job + "-best";
     tw::Batch samples;
@@ -353,11 +453,12 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(v.samples), v.auc, v.logloss,
                   validator->rounds_without_improvement() == 0 ? " (best)" : "");
       if (stop) {
-        std::printf("worker 0 early stop after step %llu: no better validation auc for %u "
-                    "rounds (best: step %llu auc %.4f)\n",
-                    static_cast<unsigned long long>(p.step), FLAGS_early_stopping_patience,
+        std::printf("worker 0 early stop after step %llu: no better validation %s for %u "
+                    "rounds (best: step %llu auc %.4f logloss %.4f)\n",
+                    static_cast<unsigned long long>(p.step), FLAGS_early_stopping_metric.c_str(),
+                    FLAGS_early_stopping_patience,
                     static_cast<unsigned long long>(validator->best()->step),
-                    validator->best()->auc);
+                    validator->best()->auc, validator->best()->logloss);
       }
       std::fflush(stdout);
       if (curve) {
@@ -372,6 +473,31 @@ int main(int argc, char** argv) {
       }
       return stop;
     };
+  }
+  // The learning-rate schedule; a decay without --lr_decay_steps lasts until the planned end.
+  {
+    auto decay = tw::ParseLrDecay(FLAGS_lr_decay);
+    if (!decay.ok()) return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
+    if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
+      return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
+    }
+    topt.lr_schedule.warmup_steps = FLAGS_lr_warmup_steps;
+    topt.lr_schedule.decay = *decay;
+    topt.lr_schedule.final_scale = static_cast<float>(FLAGS_lr_final_scale);
+    topt.lr_schedule.decay_steps = FLAGS_lr_decay_steps;
+    if (*decay != tw::LrSchedule::Decay::kNone && FLAGS_lr_decay_steps == 0) {
+      uint64_t end = topt.max_steps;
+      if (end == 0) {
+        auto shard = tw::SmallestTrainShard(dopt);
+        if (!shard.ok()) return Fail(shard.status().WithContext("counting the training part"));
+        end = tw::PlannedSteps(*shard, FLAGS_epochs, FLAGS_batch_size);
+      }
+      if (end <= FLAGS_lr_warmup_steps) {
+        return tessera::cli::UsageError(
+            kTool, "--lr_decay needs --lr_decay_steps: no planned last step after the warm-up");
+      }
+      topt.lr_schedule.decay_steps = end - FLAGS_lr_warmup_steps;
+    }
   }
   if (FLAGS_worker_id == 0) {
     std::error_code ec;
@@ -419,8 +545,10 @@ int main(int argc, char** argv) {
     if (local == 0) tr = r;
     return tessera::Status::OK();
   };
+  const double train_start_s = UnixSeconds();
   tessera::Status trained = tw::RunLocalRanks(nl, group.get(), run_rank);
   if (!trained.ok()) return Fail(trained);
+  const double train_end_s = UnixSeconds();
   if (http) http->SetReady(false, "training finished");
   std::printf(
       "worker %u trained %llu samples in %.1f s (%.0f samples/s), %llu steps "
@@ -431,15 +559,29 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   if (!FLAGS_evaluate) return 0;
 
-  tessera::Status s = store->Barrier(FLAGS_job + "/train_done");
+  // Each worker records what it trained; worker 0 reports the job's totals from the records.
+  tessera::Status s = store->PutMeta(
+      FLAGS_job + "/trained/" + std::to_string(FLAGS_worker_id),
+      FormatTrained({tr.samples, tr.train_loss * static_cast<double>(tr.samples), train_start_s,
+                     train_end_s}));
+  if (!s.ok()) return Fail(s);
+  s = store->Barrier(FLAGS_job + "/train_done");
   if (!s.ok()) return Fail(s);
   if (FLAGS_worker_id != 0) return 0;
+  auto job = JobTotals(store.get());
+  if (!job.ok()) return Fail(job.status());
   std::optional<uint64_t> restored;
+  double restored_validation_auc = std::nan("");
   if (validator) {
     auto r = validator->RestoreBest(tr.steps);
     if (!r.ok()) return Fail(r.status());
     restored = *r;
     if (restored) {
+      // The state the test scores: scored on the validation part again, it must give the best
+      // round's figures.
+      auto again = validator->Score();
+      if (!again.ok()) return Fail(again.status());
+      restored_validation_auc = again->auc;
       std::printf("worker 0 restored the best validated state (step %llu, checkpoint %s) for "
                   "the test\n",
                   static_cast<unsigned long long>(*restored),
@@ -474,7 +616,15 @@ int main(int argc, char** argv) {
   report["train_samples_worker0"] = tr.samples;
   report["train_seconds"] = tr.seconds;
   report["samples_per_s_worker0"] = tr.samples_per_s;
-  report["train_loss"] = tr.train_loss;
+  report["train_loss"] = job->samples > 0 ? job->loss_sum / static_cast<double>(job->samples) : 0;
+  report["train_loss_worker0"] = tr.train_loss;
+  // Every worker's samples of this run, over the wall time from the first worker's start of
+  // training to the last one's end (the workers' clocks: one machine, or synchronized).
+  report["train_samples"] = job->samples;
+  report["train_seconds_cluster"] = job->end_s - job->start_s;
+  report["samples_per_s_cluster"] =
+      job->end_s > job->start_s ? static_cast<double>(job->samples) / (job->end_s - job->start_s)
+                                : 0;
   report["test_samples"] = ev->samples;
   report["test_auc"] = ev->auc;
   report["test_logloss"] = ev->logloss;
@@ -485,9 +635,40 @@ int main(int argc, char** argv) {
   if (validator && validator->best()) {
     report["best_validation_step"] = validator->best()->step;
     report["best_validation_auc"] = validator->best()->auc;
+    report["best_validation_logloss"] = validator->best()->logloss;
+    report["early_stopping_metric"] = FLAGS_early_stopping_metric;
     report["tested_step"] = restored ? *restored : tr.steps;
+    if (restored) report["restored_validation_auc"] = restored_validation_auc;
   }
-  if (curve) report["metrics_csv"] = curve->path();
+  if (curve) {
+    report["metrics_csv"] = curve->path();
+    tw::ReportSummary summary;
+    summary.data = FLAGS_data;
+    summary.steps = tr.steps;
+    summary.test_samples = ev->samples;
+    summary.test_auc = ev->auc;
+    summary.test_logloss = ev->logloss;
+    summary.oracle_auc = ev->oracle_auc;
+    summary.oracle_logloss = ev->oracle_logloss;
+    summary.train_seconds = tr.seconds;
+    summary.train_loss = tr.train_loss;
+    summary.early_stopped = tr.stopped;
+    if (validator && validator->best()) {
+      summary.best_validation_step = validator->best()->step;
+      summary.best_validation_auc = validator->best()->auc;
+      summary.best_validation_logloss = validator->best()->logloss;
+      summary.tested_step = restored ? *restored : tr.steps;
+    }
+    const std::string html =
+        (std::filesystem::path(curve->path()).parent_path() / "report.html").string();
+    tessera::Status written = tw::WriteReport(curve->path(), summary, html);
+    if (written.ok()) {
+      report["report_html"] = html;
+    } else {
+      std::fprintf(stderr, "tessera-worker 0: report.html: %s\n", written.ToString().c_str());
+    }
+  }
+  if (FLAGS_skip_bad_lines) report["skipped_lines"] = skipped_lines.count();
   // A --data path need not be UTF-8; replace what is not rather than throw.
   std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;

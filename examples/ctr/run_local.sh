@@ -2,11 +2,15 @@
 # The CTR training job on a local Tessera cluster: 2 tessera-server processes (RocksDB data
 # directories in a temp dir) and 2 tessera-worker processes on 127.0.0.1 train a DLRM click model,
 # worker 0 evaluates it on the held-out part and prints the report; its JSON line is the last
-# line this script prints. Every process the script starts is stopped on exit, failure or Ctrl-C.
+# line this script prints. The training curve (metrics.csv), the page with its charts
+# (report.html) and the JSON report (report.json) stay in the run directory (--out DIR, default
+# runs/<date>-<time> under the repository). Every process the script starts is stopped on exit,
+# failure or Ctrl-C.
 #
 #   bash examples/ctr/run_local.sh                         # generated Criteo-shaped data
 #   bash examples/ctr/run_local.sh --data criteo:PATH      # Criteo TSV (every 10th line tests)
 #   bash examples/ctr/run_local.sh --data libsvm:PATH      # libSVM / libFM / libFFM
+#   bash examples/ctr/run_local.sh --data csv:PATH --schema 'label=click;categorical=site_id,...'
 #   bash examples/ctr/run_local.sh --data movielens:DIR    # ratings.csv (+ movies.csv, tags.csv)
 #   bash examples/ctr/run_local.sh --checkpoint DIR        # checkpoint the cluster at the end
 #   bash examples/ctr/run_local.sh --resume DIR            # restore DIR before training
@@ -16,7 +20,13 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 usage: bash examples/ctr/run_local.sh [options] [-- worker flags...]
-  --data SPEC        synthetic (default) | criteo:PATH | libsvm:PATH | movielens:DIR
+  --data SPEC        synthetic (default) | criteo:PATH | libsvm:PATH | csv:PATH | movielens:DIR
+  --schema SCHEMA    the columns of --data csv:PATH, e.g.
+                     'label=click;numeric=price:log;categorical=site_id,app_id;header=true'
+                     (docs/worker.md, "CSV input")
+  --skip_bad_lines   csv: skip malformed lines (counted in the report) instead of failing
+  --out DIR          the run directory: metrics.csv, report.html, report.json
+                     (default: runs/<date>-<time> under the repository)
   --resume DIR       restore the checkpoint in DIR (tessera-ctl restore) before training; the
                      workers carry on from the data positions and clocks stored in it
   --checkpoint DIR   take a checkpoint of the cluster into DIR after training
@@ -24,7 +34,7 @@ usage: bash examples/ctr/run_local.sh [options] [-- worker flags...]
                      must be in the same directory)
   --keep             keep the temp dir (server data, logs) and print where it is
   -h, --help         this text
-Other --flag=value arguments, and everything after --, are passed to both workers
+Other --flag=value (or --flag value) arguments, and everything after --, are passed to both workers
 (see: build/worker/tessera-worker --help), e.g. --train_samples=2000000 --consistency=bsp.
 Environment: TESSERA_BUILD_DIR (default: build).
 EOF
@@ -35,6 +45,8 @@ EOF
 abspath() { realpath -m -- "$1"; }
 
 data=synthetic
+schema=""
+out=""
 resume=""
 checkpoint=""
 keep=0
@@ -44,6 +56,12 @@ while (($# > 0)); do
     -h | --help) usage; exit 0 ;;
     --data) (($# >= 2)) || { usage >&2; exit 2; }; data=$2; shift 2 ;;
     --data=*) data=${1#--data=}; shift ;;
+    --schema) (($# >= 2)) || { usage >&2; exit 2; }; schema=$2; shift 2 ;;
+    --schema=*) schema=${1#--schema=}; shift ;;
+    --skip_bad_lines) worker_args+=("--skip_bad_lines"); shift ;;
+    --out) (($# >= 2)) || { usage >&2; exit 2; }; out=$(abspath "$2"); shift 2 ;;
+    --out=*) out=$(abspath "${1#--out=}"); shift ;;
+    --out_dir=*) out=$(abspath "${1#--out_dir=}"); shift ;;
     --resume) (($# >= 2)) || { usage >&2; exit 2; }; resume=$(abspath "$2"); shift 2 ;;
     --resume=*) resume=$(abspath "${1#--resume=}"); shift ;;
     --checkpoint) (($# >= 2)) || { usage >&2; exit 2; }; checkpoint=$(abspath "$2"); shift 2 ;;
@@ -51,13 +69,21 @@ while (($# > 0)); do
     --keep) keep=1; shift ;;
     --) shift; worker_args+=("$@"); break ;;
     --*=*) worker_args+=("$1"); shift ;;
+    # A worker flag in the `--flag value` form; a flag alone (a boolean) when no value follows.
+    --*)
+      if (($# >= 2)) && [[ $2 != -* ]]; then
+        worker_args+=("$1=$2"); shift 2
+      else
+        worker_args+=("$1"); shift
+      fi
+      ;;
     *) echo "run_local.sh: unexpected argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 
 case $data in
   synthetic) ;;
-  criteo:* | libsvm:* | movielens:*)
+  criteo:* | libsvm:* | csv:* | movielens:*)
     kind=${data%%:*}
     path=${data#*:}
     [[ -n $path ]] || { echo "run_local.sh: --data $kind: needs a path" >&2; exit 2; }
@@ -67,11 +93,21 @@ case $data in
       echo "run_local.sh: --data movielens: no ratings.csv in $path" >&2
       exit 2
     fi
+    if [[ $kind == csv && -z $schema ]]; then
+      echo "run_local.sh: --data csv: needs --schema 'label=COL;categorical=COL,...'" \
+        "(docs/worker.md, \"CSV input\")" >&2
+      exit 2
+    fi
     data=$kind:$path
     ;;
-  *) echo "run_local.sh: --data must be synthetic, criteo:PATH, libsvm:PATH or movielens:DIR" >&2
+  *) echo "run_local.sh: --data must be synthetic, criteo:PATH, libsvm:PATH, csv:PATH or" \
+       "movielens:DIR" >&2
      exit 2 ;;
 esac
+if [[ -n $schema ]]; then
+  [[ $data == csv:* ]] || { echo "run_local.sh: --schema is for --data csv:PATH" >&2; exit 2; }
+  worker_args=("--schema=$schema" "${worker_args[@]}")
+fi
 if [[ -n $resume && ! -d $resume ]]; then
   echo "run_local.sh: --resume: $resume is not a directory" >&2
   exit 2
@@ -90,6 +126,12 @@ if [[ -n $resume ]]; then
 fi
 
 cd "$(dirname "$0")/../.."
+# The run directory outlives the run (the temp dir below does not).
+if [[ -z $out ]]; then
+  out=$PWD/runs/$(date +%Y%m%d-%H%M%S)
+  [[ ! -e $out ]] || out=$out-$$
+fi
+mkdir -p -- "$out" || { echo "run_local.sh: cannot create the run directory $out" >&2; exit 2; }
 bash scripts/install_deps.sh
 build=${TESSERA_BUILD_DIR:-build}
 if [[ ! -f $build/build.ninja ]]; then
@@ -154,7 +196,7 @@ p0=$(free_port) || fail "no free port"
 p1=$(free_port "$p0") || fail "no free port"
 cluster="tcp://127.0.0.1:$p0,tcp://127.0.0.1:$p1"
 
-echo "run_local.sh: servers $cluster, data $data, work dir $work"
+echo "run_local.sh: servers $cluster, data $data, work dir $work, run dir $out"
 for r in 0 1; do
   "$build/tessera-server" --cluster="$cluster" --rank=$r --data_dir="$work/server$r" \
     --admin_root="$admin_root" >"$work/server$r.out" 2>"$work/server$r.log" &
@@ -178,7 +220,9 @@ fi
 # training, the JSON line last) is printed once every process is done.
 wpids=()
 for w in 0 1; do
+  # The workers see the servers' --admin_root: worker 0 keeps the best validated state there.
   "$build/worker/tessera-worker" --servers="$cluster" --worker_id=$w --num_workers=2 --data="$data" \
+    --admin_root="$admin_root" --out_dir="$out" \
     "${worker_args[@]}" >"$work/worker$w.out" 2>"$work/worker$w.log" &
   pids+=($!)
   wpids+=($!)
@@ -225,4 +269,8 @@ fi
 report=$(grep '^{' "$work/worker0.out" | tail -n 1 || true)
 [[ -n $report ]] || fail "worker 0 printed no report"
 grep -v -e '^worker ' -e '^{' "$work/worker0.out" || true
+printf '%s\n' "$report" >"$out/report.json"
+echo "run_local.sh: training curve $out/metrics.csv"
+[[ -f $out/report.html ]] && echo "run_local.sh: report with charts $out/report.html"
+echo "run_local.sh: JSON report $out/report.json"
 printf '%s\n' "$report"

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/client/client.h"
 #include "tests/cluster_fixture.h"
 #include "tests/worker/worker_process.h"
 #include "worker/backend.h"
@@ -329,10 +330,58 @@ TEST(ToolsCli, WorkerJsonReportStaysValidWithQuotesInThePath) {
   EXPECT_EQ(line.rfind("{\"data\":", 0), 0u) << line;  // scripts find the line by its first key
   ASSERT_TRUE(report.contains("train_samples_worker0")) << line;
   EXPECT_GT(report["train_samples_worker0"].get<double>(), 0) << line;
-  EXPECT_FALSE(report.contains("train_samples")) << line;
-  EXPECT_FALSE(report.contains("samples_per_s_cluster")) << line;  // was worker 0's rate x N
+  // The job's totals (one worker here: its own figures), the rate measured over the training
+  // phase's wall time.
+  ASSERT_TRUE(report.contains("train_samples")) << line;
+  EXPECT_EQ(report["train_samples"].get<double>(), report["train_samples_worker0"].get<double>());
+  ASSERT_TRUE(report["train_seconds_cluster"].is_number()) << line;
+  const double wall = report["train_seconds_cluster"].get<double>();
+  EXPECT_GE(wall, report["train_seconds"].get<double>() * 0.99) << line;
+  EXPECT_NEAR(report["samples_per_s_cluster"].get<double>(),
+              report["train_samples"].get<double>() / wall, 1e-6 * wall + 1) << line;
   EXPECT_TRUE(report["test_auc"].is_number()) << line;
   EXPECT_TRUE(report["oracle_auc"].is_null()) << line;  // no planted model in a file
+}
+
+// The worker's learning-rate schedule reaches the servers with its pushes: with a warm-up of a
+// billion steps (factor about 1e-9) five steps leave the global bias (Adam, zeros) at 0 to
+// within 1e-6; without one, the same five steps move it by more than 1e-4. Bad schedule flags
+// exit 2.
+TEST(WorkerCli, LearningRateScheduleReachesTheServers) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string servers = cluster.endpoints()[0];
+  auto run = [&](const std::string& job, std::vector<std::string> more) {
+    std::vector<std::string> a = Args(servers, job, "cpu", 1);
+    for (auto& x : a) {
+      if (x == "--max_steps=20") x = "--max_steps=5";
+    }
+    a.insert(a.end(), more.begin(), more.end());
+    return RunWorker(a, cluster.dir() + "/" + job + ".log", 120);
+  };
+  auto bias = [&](const std::string& job) {
+    ClientOptions o;
+    o.servers = {servers};
+    auto c = Client::Create(o);
+    if (!c.ok()) return std::nanf("");
+    auto t = (*c)->GetTable(job + "/bias");
+    float b = std::nanf("");
+    if (!t.ok() || !(*c)->Wait((*c)->DensePull(*t, 0, 1, &b)).ok()) return std::nanf("");
+    return b;
+  };
+  WorkerRun slow = run("warm", {"--lr_warmup_steps=1000000000"});
+  ASSERT_EQ(slow.rc, 0) << slow.out;
+  WorkerRun plain = run("plain", {});
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  const float b_slow = bias("warm"), b_plain = bias("plain");
+  EXPECT_LT(std::fabs(b_slow), 1e-6f) << "bias after 5 steps of a warm-up: " << b_slow;
+  EXPECT_GT(std::fabs(b_plain), 1e-4f) << "bias after 5 plain steps: " << b_plain;
+
+  WorkerRun bad = run("bad", {"--lr_decay=step"});
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--lr_decay"), std::string::npos) << bad.out;
+  bad = run("bad2", {"--lr_decay=cosine", "--lr_final_scale=2"});
+  EXPECT_EQ(bad.rc, 2) << bad.out;
 }
 
 // --metrics_port on a training worker: /readyz 200 while it trains and /metrics with its
@@ -382,6 +431,52 @@ TEST(WorkerMetrics, ScrapedWhileTraining) {
             std::string::npos)
       << body;
   worker.Kill();
+}
+
+// --data=csv: with --schema trains on a CSV file with a header (a quoted field, ignored
+// columns, one malformed line skipped with --skip_bad_lines and counted), and worker 0's
+// report names metrics.csv and report.html in --out_dir.
+TEST(WorkerCsv, TrainsOnACsvFileAndWritesTheReport) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string path = cluster.dir() + "/clicks.csv";
+  {
+    std::ofstream f(path);
+    f << "id,click,hour,site_id,app_id,price,note\n";
+    std::mt19937 rng(11);
+    for (int i = 0; i < 3000; ++i) {
+      const int site = static_cast<int>(rng() % 40), app = static_cast<int>(rng() % 30);
+      const bool click = static_cast<int>(rng() % 10) < (site < 10 ? 7 : 1);
+      f << i << "," << (click ? 1 : 0) << "," << 14102100 + i % 24 << ",s" << site << ",a" << app
+        << "," << (rng() % 1000) / 10.0 << ",\"a, b\"\n";
+      if (i == 1500) f << "oops,1\n";
+    }
+  }
+  const std::string out = cluster.dir() + "/run";
+  WorkerRun r = RunWorker(
+      {TESSERA_WORKER_BINARY, "--servers=" + cluster.endpoints()[0], "--data=csv:" + path,
+       "--schema=label=click;numeric=price:log;categorical=site_id,app_id,hour;header=true",
+       "--skip_bad_lines", "--job=csv", "--epochs=2", "--batch_size=64", "--bottom_mlp=8",
+       "--top_mlp=8", "--progress_interval_s=0.1", "--out_dir=" + out, "--request_timeout_ms=20000"},
+      cluster.dir() + "/csv.log", 120);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t start = r.out.rfind("\n{");
+  ASSERT_NE(start, std::string::npos) << r.out;
+  const std::string line = r.out.substr(start + 1, r.out.find('\n', start + 1) - start - 1);
+  const nlohmann::json report = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << line;
+  EXPECT_EQ(report.value("data", ""), "csv:" + path) << line;
+  EXPECT_GT(report.value("steps", 0), 10) << line;
+  EXPECT_GT(report.value("test_samples", 0), 250) << line;
+  EXPECT_GT(report.value("test_auc", 0.0), 0.65) << line;  // the label follows the site
+  EXPECT_EQ(report.value("skipped_lines", -1), 1) << line;
+  EXPECT_EQ(report.value("metrics_csv", ""), out + "/metrics.csv") << line;
+  ASSERT_EQ(report.value("report_html", ""), out + "/report.html") << line;
+  std::ifstream html(out + "/report.html");
+  std::stringstream page;
+  page << html.rdbuf();
+  EXPECT_NE(page.str().find("<polyline data-series=\"train_loss\""), std::string::npos);
+  EXPECT_NE(page.str().find("<polyline data-series=\"validation_auc\""), std::string::npos);
 }
 
 }  // namespace

@@ -19,17 +19,18 @@
 
 namespace tessera::testing {
 
-/// The numbers ("key":number pairs) of the final JSON report line a tessera-worker prints;
-/// empty when there is none.
+/// The numbers ("key":number pairs; true and false as 1 and 0) of the final JSON report line a
+/// tessera-worker prints; empty when there is none.
 inline std::map<std::string, double> ParseWorkerReport(const std::string& out) {
   std::map<std::string, double> r;
   const size_t start = out.rfind("\n{\"data\"");
   if (start == std::string::npos) return r;
   const std::string line = out.substr(start + 1, out.find('\n', start + 1) - start - 1);
-  const std::regex kv(R"re("(\w+)":(-?[0-9.eE+-]+))re");
+  const std::regex kv(R"re("(\w+)":(-?[0-9.eE+-]+|true|false))re");
   for (auto it = std::sregex_iterator(line.begin(), line.end(), kv); it != std::sregex_iterator();
        ++it) {
-    r[(*it)[1]] = std::stod((*it)[2]);
+    const std::string v = (*it)[2];
+    r[(*it)[1]] = v == "true" ? 1 : v == "false" ? 0 : std::stod(v);
   }
   return r;
 }
