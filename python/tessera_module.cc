@@ -812,6 +812,17 @@ void BindClient(py::module_& m) {
           },
           py::arg("clock"), py::arg("timeout_ms") = py::none())
       .def(
+          "set_learning_rate_scale",
+          [](PyClient& self, float scale) {
+            Status s = self.Get()->SetLearningRateScale(scale);
+            if (!s.ok()) Raise(s);
+          },
+          py::arg("scale"),
+          "Pushes sent from now on have each table's learning rate multiplied by `scale` on the "
+          "servers (a warm-up or decay factor; FTRL tables ignore it); in [0, 1000].")
+      .def_property_readonly(
+          "learning_rate_scale", [](const PyClient& c) { return c.Get()->learning_rate_scale(); })
+      .def(
           "barrier",
           [](PyClient& self, const std::string& name, std::optional<int64_t> timeout_ms) {
             auto c = self.Get();

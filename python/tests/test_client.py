@@ -279,6 +279,17 @@ class ClientTest(unittest.TestCase):
         self.assertIs(self.client.dense_pull(t, offset=3, length=4, out=out), out)
         np.testing.assert_array_equal(out.ravel(), want[3:7])
 
+    def test_learning_rate_scale(self):
+        t = self.client.create_table(tessera.TableSpec.dense(
+            "scaled", 4, tessera.OptimizerSpec("sgd", learning_rate=1.0)))
+        self.assertEqual(self.client.learning_rate_scale, 1.0)
+        self.client.set_learning_rate_scale(0.5)
+        self.client.dense_push(t, np.full(4, -2.0, np.float32))
+        self.client.set_learning_rate_scale(1.0)
+        np.testing.assert_array_equal(self.client.dense_pull(t), np.ones(4, np.float32))
+        with self.assertRaises(tessera.InvalidArgumentError):
+            self.client.set_learning_rate_scale(-1.0)
+
     def test_clock_meta_stats(self):
         c = tessera.Client(self.servers.cluster, worker_id=0, num_workers=1)
         self.assertEqual(c.clock(), 1)
