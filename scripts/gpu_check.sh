@@ -178,7 +178,7 @@ for m in "${mutants[@]}"; do
     echo "mutant $name: skipped (no GPU?)"
     status=1
   else
-    echo "mutant $name: caught: $(grep -c '^\[  FAILED  \].*MatchesCpuBackend/' "$logs/mutant_$name.log") of 6 cases red"
+    echo "mutant $name: caught: $(grep -c '^\[  FAILED  \].*MatchesCpuBackend/' "$logs/mutant_$name.log") of 12 cases red"
   fi
 done
 

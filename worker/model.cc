@@ -152,10 +152,8 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
       init.b = bound;
       init.seed = c.init_seed + 101 * (i + 1) + (name == "top" ? 7919 : 0) +
                   (name == "cross" ? 15485863 : 0);
-      OptimizerSpec opt = c.dense_optimizer;
-      if (name == "cross") opt.learning_rate *= c.cross_learning_rate_scale;
       l.dense_tables_.push_back({TableSpec::Dense(p + "/" + name + std::to_string(i),
-                                                  layers[i].size(), opt, init),
+                                                  layers[i].size(), c.dense_optimizer, init),
                                  layers[i].offset});
     }
   };

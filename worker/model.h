@@ -45,9 +45,6 @@ struct ModelConfig {
   /// DCN-v2: cross layers (0..64; 0 gives a plain MLP on x0). Ignored by the other kinds.
   /// Default: 3.
   uint32_t num_cross_layers = 3;
-  /// DCN-v2: the cross layers' learning rate as a multiple of dense_optimizer's (same kind).
-  /// Default: 1/3.
-  float cross_learning_rate_scale = 1.0f / 3.0f;
   /// Dense features per sample. Default: 13.
   uint32_t num_dense = 13;
   /// Categorical fields per sample. Default: 26.

@@ -301,6 +301,10 @@ int main(int argc, char** argv) {
                                              "'epoch' or 0, not '" + FLAGS_validate_every + "'");
     }
   }
+  if (FLAGS_early_stopping_metric != "auc" && FLAGS_early_stopping_metric != "logloss") {
+    return tessera::cli::UsageError(kTool, "--early_stopping_metric must be auc or logloss, "
+                                           "not '" + FLAGS_early_stopping_metric + "'");
+  }
   if (validate && FLAGS_validation_mod < 2) {
     return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
   }
@@ -412,10 +416,6 @@ int main(int argc, char** argv) {
     vopt.worker_id = FLAGS_worker_id;
     vopt.num_workers = FLAGS_num_workers;
     vopt.patience = FLAGS_early_stopping_patience;
-    if (FLAGS_early_stopping_metric != "auc" && FLAGS_early_stopping_metric != "logloss") {
-      return tessera::cli::UsageError(kTool, "--early_stopping_metric must be auc or logloss, "
-                                             "not '" + FLAGS_early_stopping_metric + "'");
-    }
     vopt.by_auc = FLAGS_early_stopping_metric == "auc";
     vopt.last_step = topt.max_steps;
     if (!FLAGS_admin_root.empty()) vopt.best_dir = FLAGS_job + "-best";
@@ -612,7 +612,7 @@ int main(int argc, char** argv) {
   report["local_ranks"] = nl;
   report["consistency"] = FLAGS_consistency;
   report["prefetch"] = FLAGS_prefetch;
-  report["model"] = FLAGS_deep ? (FLAGS_wide ? "dlrm+wide" : "dlrm") : "wide";
+  report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
   report["train_samples_worker0"] = tr.samples;
   report["train_seconds"] = tr.seconds;
   report["samples_per_s_worker0"] = tr.samples_per_s;

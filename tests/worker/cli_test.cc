@@ -274,6 +274,10 @@ TEST(ToolsCli, EnumFlagsAreChecked) {
        "tessera-worker: --pooling must be one of sum, mean (got 'max')"},
       {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--consistency=eventual"},
        "tessera-worker: --consistency must be one of async, bsp, ssp (got 'eventual')"},
+      {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--model=bogus"},
+       "--model: unknown model 'bogus' (known: dlrm, deepfm, dcn)"},
+      {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--early_stopping_metric=f1"},
+       "--early_stopping_metric must be auc or logloss"},
       {{TESSERA_SERVER_BINARY, "--cluster=" + nowhere, "--durability=lazy"},
        "tessera-server: --durability must be one of strict, relaxed (got 'lazy')"},
   };
