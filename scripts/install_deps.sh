@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs Tessera's build and test dependencies from Debian packages, only those missing.
-# Works as root or with sudo. Safe to run repeatedly.
+# Installs Tessera's build and test dependencies from Debian packages, only those missing;
+# with arguments, those packages instead (scripts/install_bench_deps.sh). Works as root or with
+# sudo. Safe to run repeatedly.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
       librocksdb-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
       libabsl-dev libeigen3-dev libxxhash-dev libcpp-httplib-dev nlohmann-json3-dev
       pybind11-dev python3-dev python3-numpy libyaml-cpp-dev)
+if (($# > 0)); then pkgs=("$@"); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
