@@ -5,6 +5,7 @@
 // (bench_storage_server.h).
 //
 //   bench_storage [--quick] [--rows=N] [--dim=16] [--reps=5] [--dir=/tmp] [--server_rows=N]
+//                 [--server_only]
 //
 // Prints a table, then (last line) one JSON object with the headline ratios.
 #include <gflags/gflags.h>
@@ -43,6 +44,8 @@ DEFINE_uint64(server_rows, 0,
               "Rows in the server-level part's table (0: 1000000 with --quick, else 4000000; "
               "the budget is a quarter of their value + state bytes)");
 DEFINE_string(server_binary, "", "tessera-server (default: next to this program)");
+DEFINE_bool(server_only, false,
+            "Only the server-level part (a server at a quarter budget vs a memory-only one)");
 
 namespace {
 
@@ -282,14 +285,13 @@ std::pair<double, double> DurablePush(uint64_t rows) {
   return {Median((*rates)[0]), Median((*rates)[1])};
 }
 
-}  // namespace
+void Line(const char* what, double a, double b) {
+  std::printf("%-44s %14.0f %14.0f %8.2f\n", what, a, b, b > 0 ? a / b : 0);
+}
 
-int main(int argc, char** argv) {
-  tessera::bench::CleanUpOnStopSignals();
-  gflags::SetUsageMessage("Tessera storage benchmark");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (FLAGS_rows == 0) FLAGS_rows = FLAGS_quick ? 200000 : 1000000;
-  if (FLAGS_reps == 0) FLAGS_reps = FLAGS_quick ? 3 : 5;
+// The storage library alone (LaneStore vs raw RocksDB, strict vs relaxed, memory per row): prints
+// its table and returns its JSON keys (with a trailing ", ").
+std::string LibraryPart() {
   const uint64_t rows = FLAGS_rows;
   const double raw_bytes = 2.0 * FLAGS_dim * sizeof(float);
 
@@ -313,18 +315,38 @@ int main(int argc, char** argv) {
       "median of %d\n",
       static_cast<unsigned long long>(rows), FLAGS_dim, RowBytes(), raw_bytes, FLAGS_reps);
   std::printf("%-44s %14s %14s %8s\n", "measurement", "tessera keys/s", "rocksdb keys/s", "ratio");
-  auto line = [](const char* what, double a, double b) {
-    std::printf("%-44s %14.0f %14.0f %8.2f\n", what, a, b, b > 0 ? a / b : 0);
-  };
-  line("in memory: apply+commit vs Put (10k batch)", hot.apply, hot.put);
-  line("in memory: lookup vs MultiGet (10k batch)", hot.lookup, hot.get);
-  line("10x budget: apply+commit vs Put (10k batch)", cold.apply, cold.put);
-  line("10x budget: lookup vs MultiGet (10k batch)", cold.lookup, cold.get);
+  Line("in memory: apply+commit vs Put (10k batch)", hot.apply, hot.put);
+  Line("in memory: lookup vs MultiGet (10k batch)", hot.lookup, hot.get);
+  Line("10x budget: apply+commit vs Put (10k batch)", cold.apply, cold.put);
+  Line("10x budget: lookup vs MultiGet (10k batch)", cold.lookup, cold.get);
   std::printf("%-44s %14.0f %14.0f %8.2f\n", "push 100k keys: strict vs relaxed", strict, relaxed,
               strict / relaxed);
   std::printf("%-44s %14.3f\n", "10x budget: lookup memory hit rate", cold.hit_rate);
   std::printf("%-44s %14.1f %14.0f %8.2f\n", "memory per row (bytes) vs raw value+state", per_row,
               raw_bytes, per_row / raw_bytes);
+  char json[1024];
+  std::snprintf(json, sizeof(json),
+                "\"rows\": %llu, \"dim\": %u, \"strict_vs_relaxed_push\": %.3f, "
+                "\"cold_lookup_vs_rocksdb_get\": %.3f, \"memory_per_row_vs_raw\": %.3f, "
+                "\"hot_lookup_vs_rocksdb_get\": %.3f, \"hot_apply_vs_rocksdb_put\": %.3f, "
+                "\"cold_apply_vs_rocksdb_put\": %.3f, \"cold_hit_rate\": %.3f, "
+                "\"strict_push_keys_per_s\": %.0f, \"relaxed_push_keys_per_s\": %.0f, ",
+                static_cast<unsigned long long>(rows), FLAGS_dim, strict / relaxed,
+                cold.lookup / cold.get, per_row / raw_bytes, hot.lookup / hot.get,
+                hot.apply / hot.put, cold.apply / cold.put, cold.hit_rate, strict, relaxed);
+  return json;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::bench::CleanUpOnStopSignals();
+  gflags::SetUsageMessage("Tessera storage benchmark");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_rows == 0) FLAGS_rows = FLAGS_quick ? 200000 : 1000000;
+  if (FLAGS_reps == 0) FLAGS_reps = FLAGS_quick ? 3 : 5;
+  std::string library_json;
+  if (!FLAGS_server_only) library_json = LibraryPart();
   tessera::bench::ServerBudgetOptions so;
   so.server_binary = FLAGS_server_binary.empty() ? tessera::bench::DefaultServerBinary(argv[0])
                                                  : FLAGS_server_binary;
@@ -346,8 +368,8 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(so.block_cache_mb),
       static_cast<unsigned long long>(so.write_buffer_mb), so.batch, so.reps);
   std::printf("%-44s %14s %14s %8s\n", "measurement", "budget keys/s", "memory keys/s", "ratio");
-  line("server at 1/4 budget: push vs memory-only", b.push_budget, b.push_memory);
-  line("server at 1/4 budget: pull vs memory-only", b.pull_budget, b.pull_memory);
+  Line("server at 1/4 budget: push vs memory-only", b.push_budget, b.push_memory);
+  Line("server at 1/4 budget: pull vs memory-only", b.pull_budget, b.pull_memory);
   std::printf(
       "%-44s %8.1f MiB peak (VmHWM) vs %llu budget + %.1f overhead (%.1f started + %llu cache "
       "+ %llu write buffers): %.2f\n",
@@ -355,18 +377,11 @@ int main(int argc, char** argv) {
       b.overhead_mb, b.base_rss_mb, static_cast<unsigned long long>(so.block_cache_mb),
       static_cast<unsigned long long>(so.write_buffer_mb), b.rss_vs_budget_plus_overhead);
   std::printf(
-      "{\"rows\": %llu, \"dim\": %u, \"strict_vs_relaxed_push\": %.3f, "
-      "\"cold_lookup_vs_rocksdb_get\": %.3f, \"memory_per_row_vs_raw\": %.3f, "
-      "\"hot_lookup_vs_rocksdb_get\": %.3f, \"hot_apply_vs_rocksdb_put\": %.3f, "
-      "\"cold_apply_vs_rocksdb_put\": %.3f, \"cold_hit_rate\": %.3f, "
-      "\"strict_push_keys_per_s\": %.0f, \"relaxed_push_keys_per_s\": %.0f, "
-      "\"server_rows\": %llu, \"server_budget_mb\": %llu, "
+      "{%s\"server_rows\": %llu, \"server_budget_mb\": %llu, "
       "\"server_budget_push_vs_memory\": %.3f, \"server_budget_pull_vs_memory\": %.3f, "
       "\"server_budget_peak_rss_mb\": %.1f, \"server_budget_overhead_mb\": %.1f, "
       "\"rss_vs_budget_plus_overhead\": %.3f}\n",
-      static_cast<unsigned long long>(rows), FLAGS_dim, strict / relaxed, cold.lookup / cold.get,
-      per_row / raw_bytes, hot.lookup / hot.get, hot.apply / hot.put, cold.apply / cold.put,
-      cold.hit_rate, strict, relaxed, static_cast<unsigned long long>(so.rows),
+      library_json.c_str(), static_cast<unsigned long long>(so.rows),
       static_cast<unsigned long long>(b.budget_mb), b.push_budget / b.push_memory,
       b.pull_budget / b.pull_memory, b.peak_rss_mb, b.overhead_mb, b.rss_vs_budget_plus_overhead);
   return 0;

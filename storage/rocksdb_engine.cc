@@ -62,6 +62,8 @@ constexpr size_t kFetchBatch = 1024;
 // Index bytes charged to the budget per cached row (SwissTable of 4-byte slots, at a typical
 // load; MemoryBytes() reports the real figure).
 constexpr size_t kIndexBytesPerRow = 8;
+// A WriteBatch record's bytes beyond its key and value, at most: tag, column family, lengths.
+constexpr size_t kBatchRecordBytes = 10;
 
 Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   if (s.ok()) return Status::OK();
@@ -113,7 +115,7 @@ struct WriteBackJob {
   // The lane's applied mark and its dense chunks; the writer appends the sparse rows.
   rocksdb::WriteBatch batch;
   std::string records;  // the writer's: sparse rows encoded, before they go into `batch`
-  Status error;  // set before state leaves kQueued
+  Status error;         // set before state leaves kQueued
   std::atomic<int> state{kQueued};
 
   void Reset() {
@@ -139,6 +141,10 @@ struct WriteBackJob {
   // memtable insert in order starts its skiplist search where the previous key went; measured:
   // the unsorted inserts were a quarter of a durable server's CPU).
   Status AppendSortedRows();
+  // The lane's copy at the hand-off (budgeted lanes): `slots` of `rows` appended to `batch` in
+  // key order, encoded straight into it (no arena is frozen, so no push copies a block).
+  rocksdb::Status CopySortedRows(const CachedRows& rows, rocksdb::ColumnFamilyHandle* cf,
+                                 std::span<const uint32_t> slots);
   // Frees `records` (and `batch`) when large.
   void TrimBuffers(bool batch_too);
   void Wait() {
@@ -169,10 +175,10 @@ Status WriteBackJob::AppendSortedRows() {
       std::memcpy(out, k.bytes, internal::kSparseKeyBytes);
       internal::EncodeRowTo(fam.frozen.row(slot), fam.floats, fam.frozen.meta(slot),
                             out + internal::kSparseKeyBytes);
-      order.push_back(Order{internal::GetBigEndian64(k.bytes),
-                            (uint32_t{static_cast<uint8_t>(k.bytes[8])} << 8) |
-                                static_cast<uint8_t>(k.bytes[9]),
-                            static_cast<uint32_t>(order.size())});
+      order.push_back(Order{
+          internal::GetBigEndian64(k.bytes),
+          (uint32_t{static_cast<uint8_t>(k.bytes[8])} << 8) | static_cast<uint8_t>(k.bytes[9]),
+          static_cast<uint32_t>(order.size())});
       out += rec;
     });
     std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
@@ -180,13 +186,42 @@ Status WriteBackJob::AppendSortedRows() {
     });
     for (const Order& o : order) {
       const char* r = records.data() + size_t{o.pos} * rec;
-      auto s = batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
-                         rocksdb::Slice(r + internal::kSparseKeyBytes, rec - internal::kSparseKeyBytes));
+      auto s =
+          batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
+                    rocksdb::Slice(r + internal::kSparseKeyBytes, rec - internal::kSparseKeyBytes));
       if (!s.ok()) return FromRocks(s, "building the write-back batch");  // Reap releases
     }
   }
   TrimBuffers(/*batch_too=*/false);
   return Status::OK();
+}
+
+rocksdb::Status WriteBackJob::CopySortedRows(const CachedRows& rows,
+                                             rocksdb::ColumnFamilyHandle* cf,
+                                             std::span<const uint32_t> slots) {
+  struct Order {
+    uint64_t key;
+    uint32_t routing_slot;  // the encoded key's prefix
+    uint32_t slot;          // in the arena
+  };
+  // Encoded keys sort as (routing slot, key).
+  std::vector<Order> order(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const uint64_t key = rows.header(slots[i]).key;
+    order[i] = {key, SlotOfKey(key), slots[i]};
+  }
+  std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
+    return a.routing_slot != b.routing_slot ? a.routing_slot < b.routing_slot : a.key < b.key;
+  });
+  records.resize(internal::RowBytes(rows.floats()));
+  for (const Order& o : order) {
+    const auto k = internal::EncodeSparseKey(o.key);
+    internal::EncodeRowTo(rows.row(o.slot), rows.floats(), rows.header(o.slot).meta,
+                          records.data());
+    auto s = batch.Put(cf, rocksdb::Slice(k.bytes, internal::kSparseKeyBytes), records);
+    if (!s.ok()) return s;
+  }
+  return rocksdb::Status::OK();
 }
 
 void WriteBackJob::TrimBuffers(bool batch_too) {
@@ -200,7 +235,8 @@ void WriteBackJob::TrimBuffers(bool batch_too) {
 // ------------------------------------------------------------------------------------ lane
 class RocksDbLaneStore final : public LaneStore {
  public:
-  RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_t num_lanes, uint64_t budget);
+  RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_t num_lanes, uint64_t budget,
+                   uint64_t max_dirty);
   ~RocksDbLaneStore() override;
 
   Status AddTable(uint64_t table_id, const TableSpec& spec) override;
@@ -296,11 +332,14 @@ class RocksDbLaneStore final : public LaneStore {
   RocksDbEngine* engine_;
   uint32_t lane_;
   uint32_t num_lanes_;
-  uint64_t budget_;       // bytes; 0 = unbounded
-  // Rows in memory x their cost, plus the writer's copies of the rows in flight (flight_charge_):
-  // the budget covers both, so the memory tier evicts clean rows to pay for a write-back.
-  uint64_t charged_ = 0;
-  uint64_t flight_charge_ = 0;
+  // Bytes; 0 = unbounded. The rows' share: the budget less what it keeps back for the copies of
+  // a hand-off (at most the lane's dirty bound, which the lane keeps to): a budgeted lane copies
+  // its dirty rows into the write-back batch, so rows + copies stay within the budget. (Freezing
+  // the arena instead let pushes copy nearly every block during a write-back: measured, a lane
+  // held 2.5x its budget.)
+  uint64_t budget_;
+  uint64_t row_budget_;
+  uint64_t charged_ = 0;  // rows in memory x their cost
   absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
   std::vector<Table*> sparse_tables_;  // eviction turns
   size_t evict_turn_ = 0;
@@ -316,11 +355,11 @@ class RocksDbLaneStore final : public LaneStore {
   rocksdb::WriteBatch batch_;
   std::string encode_buf_;
   std::vector<float> scratch_row_;
-  uint64_t applied_seq_ = 0;    // request-log entries applied (in memory)
-  uint64_t committed_seq_ = 0;  // ... and durable with the rows
+  uint64_t applied_seq_ = 0;              // request-log entries applied (in memory)
+  uint64_t committed_seq_ = 0;            // ... and durable with the rows
   std::shared_ptr<WriteBackJob> flight_;  // the hand-off being written, if any
   std::shared_ptr<WriteBackJob> spare_;   // the last one, for its buffers
-  uint64_t flight_seq_ = 0;                         // the mark it carries
+  uint64_t flight_seq_ = 0;               // the mark it carries
   uint64_t flight_rows_ = 0;
 };
 
@@ -588,6 +627,9 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
   for (auto& job : round) {
     if (s.ok()) s = job->AppendSortedRows();
     if (s.ok()) s = WriteRows(&job->batch);
+    // In the memtables now (or failed: Reap marks the rows dirty again): the batch's bytes go
+    // before the flush, not after the round.
+    job->TrimBuffers(/*batch_too=*/true);
   }
   // Rows went in without the WAL: they and their marks are durable once every memtable is
   // flushed, atomically across the column families (atomic_flush).
@@ -595,7 +637,6 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
   resume_ = !s.ok();
   if (!s.ok()) LOG(WARNING) << "write-back: " << s.ToString();
   for (auto& job : round) {
-    job->TrimBuffers(/*batch_too=*/true);
     job->error = s;
     job->state.store(s.ok() ? WriteBackJob::kDone : WriteBackJob::kFailed,
                      std::memory_order_release);
@@ -628,9 +669,9 @@ Result<std::unique_ptr<LaneStore>> RocksDbEngine::OpenLane(uint32_t lane, uint32
   }
   const uint64_t budget = options_.memory_budget_bytes / num_lanes;
   // An explicit budget never rounds down to "unbounded".
-  return std::unique_ptr<LaneStore>(
-      new RocksDbLaneStore(this, lane, num_lanes,
-                           options_.memory_budget_bytes != 0 ? std::max<uint64_t>(budget, 1) : 0));
+  return std::unique_ptr<LaneStore>(new RocksDbLaneStore(
+      this, lane, num_lanes, options_.memory_budget_bytes != 0 ? std::max<uint64_t>(budget, 1) : 0,
+      MaxDirtyBytesPerLane(options_, num_lanes)));
 }
 
 Result<rocksdb::ColumnFamilyHandle*> RocksDbEngine::TableFamily(uint64_t table_id,
@@ -784,8 +825,13 @@ Status RocksDbEngine::FlushMemtables() {
 
 // ------------------------------------------------------------------------------------ lane impl
 RocksDbLaneStore::RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_t num_lanes,
-                                   uint64_t budget)
-    : engine_(engine), lane_(lane), num_lanes_(num_lanes), budget_(budget) {
+                                   uint64_t budget, uint64_t max_dirty)
+    : engine_(engine),
+      lane_(lane),
+      num_lanes_(num_lanes),
+      budget_(budget),
+      row_budget_(budget == 0 ? 0
+                              : std::max<uint64_t>(budget - std::min(max_dirty, budget / 2), 1)) {
   for (uint32_t s = 0; s < kNumSlots; ++s) {
     if (LaneOfSlot(s, num_lanes) == lane) lane_slots_.push_back(s);
   }
@@ -836,7 +882,7 @@ Status RocksDbLaneStore::AddTable(uint64_t table_id, const TableSpec& spec) {
 void RocksDbLaneStore::MakeRoom(const Table& t) {
   if (budget_ == 0) return;
   const size_t need = RowCost(t);
-  while (charged_ + need > budget_) {
+  while (charged_ + need > row_budget_) {
     bool evicted = false;
     for (size_t tries = 0; tries < sparse_tables_.size() && !evicted; ++tries) {
       Table* v = sparse_tables_[evict_turn_++ % sparse_tables_.size()];
@@ -880,6 +926,12 @@ Status RocksDbLaneStore::Fetch(Table* t, std::span<const uint64_t> keys,
   std::vector<rocksdb::PinnableSlice> values(slices.size());
   std::vector<rocksdb::Status> statuses(slices.size());
   rocksdb::ReadOptions ro;
+  // With a budget the memory tier is the row cache: a data block read for a row is not kept in
+  // the block cache as well (one useful row in 4 KiB; the block cache keeps index and filter
+  // blocks, and the blocks churning through it held a third of a budgeted server's heap).
+  // Without one, every row read stays in memory anyway, and recovery's replay reads neighbours
+  // of the same blocks.
+  ro.fill_cache = budget_ == 0;
   for (size_t base = 0; base < n; base += kFetchBatch) {
     const size_t m = std::min(kFetchBatch, n - base);
     for (size_t j = 0; j < m; ++j) {
@@ -1085,20 +1137,34 @@ Status RocksDbLaneStore::HandOff() {
   } else {
     job = std::make_shared<WriteBackJob>();
   }
+  if (budget_ != 0) {
+    // The rows are copied in below: reserve their bytes (a WriteBatch grows by doubling).
+    size_t bytes = 64;
+    for (const auto& [id, t] : tables_) {
+      if (t->rows) {
+        bytes += t->dirty_slots.size() *
+                 (internal::kSparseKeyBytes + internal::RowBytes(t->floats) + kBatchRecordBytes);
+      }
+    }
+    job->batch = rocksdb::WriteBatch(bytes);
+  }
   // The applied-log mark goes in the same batch as the rows it describes.
-  auto s = job->batch.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_),
-                          SeqKey(applied_seq_));
+  auto s = job->batch.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_), SeqKey(applied_seq_));
   uint64_t rows = 0;
-  uint64_t charge = 0;
   for (auto& [id, t] : tables_) {
     rows += t->dirty_slots.size() + t->dirty_chunks.size();
-    charge += t->dirty_slots.size() * (internal::kSparseKeyBytes + internal::RowBytes(t->floats));
     if (!t->dirty_slots.empty()) {
-      // No row is copied here: the writer encodes them from the frozen arena, and a push that
-      // changes one meanwhile copies its block. The rows stay pinned (in flight) until Reap.
-      WriteBackJob::Family& f = job->NextFamily(t->cf, t->floats);
-      f.frozen = t->rows->Freeze();
-      f.slots.assign(t->dirty_slots.begin(), t->dirty_slots.end());
+      if (budget_ != 0) {
+        // Copied here, into the batch: the rows' bytes come out of the budget's reserve.
+        if (s.ok()) s = job->CopySortedRows(*t->rows, t->cf, t->dirty_slots);
+      } else {
+        // No row is copied here: the writer encodes them from the frozen arena, and a push that
+        // changes one meanwhile copies its block.
+        WriteBackJob::Family& f = job->NextFamily(t->cf, t->floats);
+        f.frozen = t->rows->Freeze();
+        f.slots.assign(t->dirty_slots.begin(), t->dirty_slots.end());
+      }
+      // The rows stay pinned (in flight) until Reap.
       t->rows->BeginFlight();
       t->flight_slots.swap(t->dirty_slots);  // flight_slots was empty: reaped before
     }
@@ -1108,8 +1174,7 @@ Status RocksDbLaneStore::HandOff() {
                           &encode_buf_);
       const auto key = internal::EncodeDenseKey(chunk);
       if (s.ok()) {
-        s = job->batch.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes),
-                           encode_buf_);
+        s = job->batch.Put(t->cf, rocksdb::Slice(key.bytes, internal::kDenseKeyBytes), encode_buf_);
       }
       c.dirty = false;
       t->flight_chunks.push_back(chunk);
@@ -1117,11 +1182,10 @@ Status RocksDbLaneStore::HandOff() {
     t->dirty_slots.clear();
     t->dirty_chunks.clear();
   }
+  job->TrimBuffers(/*batch_too=*/false);
   flight_ = job;
   flight_seq_ = applied_seq_;
   flight_rows_ = rows;
-  flight_charge_ = charge;
-  charged_ += charge;
   if (!s.ok()) {
     // A batch RocksDB cannot hold (over its 4 GiB limit): nothing goes out, rows stay dirty.
     job->error = FromRocks(s, "building the write-back batch");
@@ -1135,8 +1199,6 @@ Status RocksDbLaneStore::HandOff() {
 Status RocksDbLaneStore::Reap() {
   std::shared_ptr<WriteBackJob> job = std::move(flight_);
   const bool ok = job->state.load(std::memory_order_acquire) == WriteBackJob::kDone;
-  charged_ -= flight_charge_;
-  flight_charge_ = 0;
   job->ReleaseRows();  // when the writer failed before encoding them
   for (auto& [id, t] : tables_) {
     if (t->rows) {
@@ -1264,9 +1326,9 @@ Status RocksDbLaneSnapshot::Scan(uint64_t table_id, const LaneStore::RowVisitor&
   row_.resize(t->floats);
   RowMeta meta;
   auto visit = [&](uint64_t key, std::string_view stored, bool* go) -> Status {
-    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
-        stored, t->floats, row_.data(), &meta,
-        "table '" + t->spec.name + "' key " + std::to_string(key)));
+    TESSERA_RETURN_IF_ERROR(
+        internal::DecodeRow(stored, t->floats, row_.data(), &meta,
+                            "table '" + t->spec.name + "' key " + std::to_string(key)));
     *go = meta.update_count == 0 || fn(key, row_.data(), row_.data() + dim, meta);
     return Status::OK();
   };
@@ -1303,9 +1365,9 @@ Status RocksDbLaneSnapshot::ScanDense(uint64_t table_id, const LaneStore::ChunkV
   auto visit = [&](uint64_t chunk, std::string_view stored, bool* go) -> Status {
     const uint32_t len = internal::DenseChunkLength(t->spec.length, chunk);
     row_.resize(size_t{len} + t->opt->StateFloats(len));
-    TESSERA_RETURN_IF_ERROR(internal::DecodeRow(
-        stored, static_cast<uint32_t>(row_.size()), row_.data(), &meta,
-        "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
+    TESSERA_RETURN_IF_ERROR(
+        internal::DecodeRow(stored, static_cast<uint32_t>(row_.size()), row_.data(), &meta,
+                            "table '" + t->spec.name + "' dense chunk " + std::to_string(chunk)));
     *go = fn(chunk, row_.data(), len, meta);
     return Status::OK();
   };

@@ -279,10 +279,15 @@ struct StorageOptions {
   /// system (device) keeps pushes from waiting behind the rows' and checkpoints' fsyncs, as a
   /// database keeps its WAL apart. Default: empty.
   std::string log_dir;
-  /// Bytes the memory tier may hold across all lanes; rows beyond live in RocksDB only.
-  /// 0: unbounded. Default: 0.
+  /// Bytes the memory tier may hold across all lanes, the write-back copies of changed rows
+  /// included; rows beyond live in RocksDB only. 0: unbounded. Default: 0.
   /// The memory-only engine ignores it (it has nowhere to spill to).
   uint64_t memory_budget_bytes = 0;
+  /// Durable storage: bytes of changed rows not yet durable, over all lanes, beyond which a
+  /// lane hands its rows off at once and waits for the writer (pushes slow down; none fails).
+  /// With a budget this much of it is kept back for the write-back copies (the rows get the
+  /// rest). 0: MaxDirtyBytesPerLane's default. Default: 0.
+  uint64_t max_dirty_bytes = 0;
   /// When an acknowledged push is durable. Default: kStrict.
   Durability durability = Durability::kStrict;
   /// Relaxed mode: the longest time, in milliseconds, an acknowledged push may be lost on a
@@ -305,6 +310,12 @@ struct StorageOptions {
   /// InvalidArgument. Default: empty.
   std::string rocksdb_table_options;
 };
+
+/// One lane's share of max_dirty_bytes. Its default: with a budget, a quarter of the lane's
+/// budget, at most kMaxDefaultDirtyBytesPerLane (a hand-off copies the dirty rows on the lane);
+/// without one, 1 GiB over all lanes.
+inline constexpr uint64_t kMaxDefaultDirtyBytesPerLane = uint64_t{64} << 20;
+uint64_t MaxDirtyBytesPerLane(const StorageOptions& options, uint32_t num_lanes);
 
 /// Opens the engine the options ask for: memory-only when data_dir is empty, else RocksDB
 /// (recovering whatever the directory holds).

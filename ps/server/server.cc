@@ -58,16 +58,11 @@ Status ServerImpl::Start() {
     LOG(INFO) << "storage open in " << secs(t0, t_open) << " s, tables and request log in "
               << secs(t_open, std::chrono::steady_clock::now()) << " s";
   }
-  uint64_t dirty = options_.max_dirty_bytes;
-  if (dirty == 0) {
-    dirty = options_.storage.memory_budget_bytes != 0 ? options_.storage.memory_budget_bytes / 2
-                                                      : uint64_t{1} << 30;
-  }
   for (uint32_t i = 0; i < options_.lanes; ++i) {
-    lanes_.push_back(std::make_unique<Lane>(
-        i, std::move(stores[i]), ctx_, reply_ep,
-        engine_->durable() ? options_.write_back_interval_ms : 0,
-        std::max<uint64_t>(dirty / options_.lanes, 1)));
+    lanes_.push_back(
+        std::make_unique<Lane>(i, std::move(stores[i]), ctx_, reply_ep,
+                               engine_->durable() ? options_.write_back_interval_ms : 0,
+                               MaxDirtyBytesPerLane(options_.storage, options_.lanes)));
   }
   writer_ = std::make_unique<FileWriter>(ctx_, reply_ep);
   io_ = std::thread([this] { IoLoop(); });

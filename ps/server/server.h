@@ -42,10 +42,6 @@ struct ServerOptions {
   /// replays at most about one interval of pushes. 0: commit the rows of every batch before
   /// answering (slow). Default: 2000.
   uint32_t write_back_interval_ms = 2000;
-  /// Durable storage: bytes of changed rows not yet durable, over all lanes, beyond which a
-  /// lane hands its rows off at once and waits for the writer (pushes slow down; none fails).
-  /// 0: half of storage.memory_budget_bytes, or 1 GiB without a budget. Default: 0.
-  uint64_t max_dirty_bytes = 0;
   /// CurveZMQ secret key of the server (40 Z85 characters). When set, every connection is
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).

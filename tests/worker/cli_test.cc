@@ -5,6 +5,7 @@
 // (suite ToolsCli): --help and --version, tessera-ctl's commands, endpoint and enum flag checks,
 // and a JSON report that stays valid whatever the --data path holds.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -149,7 +150,10 @@ TEST(WorkerCliGpu, CudaRunsTrainLikeCpuAndMultiGpuNodesUseNccl) {
 
 // A program run to its end with `args` (stdout and stderr together).
 WorkerRun RunTool(const std::vector<std::string>& args, const std::string& name) {
-  return RunWorker(args, ::testing::TempDir() + "/tool-" + name + ".log", 30);
+  // The pid in the name: ctest -j runs these tests side by side, and two of them running the
+  // same tool wrote one log file (ToolsCli.Help... and ToolsCli.Version... failed together).
+  return RunWorker(
+      args, ::testing::TempDir() + "/tool-" + name + "-" + std::to_string(getpid()) + ".log", 30);
 }
 
 std::vector<std::string> Lines(const std::string& text) {
