@@ -57,6 +57,8 @@ uint64_t SeqOfKey(const rocksdb::Slice& k) {
 constexpr char kLayoutPrefix[] = "storage/layout/";
 // Rows examined per table by one Maintain() call's sweep of the rows on disk.
 constexpr size_t kSweepRowsPerCall = 65536;
+// Lookups and applies prefetch the index entries of the key this many keys ahead.
+constexpr size_t kPrefetchAhead = 8;
 // Cold reads are fetched with MultiGet in batches of this many keys.
 constexpr size_t kFetchBatch = 1024;
 // Index bytes charged to the budget per cached row (SwissTable of 4-byte slots, at a typical
@@ -114,7 +116,17 @@ struct WriteBackJob {
   size_t used_families = 0;
   // The lane's applied mark and its dense chunks; the writer appends the sparse rows.
   rocksdb::WriteBatch batch;
-  std::string records;  // the writer's: sparse rows encoded, before they go into `batch`
+  // The writer's: sparse rows encoded, before they go into `batch` (not zeroed when allocated:
+  // a write-back of a million rows spent a tenth of the writer's time in memset and faults).
+  std::unique_ptr<char[]> records;
+  size_t records_capacity = 0;
+  char* Records(size_t bytes) {
+    if (bytes > records_capacity) {
+      records.reset(new char[bytes]);
+      records_capacity = bytes;
+    }
+    return records.get();
+  }
   Status error;         // set before state leaves kQueued
   std::atomic<int> state{kQueued};
 
@@ -167,9 +179,9 @@ Status WriteBackJob::AppendSortedRows() {
     // Encoded in arena order, so that each block goes back to the lane as soon as it is read
     // (a push to a block still held copies it).
     const size_t rec = internal::kSparseKeyBytes + internal::RowBytes(fam.floats);
-    records.resize(fam.slots.size() * rec);
+    char* const records_at = Records(fam.slots.size() * rec);
     order.clear();
-    char* out = records.data();
+    char* out = records_at;
     fam.frozen.VisitAndRelease(fam.slots, [&](uint32_t slot) {
       const auto k = internal::EncodeSparseKey(fam.frozen.key(slot));
       std::memcpy(out, k.bytes, internal::kSparseKeyBytes);
@@ -185,7 +197,7 @@ Status WriteBackJob::AppendSortedRows() {
       return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
     });
     for (const Order& o : order) {
-      const char* r = records.data() + size_t{o.pos} * rec;
+      const char* r = records_at + size_t{o.pos} * rec;
       auto s =
           batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
                     rocksdb::Slice(r + internal::kSparseKeyBytes, rec - internal::kSparseKeyBytes));
@@ -213,12 +225,14 @@ rocksdb::Status WriteBackJob::CopySortedRows(const CachedRows& rows,
   std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
     return a.routing_slot != b.routing_slot ? a.routing_slot < b.routing_slot : a.key < b.key;
   });
-  records.resize(internal::RowBytes(rows.floats()));
+  const size_t row_bytes = internal::RowBytes(rows.floats());
+  char* const row = Records(row_bytes);
   for (const Order& o : order) {
     const auto k = internal::EncodeSparseKey(o.key);
     internal::EncodeRowTo(rows.row(o.slot), rows.floats(), rows.header(o.slot).meta,
-                          records.data());
-    auto s = batch.Put(cf, rocksdb::Slice(k.bytes, internal::kSparseKeyBytes), records);
+                          row);
+    auto s = batch.Put(cf, rocksdb::Slice(k.bytes, internal::kSparseKeyBytes),
+                       rocksdb::Slice(row, row_bytes));
     if (!s.ok()) return s;
   }
   return rocksdb::Status::OK();
@@ -228,7 +242,10 @@ void WriteBackJob::TrimBuffers(bool batch_too) {
   // Large buffers go back to the system between hand-offs (they are mmap'd chunks): kept, two
   // copies of the largest hand-off stayed in every lane's memory for good.
   constexpr size_t kKeepBytes = size_t{1} << 20;
-  if (records.capacity() > kKeepBytes) std::string().swap(records);
+  if (records_capacity > kKeepBytes) {
+    records.reset();
+    records_capacity = 0;
+  }
   if (batch_too && batch.GetDataSize() > kKeepBytes) batch = rocksdb::WriteBatch();
 }
 
@@ -347,6 +364,7 @@ class RocksDbLaneStore final : public LaneStore {
   StoreStats stats_;
   // Scratch buffers reused across calls.
   std::vector<uint32_t> misses_;
+  std::vector<uint32_t> found_;  // Apply: the slot of each key in memory at its first pass
   absl::flat_hash_map<uint64_t, uint32_t> fetch_pos_;
   std::vector<internal::SparseKey> fetch_keys_;
   std::vector<size_t> fetch_off_;
@@ -970,6 +988,7 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
   misses_.clear();
   for (size_t i = 0; i < keys.size(); ++i) {
     ++stats_.lookups;
+    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
     const uint32_t slot = rows.Find(keys[i]);
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
@@ -1014,9 +1033,14 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
   CachedRows& rows = *t->rows;
   // Pass 1 pins the rows already in memory and finds the misses; the misses are read and
   // checked before anything is changed, so a push that fails changes nothing.
+  // The slots found stay valid for pass 2: MarkDirty pins them, so no insert evicts them. (Two
+  // Finds a key, each a chain of cache misses, were a third of a strict server's CPU.)
   misses_.clear();
+  found_.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
     const uint32_t slot = rows.Find(keys[i]);
+    found_[i] = slot;
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
     } else {
@@ -1027,7 +1051,8 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
   if (!misses_.empty()) TESSERA_RETURN_IF_ERROR(Fetch(t, keys, misses_));
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint64_t key = keys[i];
-    uint32_t slot = rows.Find(key);
+    uint32_t slot = found_[i];
+    if (slot == CachedRows::kNoSlot) slot = rows.Find(key);  // an earlier duplicate inserted it
     if (slot == CachedRows::kNoSlot) {
       const std::string_view stored = Fetched(key);
       if (stored.empty() && t->gated) {
@@ -1137,14 +1162,20 @@ Status RocksDbLaneStore::HandOff() {
   } else {
     job = std::make_shared<WriteBackJob>();
   }
-  if (budget_ != 0) {
-    // The rows are copied in below: reserve their bytes (a WriteBatch grows by doubling).
+  {
+    // Reserve the rows' bytes (a WriteBatch grows by doubling: the copies and page faults of a
+    // million-row write-back were a fifth of the writer's time). Allocated here, touched by
+    // whoever encodes the rows.
     size_t bytes = 64;
     for (const auto& [id, t] : tables_) {
       if (t->rows) {
         bytes += t->dirty_slots.size() *
                  (internal::kSparseKeyBytes + internal::RowBytes(t->floats) + kBatchRecordBytes);
       }
+      bytes += t->dirty_chunks.size() *
+               (internal::kDenseKeyBytes +
+                internal::RowBytes(static_cast<uint32_t>(kDenseChunkFloats * (1 + t->floats))) +
+                kBatchRecordBytes);
     }
     job->batch = rocksdb::WriteBatch(bytes);
   }

@@ -90,6 +90,9 @@ class CachedRows {
     auto it = index_.find(KeyRef{key});
     return it == index_.end() ? kNoSlot : *it;
   }
+  /// Starts loading the index's cache lines for `key` (a Find of it soon after costs one miss,
+  /// the slot's header, instead of two or three).
+  void Prefetch(uint64_t key) const { index_.prefetch(KeyRef{key}); }
   /// A new slot for `key`, which must be absent. The header is reset (meta zero, flags kLive |
   /// kReferenced); the floats are uninitialized.
   uint32_t Insert(uint64_t key);
