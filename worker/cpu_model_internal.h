@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "worker/model.h"
@@ -135,6 +136,9 @@ class CpuModel {
     std::vector<Mat> cross_x, cross_z;
     Mat tm, dtm, dx, dcross;
     Vec logit, g, denom;
+    // DLRM: kLanes samples' vectors and gradients (lanes), one row of S, the terms' vectors.
+    std::vector<T> lanes, dlanes, srow, acc;
+    std::vector<const T*> vptr;
   };
 
   T WeightOf(const InputT<T>& in, uint32_t e) const { return in.weights ? in.weights[e] : T(1); }
@@ -271,6 +275,105 @@ class CpuModel {
     }
   }
 
+  // DLRM's interaction works on kLanes samples at a time with the samples innermost ("lanes":
+  // element (i, q) of the block's samples at lanes[(i * d + q) * kLanes + l]), so that every
+  // operation is on a whole SIMD register of samples whatever d and n are, and each dot still
+  // sums q = 0, 1, ..., d - 1 in order. A block past the batch's end is padded with zero samples.
+  // kLanes: one register of the widest vector unit this file is compiled for.
+#ifdef __AVX__
+  static constexpr uint32_t kVectorBytes = 32;
+#else
+  static constexpr uint32_t kVectorBytes = 16;
+#endif
+  static constexpr uint32_t kLanes = kVectorBytes / sizeof(T);
+
+  // Copies `rows` rows (samples s0..) of the columns [c0, c0 + w) of m into lanes (zeros past
+  // `rows`).
+  static void ToLanes(const Mat& m, uint32_t s0, uint32_t rows, size_t c0, size_t w, T* lanes) {
+    for (uint32_t l = 0; l < kLanes; ++l) {
+      if (l < rows) {
+        const T* src = m.row(s0 + l).data() + c0;
+        for (size_t e = 0; e < w; ++e) lanes[e * kLanes + l] = src[e];
+      } else {
+        for (size_t e = 0; e < w; ++e) lanes[e * kLanes + l] = T(0);
+      }
+    }
+  }
+
+  // kLanes values of T as one GCC/Clang vector (the compiler splits it into the registers the
+  // target has); element-wise + and * on it round as the scalar operations do.
+  typedef T LaneVec __attribute__((vector_size(kLanes * sizeof(T))));
+  static LaneVec LoadLanes(const T* p) {
+    LaneVec v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static void StoreLanes(T* p, const LaneVec& v) { std::memcpy(p, &v, sizeof(v)); }
+
+  // Up to kBlock dots at once (independent sums that the CPU overlaps): acc[k][l] = sum over
+  // q = 0, 1, ..., d - 1 (in order) of a[q][l] b_k[q][l], b_k = b + k * d * kLanes, k < nb.
+  static constexpr uint32_t kBlock = 4;
+  static void DotLanes(uint32_t d, uint32_t nb, const T* a, const T* b, T* acc) {
+    const size_t stride = size_t{d} * kLanes;
+    if (nb == kBlock) {
+      LaneVec c0 = {}, c1 = {}, c2 = {}, c3 = {};
+      for (uint32_t q = 0; q < d; ++q, a += kLanes, b += kLanes) {
+        const LaneVec x = LoadLanes(a);
+        c0 += x * LoadLanes(b);
+        c1 += x * LoadLanes(b + stride);
+        c2 += x * LoadLanes(b + 2 * stride);
+        c3 += x * LoadLanes(b + 3 * stride);
+      }
+      StoreLanes(acc, c0);
+      StoreLanes(acc + kLanes, c1);
+      StoreLanes(acc + 2 * kLanes, c2);
+      StoreLanes(acc + 3 * kLanes, c3);
+      return;
+    }
+    for (uint32_t k = 0; k < nb; ++k) {
+      LaneVec c = {};
+      const T* bk = b + k * stride;
+      for (uint32_t q = 0; q < d; ++q) c += LoadLanes(a + q * kLanes) * LoadLanes(bk + q * kLanes);
+      StoreLanes(acc + k * kLanes, c);
+    }
+  }
+
+  // For q in [q0, q0 + nq), nq <= kBlock: out[q][l] = init[q][l] (zero when init is null) plus
+  // the sum over m = 0, 1, ..., nterms - 1 (in order) of s[m][l] v_m[q][l], v_m = vs[m].
+  static void SumLanes(uint32_t q0, uint32_t nq, uint32_t nterms, const T* init, const T* s,
+                       const T* const* vs, T* out) {
+    const size_t o = size_t{q0} * kLanes;
+    if (nq == kBlock) {
+      LaneVec c0 = {}, c1 = {}, c2 = {}, c3 = {};
+      if (init != nullptr) {
+        c0 = LoadLanes(init + o);
+        c1 = LoadLanes(init + o + kLanes);
+        c2 = LoadLanes(init + o + 2 * kLanes);
+        c3 = LoadLanes(init + o + 3 * kLanes);
+      }
+      for (uint32_t m = 0; m < nterms; ++m, s += kLanes) {
+        const LaneVec x = LoadLanes(s);
+        const T* v = vs[m] + o;
+        c0 += x * LoadLanes(v);
+        c1 += x * LoadLanes(v + kLanes);
+        c2 += x * LoadLanes(v + 2 * kLanes);
+        c3 += x * LoadLanes(v + 3 * kLanes);
+      }
+      StoreLanes(out + o, c0);
+      StoreLanes(out + o + kLanes, c1);
+      StoreLanes(out + o + 2 * kLanes, c2);
+      StoreLanes(out + o + 3 * kLanes, c3);
+      return;
+    }
+    for (uint32_t k = 0; k < nq; ++k) {
+      const size_t ok = o + size_t{k} * kLanes;
+      LaneVec c = {};
+      if (init != nullptr) c = LoadLanes(init + ok);
+      for (uint32_t m = 0; m < nterms; ++m) c += LoadLanes(s + m * kLanes) * LoadLanes(vs[m] + ok);
+      StoreLanes(out + ok, c);
+    }
+  }
+
   // DLRM: top_acts[0] = [bottom output (with dense features), v_i . v_j for i > j].
   void DotsForward(uint32_t bc, Workspace& ws) const {
     const uint32_t d = layout_.config().embedding_dim, n = layout_.num_vectors();
@@ -279,44 +382,71 @@ class CpuModel {
     Mat& x = ws.top_acts[0];
     x.resize(bc, layout_.top_input());
     if (hb) x.leftCols(d) = ws.bottom_acts.back();
-    for (uint32_t s = 0; s < bc; ++s) {
-      const T* ts = ws.tm.row(s).data();
-      T* xs = x.row(s).data() + dot0;
+    ws.lanes.resize(size_t{n} * d * kLanes);
+    T* const v = ws.lanes.data();
+    for (uint32_t s0 = 0; s0 < bc; s0 += kLanes) {
+      const uint32_t rows = std::min(kLanes, bc - s0);
+      ToLanes(ws.tm, s0, rows, 0, size_t{n} * d, v);
+      uint32_t p = 0;
       for (uint32_t i = 1; i < n; ++i) {
-        const T* ti = ts + size_t{i} * d;
-        for (uint32_t j = 0; j < i; ++j) {
-          const T* tj = ts + size_t{j} * d;
-          T dot = 0;
-          for (uint32_t q = 0; q < d; ++q) dot += ti[q] * tj[q];
-          *xs++ = dot;
+        const T* vi = v + size_t{i} * d * kLanes;
+        for (uint32_t j = 0; j < i; j += kBlock) {
+          const uint32_t nb = std::min(kBlock, i - j);
+          T acc[kBlock * kLanes];
+          DotLanes(d, nb, vi, v + size_t{j} * d * kLanes, acc);
+          for (uint32_t l = 0; l < rows; ++l) {
+            T* xs = x.row(s0 + l).data() + dot0 + p;
+            for (uint32_t k = 0; k < nb; ++k) xs[k] = acc[k * kLanes + l];
+          }
+          p += nb;
         }
       }
     }
   }
 
-  // DLRM: ws.dtm from ws.dx = d(loss)/d(top input).
+  // DLRM: ws.dtm from ws.dx = d(loss)/d(top input): per sample dV = S V with S symmetric,
+  // S_ij = d(loss)/d(v_i . v_j), zero diagonal. Row i sums j = 0, 1, ..., n - 1 in order (j = i
+  // left out; after the bottom output's direct gradient for i = 0), as the CUDA kernel does.
   void DotsBackward(uint32_t bc, Workspace& ws) const {
     const uint32_t d = layout_.config().embedding_dim, n = layout_.num_vectors();
     const bool hb = layout_.config().num_dense > 0;
     const uint32_t dot0 = hb ? d : 0;
+    const size_t pairs = size_t{n} * (n - 1) / 2;
     Mat& dtm = ws.dtm;
-    dtm.setZero(bc, size_t{n} * d);
-    if (hb) dtm.leftCols(d) = ws.dx.leftCols(d);
-    for (uint32_t s = 0; s < bc; ++s) {
-      const T* ts = ws.tm.row(s).data();
-      T* dts = dtm.row(s).data();
-      const T* dxs = ws.dx.row(s).data() + dot0;
-      for (uint32_t i = 1; i < n; ++i) {
-        const T* ti = ts + size_t{i} * d;
-        T* dti = dts + size_t{i} * d;
-        for (uint32_t j = 0; j < i; ++j) {
-          const T gd = *dxs++;
-          const T* tj = ts + size_t{j} * d;
-          T* dtj = dts + size_t{j} * d;
-          for (uint32_t q = 0; q < d; ++q) {
-            dti[q] += gd * tj[q];
-            dtj[q] += gd * ti[q];
-          }
+    dtm.resize(bc, size_t{n} * d);
+    ws.lanes.resize(size_t{n} * d * kLanes);
+    ws.dlanes.resize((pairs + d) * kLanes);
+    ws.srow.resize(size_t{n} * kLanes);
+    ws.acc.resize(size_t{d} * kLanes);
+    ws.vptr.resize(n);
+    T* const v = ws.lanes.data();
+    T* const g = ws.dlanes.data();  // [direct gradient of v_0 (d), dots' gradients (pairs)]
+    const T* const gd = g + size_t{d} * kLanes;
+    T* const srow = ws.srow.data();
+    T* const acc = ws.acc.data();
+    const T** const vs = ws.vptr.data();
+    for (uint32_t s0 = 0; s0 < bc; s0 += kLanes) {
+      const uint32_t rows = std::min(kLanes, bc - s0);
+      ToLanes(ws.tm, s0, rows, 0, size_t{n} * d, v);
+      if (hb) ToLanes(ws.dx, s0, rows, 0, d, g);
+      ToLanes(ws.dx, s0, rows, dot0, pairs, g + size_t{d} * kLanes);
+      for (uint32_t i = 0; i < n; ++i) {
+        // The terms j != i in order: S_ij is dot i (i - 1) / 2 + j for j < i, j (j - 1) / 2 + i
+        // for j > i.
+        uint32_t m = 0;
+        for (uint32_t j = 0; j < n; ++j) {
+          if (j == i) continue;
+          const size_t pij = j < i ? size_t{i} * (i - 1) / 2 + j : size_t{j} * (j - 1) / 2 + i;
+          std::copy(gd + pij * kLanes, gd + (pij + 1) * kLanes, srow + size_t{m} * kLanes);
+          vs[m++] = v + size_t{j} * d * kLanes;
+        }
+        const T* init = hb && i == 0 ? g : nullptr;
+        for (uint32_t q0 = 0; q0 < d; q0 += kBlock) {
+          SumLanes(q0, std::min(kBlock, d - q0), m, init, srow, vs, acc);
+        }
+        for (uint32_t l = 0; l < rows; ++l) {
+          T* out = dtm.row(s0 + l).data() + size_t{i} * d;
+          for (uint32_t q = 0; q < d; ++q) out[q] = acc[q * kLanes + l];
         }
       }
     }
