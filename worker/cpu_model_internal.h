@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
+#include "worker/cpu_gemm_internal.h"
 #include "worker/model.h"
 
 namespace tessera::worker::internal {
@@ -33,6 +35,31 @@ struct GradsT {
   double loss_sum = 0;
 };
 
+/// The matrix products the model runs (row-major; see cpu_gemm_internal.h), for one instruction
+/// set.
+template <typename T>
+struct CpuGemms {
+  using Fn = void (*)(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c,
+                      bool accumulate);
+  Fn ab_t;  // c = a b^T
+  Fn at_b;  // c = a^T b
+  Fn ab;    // c = a b
+  const char* isa;
+};
+
+/// The products compiled for the compiler's default target (every CPU of the architecture).
+template <typename T>
+const CpuGemms<T>& GenericGemms() {
+  static const CpuGemms<T> gemms{&generic::GemmABt<T>, &generic::GemmAtB<T>,
+                                 &generic::GemmAB<T>, "generic"};
+  return gemms;
+}
+
+/// Float products for `isa`: "auto" (the fastest this build has that the CPU runs), "generic",
+/// or "avx2" (AVX2 and FMA; nullptr where the build or the CPU lacks them). nullptr for an
+/// unknown name. Defined in cpu_backend.cc.
+const CpuGemms<float>* FloatGemmsFor(std::string_view isa);
+
 /// Forward and backward of the model on a CPU. Not thread-safe; splits a batch over `threads`
 /// OpenMP threads.
 template <typename T>
@@ -44,8 +71,12 @@ class CpuModel {
   using CMap = Eigen::Map<const Mat>;
   using MMap = Eigen::Map<Mat>;
 
-  CpuModel(const ModelLayout& layout, int threads)
-      : layout_(layout), threads_(std::max(threads, 1)) {}
+  CpuModel(const ModelLayout& layout, int threads,
+           const CpuGemms<T>& gemms = GenericGemms<T>())
+      : layout_(layout), threads_(std::max(threads, 1)), gemms_(gemms) {}
+
+  /// The instruction set of the matrix products.
+  const char* isa() const { return gemms_.isa; }
 
   /// grads == nullptr: forward only.
   void Run(const InputT<T>& in, T loss_scale, T* probs, GradsT<T>* grads) {
@@ -94,9 +125,6 @@ class CpuModel {
     for (size_t i = 0; i < from.size(); ++i) (*to)[i] += from[i];
   }
 
-  CMap Weight(const T* params, const LayerShape& l) const {
-    return CMap(params + l.offset, l.out, l.in);
-  }
   Eigen::Map<const RowVec> BiasOf(const T* params, const LayerShape& l) const {
     return Eigen::Map<const RowVec>(params + l.offset + uint64_t{l.out} * l.in, l.out);
   }
@@ -105,28 +133,34 @@ class CpuModel {
   void Mlp(const std::vector<LayerShape>& layers, const T* params, std::vector<Mat>* acts) const {
     for (size_t i = 0; i < layers.size(); ++i) {
       const LayerShape& l = layers[i];
+      const Mat& a = (*acts)[i];
       Mat& z = (*acts)[i + 1];
-      z.noalias() = (*acts)[i] * Weight(params, l).transpose();
+      z.resize(a.rows(), l.out);
+      gemms_.ab_t(a.rows(), l.out, l.in, a.data(), params + l.offset, z.data(), false);
       z.rowwise() += BiasOf(params, l);
       if (l.relu) z = z.cwiseMax(T(0));
     }
   }
 
-  // Backward through layers given d(last activation); returns d(acts[0]) when want_input.
+  // Backward through layers given *d = d(last activation); leaves d(acts[0]) in *d when
+  // want_input. *scratch: a buffer of the same kind, swapped with *d (no allocation once both
+  // have grown to the batch's size).
   void MlpBackward(const std::vector<LayerShape>& layers, const T* params,
-                   const std::vector<Mat>& acts, Mat d, T* grad_params, Mat* d_input) const {
+                   const std::vector<Mat>& acts, Mat* d, Mat* scratch, T* grad_params,
+                   bool want_input) const {
     for (size_t i = layers.size(); i-- > 0;) {
       const LayerShape& l = layers[i];
-      if (l.relu) d = d.cwiseProduct((acts[i + 1].array() > T(0)).matrix().template cast<T>());
-      MMap(grad_params + l.offset, l.out, l.in).noalias() += d.transpose() * acts[i];
+      if (l.relu) *d = d->cwiseProduct((acts[i + 1].array() > T(0)).matrix().template cast<T>());
+      const int64_t rows = d->rows();
+      gemms_.at_b(l.out, l.in, rows, d->data(), acts[i].data(), grad_params + l.offset, true);
       Eigen::Map<RowVec>(grad_params + l.offset + uint64_t{l.out} * l.in, l.out) +=
-          d.colwise().sum();
-      if (i > 0 || d_input != nullptr) {
-        Mat prev = d * Weight(params, l);
-        d = std::move(prev);
+          d->colwise().sum();
+      if (i > 0 || want_input) {
+        scratch->resize(rows, l.in);
+        gemms_.ab(rows, l.in, l.out, d->data(), params + l.offset, scratch->data(), false);
+        d->swap(*scratch);
       }
     }
-    if (d_input != nullptr) *d_input = std::move(d);
   }
 
   // Per-thread buffers kept between calls (no allocation or page faults per batch).
@@ -134,7 +168,7 @@ class CpuModel {
     std::vector<Mat> bottom_acts, top_acts;
     // DCN-v2: cross_x[l] = x_l (x_0 = x0 = tm), cross_z[l] = x_l W_l^T + b_l.
     std::vector<Mat> cross_x, cross_z;
-    Mat tm, dtm, dx, dcross;
+    Mat tm, dtm, dx, dcross, dbottom, dscratch;
     Vec logit, g, denom;
     // DLRM: kLanes samples' vectors and gradients (lanes), one row of S, the terms' vectors.
     std::vector<T> lanes, dlanes, srow, acc;
@@ -198,7 +232,9 @@ class CpuModel {
       }
     }
     if (!c.deep) return;
-    MlpBackward(layout_.top(), in.params, ws.top_acts, Mat(g), grads->params.data(), &ws.dx);
+    ws.dx = g;
+    MlpBackward(layout_.top(), in.params, ws.top_acts, &ws.dx, &ws.dscratch, grads->params.data(),
+                true);
     switch (c.kind) {
       case ModelKind::kDlrm:
         DotsBackward(bc, ws);
@@ -251,15 +287,16 @@ class CpuModel {
   }
 
   // Bottom MLP and embedding gradients from ws.dtm = d(loss)/d(tm).
-  void PoolBackward(const InputT<T>& in, uint32_t s0, uint32_t bc, const Workspace& ws,
+  void PoolBackward(const InputT<T>& in, uint32_t s0, uint32_t bc, Workspace& ws,
                     GradsT<T>* grads) const {
     const ModelConfig& c = layout_.config();
     const uint32_t nf = c.num_fields, d = c.embedding_dim;
     const bool hb = c.num_dense > 0;
     const Mat& dtm = ws.dtm;
     if (hb) {
-      MlpBackward(layout_.bottom(), in.params, ws.bottom_acts, Mat(dtm.leftCols(d)),
-                  grads->params.data(), nullptr);
+      ws.dbottom = dtm.leftCols(d);
+      MlpBackward(layout_.bottom(), in.params, ws.bottom_acts, &ws.dbottom, &ws.dscratch,
+                  grads->params.data(), false);
     }
     for (uint32_t s = 0; s < bc; ++s) {
       for (uint32_t f = 0; f < nf; ++f) {
@@ -497,7 +534,10 @@ class CpuModel {
     ws.cross_x[0] = ws.tm;
     for (size_t l = 0; l < cross.size(); ++l) {
       Mat& z = ws.cross_z[l];
-      z.noalias() = ws.cross_x[l] * Weight(params, cross[l]).transpose();
+      const Mat& x = ws.cross_x[l];
+      z.resize(x.rows(), cross[l].out);
+      gemms_.ab_t(x.rows(), cross[l].out, cross[l].in, x.data(), params + cross[l].offset,
+                  z.data(), false);
       z.rowwise() += BiasOf(params, cross[l]);
       ws.cross_x[l + 1] = ws.tm.cwiseProduct(z) + ws.cross_x[l];
     }
@@ -516,16 +556,18 @@ class CpuModel {
       const LayerShape& w = cross[l];
       const Mat dz = dx.cwiseProduct(ws.tm);
       dtm += dx.cwiseProduct(ws.cross_z[l]);
-      MMap(grad_params + w.offset, w.out, w.in).noalias() += dz.transpose() * ws.cross_x[l];
+      gemms_.at_b(w.out, w.in, dz.rows(), dz.data(), ws.cross_x[l].data(), grad_params + w.offset,
+                  true);
       Eigen::Map<RowVec>(grad_params + w.offset + uint64_t{w.out} * w.in, w.out) +=
           dz.colwise().sum();
-      dx.noalias() += dz * Weight(params, w);
+      gemms_.ab(dx.rows(), w.in, w.out, dz.data(), params + w.offset, dx.data(), true);
     }
     dtm += dx;
   }
 
   const ModelLayout& layout_;
   int threads_;
+  const CpuGemms<T>& gemms_;
   std::vector<GradsT<T>> local_;
   std::vector<Workspace> workspaces_;
 };

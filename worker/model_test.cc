@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "worker/backend.h"
 #include "worker/batch.h"
@@ -243,8 +245,16 @@ void CheckFloatMatchesDouble(const ModelConfig& c, uint32_t batch_size) {
   in.embeddings = emb.data();
   in.wide = wide.data();
   in.params = params.data();
+  // Both instruction sets of the matrix products where this build and CPU have AVX2.
+  std::vector<std::string> isas = {"generic"};
+  if (!CpuBackendIsa("avx2").empty()) isas.push_back("avx2");
+  for (const std::string& isa : isas) {
   for (int threads : {1, 2, 4}) {
-    auto backend = CreateCpuBackend(*layout, {threads});
+    SCOPED_TRACE("isa " + isa + ", threads " + std::to_string(threads));
+    CpuBackendOptions o;
+    o.threads = threads;
+    o.isa = isa;
+    auto backend = CreateCpuBackend(*layout, o);
     ASSERT_TRUE(backend.ok());
     ModelGrads g;
     std::vector<float> p(k.batch.size);
@@ -258,6 +268,22 @@ void CheckFloatMatchesDouble(const ModelConfig& c, uint32_t batch_size) {
     ASSERT_TRUE((*backend)->Forward(in, p2.data()).ok());
     EXPECT_EQ(p, p2);
   }
+  }
+}
+
+TEST(CpuBackend, InstructionSets) {
+  auto layout = ModelLayout::Create(Small());
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(CpuBackendIsa("generic"), "generic");
+  EXPECT_TRUE(CpuBackendIsa("auto") == "generic" || CpuBackendIsa("auto") == "avx2");
+  EXPECT_EQ(CpuBackendIsa("sse9"), "");
+  CpuBackendOptions o;
+  o.isa = "sse9";
+  EXPECT_EQ(CreateCpuBackend(*layout, o).status().code(), StatusCode::kInvalidArgument);
+  o.isa = "avx2";
+  auto avx2 = CreateCpuBackend(*layout, o);
+  EXPECT_EQ(avx2.ok(), !CpuBackendIsa("avx2").empty());
+  if (!avx2.ok()) EXPECT_EQ(avx2.status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) { CheckFloatMatchesDouble(Small(), 6); }
