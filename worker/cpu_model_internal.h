@@ -142,23 +142,24 @@ class CpuModel {
     }
   }
 
-  // Backward through layers given *d = d(last activation); leaves d(acts[0]) in *d when
-  // want_input. *scratch: a buffer of the same kind, swapped with *d (no allocation once both
-  // have grown to the batch's size).
+  // Backward through layers given (*d)[layers.size()] = d(last activation): (*d)[i] becomes
+  // d(acts[i]) (for i = 0 only when want_input). One matrix per layer boundary, so each keeps
+  // its shape from batch to batch (Eigen reallocates on every change of size).
   void MlpBackward(const std::vector<LayerShape>& layers, const T* params,
-                   const std::vector<Mat>& acts, Mat* d, Mat* scratch, T* grad_params,
+                   const std::vector<Mat>& acts, std::vector<Mat>* d, T* grad_params,
                    bool want_input) const {
     for (size_t i = layers.size(); i-- > 0;) {
       const LayerShape& l = layers[i];
-      if (l.relu) *d = d->cwiseProduct((acts[i + 1].array() > T(0)).matrix().template cast<T>());
-      const int64_t rows = d->rows();
-      gemms_.at_b(l.out, l.in, rows, d->data(), acts[i].data(), grad_params + l.offset, true);
+      Mat& di = (*d)[i + 1];
+      if (l.relu) di = di.cwiseProduct((acts[i + 1].array() > T(0)).matrix().template cast<T>());
+      const int64_t rows = di.rows();
+      gemms_.at_b(l.out, l.in, rows, di.data(), acts[i].data(), grad_params + l.offset, true);
       Eigen::Map<RowVec>(grad_params + l.offset + uint64_t{l.out} * l.in, l.out) +=
-          d->colwise().sum();
+          di.colwise().sum();
       if (i > 0 || want_input) {
-        scratch->resize(rows, l.in);
-        gemms_.ab(rows, l.in, l.out, d->data(), params + l.offset, scratch->data(), false);
-        d->swap(*scratch);
+        Mat& prev = (*d)[i];
+        prev.resize(rows, l.in);
+        gemms_.ab(rows, l.in, l.out, di.data(), params + l.offset, prev.data(), false);
       }
     }
   }
@@ -168,7 +169,8 @@ class CpuModel {
     std::vector<Mat> bottom_acts, top_acts;
     // DCN-v2: cross_x[l] = x_l (x_0 = x0 = tm), cross_z[l] = x_l W_l^T + b_l.
     std::vector<Mat> cross_x, cross_z;
-    Mat tm, dtm, dx, dcross, dbottom, dscratch;
+    Mat tm, dtm, dx, dcross;
+    std::vector<Mat> dtop, dbottom;  // gradients of top_acts, bottom_acts
     Vec logit, g, denom;
     // DLRM: kLanes samples' vectors and gradients (lanes), one row of S, the terms' vectors.
     std::vector<T> lanes, dlanes, srow, acc;
@@ -232,9 +234,10 @@ class CpuModel {
       }
     }
     if (!c.deep) return;
-    ws.dx = g;
-    MlpBackward(layout_.top(), in.params, ws.top_acts, &ws.dx, &ws.dscratch, grads->params.data(),
-                true);
+    ws.dtop.resize(layout_.top().size() + 1);
+    ws.dtop.back() = g;
+    MlpBackward(layout_.top(), in.params, ws.top_acts, &ws.dtop, grads->params.data(), true);
+    ws.dx.swap(ws.dtop[0]);  // same shape from batch to batch: no reallocation
     switch (c.kind) {
       case ModelKind::kDlrm:
         DotsBackward(bc, ws);
@@ -294,9 +297,10 @@ class CpuModel {
     const bool hb = c.num_dense > 0;
     const Mat& dtm = ws.dtm;
     if (hb) {
-      ws.dbottom = dtm.leftCols(d);
-      MlpBackward(layout_.bottom(), in.params, ws.bottom_acts, &ws.dbottom, &ws.dscratch,
-                  grads->params.data(), false);
+      ws.dbottom.resize(layout_.bottom().size() + 1);
+      ws.dbottom.back() = dtm.leftCols(d);
+      MlpBackward(layout_.bottom(), in.params, ws.bottom_acts, &ws.dbottom, grads->params.data(),
+                  false);
     }
     for (uint32_t s = 0; s < bc; ++s) {
       for (uint32_t f = 0; f < nf; ++f) {
@@ -327,6 +331,14 @@ class CpuModel {
   // Copies `rows` rows (samples s0..) of the columns [c0, c0 + w) of m into lanes (zeros past
   // `rows`).
   static void ToLanes(const Mat& m, uint32_t s0, uint32_t rows, size_t c0, size_t w, T* lanes) {
+    if (rows == kLanes) {  // a full block: the lanes written in order
+      const T* src[kLanes];
+      for (uint32_t l = 0; l < kLanes; ++l) src[l] = m.row(s0 + l).data() + c0;
+      for (size_t e = 0; e < w; ++e, lanes += kLanes) {
+        for (uint32_t l = 0; l < kLanes; ++l) lanes[l] = src[l][e];
+      }
+      return;
+    }
     for (uint32_t l = 0; l < kLanes; ++l) {
       if (l < rows) {
         const T* src = m.row(s0 + l).data() + c0;
