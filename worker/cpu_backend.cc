@@ -1,15 +1,49 @@
 #include <memory>
+#include <string>
 
 #include "worker/backend.h"
 #include "worker/cpu_model_internal.h"
 
 namespace tessera::worker {
+namespace internal {
+
+#ifdef TESSERA_HAVE_AVX2_GEMMS
+namespace avx2 {
+// cpu_gemm_avx2.cc (compiled with -mavx2 -mfma).
+void GemmABtF(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
+              bool accumulate);
+void GemmAtBF(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
+              bool accumulate);
+void GemmABF(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
+             bool accumulate);
+}  // namespace avx2
+
+bool CpuHasAvx2Fma() {
+  // libgcc's and compiler-rt's checks include the OS's support of the AVX register state.
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+const CpuGemms<float>* FloatGemmsFor(std::string_view isa) {
+  if (isa == "generic") return &GenericGemms<float>();
+  if (isa != "auto" && isa != "avx2") return nullptr;
+#ifdef TESSERA_HAVE_AVX2_GEMMS
+  static const CpuGemms<float> avx2_gemms{&avx2::GemmABtF, &avx2::GemmAtBF, &avx2::GemmABF,
+                                          "avx2"};
+  if (CpuHasAvx2Fma()) return &avx2_gemms;
+#endif
+  return isa == "auto" ? &GenericGemms<float>() : nullptr;
+}
+
+}  // namespace internal
+
 namespace {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const ModelLayout& layout, const CpuBackendOptions& options)
-      : layout_(layout), model_(layout_, options.threads) {}
+  CpuBackend(const ModelLayout& layout, const CpuBackendOptions& options,
+             const internal::CpuGemms<float>& gemms)
+      : layout_(layout), model_(layout_, options.threads, gemms) {}
   std::string_view name() const override { return "cpu"; }
 
   Status Forward(const ModelInput& in, float* probs) override {
@@ -52,10 +86,24 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+std::string_view CpuBackendIsa(std::string_view isa) {
+  const internal::CpuGemms<float>* gemms = internal::FloatGemmsFor(isa);
+  return gemms == nullptr ? std::string_view() : std::string_view(gemms->isa);
+}
+
 Result<std::unique_ptr<Backend>> CreateCpuBackend(const ModelLayout& layout,
                                                   const CpuBackendOptions& options) {
   if (options.threads < 1) return Status::InvalidArgument("threads must be >= 1");
-  return std::unique_ptr<Backend>(new CpuBackend(layout, options));
+  const internal::CpuGemms<float>* gemms = internal::FloatGemmsFor(options.isa);
+  if (gemms == nullptr) {
+    if (options.isa == "avx2") {
+      return Status::FailedPrecondition(
+          "CPU backend: isa avx2 needs a build with AVX2 kernels and a CPU with AVX2 and FMA");
+    }
+    return Status::InvalidArgument("CPU backend: isa must be auto, generic or avx2, not '" +
+                                   options.isa + "'");
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(layout, options, *gemms));
 }
 
 }  // namespace tessera::worker

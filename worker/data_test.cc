@@ -5,8 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
+#include <random>
 #include <set>
 
+#include "worker/batch.h"
 #include "worker/csv_reader.h"
 #include "worker/data_reader.h"
 #include "worker/data_source.h"
@@ -560,6 +563,36 @@ TEST(DataSource, ParsesSpecs) {
   EXPECT_EQ(OpenTrainData(o).status().code(), StatusCode::kInvalidArgument);
   o.spec = "parquet:/x";
   EXPECT_EQ(OpenTrainData(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// IndexBatch (hash table, then a sort of the unique keys) against its definition: the sorted
+// distinct keys, and for every entry the position of its key among them. Keys repeat heavily
+// and include 0 and the largest key; batches of several sizes reuse the per-thread buffers.
+TEST(IndexBatch, MatchesSortedUniqueAndBinarySearch) {
+  std::mt19937_64 rng(11);
+  IndexedBatch ib;
+  for (size_t entries : {0, 1, 2, 7, 1000, 30000, 5}) {
+    Batch b;
+    b.Clear(Schema{0, 1});
+    std::uniform_int_distribution<uint64_t> pick(0, entries / 3 + 1);
+    std::vector<uint64_t> pool = {0, ~uint64_t{0}, 1ULL << 63};
+    for (size_t i = 0; i < entries / 3 + 2; ++i) pool.push_back(rng());
+    for (size_t e = 0; e < entries; ++e) b.keys.push_back(pool[pick(rng) % pool.size()]);
+    b.offsets.push_back(static_cast<uint32_t>(entries));
+    b.labels.push_back(0);
+    b.size = 1;
+    ASSERT_TRUE(b.Validate().ok());
+    IndexBatch(b, &ib);
+    std::vector<uint64_t> want = b.keys;
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    EXPECT_EQ(ib.unique_keys, want) << entries << " entries";
+    ASSERT_EQ(ib.rows.size(), entries);
+    for (size_t e = 0; e < entries; ++e) {
+      ASSERT_LT(ib.rows[e], want.size());
+      EXPECT_EQ(want[ib.rows[e]], b.keys[e]) << "entry " << e << " of " << entries;
+    }
+  }
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "worker/backend.h"
 #include "worker/batch.h"
@@ -21,7 +23,7 @@ struct Case {
   std::vector<double> dense, labels, weights, emb, wide, params;
 };
 
-Case MakeCase(ModelConfig c, bool weighted, uint64_t seed) {
+Case MakeCase(ModelConfig c, bool weighted, uint64_t seed, uint32_t batch_size = 6) {
   Case k;
   k.config = c;
   SyntheticOptions so;
@@ -31,7 +33,7 @@ Case MakeCase(ModelConfig c, bool weighted, uint64_t seed) {
   auto gen = SyntheticReader::Create(so);
   EXPECT_TRUE(gen.ok());
   k.batch.Clear((*gen)->schema());
-  EXPECT_EQ((*gen)->Read(6, &k.batch).value(), 6u);
+  EXPECT_EQ((*gen)->Read(batch_size, &k.batch).value(), batch_size);
   IndexBatch(k.batch, &k.index);
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(-0.5, 0.5);
@@ -73,8 +75,8 @@ double Loss(const ModelLayout& layout, const Case& k) {
 }
 
 // Compares analytic gradients with central differences for every parameter of every kind.
-void CheckGradients(const ModelConfig& c, bool weighted, int threads) {
-  Case k = MakeCase(c, weighted, 42);
+void CheckGradients(const ModelConfig& c, bool weighted, int threads, uint32_t batch_size = 6) {
+  Case k = MakeCase(c, weighted, 42, batch_size);
   auto layout = ModelLayout::Create(c);
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   internal::CpuModel<double> m(*layout, threads);
@@ -124,6 +126,16 @@ TEST(GradientCheck, MeanPoolingWeightedBags) {
   ModelConfig c = Small();
   c.pooling = Pooling::kMean;
   CheckGradients(c, true, 1);
+}
+
+// DLRM's interaction runs on blocks of samples (SIMD lanes) and of dots and elements: a width
+// over twice the element block with a remainder, 7 vectors (dots blocked by 4 with
+// remainders) and a batch that ends in a partial block of samples.
+TEST(GradientCheck, DlrmWideVectorsPartialBlocks) {
+  ModelConfig c = Small();
+  c.num_fields = 6;
+  c.embedding_dim = 10;
+  CheckGradients(c, true, 1, 7);
 }
 
 TEST(GradientCheck, NoDenseFeatures) {
@@ -211,9 +223,9 @@ TEST(GradientCheck, DcnWithoutCrossLayers) {
   CheckGradients(c, false, 1);
 }
 
-TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) {
-  ModelConfig c = Small();
-  Case k = MakeCase(c, false, 7);
+// The float backend (its SIMD lanes are twice as many as double's) against the double model.
+void CheckFloatMatchesDouble(const ModelConfig& c, uint32_t batch_size) {
+  Case k = MakeCase(c, false, 7, batch_size);
   auto layout = ModelLayout::Create(c);
   ASSERT_TRUE(layout.ok());
   internal::CpuModel<double> ref(*layout, 1);
@@ -233,8 +245,16 @@ TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) {
   in.embeddings = emb.data();
   in.wide = wide.data();
   in.params = params.data();
+  // Both instruction sets of the matrix products where this build and CPU have AVX2.
+  std::vector<std::string> isas = {"generic"};
+  if (!CpuBackendIsa("avx2").empty()) isas.push_back("avx2");
+  for (const std::string& isa : isas) {
   for (int threads : {1, 2, 4}) {
-    auto backend = CreateCpuBackend(*layout, {threads});
+    SCOPED_TRACE("isa " + isa + ", threads " + std::to_string(threads));
+    CpuBackendOptions o;
+    o.threads = threads;
+    o.isa = isa;
+    auto backend = CreateCpuBackend(*layout, o);
     ASSERT_TRUE(backend.ok());
     ModelGrads g;
     std::vector<float> p(k.batch.size);
@@ -248,6 +268,32 @@ TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) {
     ASSERT_TRUE((*backend)->Forward(in, p2.data()).ok());
     EXPECT_EQ(p, p2);
   }
+  }
+}
+
+TEST(CpuBackend, InstructionSets) {
+  auto layout = ModelLayout::Create(Small());
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(CpuBackendIsa("generic"), "generic");
+  EXPECT_TRUE(CpuBackendIsa("auto") == "generic" || CpuBackendIsa("auto") == "avx2");
+  EXPECT_EQ(CpuBackendIsa("sse9"), "");
+  CpuBackendOptions o;
+  o.isa = "sse9";
+  EXPECT_EQ(CreateCpuBackend(*layout, o).status().code(), StatusCode::kInvalidArgument);
+  o.isa = "avx2";
+  auto avx2 = CreateCpuBackend(*layout, o);
+  EXPECT_EQ(avx2.ok(), !CpuBackendIsa("avx2").empty());
+  if (!avx2.ok()) EXPECT_EQ(avx2.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) { CheckFloatMatchesDouble(Small(), 6); }
+
+// Bench_train's width with a batch that ends in a partial block of samples.
+TEST(CpuBackend, FloatMatchesDoubleWideDlrm) {
+  ModelConfig c = Small();
+  c.num_fields = 9;
+  c.embedding_dim = 16;
+  CheckFloatMatchesDouble(c, 13);
 }
 
 TEST(CpuBackend, RejectsRowsOutOfRange) {

@@ -90,6 +90,7 @@ struct Trainer::Step {
   uint64_t global_size = 0;
   std::vector<uint64_t> keys;
   std::vector<uint32_t> rows;
+  IndexedBatch index;  // IndexBatch's output, kept so that its buffers are reused
   std::vector<uint64_t> positions;
   std::vector<float> emb, wide, params;
   std::vector<Pending> pulls;
@@ -273,14 +274,15 @@ Status Trainer::Prepare(Step* s) {
   }
   s->end = s->global_size == 0;
   if (s->end) return Status::OK();
-  IndexedBatch ib;
+  IndexedBatch& ib = s->index;
   IndexBatch(s->batch, &ib);
   if (reducer_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(reducer_->UnionKeys(ib.unique_keys, &s->keys));
     TESSERA_RETURN_IF_ERROR(IndexBatchOnto(s->batch, s->keys, &s->rows));
   } else {
-    s->keys = std::move(ib.unique_keys);
-    s->rows = std::move(ib.rows);
+    // Swapped, not moved: both buffers keep their capacity for the next batches.
+    s->keys.swap(ib.unique_keys);
+    s->rows.swap(ib.rows);
   }
   return Status::OK();
 }
