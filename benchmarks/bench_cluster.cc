@@ -136,6 +136,15 @@ Result<std::string> ServerProcess::Start(const std::vector<std::string>& argv,
   return endpoint;
 }
 
+std::string ServerProcess::LogLine(const std::string& text) const {
+  std::ifstream in(log_path_);
+  std::string found;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(text) != std::string::npos) found = line;
+  }
+  return found;
+}
+
 Result<std::string> ServerProcess::Restart(std::chrono::seconds timeout) {
   const std::vector<std::string> argv = argv_;  // Start() assigns argv_
   const std::string ready = ready_;
@@ -220,6 +229,10 @@ Status BenchCluster::Start(uint32_t n, const std::string& mode, const std::strin
 
 pid_t BenchCluster::pid(uint32_t rank) const {
   return rank < processes_.size() && processes_[rank] ? processes_[rank]->pid() : -1;
+}
+
+std::string BenchCluster::LogLine(uint32_t rank, const std::string& text) const {
+  return rank < processes_.size() && processes_[rank] ? processes_[rank]->LogLine(text) : "";
 }
 
 void BenchCluster::Kill(uint32_t rank) {

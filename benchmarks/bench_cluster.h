@@ -55,6 +55,9 @@ class ServerProcess {
   // The child's process id, or -1 when none runs.
   pid_t pid() const { return pid_; }
 
+  // The last line of the child's stderr that contains `text`, or "" (none, or no log).
+  std::string LogLine(const std::string& text) const;
+
  private:
   void Reap(bool gracefully);
 
@@ -87,6 +90,8 @@ class BenchCluster {
   void Kill(uint32_t rank);
   // Mode "process" only: the process id of server `rank` (-1 when it does not run).
   pid_t pid(uint32_t rank) const;
+  // Mode "process" only: ServerProcess::LogLine of server `rank` ("" otherwise).
+  std::string LogLine(uint32_t rank, const std::string& text) const;
   // Mode "process" only: pauses or resumes every server (ServerProcess::Pause, Resume).
   void Pause();
   void Resume();

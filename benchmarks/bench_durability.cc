@@ -287,6 +287,7 @@ Result<std::vector<std::vector<ServingRep>>> MeasureServingAll(
 struct Recovery {
   double ready_s, recovery_s;
   size_t rows;
+  std::string server_line;  // the restarted server's own account: storage open, replay
 };
 
 // A row of `dim` floats that is all zeros: the initializer's value, never pushed.
@@ -339,6 +340,7 @@ Result<Recovery> MeasureRecovery(Config& c, const Workload& w) {
   TESSERA_ASSIGN_OR_RETURN(c.client, Connect(c.cluster, /*connect_timeout_ms=*/300000));
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> after, PullRows(*c.client, c.table, check));
   rec.recovery_s = Seconds(BenchClock::now() - t0);
+  rec.server_line = c.cluster.LogLine(0, "storage open in");
   TESSERA_RETURN_IF_ERROR(CheckRecovered(before, after));
   return rec;
 }
@@ -451,6 +453,7 @@ int main(int argc, char** argv) {
       "ready line after %.2f s, a new client's pull answered after %.2f s; all %zu rows read "
       "back as before the kill\n",
       rec->ready_s, rec->recovery_s, rec->rows);
+  if (!rec->server_line.empty()) std::printf("recovery: the server: %s\n", rec->server_line.c_str());
 
   const auto& r = *rates;
   const double mem_u = Median(r[0]), relaxed_u = Median(r[1]), strict_u = Median(r[2]);

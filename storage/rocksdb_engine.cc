@@ -57,8 +57,6 @@ uint64_t SeqOfKey(const rocksdb::Slice& k) {
 constexpr char kLayoutPrefix[] = "storage/layout/";
 // Rows examined per table by one Maintain() call's sweep of the rows on disk.
 constexpr size_t kSweepRowsPerCall = 65536;
-// Lookups and applies prefetch the index entries of the key this many keys ahead.
-constexpr size_t kPrefetchAhead = 8;
 // Cold reads are fetched with MultiGet in batches of this many keys.
 constexpr size_t kFetchBatch = 1024;
 // Index bytes charged to the budget per cached row (SwissTable of 4-byte slots, at a typical
@@ -988,7 +986,7 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
   misses_.clear();
   for (size_t i = 0; i < keys.size(); ++i) {
     ++stats_.lookups;
-    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
+    if (i + internal::kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + internal::kPrefetchAhead]);
     const uint32_t slot = rows.Find(keys[i]);
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
@@ -1038,7 +1036,7 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
   misses_.clear();
   found_.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
+    if (i + internal::kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + internal::kPrefetchAhead]);
     const uint32_t slot = rows.Find(keys[i]);
     found_[i] = slot;
     if (slot == CachedRows::kNoSlot) {

@@ -15,6 +15,10 @@
 
 namespace tessera::internal {
 
+/// Lookups and applies of a batch of keys prefetch the index entries of the key this many keys
+/// ahead: a random key's index probe is a cache miss otherwise.
+inline constexpr size_t kPrefetchAhead = 8;
+
 /// Rows of one sparse table cached in memory. A slot holds a 24-byte header (key, RowMeta,
 /// flags) followed by the row's floats (value, then optimizer state); slots live in blocks of
 /// at most 8 KiB (a power of two of slots) allocated once and reused through an intrusive free
