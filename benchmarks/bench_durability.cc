@@ -340,7 +340,7 @@ Result<Recovery> MeasureRecovery(Config& c, const Workload& w) {
   TESSERA_ASSIGN_OR_RETURN(c.client, Connect(c.cluster, /*connect_timeout_ms=*/300000));
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> after, PullRows(*c.client, c.table, check));
   rec.recovery_s = Seconds(BenchClock::now() - t0);
-  rec.server_line = c.cluster.LogLine(0, "storage open in");
+  rec.server_line = c.cluster.LogLine(0, "replayed ") + " / " + c.cluster.LogLine(0, "storage open in");
   TESSERA_RETURN_IF_ERROR(CheckRecovered(before, after));
   return rec;
 }
