@@ -172,15 +172,20 @@ TEST(RocksDbEngineTest, EngineStatsReportRocksDbMemory) {
   EXPECT_TRUE(NewMemoryStorageEngine()->EngineStats().empty());
 }
 
+// The sparse Adagrad table the budget tests train (far larger than their budgets).
+TableSpec BigTable(uint32_t dim) {
+  return TableSpec::Sparse("big", dim, {OptimizerKind::kAdagrad, 0.05f},
+                           {InitializerKind::kUniform, -0.1f, 0.1f, 9});
+}
+
 // A budgeted lane keeps its dirty bound out of the budget for the copies a hand-off makes: the
 // rows in memory (arena and index, as MemoryBytes counts them) stay within the rest while the
 // lane trains and writes back as a server lane does (at once past the dirty bound).
 TEST(RocksDbEngineTest, BudgetKeepsRoomForTheWriteBackCopy) {
   TempDir dir;
   constexpr uint32_t kDim = 8;
-  const auto spec = TableSpec::Sparse("big", kDim, {OptimizerKind::kAdagrad, 0.05f},
-                                      {InitializerKind::kUniform, -0.1f, 0.1f, 9});
-  const uint64_t id = TableIdForName("big");
+  const auto spec = BigTable(kDim);
+  const uint64_t id = TableIdForName(spec.name);
   StorageOptions o;
   o.memory_budget_bytes = 2000000;
   const uint64_t reserve = MaxDirtyBytesPerLane(o, 1);
@@ -213,9 +218,8 @@ TEST(RocksDbEngineTest, TableTenTimesTheBudgetTrainsLikeAnUnboundedOne) {
   TempDir dir;
   constexpr uint32_t kDim = 8;
   constexpr uint64_t kUniverse = 60000;
-  const auto spec = TableSpec::Sparse("big", kDim, {OptimizerKind::kAdagrad, 0.05f},
-                                      {InitializerKind::kUniform, -0.1f, 0.1f, 9});
-  const uint64_t id = TableIdForName("big");
+  const auto spec = BigTable(kDim);
+  const uint64_t id = TableIdForName(spec.name);
   // A row costs 24 + 64 bytes of slot + 8 of index: ~96 bytes; the table over 4.8 MB.
   StorageOptions o;
   o.memory_budget_bytes = 480000;
