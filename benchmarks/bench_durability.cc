@@ -334,13 +334,18 @@ Result<Recovery> MeasureRecovery(Config& c, const Workload& w) {
   c.cluster.Kill(0);
   const auto t0 = BenchClock::now();
   TESSERA_RETURN_IF_ERROR(c.cluster.Restart(0, std::chrono::seconds(300)));
-  Recovery rec{Seconds(BenchClock::now() - t0), 0, check.size()};
+  Recovery rec{Seconds(BenchClock::now() - t0), 0, check.size(), ""};
   // A server may print its ready line before it has replayed its log: the client then waits
   // (and its pull retries, ClientOptions::retry_for_ms) until the server answers.
   TESSERA_ASSIGN_OR_RETURN(c.client, Connect(c.cluster, /*connect_timeout_ms=*/300000));
   TESSERA_ASSIGN_OR_RETURN(std::vector<float> after, PullRows(*c.client, c.table, check));
   rec.recovery_s = Seconds(BenchClock::now() - t0);
-  rec.server_line = c.cluster.LogLine(0, "replayed ") + " / " + c.cluster.LogLine(0, "storage open in");
+  for (const char* what : {"replayed ", "storage open in"}) {
+    const std::string line = c.cluster.LogLine(0, what);
+    if (line.empty()) continue;
+    if (!rec.server_line.empty()) rec.server_line += " / ";
+    rec.server_line += line;
+  }
   TESSERA_RETURN_IF_ERROR(CheckRecovered(before, after));
   return rec;
 }
@@ -453,7 +458,9 @@ int main(int argc, char** argv) {
       "ready line after %.2f s, a new client's pull answered after %.2f s; all %zu rows read "
       "back as before the kill\n",
       rec->ready_s, rec->recovery_s, rec->rows);
-  if (!rec->server_line.empty()) std::printf("recovery: the server: %s\n", rec->server_line.c_str());
+  if (!rec->server_line.empty()) {
+    std::printf("recovery: the server: %s\n", rec->server_line.c_str());
+  }
 
   const auto& r = *rates;
   const double mem_u = Median(r[0]), relaxed_u = Median(r[1]), strict_u = Median(r[2]);

@@ -36,6 +36,7 @@ namespace tessera {
 namespace {
 
 using internal::CachedRows;
+using internal::kPrefetchAhead;
 
 constexpr char kMetaFamily[] = "meta";
 constexpr char kLogFamily[] = "log";
@@ -167,13 +168,23 @@ struct WriteBackJob {
   }
 };
 
+// A sparse row's place in a write-back batch: its encoded key's bytes (slot prefix, then the key,
+// big-endian), compared as two integers, and where its record is (`pos`). Sorting by it puts
+// the rows in the memtable's key order.
+struct KeyOrder {
+  uint64_t hi;  // key bytes 0..7, big-endian: slot and the key's high 48 bits
+  uint32_t lo;  // key bytes 8..9
+  uint32_t pos;
+  static KeyOrder Of(const internal::SparseKey& k, uint32_t pos) {
+    return {internal::GetBigEndian64(k.bytes),
+            (uint32_t{static_cast<uint8_t>(k.bytes[8])} << 8) | static_cast<uint8_t>(k.bytes[9]),
+            pos};
+  }
+  bool operator<(const KeyOrder& o) const { return hi != o.hi ? hi < o.hi : lo < o.lo; }
+};
+
 Status WriteBackJob::AppendSortedRows() {
-  struct Order {
-    uint64_t hi;  // key bytes 0..7, big-endian: slot and the key's high 48 bits
-    uint32_t lo;  // key bytes 8..9
-    uint32_t pos;
-  };
-  std::vector<Order> order;
+  std::vector<KeyOrder> order;
   for (size_t f = 0; f < used_families; ++f) {
     Family& fam = families[f];
     // Encoded in arena order, so that each block goes back to the lane as soon as it is read
@@ -187,16 +198,11 @@ Status WriteBackJob::AppendSortedRows() {
       std::memcpy(out, k.bytes, internal::kSparseKeyBytes);
       internal::EncodeRowTo(fam.frozen.row(slot), fam.floats, fam.frozen.meta(slot),
                             out + internal::kSparseKeyBytes);
-      order.push_back(Order{
-          internal::GetBigEndian64(k.bytes),
-          (uint32_t{static_cast<uint8_t>(k.bytes[8])} << 8) | static_cast<uint8_t>(k.bytes[9]),
-          static_cast<uint32_t>(order.size())});
+      order.push_back(KeyOrder::Of(k, static_cast<uint32_t>(order.size())));
       out += rec;
     });
-    std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
-      return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
-    });
-    for (const Order& o : order) {
+    std::sort(order.begin(), order.end());
+    for (const KeyOrder& o : order) {
       const char* r = records_at + size_t{o.pos} * rec;
       auto s =
           batch.Put(fam.cf, rocksdb::Slice(r, internal::kSparseKeyBytes),
@@ -211,26 +217,16 @@ Status WriteBackJob::AppendSortedRows() {
 rocksdb::Status WriteBackJob::CopySortedRows(const CachedRows& rows,
                                              rocksdb::ColumnFamilyHandle* cf,
                                              std::span<const uint32_t> slots) {
-  struct Order {
-    uint64_t key;
-    uint32_t routing_slot;  // the encoded key's prefix
-    uint32_t slot;          // in the arena
-  };
-  // Encoded keys sort as (routing slot, key).
-  std::vector<Order> order(slots.size());
+  std::vector<KeyOrder> order(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
-    const uint64_t key = rows.header(slots[i]).key;
-    order[i] = {key, SlotOfKey(key), slots[i]};
+    order[i] = KeyOrder::Of(internal::EncodeSparseKey(rows.header(slots[i]).key), slots[i]);
   }
-  std::sort(order.begin(), order.end(), [](const Order& a, const Order& b) {
-    return a.routing_slot != b.routing_slot ? a.routing_slot < b.routing_slot : a.key < b.key;
-  });
+  std::sort(order.begin(), order.end());
   const size_t row_bytes = internal::RowBytes(rows.floats());
   char* const row = Records(row_bytes);
-  for (const Order& o : order) {
-    const auto k = internal::EncodeSparseKey(o.key);
-    internal::EncodeRowTo(rows.row(o.slot), rows.floats(), rows.header(o.slot).meta,
-                          row);
+  for (const KeyOrder& o : order) {
+    const auto k = internal::EncodeSparseKey(rows.header(o.pos).key);
+    internal::EncodeRowTo(rows.row(o.pos), rows.floats(), rows.header(o.pos).meta, row);
     auto s = batch.Put(cf, rocksdb::Slice(k.bytes, internal::kSparseKeyBytes),
                        rocksdb::Slice(row, row_bytes));
     if (!s.ok()) return s;
@@ -336,6 +332,8 @@ class RocksDbLaneStore final : public LaneStore {
   }
   Result<DenseChunk*> GetChunk(Table* t, uint64_t chunk);
   bool HasDirty() const;
+  // Bytes of the write-back batch of the dirty rows and chunks, at most (its reservation).
+  size_t WriteBackBytes() const;
   // Encodes the dirty rows and the applied mark into a batch for the writer; the rows stay
   // pinned until Reap().
   Status HandOff();
@@ -988,7 +986,7 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
   misses_.clear();
   for (size_t i = 0; i < keys.size(); ++i) {
     ++stats_.lookups;
-    if (i + internal::kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + internal::kPrefetchAhead]);
+    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
     const uint32_t slot = rows.Find(keys[i]);
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
@@ -1038,7 +1036,7 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
   misses_.clear();
   found_.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + internal::kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + internal::kPrefetchAhead]);
+    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
     const uint32_t slot = rows.Find(keys[i]);
     found_[i] = slot;
     if (slot == CachedRows::kNoSlot) {
@@ -1144,6 +1142,21 @@ bool RocksDbLaneStore::HasDirty() const {
   return false;
 }
 
+size_t RocksDbLaneStore::WriteBackBytes() const {
+  size_t bytes = 64;  // the lane mark
+  for (const auto& [id, t] : tables_) {
+    if (t->rows) {
+      bytes += t->dirty_slots.size() *
+               (internal::kSparseKeyBytes + internal::RowBytes(t->floats) + kBatchRecordBytes);
+    }
+    bytes += t->dirty_chunks.size() *
+             (internal::kDenseKeyBytes +
+              internal::RowBytes(static_cast<uint32_t>(kDenseChunkFloats * (1 + t->floats))) +
+              kBatchRecordBytes);
+  }
+  return bytes;
+}
+
 uint64_t RocksDbLaneStore::dirty_bytes() const {
   uint64_t bytes = 0;
   for (const auto& [id, t] : tables_) {
@@ -1162,23 +1175,10 @@ Status RocksDbLaneStore::HandOff() {
   } else {
     job = std::make_shared<WriteBackJob>();
   }
-  {
-    // Reserve the rows' bytes (a WriteBatch grows by doubling: the copies and page faults of a
-    // million-row write-back were a fifth of the writer's time). Allocated here, touched by
-    // whoever encodes the rows.
-    size_t bytes = 64;
-    for (const auto& [id, t] : tables_) {
-      if (t->rows) {
-        bytes += t->dirty_slots.size() *
-                 (internal::kSparseKeyBytes + internal::RowBytes(t->floats) + kBatchRecordBytes);
-      }
-      bytes += t->dirty_chunks.size() *
-               (internal::kDenseKeyBytes +
-                internal::RowBytes(static_cast<uint32_t>(kDenseChunkFloats * (1 + t->floats))) +
-                kBatchRecordBytes);
-    }
-    job->batch = rocksdb::WriteBatch(bytes);
-  }
+  // Reserved at its final size (a WriteBatch grows by doubling: the copies and page faults of a
+  // million-row write-back were a fifth of the writer's time). Allocated here, touched by
+  // whoever encodes the rows.
+  job->batch = rocksdb::WriteBatch(WriteBackBytes());
   // The applied-log mark goes in the same batch as the rows it describes.
   auto s = job->batch.Put(engine_->meta_cf(), LaneMarkKey(lane_, num_lanes_), SeqKey(applied_seq_));
   uint64_t rows = 0;
@@ -1213,7 +1213,6 @@ Status RocksDbLaneStore::HandOff() {
     t->dirty_slots.clear();
     t->dirty_chunks.clear();
   }
-  job->TrimBuffers(/*batch_too=*/false);
   flight_ = job;
   flight_seq_ = applied_seq_;
   flight_rows_ = rows;

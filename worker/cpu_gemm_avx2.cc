@@ -1,5 +1,5 @@
 // The CPU model's matrix products built with AVX2 and FMA (CMake compiles this file alone with
-// -mavx2 -mfma); the CPU backend calls them only where the CPU has both (CpuGemmsFor). Eigen is
+// -mavx2 -mfma); the CPU backend calls them only where the CPU has both (FloatGemmsFor). Eigen is
 // renamed in this file so that none of its template instances (compiled for AVX2 here) is
 // merged by the linker with the default target's instances of the same templates, which run on
 // every CPU. Only plain functions of namespace internal::avx2 leave this file.

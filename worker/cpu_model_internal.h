@@ -128,16 +128,19 @@ class CpuModel {
   Eigen::Map<const RowVec> BiasOf(const T* params, const LayerShape& l) const {
     return Eigen::Map<const RowVec>(params + l.offset + uint64_t{l.out} * l.in, l.out);
   }
+  // z = x W^T + b for layer l (the MLPs' and DCN's cross layers' affine part).
+  void Affine(const Mat& x, const T* params, const LayerShape& l, Mat* z) const {
+    z->resize(x.rows(), l.out);
+    gemms_.ab_t(x.rows(), l.out, l.in, x.data(), params + l.offset, z->data(), false);
+    z->rowwise() += BiasOf(params, l);
+  }
 
   // Runs layers on `acts[0]`, filling acts[1..]; returns the last activation.
   void Mlp(const std::vector<LayerShape>& layers, const T* params, std::vector<Mat>* acts) const {
     for (size_t i = 0; i < layers.size(); ++i) {
       const LayerShape& l = layers[i];
-      const Mat& a = (*acts)[i];
       Mat& z = (*acts)[i + 1];
-      z.resize(a.rows(), l.out);
-      gemms_.ab_t(a.rows(), l.out, l.in, a.data(), params + l.offset, z.data(), false);
-      z.rowwise() += BiasOf(params, l);
+      Affine((*acts)[i], params, l, &z);
       if (l.relu) z = z.cwiseMax(T(0));
     }
   }
@@ -546,11 +549,7 @@ class CpuModel {
     ws.cross_x[0] = ws.tm;
     for (size_t l = 0; l < cross.size(); ++l) {
       Mat& z = ws.cross_z[l];
-      const Mat& x = ws.cross_x[l];
-      z.resize(x.rows(), cross[l].out);
-      gemms_.ab_t(x.rows(), cross[l].out, cross[l].in, x.data(), params + cross[l].offset,
-                  z.data(), false);
-      z.rowwise() += BiasOf(params, cross[l]);
+      Affine(ws.cross_x[l], params, cross[l], &z);
       ws.cross_x[l + 1] = ws.tm.cwiseProduct(z) + ws.cross_x[l];
     }
   }

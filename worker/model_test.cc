@@ -283,7 +283,9 @@ TEST(CpuBackend, InstructionSets) {
   o.isa = "avx2";
   auto avx2 = CreateCpuBackend(*layout, o);
   EXPECT_EQ(avx2.ok(), !CpuBackendIsa("avx2").empty());
-  if (!avx2.ok()) EXPECT_EQ(avx2.status().code(), StatusCode::kFailedPrecondition);
+  if (!avx2.ok()) {
+    EXPECT_EQ(avx2.status().code(), StatusCode::kFailedPrecondition);
+  }
 }
 
 TEST(CpuBackend, FloatMatchesDoubleAndThreadsAgree) { CheckFloatMatchesDouble(Small(), 6); }
