@@ -264,6 +264,9 @@ class RocksDbLaneStore final : public LaneStore {
   Status Commit() override;
   Status WriteBack(bool wait) override;
   uint64_t dirty_bytes() const override;
+  bool write_back_busy() const override {
+    return flight_ && flight_->state.load(std::memory_order_acquire) == WriteBackJob::kQueued;
+  }
   Status Scan(uint64_t table_id, const RowVisitor& fn) override;
   Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() override;
   StoreStats stats() const override;

@@ -117,6 +117,9 @@ class LaneStore {
   }
   /// Bytes of changed rows not yet durable (dirty or being written). Default: 0.
   virtual uint64_t dirty_bytes() const { return 0; }
+  /// Whether a hand-off is still being written (WriteBack(false) would return without handing
+  /// off). Default: false.
+  virtual bool write_back_busy() const { return false; }
 
   /// Visits every stored row of a sparse table (value and state are dim and StateFloats(dim)
   /// floats). Stops early when `fn` returns false.

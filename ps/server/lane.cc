@@ -124,7 +124,11 @@ void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
   } else if (write_back_interval_.count() != 0) {
     const auto now = std::chrono::steady_clock::now();
     const bool over = max_dirty_bytes_ != 0 && store_->dirty_bytes() > max_dirty_bytes_;
-    if (over || now - last_write_back_ >= write_back_interval_) {
+    // Due while the last hand-off is still being written: the next tick tries again (not a
+    // whole interval later), so the durable mark, and with it the log a restart replays, lags
+    // by at most an interval plus one write.
+    const bool due = now - last_write_back_ >= write_back_interval_ && !store_->write_back_busy();
+    if (over || due) {
       last_write_back_ = now;
       if (over && may_wait) waits_.fetch_add(1, std::memory_order_relaxed);
       // A failed write-back loses nothing: the pushes are in the request log, the rows stay

@@ -134,82 +134,109 @@ Result<std::vector<uint64_t>> RequestLog::ReadMarks(
   return marks;
 }
 
-Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
-                              std::vector<std::unique_ptr<LaneStore>>& stores,
-                              const std::function<bool(uint64_t)>& known,
-                              const std::vector<bool>& mine, bool note_client) {
+namespace {
+
+// A request-log entry's header, checked against the entry's size; `body` is what follows it.
+struct EntryHeader {
+  uint32_t dim = 0;
+  uint64_t table = 0, count = 0, offset = 0, client = 0, client_seq = 0;
+  float lr_scale = 1.0f;
+  bool sparse = false;
+  const char* body = nullptr;
+};
+
+Result<EntryHeader> ParseEntry(uint64_t seq, std::string_view e) {
   const char kind = e.empty() ? 0 : e[0];
-  const size_t header = kind >= 5 ? kHeaderBytes : kind >= 3 ? kClientHeaderBytes : kOldHeaderBytes;
+  const size_t header = kind >= 5   ? RequestLog::kHeaderBytes
+                        : kind >= 3 ? RequestLog::kClientHeaderBytes
+                                    : RequestLog::kOldHeaderBytes;
   if (kind < 1 || kind > 6 || e.size() < header) {
     return Status::Corruption("malformed request-log entry " + std::to_string(seq));
   }
-  uint32_t dim;
-  uint64_t table, count, offset, client = 0, client_seq = 0;
-  float lr_scale = 1.0f;
-  std::memcpy(&dim, e.data() + 4, 4);
-  std::memcpy(&table, e.data() + 8, 8);
-  std::memcpy(&count, e.data() + 16, 8);
-  std::memcpy(&offset, e.data() + 24, 8);
-  if (header >= kClientHeaderBytes) {
-    std::memcpy(&client, e.data() + 32, 8);
-    std::memcpy(&client_seq, e.data() + 40, 8);
+  EntryHeader h;
+  std::memcpy(&h.dim, e.data() + 4, 4);
+  std::memcpy(&h.table, e.data() + 8, 8);
+  std::memcpy(&h.count, e.data() + 16, 8);
+  std::memcpy(&h.offset, e.data() + 24, 8);
+  if (header >= RequestLog::kClientHeaderBytes) {
+    std::memcpy(&h.client, e.data() + 32, 8);
+    std::memcpy(&h.client_seq, e.data() + 40, 8);
   }
-  if (header == kHeaderBytes) std::memcpy(&lr_scale, e.data() + 48, 4);
-  const bool sparse = kind % 2 == 1;
-  if (!(lr_scale >= 0.0f && lr_scale <= kMaxLrScale)) {
+  if (header == RequestLog::kHeaderBytes) std::memcpy(&h.lr_scale, e.data() + 48, 4);
+  h.sparse = kind % 2 == 1;
+  h.body = e.data() + header;
+  if (!(h.lr_scale >= 0.0f && h.lr_scale <= kMaxLrScale)) {
     return Status::Corruption("request-log entry " + std::to_string(seq) +
-                              " has learning-rate scale " + std::to_string(lr_scale));
+                              " has learning-rate scale " + std::to_string(h.lr_scale));
   }
-  if (dim > (1u << 20) || count > (uint64_t{1} << 40)) {
+  if (h.dim > (1u << 20) || h.count > (uint64_t{1} << 40)) {
     return Status::Corruption("request-log entry " + std::to_string(seq) + " has dim " +
-                              std::to_string(dim) + " and count " + std::to_string(count));
+                              std::to_string(h.dim) + " and count " + std::to_string(h.count));
   }
-  const uint64_t want = header + (sparse ? count * 8 + count * dim * 4 : count * 4);
+  const uint64_t want =
+      header + (h.sparse ? h.count * 8 + h.count * h.dim * 4 : h.count * 4);
   if (e.size() != want) {
     return Status::Corruption("request-log entry " + std::to_string(seq) + " has " +
                               std::to_string(e.size()) + " bytes, expected " +
                               std::to_string(want));
   }
-  if (note_client) dedup_->Logged(client, client_seq);
+  return h;
+}
+
+}  // namespace
+
+Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
+                              std::vector<std::unique_ptr<LaneStore>>& stores,
+                              const std::function<bool(uint64_t)>& known,
+                              ReplayThread& thread) {
+  TESSERA_ASSIGN_OR_RETURN(const EntryHeader h, ParseEntry(seq, e));
+  const uint32_t dim = h.dim;
+  const uint64_t table = h.table, count = h.count;
+  if (thread.note_client) dedup_->Logged(h.client, h.client_seq);
   if (!known(table)) return Status::OK();  // a table that no longer exists
   // Every lane holds this entry already: it was read for its client mark only.
   if (seq <= *std::min_element(marks.begin(), marks.end())) return Status::OK();
-  // Copies keep the floats aligned.
-  std::vector<uint64_t> keys(sparse ? count : 0);
-  std::vector<float> grads(sparse ? count * dim : count);
-  const char* d = e.data() + header;
-  if (sparse) {
-    std::memcpy(keys.data(), d, count * 8);
+  const char* d = h.body;
+  if (h.sparse) {
+    thread.keys.resize(count);  // copied: an entry's keys need not be 8-byte aligned
+    std::memcpy(thread.keys.data(), d, count * 8);
     d += count * 8;
   }
-  std::memcpy(grads.data(), d, grads.size() * 4);
+  const size_t floats = h.sparse ? count * dim : count;
+  const float* grads = reinterpret_cast<const float*>(d);
+  if (reinterpret_cast<uintptr_t>(d) % alignof(float) != 0) {
+    thread.grads.resize(floats);
+    std::memcpy(thread.grads.data(), d, floats * 4);
+    grads = thread.grads.data();
+  }
+  const std::vector<bool>& mine = thread.mine;
   const uint32_t nl = static_cast<uint32_t>(stores.size());
   const uint32_t old_lanes = static_cast<uint32_t>(marks.size());
-  const ApplyContext ctx{0, NowSeconds(), lr_scale};
-  if (!sparse) {
-    DenseSplit split = SplitDenseByLane(table, offset, count, nl);
+  const ApplyContext ctx{0, NowSeconds(), h.lr_scale};
+  if (!h.sparse) {
+    DenseSplit split = SplitDenseByLane(table, h.offset, count, nl);
     for (uint32_t l = 0; l < nl; ++l) {
       if (!mine[l]) continue;
       for (const DenseSegment& s : split[l]) {
         if (seq <= marks[LaneOfChunk(table, s.chunk, old_lanes)]) continue;
         TESSERA_RETURN_IF_ERROR(
-            stores[l]->DenseApply(table, s.chunk, s.begin, s.end, grads.data() + s.pos, ctx));
+            stores[l]->DenseApply(table, s.chunk, s.begin, s.end, grads + s.pos, ctx));
       }
     }
     return Status::OK();
   }
-  KeySplit split;
-  (void)SplitKeysByLane(keys.data(), count, nl, nullptr, 0, &split);
-  std::vector<uint64_t> k;
-  std::vector<const float*> g;
+  const uint64_t* keys = thread.keys.data();
+  (void)SplitKeysByLane(keys, count, nl, nullptr, 0, &thread.split);
+  std::vector<uint64_t>& k = thread.k;
+  std::vector<const float*>& g = thread.g;
   for (uint32_t l = 0; l < nl; ++l) {
     if (!mine[l]) continue;
     k.clear();
     g.clear();
-    for (uint32_t i : split[l]) {
+    for (uint32_t i : thread.split[l]) {
       if (seq <= marks[LaneOfSlot(SlotOfKey(keys[i]), old_lanes)]) continue;
       k.push_back(keys[i]);
-      g.push_back(grads.data() + size_t{i} * dim);
+      g.push_back(grads + size_t{i} * dim);
     }
     if (!k.empty()) TESSERA_RETURN_IF_ERROR(stores[l]->Apply(table, k, g, ctx));
   }
@@ -237,11 +264,13 @@ Status RequestLog::Replay(std::vector<std::unique_ptr<LaneStore>>& stores,
   std::vector<Status> status(threads);
   std::vector<uint64_t> lasts(threads, last), counts(threads, 0);
   auto run = [&](uint32_t t) {
-    std::vector<bool> mine(nl, false);
-    for (uint32_t l = t; l < nl; l += threads) mine[l] = true;
+    ReplayThread thread;
+    thread.mine.assign(nl, false);
+    for (uint32_t l = t; l < nl; l += threads) thread.mine[l] = true;
+    thread.note_client = t == 0;
     status[t] = engine_->ScanLog(0, [&](uint64_t seq, std::string_view e) -> Status {
       lasts[t] = std::max(lasts[t], seq);
-      TESSERA_RETURN_IF_ERROR(ApplyEntry(seq, e, marks, stores, known, mine, t == 0));
+      TESSERA_RETURN_IF_ERROR(ApplyEntry(seq, e, marks, stores, known, thread));
       if (seq > from) ++counts[t];
       return Status::OK();
     });

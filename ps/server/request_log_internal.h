@@ -84,12 +84,22 @@ class RequestLog {
   void TruncateLoop();
   // The mark of each lane of the layout the marks were written under.
   Result<std::vector<uint64_t>> ReadMarks(const std::vector<std::unique_ptr<LaneStore>>& stores);
-  // Applies entry `seq` to the lanes in `mine` whose mark is below it; notes its client mark
-  // when `note_client` (one thread of a parallel replay does).
+  // One thread of a parallel replay: the lanes it applies to, whether it notes the clients'
+  // marks (one thread does), and buffers reused from entry to entry (allocated per entry, the
+  // fresh pages, zero-filling and copies were a fifth of a replay's CPU in `perf`).
+  struct ReplayThread {
+    std::vector<bool> mine;
+    bool note_client = false;
+    std::vector<uint64_t> keys;
+    std::vector<float> grads;  // only when the entry's floats are not aligned in place
+    KeySplit split;
+    std::vector<uint64_t> k;
+    std::vector<const float*> g;
+  };
+  // Applies entry `seq` to the lanes of `thread` whose mark is below it.
   Status ApplyEntry(uint64_t seq, std::string_view e, const std::vector<uint64_t>& marks,
                     std::vector<std::unique_ptr<LaneStore>>& stores,
-                    const std::function<bool(uint64_t)>& known, const std::vector<bool>& mine,
-                    bool note_client);
+                    const std::function<bool(uint64_t)>& known, ReplayThread& thread);
 
   StorageEngine* const engine_;
   PushDedup* const dedup_;

@@ -40,8 +40,8 @@ struct ServerOptions {
   /// as the durability mode says); each lane hands the rows it changed to the storage writer
   /// about this often, which writes them and moves the log's truncation mark on. Recovery
   /// replays at most about one interval of pushes. 0: commit the rows of every batch before
-  /// answering (slow). Default: 2000.
-  uint32_t write_back_interval_ms = 2000;
+  /// answering (slow). Default: 1000.
+  uint32_t write_back_interval_ms = 1000;
   /// CurveZMQ secret key of the server (40 Z85 characters). When set, every connection is
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).

@@ -44,7 +44,7 @@ DEFINE_bool(fsync, false, "fsync the write-ahead log before acknowledging (machi
 DEFINE_uint64(max_request_mb, 1024,
               "Largest request accepted, in MiB of keys and values it carries or produces");
 DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms");
-DEFINE_uint32(write_back_interval_ms, 2000,
+DEFINE_uint32(write_back_interval_ms, 1000,
               "With --data_dir: pushes are acknowledged once logged; changed rows are written "
               "back about this often per lane (0: before every acknowledgement)");
 DEFINE_uint64(max_dirty_mb, 0,
