@@ -26,21 +26,45 @@ Result<json> PostJson(const EtcdOptions& options, std::string_view path, const j
   http.set_connection_timeout(timeout);
   http.set_read_timeout(timeout);
   http.set_write_timeout(timeout);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = std::string(path);
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  int status = 0;
+  std::string answer;
+  req.response_handler = [&](const httplib::Response& r) {
+    status = r.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    answer.append(data, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
   const auto start = std::chrono::steady_clock::now();
-  httplib::Result res = http.Post(std::string(path), body.dump(), "application/json");
-  if (!res) {
+  const bool sent = http.send(req, res, error);
+  // The gateway ends every error answer with HTTP trailer fields, which cpp-httplib 0.11 takes
+  // for a broken chunked body (a Read error) after it has handed over the whole body: an answer
+  // whose status line came and whose body is complete JSON is etcd's answer.
+  const bool answered = status != 0 && error == httplib::Error::Read && json::accept(answer);
+  if (!sent && !answered) {
     const auto waited = std::chrono::steady_clock::now() - start;
-    const std::string why = httplib::to_string(res.error());
+    const std::string why = httplib::to_string(error);
     // A read that ran out of time is a peer that accepted but did not answer; anything else
     // (refused, reset) is nothing listening or a connection lost: retryable.
-    if (waited >= timeout || res.error() == httplib::Error::ConnectionTimeout) {
+    if (waited >= timeout || error == httplib::Error::ConnectionTimeout) {
       return Status::DeadlineExceeded(what + ": no answer within " +
                                       std::to_string(options.timeout_ms) + " ms (" + why + ")");
     }
-    return Status::Unavailable(what + ": " + why);
+    const char* how = error == httplib::Error::Connection ? "cannot connect"
+                      : error == httplib::Error::Write    ? "connection lost while sending"
+                                                          : "connection lost while receiving";
+    return Status::Unavailable(what + ": " + how + " (" + why + ")");
   }
-  if (res->status != 200) return HttpError(res->status, res->body, what);
-  Result<json> parsed = ParseJson(res->body, what);
+  if (status != 200) return HttpError(status, answer, what);
+  Result<json> parsed = ParseJson(answer, what);
   if (parsed.ok() && !parsed->is_object()) {
     return Status::Corruption(what + ": the answer is not a JSON object");
   }
