@@ -79,8 +79,9 @@ Status EtcdProcess::Start() {
   return s;
 }
 
-Status EtcdProcess::Restart() {
+Status EtcdProcess::Restart(uint16_t client_port) {
   Kill();
+  if (client_port != 0) client_port_ = client_port;
   return Spawn();
 }
 

@@ -36,8 +36,10 @@ class EtcdProcess {
   Status Start();
   /// kill -9, and waits until the process is gone.
   void Kill();
-  /// Starts etcd again on the same ports and data dir and waits until it answers.
-  Status Restart();
+  /// Starts etcd again on the same data dir and peer port and waits until it answers; on
+  /// `client_port` when not 0 (then client_port() and options() name the new one), so a test
+  /// can change the data while clients of the old port cannot reach it.
+  Status Restart(uint16_t client_port = 0);
   bool running() const { return pid_ > 0; }
 
   uint16_t client_port() const { return client_port_; }
