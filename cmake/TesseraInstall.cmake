@@ -35,6 +35,14 @@ install(TARGETS ${_tessera_targets} EXPORT TesseraTargets
 if(_tessera_bins)
   install(TARGETS ${_tessera_bins} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+# tessera-server links tessera_coord (--coordinator); it is no exported target (no program
+# outside the tree uses it yet), but a shared build's binary needs the library beside the others.
+if(TARGET tessera_coord)
+  get_target_property(_tessera_coord_type tessera_coord TYPE)
+  if(_tessera_coord_type STREQUAL "SHARED_LIBRARY")
+    install(TARGETS tessera_coord LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  endif()
+endif()
 
 # ---- public headers, module by module
 # tessera_install_headers(DIR [SUBDIR...]): DIR's public headers, without its SUBDIRs.

@@ -105,6 +105,9 @@ void Membership::KeepAliveLoop() {
       // The lease is gone and with it the key: another server may already own our slots.
       status_ = ttl.status().WithContext("member " + options_.member_id + " lost its lease");
       lost_ = true;
+      const Status lost = status_;
+      lock.unlock();
+      if (options_.on_lost) options_.on_lost(lost);
       return;
     }
     // Other errors (etcd restarting, a slow answer) are retried at the next tick: the lease

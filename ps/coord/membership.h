@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,9 @@ struct MembershipOptions {
   /// Renewal period in milliseconds; 0: a third of the TTL, so two renewals in a row may fail
   /// (etcd briefly away) without losing the registration. Default: 0.
   int keepalive_interval_ms = 0;
+  /// Called once, on the renewal thread, when the registration is lost (with status()); must
+  /// not destroy the Membership. Default: none.
+  std::function<void(const Status&)> on_lost;
 };
 
 /// The key of member `id` under `prefix`: PREFIX/members/ID.

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #include "tests/elastic/etcd_fixture.h"
 
 namespace tessera::testing {
@@ -134,7 +136,12 @@ TEST_F(EtcdTest, RenewalsKeepAMemberPastSeveralTtls) {
 }
 
 TEST_F(EtcdTest, ALeaseRevokedBehindItsBackIsReportedLost) {
-  auto m = Membership::Register(client_.get(), Opts("fenced", 2));
+  std::atomic<int> told{0};
+  MembershipOptions o = Opts("fenced", 2);
+  o.on_lost = [&](const Status& s) {
+    if (s.code() == StatusCode::kNotFound) ++told;
+  };
+  auto m = Membership::Register(client_.get(), o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   // What an expiry during a long pause looks like to the member when it wakes up.
   ASSERT_TRUE(client_->RevokeLease((*m)->lease_id()).ok());
@@ -143,7 +150,8 @@ TEST_F(EtcdTest, ALeaseRevokedBehindItsBackIsReportedLost) {
   EXPECT_NE((*m)->status().message().find("member fenced lost its lease"), std::string::npos)
       << (*m)->status().ToString();
   EXPECT_FALSE(Listed(*client_, "fenced"));
-  EXPECT_TRUE((*m)->Deregister().ok());  // nothing left to revoke: not an error
+  EXPECT_TRUE((*m)->Deregister().ok());
+  EXPECT_EQ(told.load(), 1);  // nothing left to revoke: not an error
 }
 
 }  // namespace
