@@ -221,6 +221,11 @@ Result<TxnResult> EtcdClient::Txn(const TxnRequest& request) {
   return Named(ParseTxn(j), options_, "/v3/kv/txn");
 }
 
+Status EtcdClient::Compact(int64_t revision) {
+  json body = {{"revision", std::to_string(revision)}, {"physical", true}};
+  return PostJson(options_, "/v3/kv/compaction", body).status();
+}
+
 Result<Lease> EtcdClient::GrantLease(int64_t ttl_s) {
   if (ttl_s <= 0) return Status::InvalidArgument("lease TTL must be > 0 s");
   TESSERA_ASSIGN_OR_RETURN(json j,

@@ -167,6 +167,9 @@ class EtcdClient {
   Result<int64_t> Delete(std::string_view key);
   /// Deletes every key that starts with `prefix`; returns how many.
   Result<int64_t> DeletePrefix(std::string_view prefix);
+  /// Discards the history before `revision` (etcd's compaction): watches and reads of older
+  /// revisions then fail. FailedPrecondition when it was compacted already.
+  Status Compact(int64_t revision);
   /// Runs a transaction (compare-and-swap).
   Result<TxnResult> Txn(const TxnRequest& request);
 

@@ -193,6 +193,42 @@ TEST_F(EtcdTest, WatchFromARevisionReplaysHistory) {
   EXPECT_EQ(seen.events[1].kv.value, "2");
 }
 
+TEST_F(EtcdTest, WatchReportsACompactionAndGoesOn) {
+  auto first = client_->Put("/c", "1");
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(client_->Put("/c", "2").ok());
+  auto last = client_->Put("/c", "3");
+  ASSERT_TRUE(last.ok());
+  ASSERT_TRUE(client_->Compact(*last).ok());
+  EXPECT_EQ(client_->Compact(*first).code(), StatusCode::kFailedPrecondition);
+  std::mutex mu;
+  std::vector<WatchBatch> batches;
+  WatchOptions o;
+  o.key = "/c";
+  o.start_revision = *first;  // compacted away: the watch must say so, not go silent
+  o.reconnect_backoff_ms = 20;
+  auto watch = client_->Watch(o, [&](const WatchBatch& b) {
+    std::lock_guard<std::mutex> lock(mu);
+    batches.push_back(b);
+  });
+  ASSERT_TRUE(watch.ok());
+  auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return batches.size();
+  };
+  ASSERT_TRUE(WaitFor([&] { return count() >= 2; }, seconds(30)))
+      << (*watch)->last_error().ToString();  // the notice, then "3" from the compacted revision
+  ASSERT_TRUE(client_->Put("/c", "4").ok());
+  ASSERT_TRUE(WaitFor([&] { return count() >= 3; }, seconds(30)));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(batches[0].compacted_to, *last);
+  EXPECT_TRUE(batches[0].events.empty());
+  ASSERT_EQ(batches[1].events.size(), 1u);
+  EXPECT_EQ(batches[1].events[0].kv.value, "3");
+  ASSERT_EQ(batches[2].events.size(), 1u);
+  EXPECT_EQ(batches[2].events[0].kv.value, "4");
+}
+
 TEST(EtcdUnreachable, NothingListeningIsUnavailableAtOnce) {
   const uint16_t port = PickFreePort();  // free: nothing accepts there
   EtcdOptions o;

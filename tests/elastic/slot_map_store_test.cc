@@ -188,5 +188,42 @@ TEST_F(EtcdTest, WatchDeliversEachVersionAndResumesAfterEtcdRestarts) {
   EXPECT_TRUE(versions.errors.empty());
 }
 
+TEST_F(EtcdTest, WatchRereadsTheMapWhenTheVersionsItMissedWereCompacted) {
+  SlotMapStore store(client_.get(), "/tessera/job");
+  ClusterMap v1 = TwoServers();
+  ASSERT_TRUE(store.Create(v1).ok());
+  Versions versions;
+  WatchOptions tuning;
+  tuning.reconnect_backoff_ms = 50;
+  auto watch = store.Watch(versions.callback(), tuning);
+  ASSERT_TRUE(watch.ok()) << watch.status().ToString();
+  // While the watch cannot reach etcd: v2 and v3 are written and the history compacted.
+  const uint16_t watched_port = etcd_.client_port();
+  etcd_.Kill();
+  ASSERT_TRUE(etcd_.Restart(PickFreePort()).ok());
+  auto other = EtcdClient::Create(etcd_.options());
+  ASSERT_TRUE(other.ok());
+  SlotMapStore elsewhere(other->get(), "/tessera/job");
+  ClusterMap v2 = Moved(v1, 0, 1), v3 = Moved(v2, 1, 1);
+  ASSERT_TRUE(elsewhere.CompareAndSwap(1, v2).ok());
+  ASSERT_TRUE(elsewhere.CompareAndSwap(2, v3).ok());
+  // Compacted past v3's own revision too (etcd keeps the revision compacted at), so the stream
+  // alone cannot deliver v3: only a read of the record can.
+  auto later = (*other)->Put("/unrelated", "x");
+  ASSERT_TRUE(later.ok());
+  ASSERT_TRUE((*other)->Compact(*later).ok());
+  etcd_.Kill();
+  ASSERT_TRUE(etcd_.Restart(watched_port).ok());
+  // v2's revision is gone: the watch reads the record and delivers v3; v2 is skipped, and
+  // nothing is delivered twice.
+  ASSERT_TRUE(WaitFor([&] { return versions.last() == 3; }, seconds(60)));
+  ASSERT_TRUE(store.CompareAndSwap(3, Moved(v3, 2, 1)).ok());
+  ASSERT_TRUE(WaitFor([&] { return versions.last() == 4; }, seconds(30)));
+  watch->reset();
+  std::lock_guard<std::mutex> lock(versions.mu);
+  EXPECT_EQ(versions.seen, (std::vector<uint64_t>{1, 3, 4}));
+  EXPECT_TRUE(versions.errors.empty());
+}
+
 }  // namespace
 }  // namespace tessera::testing
