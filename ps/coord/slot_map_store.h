@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/etcd_client.h"
@@ -12,7 +13,8 @@
 
 namespace tessera {
 
-/// A running watch of the cluster map; destruction stops it (see SlotMapStore::Watch).
+/// A running watch of the cluster map; destruction stops it and waits for a running callback
+/// (see SlotMapStore::Watch). delivered_version() is thread-safe.
 class ClusterMapWatch {
  public:
   virtual ~ClusterMapWatch() = default;
