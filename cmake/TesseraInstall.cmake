@@ -35,6 +35,14 @@ install(TARGETS ${_tessera_targets} EXPORT TesseraTargets
 if(_tessera_bins)
   install(TARGETS ${_tessera_bins} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+# tessera-server links tessera_coord (--coordinator); it is no exported target (no program
+# outside the tree uses it yet), but a shared build's binary needs the library beside the others.
+if(TARGET tessera_coord)
+  get_target_property(_tessera_coord_type tessera_coord TYPE)
+  if(_tessera_coord_type STREQUAL "SHARED_LIBRARY")
+    install(TARGETS tessera_coord LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  endif()
+endif()
 
 # ---- public headers, module by module
 # tessera_install_headers(DIR [SUBDIR...]): DIR's public headers, without its SUBDIRs.
@@ -49,7 +57,9 @@ function(tessera_install_headers dir)
           PATTERN "*_test_util.h" EXCLUDE
           ${skip})
 endfunction()
-tessera_install_headers(ps client server metrics)  # the core: status, table specs, routing
+# the core: status, table specs, routing (ps/coord is not installed yet: no program outside the
+# tree uses tessera_coord)
+tessera_install_headers(ps client server metrics coord)
 tessera_install_headers(ps/client)   # Client, ExportReader
 if(TARGET tessera_server)
   tessera_install_headers(ps/server) # Server (embedding a shard in a process)

@@ -4,7 +4,8 @@
 #  2. storage/ includes only the ps core (no ps/client/, ps/server/, worker/);
 #  3. ps/client/ includes no ps/server/ or storage/ (a client links no RocksDB);
 #  4. worker/ includes only the ps core and ps/client/ (no ps/server/, storage/); ps/metrics/
-#     includes only the ps core, and the client does not include it;
+#     includes only the ps core, and the client does not include it; ps/coord/ (etcd) includes
+#     only the ps core;
 #  5. no .cc file under ps/ is over 700 lines;
 #  6. no function in a .cc file under ps/ is over 80 lines unless the comment above it says
 #     why ("long function: ...").
@@ -34,6 +35,8 @@ check_includes "metrics include more than the ps core" 'ps/client/|ps/server/|st
   $(find ps/metrics -type f \( -name '*.h' -o -name '*.cc' \))
 check_includes "the client includes the metrics room (it links no HTTP library)" 'ps/metrics/' \
   $(find ps/client -type f \( -name '*.h' -o -name '*.cc' \))
+check_includes "coord includes more than the ps core" 'ps/client/|ps/server/|ps/metrics/|storage/|worker/' \
+  $(find ps/coord -type f \( -name '*.h' -o -name '*.cc' \))
 check_includes "worker includes server or storage code" 'ps/server/|storage/' \
   $(find worker -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \))
 

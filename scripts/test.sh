@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Tessera and runs the default test suite (labels unit, integration, durability,
-# checkpoint, faults, quality, gpu, deploy). Tests labelled soak, fuzz, bench or container run
+# checkpoint, faults, quality, elastic, gpu, deploy). Tests labelled soak, fuzz, bench or container run
 # only when asked for: TESSERA_TEST_LABELS="fuzz" bash scripts/test.sh.
 # Installs missing Debian packages first. Usage: bash scripts/test.sh [extra ctest args]
 set -euo pipefail

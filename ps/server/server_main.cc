@@ -7,10 +7,13 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ps/cli.h"
+#include "ps/coord/coordinator_url.h"
+#include "ps/coord/membership.h"
 #include "ps/curve.h"
 #include "ps/metrics/http_endpoint.h"
 #include "ps/routing.h"
@@ -77,6 +80,13 @@ DEFINE_uint32(metrics_port, 0,
               "Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port "
               "(0: off). /readyz answers 503 until recovery has finished");
 DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on");
+DEFINE_string(coordinator, "",
+              "etcd://HOST:PORT/PREFIX: register this server in etcd as PREFIX/members/"
+              "server-RANK (its --cluster entry) under a lease, removed at shutdown "
+              "(docs/elasticity.md). Membership only: routing is still --cluster. Empty: off");
+DEFINE_uint32(coordinator_ttl_s, 10,
+              "With --coordinator: lease TTL in seconds; a server that dies disappears from the "
+              "members this long after its last renewal");
 
 namespace {
 
@@ -144,6 +154,45 @@ void LimitMallocArenas() {
   }
 }
 
+// --coordinator checked before anything starts; false (after a message) when it is malformed.
+bool CoordinatorFromFlags(std::optional<tessera::CoordinatorUrl>* url) {
+  if (FLAGS_coordinator.empty()) return true;
+  auto parsed = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
+  if (!parsed.ok()) {
+    tessera::cli::UsageError(kTool, "--coordinator: " + parsed.status().ToString());
+    return false;
+  }
+  if (FLAGS_coordinator_ttl_s == 0) {
+    tessera::cli::UsageError(kTool, "--coordinator_ttl_s must be > 0");
+    return false;
+  }
+  *url = *parsed;
+  return true;
+}
+
+// Registers this server as PREFIX/members/server-RANK with its --cluster entry; `etcd` is the
+// client the registration borrows.
+tessera::Status Register(const tessera::CoordinatorUrl& url, const std::string& address,
+                         std::unique_ptr<tessera::EtcdClient>* etcd,
+                         std::unique_ptr<tessera::Membership>* membership) {
+  TESSERA_ASSIGN_OR_RETURN(*etcd, tessera::EtcdClient::Create(url.etcd_options()));
+  tessera::MembershipOptions m;
+  m.prefix = url.prefix;
+  m.member_id = "server-" + std::to_string(FLAGS_rank);
+  m.address = address;
+  m.ttl_s = FLAGS_coordinator_ttl_s;
+  // Routing does not depend on membership yet, so a lost registration is reported and serving
+  // goes on (stopping would turn an etcd outage into a data outage).
+  m.on_lost = [](const tessera::Status& s) {
+    LOG(ERROR) << "--coordinator: " << s.ToString() << "; serving goes on (--cluster routing)";
+  };
+  TESSERA_ASSIGN_OR_RETURN(*membership, tessera::Membership::Register(etcd->get(), m));
+  LOG(INFO) << "registered as " << tessera::MemberKey(url.prefix, m.member_id) << " in "
+            << url.ToString() << " (lease " << (*membership)->lease_id() << ", TTL "
+            << (*membership)->ttl_s() << " s)";
+  return tessera::Status::OK();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,6 +226,8 @@ int main(int argc, char** argv) {
   o.recv_hwm = FLAGS_recv_hwm;
   RaiseOpenFileLimit(FLAGS_max_connections);
   if (!StorageFromFlags(&o.storage)) return 2;
+  std::optional<tessera::CoordinatorUrl> coordinator;
+  if (!CoordinatorFromFlags(&coordinator)) return 2;
   if (!FLAGS_curve_secret_key_file.empty()) {
     auto key = tessera::ReadCurveKeyFile(FLAGS_curve_secret_key_file);
     if (!key.ok()) {
@@ -213,6 +264,17 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-server: cannot start: " << server.status().ToString() << "\n";
     return 1;
   }
+  // Registered only once it serves, and before the ready line: who sees the line finds it.
+  std::unique_ptr<tessera::EtcdClient> etcd;
+  std::unique_ptr<tessera::Membership> membership;
+  if (coordinator) {
+    tessera::Status s = Register(*coordinator, (*cluster)[FLAGS_rank], &etcd, &membership);
+    if (!s.ok()) {
+      std::cerr << "tessera-server: --coordinator: cannot register: " << s.ToString() << "\n";
+      (*server)->Shutdown();
+      return 1;
+    }
+  }
   if (http) http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
   // A line tests and scripts wait for.
   std::printf("tessera-server ready rank=%u endpoint=%s\n", FLAGS_rank,
@@ -222,6 +284,11 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";
   if (http) http->SetReady(false, "shutting down");
+  if (membership) {
+    // Leave the members first: nobody should pick a server that is going away.
+    tessera::Status s = membership->Deregister();
+    if (!s.ok()) LOG(WARNING) << "--coordinator: deregistering: " << s.ToString();
+  }
   (*server)->Shutdown();
   LOG(INFO) << "stopped";
   return 0;

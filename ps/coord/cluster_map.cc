@@ -1,0 +1,150 @@
+#include "ps/coord/cluster_map.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tessera {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kFormat = 1;
+
+json EncodeRuns(const std::vector<uint16_t>& ids, bool none_as_minus_one) {
+  json runs = json::array();
+  size_t i = 0;
+  while (i < ids.size()) {
+    size_t j = i;
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    const int64_t id =
+        none_as_minus_one && ids[i] == ClusterMap::kNoServer ? -1 : static_cast<int64_t>(ids[i]);
+    runs.push_back(json::array({j - i, id}));
+    i = j;
+  }
+  return runs;
+}
+
+// Expands [[RUN, ID]...] into kNumSlots ids; -1 (when allowed) becomes kNoServer.
+Result<std::vector<uint16_t>> DecodeRuns(const json& j, const char* name, bool allow_none) {
+  const std::string what = std::string("cluster map: ") + name;
+  if (!j.is_array()) return Status::Corruption(what + " is not an array of runs");
+  std::vector<uint16_t> ids;
+  ids.reserve(kNumSlots);
+  for (const json& run : j) {
+    if (!run.is_array() || run.size() != 2 || !run[0].is_number_integer() ||
+        !run[1].is_number_integer()) {
+      return Status::Corruption(what + ": a run is not [count, server id]");
+    }
+    const int64_t count = run[0].get<int64_t>(), id = run[1].get<int64_t>();
+    const bool none = allow_none && id == -1;
+    if (count <= 0 || count > kNumSlots - static_cast<int64_t>(ids.size()) ||
+        (!none && (id < 0 || id >= ClusterMap::kNoServer))) {
+      return Status::Corruption(what + ": bad run [" + std::to_string(count) + ", " +
+                                std::to_string(id) + "] at slot " + std::to_string(ids.size()));
+    }
+    ids.insert(ids.end(), count, none ? ClusterMap::kNoServer : static_cast<uint16_t>(id));
+  }
+  if (ids.size() != kNumSlots) {
+    return Status::Corruption(what + " covers " + std::to_string(ids.size()) + " slots, not " +
+                              std::to_string(kNumSlots));
+  }
+  return ids;
+}
+
+Result<std::vector<MapServer>> DecodeServers(const json& j) {
+  if (!j.is_array()) return Status::Corruption("cluster map: servers is not an array");
+  std::vector<MapServer> out;
+  for (const json& s : j) {
+    if (!s.is_object() || !s.contains("id") || !s["id"].is_string() || !s.contains("address") ||
+        !s["address"].is_string()) {
+      return Status::Corruption("cluster map: server " + std::to_string(out.size()) +
+                                " is not {\"id\": string, \"address\": string}");
+    }
+    out.push_back({s["id"].get<std::string>(), s["address"].get<std::string>()});
+  }
+  return out;
+}
+
+Status CheckSlot(const ClusterMap& m, uint32_t slot) {
+  const uint16_t p = m.primary[slot], b = m.backup[slot];
+  const std::string where =
+      "cluster map v" + std::to_string(m.version) + ": slot " + std::to_string(slot);
+  if (p >= m.servers.size() || m.servers[p].address.empty()) {
+    return Status::InvalidArgument(where + ": primary " + std::to_string(p) +
+                                   " is not a server with an address");
+  }
+  if (b == ClusterMap::kNoServer) return Status::OK();
+  if (b >= m.servers.size() || m.servers[b].address.empty() || b == p) {
+    return Status::InvalidArgument(where + ": backup " + std::to_string(b) +
+                                   " is not another server with an address");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+ClusterMap ClusterMap::Uniform(std::vector<MapServer> servers) {
+  ClusterMap m;
+  m.version = 1;
+  const uint32_t n = static_cast<uint32_t>(servers.size());
+  m.servers = std::move(servers);
+  if (n > 0) m.primary = SlotMap::Uniform(n).owners();
+  m.backup.assign(kNumSlots, kNoServer);
+  return m;
+}
+
+Status ClusterMap::Validate() const {
+  if (version == 0) return Status::InvalidArgument("cluster map: version 0 (the first is 1)");
+  if (servers.empty() || servers.size() >= kNoServer) {
+    return Status::InvalidArgument("cluster map: " + std::to_string(servers.size()) +
+                                   " servers (1..65534)");
+  }
+  if (primary.size() != kNumSlots || backup.size() != kNumSlots) {
+    return Status::InvalidArgument("cluster map: " + std::to_string(primary.size()) +
+                                   " primaries and " + std::to_string(backup.size()) +
+                                   " backups, not " + std::to_string(kNumSlots) + " each");
+  }
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) TESSERA_RETURN_IF_ERROR(CheckSlot(*this, slot));
+  return Status::OK();
+}
+
+Result<SlotMap> ClusterMap::PrimaryMap() const {
+  return SlotMap::FromOwners(primary, static_cast<uint32_t>(servers.size()));
+}
+
+Result<std::string> EncodeClusterMap(const ClusterMap& map) {
+  TESSERA_RETURN_IF_ERROR(map.Validate());
+  json servers = json::array();
+  for (const MapServer& s : map.servers) servers.push_back({{"id", s.id}, {"address", s.address}});
+  json j = {{"format", kFormat},
+            {"version", map.version},
+            {"servers", servers},
+            {"primary", EncodeRuns(map.primary, false)},
+            {"backup", EncodeRuns(map.backup, true)}};
+  // Ids and addresses are the caller's strings: invalid UTF-8 would make dump() throw.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<ClusterMap> DecodeClusterMap(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::Corruption("cluster map: not a JSON object");
+  if (!j.contains("format") || j["format"] != kFormat) {
+    return Status::Corruption("cluster map: format is not " + std::to_string(kFormat));
+  }
+  for (const char* field : {"version", "servers", "primary", "backup"}) {
+    if (!j.contains(field)) return Status::Corruption(std::string("cluster map: no ") + field);
+  }
+  if (!j["version"].is_number_unsigned()) {
+    return Status::Corruption("cluster map: version is not an unsigned number");
+  }
+  ClusterMap m;
+  m.version = j["version"].get<uint64_t>();
+  TESSERA_ASSIGN_OR_RETURN(m.servers, DecodeServers(j["servers"]));
+  TESSERA_ASSIGN_OR_RETURN(m.primary, DecodeRuns(j["primary"], "primary", false));
+  TESSERA_ASSIGN_OR_RETURN(m.backup, DecodeRuns(j["backup"], "backup", true));
+  Status valid = m.Validate();
+  if (!valid.ok()) return Status::Corruption(valid.message());
+  return m;
+}
+
+}  // namespace tessera

@@ -1,0 +1,147 @@
+// The parts of tessera_coord that need no etcd: the --coordinator URL, the cluster map record
+// and its JSON, and the gateway's JSON conventions. tests/elastic/ runs the rest against etcd.
+#include <gtest/gtest.h>
+
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/coordinator_url.h"
+#include "ps/coord/etcd_json_internal.h"
+
+namespace tessera {
+namespace {
+
+TEST(CoordinatorUrl, ParsesHostPortAndPrefix) {
+  auto u = CoordinatorUrl::Parse("etcd://127.0.0.1:2379/tessera/job-1");
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->host, "127.0.0.1");
+  EXPECT_EQ(u->port, 2379);
+  EXPECT_EQ(u->prefix, "/tessera/job-1");
+  EXPECT_EQ(u->ToString(), "etcd://127.0.0.1:2379/tessera/job-1");
+  auto l = CoordinatorUrl::Parse("etcd://localhost:1/a");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->etcd_options(250).timeout_ms, 250);
+}
+
+TEST(CoordinatorUrl, RefusesMalformedUrlsSayingWhy) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"http://127.0.0.1:2379/p", "scheme"},
+      {"etcd://127.0.0.1:2379", "no /PREFIX"},
+      {"etcd://127.0.0.1/p", "no :PORT"},
+      {"etcd://:2379/p", "empty host"},
+      {"etcd://127.0.0.1:0/p", "port"},
+      {"etcd://127.0.0.1:65536/p", "port"},
+      {"etcd://127.0.0.1:23x9/p", "port"},
+      {"etcd://127.0.0.1:2379/", "empty PREFIX"},
+      {"etcd://127.0.0.1:2379/a//b", "1..128"},
+      {"etcd://127.0.0.1:2379/a/", "ends with '/'"},
+      {"etcd://127.0.0.1:2379/a/../b", "not allowed"},
+      {"etcd://127.0.0.1:2379/a b", "outside"},
+      {"etcd://us er@h:1/p", "host"},
+      {"", "scheme"},
+  };
+  for (const auto& [url, why] : cases) {
+    auto r = CoordinatorUrl::Parse(url);
+    ASSERT_FALSE(r.ok()) << url;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << url;
+    EXPECT_NE(r.status().message().find(why), std::string::npos)
+        << url << " -> " << r.status().ToString();
+    EXPECT_NE(r.status().message().find("etcd://HOST:PORT/PREFIX"), std::string::npos);
+  }
+}
+
+ClusterMap ThreeServers() {
+  return ClusterMap::Uniform({{"s0", "tcp://127.0.0.1:7000"},
+                              {"s1", "tcp://127.0.0.1:7001"},
+                              {"s2", "tcp://127.0.0.1:7002"}});
+}
+
+TEST(ClusterMap, UniformMatchesSlotMapUniform) {
+  ClusterMap m = ThreeServers();
+  ASSERT_TRUE(m.Validate().ok()) << m.Validate().ToString();
+  auto routing = m.PrimaryMap();
+  ASSERT_TRUE(routing.ok());
+  EXPECT_EQ(routing->owners(), SlotMap::Uniform(3).owners());
+  EXPECT_EQ(routing->num_servers(), 3u);
+}
+
+TEST(ClusterMap, RecordRoundTripsAndIsCompact) {
+  ClusterMap m = ThreeServers();
+  m.version = 7;
+  for (uint32_t s = 0; s < kNumSlots; ++s)
+    m.backup[s] = static_cast<uint16_t>((m.primary[s] + 1) % 3);
+  m.primary[5] = 2;  // a lone slot moved: two more runs
+  m.backup[5] = ClusterMap::kNoServer;
+  auto text = EncodeClusterMap(m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_LT(text->size(), 400u) << *text;  // runs, not 16384 numbers
+  auto back = DecodeClusterMap(*text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+}
+
+TEST(ClusterMap, ValidateNamesTheBadSlot) {
+  ClusterMap m = ThreeServers();
+  m.backup[100] = m.primary[100];
+  Status s = m.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("slot 100"), std::string::npos) << s.ToString();
+  m = ThreeServers();
+  m.servers[1].address.clear();  // retired, yet slots still point at it
+  EXPECT_NE(m.Validate().message().find("primary 1"), std::string::npos);
+  m = ThreeServers();
+  m.version = 0;
+  EXPECT_FALSE(m.Validate().ok());
+  EXPECT_FALSE(EncodeClusterMap(m).ok());
+}
+
+TEST(ClusterMap, DecodeRefusesDamagedRecords) {
+  auto good = EncodeClusterMap(ThreeServers());
+  ASSERT_TRUE(good.ok());
+  const std::string bad[] = {
+      "",
+      "[]",
+      "{\"format\":2}",
+      good->substr(0, good->size() / 2),
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"}],"primary":[[16383,0]],"backup":[[16384,-1]]})",
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"}],"primary":[[16384,1]],"backup":[[16384,-1]]})",
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"}],"primary":[[16384,0],[1,0]],"backup":[[16384,-1]]})",
+      R"({"format":1,"version":-1,"servers":[{"id":"a","address":"x"}],"primary":[[16384,0]],"backup":[[16384,-1]]})",
+      R"({"format":1,"version":1,"servers":[{"id":"a"}],"primary":[[16384,0]],"backup":[[16384,-1]]})",
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"}],"primary":[[0,0],[16384,0]],"backup":[[16384,-1]]})",
+  };
+  for (const std::string& text : bad) {
+    auto r = DecodeClusterMap(text);
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << text;
+  }
+  auto one = DecodeClusterMap(
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"}],"primary":[[16384,0]],"backup":[[16384,-1]]})");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+}
+
+TEST(EtcdJson, Int64FieldsAreStringsAndAbsentMeansZero) {
+  auto j = nlohmann::json::parse(R"({"a":"12345678901234","b":7,"c":"x1","d":true})");
+  EXPECT_EQ(*internal::Int64Field(j, "a"), 12345678901234);
+  EXPECT_EQ(*internal::Int64Field(j, "b"), 7);
+  EXPECT_EQ(*internal::Int64Field(j, "missing"), 0);
+  EXPECT_EQ(internal::Int64Field(j, "c").status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(internal::Int64Field(j, "d").status().code(), StatusCode::kCorruption);
+}
+
+TEST(EtcdJson, ErrorBodiesBecomeStatusWithEtcdsMessage) {
+  Status s = internal::HttpError(
+      404, R"({"error":"etcdserver: requested lease not found","code":5})", "etcd h:1 /p");
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("requested lease not found"), std::string::npos);
+  EXPECT_NE(s.message().find("etcd h:1 /p"), std::string::npos);
+  Status html = internal::HttpError(502, "<html>bad gateway</html>", "etcd h:1 /p");
+  EXPECT_EQ(html.code(), StatusCode::kInternal);
+  EXPECT_NE(html.message().find("HTTP 502"), std::string::npos);
+}
+
+TEST(EtcdClient, PrefixEndIsTheNextKeyAfterThePrefix) {
+  EXPECT_EQ(EtcdClient::PrefixEnd("/a/"), "/a0");
+  EXPECT_EQ(EtcdClient::PrefixEnd(std::string("a\xff", 2)), "b");
+  EXPECT_EQ(EtcdClient::PrefixEnd(""), std::string(1, '\0'));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,140 @@
+#include "ps/coord/membership.h"
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "ps/coord/coordinator_url.h"
+
+namespace tessera {
+
+using nlohmann::json;
+
+namespace {
+
+std::string MembersPrefix(std::string_view prefix) { return std::string(prefix) + "/members/"; }
+
+Result<Member> ParseMember(const KeyValue& kv, std::string_view prefix) {
+  json j = json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+  auto field = [&](const char* name) {
+    return j.is_object() && j.contains(name) && j[name].is_string() ? j[name].get<std::string>()
+                                                                    : std::string();
+  };
+  Member m;
+  m.id = field("id");
+  m.address = field("address");
+  m.lease = kv.lease;
+  if (m.id.empty() || m.address.empty() || kv.key != MemberKey(prefix, m.id)) {
+    return Status::Corruption("member record " + kv.key +
+                              " is not {\"id\": <its key's id>, \"address\": ...}");
+  }
+  return m;
+}
+
+Status CheckOptions(const MembershipOptions& o) {
+  if (o.prefix.empty() || o.prefix.front() != '/') {
+    return Status::InvalidArgument("membership: prefix must start with '/', got \"" + o.prefix +
+                                   "\"");
+  }
+  TESSERA_RETURN_IF_ERROR(ValidateKeySegment(o.member_id, "member id"));
+  if (o.address.empty()) return Status::InvalidArgument("membership: empty address");
+  if (o.ttl_s <= 0 || o.keepalive_interval_ms < 0) {
+    return Status::InvalidArgument("membership: ttl_s must be > 0 and the interval >= 0");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string MemberKey(std::string_view prefix, std::string_view id) {
+  return MembersPrefix(prefix) + std::string(id);
+}
+
+Result<std::vector<Member>> ListMembers(EtcdClient& etcd, std::string_view prefix) {
+  TESSERA_ASSIGN_OR_RETURN(RangeResult range, etcd.GetPrefix(MembersPrefix(prefix)));
+  std::vector<Member> out;
+  for (const KeyValue& kv : range.kvs) {
+    TESSERA_ASSIGN_OR_RETURN(Member m, ParseMember(kv, prefix));
+    out.push_back(std::move(m));
+  }
+  return out;  // etcd returns a range in key order, which is id order under one prefix
+}
+
+Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
+                                                         const MembershipOptions& options) {
+  TESSERA_RETURN_IF_ERROR(CheckOptions(options));
+  TESSERA_ASSIGN_OR_RETURN(Lease lease, etcd->GrantLease(options.ttl_s));
+  const std::string key = MemberKey(options.prefix, options.member_id);
+  const std::string value = json{{"id", options.member_id}, {"address", options.address}}.dump();
+  // Create only: a second live process with the same id must not take over the first's key.
+  TxnRequest txn;
+  txn.compares.push_back({key, TxnCompare::Target::kVersion, 0});
+  txn.success.push_back(TxnOp::Put(key, value, lease.id));
+  txn.failure.push_back(TxnOp::Get(key));
+  Result<TxnResult> r = etcd->Txn(txn);
+  if (!r.ok() || !r->succeeded) {
+    etcd->RevokeLease(lease.id).IgnoreError();  // best effort: it expires anyway
+    if (!r.ok()) return r.status().WithContext("registering " + key);
+    return Status::AlreadyExists("member " + options.member_id + " is already registered (" + key +
+                                 " exists under another lease)");
+  }
+  return std::unique_ptr<Membership>(new Membership(etcd, options, lease));
+}
+
+Membership::Membership(EtcdClient* etcd, MembershipOptions options, Lease lease)
+    : etcd_(etcd), options_(std::move(options)), lease_(lease) {
+  thread_ = std::thread([this] { KeepAliveLoop(); });
+}
+
+Membership::~Membership() { Deregister().IgnoreError(); }
+
+void Membership::KeepAliveLoop() {
+  const int64_t interval_ms = options_.keepalive_interval_ms > 0
+                                  ? options_.keepalive_interval_ms
+                                  : std::max<int64_t>(100, lease_.ttl_s * 1000 / 3);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    Result<int64_t> ttl = etcd_->KeepAlive(lease_.id);
+    lock.lock();
+    if (ttl.ok()) {
+      ++renewals_;
+    } else if (ttl.status().code() == StatusCode::kNotFound) {
+      // The lease is gone and with it the key: another server may already own our slots.
+      status_ = ttl.status().WithContext("member " + options_.member_id + " lost its lease");
+      lost_ = true;
+      const Status lost = status_;
+      lock.unlock();
+      if (options_.on_lost) options_.on_lost(lost);
+      return;
+    }
+    // Other errors (etcd restarting, a slow answer) are retried at the next tick: the lease
+    // lives on in etcd until its TTL runs out.
+  }
+}
+
+Status Membership::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+Status Membership::Deregister() {
+  std::lock_guard<std::mutex> once(deregister_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (deregistered_) return deregister_status_;
+    deregistered_ = true;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  Status s;
+  if (!lost_) s = etcd_->RevokeLease(lease_.id);
+  std::lock_guard<std::mutex> lock(mu_);
+  deregister_status_ = s;
+  return s;
+}
+
+}  // namespace tessera

@@ -1,0 +1,101 @@
+// Server membership in etcd: each live server holds PREFIX/members/<id> under a lease.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ps/coord/etcd_client.h"
+#include "ps/status.h"
+
+namespace tessera {
+
+/// One registered server, as read from etcd.
+struct Member {
+  std::string id;
+  /// Its data endpoint, e.g. "tcp://10.0.0.5:7000".
+  std::string address;
+  /// The lease that keeps it registered.
+  int64_t lease = 0;
+};
+
+/// Options of a server's registration.
+struct MembershipOptions {
+  /// The cluster's key prefix (CoordinatorUrl::prefix), e.g. "/tessera/job1". Required.
+  std::string prefix;
+  /// The server's id: one key segment ([A-Za-z0-9._-], see ValidateKeySegment). Required.
+  std::string member_id;
+  /// The server's data endpoint, stored in the member record. Required.
+  std::string address;
+  /// Lease TTL in seconds: a server that stops renewing disappears this long after its last
+  /// renewal (plus etcd's expiry check, up to 0.5 s). Default: 10.
+  int64_t ttl_s = 10;
+  /// Renewal period in milliseconds; 0: a third of the TTL, so two renewals in a row may fail
+  /// (etcd briefly away) without losing the registration. Default: 0.
+  int keepalive_interval_ms = 0;
+  /// Called once, on the renewal thread, when the registration is lost (with status()); must
+  /// not destroy the Membership. Default: none.
+  std::function<void(const Status&)> on_lost;
+};
+
+/// The key of member `id` under `prefix`: PREFIX/members/ID.
+std::string MemberKey(std::string_view prefix, std::string_view id);
+
+/// The live members under `prefix` (keys PREFIX/members/*), in id order. A record that is not
+/// a member record is Corruption naming its key.
+Result<std::vector<Member>> ListMembers(EtcdClient& etcd, std::string_view prefix);
+
+/// A server's registration. Register() grants a lease and creates the member key under it
+/// (AlreadyExists when another live process holds the id); a background thread renews the
+/// lease every keepalive interval. If a renewal finds the lease gone (the process was stopped
+/// or cut off past the TTL), the registration is lost for good: lost() turns true and status()
+/// says why; the owner must stop serving as that member (or register again). Destruction
+/// deregisters (revokes the lease, so the key goes at once) and joins the thread.
+/// Thread-safe. Borrows `etcd`, which must outlive it.
+class Membership {
+ public:
+  static Result<std::unique_ptr<Membership>> Register(EtcdClient* etcd,
+                                                      const MembershipOptions& options);
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  /// Stops renewing and revokes the lease. Idempotent; the first call's result is returned.
+  Status Deregister();
+  /// The member key's lease.
+  int64_t lease_id() const { return lease_.id; }
+  /// The lease TTL etcd granted, in seconds.
+  int64_t ttl_s() const { return lease_.ttl_s; }
+  /// True once a renewal found the lease expired.
+  bool lost() const { return lost_.load(); }
+  /// OK, or why the registration was lost.
+  Status status() const;
+  /// Renewals that etcd answered.
+  int64_t renewals() const { return renewals_.load(); }
+
+ private:
+  Membership(EtcdClient* etcd, MembershipOptions options, Lease lease);
+  void KeepAliveLoop();
+
+  EtcdClient* const etcd_;
+  const MembershipOptions options_;
+  const Lease lease_;
+  std::atomic<bool> lost_{false};
+  std::atomic<int64_t> renewals_{0};
+  std::mutex deregister_mu_;  // held through a whole Deregister(): later callers wait for it
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;      // guarded by mu_
+  bool deregistered_ = false;  // guarded by mu_
+  Status status_;              // guarded by mu_
+  Status deregister_status_;   // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace tessera
