@@ -65,6 +65,10 @@ Status ServerImpl::Start() {
                                MaxDirtyBytesPerLane(options_.storage, options_.lanes)));
   }
   writer_ = std::make_unique<FileWriter>(ctx_, reply_ep);
+  // The I/O thread publishes these after each maintenance pass; once here too, so that a scrape
+  // right after the ready line finds every series (the thread may not have run yet on a
+  // loaded machine: the storage engine's were missing in a CI run).
+  PublishIoMetrics();
   io_ = std::thread([this] { IoLoop(); });
   LOG(INFO) << "tessera-server rank " << options_.rank << "/" << options_.num_servers
             << " listening on " << endpoint_ << " with " << options_.lanes << " lanes, "
