@@ -47,13 +47,15 @@ ClientImpl::ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource>
 }
 
 ClientImpl::~ClientImpl() {
-  source_.reset();  // stops the watch: no map arrives from here on
+  // The refresher first (it reads from the source), then the source's watch: no map arrives
+  // from here on.
   {
     std::lock_guard<std::mutex> l(map_mu_);
     refresh_stop_ = true;
   }
   refresh_cv_.notify_all();
   if (refresher_.joinable()) refresher_.join();
+  source_.reset();
   stop_.store(true);
   Wake();
   if (io_.joinable()) io_.join();
