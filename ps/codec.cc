@@ -123,6 +123,7 @@ void EncodeHeader(const Header& h, std::string* out) {
     e.add_client_seq(h.client_seq);
   }
   e.add_lr_scale(h.lr_scale);  // not written when 1 (the schema's default)
+  e.add_map_version(h.map_version);  // not written when 0: static-cluster envelopes keep their size
   if (!h.message.empty()) e.add_message(message);
   if (h.spec) e.add_spec(spec);
   if (!h.name.empty()) e.add_name(name);
@@ -168,6 +169,7 @@ Status DecodeHeader(const void* data, size_t size, Header* out) {
   h.client_id = e->client_id();
   h.client_seq = e->client_seq();
   h.lr_scale = e->lr_scale();
+  h.map_version = e->map_version();
   if (e->message()) h.message = e->message()->str();
   if (e->spec()) h.spec = ReadSpec(*e->spec());
   if (e->name()) h.name = e->name()->str();

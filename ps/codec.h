@@ -69,6 +69,9 @@ struct Header {
   /// Pushes: the table's learning rate is multiplied by this for this push (a learning-rate
   /// schedule, computed by the sender; FTRL ignores it). Servers accept [0, kMaxLrScale].
   float lr_scale = 1.0f;
+  /// Data requests: the version of the cluster map the sender routed by; 0: a static cluster
+  /// (no fencing). See docs/elasticity.md.
+  uint64_t map_version = 0;
 };
 
 /// Serializes `h` into `out` (replacing its contents).

@@ -28,6 +28,7 @@ TEST(CodecTest, RoundTrip) {
   h.name = "barrier-1";
   h.client_id = 0x0123456789abcdefULL;
   h.client_seq = 77;
+  h.map_version = 0xfedcba9876543210ULL;
   TableSpec spec = TableSpec::Sparse("emb", 16);
   spec.optimizer.kind = OptimizerKind::kAdam;
   spec.optimizer.learning_rate = 0.003f;
@@ -55,6 +56,7 @@ TEST(CodecTest, RoundTrip) {
   EXPECT_EQ(d.name, h.name);
   EXPECT_EQ(d.client_id, h.client_id);
   EXPECT_EQ(d.client_seq, h.client_seq);
+  EXPECT_EQ(d.map_version, h.map_version);
   ASSERT_TRUE(d.spec.has_value());
   EXPECT_EQ(DescribeSpecDifference(*d.spec, spec), "");
 }
@@ -67,7 +69,27 @@ TEST(CodecTest, DefaultsRoundTrip) {
   Header d;
   ASSERT_TRUE(DecodeHeader(bytes.data(), bytes.size(), &d).ok());
   EXPECT_EQ(d.staleness, -1);
+  EXPECT_EQ(d.map_version, 0u);
   EXPECT_FALSE(d.spec.has_value());
+}
+
+// The map version is an optional field at the end of the table: a static-cluster envelope (0)
+// does not carry it, so it is byte-identical to one of a build without the field, and such an
+// envelope decodes as version 0.
+TEST(CodecTest, MapVersionIsAbsentWhenZero) {
+  Header h;
+  h.op = Op::kSparsePush;
+  h.count = 3;
+  std::string without, with;
+  EncodeHeader(h, &without);
+  h.map_version = 7;
+  EncodeHeader(h, &with);
+  EXPECT_GT(with.size(), without.size());
+  Header d;
+  ASSERT_TRUE(DecodeHeader(without.data(), without.size(), &d).ok());
+  EXPECT_EQ(d.map_version, 0u);
+  ASSERT_TRUE(DecodeHeader(with.data(), with.size(), &d).ok());
+  EXPECT_EQ(d.map_version, 7u);
 }
 
 TEST(CodecTest, RejectsGarbageAndTruncation) {

@@ -180,9 +180,10 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
   }
   if (keys.empty()) return Handle(CompletedCall(Status::OK()));
 
-  const uint32_t S = slot_map_.num_servers();
+  const std::shared_ptr<const RoutingMap> map = Routing();
+  const uint32_t S = map->primary.num_servers();
   std::shared_ptr<SparsePlan> plan = DedupeKeys(keys);
-  SparseFrames frames = PackSparse(slot_map_, grads, dim, push, plan.get());
+  SparseFrames frames = PackSparse(map->primary, grads, dim, push, plan.get());
   auto call = std::make_shared<Call>();
   if (pull) SetPullReply(call.get(), plan, out, dim, t.spec.name);
   std::vector<Outgoing> msgs;
@@ -190,6 +191,7 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
   for (uint32_t s = 0; s < S; ++s) {
     if (frames.count[s] == 0) continue;
     Header h = BaseHeader(op);
+    h.map_version = map->version;
     h.table_id = t.id;
     h.elem_type = ElemType::kF32;
     h.count = frames.count[s];
@@ -219,7 +221,8 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     return Handle(CompletedCall(Status::InvalidArgument("null output buffer")));
   }
   auto call = std::make_shared<Call>();
-  const uint32_t S = slot_map_.num_servers();
+  const uint64_t map_version = Routing()->version;
+  const uint32_t S = static_cast<uint32_t>(options_.servers.size());
   std::vector<Outgoing> msgs;
   auto starts = std::make_shared<std::vector<uint64_t>>(S, 0);
   const Deadline deadline = RequestDeadline();
@@ -228,6 +231,7 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     const uint64_t b = std::max(offset, r.begin), e = std::min(offset + length, r.end);
     if (b >= e) continue;
     Header h = BaseHeader(op);
+    h.map_version = map_version;
     h.table_id = t.id;
     h.elem_type = ElemType::kF32;
     h.offset = b;
@@ -301,6 +305,37 @@ Handle ClientImpl::ClockCall(int64_t value) {
 // ---------------------------------------------------------------- Client
 Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   auto impl = std::make_unique<internal::ClientImpl>(options);
+  TESSERA_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& options,
+                                               std::unique_ptr<ClusterMapSource> map_source) {
+  if (map_source == nullptr) return Status::InvalidArgument("null cluster map source");
+  if (!options.servers.empty()) {
+    return Status::InvalidArgument(
+        "ClientOptions::servers must be empty with a cluster map source: the map names the "
+        "servers");
+  }
+  Result<RoutingMap> map = map_source->Load();
+  if (!map.ok()) {
+    if (map.status().code() == StatusCode::kNotFound) {
+      return Status::FailedPrecondition(
+          "the coordinator holds no cluster map yet (" + map.status().message() +
+          "): create one with `tessera-ctl map init --coordinator=... --servers=...`");
+    }
+    return map.status().WithContext("cannot read the cluster map");
+  }
+  for (size_t i = 0; i < map->addresses.size(); ++i) {
+    if (map->addresses[i].empty()) {
+      return Status::FailedPrecondition(
+          "cluster map version " + std::to_string(map->version) + " has a retired server id " +
+          std::to_string(i) + ": this client needs every server id in use");
+    }
+  }
+  ClientOptions o = options;
+  o.servers = map->addresses;
+  auto impl = std::make_unique<internal::ClientImpl>(o, std::move(map_source), std::move(*map));
   TESSERA_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -393,7 +428,11 @@ void Client::Cancel(const Handle& handle) {
   c.cv.notify_all();
 }
 
-uint32_t Client::num_servers() const { return impl_->slot_map_.num_servers(); }
+uint32_t Client::num_servers() const {
+  return static_cast<uint32_t>(impl_->options_.servers.size());
+}
+uint64_t Client::cluster_map_version() const { return impl_->Routing()->version; }
+uint64_t Client::stale_map_retries() const { return impl_->stale_map_retries(); }
 const ClientOptions& Client::options() const { return impl_->options_; }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/cluster_map_source.h"
 #include "ps/status.h"
 #include "ps/table_spec.h"
 
@@ -37,7 +38,8 @@ struct ConsistencyOptions {
 };
 
 struct ClientOptions {
-  /// Server endpoints in rank order, e.g. {"tcp://127.0.0.1:7000", ...}. Required.
+  /// Server endpoints in rank order, e.g. {"tcp://127.0.0.1:7000", ...}. Required, except
+  /// for a client created with a cluster map source (then empty: the map names the servers).
   std::vector<std::string> servers;
   /// This worker's id in [0, consistency.num_workers), or any id for a non-training client.
   uint32_t worker_id = 0;
@@ -104,6 +106,21 @@ class Client {
  public:
   /// Connects to every server and waits until each answers (connect_timeout_ms).
   static Result<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  /// A client of a cluster that follows a cluster map (docs/elasticity.md): the servers and
+  /// the slot owners come from `map_source` (for etcd: EtcdClusterMapSource of
+  /// ps/coord/etcd_map_source.h, library tessera_coord), `options.servers` must be empty.
+  /// Every data request carries the map's version; the client watches the source, and a
+  /// request a server refuses as "stale cluster map" is routed again by a newer map and sent
+  /// again (at most kMaxStaleMapRetries times, within retry_for_ms; a push under a new
+  /// sequence number, as the refused one applied nothing; a retry of a push whose reply was
+  /// lost keeps its number, and the server answers it as a retry at any version). The client
+  /// owns the source. FailedPrecondition when the source has no map yet; a later map that
+  /// changes the server list fails the requests it would reroute (FailedPrecondition: create
+  /// a new client), as does a refused sparse request whose keys now belong to several servers.
+  static Result<std::unique_ptr<Client>> Create(const ClientOptions& options,
+                                                std::unique_ptr<ClusterMapSource> map_source);
+  /// Times a request is routed again after a stale-map refusal before it fails.
+  static constexpr uint32_t kMaxStaleMapRetries = 8;
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -189,6 +206,10 @@ class Client {
 
   uint32_t num_servers() const;
   const ClientOptions& options() const;
+  /// The version of the cluster map the client routes by; 0 for a static cluster.
+  uint64_t cluster_map_version() const;
+  /// Requests sent again after a stale-map refusal so far.
+  uint64_t stale_map_retries() const;
 
  private:
   explicit Client(std::unique_ptr<internal::ClientImpl> impl);

@@ -63,7 +63,10 @@ struct Outgoing {
   // Pushes: the envelope is encoded again with this client's id and the server's next push
   // sequence number when the request is first sent (on the I/O thread, in send order).
   bool needs_seq = false;
-  Header header;                 // needs_seq only
+  Header header;                 // data requests: the header, to encode again
+  uint32_t part = 0;             // the server index the call's reply callback knows it by
+  uint32_t stale_retries = 0;    // stale-map refusals so far
+  Clock::time_point not_before{};  // waiting for a map: not sent before this
   uint64_t send_order = 0;       // per server, assigned when first handed to SendOne
   Status last_error;             // why the last attempt failed
   bool retryable() const { return give_up != Deadline::min(); }
@@ -72,6 +75,7 @@ struct Outgoing {
 struct InFlight {
   std::shared_ptr<Call> call;
   uint32_t server;
+  uint32_t part;
   Deadline deadline;
   std::optional<Outgoing> retained;  // retryable requests: what to send again
 };
@@ -79,14 +83,33 @@ struct InFlight {
 // A call that completed before anything was sent (bad arguments, nothing to do).
 std::shared_ptr<Call> CompletedCall(Status s);
 
+// The envelope frame of `h`.
+inline zmq::message_t EnvelopeFrame(const Header& h) {
+  std::string env;
+  EncodeHeader(h, &env);
+  return zmq::message_t(env.data(), env.size());
+}
+inline bool IsPush(Op op) {
+  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
+}
+// Ops that carry the cluster map version (and are fenced by it).
+inline bool IsDataOp(Op op) {
+  return op == Op::kSparsePull || op == Op::kDensePull || IsPush(op);
+}
+
 // The state behind a Client: one DEALER socket (and its monitor) per server, served by one I/O
 // thread that sends queued requests, matches replies to calls and expires late ones. Calls are
 // built on the caller's thread (client.cc) and handed over through Send(); the I/O side is in
 // client_io.cc. Thread-safe as Client is: public members may be used from any thread.
 class ClientImpl {
  public:
-  explicit ClientImpl(const ClientOptions& o);
+  // `map`: with a cluster map source, the map Create loaded (its addresses are o.servers).
+  ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource> source = nullptr,
+             std::optional<RoutingMap> map = std::nullopt);
   ~ClientImpl();
+  // The map calls are routed by (version 0: the static cluster). Any thread.
+  std::shared_ptr<const RoutingMap> Routing() const;
+  uint64_t stale_map_retries() const { return stale_map_retries_.load(); }
 
   // Connects to every server and waits until each answers a ping (connect_timeout_ms).
   Status Start();
@@ -115,7 +138,6 @@ class ClientImpl {
   static Status WaitCall(Call& c, Deadline deadline);
 
   const ClientOptions options_;
-  const SlotMap slot_map_;
   std::atomic<int64_t> clock_{0};
   std::atomic<float> lr_scale_{1.0f};  // Header::lr_scale of pushes
 
@@ -137,6 +159,18 @@ class ClientImpl {
     uint64_t next_send_order = 0;
     uint64_t push_seq = 0;  // the last push sequence number given out
   };
+
+  // A newer map from the source: routes by it from now on (Wake()s the I/O thread). A map
+  // that changes the server list is not followed: map_error_ says why.
+  void InstallMap(const Result<RoutingMap>& m);
+  // I/O thread: a data request refused as stale (the server is at `server_version`): waits
+  // for a map at least that new (asking the refresher), then is routed again.
+  void StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why);
+  // I/O thread: sends what waits for a map once the map is there.
+  void DrainMapWaiters(Clock::time_point now);
+  // Routes `o` by the current map and sends it (a push under a new sequence number).
+  void Reroute(Outgoing o, const RoutingMap& map);
+  void RefreshLoop();
 
   // Opens server i's DEALER socket and its monitor and starts connecting (part of Start).
   Status ConnectServer(uint32_t i, const CurveKeyPair& mine);
@@ -169,6 +203,19 @@ class ClientImpl {
   std::mutex queue_mu_;
   std::vector<Outgoing> queue_;                        // guarded by queue_mu_
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // I/O thread only
+
+  // The cluster map: routing_ is what calls route by; the source's watch and the refresher
+  // replace it with newer versions.
+  mutable std::mutex map_mu_;
+  std::shared_ptr<const RoutingMap> routing_;  // guarded by map_mu_
+  Status map_error_;                           // guarded by map_mu_
+  std::condition_variable refresh_cv_;
+  uint64_t refresh_wanted_ = 0;  // guarded by map_mu_: a version the refresher should load
+  bool refresh_stop_ = false;    // guarded by map_mu_
+  std::thread refresher_;
+  std::unique_ptr<ClusterMapSource> source_;  // destroyed first (~ClientImpl)
+  std::deque<Outgoing> map_waiters_;          // I/O thread only
+  std::atomic<uint64_t> stale_map_retries_{0};
 };
 
 }  // namespace internal

@@ -16,12 +16,6 @@ namespace tessera {
 namespace internal {
 namespace {
 
-zmq::message_t EnvelopeFrame(const Header& h) {
-  std::string env;
-  EncodeHeader(h, &env);
-  return zmq::message_t(env.data(), env.size());
-}
-
 uint64_t RandomClientId() {
   std::random_device rd;
   uint64_t id = 0;
@@ -35,21 +29,33 @@ bool Retryable(Op op) {
   return op != Op::kCheckpoint && op != Op::kRestore && op != Op::kExport && op != Op::kPing;
 }
 
-bool IsPush(Op op) {
-  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
-}
 
 constexpr int64_t kMinBackoffMs = 100;
 constexpr int64_t kMaxBackoffMs = 2000;
 
 }  // namespace
 
-ClientImpl::ClientImpl(const ClientOptions& o)
-    : options_(o),
-      slot_map_(SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()))),
-      client_id_(RandomClientId()) {}
+ClientImpl::ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource> source,
+                       std::optional<RoutingMap> map)
+    : options_(o), client_id_(RandomClientId()), source_(std::move(source)) {
+  if (map) {
+    routing_ = std::make_shared<const RoutingMap>(std::move(*map));
+  } else {
+    routing_ = std::make_shared<const RoutingMap>(
+        RoutingMap{0, o.servers, SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()))});
+  }
+}
 
 ClientImpl::~ClientImpl() {
+  // The refresher first (it reads from the source), then the source's watch: no map arrives
+  // from here on.
+  {
+    std::lock_guard<std::mutex> l(map_mu_);
+    refresh_stop_ = true;
+  }
+  refresh_cv_.notify_all();
+  if (refresher_.joinable()) refresher_.join();
+  source_.reset();
   stop_.store(true);
   Wake();
   if (io_.joinable()) io_.join();
@@ -112,6 +118,10 @@ Status ClientImpl::Start() {
           std::to_string(options_.connect_timeout_ms) + " ms: " + last.ToString());
     }
   }
+  if (source_) {
+    refresher_ = std::thread([this] { RefreshLoop(); });
+    TESSERA_RETURN_IF_ERROR(source_->Watch([this](const Result<RoutingMap>& m) { InstallMap(m); }));
+  }
   return Status::OK();
 }
 
@@ -162,6 +172,8 @@ Outgoing ClientImpl::MakeOutgoing(uint32_t server, Header h, std::vector<zmq::me
   o.request_id = next_id_.fetch_add(1) + 1;
   h.request_id = o.request_id;
   o.parts.reserve(data.size() + 1);
+  o.part = server;
+  if (IsDataOp(h.op)) o.header = h;  // to be routed again after a stale-map refusal
   if (IsPush(h.op)) {
     // Encoded when first sent, with its sequence number.
     o.needs_seq = true;
@@ -253,7 +265,12 @@ void ClientImpl::IoLoop() {
     for (size_t i = 0; i < n; ++i) {
       if (!servers_[i].retry.empty()) DrainRetries(static_cast<uint32_t>(i), now);
     }
+    if (!map_waiters_.empty()) DrainMapWaiters(now);
   }
+  for (auto& o : map_waiters_) {
+    if (o.call) PartDone(o.call, Status::Cancelled("client destroyed"));
+  }
+  map_waiters_.clear();
   // Fail whatever is still pending.
   {
     std::lock_guard<std::mutex> l(queue_mu_);
@@ -323,7 +340,7 @@ bool ClientImpl::Transmit(Outgoing& o) {
   if (!sent) return false;
   if (o.call) {
     const uint64_t id = o.request_id;
-    InFlight f{o.call, o.server, o.deadline, std::nullopt};
+    InFlight f{o.call, o.server, o.part, o.deadline, std::nullopt};
     if (o.retryable()) f.retained = std::move(o);
     in_flight_.emplace(id, std::move(f));
   }
@@ -405,6 +422,12 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
     in_flight_.erase(it);
     if (s.ok() && h.status != StatusCode::kOk) {
       s = Status(h.status, h.message).WithContext("server " + std::to_string(server));
+      if (h.status == StatusCode::kFailedPrecondition && h.map_version != 0 && source_ &&
+          f.retained && IsDataOp(f.retained->header.op)) {
+        // Fencing: the server follows another map version; nothing of the request applied.
+        StaleMapRetry(std::move(*f.retained), h.map_version, s);
+        continue;
+      }
       if (h.status == StatusCode::kUnavailable && f.retained) {
         // The server asks for a retry (a push whose original still waits to be applied).
         RetryOrFail(std::move(*f.retained), s, /*server_down=*/true);
@@ -415,7 +438,7 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
       parts.erase(parts.begin());
       std::lock_guard<std::mutex> g(f.call->write_mu);  // Client::Cancel waits for the copy
       s = f.call->cancelled.load() ? Status::Cancelled("call cancelled")
-                                   : f.call->on_reply(server, h, parts);
+                                   : f.call->on_reply(f.part, h, parts);
     }
     PartDone(f.call, s);
   }
@@ -573,3 +596,4 @@ void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
 
 }  // namespace internal
 }  // namespace tessera
+

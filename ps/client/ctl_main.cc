@@ -13,6 +13,11 @@
 #include "ps/client/client.h"
 #include "ps/curve.h"
 #include "ps/routing.h"
+#ifdef TESSERA_CTL_COORD
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/coordinator_url.h"
+#include "ps/coord/slot_map_store.h"
+#endif
 
 DEFINE_string(cluster, "", "Server endpoints in rank order, comma-separated, or @FILE");
 DEFINE_int64(timeout_s, 3600, "Give up after this many seconds");
@@ -23,6 +28,12 @@ DEFINE_string(admin_root, "",
 DEFINE_string(curve_server_key_file, "",
               "File holding the servers' CurveZMQ public key, for clusters started with "
               "--curve_secret_key_file");
+DEFINE_string(coordinator, "",
+              "map: etcd://HOST:PORT/PREFIX, the etcd and key prefix of the cluster's map "
+              "(docs/elasticity.md)");
+DEFINE_string(servers, "",
+              "map init: the servers' endpoints in server-id order, comma-separated, or @FILE "
+              "(each server's --cluster entry; server id = its --rank)");
 
 namespace {
 
@@ -37,7 +48,10 @@ constexpr char kCommands[] =
     "  stats            every server's counters\n"
     "  tables           the tables and their specs\n"
     "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
-    "                   --curve_secret_key_file) and DIR/server.pub (public)\n";
+    "                   --curve_secret_key_file) and DIR/server.pub (public)\n"
+    "  map init         create the cluster map PREFIX/slotmap of --coordinator: version 1,\n"
+    "                   --servers owning uniform slot ranges; fails if a map exists\n"
+    "  map show         print the cluster map of --coordinator\n";
 
 constexpr tessera::cli::ToolInfo kTool{
     .name = "tessera-ctl",
@@ -53,7 +67,8 @@ struct Command {
   int args;
 };
 constexpr Command kCommandList[] = {{"checkpoint", 1}, {"restore", 1}, {"export", 1},
-                                    {"stats", 0},      {"tables", 0},  {"keygen", 1}};
+                                    {"stats", 0},      {"tables", 0},  {"keygen", 1},
+                                    {"map", 1}};
 
 // Prints `why` (if any), the usage line and the commands to stderr; returns 2.
 int Usage(const std::string& why = "") {
@@ -197,6 +212,57 @@ int StatsOrTables(tessera::Client& c, const std::string& cmd, const std::vector<
   return 0;
 }
 
+// map init / map show (needs tessera_coord, absent from a client-only build).
+int Map(const std::string& sub) {
+#ifdef TESSERA_CTL_COORD
+  if (sub != "init" && sub != "show") return Usage("map takes init or show, got '" + sub + "'");
+  if (FLAGS_coordinator.empty()) return Usage("map " + sub + " needs --coordinator");
+  auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
+  if (!url.ok()) return Usage("--coordinator: " + url.status().ToString());
+  auto etcd = tessera::EtcdClient::Create(url->etcd_options());
+  if (!etcd.ok()) {
+    std::fprintf(stderr, "tessera-ctl: %s\n", etcd.status().ToString().c_str());
+    return 1;
+  }
+  tessera::SlotMapStore store(etcd->get(), url->prefix);
+  if (sub == "init") {
+    auto eps = tessera::ParseClusterList(FLAGS_servers);
+    if (!eps.ok()) return Usage("--servers: " + eps.status().ToString());
+    std::vector<tessera::MapServer> servers;
+    for (size_t i = 0; i < eps->size(); ++i) {
+      servers.push_back({"server-" + std::to_string(i), (*eps)[i]});
+    }
+    tessera::Status s = store.Create(tessera::ClusterMap::Uniform(std::move(servers)));
+    if (!s.ok()) {
+      std::fprintf(stderr, "tessera-ctl: map init: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("cluster map version 1 of %zu server(s) created at %s\n", eps->size(),
+                store.key().c_str());
+    return 0;
+  }
+  auto map = store.Load();
+  if (!map.ok()) {
+    std::fprintf(stderr, "tessera-ctl: map show: %s\n", map.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<uint32_t> slots(map->servers.size(), 0);
+  for (uint16_t p : map->primary) ++slots[p];
+  std::printf("version %llu\n", static_cast<unsigned long long>(map->version));
+  for (size_t i = 0; i < map->servers.size(); ++i) {
+    std::printf("server %zu %s %s primary_slots %u\n", i, map->servers[i].id.c_str(),
+                map->servers[i].address.empty() ? "(retired)" : map->servers[i].address.c_str(),
+                slots[i]);
+  }
+  return 0;
+#else
+  (void)sub;
+  std::fprintf(stderr, "tessera-ctl: map: this build has no tessera_coord (a client-only "
+                       "build): use a full build's tessera-ctl\n");
+  return 2;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -205,6 +271,7 @@ int main(int argc, char** argv) {
   if (command == nullptr) return 2;
   const std::string cmd = command->name;
   if (cmd == "keygen") return Keygen(argv[2]);
+  if (cmd == "map") return Map(argv[2]);
   auto eps = tessera::ParseClusterList(FLAGS_cluster);
   if (!eps.ok()) {
     std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());

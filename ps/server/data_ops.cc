@@ -145,16 +145,28 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   p->keys = View<uint64_t>(p->frames[0], &p->key_copy);
   if (push) p->values = View<float>(p->frames[1], &p->value_copy);
 
-  // Split by lane; refuse keys this server does not own (a stale slot map).
+  // Split by lane; refuse keys this server does not own (a stale slot map): under the cluster
+  // map it follows, else the static one. A retry of a push taken already is not checked: it
+  // is answered as a retry (AnsweredAsRetry) and applies nothing.
+  const ClusterMapState* map = CurrentMap();
+  const SlotMap* owners = map != nullptr ? &map->primary : &slot_map_;
+  if (map != nullptr && IsRetriedPush(h)) owners = nullptr;
   KeySplit split;
   const uint64_t foreign = SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()),
-                                           &slot_map_, options_.rank, &split);
+                                           owners, options_.rank, &split);
   if (foreign != kAllOwned) {
     const uint32_t slot = SlotOfKey(p->keys[foreign]);
-    return Status::FailedPrecondition("key " + std::to_string(p->keys[foreign]) + " (slot " +
-                                      std::to_string(slot) + ") belongs to server " +
-                                      std::to_string(slot_map_.ServerOfSlot(slot)) +
-                                      ", not server " + std::to_string(options_.rank));
+    const std::string what = "key " + std::to_string(p->keys[foreign]) + " (slot " +
+                             std::to_string(slot) + ") belongs to server " +
+                             std::to_string(owners->ServerOfSlot(slot));
+    if (map == nullptr) {
+      return Status::FailedPrecondition(what + ", not server " + std::to_string(options_.rank));
+    }
+    ++stale_map_refusals_;
+    return Status::FailedPrecondition("stale cluster map: " + what + " at map version " +
+                                      std::to_string(map->version) + ", not server " +
+                                      std::to_string(options_.rank) +
+                                      "; nothing of the request was applied");
   }
   if (push) {
     TESSERA_RETURN_IF_ERROR(CheckLrScale(h.lr_scale));

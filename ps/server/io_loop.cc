@@ -155,6 +155,7 @@ bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const St
   h.table_id = req.table_id;
   h.status = s.code() == StatusCode::kOk ? StatusCode::kInternal : s.code();
   h.message = s.message();
+  h.map_version = ReplyMapVersion();  // a client told its map is stale learns the server's
   std::string env;
   EncodeHeader(h, &env);
   NoteInlineReply(req, false, env.size());
@@ -246,9 +247,12 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
     case Op::kSparsePull:
     case Op::kSparsePush:
     case Op::kSparsePushPull:
+      // Fencing first: a refused request is neither validated further, logged nor applied.
+      TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
       return Sparse(p);
     case Op::kDensePull:
     case Op::kDensePush:
+      TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
       return Dense(p);
     case Op::kClock:
       return ClockOp(p);
@@ -386,6 +390,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "errors " << errors_ << "\n"
     << "pushes " << pushes_ << "\n"
     << "retried_pushes " << retried_pushes_ << "\n"
+    << "map_version " << ReplyMapVersion() << "\n"
+    << "stale_map_refusals " << stale_map_refusals_ << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"
     << "log_truncated_to " << log_->truncated() << "\n"
     << "push_keys " << push_keys_ << "\n"

@@ -174,5 +174,9 @@ Server::Server(std::unique_ptr<internal::ServerImpl> impl) : impl_(std::move(imp
 Server::~Server() { Shutdown(); }
 const std::string& Server::endpoint() const { return impl_->endpoint(); }
 void Server::Shutdown() { impl_->Shutdown(); }
+Status Server::SetClusterMap(uint64_t version, const SlotMap& primary) {
+  return impl_->SetClusterMap(version, primary);
+}
+uint64_t Server::cluster_map_version() const { return impl_->cluster_map_version(); }
 
 }  // namespace tessera

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/routing.h"
 #include "ps/status.h"
 #include "storage/storage.h"
 
@@ -70,6 +71,14 @@ struct ServerOptions {
   /// docs/operations.md, "Metrics"). Not owned; must outlive the server. The server stops
   /// reading its state into it at Shutdown(). Default: null: the server keeps its own.
   metrics::Registry* metrics = nullptr;
+  /// Fencing by cluster map version (docs/elasticity.md): the server follows a cluster map
+  /// given by SetClusterMap (tessera-server --coordinator). A data request (sparse or dense
+  /// push, pull, push-pull) whose map version differs from the server's is refused with
+  /// FailedPrecondition ("stale cluster map: ...") and its reply carries the server's version;
+  /// so is a sparse key of a slot the current map gives another server. Until the first map
+  /// arrives the server is at version 0 and routes by num_servers like a static server. False:
+  /// versions are ignored (a static --cluster). Default: false.
+  bool follow_cluster_map = false;
 };
 
 /// A running server. Create() binds the socket, opens (and recovers) storage and starts the
@@ -86,6 +95,14 @@ class Server {
   const std::string& endpoint() const;
   /// Stops serving: requests in flight are answered or dropped, threads are joined. Idempotent.
   void Shutdown();
+  /// Makes `version` with `primary` (the primary owner of each slot; this server is server id
+  /// `rank`) the cluster map the server serves by, if it is newer than the current one (an
+  /// older or equal version is ignored). Only with ServerOptions::follow_cluster_map
+  /// (FailedPrecondition otherwise); InvalidArgument for version 0. Thread-safe: requests
+  /// decoded after it returns are checked against the new map.
+  Status SetClusterMap(uint64_t version, const SlotMap& primary);
+  /// The version of the map the server serves by (0: none yet). Thread-safe.
+  uint64_t cluster_map_version() const;
 
  private:
   explicit Server(std::unique_ptr<internal::ServerImpl> impl);

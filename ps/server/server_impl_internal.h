@@ -12,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -43,6 +44,9 @@ class ServerImpl {
   Status Start();
   void Shutdown();
   const std::string& endpoint() const { return endpoint_; }
+  // Server::SetClusterMap / cluster_map_version (fencing.cc).
+  Status SetClusterMap(uint64_t version, const SlotMap& primary);
+  uint64_t cluster_map_version() const { return map_version_.load(std::memory_order_acquire); }
 
  private:
   struct TableInfo {
@@ -112,6 +116,24 @@ class ServerImpl {
   bool Admitted(const std::shared_ptr<Pending>& p, int fd);
   /// `name` resolved under --admin_root; FailedPrecondition when admin ops are disabled.
   Result<std::string> AdminPath(std::string_view name) const;
+
+  // ---- fencing.cc: the cluster map version of data requests
+  struct ClusterMapState {
+    uint64_t version;
+    SlotMap primary;
+  };
+  /// The map the I/O thread serves by; null when the server follows no map or has none yet.
+  const ClusterMapState* CurrentMap();
+  /// With follow_cluster_map: FailedPrecondition, naming both versions, when data request `h`
+  /// carries another map version than the server's. Skipped for a retried push that is
+  /// already logged or accepted (it applies nothing again; AnsweredAsRetry answers it).
+  Status CheckMapVersion(const Header& h);
+  /// The map version an error reply carries (0: the server follows no map).
+  uint64_t ReplyMapVersion() const {
+    return options_.follow_cluster_map ? cluster_map_version() : 0;
+  }
+  /// True when `h` retries a push this server accepted already (PushDedup).
+  bool IsRetriedPush(const Header& h) const;
 
   // ---- data_ops.cc: pulls and pushes
   /// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
@@ -189,6 +211,14 @@ class ServerImpl {
   std::atomic<bool> stopped_{false};
   zmq::socket_t router_monitor_{ctx_, zmq::socket_type::pair};  // I/O thread only
   std::string admin_root_;  // canonical; empty: admin ops disabled
+
+  // The cluster map (fencing.cc): written by SetClusterMap on any thread, read by the I/O
+  // thread through its own copy of the pointer, refreshed when map_version_ moves.
+  mutable std::mutex map_mu_;
+  std::shared_ptr<const ClusterMapState> map_;  // guarded by map_mu_
+  std::atomic<uint64_t> map_version_{0};
+  std::shared_ptr<const ClusterMapState> io_map_;  // I/O thread only
+  uint64_t stale_map_refusals_ = 0;                // I/O thread only
 
   // State below is owned by the I/O thread.
   absl::flat_hash_map<uint64_t, TableInfo> tables_;

@@ -13,6 +13,7 @@
 
 #include "ps/cli.h"
 #include "ps/coord/coordinator_url.h"
+#include "ps/coord/etcd_map_source.h"
 #include "ps/coord/membership.h"
 #include "ps/curve.h"
 #include "ps/metrics/http_endpoint.h"
@@ -83,7 +84,9 @@ DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on")
 DEFINE_string(coordinator, "",
               "etcd://HOST:PORT/PREFIX: register this server in etcd as PREFIX/members/"
               "server-RANK (its --cluster entry) under a lease, removed at shutdown "
-              "(docs/elasticity.md). Membership only: routing is still --cluster. Empty: off");
+              "(docs/elasticity.md), and follow the cluster map PREFIX/slotmap: data requests "
+              "of another map version, and keys of slots the map gives another server, are "
+              "refused (fencing; server id in the map = --rank). Empty: off");
 DEFINE_uint32(coordinator_ttl_s, 10,
               "With --coordinator: lease TTL in seconds; a server that dies disappears from the "
               "members this long after its last renewal");
@@ -193,6 +196,39 @@ tessera::Status Register(const tessera::CoordinatorUrl& url, const std::string& 
   return tessera::Status::OK();
 }
 
+// Follows PREFIX/slotmap: each newer version becomes the map `server` fences by (waiting for
+// the record when none exists yet). The returned source owns the watch.
+tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap(
+    const tessera::CoordinatorUrl& url, tessera::Server* server) {
+  TESSERA_ASSIGN_OR_RETURN(auto source, tessera::EtcdClusterMapSource::Create(url));
+  // The record read before the ready line, so that a map that exists is in force before the
+  // server is announced.
+  auto first = source->Load();
+  if (first.ok()) {
+    TESSERA_RETURN_IF_ERROR(server->SetClusterMap(first->version, first->primary));
+    LOG(INFO) << "--coordinator: serving by cluster map version " << first->version;
+  } else if (first.status().code() == tessera::StatusCode::kNotFound) {
+    LOG(INFO) << "--coordinator: no cluster map in " << url.ToString()
+              << " yet: serving by --cluster (map version 0) until one is created";
+  } else {
+    return first.status();
+  }
+  TESSERA_RETURN_IF_ERROR(source->Watch([server](const tessera::Result<tessera::RoutingMap>& m) {
+    if (!m.ok()) {
+      LOG(ERROR) << "--coordinator: cluster map: " << m.status().ToString();
+      return;
+    }
+    const uint64_t before = server->cluster_map_version();
+    tessera::Status s = server->SetClusterMap(m->version, m->primary);
+    if (!s.ok()) {
+      LOG(ERROR) << "--coordinator: cluster map version " << m->version << ": " << s.ToString();
+    } else if (m->version > before) {
+      LOG(INFO) << "--coordinator: cluster map version " << before << " -> " << m->version;
+    }
+  }));
+  return source;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -259,6 +295,7 @@ int main(int argc, char** argv) {
     http->SetReady(false, "recovering: opening storage and replaying the request log");
   }
   o.metrics = &registry;
+  o.follow_cluster_map = coordinator.has_value();
   auto server = tessera::Server::Create(o);
   if (!server.ok()) {
     std::cerr << "tessera-server: cannot start: " << server.status().ToString() << "\n";
@@ -267,6 +304,7 @@ int main(int argc, char** argv) {
   // Registered only once it serves, and before the ready line: who sees the line finds it.
   std::unique_ptr<tessera::EtcdClient> etcd;
   std::unique_ptr<tessera::Membership> membership;
+  std::unique_ptr<tessera::EtcdClusterMapSource> map_source;
   if (coordinator) {
     tessera::Status s = Register(*coordinator, (*cluster)[FLAGS_rank], &etcd, &membership);
     if (!s.ok()) {
@@ -274,6 +312,15 @@ int main(int argc, char** argv) {
       (*server)->Shutdown();
       return 1;
     }
+    auto followed = FollowClusterMap(*coordinator, server->get());
+    if (!followed.ok()) {
+      std::cerr << "tessera-server: --coordinator: cannot follow the cluster map: "
+                << followed.status().ToString() << "\n";
+      (void)membership->Deregister();
+      (*server)->Shutdown();
+      return 1;
+    }
+    map_source = std::move(*followed);
   }
   if (http) http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
   // A line tests and scripts wait for.
@@ -289,6 +336,7 @@ int main(int argc, char** argv) {
     tessera::Status s = membership->Deregister();
     if (!s.ok()) LOG(WARNING) << "--coordinator: deregistering: " << s.ToString();
   }
+  map_source.reset();  // stops the watch before the server it feeds
   (*server)->Shutdown();
   LOG(INFO) << "stopped";
   return 0;

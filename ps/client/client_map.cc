@@ -1,0 +1,166 @@
+// The client's side of a cluster map (docs/elasticity.md): the map calls are routed by, its
+// updates from the source (watch, and reloads after a stale-map refusal), and the rerouting
+// of requests a server refused as stale. The I/O thread runs StaleMapRetry, DrainMapWaiters
+// and Reroute; the source's thread and the refresher run InstallMap.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "ps/client/client_internal.h"
+
+namespace tessera {
+namespace internal {
+namespace {
+
+// A refused request waits this long for a server that is behind the client's map.
+constexpr int64_t kServerBehindWaitMs = 50;
+
+}  // namespace
+
+std::shared_ptr<const RoutingMap> ClientImpl::Routing() const {
+  std::lock_guard<std::mutex> l(map_mu_);
+  return routing_;
+}
+
+void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
+  if (!m.ok()) return;  // the watch goes on; a refused request waits for a reload or gives up
+  {
+    std::lock_guard<std::mutex> l(map_mu_);
+    if (m->version <= routing_->version) return;
+    if (m->addresses != options_.servers) {
+      std::string list;
+      for (const auto& a : m->addresses) list += (list.empty() ? "" : ",") + a;
+      map_error_ = Status::FailedPrecondition(
+          "cluster map version " + std::to_string(m->version) + " changes the server list to " +
+          list + ": this client follows slot moves among its servers only; create a new client");
+      return;
+    }
+    routing_ = std::make_shared<const RoutingMap>(*m);
+  }
+  Wake();
+}
+
+void ClientImpl::RefreshLoop() {
+  std::unique_lock<std::mutex> l(map_mu_);
+  for (;;) {
+    refresh_cv_.wait(l, [this] { return refresh_stop_ || refresh_wanted_ > routing_->version; });
+    if (refresh_stop_) return;
+    l.unlock();
+    // The watch normally brings the map first; this read covers a watch that is late or
+    // broken. Paced, so that a server ahead of etcd's answers does not spin the loop.
+    Result<RoutingMap> m = source_->Load();
+    InstallMap(m);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    l.lock();
+  }
+}
+
+void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why) {
+  const auto now = Clock::now();
+  if (o.call && o.call->cancelled.load()) {
+    PartDone(o.call, Status::Cancelled("call cancelled"));
+    return;
+  }
+  if (++o.stale_retries > Client::kMaxStaleMapRetries || now >= o.give_up) {
+    if (o.call) {
+      PartDone(o.call, Status::FailedPrecondition(
+                           why.message() + " (gave up after routing it again " +
+                           std::to_string(o.stale_retries - 1) + " times)"));
+    }
+    return;
+  }
+  ++stale_map_retries_;
+  o.last_error = why;
+  if (server_version > o.header.map_version) {
+    // The client's map is older: wait for the server's version (the watch brings it; the
+    // refresher reads it when the watch is late).
+    {
+      std::lock_guard<std::mutex> l(map_mu_);
+      refresh_wanted_ = std::max(refresh_wanted_, server_version);
+    }
+    refresh_cv_.notify_all();
+    o.not_before = now;
+  } else {
+    // The server is behind the client's map: give its watch a moment.
+    o.not_before = now + std::chrono::milliseconds(kServerBehindWaitMs);
+  }
+  o.header.map_version = server_version;  // the least version to route it by
+  map_waiters_.push_back(std::move(o));
+}
+
+void ClientImpl::DrainMapWaiters(Clock::time_point now) {
+  std::shared_ptr<const RoutingMap> map;
+  Status map_error;
+  {
+    std::lock_guard<std::mutex> l(map_mu_);
+    map = routing_;
+    map_error = map_error_;
+  }
+  std::deque<Outgoing> waiting = std::move(map_waiters_);
+  map_waiters_.clear();
+  for (auto& o : waiting) {
+    if (now >= o.give_up) {
+      if (o.call) {
+        PartDone(o.call, Status::FailedPrecondition(
+                             o.last_error.message() + " (no cluster map of version " +
+                             std::to_string(o.header.map_version) + " arrived in time" +
+                             (map_error.ok() ? "" : ": " + map_error.message()) + ")"));
+      }
+    } else if (now < o.not_before || map->version < o.header.map_version) {
+      map_waiters_.push_back(std::move(o));
+    } else {
+      Reroute(std::move(o), *map);
+    }
+  }
+}
+
+void ClientImpl::Reroute(Outgoing o, const RoutingMap& map) {
+  Header& h = o.header;
+  if (h.op == Op::kDensePull || h.op == Op::kDensePush) {
+    // Dense ranges are placed by the number of servers, which a map this client follows
+    // does not change: the same server again.
+  } else {
+    // The keys frame: every key must now belong to one server.
+    const auto* keys = static_cast<const uint64_t*>(o.parts[1].data());
+    std::vector<uint64_t> copy;
+    if (reinterpret_cast<uintptr_t>(keys) % alignof(uint64_t) != 0) {
+      copy.resize(o.parts[1].size() / 8);
+      std::memcpy(copy.data(), o.parts[1].data(), o.parts[1].size());
+      keys = copy.data();
+    }
+    const uint64_t n = o.parts[1].size() / 8;
+    const uint32_t to = n > 0 ? map.primary.ServerOfKey(keys[0]) : o.server;
+    for (uint64_t i = 1; i < n; ++i) {
+      if (map.primary.ServerOfKey(keys[i]) != to) {
+        if (o.call) {
+          PartDone(o.call,
+                   Status::FailedPrecondition(
+                       o.last_error.message() + "; at map version " +
+                       std::to_string(map.version) +
+                       " the request's keys belong to several servers: call again (nothing "
+                       "of this part was applied)"));
+        }
+        return;
+      }
+    }
+    o.server = to;
+  }
+  h.map_version = map.version;
+  h.client_id = 0;
+  h.client_seq = 0;
+  o.request_id = next_id_.fetch_add(1) + 1;
+  h.request_id = o.request_id;
+  if (IsPush(h.op)) {
+    // The refused push applied nothing: a new sequence number on the server it goes to now
+    // (its old number may be below pushes of this client the server has taken since).
+    o.needs_seq = true;
+  } else {
+    o.parts[0] = EnvelopeFrame(h);
+  }
+  o.deadline = std::min(o.give_up, Clock::now() + std::chrono::milliseconds(
+                                                      options_.request_timeout_ms));
+  SendOne(o);
+}
+
+}  // namespace internal
+}  // namespace tessera

@@ -1,0 +1,47 @@
+// Where a process that follows a cluster map (docs/elasticity.md) gets it from: an interface
+// in the core, so that the client library takes a map without linking the etcd client (which
+// needs cpp-httplib and nlohmann-json, absent from a client-only build). tessera_coord's
+// EtcdClusterMapSource (ps/coord/etcd_map_source.h) is the implementation over etcd.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ps/routing.h"
+#include "ps/status.h"
+
+namespace tessera {
+
+/// The routing part of one version of the cluster map. A value type; thread-compatible.
+struct RoutingMap {
+  /// The map's version (>= 1; 0 only in a default-constructed value).
+  uint64_t version = 0;
+  /// Data endpoint of each server id ("" for a retired id).
+  std::vector<std::string> addresses;
+  /// The primary owner (a server id) of each slot.
+  SlotMap primary;
+};
+
+/// Called with each newer map, or with the error of a map that could not be read (the source
+/// goes on watching).
+using RoutingMapCallback = std::function<void(const Result<RoutingMap>&)>;
+
+/// A source of cluster maps. Implementations are thread-safe: Load and Watch may be called
+/// from any thread.
+class ClusterMapSource {
+ public:
+  virtual ~ClusterMapSource() = default;
+  /// The current map; NotFound when none was created yet; Unavailable / DeadlineExceeded when
+  /// the store does not answer.
+  virtual Result<RoutingMap> Load() = 0;
+  /// Starts delivering maps to `callback` on a thread of the source: the current map, when
+  /// there is one, then each newer version in order (waiting for the first one when none
+  /// exists yet). Runs until the source is destroyed, which waits for a running callback; the
+  /// callback must not destroy the source. At most one watch per source
+  /// (FailedPrecondition for a second).
+  virtual Status Watch(RoutingMapCallback callback) = 0;
+};
+
+}  // namespace tessera

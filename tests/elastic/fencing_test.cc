@@ -1,0 +1,385 @@
+// Fencing by cluster map version (docs/elasticity.md): real tessera-server processes started
+// with --coordinator follow the map in a real etcd; clients created with an
+// EtcdClusterMapSource route by it; requests of an older version, and keys of slots a server
+// no longer owns, are refused and apply nothing; the client reloads the map and retries.
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "ps/client/client.h"
+#include "ps/coord/etcd_map_source.h"
+#include "ps/coord/slot_map_store.h"
+#include "ps/routing.h"
+#include "tests/cluster_fixture.h"
+#include "tests/elastic/etcd_fixture.h"
+#include "tests/raw_peer.h"
+
+namespace tessera::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr char kPrefix[] = "tessera/fence";
+constexpr uint32_t kDim = 4;
+
+// The value of `key` in `stats` ("key value" lines); -1 when absent.
+int64_t StatOf(const std::string& stats, const std::string& key) {
+  std::istringstream in(stats);
+  std::string k;
+  int64_t v;
+  while (in >> k >> v) {
+    if (k == key) return v;
+    in.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
+// A map source over the real etcd whose watch never delivers: a client that learns of a new
+// map only when a server refuses its request (the path a lagging or broken watch leaves).
+class UnwatchedSource final : public ClusterMapSource {
+ public:
+  explicit UnwatchedSource(std::unique_ptr<EtcdClusterMapSource> etcd) : etcd_(std::move(etcd)) {}
+  Result<RoutingMap> Load() override { return etcd_->Load(); }
+  Status Watch(RoutingMapCallback) override { return Status::OK(); }
+
+ private:
+  std::unique_ptr<EtcdClusterMapSource> etcd_;
+};
+
+class FencingTest : public EtcdTest {
+ protected:
+  void SetUp() override {
+    EtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    url_ = etcd_.url(kPrefix);
+    LocalClusterOptions o = Servers(2);
+    o.extra_flags = {"--coordinator=" + url_};
+    cluster_ = std::make_unique<LocalCluster>(o);
+    Status s = cluster_->Start();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ClientOptions admin;
+    admin.servers = cluster_->endpoints();
+    auto c = Client::Create(admin);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    admin_ = std::move(*c);
+    store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + std::string(kPrefix));
+  }
+
+  // tessera-ctl map init of the cluster's servers; waits until both serve by version 1.
+  void InitMap() {
+    std::string servers;
+    for (const auto& e : cluster_->endpoints()) servers += (servers.empty() ? "" : ",") + e;
+    std::string out;
+    ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
+                          "--servers=" + servers},
+                         &out),
+              0)
+        << out;
+    WaitForServers(1);
+  }
+
+  uint64_t ServerMapVersion(uint32_t r) {
+    auto st = admin_->ServerStats(r);
+    return st.ok() ? static_cast<uint64_t>(StatOf(*st, "map_version")) : 0;
+  }
+  int64_t ServerStat(uint32_t r, const std::string& key) {
+    auto st = admin_->ServerStats(r);
+    return st.ok() ? StatOf(*st, key) : -1;
+  }
+  void WaitForServers(uint64_t version) {
+    ASSERT_TRUE(WaitFor([&] { return ServerMapVersion(0) == version && ServerMapVersion(1) == version; },
+                        seconds(30)))
+        << "servers at " << ServerMapVersion(0) << ", " << ServerMapVersion(1) << ", not "
+        << version;
+  }
+
+  std::unique_ptr<EtcdClusterMapSource> Source() {
+    auto s = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::unique_ptr<Client> CoordinatorClient(bool watch = true) {
+    std::unique_ptr<ClusterMapSource> source = Source();
+    if (!watch) source = std::make_unique<UnwatchedSource>(Source());
+    ClientOptions o;
+    o.request_timeout_ms = 10000;
+    o.retry_for_ms = 20000;  // a broken reroute fails the test in 20 s, not 120
+    auto c = Client::Create(o, std::move(source));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // The map at `version` + 1 with the same servers; slots [begin, end) given to `to`.
+  void Bump(uint64_t version, uint32_t begin = 0, uint32_t end = 0, uint16_t to = 0) {
+    auto m = store_->Load();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->version, version);
+    ClusterMap next = *m;
+    next.version = version + 1;
+    for (uint32_t s = begin; s < end; ++s) next.primary[s] = to;
+    Status s = store_->CompareAndSwap(version, next);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  static Table Sparse(Client& c, const std::string& name) {
+    OptimizerSpec sgd;
+    sgd.learning_rate = 1.0f;  // zeros initializer: a pushed gradient g reads back as -g
+    auto t = c.CreateTable(TableSpec::Sparse(name, kDim, sgd));
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? *t : Table{};
+  }
+
+  // `n` keys whose slots are in [begin, end).
+  static std::vector<uint64_t> KeysInSlots(uint32_t begin, uint32_t end, size_t n) {
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 1; keys.size() < n; ++k) {
+      const uint32_t s = SlotOfKey(k);
+      if (s >= begin && s < end) keys.push_back(k);
+    }
+    return keys;
+  }
+  static std::vector<float> Grads(const std::vector<uint64_t>& keys) {
+    std::vector<float> g(keys.size() * kDim);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f * static_cast<float>(i % 13) + 0.5f;
+    return g;
+  }
+  static void ExpectValues(Client& c, const Table& t, const std::vector<uint64_t>& keys,
+                           const std::vector<float>& grads, float times) {
+    std::vector<float> out(keys.size() * kDim, -999.0f);
+    Status s = c.Wait(c.Pull(t, keys, out.data()));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out[i], -times * grads[i]) << "key " << keys[i / kDim] << " element " << i % kDim;
+    }
+  }
+
+  std::string url_;
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<Client> admin_;  // a static client: stats, table creation
+  std::unique_ptr<SlotMapStore> store_;
+};
+
+// (a) Push and pull through two servers by the map in etcd; without a map, Create says how to
+// make one.
+TEST_F(FencingTest, CoordinatorClientPushesAndPullsThroughTwoServers) {
+  {
+    ClientOptions o;
+    auto none = Client::Create(o, Source());
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(none.status().message().find("tessera-ctl map init"), std::string::npos)
+        << none.status().ToString();
+  }
+  InitMap();
+  std::string out;
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("version 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("server 1 server-1 " + cluster_->endpoints()[1] + " primary_slots 8192"),
+            std::string::npos)
+      << out;
+
+  auto c = CoordinatorClient();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->cluster_map_version(), 1u);
+  EXPECT_EQ(c->num_servers(), 2u);
+  const Table t = Sparse(*c, "emb");
+  const std::vector<uint64_t> keys = KeysInSlots(0, kNumSlots, 2000);
+  const std::vector<float> g = Grads(keys);
+  ASSERT_TRUE(c->Wait(c->Push(t, keys, g)).ok());
+  ExpectValues(*c, t, keys, g, 1.0f);
+  // Both servers took a part, and nothing was refused.
+  EXPECT_GT(ServerStat(0, "push_keys"), 0);
+  EXPECT_GT(ServerStat(1, "push_keys"), 0);
+  EXPECT_EQ(ServerStat(0, "push_keys") + ServerStat(1, "push_keys"), 2000);
+  EXPECT_EQ(ServerStat(0, "stale_map_refusals"), 0);
+  EXPECT_EQ(c->stale_map_retries(), 0u);
+}
+
+// (b) A version bump (same owners): a request of the old version is refused and applies
+// nothing; clients go on, the lagging one by reloading the map when refused.
+TEST_F(FencingTest, OldVersionIsRefusedAndClientsReloadAndRetry) {
+  InitMap();
+  auto watching = CoordinatorClient();
+  auto lagging = CoordinatorClient(/*watch=*/false);
+  ASSERT_NE(watching, nullptr);
+  ASSERT_NE(lagging, nullptr);
+  const Table t = Sparse(*watching, "emb");
+  const std::vector<uint64_t> keys = KeysInSlots(0, kNumSlots / 4, 300);  // server 0's
+  const std::vector<float> g = Grads(keys);
+  ASSERT_TRUE(watching->Wait(watching->Push(t, keys, g)).ok());
+  // A push of another client at version 1 whose reply we pretend was lost.
+  RawPeer peer(cluster_->endpoints()[0]);
+  const std::vector<uint64_t> keys2 = KeysInSlots(kNumSlots / 4, kNumSlots / 2, 50);
+  const std::vector<float> g2 = Grads(keys2);
+  Header retry;
+  retry.op = Op::kSparsePush;
+  retry.table_id = t.id;
+  retry.elem_type = ElemType::kF32;
+  retry.count = keys2.size();
+  retry.dim = kDim;
+  retry.map_version = 1;
+  retry.client_id = 777;
+  retry.client_seq = 1;
+  const std::vector<std::string> retry_frames = {
+      std::string(reinterpret_cast<const char*>(keys2.data()), keys2.size() * 8),
+      std::string(reinterpret_cast<const char*>(g2.data()), g2.size() * 4)};
+  ASSERT_EQ(peer.Call(retry, retry_frames).status, StatusCode::kOk);
+
+  const auto bumped = std::chrono::steady_clock::now();
+  Bump(1);
+  WaitForServers(2);
+  const double servers_ms = MsSince(bumped);
+  ASSERT_TRUE(WaitFor([&] { return watching->cluster_map_version() == 2; }, seconds(30)));
+  std::printf("map version 2 (CAS included) seen by both servers after %.0f ms, by the watching "
+              "client after %.0f ms (polled every 20 ms)\n",
+              servers_ms, MsSince(bumped));
+
+  // Its retry, still of version 1, is answered as a retry: not refused (the client would send
+  // it elsewhere under a new number) and not applied again.
+  Header rr = peer.Call(retry, retry_frames);
+  EXPECT_EQ(rr.status, StatusCode::kOk) << rr.message;
+  ExpectValues(*watching, t, keys2, g2, 1.0f);
+  EXPECT_EQ(ServerStat(0, "retried_pushes"), 1);
+
+  // A raw push of version 1 to server 0: refused, naming both versions; nothing applied.
+  Header h;
+  h.op = Op::kSparsePush;
+  h.table_id = t.id;
+  h.elem_type = ElemType::kF32;
+  h.count = keys.size();
+  h.dim = kDim;
+  h.map_version = 1;
+  h.client_id = 12345;
+  h.client_seq = 1;
+  const std::string key_bytes(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  const std::string grad_bytes(reinterpret_cast<const char*>(g.data()), g.size() * 4);
+  Header r = peer.Call(h, {key_bytes, grad_bytes});
+  EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  EXPECT_NE(r.message.find("stale cluster map: request has version 1, server 0 is at 2"),
+            std::string::npos)
+      << r.message;
+  EXPECT_EQ(r.map_version, 2u);
+  EXPECT_EQ(ServerStat(0, "stale_map_refusals"), 1);
+  // A static request (version 0) is stale too on a server that follows a map.
+  h.map_version = 0;
+  h.client_seq = 2;
+  r = peer.Call(h, {key_bytes, grad_bytes});
+  EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  ExpectValues(*watching, t, keys, g, 1.0f);  // neither refused push was applied
+
+  // The same push again with the current version is applied (the refusals left the client's
+  // sequence numbers free).
+  h.map_version = 2;
+  h.client_seq = 3;
+  r = peer.Call(h, {key_bytes, grad_bytes});
+  EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+  ExpectValues(*watching, t, keys, g, 2.0f);
+
+  // The watching client follows (its watch, or a refusal and a reload).
+  ASSERT_TRUE(WaitFor([&] { return watching->cluster_map_version() == 2; }, seconds(30)));
+  ASSERT_TRUE(watching->Wait(watching->Push(t, keys, g)).ok());
+  ExpectValues(*watching, t, keys, g, 3.0f);
+
+  // The lagging client is still at 1: its push is refused, it reloads, and it is applied once.
+  EXPECT_EQ(lagging->cluster_map_version(), 1u);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = lagging->Wait(lagging->Push(t, keys, g));
+  const double recover_ms = MsSince(t0);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(lagging->cluster_map_version(), 2u);
+  EXPECT_GE(lagging->stale_map_retries(), 1u);
+  ExpectValues(*lagging, t, keys, g, 4.0f);
+  std::printf("lagging client: push refused as stale, map reloaded, applied in %.1f ms "
+              "(%llu reroute(s))\n",
+              recover_ms, static_cast<unsigned long long>(lagging->stale_map_retries()));
+}
+
+// (c) Slots moved from server 0 to server 1 (an empty table: no data to migrate): server 0
+// refuses their keys, clients send them to server 1.
+TEST_F(FencingTest, MovedSlotsAreRefusedByTheOldOwnerAndRoutedToTheNew) {
+  InitMap();
+  auto lagging = CoordinatorClient(/*watch=*/false);
+  auto watching = CoordinatorClient();
+  ASSERT_NE(lagging, nullptr);
+  ASSERT_NE(watching, nullptr);
+  const Table t = Sparse(*watching, "emb");
+  // Server 0 has slots [0, 8192) at version 1; version 2 gives [0, 4096) to server 1.
+  Bump(1, 0, kNumSlots / 4, 1);
+  WaitForServers(2);
+  const std::vector<uint64_t> moved = KeysInSlots(0, kNumSlots / 4, 200);
+  const std::vector<float> g = Grads(moved);
+
+  // Server 0 refuses a moved key even at the current version.
+  RawPeer peer(cluster_->endpoints()[0]);
+  Header h;
+  h.op = Op::kSparsePull;
+  h.table_id = t.id;
+  h.elem_type = ElemType::kF32;
+  h.count = 1;
+  h.dim = kDim;
+  h.map_version = 2;
+  Header r = peer.Call(h, {std::string(reinterpret_cast<const char*>(moved.data()), 8)});
+  EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  EXPECT_NE(r.message.find("stale cluster map: key " + std::to_string(moved[0])),
+            std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("belongs to server 1 at map version 2, not server 0"),
+            std::string::npos)
+      << r.message;
+
+  // The lagging client sends them to server 0 by version 1, is refused, reloads, and sends
+  // them to server 1.
+  const int64_t before0 = ServerStat(0, "push_keys"), before1 = ServerStat(1, "push_keys");
+  Status s = lagging->Wait(lagging->Push(t, moved, g));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GE(lagging->stale_map_retries(), 1u);
+  EXPECT_EQ(ServerStat(0, "push_keys"), before0);
+  EXPECT_EQ(ServerStat(1, "push_keys"), before1 + 200);
+  ExpectValues(*lagging, t, moved, g, 1.0f);
+
+  // The watching client routes them to server 1 directly.
+  ASSERT_TRUE(WaitFor([&] { return watching->cluster_map_version() == 2; }, seconds(30)));
+  ASSERT_TRUE(watching->Wait(watching->Push(t, moved, g)).ok());
+  EXPECT_EQ(watching->stale_map_retries(), 0u);
+  EXPECT_EQ(ServerStat(1, "push_keys"), before1 + 400);
+  ExpectValues(*watching, t, moved, g, 2.0f);
+}
+
+// (d) A static cluster ignores map versions: a request of any version is served.
+TEST(StaticClusterFencing, VersionsAreIgnoredWithoutACoordinator) {
+  LocalCluster cluster(Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions o;
+  o.servers = cluster.endpoints();
+  auto c = Client::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  OptimizerSpec sgd;
+  sgd.learning_rate = 1.0f;
+  auto t = (*c)->CreateTable(TableSpec::Sparse("emb", kDim, sgd));
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*c)->cluster_map_version(), 0u);
+  const uint64_t key = 7;
+  const std::vector<float> g = {1, 2, 3, 4};
+  RawPeer peer(cluster.endpoints()[0]);
+  Header h;
+  h.op = Op::kSparsePush;
+  h.table_id = t->id;
+  h.elem_type = ElemType::kF32;
+  h.count = 1;
+  h.dim = kDim;
+  h.map_version = 99;
+  Header r = peer.Call(h, {std::string(reinterpret_cast<const char*>(&key), 8),
+                           std::string(reinterpret_cast<const char*>(g.data()), 16)});
+  EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+  EXPECT_EQ(r.map_version, 0u);
+  std::vector<float> out(kDim);
+  ASSERT_TRUE((*c)->Wait((*c)->Pull(*t, std::span<const uint64_t>(&key, 1), out.data())).ok());
+  EXPECT_EQ(out, (std::vector<float>{-1, -2, -3, -4}));
+  auto st = (*c)->ServerStats(0);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(StatOf(*st, "map_version"), 0);
+}
+
+}  // namespace
+}  // namespace tessera::testing
