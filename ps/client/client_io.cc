@@ -29,7 +29,6 @@ bool Retryable(Op op) {
   return op != Op::kCheckpoint && op != Op::kRestore && op != Op::kExport && op != Op::kPing;
 }
 
-
 constexpr int64_t kMinBackoffMs = 100;
 constexpr int64_t kMaxBackoffMs = 2000;
 
@@ -423,8 +422,11 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
     if (s.ok() && h.status != StatusCode::kOk) {
       s = Status(h.status, h.message).WithContext("server " + std::to_string(server));
       if (h.status == StatusCode::kFailedPrecondition && h.map_version != 0 && source_ &&
-          f.retained && IsDataOp(f.retained->header.op)) {
+          f.retained && IsDataOp(f.retained->header.op) &&
+          h.map_version != f.retained->header.map_version) {
         // Fencing: the server follows another map version; nothing of the request applied.
+        // (Every error reply of a following server carries its version; at the request's own
+        // version the refusal is not about the map, and is reported as it is.)
         StaleMapRetry(std::move(*f.retained), h.map_version, s);
         continue;
       }
@@ -596,4 +598,3 @@ void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
 
 }  // namespace internal
 }  // namespace tessera
-
