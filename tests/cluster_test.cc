@@ -244,6 +244,79 @@ TEST(ClusterTest, BoundedStalenessBlocksFastWorker) {
   }
 }
 
+// One client shared by several threads: each thread's calls are sent from its own thread when
+// the sockets are free and its replies may be received by any waiting thread or the client's
+// I/O thread (client_io.cc). Every reply must reach its own caller's buffer, in order, and a
+// call cancelled while its waiter polls the sockets must end as cancelled.
+TEST(ClusterTest, OneClientSharedByThreadsGetsEveryReplyRight) {
+  LocalCluster cluster(testing::Servers(2));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto client = Connect(cluster);
+  ASSERT_NE(client, nullptr);
+  const uint32_t dim = 4;
+  auto t = client->CreateTable(TableSpec::Sparse("shared", dim, Sgd(1.0f)));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const int kThreads = 6, kSteps = 150, kKeys = 24;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      std::vector<uint64_t> keys(kKeys);
+      for (int i = 0; i < kKeys; ++i) keys[i] = uint64_t(th) * 1000 + i;
+      std::vector<float> minus_one(kKeys * dim, -1.0f), out(kKeys * dim);
+      for (int s = 1; s <= kSteps && failures.load() == 0; ++s) {
+        // Push then pull without waiting in between: the pull is sent after the push and
+        // must see it. Every few steps the waits come in the other order.
+        Handle push = client->Push(*t, keys, minus_one);
+        Handle pull = client->Pull(*t, keys, out.data());
+        Status a, b;
+        if (s % 3 == 0) {
+          b = client->Wait(pull, DeadlineAfterMs(30000));
+          a = client->Wait(push, DeadlineAfterMs(30000));
+        } else {
+          a = client->Wait(push, DeadlineAfterMs(30000));
+          b = client->Wait(pull, DeadlineAfterMs(30000));
+        }
+        if (!a.ok() || !b.ok()) {
+          ADD_FAILURE() << "thread " << th << " step " << s << ": " << a.ToString() << " / "
+                        << b.ToString();
+          ++failures;
+          return;
+        }
+        for (size_t i = 0; i < out.size(); ++i) {
+          if (out[i] != static_cast<float>(s)) {
+            ADD_FAILURE() << "thread " << th << " step " << s << " element " << i << " is "
+                          << out[i];
+            ++failures;
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+
+  // A call that cannot complete (a pull parked by bounded staleness) cancelled by another
+  // thread while its waiter polls.
+  ClientOptions o;
+  o.consistency = {.num_workers = 2, .staleness = 0};
+  o.worker_id = 0;
+  auto fast = Connect(cluster, o);
+  ASSERT_NE(fast, nullptr);
+  ASSERT_TRUE(fast->Wait(fast->SetClock(2)).ok());
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> out(3 * dim);
+  Handle parked = fast->Pull(*t, keys, out.data());
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    fast->Cancel(parked);
+  });
+  const Status s = fast->Wait(parked, DeadlineAfterMs(30000));
+  canceller.join();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+}
+
 TEST(ClusterTest, BarrierWaitsForAllWorkers) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());

@@ -407,7 +407,7 @@ Status Client::Barrier(const std::string& name, Deadline deadline) {
 
 Status Client::Wait(const Handle& handle, Deadline deadline) {
   if (!handle.valid()) return Status::InvalidArgument("invalid handle");
-  return internal::ClientImpl::WaitCall(*handle.call_, deadline);
+  return impl_->WaitCall(*handle.call_, deadline);
 }
 
 void Client::Cancel(const Handle& handle) {
@@ -423,9 +423,10 @@ void Client::Cancel(const Handle& handle) {
     if (c.done) return;
     c.status = Status::Cancelled("call cancelled");
     c.done = true;
-    c.done_flag.store(true, std::memory_order_release);
+    c.done_flag.store(true);
   }
   c.cv.notify_all();
+  c.WakePoller();
 }
 
 uint32_t Client::num_servers() const {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -29,15 +31,16 @@ namespace internal {
 
 // One asynchronous call, possibly fanned out to several servers.
 struct Call {
-  // Runs on the I/O thread for each OK reply part; may write into the caller's buffers.
+  // Runs on the I/O side (under io_mu_) for each OK reply part; may write into the caller's
+  // buffers.
   std::function<Status(uint32_t server, const Header& h, std::vector<zmq::message_t>& frames)>
       on_reply;
-  // Runs on the I/O thread once, after every part succeeded.
+  // Runs on the I/O side once, after every part succeeded.
   std::function<void()> on_done;
-  uint32_t remaining = 0;  // I/O thread only
-  Status first_error;      // I/O thread only
+  uint32_t remaining = 0;  // I/O side
+  Status first_error;      // I/O side
 
-  // Client::Cancel: the I/O thread runs on_reply and on_done holding write_mu and skips them
+  // Client::Cancel: the I/O side runs on_reply and on_done holding write_mu and skips them
   // once `cancelled` is set (under write_mu), so after Cancel nothing writes into the
   // caller's buffers.
   std::mutex write_mu;
@@ -46,11 +49,37 @@ struct Call {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;                   // guarded by mu
-  std::atomic<bool> done_flag{false};  // mirrors done, for a lock-free spin in Wait
+  std::atomic<bool> done_flag{false};  // mirrors done, read without the lock by Wait
   Status status;                       // guarded by mu; final once done
+  // The eventfd of a thread that waits for this call polling the sockets itself (-1: none);
+  // whoever completes the call signals it (after done_flag: seq_cst on both sides).
+  std::atomic<int> waiter_fd{-1};
+  void WakePoller() {
+    const int fd = waiter_fd.load();
+    if (fd < 0) return;
+    uint64_t one = 1;
+    ssize_t r = write(fd, &one, sizeof(one));
+    (void)r;
+  }
 };
 
-// One request for the I/O thread to send (one server's part of a call).
+// A thread's own eventfd (closed when the thread ends), for WaitCall.
+struct WakeFd {
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  WakeFd() = default;
+  WakeFd(const WakeFd&) = delete;
+  WakeFd& operator=(const WakeFd&) = delete;
+  ~WakeFd() {
+    if (fd >= 0) close(fd);
+  }
+  static void Drain(int fd) {
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof(v));
+    (void)r;
+  }
+};
+
+// One request to send (one server's part of a call).
 struct Outgoing {
   uint32_t server;
   uint64_t request_id;
@@ -61,7 +90,7 @@ struct Outgoing {
   // (Deadline::min(): never retried).
   Deadline give_up = Deadline::min();
   // Pushes: the envelope is encoded again with this client's id and the server's next push
-  // sequence number when the request is first sent (on the I/O thread, in send order).
+  // sequence number when the request is first sent (on the I/O side, in send order).
   bool needs_seq = false;
   Header header;                 // data requests: the header, to encode again
   uint32_t part = 0;             // the server index the call's reply callback knows it by
@@ -135,7 +164,13 @@ class ClientImpl {
                         Deadline give_up = Deadline());
   Deadline RequestDeadline() const { return DeadlineAfterMs(options_.request_timeout_ms); }
   void Send(const std::shared_ptr<Call>& call, std::vector<Outgoing> out);
-  static Status WaitCall(Call& c, Deadline deadline);
+  // Waits for `c`; the waiting thread receives replies itself while the sockets are free.
+  Status WaitCall(Call& c, Deadline deadline);
+  // Waits for `c` on its condition variable.
+  static Status WaitCallBlocked(Call& c, Deadline deadline);
+  // A waiting caller polls the sockets of the first this many servers (the I/O thread polls
+  // all of them).
+  static constexpr size_t kMaxPolledServers = 64;
 
   const ClientOptions options_;
   std::atomic<int64_t> clock_{0};
@@ -185,6 +220,10 @@ class ClientImpl {
   void RetryOrFail(Outgoing o, const Status& why, bool server_down);
   // Sends what waits in server's retry queue once it is due and the server is connected.
   void DrainRetries(uint32_t server, Clock::time_point now);
+  // Under io_mu_: sends what callers queued, in queue order.
+  void SendQueued();
+  // Under io_mu_: receives what every server's socket holds.
+  void ReceiveReady();
   void ReceiveFrom(uint32_t server);
   void MonitorEvent(uint32_t server);
   // A handshake with `server` failed (monitor event `event`, value `value`).
@@ -194,7 +233,11 @@ class ClientImpl {
   static void PartDone(const std::shared_ptr<Call>& c, const Status& s);
 
   zmq::context_t ctx_;
-  std::vector<ServerConn> servers_;  // sockets used by the I/O thread only (after Start)
+  // Held by the thread doing socket I/O: the I/O thread, or a caller's thread that sends its
+  // own request (Send). Guards the sockets and the state marked "I/O side" below.
+  std::mutex io_mu_;
+  std::vector<ServerConn> servers_;  // I/O side (after Start)
+  std::vector<zmq::pollitem_t> dealer_fds_;  // the DEALER sockets' ZMQ_FD (set in Start)
   int event_fd_ = -1;
   std::thread io_;
   std::atomic<bool> stop_{false};
@@ -202,7 +245,7 @@ class ClientImpl {
   const uint64_t client_id_;  // random, non-zero: the id pushes carry for exactly-once
   std::mutex queue_mu_;
   std::vector<Outgoing> queue_;                        // guarded by queue_mu_
-  absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // I/O thread only
+  absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // I/O side
 
   // The cluster map: routing_ is what calls route by; the source's watch and the refresher
   // replace it with newer versions.
@@ -214,7 +257,7 @@ class ClientImpl {
   bool refresh_stop_ = false;    // guarded by map_mu_
   std::thread refresher_;
   std::unique_ptr<ClusterMapSource> source_;  // destroyed first (~ClientImpl)
-  std::deque<Outgoing> map_waiters_;          // I/O thread only
+  std::deque<Outgoing> map_waiters_;          // I/O side
   std::atomic<uint64_t> stale_map_retries_{0};
 };
 

@@ -93,6 +93,9 @@ Status ClientImpl::Start() {
   for (uint32_t i = 0; i < n; ++i) {
     TESSERA_RETURN_IF_ERROR(ConnectServer(i, mine));
   }
+  for (uint32_t i = 0; i < n; ++i) {
+    dealer_fds_.push_back({nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+  }
   io_ = std::thread([this] { IoLoop(); });
   // Wait until every server answers a ping.
   const Deadline until = DeadlineAfterMs(options_.connect_timeout_ms);
@@ -197,15 +200,75 @@ void ClientImpl::Send(const std::shared_ptr<Call>& call, std::vector<Outgoing> o
     std::lock_guard<std::mutex> l(queue_mu_);
     for (auto& o : out) queue_.push_back(std::move(o));
   }
-  Wake();
+  // The caller's thread sends when no other thread does socket I/O at the moment: no hop
+  // through the I/O thread (a wake-up and a context switch per request, which under CPU
+  // contention cost a time slice each). Otherwise the I/O thread sends it, in queue order.
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock() || stop_.load()) {
+    if (io.owns_lock()) io.unlock();
+    Wake();
+    return;
+  }
+  SendQueued();
+  // The sends may have taken the sockets' pending notifications (their file descriptors
+  // signal once): receive what is there now, else nobody would be woken for it.
+  ReceiveReady();
+}
+
+void ClientImpl::SendQueued() {
+  std::vector<Outgoing> batch;
+  {
+    std::lock_guard<std::mutex> l(queue_mu_);
+    batch.swap(queue_);
+  }
+  for (auto& o : batch) SendOne(o);
+}
+
+void ClientImpl::ReceiveReady() {
+  for (uint32_t i = 0; i < servers_.size(); ++i) {
+    if (servers_[i].dealer.get(zmq::sockopt::events) & ZMQ_POLLIN) ReceiveFrom(i);
+  }
 }
 
 Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
-  // Spin briefly first: a small request's reply often arrives within tens of microseconds,
-  // sooner than a futex sleep and wake-up.
-  for (int i = 0; i < 200 && !c.done_flag.load(std::memory_order_acquire); ++i) {
-    std::this_thread::yield();
+  // While no other thread does socket I/O, the waiting thread receives the replies itself
+  // (for every call, not only its own): the reply wakes the thread that waits for it, not
+  // the I/O thread that would then wake this one (a second wake-up on the critical path,
+  // and under CPU contention a second wait for a core). It polls the sockets and its own
+  // eventfd: whichever thread completes the call (the I/O thread, another waiter) signals
+  // that eventfd, since it took the socket's notification.
+  static thread_local WakeFd me;
+  if (me.fd < 0 || stop_.load()) return WaitCallBlocked(c, deadline);
+  WakeFd::Drain(me.fd);
+  // One polling waiter per call; another thread waiting for the same call sleeps on its
+  // condition variable.
+  int none = -1;
+  if (!c.waiter_fd.compare_exchange_strong(none, me.fd)) return WaitCallBlocked(c, deadline);
+  zmq::pollitem_t items[kMaxPolledServers + 1];
+  const size_t n = std::min(dealer_fds_.size(), kMaxPolledServers);
+  std::copy(dealer_fds_.begin(), dealer_fds_.begin() + n, items);
+  items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
+  std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
+  while (!c.done_flag.load() && io.try_lock()) {
+    ReceiveReady();
+    io.unlock();
+    if (c.done_flag.load()) break;
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    try {
+      zmq::poll(items, n + 1,
+                std::min(left + std::chrono::milliseconds(1), std::chrono::milliseconds(20)));
+    } catch (const zmq::error_t&) {
+      break;  // EINTR or worse: the condition variable below waits instead
+    }
+    if (items[n].revents & ZMQ_POLLIN) WakeFd::Drain(me.fd);
   }
+  c.waiter_fd.store(-1);
+  return WaitCallBlocked(c, deadline);
+}
+
+Status ClientImpl::WaitCallBlocked(Call& c, Deadline deadline) {
   std::unique_lock<std::mutex> l(c.mu);
   if (!c.cv.wait_until(l, deadline, [&] { return c.done; })) {
     return Status::DeadlineExceeded("call not complete by the deadline");
@@ -223,15 +286,22 @@ void ClientImpl::Wake() {
 
 // ---------------------------------------------------------------- I/O thread
 void ClientImpl::IoLoop() {
+  // Polls the sockets' notification descriptors (ZMQ_FD) without holding io_mu_, so that a
+  // caller's thread may send meanwhile; every socket operation happens under io_mu_. A
+  // descriptor signals only that the socket's state may have changed: each round checks the
+  // sockets themselves (ReceiveReady, MonitorEvent read until nothing is left).
   const size_t n = servers_.size();
   std::vector<zmq::pollitem_t> items(1 + 2 * n);
-  items[0] = {nullptr, event_fd_, ZMQ_POLLIN, 0};
-  for (size_t i = 0; i < n; ++i) {
-    items[1 + i] = {servers_[i].dealer.handle(), 0, ZMQ_POLLIN, 0};
-    items[1 + n + i] = {servers_[i].monitor.handle(), 0, ZMQ_POLLIN, 0};
+  {
+    std::lock_guard<std::mutex> io(io_mu_);
+    items[0] = {nullptr, event_fd_, ZMQ_POLLIN, 0};
+    for (size_t i = 0; i < n; ++i) {
+      items[1 + i] = {nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
+      items[1 + n + i] = {nullptr, servers_[i].monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
+    }
   }
   auto next_timeout_check = Clock::now();
-  std::vector<Outgoing> batch;
+  std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
   while (!stop_.load()) {
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(20));
@@ -244,18 +314,10 @@ void ClientImpl::IoLoop() {
       ssize_t r = read(event_fd_, &v, sizeof(v));
       (void)r;
     }
-    {
-      std::lock_guard<std::mutex> l(queue_mu_);
-      batch.swap(queue_);
-    }
-    for (auto& o : batch) SendOne(o);
-    batch.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (items[1 + i].revents & ZMQ_POLLIN) ReceiveFrom(static_cast<uint32_t>(i));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (items[1 + n + i].revents & ZMQ_POLLIN) MonitorEvent(static_cast<uint32_t>(i));
-    }
+    io.lock();
+    SendQueued();
+    ReceiveReady();
+    for (size_t i = 0; i < n; ++i) MonitorEvent(static_cast<uint32_t>(i));
     const auto now = Clock::now();
     if (now >= next_timeout_check) {
       next_timeout_check = now + std::chrono::milliseconds(20);
@@ -265,7 +327,12 @@ void ClientImpl::IoLoop() {
       if (!servers_[i].retry.empty()) DrainRetries(static_cast<uint32_t>(i), now);
     }
     if (!map_waiters_.empty()) DrainMapWaiters(now);
+    // What the sends above did may have consumed a socket's notification.
+    ReceiveReady();
+    io.unlock();
   }
+  io.lock();
+  std::vector<Outgoing> batch;
   for (auto& o : map_waiters_) {
     if (o.call) PartDone(o.call, Status::Cancelled("client destroyed"));
   }
@@ -591,9 +658,10 @@ void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
     std::lock_guard<std::mutex> l(c->mu);
     if (!c->done) c->status = c->first_error;  // a cancelled call keeps its Cancelled
     c->done = true;
-    c->done_flag.store(true, std::memory_order_release);
+    c->done_flag.store(true);
   }
   c->cv.notify_all();
+  c->WakePoller();
 }
 
 }  // namespace internal
