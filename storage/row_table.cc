@@ -7,20 +7,21 @@
 namespace tessera::internal {
 
 SparseRows::SparseRows(const TableSpec& spec, const Optimizer* opt)
-    : spec_(spec), opt_(opt), dim_(spec.dim), stride_(spec.dim + opt->StateFloats(spec.dim)) {}
+    : spec_(spec), opt_(opt), dim_(spec.dim), stride_(spec.dim + opt->StateFloats(spec.dim)) {
+  rows_offset_ = sizeof(uint64_t) * kRowsPerBlock;
+  metas_offset_ = rows_offset_ + sizeof(float) * kRowsPerBlock * stride_;
+}
 
 SparseRows::Block SparseRows::NewBlock() const {
   static_assert(alignof(RowMeta) <= alignof(float));
-  const size_t keys = sizeof(uint64_t) * kRowsPerBlock;
-  const size_t rows = sizeof(float) * kRowsPerBlock * stride_;
   const size_t metas = sizeof(RowMeta) * kRowsPerBlock;
   Block b;
-  b.bytes = keys + rows + metas + kRowsPerBlock;
+  b.bytes = metas_offset_ + metas + kRowsPerBlock;
   b.mem.reset(new std::byte[b.bytes]);
   b.keys = reinterpret_cast<uint64_t*>(b.mem.get());
-  b.rows = reinterpret_cast<float*>(b.mem.get() + keys);
-  b.metas = reinterpret_cast<RowMeta*>(b.mem.get() + keys + rows);
-  b.live = reinterpret_cast<uint8_t*>(b.mem.get() + keys + rows + metas);
+  b.rows = reinterpret_cast<float*>(b.mem.get() + rows_offset_);
+  b.metas = reinterpret_cast<RowMeta*>(b.mem.get() + metas_offset_);
+  b.live = reinterpret_cast<uint8_t*>(b.mem.get() + metas_offset_ + metas);
   std::memset(b.live, 0, kRowsPerBlock);
   return b;
 }
@@ -36,6 +37,7 @@ SparseRows::Block& SparseRows::Own(uint32_t slot) {
       std::memcpy(copy->mem.get(), old->mem.get(), old->bytes);
       return copy;
     });
+    mem_[bi] = b->mem.get();
   }
   return *b;
 }
@@ -49,6 +51,7 @@ uint32_t SparseRows::Allocate() {
   uint32_t s = next_slot_++;
   if (s / kRowsPerBlock >= blocks_.size()) {
     blocks_.push_back(std::make_shared<Block>(NewBlock()));
+    mem_.push_back(blocks_.back()->mem.get());
     frozen_.push_back(0);
   }
   return s;
@@ -76,10 +79,13 @@ float* SparseRows::FindOrCreate(uint64_t key, bool* created, RowMeta** meta) {
   auto [it, inserted] = index_.try_emplace(key, 0);
   *created = inserted;
   if (inserted) it->second = Create(key);
-  Block& b = Own(it->second);
-  const uint32_t i = it->second % kRowsPerBlock;
-  *meta = &b.metas[i];
-  return b.rows + size_t{i} * stride_;
+  const uint32_t slot = it->second;
+  // Through mem_: the block's shared_ptr and Block would be two more dependent loads.
+  if (frozen_[slot / kRowsPerBlock] != 0) Own(slot);
+  std::byte* mem = mem_[slot / kRowsPerBlock];
+  const uint32_t i = slot % kRowsPerBlock;
+  *meta = reinterpret_cast<RowMeta*>(mem + metas_offset_) + i;
+  return reinterpret_cast<float*>(mem + rows_offset_) + size_t{i} * stride_;
 }
 
 const RowMeta& SparseRows::MetaOf(uint64_t key) const {
