@@ -224,6 +224,9 @@ class ClientImpl {
   void SendQueued();
   // Under io_mu_: receives what every server's socket holds.
   void ReceiveReady();
+  // Under io_mu_: receives what the sockets sent to since the last call hold (a send may take
+  // the notification of a reply that arrived meanwhile).
+  void ReceiveSentTo();
   void ReceiveFrom(uint32_t server);
   void MonitorEvent(uint32_t server);
   // A handshake with `server` failed (monitor event `event`, value `value`).
@@ -238,6 +241,7 @@ class ClientImpl {
   std::mutex io_mu_;
   std::vector<ServerConn> servers_;  // I/O side (after Start)
   std::vector<zmq::pollitem_t> dealer_fds_;  // the DEALER sockets' ZMQ_FD (set in Start)
+  std::vector<uint32_t> sent_to_;            // I/O side: servers sent to (ReceiveSentTo)
   int event_fd_ = -1;
   std::thread io_;
   std::atomic<bool> stop_{false};

@@ -212,7 +212,19 @@ void ClientImpl::Send(const std::shared_ptr<Call>& call, std::vector<Outgoing> o
   SendQueued();
   // The sends may have taken the sockets' pending notifications (their file descriptors
   // signal once): receive what is there now, else nobody would be woken for it.
-  ReceiveReady();
+  ReceiveSentTo();
+}
+
+void ClientImpl::ReceiveSentTo() {
+  // Receiving may send again (a request routed anew after a stale-map refusal).
+  std::vector<uint32_t> now;
+  while (!sent_to_.empty()) {
+    now.swap(sent_to_);
+    for (uint32_t i : now) {
+      if (servers_[i].dealer.get(zmq::sockopt::events) & ZMQ_POLLIN) ReceiveFrom(i);
+    }
+    now.clear();
+  }
 }
 
 void ClientImpl::SendQueued() {
@@ -228,6 +240,7 @@ void ClientImpl::ReceiveReady() {
   for (uint32_t i = 0; i < servers_.size(); ++i) {
     if (servers_[i].dealer.get(zmq::sockopt::events) & ZMQ_POLLIN) ReceiveFrom(i);
   }
+  ReceiveSentTo();
 }
 
 Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
@@ -250,6 +263,7 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
   while (!c.done_flag.load() && io.try_lock()) {
+    if (stop_.load()) break;  // the I/O thread closes the sockets
     ReceiveReady();
     io.unlock();
     if (c.done_flag.load()) break;
@@ -328,7 +342,7 @@ void ClientImpl::IoLoop() {
     }
     if (!map_waiters_.empty()) DrainMapWaiters(now);
     // What the sends above did may have consumed a socket's notification.
-    ReceiveReady();
+    ReceiveSentTo();
     io.unlock();
   }
   io.lock();
@@ -404,6 +418,9 @@ bool ClientImpl::Transmit(Outgoing& o) {
     sent = false;
   }
   if (!sent) return false;
+  if (std::find(sent_to_.begin(), sent_to_.end(), o.server) == sent_to_.end()) {
+    sent_to_.push_back(o.server);
+  }
   if (o.call) {
     const uint64_t id = o.request_id;
     InFlight f{o.call, o.server, o.part, o.deadline, std::nullopt};
