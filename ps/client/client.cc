@@ -424,9 +424,9 @@ void Client::Cancel(const Handle& handle) {
     c.status = Status::Cancelled("call cancelled");
     c.done = true;
     c.done_flag.store(true);
+    c.WakePoller();  // under mu: see Call::waiter_fd
   }
   c.cv.notify_all();
-  c.WakePoller();
 }
 
 uint32_t Client::num_servers() const {

@@ -52,7 +52,9 @@ struct Call {
   std::atomic<bool> done_flag{false};  // mirrors done, read without the lock by Wait
   Status status;                       // guarded by mu; final once done
   // The eventfd of a thread that waits for this call polling the sockets itself (-1: none);
-  // whoever completes the call signals it (after done_flag: seq_cst on both sides).
+  // whoever completes the call signals it, after done_flag and under mu. The waiter clears it
+  // under mu before it returns, so the descriptor is never written after its thread ended
+  // and closed it (and the number went to another file).
   std::atomic<int> waiter_fd{-1};
   void WakePoller() {
     const int fd = waiter_fd.load();

@@ -278,7 +278,10 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
     }
     if (items[n].revents & ZMQ_POLLIN) WakeFd::Drain(me.fd);
   }
-  c.waiter_fd.store(-1);
+  {
+    std::lock_guard<std::mutex> l(c.mu);  // see Call::waiter_fd
+    c.waiter_fd.store(-1);
+  }
   return WaitCallBlocked(c, deadline);
 }
 
@@ -676,9 +679,9 @@ void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
     if (!c->done) c->status = c->first_error;  // a cancelled call keeps its Cancelled
     c->done = true;
     c->done_flag.store(true);
+    c->WakePoller();  // under mu: see Call::waiter_fd
   }
   c->cv.notify_all();
-  c->WakePoller();
 }
 
 }  // namespace internal
