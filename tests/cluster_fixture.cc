@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+
+#include "tests/spawn.h"
 
 #ifndef TESSERA_SERVER_BINARY
 #error "TESSERA_SERVER_BINARY must name the tessera-server executable"
@@ -93,22 +94,14 @@ Status LocalCluster::Spawn(uint32_t i) {
   for (auto& f : options_.extra_flags) args.push_back(f);
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return Status::IOError("pipe failed");
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return Status::IOError("fork failed");
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    dup2(out[1], 1);
-    int log = open(log_path(i).c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (log >= 0) dup2(log, 2);
-    std::vector<char*> cargs;
-    for (auto& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    execv(cargs[0], cargs.data());
-    _exit(127);
-  }
+  const int log = OpenLog(log_path(i));
+  const pid_t pid = SpawnChild(args, out[1], log);
+  if (log >= 0) close(log);
   close(out[1]);
+  if (pid < 0) {
+    close(out[0]);
+    return Status::IOError("fork failed");
+  }
   pids_[i] = pid;
   // Wait for the ready line (or the process to die).
   std::string seen;
@@ -175,17 +168,11 @@ Status LocalCluster::Restart(uint32_t i) {
 int RunCommand(const std::vector<std::string>& argv, std::string* output, int timeout_s) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    std::vector<char*> cargs;
-    std::vector<std::string> copy = argv;
-    for (auto& a : copy) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    execv(cargs[0], cargs.data());
-    _exit(127);
+  const pid_t pid = SpawnChild(argv, out[1], out[1]);
+  if (pid < 0) {
+    close(out[0]);
+    close(out[1]);
+    return -1;
   }
   close(out[1]);
   output->clear();

@@ -1,8 +1,6 @@
 #include "tests/elastic/etcd_fixture.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "tests/cluster_fixture.h"
+#include "tests/spawn.h"
 
 #ifndef TESSERA_ETCD_BINARY
 #define TESSERA_ETCD_BINARY "/usr/bin/etcd"
@@ -96,24 +95,10 @@ Status EtcdProcess::Spawn() {
                                    "--listen-peer-urls=" + peer,
                                    "--initial-advertise-peer-urls=" + peer,
                                    "--initial-cluster=t=" + peer};
-  const std::string log = dir_ + "/etcd.log";
-  const pid_t parent = getpid();
-  pid_t pid = fork();
+  const int log = OpenLog(dir_ + "/etcd.log");
+  const pid_t pid = SpawnChild(args, log, log);
+  if (log >= 0) close(log);
   if (pid < 0) return Status::IOError("fork failed");
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
   pid_ = pid;
   return WaitUntilServing();
 }

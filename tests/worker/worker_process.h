@@ -1,9 +1,7 @@
 // A tessera-worker (or any) child process for tests: output to a file, SIGKILL on destruction.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/spawn.h"
 
 namespace tessera::testing {
 
@@ -49,24 +49,10 @@ class ChildProcess {
     Kill();
     log_path_ = log_path;
     exit_code_ = -1;
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
+    const int log = OpenLog(log_path, /*truncate=*/true);
+    const pid_t pid = SpawnChild(argv, log, log);
+    if (log >= 0) close(log);
     if (pid < 0) return false;
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      std::vector<std::string> copy = argv;
-      std::vector<char*> cargs;
-      for (auto& a : copy) cargs.push_back(a.data());
-      cargs.push_back(nullptr);
-      execv(cargs[0], cargs.data());
-      _exit(127);
-    }
     pid_ = pid;
     return true;
   }
