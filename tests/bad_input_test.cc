@@ -14,12 +14,14 @@
 #include "ps/codec.h"
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"
+#include "tests/raw_peer.h"
 
 namespace tessera {
 namespace {
 
 using testing::LocalCluster;
 using testing::LocalClusterOptions;
+using testing::Bytes;
 
 // A raw DEALER that speaks bytes to one server.
 class RawPeer {
@@ -58,11 +60,6 @@ std::string Env(Header h) {
   std::string s;
   EncodeHeader(h, &s);
   return s;
-}
-
-template <typename T>
-std::string Bytes(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
 // Server `rank`'s "errors" counter: requests the I/O thread answered with an error.
@@ -114,11 +111,8 @@ class BadInputTest : public ::testing::Test {
     return h;
   }
   Header PullHeader(uint64_t count, uint32_t dim = 4) {
-    Header h = Request(Op::kSparsePull);
-    h.table_id = table_.id;
-    h.elem_type = ElemType::kF32;
-    h.count = count;
-    h.dim = dim;
+    Header h = testing::SparseHeader(Op::kSparsePull, table_.id, count, dim);
+    h.request_id = ++next_id_;
     return h;
   }
   Header DenseHeader(Op op, uint64_t offset, uint64_t count) {

@@ -26,19 +26,13 @@ constexpr uint64_t kClient = 0x5eed5eed5eedULL;
 // by hand (the client library numbers its pushes itself). A push-pull's values go to *values.
 Header PushRaw(testing::RawPeer& peer, const Table& t, uint64_t key, float g, uint64_t seq,
                Op op = Op::kSparsePush, std::vector<float>* values = nullptr) {
-  Header h;
-  h.op = op;
-  h.table_id = t.id;
-  h.elem_type = ElemType::kF32;
-  h.count = 1;
-  h.dim = kDim;
+  Header h = testing::SparseHeader(op, t.id, 1, kDim);
   h.client_id = kClient;
   h.client_seq = seq;
-  const std::vector<float> grads(kDim, g);
   std::vector<std::string> reply;
   Header r = peer.Call(h,
-                       {std::string(reinterpret_cast<const char*>(&key), sizeof(key)),
-                        std::string(reinterpret_cast<const char*>(grads.data()), kDim * 4)},
+                       {testing::Bytes(std::vector<uint64_t>{key}),
+                        testing::Bytes(std::vector<float>(kDim, g))},
                        &reply);
   if (values != nullptr && reply.size() == 1) {
     values->resize(reply[0].size() / sizeof(float));

@@ -66,6 +66,24 @@ class RawPeer {
   uint64_t next_id_ = 0;
 };
 
+/// The bytes of `v`, as one data frame.
+template <typename T>
+std::string Bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+/// The envelope of a sparse request (`op`: pull, push or push-pull) of `count` keys of `dim`
+/// F32 values for table `table_id`; the frames are the keys, then for a push the values.
+inline Header SparseHeader(Op op, uint64_t table_id, uint64_t count, uint32_t dim) {
+  Header h;
+  h.op = op;
+  h.table_id = table_id;
+  h.elem_type = ElemType::kF32;
+  h.count = count;
+  h.dim = dim;
+  return h;
+}
+
 /// Milliseconds since `t0`.
 inline double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

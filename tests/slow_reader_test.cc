@@ -81,16 +81,8 @@ TEST(SlowReaderTest, AClientThatNeverReadsIsThrottledAndMemoryStaysBounded) {
   hog.set(zmq::sockopt::rcvbuf, 64 << 10);
   hog.connect(cluster.endpoints()[0]);
   std::string env;
-  {
-    Header h;
-    h.op = Op::kSparsePull;
-    h.table_id = t->id;
-    h.elem_type = ElemType::kF32;
-    h.count = kKeys;
-    h.dim = kDim;
-    EncodeHeader(h, &env);
-  }
-  const std::string key_bytes(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  EncodeHeader(testing::SparseHeader(Op::kSparsePull, t->id, kKeys, kDim), &env);
+  const std::string key_bytes = testing::Bytes(keys);
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> sent{0};
   std::thread flood([&] {

@@ -212,18 +212,11 @@ TEST_F(FencingTest, OldVersionIsRefusedAndClientsReloadAndRetry) {
   RawPeer peer(cluster_->endpoints()[0]);
   const std::vector<uint64_t> keys2 = KeysInSlots(kNumSlots / 4, kNumSlots / 2, 50);
   const std::vector<float> g2 = Grads(keys2);
-  Header retry;
-  retry.op = Op::kSparsePush;
-  retry.table_id = t.id;
-  retry.elem_type = ElemType::kF32;
-  retry.count = keys2.size();
-  retry.dim = kDim;
+  Header retry = SparseHeader(Op::kSparsePush, t.id, keys2.size(), kDim);
   retry.map_version = 1;
   retry.client_id = 777;
   retry.client_seq = 1;
-  const std::vector<std::string> retry_frames = {
-      std::string(reinterpret_cast<const char*>(keys2.data()), keys2.size() * 8),
-      std::string(reinterpret_cast<const char*>(g2.data()), g2.size() * 4)};
+  const std::vector<std::string> retry_frames = {Bytes(keys2), Bytes(g2)};
   ASSERT_EQ(peer.Call(retry, retry_frames).status, StatusCode::kOk);
 
   const auto bumped = std::chrono::steady_clock::now();
@@ -243,18 +236,11 @@ TEST_F(FencingTest, OldVersionIsRefusedAndClientsReloadAndRetry) {
   EXPECT_EQ(ServerStat(0, "retried_pushes"), 1);
 
   // A raw push of version 1 to server 0: refused, naming both versions; nothing applied.
-  Header h;
-  h.op = Op::kSparsePush;
-  h.table_id = t.id;
-  h.elem_type = ElemType::kF32;
-  h.count = keys.size();
-  h.dim = kDim;
+  Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
   h.map_version = 1;
   h.client_id = 12345;
   h.client_seq = 1;
-  const std::string key_bytes(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
-  const std::string grad_bytes(reinterpret_cast<const char*>(g.data()), g.size() * 4);
-  Header r = peer.Call(h, {key_bytes, grad_bytes});
+  Header r = peer.Call(h, {Bytes(keys), Bytes(g)});
   EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
   EXPECT_NE(r.message.find("stale cluster map: request has version 1, server 0 is at 2"),
             std::string::npos)
@@ -264,7 +250,7 @@ TEST_F(FencingTest, OldVersionIsRefusedAndClientsReloadAndRetry) {
   // A static request (version 0) is stale too on a server that follows a map.
   h.map_version = 0;
   h.client_seq = 2;
-  r = peer.Call(h, {key_bytes, grad_bytes});
+  r = peer.Call(h, {Bytes(keys), Bytes(g)});
   EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
   ExpectValues(*watching, t, keys, g, 1.0f);  // neither refused push was applied
 
@@ -272,7 +258,7 @@ TEST_F(FencingTest, OldVersionIsRefusedAndClientsReloadAndRetry) {
   // sequence numbers free).
   h.map_version = 2;
   h.client_seq = 3;
-  r = peer.Call(h, {key_bytes, grad_bytes});
+  r = peer.Call(h, {Bytes(keys), Bytes(g)});
   EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
   ExpectValues(*watching, t, keys, g, 2.0f);
 
@@ -312,14 +298,9 @@ TEST_F(FencingTest, MovedSlotsAreRefusedByTheOldOwnerAndRoutedToTheNew) {
 
   // Server 0 refuses a moved key even at the current version.
   RawPeer peer(cluster_->endpoints()[0]);
-  Header h;
-  h.op = Op::kSparsePull;
-  h.table_id = t.id;
-  h.elem_type = ElemType::kF32;
-  h.count = 1;
-  h.dim = kDim;
+  Header h = SparseHeader(Op::kSparsePull, t.id, 1, kDim);
   h.map_version = 2;
-  Header r = peer.Call(h, {std::string(reinterpret_cast<const char*>(moved.data()), 8)});
+  Header r = peer.Call(h, {Bytes(std::vector<uint64_t>{moved[0]})});
   EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
   EXPECT_NE(r.message.find("stale cluster map: key " + std::to_string(moved[0])),
             std::string::npos)
@@ -362,15 +343,9 @@ TEST(StaticClusterFencing, VersionsAreIgnoredWithoutACoordinator) {
   const uint64_t key = 7;
   const std::vector<float> g = {1, 2, 3, 4};
   RawPeer peer(cluster.endpoints()[0]);
-  Header h;
-  h.op = Op::kSparsePush;
-  h.table_id = t->id;
-  h.elem_type = ElemType::kF32;
-  h.count = 1;
-  h.dim = kDim;
+  Header h = SparseHeader(Op::kSparsePush, t->id, 1, kDim);
   h.map_version = 99;
-  Header r = peer.Call(h, {std::string(reinterpret_cast<const char*>(&key), 8),
-                           std::string(reinterpret_cast<const char*>(g.data()), 16)});
+  Header r = peer.Call(h, {Bytes(std::vector<uint64_t>{key}), Bytes(g)});
   EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
   EXPECT_EQ(r.map_version, 0u);
   std::vector<float> out(kDim);
