@@ -10,10 +10,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include "ps/cli.h"
 #include "ps/client/client.h"
+#include "ps/coord/coordinator_url.h"
+#include "ps/coord/etcd_map_source.h"
 #include "ps/curve.h"
 #include "ps/metrics/http_endpoint.h"
 #include "ps/routing.h"
@@ -27,6 +31,10 @@
 #include "worker/validation.h"
 
 DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or @FILE");
+DEFINE_string(coordinator, "",
+              "Instead of --servers: etcd://HOST:PORT/PREFIX, the etcd whose PREFIX/slotmap "
+              "(tessera-ctl map init) names the servers and routes keys; the worker follows the "
+              "map's newer versions (docs/elasticity.md)");
 DEFINE_string(curve_server_key_file, "",
               "File holding the servers' CurveZMQ public key (clusters started with "
               "--curve_secret_key_file)");
@@ -128,7 +136,8 @@ namespace {
 
 constexpr tessera::cli::ToolInfo kTool{
     .name = "tessera-worker",
-    .usage = "usage: tessera-worker --servers=EPS [--worker_id=I --num_workers=N] [--data=SPEC]\n"
+    .usage = "usage: tessera-worker --servers=EPS|--coordinator=etcd://HOST:PORT/PREFIX\n"
+             "                      [--worker_id=I --num_workers=N] [--data=SPEC]\n"
              "Trains a click model on a Tessera cluster and reports its test quality.",
     .flags_file = __FILE__};
 
@@ -237,8 +246,23 @@ int main(int argc, char** argv) {
   if (!model_kind.ok()) {
     return tessera::cli::UsageError(kTool, "--model: " + model_kind.status().message());
   }
-  auto servers = tessera::ParseClusterList(FLAGS_servers);
-  if (!servers.ok()) return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
+  std::vector<std::string> server_list;
+  std::optional<tessera::CoordinatorUrl> coordinator;
+  if (!FLAGS_coordinator.empty()) {
+    if (!FLAGS_servers.empty()) {
+      return tessera::cli::UsageError(kTool, "give --servers or --coordinator, not both (with "
+                                             "--coordinator the cluster map names the servers)");
+    }
+    auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
+    if (!url.ok()) return tessera::cli::UsageError(kTool, "--coordinator: " + url.status().ToString());
+    coordinator = *url;
+  } else {
+    auto servers = tessera::ParseClusterList(FLAGS_servers);
+    if (!servers.ok()) {
+      return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
+    }
+    server_list = *servers;
+  }
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   tessera::metrics::Registry registry;
@@ -279,7 +303,7 @@ int main(int argc, char** argv) {
   }
 
   tessera::ClientOptions copt;
-  copt.servers = *servers;
+  copt.servers = server_list;
   copt.worker_id = FLAGS_worker_id;
   copt.consistency.num_workers = FLAGS_num_workers;
   copt.consistency.staleness = staleness;
@@ -308,7 +332,15 @@ int main(int argc, char** argv) {
   if (validate && FLAGS_validation_mod < 2) {
     return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
   }
-  auto client = tessera::Client::Create(copt);
+  tessera::Result<std::unique_ptr<tessera::Client>> client =
+      tessera::Status::Internal("no client");
+  if (coordinator) {
+    auto source = tessera::EtcdClusterMapSource::Create(*coordinator);
+    if (!source.ok()) return Fail(source.status().WithContext("--coordinator"));
+    client = tessera::Client::Create(copt, std::move(*source));
+  } else {
+    client = tessera::Client::Create(copt);
+  }
   if (!client.ok()) return Fail(client.status());
   auto store = tw::CreateClusterStore(client->get());
 

@@ -108,23 +108,26 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
     plan->unique_values.resize(U * dim);
     dst = plan->unique_values.data();
   }
-  call->on_reply = [plan, dst, dim, name](uint32_t s, const Header& h,
+  call->on_reply = [plan, dst, dim, name](uint32_t s, const std::vector<uint32_t>* rows,
+                                          const Header& h,
                                           std::vector<zmq::message_t>& frames) -> Status {
     const auto& m = plan->members[s];
-    if (frames.size() != 1 || frames[0].size() != m.size() * dim * sizeof(float) ||
-        h.count != m.size()) {
+    const size_t count = rows != nullptr ? rows->size() : m.size();
+    if (frames.size() != 1 || frames[0].size() != count * dim * sizeof(float) ||
+        h.count != count) {
       return Status::Internal("malformed pull reply from server " + std::to_string(s) +
                               " for table '" + name + "'");
     }
     const float* src = static_cast<const float*>(frames[0].data());
     std::vector<float> aligned;
     if (reinterpret_cast<uintptr_t>(src) % alignof(float) != 0) {
-      aligned.resize(m.size() * dim);
+      aligned.resize(count * dim);
       std::memcpy(aligned.data(), frames[0].data(), frames[0].size());
       src = aligned.data();
     }
-    for (size_t k = 0; k < m.size(); ++k) {
-      std::memcpy(dst + size_t{m[k]} * dim, src + k * dim, sizeof(float) * dim);
+    for (size_t k = 0; k < count; ++k) {
+      const uint32_t u = m[rows != nullptr ? (*rows)[k] : k];
+      std::memcpy(dst + size_t{u} * dim, src + k * dim, sizeof(float) * dim);
     }
     return Status::OK();
   };
@@ -243,7 +246,7 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
   }
   if (!push) {
     call->on_reply = [starts, out, name = t.spec.name](
-                         uint32_t s, const Header& h,
+                         uint32_t s, const std::vector<uint32_t>*, const Header& h,
                          std::vector<zmq::message_t>& frames) -> Status {
       if (frames.size() != 1 || frames[0].size() != h.count * sizeof(float)) {
         return Status::Internal("malformed dense reply from server " + std::to_string(s) +
@@ -261,7 +264,7 @@ Result<Header> ClientImpl::Blocking(Header h, std::vector<uint32_t> servers, Dea
                                     std::string* data, Deadline request_deadline) {
   auto call = std::make_shared<Call>();
   auto reply = std::make_shared<std::pair<Header, std::string>>();
-  call->on_reply = [reply](uint32_t, const Header& rh,
+  call->on_reply = [reply](uint32_t, const std::vector<uint32_t>*, const Header& rh,
                            std::vector<zmq::message_t>& frames) -> Status {
     reply->first = rh;
     if (!frames.empty()) reply->second = frames[0].to_string();

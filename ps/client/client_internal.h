@@ -33,7 +33,10 @@ namespace internal {
 struct Call {
   // Runs on the I/O side (under io_mu_) for each OK reply part; may write into the caller's
   // buffers.
-  std::function<Status(uint32_t server, const Header& h, std::vector<zmq::message_t>& frames)>
+  // `rows`: null when the reply answers the whole part; else the positions, in the part's key
+  // order, of the keys it answers (a part split after a stale-map refusal, Reroute).
+  std::function<Status(uint32_t server, const std::vector<uint32_t>* rows, const Header& h,
+                       std::vector<zmq::message_t>& frames)>
       on_reply;
   // Runs on the I/O side once, after every part succeeded.
   std::function<void()> on_done;
@@ -96,6 +99,9 @@ struct Outgoing {
   bool needs_seq = false;
   Header header;                 // data requests: the header, to encode again
   uint32_t part = 0;             // the server index the call's reply callback knows it by
+  // Null: the whole part; else the positions (in the part's key order) of the keys this
+  // request carries, after Reroute split the part among servers.
+  std::shared_ptr<const std::vector<uint32_t>> rows;
   uint32_t stale_retries = 0;    // stale-map refusals so far
   Clock::time_point not_before{};  // waiting for a map: not sent before this
   uint64_t send_order = 0;       // per server, assigned when first handed to SendOne
@@ -109,6 +115,7 @@ struct InFlight {
   uint32_t part;
   Deadline deadline;
   std::optional<Outgoing> retained;  // retryable requests: what to send again
+  std::shared_ptr<const std::vector<uint32_t>> rows;  // Outgoing::rows
 };
 
 // A call that completed before anything was sent (bad arguments, nothing to do).
@@ -205,8 +212,15 @@ class ClientImpl {
   void StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why);
   // I/O thread: sends what waits for a map once the map is there.
   void DrainMapWaiters(Clock::time_point now);
-  // Routes `o` by the current map and sends it (a push under a new sequence number).
+  // Routes `o` by the current map and sends it (a push under a new sequence number); a
+  // sparse request whose keys now belong to several servers is split (SplitAndReroute).
   void Reroute(Outgoing o, const RoutingMap& map);
+  // One request per server for the `n` keys of sparse request `o`, each with the positions of
+  // its keys in o's part (Outgoing::rows); the call waits for every piece.
+  void SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64_t* keys, uint64_t n);
+  // Sends `o`, routed to o.server, at `map`'s version: a new request id, and a push under a
+  // new sequence number.
+  void SendRouted(Outgoing o, const RoutingMap& map);
   void RefreshLoop();
 
   // Opens server i's DEALER socket and its monitor and starts connecting (part of Start).

@@ -426,7 +426,7 @@ bool ClientImpl::Transmit(Outgoing& o) {
   }
   if (o.call) {
     const uint64_t id = o.request_id;
-    InFlight f{o.call, o.server, o.part, o.deadline, std::nullopt};
+    InFlight f{o.call, o.server, o.part, o.deadline, std::nullopt, o.rows};
     if (o.retryable()) f.retained = std::move(o);
     in_flight_.emplace(id, std::move(f));
   }
@@ -527,7 +527,7 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
       parts.erase(parts.begin());
       std::lock_guard<std::mutex> g(f.call->write_mu);  // Client::Cancel waits for the copy
       s = f.call->cancelled.load() ? Status::Cancelled("call cancelled")
-                                   : f.call->on_reply(f.part, h, parts);
+                                   : f.call->on_reply(f.part, f.rows.get(), h, parts);
     }
     PartDone(f.call, s);
   }

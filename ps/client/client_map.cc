@@ -132,19 +132,64 @@ void ClientImpl::Reroute(Outgoing o, const RoutingMap& map) {
     const uint32_t to = n > 0 ? map.primary.ServerOfKey(keys[0]) : o.server;
     for (uint64_t i = 1; i < n; ++i) {
       if (map.primary.ServerOfKey(keys[i]) != to) {
-        if (o.call) {
-          PartDone(o.call,
-                   Status::FailedPrecondition(
-                       o.last_error.message() + "; at map version " +
-                       std::to_string(map.version) +
-                       " the request's keys belong to several servers: call again (nothing "
-                       "of this part was applied)"));
-        }
+        // The keys belong to several servers now: one request per server, each carrying its
+        // keys' positions so that the replies land where the whole part's would have.
+        SplitAndReroute(std::move(o), map, keys, n);
         return;
       }
     }
     o.server = to;
   }
+  SendRouted(std::move(o), map);
+}
+
+void ClientImpl::SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64_t* keys,
+                                 uint64_t n) {
+  const bool push = IsPush(o.header.op);
+  const uint32_t dim = o.header.dim;
+  std::vector<std::vector<uint32_t>> by_server(map.primary.num_servers());
+  for (uint64_t i = 0; i < n; ++i) {
+    by_server[map.primary.ServerOfKey(keys[i])].push_back(static_cast<uint32_t>(i));
+  }
+  const char* values = push ? static_cast<const char*>(o.parts[2].data()) : nullptr;
+  const size_t row_bytes = size_t{dim} * sizeof(float);
+  uint32_t pieces = 0;
+  for (const auto& v : by_server) pieces += v.empty() ? 0 : 1;
+  if (o.call) o.call->remaining += pieces - 1;  // the part becomes `pieces` parts
+  for (uint32_t s = 0; s < by_server.size(); ++s) {
+    const std::vector<uint32_t>& idx = by_server[s];
+    if (idx.empty()) continue;
+    Outgoing piece;
+    piece.server = s;
+    piece.call = o.call;
+    piece.give_up = o.give_up;
+    piece.header = o.header;
+    piece.header.count = idx.size();
+    piece.part = o.part;
+    piece.stale_retries = o.stale_retries;
+    piece.last_error = o.last_error;
+    auto rows = std::make_shared<std::vector<uint32_t>>(idx.size());
+    zmq::message_t key_frame(idx.size() * sizeof(uint64_t));
+    zmq::message_t value_frame(push ? idx.size() * row_bytes : 0);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      (*rows)[k] = o.rows ? (*o.rows)[idx[k]] : idx[k];
+      std::memcpy(static_cast<char*>(key_frame.data()) + k * sizeof(uint64_t), keys + idx[k],
+                  sizeof(uint64_t));
+      if (push) {
+        std::memcpy(static_cast<char*>(value_frame.data()) + k * row_bytes,
+                    values + size_t{idx[k]} * row_bytes, row_bytes);
+      }
+    }
+    piece.rows = std::move(rows);
+    piece.parts.emplace_back();  // the envelope, encoded by SendRouted
+    piece.parts.push_back(std::move(key_frame));
+    if (push) piece.parts.push_back(std::move(value_frame));
+    SendRouted(std::move(piece), map);
+  }
+}
+
+void ClientImpl::SendRouted(Outgoing o, const RoutingMap& map) {
+  Header& h = o.header;
   h.map_version = map.version;
   h.client_id = 0;
   h.client_seq = 0;

@@ -13,6 +13,7 @@
 #include "tests/cluster_fixture.h"
 #include "tests/elastic/etcd_fixture.h"
 #include "tests/raw_peer.h"
+#include "tests/worker/worker_process.h"
 
 namespace tessera::testing {
 namespace {
@@ -325,6 +326,79 @@ TEST_F(FencingTest, MovedSlotsAreRefusedByTheOldOwnerAndRoutedToTheNew) {
   EXPECT_EQ(watching->stale_map_retries(), 0u);
   EXPECT_EQ(ServerStat(1, "push_keys"), before1 + 400);
   ExpectValues(*watching, t, moved, g, 2.0f);
+}
+
+// (c) continued: a request refused as stale whose keys now belong to two servers is split,
+// each server gets its keys, and a pull's rows land where they belong.
+TEST_F(FencingTest, ARequestSpanningAMovedAndAKeptSlotIsSplit) {
+  InitMap();
+  auto pusher = CoordinatorClient(/*watch=*/false);
+  auto puller = CoordinatorClient(/*watch=*/false);
+  ASSERT_NE(pusher, nullptr);
+  ASSERT_NE(puller, nullptr);
+  const Table t = Sparse(*pusher, "split");
+  // Server 0's keys at version 1, alternating between slots that move and slots that stay.
+  const std::vector<uint64_t> moving = KeysInSlots(0, kNumSlots / 4, 100);
+  const std::vector<uint64_t> staying = KeysInSlots(kNumSlots / 4, kNumSlots / 2, 100);
+  std::vector<uint64_t> keys;
+  for (size_t i = 0; i < 100; ++i) {
+    keys.push_back(moving[i]);
+    keys.push_back(staying[i]);
+  }
+  const std::vector<float> g = Grads(keys);
+  Bump(1, 0, kNumSlots / 4, 1);
+  WaitForServers(2);
+  const int64_t before0 = ServerStat(0, "push_keys"), before1 = ServerStat(1, "push_keys");
+  Status s = pusher->Wait(pusher->Push(t, keys, g));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GE(pusher->stale_map_retries(), 1u);
+  EXPECT_EQ(ServerStat(0, "push_keys"), before0 + 100);
+  EXPECT_EQ(ServerStat(1, "push_keys"), before1 + 100);
+  // The puller still routes by version 1: its pull is refused and split the same way.
+  ExpectValues(*puller, t, keys, g, 1.0f);
+  EXPECT_GE(puller->stale_map_retries(), 1u);
+}
+
+// tessera-worker --coordinator: the map names the servers; before a map exists the worker says
+// how to make one; with one it trains, following a move of a quarter of the slots made while
+// it runs (its pushes to the old owner are refused and sent again to the new one).
+TEST_F(FencingTest, WorkerWithCoordinatorTrainsThroughAMapMove) {
+  const std::vector<std::string> args = {TESSERA_WORKER_BINARY,
+                                         "--coordinator=" + url_,
+                                         "--job=elastic",
+                                         "--consistency=bsp",
+                                         "--train_samples=400000",
+                                         "--test_samples=1000",
+                                         "--batch_size=128",
+                                         "--max_steps=600",
+                                         "--synthetic_max_cardinality=20000",
+                                         "--bottom_mlp=8",
+                                         "--top_mlp=8",
+                                         "--evaluate=false",
+                                         "--request_timeout_ms=10000",
+                                         "--retry_for_ms=30000"};
+  {
+    ChildProcess early;
+    ASSERT_TRUE(early.Start(args, cluster_->dir() + "/worker-nomap.log"));
+    EXPECT_EQ(early.Wait(60), 1) << early.Output();
+    EXPECT_NE(early.Output().find("tessera-ctl map init"), std::string::npos) << early.Output();
+  }
+  InitMap();
+  ChildProcess worker;
+  ASSERT_TRUE(worker.Start(args, cluster_->dir() + "/worker.log"));
+  // Both servers take pushes by map version 1, then server 0's first 4096 slots move.
+  ASSERT_TRUE(WaitFor([&] { return ServerStat(0, "pushes") > 5 && ServerStat(1, "pushes") > 5; },
+                      seconds(60)))
+      << worker.Output();
+  const int64_t server1_before = ServerStat(1, "pushes");
+  Bump(1, 0, kNumSlots / 4, 1);
+  WaitForServers(2);
+  ASSERT_TRUE(worker.Running())
+      << "the worker ended before the map moved; raise --max_steps: " << worker.Output();
+  ASSERT_EQ(worker.Wait(300), 0) << worker.Output();
+  EXPECT_NE(worker.Output().find("600 steps"), std::string::npos) << worker.Output();
+  EXPECT_GT(ServerStat(1, "pushes"), server1_before);
+  EXPECT_EQ(ServerMapVersion(0), 2u);
 }
 
 // (d) A static cluster ignores map versions: a request of any version is served.
