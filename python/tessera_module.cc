@@ -29,6 +29,8 @@
 
 #include "ps/client/client.h"
 #include "ps/client/export_reader.h"
+#include "ps/coord/coordinator_url.h"
+#include "ps/coord/etcd_map_source.h"
 #include "ps/routing.h"
 #include "ps/status.h"
 #include "ps/table_spec.h"
@@ -612,7 +614,14 @@ void BindClient(py::module_& m) {
                          int64_t connect_timeout_ms, std::string curve_server_key,
                          std::string admin_root) {
              ClientOptions o;
-             o.servers = ParseEndpoints(cluster);
+             // "etcd://HOST:PORT/PREFIX": the cluster map in etcd names the servers.
+             std::optional<CoordinatorUrl> coordinator;
+             if (py::isinstance<py::str>(cluster) &&
+                 cluster.cast<std::string>().rfind("etcd://", 0) == 0) {
+               coordinator = Take(CoordinatorUrl::Parse(cluster.cast<std::string>()));
+             } else {
+               o.servers = ParseEndpoints(cluster);
+             }
              o.worker_id = worker_id;
              o.consistency.num_workers = num_workers;
              o.consistency.staleness = staleness;
@@ -621,9 +630,11 @@ void BindClient(py::module_& m) {
              o.connect_timeout_ms = connect_timeout_ms;
              o.curve_server_key = std::move(curve_server_key);
              o.admin_root = std::move(admin_root);
-             Result<std::unique_ptr<Client>> c = [&] {
+             Result<std::unique_ptr<Client>> c = [&]() -> Result<std::unique_ptr<Client>> {
                py::gil_scoped_release nogil;
-               return Client::Create(o);
+               if (!coordinator) return Client::Create(o);
+               TESSERA_ASSIGN_OR_RETURN(auto source, EtcdClusterMapSource::Create(*coordinator));
+               return Client::Create(o, std::move(source));
              }();
              return std::make_unique<PyClient>(std::shared_ptr<Client>(Take(std::move(c))));
            }),
@@ -645,6 +656,12 @@ void BindClient(py::module_& m) {
                              [](const PyClient& c) { return c.Get()->options().servers; })
       .def_property_readonly("worker_id",
                              [](const PyClient& c) { return c.Get()->options().worker_id; })
+      .def_property_readonly(
+          "cluster_map_version", [](const PyClient& c) { return c.Get()->cluster_map_version(); },
+          "The cluster map version calls are routed by (0: a static cluster).")
+      .def_property_readonly(
+          "stale_map_retries", [](const PyClient& c) { return c.Get()->stale_map_retries(); },
+          "Requests sent again after a server refused them as routed by an older map.")
 
       // Tables.
       .def(

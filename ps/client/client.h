@@ -111,15 +111,17 @@ class Client {
   /// ps/coord/etcd_map_source.h, library tessera_coord), `options.servers` must be empty.
   /// Every data request carries the map's version; the client watches the source, and a
   /// request a server refuses as "stale cluster map" is routed again by a newer map and sent
-  /// again (at most kMaxStaleMapRetries times, within retry_for_ms; a push under a new
+  /// again (at most kMaxStaleMapRetries times for a client behind the map, and while a server
+  /// is behind the client's map for as long as retry_for_ms allows; a push under a new
   /// sequence number, as the refused one applied nothing; a retry of a push whose reply was
-  /// lost keeps its number, and the server answers it as a retry at any version). The client
+  /// lost keeps its number, and the server answers it as a retry at any version). A refused
+  /// sparse request whose keys now belong to several servers is split among them. The client
   /// owns the source. FailedPrecondition when the source has no map yet; a later map that
   /// changes the server list fails the requests it would reroute (FailedPrecondition: create
-  /// a new client), as does a refused sparse request whose keys now belong to several servers.
+  /// a new client).
   static Result<std::unique_ptr<Client>> Create(const ClientOptions& options,
                                                 std::unique_ptr<ClusterMapSource> map_source);
-  /// Times a request is routed again after a stale-map refusal before it fails.
+  /// Times a request is routed again by a newer map after stale-map refusals before it fails.
   static constexpr uint32_t kMaxStaleMapRetries = 8;
   ~Client();
   Client(const Client&) = delete;

@@ -508,12 +508,12 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
     in_flight_.erase(it);
     if (s.ok() && h.status != StatusCode::kOk) {
       s = Status(h.status, h.message).WithContext("server " + std::to_string(server));
-      if (h.status == StatusCode::kFailedPrecondition && h.map_version != 0 && source_ &&
-          f.retained && IsDataOp(f.retained->header.op) &&
-          h.map_version != f.retained->header.map_version) {
+      if (h.status == StatusCode::kFailedPrecondition && source_ && f.retained &&
+          IsDataOp(f.retained->header.op) && h.map_version != f.retained->header.map_version) {
         // Fencing: the server follows another map version; nothing of the request applied.
-        // (Every error reply of a following server carries its version; at the request's own
-        // version the refusal is not about the map, and is reported as it is.)
+        // (Every error reply of a following server carries its version, 0 while it has none
+        // yet; at the request's own version the refusal is not about the map, and is reported
+        // as it is.)
         StaleMapRetry(std::move(*f.retained), h.map_version, s);
         continue;
       }

@@ -61,11 +61,17 @@ void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status
     PartDone(o.call, Status::Cancelled("call cancelled"));
     return;
   }
-  if (++o.stale_retries > Client::kMaxStaleMapRetries || now >= o.give_up) {
+  // A server behind the request's version catches up by itself (its watch, or its poll for a
+  // first map): waiting for it is bounded by the retry limit only. Refusals that make the
+  // client load a newer map are counted.
+  if (server_version > o.header.map_version) ++o.stale_retries;
+  if (o.stale_retries > Client::kMaxStaleMapRetries || now >= o.give_up) {
     if (o.call) {
       PartDone(o.call, Status::FailedPrecondition(
                            why.message() + " (gave up after routing it again " +
-                           std::to_string(o.stale_retries - 1) + " times)"));
+                           std::to_string(std::min(o.stale_retries,
+                                                   Client::kMaxStaleMapRetries)) +
+                           " times)"));
     }
     return;
   }

@@ -45,7 +45,8 @@ def die_with_parent():
 class LocalCluster:
     """NUM_SERVERS tessera-server processes with RocksDB data dirs and an admin root in a temp dir."""
 
-    def __init__(self):
+    def __init__(self, extra_flags=()):
+        self.extra_flags = list(extra_flags)
         self.binary = os.environ.get("TESSERA_SERVER")
         if not self.binary or not os.access(self.binary, os.X_OK):
             raise RuntimeError("TESSERA_SERVER must name the tessera-server binary, got %r" %
@@ -73,7 +74,7 @@ class LocalCluster:
         args = [self.binary, "--cluster=" + ",".join("tcp://" + e for e in self.endpoints),
                 "--rank=%d" % rank, "--lanes=2",
                 "--data_dir=" + os.path.join(self.dir, "data%d" % rank),
-                "--admin_root=" + self.admin_root]
+                "--admin_root=" + self.admin_root] + self.extra_flags
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log,
                              preexec_fn=die_with_parent)
         log.close()
@@ -386,6 +387,89 @@ class ClientTest(unittest.TestCase):
             self.client.pull(t, keys, out=torch.zeros(4, 3).t())
         with self.assertRaisesRegex(TypeError, "float32"):
             self.client.pull(t, keys, out=torch.zeros(3, 4, dtype=torch.float64))
+
+
+class Etcd:
+    """A real etcd process (Debian etcd-server) on free loopback ports, data in a temp dir."""
+
+    def __init__(self, binary):
+        self.dir = tempfile.mkdtemp(prefix="tessera-py-etcd-")
+        self.port = free_port()
+        peer = "http://127.0.0.1:%d" % free_port()
+        client = "http://127.0.0.1:%d" % self.port
+        log = open(os.path.join(self.dir, "etcd.log"), "ab")
+        self.proc = subprocess.Popen(
+            [binary, "--name=t", "--data-dir=" + os.path.join(self.dir, "data"),
+             "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+             "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+             "--initial-cluster=t=" + peer],
+            stdout=log, stderr=log, preexec_fn=die_with_parent)
+        log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("etcd exited at start; see %s" % self.dir)
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as c:
+                    c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    if b'"health":"true"' in c.recv(4096):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("etcd did not answer within 60 s; see %s" % self.dir)
+
+    def url(self, prefix):
+        return "etcd://127.0.0.1:%d/%s" % (self.port, prefix)
+
+    def remove(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class CoordinatorTest(unittest.TestCase):
+    """Client("etcd://HOST:PORT/PREFIX"): the cluster map in etcd names the servers."""
+
+    def test_client_follows_the_cluster_map_in_etcd(self):
+        etcd_binary = os.environ.get("TESSERA_ETCD", "/usr/bin/etcd")
+        ctl = os.environ.get("TESSERA_CTL")
+        if not os.access(etcd_binary, os.X_OK):
+            self.skipTest("no etcd at %s (Debian: apt-get install etcd-server)" % etcd_binary)
+        if not ctl or not os.access(ctl, os.X_OK):
+            raise RuntimeError("TESSERA_CTL must name the tessera-ctl binary, got %r" % ctl)
+        etcd = Etcd(etcd_binary)
+        self.addCleanup(etcd.remove)
+        url = etcd.url("pyjob")
+        servers = LocalCluster(extra_flags=["--coordinator=" + url])
+        self.addCleanup(servers.remove)
+        servers.start()
+        with self.assertRaisesRegex(Exception, "tessera-ctl map init"):
+            tessera.Client(url, connect_timeout_ms=5000)
+        with self.assertRaisesRegex(Exception, "etcd://HOST:PORT/PREFIX"):
+            tessera.Client("etcd://127.0.0.1")
+        endpoints = ",".join("tcp://" + e for e in servers.endpoints)
+        out = subprocess.run([ctl, "map", "init", "--coordinator=" + url, "--servers=" + endpoints],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stdout.decode())
+        with tessera.Client(url) as client:
+            self.assertEqual(client.cluster_map_version, 1)
+            self.assertEqual(client.servers, ["tcp://" + e for e in servers.endpoints])
+            t = client.create_table(tessera.TableSpec.sparse(
+                "coord", 4, tessera.OptimizerSpec("sgd", learning_rate=1.0),
+                tessera.InitializerSpec()))
+            keys = np.arange(1, 2001, dtype=np.uint64)
+            grads = np.arange(8000, dtype=np.float32).reshape(2000, 4) / 100
+            # The servers may still be at version 0 here (they look for a first map every
+            # 500 ms): their refusals are sent again until they catch up.
+            client.push(t, keys, grads)
+            np.testing.assert_array_equal(client.pull(t, keys), -grads)
+            # Once they serve by version 1, nothing is refused.
+            retries = client.stale_map_retries
+            client.push(t, keys, grads)
+            np.testing.assert_array_equal(client.pull(t, keys), -2 * grads)
+            self.assertEqual(client.stale_map_retries, retries)
 
 
 if __name__ == "__main__":
