@@ -81,6 +81,7 @@ Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
   }
   h.op = Op::kSparsePull;  // the push part is applied already
   h.client_id = 0;
+  p->admitted_as_retry = true;
   return false;
 }
 
@@ -119,6 +120,21 @@ bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
 Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.op == Op::kDensePull || h.op == Op::kDensePush) return SubmitDense(p);
+  // Fenced again: the map it was admitted by may have moved its slots while it waited (the
+  // staleness gate parks pulls, a checkpoint cut pushes); nothing of it is logged or applied
+  // yet, so the client routes it anew.
+  if (options_.follow_cluster_map && !p->admitted_as_retry) {
+    const ClusterMapState* map = CurrentMap();
+    const uint64_t mine = map == nullptr ? 0 : map->version;
+    if (h.map_version != mine) {
+      ++stale_map_refusals_;
+      if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
+      return Status::FailedPrecondition(
+          "stale cluster map: request has version " + std::to_string(h.map_version) +
+          ", server " + std::to_string(options_.rank) + " moved to " + std::to_string(mine) +
+          " while the request waited; nothing of it was applied");
+    }
+  }
   KeySplit split;  // cheap compared to waiting
   (void)SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()), nullptr, 0, &split);
   return SubmitSparse(p, std::move(split));

@@ -59,6 +59,9 @@ struct Pending {
   Status status;                  // first error; guarded by mu
   std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
   bool silent = false;            // internal work (maintenance): no reply
+  // The pull part of a push-pull whose push this server applied already (AnsweredAsRetry): it
+  // was admitted at any map version and is not fenced again when it runs after waiting.
+  bool admitted_as_retry = false;
   // The edge (edge_ops.cc): the peer's in-flight slot, given back when the request is
   // dropped; whether SendReply found the peer's send queue full (it does not read replies).
   std::shared_ptr<void> admission;
