@@ -332,15 +332,12 @@ int main(int argc, char** argv) {
   if (validate && FLAGS_validation_mod < 2) {
     return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
   }
-  tessera::Result<std::unique_ptr<tessera::Client>> client =
-      tessera::Status::Internal("no client");
-  if (coordinator) {
+  auto client = [&]() -> tessera::Result<std::unique_ptr<tessera::Client>> {
+    if (!coordinator) return tessera::Client::Create(copt);
     auto source = tessera::EtcdClusterMapSource::Create(*coordinator);
-    if (!source.ok()) return Fail(source.status().WithContext("--coordinator"));
-    client = tessera::Client::Create(copt, std::move(*source));
-  } else {
-    client = tessera::Client::Create(copt);
-  }
+    if (!source.ok()) return source.status().WithContext("--coordinator");
+    return tessera::Client::Create(copt, std::move(*source));
+  }();
   if (!client.ok()) return Fail(client.status());
   auto store = tw::CreateClusterStore(client->get());
 

@@ -220,9 +220,7 @@ void ClientImpl::ReceiveSentTo() {
   std::vector<uint32_t> now;
   while (!sent_to_.empty()) {
     now.swap(sent_to_);
-    for (uint32_t i : now) {
-      if (servers_[i].dealer.get(zmq::sockopt::events) & ZMQ_POLLIN) ReceiveFrom(i);
-    }
+    for (uint32_t i : now) ReceiveFrom(i);
     now.clear();
   }
 }
@@ -237,9 +235,7 @@ void ClientImpl::SendQueued() {
 }
 
 void ClientImpl::ReceiveReady() {
-  for (uint32_t i = 0; i < servers_.size(); ++i) {
-    if (servers_[i].dealer.get(zmq::sockopt::events) & ZMQ_POLLIN) ReceiveFrom(i);
-  }
+  for (uint32_t i = 0; i < servers_.size(); ++i) ReceiveFrom(i);
   ReceiveSentTo();
 }
 
@@ -313,7 +309,7 @@ void ClientImpl::IoLoop() {
     std::lock_guard<std::mutex> io(io_mu_);
     items[0] = {nullptr, event_fd_, ZMQ_POLLIN, 0};
     for (size_t i = 0; i < n; ++i) {
-      items[1 + i] = {nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
+      items[1 + i] = dealer_fds_[i];
       items[1 + n + i] = {nullptr, servers_[i].monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
     }
   }

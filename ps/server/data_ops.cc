@@ -123,16 +123,11 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   // Fenced again: the map it was admitted by may have moved its slots while it waited (the
   // staleness gate parks pulls, a checkpoint cut pushes); nothing of it is logged or applied
   // yet, so the client routes it anew.
-  if (options_.follow_cluster_map && !p->admitted_as_retry) {
-    const ClusterMapState* map = CurrentMap();
-    const uint64_t mine = map == nullptr ? 0 : map->version;
-    if (h.map_version != mine) {
-      ++stale_map_refusals_;
+  if (!p->admitted_as_retry) {
+    const Status fenced = CheckMapVersion(h, /*exempt_retries=*/false);
+    if (!fenced.ok()) {
       if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
-      return Status::FailedPrecondition(
-          "stale cluster map: request has version " + std::to_string(h.map_version) +
-          ", server " + std::to_string(options_.rank) + " moved to " + std::to_string(mine) +
-          " while the request waited; nothing of it was applied");
+      return fenced;
     }
   }
   KeySplit split;  // cheap compared to waiting

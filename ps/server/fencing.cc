@@ -36,7 +36,7 @@ bool ServerImpl::IsRetriedPush(const Header& h) const {
          dedup_.Check(h.client_id, h.client_seq) != PushDedup::Verdict::kNew;
 }
 
-Status ServerImpl::CheckMapVersion(const Header& h) {
+Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
   if (!options_.follow_cluster_map) return Status::OK();
   const ClusterMapState* map = CurrentMap();
   const uint64_t mine = map == nullptr ? 0 : map->version;
@@ -44,7 +44,7 @@ Status ServerImpl::CheckMapVersion(const Header& h) {
   // A retry of a push this server already took applies nothing again: it is answered as a
   // retry (AnsweredAsRetry) at any version, so that a client resending it after a lost reply
   // does not send it again elsewhere under a new sequence number.
-  if (IsRetriedPush(h)) return Status::OK();
+  if (exempt_retries && IsRetriedPush(h)) return Status::OK();
   ++stale_map_refusals_;
   if (h.map_version < mine) {
     return Status::FailedPrecondition(

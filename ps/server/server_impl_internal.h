@@ -125,9 +125,11 @@ class ServerImpl {
   /// The map the I/O thread serves by; null when the server follows no map or has none yet.
   const ClusterMapState* CurrentMap();
   /// With follow_cluster_map: FailedPrecondition, naming both versions, when data request `h`
-  /// carries another map version than the server's. Skipped for a retried push that is
-  /// already logged or accepted (it applies nothing again; AnsweredAsRetry answers it).
-  Status CheckMapVersion(const Header& h);
+  /// carries another map version than the server's. Skipped, when `exempt_retries`, for a
+  /// retried push that is already logged or accepted (it applies nothing again;
+  /// AnsweredAsRetry answers it). A request checked again after waiting (Resubmit) was
+  /// accepted by this server itself, so it is not exempt.
+  Status CheckMapVersion(const Header& h, bool exempt_retries = true);
   /// The map version an error reply carries (0: the server follows no map).
   uint64_t ReplyMapVersion() const {
     return options_.follow_cluster_map ? cluster_map_version() : 0;

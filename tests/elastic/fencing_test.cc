@@ -99,10 +99,10 @@ class FencingTest : public EtcdTest {
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(*s) : nullptr;
   }
-  std::unique_ptr<Client> CoordinatorClient(bool watch = true) {
+  // `o`: consistency and worker id (the servers come from the map).
+  std::unique_ptr<Client> CoordinatorClient(bool watch = true, ClientOptions o = {}) {
     std::unique_ptr<ClusterMapSource> source = Source();
     if (!watch) source = std::make_unique<UnwatchedSource>(Source());
-    ClientOptions o;
     o.request_timeout_ms = 10000;
     o.retry_for_ms = 20000;  // a broken reroute fails the test in 20 s, not 120
     auto c = Client::Create(o, std::move(source));
@@ -367,22 +367,20 @@ TEST_F(FencingTest, AParkedPullIsFencedAgainWhenItRuns) {
   ASSERT_NE(watching, nullptr);
   ClientOptions o;
   o.consistency = {.num_workers = 2, .staleness = 0};
-  o.request_timeout_ms = 10000;
-  o.retry_for_ms = 20000;
   o.worker_id = 0;
-  auto fast = Client::Create(o, Source());
+  auto fast = CoordinatorClient(/*watch=*/true, o);
   o.worker_id = 1;
-  auto slow = Client::Create(o, Source());
-  ASSERT_TRUE(fast.ok() && slow.ok());
+  auto slow = CoordinatorClient(/*watch=*/true, o);
+  ASSERT_TRUE(fast != nullptr && slow != nullptr);
   const Table t = Sparse(*watching, "parked");
   const std::vector<uint64_t> moved = KeysInSlots(0, kNumSlots / 4, 50);  // server 0's at v1
   const std::vector<float> g = Grads(moved);
   ASSERT_TRUE(watching->Wait(watching->Push(t, moved, g)).ok());  // server 0's rows: -g
-  ASSERT_TRUE((*fast)->Wait((*fast)->SetClock(2)).ok());
-  ASSERT_TRUE((*slow)->Wait((*slow)->SetClock(0)).ok());
+  ASSERT_TRUE(fast->Wait(fast->SetClock(2)).ok());
+  ASSERT_TRUE(slow->Wait(slow->SetClock(0)).ok());
   std::vector<float> out(moved.size() * kDim, -999.0f);
-  Handle pull = (*fast)->Pull(t, moved, out.data());  // waits on server 0 for worker 1
-  ASSERT_EQ((*fast)->Wait(pull, DeadlineAfterMs(300)).code(), StatusCode::kDeadlineExceeded);
+  Handle pull = fast->Pull(t, moved, out.data());  // waits on server 0 for worker 1
+  ASSERT_EQ(fast->Wait(pull, DeadlineAfterMs(300)).code(), StatusCode::kDeadlineExceeded);
   // The slots move to server 1, whose rows of them are new (zeros), then get 3g.
   Bump(1, 0, kNumSlots / 4, 1);
   WaitForServers(2);
@@ -392,13 +390,13 @@ TEST_F(FencingTest, AParkedPullIsFencedAgainWhenItRuns) {
   ASSERT_TRUE(watching->Wait(watching->Push(t, moved, g3)).ok());
   // Worker 1 catches up: server 0 releases the pull, refuses it as stale, and the client
   // reads the keys from server 1.
-  ASSERT_TRUE((*slow)->Wait((*slow)->SetClock(2)).ok());
-  Status s = (*fast)->Wait(pull, DeadlineAfterMs(30000));
+  ASSERT_TRUE(slow->Wait(slow->SetClock(2)).ok());
+  Status s = fast->Wait(pull, DeadlineAfterMs(30000));
   ASSERT_TRUE(s.ok()) << s.ToString();
   for (size_t i = 0; i < out.size(); ++i) {
     ASSERT_EQ(out[i], -3 * g[i]) << "key " << moved[i / kDim] << " element " << i % kDim;
   }
-  EXPECT_GE((*fast)->stale_map_retries(), 1u);
+  EXPECT_GE(fast->stale_map_retries(), 1u);
 }
 
 // tessera-worker --coordinator: the map names the servers; before a map exists the worker says
