@@ -22,6 +22,12 @@ struct RoutingMap {
   std::vector<std::string> addresses;
   /// The primary owner (a server id) of each slot.
   SlotMap primary;
+  /// Dense tables are spread over servers 0 .. dense_servers-1 (0: over every address).
+  uint32_t dense_servers = 0;
+  /// Resharding: per slot, the server its rows are being copied from to its primary
+  /// (0xFFFF: none); empty when nothing moves. Servers hold requests for such slots until the
+  /// copy is in; clients route by `primary` alone.
+  std::vector<uint16_t> importing;
 };
 
 /// Called with each newer map, or with the error of a map that could not be read (the source

@@ -44,6 +44,12 @@ std::string_view OpName(Op op) {
       return "Restore";
     case Op::kExport:
       return "Export";
+    case Op::kSlotExport:
+      return "SlotExport";
+    case Op::kSlotImport:
+      return "SlotImport";
+    case Op::kSlotDrop:
+      return "SlotDrop";
   }
   return "Unknown";
 }

@@ -36,8 +36,11 @@ enum class Op : uint8_t {
   kCheckpoint = 14,
   kRestore = 15,
   kExport = 16,
+  kSlotExport = 17,
+  kSlotImport = 18,
+  kSlotDrop = 19,
 };
-inline constexpr uint8_t kMaxOp = 16;
+inline constexpr uint8_t kMaxOp = 19;
 
 std::string_view OpName(Op op);
 

@@ -139,6 +139,15 @@ class MemoryLaneStore final : public LaneStore {
     return Status::OK();
   }
 
+  Status DeleteRows(uint64_t table_id, std::span<const uint64_t> keys) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+    for (uint64_t key : keys) {
+      t->rows->Erase(key);
+      t->pending.erase(key);
+    }
+    return Status::OK();
+  }
+
   Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     bool go = true;

@@ -268,7 +268,11 @@ class RocksDbLaneStore final : public LaneStore {
     return flight_ && flight_->state.load(std::memory_order_acquire) == WriteBackJob::kQueued;
   }
   Status Scan(uint64_t table_id, const RowVisitor& fn) override;
+  Status ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
+                   const RowVisitor& fn) override;
   Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() override;
+  // TakeSnapshot with the disk rows of `slots` only (the rows pinned in memory: all of them).
+  Result<std::unique_ptr<LaneSnapshot>> Freeze(std::vector<uint32_t> slots);
   StoreStats stats() const override;
   std::vector<TableMemory> TableStats() const override;
   Status Maintain(const ApplyContext& ctx) override;
@@ -277,6 +281,7 @@ class RocksDbLaneStore final : public LaneStore {
                  std::span<const float* const> rows, std::span<const RowMeta> metas) override;
   Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
                        const RowMeta& meta) override;
+  Status DeleteRows(uint64_t table_id, std::span<const uint64_t> keys) override;
   void SetAppliedSeq(uint64_t seq) override { applied_seq_ = std::max(applied_seq_, seq); }
   uint64_t committed_seq() const override { return committed_seq_; }
 
@@ -1428,6 +1433,30 @@ Status RocksDbLaneSnapshot::ScanDense(uint64_t table_id, const LaneStore::ChunkV
 }
 
 Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
+  return Freeze(lane_slots_);
+}
+
+Status RocksDbLaneStore::ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
+                                   const RowVisitor& fn) {
+  TESSERA_RETURN_IF_ERROR(Get(table_id, TableKind::kSparse).status());
+  // Only the disk ranges of the slots asked for (a seek each), not every slot of the lane.
+  std::vector<uint32_t> mine;
+  for (uint32_t s : slots) {
+    if (LaneOfSlot(s, num_lanes_) == lane_) mine.push_back(s);
+  }
+  std::sort(mine.begin(), mine.end());
+  mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  std::vector<bool> wanted(kNumSlots, false);
+  for (uint32_t s : mine) wanted[s] = true;
+  TESSERA_ASSIGN_OR_RETURN(auto snapshot, Freeze(std::move(mine)));
+  // The rows pinned in memory are visited whatever their slot: keep the slots asked for.
+  return snapshot->Scan(table_id, [&](uint64_t key, const float* value, const float* state,
+                                      const RowMeta& meta) {
+    return !wanted[SlotOfKey(key)] || fn(key, value, state, meta);
+  });
+}
+
+Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::Freeze(std::vector<uint32_t> slots) {
   absl::flat_hash_map<uint64_t, RocksDbLaneSnapshot::Table> tables;
   // The lane only appends (memcpy speed); the reader indexes the copies.
   auto copy = [](RocksDbLaneSnapshot::Table& f, uint64_t key, const float* row, uint32_t floats,
@@ -1465,7 +1494,7 @@ Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
   // The RocksDB snapshot is taken now, on the lane's thread: every row not copied above was
   // written back before, and later writes of this lane (rows, eviction deletes) are newer.
   return std::unique_ptr<LaneSnapshot>(
-      new RocksDbLaneSnapshot(engine_->db(), lane_slots_, lane_, num_lanes_, std::move(tables)));
+      new RocksDbLaneSnapshot(engine_->db(), std::move(slots), lane_, num_lanes_, std::move(tables)));
 }
 
 Status RocksDbLaneStore::Scan(uint64_t table_id, const RowVisitor& fn) {
@@ -1496,6 +1525,25 @@ Status RocksDbLaneStore::PutRows(uint64_t table_id, std::span<const uint64_t> ke
     t->pending.erase(keys[i]);
   }
   return Status::OK();
+}
+
+Status RocksDbLaneStore::DeleteRows(uint64_t table_id, std::span<const uint64_t> keys) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  // Everything changed so far goes to disk first: no row is pinned by a hand-off then, so a
+  // write-back in flight cannot bring a deleted row back.
+  TESSERA_RETURN_IF_ERROR(Commit());
+  rocksdb::WriteBatch deletes;
+  for (uint64_t key : keys) {
+    const uint32_t slot = t->rows->Find(key);
+    if (slot != CachedRows::kNoSlot) EraseRow(t, slot);
+    t->pending.erase(key);
+    const auto k = internal::EncodeSparseKey(key);
+    auto s = deletes.Delete(t->cf, rocksdb::Slice(k.bytes, internal::kSparseKeyBytes));
+    if (!s.ok()) return FromRocks(s, "delete rows");
+  }
+  // Through the WAL (synced in strict mode), unlike row writes: the deletes carry no log mark
+  // that recovery would replay them from.
+  return deletes.Count() > 0 ? engine_->Write(&deletes) : Status::OK();
 }
 
 Status RocksDbLaneStore::PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ps/routing.h"
 #include "ps/status.h"
 #include "ps/table_spec.h"
 
@@ -129,6 +130,19 @@ class LaneStore {
   /// value, which any reader can recompute) are not visited; every updated row is. May commit the
   /// updates applied so far (as Commit() does) before reading.
   virtual Status Scan(uint64_t table_id, const RowVisitor& fn) = 0;
+  /// Scan limited to the rows of `slots` (resharding: the slots that move). Default: Scan,
+  /// filtered; the RocksDB engine reads only those slots' key ranges from disk.
+  virtual Status ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
+                           const RowVisitor& fn) {
+    std::vector<bool> wanted(kNumSlots, false);
+    for (uint32_t s : slots) {
+      if (s < kNumSlots) wanted[s] = true;
+    }
+    return Scan(table_id, [&](uint64_t key, const float* value, const float* state,
+                              const RowMeta& meta) {
+      return !wanted[SlotOfKey(key)] || fn(key, value, state, meta);
+    });
+  }
 
   virtual StoreStats stats() const = 0;
   /// The memory tier by table (every table of the lane, in no particular order); the sums are
@@ -179,6 +193,13 @@ class LaneStore {
                          std::span<const float* const> rows, std::span<const RowMeta> metas) {
     (void)table_id, (void)keys, (void)rows, (void)metas;
     return Status::FailedPrecondition("this storage engine cannot restore rows");
+  }
+  /// Deletes the rows of `keys` (keys without a row are skipped), from memory and disk, and
+  /// makes the deletes durable (resharding: a slot's rows leave the server that gave it up,
+  /// and a slot that comes back is cleared before its rows are copied in).
+  virtual Status DeleteRows(uint64_t table_id, std::span<const uint64_t> keys) {
+    (void)table_id, (void)keys;
+    return Status::FailedPrecondition("this storage engine cannot delete rows");
   }
   /// Writes a whole dense chunk (values + state), replacing it.
   virtual Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,

@@ -170,7 +170,8 @@ TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   v.version = kProtocolVersion + 1;
   ExpectError(peer, {Env(v), keys1}, StatusCode::kFailedPrecondition, "protocol version");
   Header unknown_op = Request(static_cast<Op>(kMaxOp + 1));
-  ExpectError(peer, {Env(unknown_op)}, StatusCode::kInvalidArgument, "unknown op 17");
+  ExpectError(peer, {Env(unknown_op)}, StatusCode::kInvalidArgument,
+              "unknown op " + std::to_string(kMaxOp + 1));
   Header bad_elem = PullHeader(1);
   bad_elem.elem_type = static_cast<ElemType>(9);
   ExpectError(peer, {Env(bad_elem), keys1}, StatusCode::kInvalidArgument, "element type 9");

@@ -225,7 +225,7 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
   }
   auto call = std::make_shared<Call>();
   const uint64_t map_version = Routing()->version;
-  const uint32_t S = static_cast<uint32_t>(options_.servers.size());
+  const uint32_t S = dense_servers_;
   std::vector<Outgoing> msgs;
   auto starts = std::make_shared<std::vector<uint64_t>>(S, 0);
   const Deadline deadline = RequestDeadline();
@@ -262,6 +262,16 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
 
 Result<Header> ClientImpl::Blocking(Header h, std::vector<uint32_t> servers, Deadline deadline,
                                     std::string* data, Deadline request_deadline) {
+  std::vector<std::string_view> frames;
+  if (data != nullptr && h.op == Op::kPutMeta) frames.push_back(*data);
+  return SendAndWait(h, servers, frames, deadline,
+                     h.op == Op::kPutMeta ? nullptr : data, request_deadline);
+}
+
+Result<Header> ClientImpl::SendAndWait(Header h, const std::vector<uint32_t>& servers,
+                                       const std::vector<std::string_view>& frames,
+                                       Deadline deadline, std::string* data,
+                                       Deadline request_deadline) {
   auto call = std::make_shared<Call>();
   auto reply = std::make_shared<std::pair<Header, std::string>>();
   call->on_reply = [reply](uint32_t, const std::vector<uint32_t>*, const Header& rh,
@@ -273,28 +283,36 @@ Result<Header> ClientImpl::Blocking(Header h, std::vector<uint32_t> servers, Dea
   if (request_deadline == Deadline()) request_deadline = std::min(deadline, RequestDeadline());
   std::vector<Outgoing> msgs;
   for (uint32_t s : servers) {
-    std::vector<zmq::message_t> frames;
-    if (data != nullptr && h.op == Op::kPutMeta) frames.emplace_back(data->data(), data->size());
-    msgs.push_back(MakeOutgoing(s, h, std::move(frames), call, request_deadline, deadline));
+    std::vector<zmq::message_t> out;
+    for (std::string_view f : frames) out.emplace_back(f.data(), f.size());
+    msgs.push_back(MakeOutgoing(s, h, std::move(out), call, request_deadline, deadline));
   }
   Send(call, std::move(msgs));
   TESSERA_RETURN_IF_ERROR(WaitCall(*call, deadline));
-  if (data != nullptr && h.op != Op::kPutMeta) *data = std::move(reply->second);
+  if (data != nullptr) *data = std::move(reply->second);
   return reply->first;
 }
 
 std::vector<uint32_t> ClientImpl::AllServers() const {
-  std::vector<uint32_t> v(servers_.size());
-  for (uint32_t i = 0; i < v.size(); ++i) v[i] = i;
+  // The servers of the current map (a retired id has no address); a map a client follows only
+  // appends servers, and every one it names is connected before the map is installed.
+  const std::shared_ptr<const RoutingMap> map = Routing();
+  std::vector<uint32_t> v;
+  for (uint32_t i = 0; i < map->addresses.size(); ++i) {
+    if (!map->addresses[i].empty()) v.push_back(i);
+  }
   return v;
 }
 
 Handle ClientImpl::ClockCall(int64_t value) {
+  // Under clock_mu_: a server that a new map adds meanwhile gets this value or a later one
+  // (ConnectNewServers sends it the clock before the map routes anything to it).
+  std::lock_guard<std::mutex> l(clock_mu_);
   clock_.store(value);
   auto call = std::make_shared<Call>();
   std::vector<Outgoing> msgs;
   const Deadline deadline = RequestDeadline();
-  for (uint32_t s = 0; s < servers_.size(); ++s) {
+  for (uint32_t s : AllServers()) {
     Header h = BaseHeader(Op::kClock);
     h.clock = value;
     msgs.push_back(MakeOutgoing(s, h, {}, call, deadline));
@@ -433,7 +451,7 @@ void Client::Cancel(const Handle& handle) {
 }
 
 uint32_t Client::num_servers() const {
-  return static_cast<uint32_t>(impl_->options_.servers.size());
+  return static_cast<uint32_t>(impl_->Routing()->addresses.size());
 }
 uint64_t Client::cluster_map_version() const { return impl_->Routing()->version; }
 uint64_t Client::stale_map_retries() const { return impl_->stale_map_retries(); }

@@ -194,6 +194,31 @@ class Client {
   /// Blocking.
   Result<uint64_t> Export(const std::string& root, bool delta, Deadline deadline = NoDeadline());
 
+  // ---- Resharding (tessera-ctl scale; docs/elasticity.md, "Online resharding"). Operator
+  // calls on one server `rank` at cluster map version `map_version`; never retried
+  // (Unavailable while the server has not seen that version yet: call again).
+
+  /// The rows (value, optimizer state, metadata) of `slots` that server `rank` holds and gave
+  /// up at map version `map_version`, with every table's spec, in ps/slot_rows.h's format.
+  /// Empty `slots`: the specs only. FailedPrecondition for a slot the server still owns.
+  Result<std::string> ExportSlots(uint32_t rank, uint64_t map_version,
+                                  std::span<const uint32_t> slots,
+                                  Deadline deadline = NoDeadline());
+  /// What ImportSlots does on the slots' new primary.
+  enum class SlotImportStep : uint8_t {
+    kRows = 0,   ///< writes `rows` (ExportSlots' format), replacing rows of the same keys
+    kDone = 1,   ///< the copy is in: the requests the server held for the slots run
+    kClear = 2,  ///< deletes whatever the server holds of the slots (before the rows)
+  };
+  /// Only for slots the map at `map_version` gives server `rank` with an importing source
+  /// (FailedPrecondition otherwise); `kRows` with no slots creates the tables in `rows` only.
+  Status ImportSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
+                     SlotImportStep step, std::string_view rows = {},
+                     Deadline deadline = NoDeadline());
+  /// Deletes the rows of `slots` from server `rank`, which gave them up at `map_version`.
+  Status DropSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
+                   Deadline deadline = NoDeadline());
+
   /// Waits for a call. DeadlineExceeded leaves the call in flight (Wait again later, or
   /// Cancel it); any other result is final.
   Status Wait(const Handle& handle, Deadline deadline = NoDeadline());

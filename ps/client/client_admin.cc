@@ -40,6 +40,43 @@ Result<std::string> Client::ServerStats(uint32_t rank, Deadline deadline) {
 }
 
 namespace {
+std::string_view SlotsFrame(std::span<const uint32_t> slots) {
+  return std::string_view(reinterpret_cast<const char*>(slots.data()),
+                          slots.size() * sizeof(uint32_t));
+}
+}  // namespace
+
+Result<std::string> Client::ExportSlots(uint32_t rank, uint64_t map_version,
+                                        std::span<const uint32_t> slots, Deadline deadline) {
+  if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
+  Header h = impl_->BaseHeader(Op::kSlotExport);
+  h.map_version = map_version;
+  std::string rows;
+  TESSERA_RETURN_IF_ERROR(
+      impl_->SendAndWait(h, {rank}, {SlotsFrame(slots)}, deadline, &rows).status());
+  return rows;
+}
+
+Status Client::ImportSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
+                           SlotImportStep step, std::string_view rows, Deadline deadline) {
+  if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
+  Header h = impl_->BaseHeader(Op::kSlotImport);
+  h.map_version = map_version;
+  h.count = static_cast<uint64_t>(step);
+  std::vector<std::string_view> frames = {SlotsFrame(slots)};
+  if (step == SlotImportStep::kRows) frames.push_back(rows);
+  return impl_->SendAndWait(h, {rank}, frames, deadline, nullptr).status();
+}
+
+Status Client::DropSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
+                         Deadline deadline) {
+  if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
+  Header h = impl_->BaseHeader(Op::kSlotDrop);
+  h.map_version = map_version;
+  return impl_->SendAndWait(h, {rank}, {SlotsFrame(slots)}, deadline, nullptr).status();
+}
+
+namespace {
 // Reads "name value" from a stats text; 0 when absent.
 int64_t StatValue(const std::string& text, const std::string& name) {
   const std::string needle = name + " ";

@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -162,6 +163,11 @@ class ClientImpl {
   // to arrive (with its data frame, if any, in *data; a PutMeta sends *data instead).
   Result<Header> Blocking(Header h, std::vector<uint32_t> servers, Deadline deadline,
                           std::string* data = nullptr, Deadline request_deadline = Deadline());
+  // Sends `h` with data frames `frames` to each of `servers` and waits; the first error, or
+  // the header of the last reply (its data frame, if any, in *reply).
+  Result<Header> SendAndWait(Header h, const std::vector<uint32_t>& servers,
+                             const std::vector<std::string_view>& frames, Deadline deadline,
+                             std::string* reply, Deadline request_deadline = Deadline());
   std::vector<uint32_t> AllServers() const;
   Handle ClockCall(int64_t value);
 
@@ -187,6 +193,7 @@ class ClientImpl {
 
  private:
   struct ServerConn {
+    std::string address;
     zmq::socket_t dealer;
     zmq::socket_t monitor;
     bool connected = false;
@@ -223,8 +230,15 @@ class ClientImpl {
   void SendRouted(Outgoing o, const RoutingMap& map);
   void RefreshLoop();
 
-  // Opens server i's DEALER socket and its monitor and starts connecting (part of Start).
-  Status ConnectServer(uint32_t i, const CurveKeyPair& mine);
+  // Under io_mu_: opens a DEALER socket to `address` (server id servers_.size()) and its
+  // monitor, starts connecting, and publishes its descriptor to waiting callers.
+  Status ConnectServer(const std::string& address);
+  // Under io_mu_: connects to the servers map `m` adds after the ones connected so far, and
+  // sends each the worker's clock first (so that a read gated by staleness is not parked
+  // there for a clock sent before the server was known). Holds clock_mu_.
+  Status ConnectNewServers(const RoutingMap& m);
+  // Data endpoint of server `i` (any thread that holds io_mu_).
+  const std::string& Address(uint32_t i) const { return servers_[i].address; }
   void Wake();
 
   // ---------------------------------------------------------------- I/O thread (client_io.cc)
@@ -255,8 +269,18 @@ class ClientImpl {
   // Held by the thread doing socket I/O: the I/O thread, or a caller's thread that sends its
   // own request (Send). Guards the sockets and the state marked "I/O side" below.
   std::mutex io_mu_;
-  std::vector<ServerConn> servers_;  // I/O side (after Start)
-  std::vector<zmq::pollitem_t> dealer_fds_;  // the DEALER sockets' ZMQ_FD (set in Start)
+  // I/O side. A deque: a server a new map adds is appended while references to the others
+  // stay valid.
+  std::deque<ServerConn> servers_;
+  // The DEALER sockets' ZMQ_FD of the first kMaxPolledServers servers, for waiting callers
+  // (which read them without io_mu_): an entry is written before polled_n_ counts it.
+  std::array<zmq::pollitem_t, kMaxPolledServers> polled_fds_{};
+  std::atomic<size_t> polled_n_{0};
+  CurveKeyPair curve_mine_;  // this client's CurveZMQ key pair (when the servers use Curve)
+  // Held while a clock is sent to every server and while new servers are connected (and
+  // sent the clock): a clock never misses a server the map just added.
+  std::mutex clock_mu_;
+  uint32_t dense_servers_ = 0;  // dense tables are spread over servers 0 .. dense_servers_-1
   std::vector<uint32_t> sent_to_;            // I/O side: servers sent to (ReceiveSentTo)
   int event_fd_ = -1;
   std::thread io_;

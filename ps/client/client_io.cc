@@ -23,10 +23,11 @@ uint64_t RandomClientId() {
   return id;
 }
 
-// Ops a client sends again after a lost connection or a timeout. Checkpoint, restore and
-// export are operator actions with their own attempts: they fail instead.
+// Ops a client sends again after a lost connection or a timeout. Checkpoint, restore, export
+// and the resharding ops are operator actions with their own attempts: they fail instead.
 bool Retryable(Op op) {
-  return op != Op::kCheckpoint && op != Op::kRestore && op != Op::kExport && op != Op::kPing;
+  return op != Op::kCheckpoint && op != Op::kRestore && op != Op::kExport && op != Op::kPing &&
+         op != Op::kSlotExport && op != Op::kSlotImport && op != Op::kSlotDrop;
 }
 
 constexpr int64_t kMinBackoffMs = 100;
@@ -38,8 +39,11 @@ ClientImpl::ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource>
                        std::optional<RoutingMap> map)
     : options_(o), client_id_(RandomClientId()), source_(std::move(source)) {
   if (map) {
+    dense_servers_ = map->dense_servers != 0 ? map->dense_servers
+                                             : static_cast<uint32_t>(map->addresses.size());
     routing_ = std::make_shared<const RoutingMap>(std::move(*map));
   } else {
+    dense_servers_ = static_cast<uint32_t>(o.servers.size());
     routing_ = std::make_shared<const RoutingMap>(
         RoutingMap{0, o.servers, SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()))});
   }
@@ -63,6 +67,8 @@ ClientImpl::~ClientImpl() {
 
 Status ClientImpl::Start() {
   if (options_.servers.empty()) return Status::InvalidArgument("no server endpoints");
+  if (source_ == nullptr && std::count(options_.servers.begin(), options_.servers.end(), "") > 0)
+    return Status::InvalidArgument("an empty server endpoint");
   if (options_.servers.size() > 65535) return Status::InvalidArgument("too many servers");
   if (options_.consistency.num_workers > 0 &&
       options_.worker_id >= options_.consistency.num_workers) {
@@ -78,28 +84,25 @@ Status ClientImpl::Start() {
                                    std::to_string(options_.consistency.num_workers) + " and " +
                                    std::to_string(options_.consistency.staleness));
   }
-  CurveKeyPair mine;
   if (!options_.curve_server_key.empty()) {
     if (options_.curve_server_key.size() != 40) {
       return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
                                      std::to_string(options_.curve_server_key.size()));
     }
-    TESSERA_ASSIGN_OR_RETURN(mine, GenerateCurveKeyPair());
+    TESSERA_ASSIGN_OR_RETURN(curve_mine_, GenerateCurveKeyPair());
   }
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) return Status::Internal("eventfd failed");
   const size_t n = options_.servers.size();
-  servers_.resize(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    TESSERA_RETURN_IF_ERROR(ConnectServer(i, mine));
-  }
-  for (uint32_t i = 0; i < n; ++i) {
-    dealer_fds_.push_back({nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+  {
+    std::lock_guard<std::mutex> io(io_mu_);
+    for (uint32_t i = 0; i < n; ++i) TESSERA_RETURN_IF_ERROR(ConnectServer(options_.servers[i]));
   }
   io_ = std::thread([this] { IoLoop(); });
   // Wait until every server answers a ping.
   const Deadline until = DeadlineAfterMs(options_.connect_timeout_ms);
   for (uint32_t i = 0; i < n; ++i) {
+    if (options_.servers[i].empty()) continue;  // a retired id of a cluster map
     Status last;
     for (;;) {
       Header h;
@@ -127,8 +130,10 @@ Status ClientImpl::Start() {
   return Status::OK();
 }
 
-Status ClientImpl::ConnectServer(uint32_t i, const CurveKeyPair& mine) {
-  ServerConn& s = servers_[i];
+Status ClientImpl::ConnectServer(const std::string& address) {
+  const uint32_t i = static_cast<uint32_t>(servers_.size());
+  ServerConn& s = servers_.emplace_back();
+  s.address = address;
   s.dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
   s.dealer.set(zmq::sockopt::linger, 0);
   s.dealer.set(zmq::sockopt::sndhwm, 0);
@@ -139,8 +144,8 @@ Status ClientImpl::ConnectServer(uint32_t i, const CurveKeyPair& mine) {
   if (!options_.curve_server_key.empty()) {
     try {
       s.dealer.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
-      s.dealer.set(zmq::sockopt::curve_publickey, mine.public_key);
-      s.dealer.set(zmq::sockopt::curve_secretkey, mine.secret_key);
+      s.dealer.set(zmq::sockopt::curve_publickey, curve_mine_.public_key);
+      s.dealer.set(zmq::sockopt::curve_secretkey, curve_mine_.secret_key);
     } catch (const zmq::error_t& e) {
       return Status::InvalidArgument(std::string("CurveZMQ: ") + e.what());
     }
@@ -159,9 +164,13 @@ Status ClientImpl::ConnectServer(uint32_t i, const CurveKeyPair& mine) {
   s.monitor.set(zmq::sockopt::linger, 0);
   s.monitor.connect(mon);
   try {
-    s.dealer.connect(options_.servers[i]);
+    if (!address.empty()) s.dealer.connect(address);  // "": a retired id, never routed to
   } catch (const zmq::error_t& e) {
-    return Status::InvalidArgument("bad endpoint '" + options_.servers[i] + "': " + e.what());
+    return Status::InvalidArgument("bad endpoint '" + address + "': " + e.what());
+  }
+  if (i < kMaxPolledServers) {
+    polled_fds_[i] = {nullptr, s.dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
+    polled_n_.store(i + 1, std::memory_order_release);
   }
   return Status::OK();
 }
@@ -254,8 +263,8 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   int none = -1;
   if (!c.waiter_fd.compare_exchange_strong(none, me.fd)) return WaitCallBlocked(c, deadline);
   zmq::pollitem_t items[kMaxPolledServers + 1];
-  const size_t n = std::min(dealer_fds_.size(), kMaxPolledServers);
-  std::copy(dealer_fds_.begin(), dealer_fds_.begin() + n, items);
+  const size_t n = polled_n_.load(std::memory_order_acquire);
+  std::copy(polled_fds_.begin(), polled_fds_.begin() + n, items);
   items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
   while (!c.done_flag.load() && io.try_lock()) {
@@ -303,15 +312,21 @@ void ClientImpl::IoLoop() {
   // caller's thread may send meanwhile; every socket operation happens under io_mu_. A
   // descriptor signals only that the socket's state may have changed: each round checks the
   // sockets themselves (ReceiveReady, MonitorEvent read until nothing is left).
-  const size_t n = servers_.size();
-  std::vector<zmq::pollitem_t> items(1 + 2 * n);
-  {
-    std::lock_guard<std::mutex> io(io_mu_);
+  size_t n = 0;
+  std::vector<zmq::pollitem_t> items;
+  // The descriptors of every server's DEALER and monitor (again when a map added servers).
+  auto collect = [&] {
+    n = servers_.size();
+    items.assign(1 + 2 * n, zmq::pollitem_t{});
     items[0] = {nullptr, event_fd_, ZMQ_POLLIN, 0};
     for (size_t i = 0; i < n; ++i) {
-      items[1 + i] = dealer_fds_[i];
+      items[1 + i] = {nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
       items[1 + n + i] = {nullptr, servers_[i].monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
     }
+  };
+  {
+    std::lock_guard<std::mutex> io(io_mu_);
+    collect();
   }
   auto next_timeout_check = Clock::now();
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
@@ -342,6 +357,7 @@ void ClientImpl::IoLoop() {
     if (!map_waiters_.empty()) DrainMapWaiters(now);
     // What the sends above did may have consumed a socket's notification.
     ReceiveSentTo();
+    if (servers_.size() != n) collect();
     io.unlock();
   }
   io.lock();
@@ -395,7 +411,7 @@ void ClientImpl::SendOne(Outgoing& o) {
     return;
   }
   const Status why = Status::Unavailable("server " + std::to_string(o.server) + " (" +
-                                         options_.servers[o.server] + ") is not connected");
+                                         Address(o.server) + ") is not connected");
   RetryOrFail(std::move(o), why, /*server_down=*/true);
 }
 
@@ -560,7 +576,7 @@ void ClientImpl::MonitorEvent(uint32_t server) {
       s.connected = false;
       FailServer(server,
                  Status::Unavailable("lost the connection to server " + std::to_string(server) +
-                                     " (" + options_.servers[server] + ")"));
+                                     " (" + Address(server) + ")"));
     } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       s.handshake_failures = 0;
       s.handshake_error = Status::OK();
@@ -576,7 +592,7 @@ void ClientImpl::HandshakeFailed(uint32_t server, uint16_t event, uint32_t value
   ServerConn& s = servers_[server];
   ++s.handshake_failures;
   const std::string who =
-      "server " + std::to_string(server) + " (" + options_.servers[server] + ")";
+      "server " + std::to_string(server) + " (" + Address(server) + ")";
   const bool have_key = !options_.curve_server_key.empty();
   std::string why;
   if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
@@ -651,7 +667,7 @@ void ClientImpl::ExpireRequests(Clock::time_point now) {
   }
   for (auto& f : expired) {
     Status st = Status::Unavailable("no reply from server " + std::to_string(f.server) + " (" +
-                                    options_.servers[f.server] + ") in time");
+                                    Address(f.server) + ") in time");
     if (f.retained) {
       RetryOrFail(std::move(*f.retained), st, /*server_down=*/false);
     } else {

@@ -24,20 +24,64 @@ std::shared_ptr<const RoutingMap> ClientImpl::Routing() const {
 
 void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
   if (!m.ok()) return;  // the watch goes on; a refused request waits for a reload or gives up
+  // Lock order: clock_mu_, io_mu_, map_mu_ (the I/O thread takes map_mu_ under io_mu_).
+  std::lock_guard<std::mutex> clock(clock_mu_);
+  std::unique_lock<std::mutex> io(io_mu_);
+  if (stop_.load()) return;
   {
     std::lock_guard<std::mutex> l(map_mu_);
     if (m->version <= routing_->version) return;
-    if (m->addresses != options_.servers) {
-      std::string list;
-      for (const auto& a : m->addresses) list += (list.empty() ? "" : ",") + a;
-      map_error_ = Status::FailedPrecondition(
-          "cluster map version " + std::to_string(m->version) + " changes the server list to " +
-          list + ": this client follows slot moves among its servers only; create a new client");
+    // A map may add servers (new ids at the end) and retire ids (their address emptied); it
+    // may not give a known id another address, nor move dense tables.
+    const auto& known = routing_->addresses;
+    std::string why;
+    if (m->addresses.size() < known.size()) {
+      why = "has " + std::to_string(m->addresses.size()) + " servers, fewer than the " +
+            std::to_string(known.size()) + " ids known (ids are never removed)";
+    }
+    for (size_t i = 0; why.empty() && i < known.size(); ++i) {
+      if (!m->addresses[i].empty() && m->addresses[i] != known[i]) {
+        why = "gives server " + std::to_string(i) + " the address " + m->addresses[i] +
+              " instead of " + known[i];
+      }
+    }
+    const uint32_t dense =
+        m->dense_servers != 0 ? m->dense_servers : static_cast<uint32_t>(m->addresses.size());
+    if (why.empty() && dense != dense_servers_) {
+      why = "spreads dense tables over " + std::to_string(dense) + " servers instead of " +
+            std::to_string(dense_servers_);
+    }
+    if (!why.empty()) {
+      map_error_ = Status::FailedPrecondition("cluster map version " +
+                                              std::to_string(m->version) + " " + why +
+                                              ": not followed; create a new client");
       return;
     }
-    routing_ = std::make_shared<const RoutingMap>(*m);
   }
+  Status connected = ConnectNewServers(*m);
+  ReceiveSentTo();
+  std::lock_guard<std::mutex> l(map_mu_);
+  if (!connected.ok()) {
+    map_error_ = connected.WithContext("cluster map version " + std::to_string(m->version));
+    return;
+  }
+  routing_ = std::make_shared<const RoutingMap>(*m);
+  io.unlock();
   Wake();
+}
+
+Status ClientImpl::ConnectNewServers(const RoutingMap& m) {
+  // The caller holds clock_mu_ and io_mu_.
+  const int64_t clock = clock_.load();
+  for (size_t i = servers_.size(); i < m.addresses.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(ConnectServer(m.addresses[i]));
+    if (m.addresses[i].empty()) continue;  // retired before this client knew it
+    Header h = BaseHeader(Op::kClock);
+    h.clock = clock;
+    Outgoing o = MakeOutgoing(static_cast<uint32_t>(i), h, {}, nullptr, RequestDeadline());
+    SendOne(o);
+  }
+  return Status::OK();
 }
 
 void ClientImpl::RefreshLoop() {

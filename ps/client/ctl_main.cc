@@ -14,6 +14,7 @@
 #include "ps/curve.h"
 #include "ps/routing.h"
 #ifdef TESSERA_CTL_COORD
+#include "ps/client/ctl_scale_internal.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/slot_map_store.h"
@@ -34,6 +35,9 @@ DEFINE_string(coordinator, "",
 DEFINE_string(servers, "",
               "map init: the servers' endpoints in server-id order, comma-separated, or @FILE "
               "(each server's --cluster entry; server id = its --rank)");
+DEFINE_uint32(batch_slots, 1024,
+              "scale: slots moved per map flip (requests for a moving slot wait while its "
+              "batch is copied)");
 
 namespace {
 
@@ -51,7 +55,10 @@ constexpr char kCommands[] =
     "                   --curve_secret_key_file) and DIR/server.pub (public)\n"
     "  map init         create the cluster map PREFIX/slotmap of --coordinator: version 1,\n"
     "                   --servers owning uniform slot ranges; fails if a map exists\n"
-    "  map show         print the cluster map of --coordinator\n";
+    "  map show         print the cluster map of --coordinator\n"
+    "  scale N          move slots online so that N servers share them evenly: adds\n"
+    "                   servers registered with --coordinator (tessera-server --rank=ID\n"
+    "                   --coordinator=...), drains and retires the highest ids\n";
 
 constexpr tessera::cli::ToolInfo kTool{
     .name = "tessera-ctl",
@@ -68,7 +75,7 @@ struct Command {
 };
 constexpr Command kCommandList[] = {{"checkpoint", 1}, {"restore", 1}, {"export", 1},
                                     {"stats", 0},      {"tables", 0},  {"keygen", 1},
-                                    {"map", 1}};
+                                    {"map", 1},        {"scale", 1}};
 
 // Prints `why` (if any), the usage line and the commands to stderr; returns 2.
 int Usage(const std::string& why = "") {
@@ -123,22 +130,31 @@ int Keygen(const std::string& dir) {
   return 0;
 }
 
-// A client of the servers `eps` (with --curve_server_key_file, --timeout_s). On failure prints
-// why and returns null with the exit status in *exit_code.
-std::unique_ptr<tessera::Client> Connect(const std::vector<std::string>& eps, int* exit_code) {
-  tessera::ClientOptions o;
-  o.servers = eps;
+// Client options from the flags (--curve_server_key_file, --timeout_s, --admin_root); false
+// after printing why the key file could not be read.
+bool BaseOptions(tessera::ClientOptions* o) {
   if (!FLAGS_curve_server_key_file.empty()) {
     auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
     if (!key.ok()) {
       std::fprintf(stderr, "tessera-ctl: %s\n", key.status().ToString().c_str());
-      *exit_code = 2;
-      return nullptr;
+      return false;
     }
-    o.curve_server_key = *key;
+    o->curve_server_key = *key;
   }
-  o.request_timeout_ms = FLAGS_timeout_s * 1000;
-  o.admin_root = FLAGS_admin_root;
+  o->request_timeout_ms = FLAGS_timeout_s * 1000;
+  o->admin_root = FLAGS_admin_root;
+  return true;
+}
+
+// A client of the servers `eps`. On failure prints why and returns null with the exit status
+// in *exit_code.
+std::unique_ptr<tessera::Client> Connect(const std::vector<std::string>& eps, int* exit_code) {
+  tessera::ClientOptions o;
+  o.servers = eps;
+  if (!BaseOptions(&o)) {
+    *exit_code = 2;
+    return nullptr;
+  }
   auto client = tessera::Client::Create(o);
   if (!client.ok()) {
     std::fprintf(stderr, "tessera-ctl: %s\n", client.status().ToString().c_str());
@@ -263,6 +279,49 @@ int Map(const std::string& sub) {
 #endif
 }
 
+// scale N (needs tessera_coord).
+int Scale(const std::string& arg) {
+#ifdef TESSERA_CTL_COORD
+  if (FLAGS_coordinator.empty()) return Usage("scale needs --coordinator");
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(arg.c_str(), &end, 10);
+  if (arg.empty() || *end != '\0' || n == 0 || n > 65534) {
+    return Usage("scale takes a number of servers in 1..65534, got '" + arg + "'");
+  }
+  auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
+  if (!url.ok()) return Usage("--coordinator: " + url.status().ToString());
+  auto etcd = tessera::EtcdClient::Create(url->etcd_options());
+  if (!etcd.ok()) {
+    std::fprintf(stderr, "tessera-ctl: %s\n", etcd.status().ToString().c_str());
+    return 1;
+  }
+  tessera::ClientOptions base;
+  if (!BaseOptions(&base)) return 2;
+  tessera::internal::ScaleOptions o;
+  o.servers = static_cast<uint32_t>(n);
+  o.batch_slots = FLAGS_batch_slots;
+  o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
+  o.log = stdout;
+  auto r = tessera::internal::Scale(**etcd, url->prefix, base, o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "tessera-ctl: scale: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("scaled to %lu servers: map version %llu -> %llu, %u slots and %llu rows "
+              "(%.1f MB) moved in %u batches, %.2f s; longest hold %.1f ms\n",
+              n, static_cast<unsigned long long>(r->from_version),
+              static_cast<unsigned long long>(r->to_version), r->slots_moved,
+              static_cast<unsigned long long>(r->rows_moved), r->bytes_moved / 1e6, r->batches,
+              r->seconds, r->max_hold_ms);
+  return 0;
+#else
+  (void)arg;
+  std::fprintf(stderr, "tessera-ctl: scale: this build has no tessera_coord (a client-only "
+                       "build): use a full build's tessera-ctl\n");
+  return 2;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -272,6 +331,7 @@ int main(int argc, char** argv) {
   const std::string cmd = command->name;
   if (cmd == "keygen") return Keygen(argv[2]);
   if (cmd == "map") return Map(argv[2]);
+  if (cmd == "scale") return Scale(argv[2]);
   auto eps = tessera::ParseClusterList(FLAGS_cluster);
   if (!eps.ok()) {
     std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());

@@ -66,12 +66,17 @@ Result<std::vector<MapServer>> DecodeServers(const json& j) {
 }
 
 Status CheckSlot(const ClusterMap& m, uint32_t slot) {
-  const uint16_t p = m.primary[slot], b = m.backup[slot];
+  const uint16_t p = m.primary[slot], b = m.backup[slot], from = m.importing[slot];
   const std::string where =
       "cluster map v" + std::to_string(m.version) + ": slot " + std::to_string(slot);
   if (p >= m.servers.size() || m.servers[p].address.empty()) {
     return Status::InvalidArgument(where + ": primary " + std::to_string(p) +
                                    " is not a server with an address");
+  }
+  if (from != ClusterMap::kNoServer &&
+      (from >= m.servers.size() || m.servers[from].address.empty() || from == p)) {
+    return Status::InvalidArgument(where + ": importing from " + std::to_string(from) +
+                                   ", which is not another server with an address");
   }
   if (b == ClusterMap::kNoServer) return Status::OK();
   if (b >= m.servers.size() || m.servers[b].address.empty() || b == p) {
@@ -90,6 +95,8 @@ ClusterMap ClusterMap::Uniform(std::vector<MapServer> servers) {
   m.servers = std::move(servers);
   if (n > 0) m.primary = SlotMap::Uniform(n).owners();
   m.backup.assign(kNumSlots, kNoServer);
+  m.importing.assign(kNumSlots, kNoServer);
+  m.dense_servers = n;
   return m;
 }
 
@@ -99,12 +106,26 @@ Status ClusterMap::Validate() const {
     return Status::InvalidArgument("cluster map: " + std::to_string(servers.size()) +
                                    " servers (1..65534)");
   }
-  if (primary.size() != kNumSlots || backup.size() != kNumSlots) {
+  if (primary.size() != kNumSlots || backup.size() != kNumSlots ||
+      importing.size() != kNumSlots) {
     return Status::InvalidArgument("cluster map: " + std::to_string(primary.size()) +
-                                   " primaries and " + std::to_string(backup.size()) +
-                                   " backups, not " + std::to_string(kNumSlots) + " each");
+                                   " primaries, " + std::to_string(backup.size()) +
+                                   " backups and " + std::to_string(importing.size()) +
+                                   " importing entries, not " + std::to_string(kNumSlots) +
+                                   " each");
   }
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) TESSERA_RETURN_IF_ERROR(CheckSlot(*this, slot));
+  if (dense_servers == 0 || dense_servers > servers.size()) {
+    return Status::InvalidArgument("cluster map: dense_servers " + std::to_string(dense_servers) +
+                                   " is not in 1.." + std::to_string(servers.size()));
+  }
+  for (uint32_t i = 0; i < dense_servers; ++i) {
+    if (servers[i].address.empty()) {
+      return Status::InvalidArgument("cluster map: server " + std::to_string(i) +
+                                     " holds dense tables (dense_servers " +
+                                     std::to_string(dense_servers) + ") but has no address");
+    }
+  }
   return Status::OK();
 }
 
@@ -120,7 +141,9 @@ Result<std::string> EncodeClusterMap(const ClusterMap& map) {
             {"version", map.version},
             {"servers", servers},
             {"primary", EncodeRuns(map.primary, false)},
-            {"backup", EncodeRuns(map.backup, true)}};
+            {"backup", EncodeRuns(map.backup, true)},
+            {"importing", EncodeRuns(map.importing, true)},
+            {"dense_servers", map.dense_servers}};
   // Ids and addresses are the caller's strings: invalid UTF-8 would make dump() throw.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -142,6 +165,19 @@ Result<ClusterMap> DecodeClusterMap(std::string_view text) {
   TESSERA_ASSIGN_OR_RETURN(m.servers, DecodeServers(j["servers"]));
   TESSERA_ASSIGN_OR_RETURN(m.primary, DecodeRuns(j["primary"], "primary", false));
   TESSERA_ASSIGN_OR_RETURN(m.backup, DecodeRuns(j["backup"], "backup", true));
+  if (j.contains("importing")) {
+    TESSERA_ASSIGN_OR_RETURN(m.importing, DecodeRuns(j["importing"], "importing", true));
+  } else {
+    m.importing.assign(kNumSlots, ClusterMap::kNoServer);
+  }
+  if (j.contains("dense_servers")) {
+    if (!j["dense_servers"].is_number_unsigned() || j["dense_servers"].get<uint64_t>() > 65535) {
+      return Status::Corruption("cluster map: dense_servers is not a number in 0..65535");
+    }
+    m.dense_servers = j["dense_servers"].get<uint32_t>();
+  } else {
+    m.dense_servers = static_cast<uint32_t>(m.servers.size());
+  }
   Status valid = m.Validate();
   if (!valid.ok()) return Status::Corruption(valid.message());
   return m;

@@ -34,14 +34,22 @@ struct ClusterMap {
   std::vector<uint16_t> primary;
   /// kNumSlots server ids or kNoServer.
   std::vector<uint16_t> backup;
+  /// Resharding: kNumSlots server ids or kNoServer. A slot whose rows are being copied to its
+  /// (new) primary names the server it comes from (its previous primary); the primary holds
+  /// requests for it until the copy is in (docs/elasticity.md, "Online resharding").
+  std::vector<uint16_t> importing;
+  /// Dense tables are spread over servers 0 .. dense_servers-1 (the servers of the first map);
+  /// no map change moves them, so those ids are never retired.
+  uint32_t dense_servers = 0;
 
   /// Version 1 of a cluster of `servers`: primaries as SlotMap::Uniform(servers.size()), no
-  /// backups.
+  /// backups, nothing importing, dense tables over all of them.
   static ClusterMap Uniform(std::vector<MapServer> servers);
 
-  /// OK when the map is whole: version >= 1, 1..65535 servers, kNumSlots primaries and backups,
-  /// each naming a server with an address, a backup never its slot's primary. InvalidArgument
-  /// naming the first slot or server that is wrong.
+  /// OK when the map is whole: version >= 1, 1..65535 servers, kNumSlots primaries, backups
+  /// and importing entries, each naming a server with an address, a backup and an importing
+  /// source never the slot's primary, 1 <= dense_servers <= servers with an address each.
+  /// InvalidArgument naming the first slot or server that is wrong.
   Status Validate() const;
   /// The routing of the primaries (SlotMap::FromOwners).
   Result<SlotMap> PrimaryMap() const;
@@ -50,8 +58,11 @@ struct ClusterMap {
 };
 
 /// The record's JSON: {"format":1, "version":V, "servers":[{"id","address"}...],
-/// "primary":[[RUN,ID]...], "backup":[[RUN,ID or -1]...]}, each slot list as runs of equal ids
-/// in slot order (a uniform map of n servers is n runs). Fails on a map that does not validate.
+/// "primary":[[RUN,ID]...], "backup":[[RUN,ID or -1]...], "importing":[[RUN,ID or -1]...],
+/// "dense_servers":D}, each slot list as runs of equal ids in slot order (a uniform map of n
+/// servers is n runs). "importing" and "dense_servers" may be absent (records written before
+/// resharding: nothing importing, dense tables over every server). Fails on a map that does
+/// not validate.
 Result<std::string> EncodeClusterMap(const ClusterMap& map);
 /// Parses and validates a record; Corruption saying what is wrong.
 Result<ClusterMap> DecodeClusterMap(std::string_view text);

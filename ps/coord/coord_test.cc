@@ -93,6 +93,46 @@ TEST(ClusterMap, ValidateNamesTheBadSlot) {
   EXPECT_FALSE(EncodeClusterMap(m).ok());
 }
 
+// Resharding fields: importing sources and dense_servers round-trip; a record written before
+// them decodes with nothing importing and dense tables over every server; bad values refused.
+TEST(ClusterMap, ImportingAndDenseServersRoundTripAndAreChecked) {
+  ClusterMap m = ThreeServers();
+  m.version = 4;
+  m.dense_servers = 2;
+  for (uint32_t s = 100; s < 200; ++s) {
+    m.importing[s] = m.primary[s];
+    m.primary[s] = 2;
+  }
+  auto text = EncodeClusterMap(m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto back = DecodeClusterMap(*text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+  EXPECT_EQ(back->importing[150], 0);
+  EXPECT_EQ(back->importing[250], ClusterMap::kNoServer);
+
+  auto old = DecodeClusterMap(
+      R"({"format":1,"version":3,"servers":[{"id":"a","address":"x"},{"id":"b","address":"y"}],)"
+      R"("primary":[[8192,0],[8192,1]],"backup":[[16384,-1]]})");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->dense_servers, 2u);
+  EXPECT_EQ(old->importing, std::vector<uint16_t>(kNumSlots, ClusterMap::kNoServer));
+
+  ClusterMap bad = m;
+  bad.importing[150] = bad.primary[150];  // a slot importing from itself
+  EXPECT_NE(bad.Validate().message().find("importing from 2"), std::string::npos)
+      << bad.Validate().ToString();
+  bad = m;
+  bad.dense_servers = 4;
+  EXPECT_NE(bad.Validate().message().find("dense_servers 4"), std::string::npos);
+  bad = ThreeServers();
+  bad.dense_servers = 2;
+  for (uint32_t s = 0; s < kNumSlots; ++s) bad.primary[s] = bad.primary[s] == 1 ? 2 : bad.primary[s];
+  bad.servers[1].address.clear();  // retired, but it holds dense tables
+  EXPECT_NE(bad.Validate().message().find("holds dense tables"), std::string::npos)
+      << bad.Validate().ToString();
+}
+
 TEST(ClusterMap, DecodeRefusesDamagedRecords) {
   auto good = EncodeClusterMap(ThreeServers());
   ASSERT_TRUE(good.ok());

@@ -36,6 +36,13 @@ Result<RoutingMap> EtcdClusterMapSource::ToRoutingMap(const ClusterMap& map) {
   r.version = map.version;
   for (const MapServer& s : map.servers) r.addresses.push_back(s.address);
   TESSERA_ASSIGN_OR_RETURN(r.primary, map.PrimaryMap());
+  r.dense_servers = map.dense_servers;
+  for (uint16_t from : map.importing) {
+    if (from != ClusterMap::kNoServer) {
+      r.importing = map.importing;
+      break;
+    }
+  }
   return r;
 }
 

@@ -192,13 +192,13 @@ Status ServerImpl::RestoreRows(
     const bool dense = r.kind == Record::kDenseChunk;
     if (dense) {
       const DenseRange mine = DenseRangeOfServer(r.table_id, t->second.spec.length, options_.rank,
-                                                 options_.num_servers);
+                                                 DenseServers());
       const uint64_t first = r.key * kDenseChunkFloats;
       if (first < mine.begin || first >= mine.end) return Status::OK();
       lane = LaneOfChunk(r.table_id, r.key, nl);
     } else {
       const uint32_t slot = SlotOfKey(r.key);
-      if (slot_map_.ServerOfSlot(slot) != options_.rank) return Status::OK();
+      if (Owners().ServerOfSlot(slot) != options_.rank) return Status::OK();
       lane = LaneOfSlot(slot, nl);
     }
     if (!batches[lane]) batches[lane] = std::make_shared<Batch>();

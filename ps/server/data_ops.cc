@@ -114,7 +114,7 @@ void ServerImpl::FlushStaged() {
 }
 
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
-  return ParkedByCut(p) || !consistency_.AdmitOrPark(p);
+  return ParkedByCut(p) || ParkedByImport(p) || !consistency_.AdmitOrPark(p);
 }
 
 Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
@@ -160,7 +160,7 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   // map it follows, else the static one. A retry of a push taken already is not checked: it
   // is answered as a retry (AnsweredAsRetry) and applies nothing.
   const ClusterMapState* map = CurrentMap();
-  const SlotMap* owners = map != nullptr ? &map->primary : &slot_map_;
+  const SlotMap* owners = &Owners();
   if (map != nullptr && IsRetriedPush(h)) owners = nullptr;
   KeySplit split;
   const uint64_t foreign = SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()),
@@ -265,7 +265,7 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
                                    t->spec.name + "' of length " + std::to_string(t->spec.length));
   }
   const DenseRange mine =
-      DenseRangeOfServer(h.table_id, t->spec.length, options_.rank, options_.num_servers);
+      DenseRangeOfServer(h.table_id, t->spec.length, options_.rank, DenseServers());
   if (h.offset < mine.begin || h.offset + h.count > mine.end) {
     return Status::FailedPrecondition(
         "dense range [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +

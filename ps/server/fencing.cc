@@ -3,15 +3,40 @@
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
+namespace {
+struct ClusterMap16 {
+  static constexpr uint16_t kNone = 0xFFFF;  // RoutingMap::importing: no source
+};
+}  // namespace
 
-Status ServerImpl::SetClusterMap(uint64_t version, const SlotMap& primary) {
+Status ServerImpl::SetClusterMap(const RoutingMap& m) {
+  const uint64_t version = m.version;
   if (!options_.follow_cluster_map) {
     return Status::FailedPrecondition(
         "server " + std::to_string(options_.rank) +
         " follows no cluster map (ServerOptions::follow_cluster_map is off)");
   }
   if (version == 0) return Status::InvalidArgument("cluster map version 0 is the static cluster");
-  auto next = std::make_shared<const ClusterMapState>(ClusterMapState{version, primary});
+  if (m.primary.owners().size() != kNumSlots) {
+    return Status::InvalidArgument("cluster map version " + std::to_string(version) +
+                                   " has no primary for every slot");
+  }
+  if (!m.importing.empty() && m.importing.size() != kNumSlots) {
+    return Status::InvalidArgument("cluster map version " + std::to_string(version) + ": " +
+                                   std::to_string(m.importing.size()) + " importing entries");
+  }
+  auto state = std::make_shared<ClusterMapState>();
+  state->version = version;
+  state->primary = m.primary;
+  state->dense_servers = m.dense_servers != 0 ? m.dense_servers : options_.num_servers;
+  for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
+    // Only the slots this server must fill matter to it.
+    if (m.importing[slot] != ClusterMap16::kNone && m.primary.ServerOfSlot(slot) == options_.rank) {
+      if (state->importing.empty()) state->importing.assign(kNumSlots, false);
+      state->importing[slot] = true;
+    }
+  }
+  std::shared_ptr<const ClusterMapState> next = std::move(state);
   std::lock_guard<std::mutex> l(map_mu_);
   if (map_ != nullptr && map_->version >= version) return Status::OK();
   map_ = std::move(next);
@@ -25,8 +50,19 @@ const ServerImpl::ClusterMapState* ServerImpl::CurrentMap() {
   if (io_map_ == nullptr || io_map_->version != v) {
     std::lock_guard<std::mutex> l(map_mu_);
     io_map_ = map_;
+    map_changed_ = true;  // OnMapChanged, once the request at hand is done
   }
   return io_map_.get();
+}
+
+const SlotMap& ServerImpl::Owners() {
+  const ClusterMapState* map = CurrentMap();
+  return map != nullptr ? map->primary : slot_map_;
+}
+
+uint32_t ServerImpl::DenseServers() {
+  const ClusterMapState* map = CurrentMap();
+  return map != nullptr ? map->dense_servers : options_.num_servers;
 }
 
 bool ServerImpl::IsRetriedPush(const Header& h) const {

@@ -52,6 +52,7 @@ void ServerImpl::IoLoop() {
     if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
     if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
     if (items[0].revents & ZMQ_POLLIN) ReceiveBurst();
+    if (map_changed_) OnMapChanged();
     FlushStaged();  // pushes readmitted outside a burst
   }
 }
@@ -67,6 +68,8 @@ void ServerImpl::ReceiveBurst() {
 }
 
 void ServerImpl::Maintain() {
+  (void)CurrentMap();  // notices a new map while no request comes (OnMapChanged)
+  if (map_changed_) OnMapChanged();
   FlushStaged();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
   uint64_t upto = log_->last_seq();
@@ -269,6 +272,12 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
       return RestoreOp(p);
     case Op::kExport:
       return ExportOp(p);
+    case Op::kSlotExport:
+      return SlotExportOp(p);
+    case Op::kSlotImport:
+      return SlotImportOp(p);
+    case Op::kSlotDrop:
+      return SlotDropOp(p);
     case Op::kInvalid:
       break;
   }
@@ -392,6 +401,11 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "retried_pushes " << retried_pushes_ << "\n"
     << "map_version " << ReplyMapVersion() << "\n"
     << "stale_map_refusals " << stale_map_refusals_ << "\n"
+    << "slot_rows_exported " << slot_rows_exported_.load() << "\n"
+    << "slot_rows_imported " << slot_rows_imported_.load() << "\n"
+    << "slot_rows_deleted " << slot_rows_dropped_.load() << "\n"
+    << "import_parked_now " << import_parked_.size() << "\n"
+    << "import_parked_total " << import_parked_total_ << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"
     << "log_truncated_to " << log_->truncated() << "\n"
     << "push_keys " << push_keys_ << "\n"

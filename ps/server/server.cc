@@ -175,8 +175,12 @@ Server::~Server() { Shutdown(); }
 const std::string& Server::endpoint() const { return impl_->endpoint(); }
 void Server::Shutdown() { impl_->Shutdown(); }
 Status Server::SetClusterMap(uint64_t version, const SlotMap& primary) {
-  return impl_->SetClusterMap(version, primary);
+  RoutingMap m;
+  m.version = version;
+  m.primary = primary;
+  return impl_->SetClusterMap(m);
 }
+Status Server::SetClusterMap(const RoutingMap& map) { return impl_->SetClusterMap(map); }
 uint64_t Server::cluster_map_version() const { return impl_->cluster_map_version(); }
 
 }  // namespace tessera

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/cluster_map_source.h"
 #include "ps/routing.h"
 #include "ps/status.h"
 #include "storage/storage.h"
@@ -101,6 +102,10 @@ class Server {
   /// (FailedPrecondition otherwise); InvalidArgument for version 0. Thread-safe: requests
   /// decoded after it returns are checked against the new map.
   Status SetClusterMap(uint64_t version, const SlotMap& primary);
+  /// The same with the rest of a map: the slots being copied to their new primary (held by
+  /// this server while it is that primary and the copy is not in: SlotImport) and the servers
+  /// dense tables are spread over (RoutingMap::dense_servers; 0: num_servers).
+  Status SetClusterMap(const RoutingMap& map);
   /// The version of the map the server serves by (0: none yet). Thread-safe.
   uint64_t cluster_map_version() const;
 

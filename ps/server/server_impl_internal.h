@@ -45,7 +45,7 @@ class ServerImpl {
   void Shutdown();
   const std::string& endpoint() const { return endpoint_; }
   // Server::SetClusterMap / cluster_map_version (fencing.cc).
-  Status SetClusterMap(uint64_t version, const SlotMap& primary);
+  Status SetClusterMap(const RoutingMap& map);
   uint64_t cluster_map_version() const { return map_version_.load(std::memory_order_acquire); }
 
  private:
@@ -119,8 +119,12 @@ class ServerImpl {
 
   // ---- fencing.cc: the cluster map version of data requests
   struct ClusterMapState {
-    uint64_t version;
+    uint64_t version = 0;
     SlotMap primary;
+    // The servers dense tables are spread over.
+    uint32_t dense_servers = 0;
+    // Per slot: this server is its primary and its rows are being copied here (empty: none).
+    std::vector<bool> importing;
   };
   /// The map the I/O thread serves by; null when the server follows no map or has none yet.
   const ClusterMapState* CurrentMap();
@@ -136,6 +140,34 @@ class ServerImpl {
   }
   /// True when `h` retries a push this server accepted already (PushDedup).
   bool IsRetriedPush(const Header& h) const;
+
+  /// The owner of each slot: the followed map's primaries, else the static cluster's.
+  const SlotMap& Owners();
+  /// The number of servers dense tables are spread over (the followed map's, else the static
+  /// cluster's).
+  uint32_t DenseServers();
+
+  // ---- reshard_ops.cc: moving slots (docs/elasticity.md, "Online resharding")
+  /// True when sparse request `p` touches a slot whose rows are still being copied to this
+  /// server: it waits in import_parked_ until SlotImport says the copy is in (or the map moves).
+  bool ParkedByImport(const std::shared_ptr<Pending>& p);
+  /// After the I/O thread's map moved: forgets copies of slots no longer importing and sends
+  /// what waited for a copy through the gates again (fenced by the new version).
+  void OnMapChanged();
+  /// The slots frame of a SlotExport/SlotImport/SlotDrop request (u32 each, < kNumSlots).
+  Result<std::vector<uint32_t>> RequestSlots(const Pending& p);
+  /// The map the server serves by (null: none yet), once it is at least the request's version
+  /// (Unavailable before: the controller asks again); FailedPrecondition without
+  /// follow_cluster_map.
+  Result<const ClusterMapState*> MapAtLeast(const Header& h);
+  /// MapAtLeast, then refuses slots this server owns in that map (FailedPrecondition).
+  Status CheckGivenUp(const Header& h, const std::vector<uint32_t>& slots);
+  /// SlotImport's rows step: checks them (DecodeImport), creates the tables they bring, and
+  /// writes them in their lanes, durably, before the reply.
+  Status ImportSlotRows(const std::shared_ptr<Pending>& p, const std::vector<uint32_t>& slots);
+  Status SlotExportOp(const std::shared_ptr<Pending>& p);
+  Status SlotImportOp(const std::shared_ptr<Pending>& p);
+  Status SlotDropOp(const std::shared_ptr<Pending>& p);
 
   // ---- data_ops.cc: pulls and pushes
   /// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
@@ -221,6 +253,13 @@ class ServerImpl {
   std::atomic<uint64_t> map_version_{0};
   std::shared_ptr<const ClusterMapState> io_map_;  // I/O thread only
   uint64_t stale_map_refusals_ = 0;                // I/O thread only
+  bool map_changed_ = false;                       // I/O thread only: CurrentMap saw a new one
+  // Resharding (I/O thread only): slots whose copy is in at the current map (SlotImport,
+  // count=1), requests waiting for a copy, and counters for stats.
+  std::vector<bool> import_filled_ = std::vector<bool>(kNumSlots, false);
+  std::vector<std::shared_ptr<Pending>> import_parked_;
+  std::atomic<uint64_t> slot_rows_exported_{0}, slot_rows_imported_{0}, slot_rows_dropped_{0};
+  uint64_t import_parked_total_ = 0;
 
   // State below is owned by the I/O thread.
   absl::flat_hash_map<uint64_t, TableInfo> tables_;

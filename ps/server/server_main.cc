@@ -205,7 +205,7 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   // server is announced.
   auto first = source->Load();
   if (first.ok()) {
-    TESSERA_RETURN_IF_ERROR(server->SetClusterMap(first->version, first->primary));
+    TESSERA_RETURN_IF_ERROR(server->SetClusterMap(*first));
     LOG(INFO) << "--coordinator: serving by cluster map version " << first->version;
   } else if (first.status().code() == tessera::StatusCode::kNotFound) {
     LOG(INFO) << "--coordinator: no cluster map in " << url.ToString()
@@ -219,7 +219,7 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
       return;
     }
     const uint64_t before = server->cluster_map_version();
-    tessera::Status s = server->SetClusterMap(m->version, m->primary);
+    tessera::Status s = server->SetClusterMap(*m);
     if (!s.ok()) {
       LOG(ERROR) << "--coordinator: cluster map version " << m->version << ": " << s.ToString();
     } else if (m->version > before) {

@@ -1,0 +1,266 @@
+#include "ps/client/ctl_scale_internal.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
+#include "ps/slot_rows.h"
+
+namespace tessera::internal {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double MsSince(SteadyClock::time_point t) {
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - t).count();
+}
+
+// Calls `f` until it is not Unavailable (a server that has not seen the map version yet).
+template <typename F>
+auto UntilSeen(Deadline deadline, F f) -> decltype(f()) {
+  for (;;) {
+    auto r = f();
+    if (r.ok() || r.status().code() != StatusCode::kUnavailable || Clock::now() >= deadline) {
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+Result<bool> Done(const Status& s) {
+  if (!s.ok()) return s;
+  return true;
+}
+
+// One client per server id (each a static client of that one server).
+class Servers {
+ public:
+  Servers(const ClientOptions& base) : base_(base) {}
+  Result<Client*> Get(uint32_t id, const std::string& address) {
+    auto& c = clients_[id];
+    if (!c) {
+      ClientOptions o = base_;
+      o.servers = {address};
+      TESSERA_ASSIGN_OR_RETURN(c, Client::Create(o));
+    }
+    return c.get();
+  }
+
+ private:
+  ClientOptions base_;
+  std::map<uint32_t, std::unique_ptr<Client>> clients_;
+};
+
+// The slots to move and where: each target keeps its lowest slots up to its share; the rest,
+// and every slot of a server not among the targets, go in slot order to the targets short of
+// their share.
+std::vector<std::pair<uint32_t, uint16_t>> PlanMoves(const ClusterMap& m,
+                                                     const std::vector<uint16_t>& targets) {
+  const uint32_t n = static_cast<uint32_t>(targets.size());
+  std::map<uint16_t, uint32_t> want, have;
+  for (uint32_t i = 0; i < n; ++i) want[targets[i]] = kNumSlots / n + (i < kNumSlots % n ? 1 : 0);
+  std::vector<uint32_t> given;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    const uint16_t p = m.primary[slot];
+    if (!want.count(p) || have[p] >= want[p]) {
+      given.push_back(slot);
+    } else {
+      ++have[p];
+    }
+  }
+  std::vector<std::pair<uint32_t, uint16_t>> moves;
+  size_t next = 0;
+  for (uint16_t t : targets) {
+    for (; have[t] < want[t] && next < given.size(); ++have[t]) moves.push_back({given[next++], t});
+  }
+  return moves;
+}
+
+class Controller {
+ public:
+  Controller(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
+             const ScaleOptions& o)
+      : etcd_(etcd), prefix_(prefix), store_(&etcd, prefix), servers_(base), o_(o) {}
+
+  Result<ScaleReport> Run();
+
+ private:
+  Status Cas(ClusterMap next) {
+    next.version = map_.version + 1;
+    TESSERA_RETURN_IF_ERROR(store_.CompareAndSwap(map_.version, next));
+    map_ = std::move(next);
+    return Status::OK();
+  }
+  Result<Client*> Server(uint32_t id) { return servers_.Get(id, map_.servers[id].address); }
+  // Copies the slots the map names as importing (flipped already) and settles them.
+  Status Settle();
+  Status AddServers(std::vector<uint16_t>* targets);
+
+  EtcdClient& etcd_;
+  std::string prefix_;
+  SlotMapStore store_;
+  Servers servers_;
+  ScaleOptions o_;
+  ClusterMap map_;
+  ScaleReport report_;
+};
+
+Status Controller::AddServers(std::vector<uint16_t>* targets) {
+  if (targets->size() >= o_.servers) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(etcd_, prefix_));
+  ClusterMap next = map_;
+  std::vector<uint16_t> added;
+  while (targets->size() + added.size() < o_.servers) {
+    const uint32_t id = static_cast<uint32_t>(next.servers.size());
+    const std::string name = "server-" + std::to_string(id);
+    auto it = std::find_if(members.begin(), members.end(),
+                           [&](const Member& m) { return m.id == name; });
+    if (it == members.end()) {
+      return Status::FailedPrecondition(
+          "scaling to " + std::to_string(o_.servers) + " servers needs server id " +
+          std::to_string(id) + ", which is not registered under " + prefix_ + "/members/" + name +
+          ": start tessera-server --rank=" + std::to_string(id) + " --coordinator=...");
+    }
+    next.servers.push_back({name, it->address});
+    added.push_back(static_cast<uint16_t>(id));
+  }
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  // The new servers learn every table (tables made before they existed).
+  TESSERA_ASSIGN_OR_RETURN(Client * any, Server(targets->front()));
+  TESSERA_ASSIGN_OR_RETURN(std::string specs,
+                           any->ExportSlots(0, map_.version, {}, o_.deadline));
+  for (uint16_t id : added) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(id));
+    TESSERA_RETURN_IF_ERROR(
+        c->ImportSlots(0, 0, {}, Client::SlotImportStep::kRows, specs, o_.deadline));
+    targets->push_back(id);
+  }
+  return Status::OK();
+}
+
+Status Controller::Settle() {
+  // Moving slots by (from, to), and by new owner.
+  std::map<std::pair<uint16_t, uint16_t>, std::vector<uint32_t>> moves;
+  std::map<uint16_t, std::vector<uint32_t>> by_dst, by_src;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    const uint16_t from = map_.importing[slot];
+    if (from == ClusterMap::kNoServer) continue;
+    moves[{from, map_.primary[slot]}].push_back(slot);
+    by_dst[map_.primary[slot]].push_back(slot);
+    by_src[from].push_back(slot);
+  }
+  if (moves.empty()) return Status::OK();
+  const auto flipped = SteadyClock::now();
+  const uint64_t v = map_.version;
+  for (auto& [dst, slots] : by_dst) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kClear, {}, o_.deadline));
+    }).status());
+  }
+  const double cleared_ms = MsSince(flipped);
+  for (auto& [pair, slots] : moves) {
+    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+    TESSERA_ASSIGN_OR_RETURN(std::string rows, UntilSeen(o_.deadline, [&] {
+      return src->ExportSlots(0, v, slots, o_.deadline);
+    }));
+    TESSERA_ASSIGN_OR_RETURN(uint64_t n, CountSlotRows(rows));
+    TESSERA_ASSIGN_OR_RETURN(auto pieces, SplitSlotRows(rows, o_.max_piece_bytes));
+    for (const std::string& piece : pieces) {
+      TESSERA_RETURN_IF_ERROR(
+          dst->ImportSlots(0, v, slots, Client::SlotImportStep::kRows, piece, o_.deadline));
+    }
+    report_.rows_moved += n;
+    report_.bytes_moved += rows.size();
+  }
+  const double copied_ms = MsSince(flipped);
+  for (auto& [dst, slots] : by_dst) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
+    TESSERA_RETURN_IF_ERROR(
+        c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
+  }
+  const double hold = MsSince(flipped);
+  report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
+  ClusterMap next = map_;
+  next.importing.assign(kNumSlots, ClusterMap::kNoServer);
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  for (auto& [src, slots] : by_src) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(src));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
+    }).status());
+  }
+  uint32_t count = 0;
+  for (auto& [pair, slots] : moves) count += static_cast<uint32_t>(slots.size());
+  report_.slots_moved += count;
+  ++report_.batches;
+  if (o_.log != nullptr) {
+    std::fprintf(o_.log,
+                 "moved %u slots at map version %llu; held %.1f ms (cleared at %.1f, copied at "
+                 "%.1f)\n",
+                 count, static_cast<unsigned long long>(v), hold, cleared_ms, copied_ms);
+  }
+  return Status::OK();
+}
+
+Result<ScaleReport> Controller::Run() {
+  const auto t0 = SteadyClock::now();
+  TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
+  report_.from_version = map_.version;
+  TESSERA_RETURN_IF_ERROR(Settle());  // a move an interrupted run left flipped
+  std::vector<uint16_t> targets;
+  for (uint16_t id = 0; id < map_.servers.size(); ++id) {
+    if (!map_.servers[id].address.empty() && targets.size() < o_.servers) targets.push_back(id);
+  }
+  for (uint16_t id = 0; id < map_.dense_servers; ++id) {
+    if (std::find(targets.begin(), targets.end(), id) == targets.end()) {
+      return Status::FailedPrecondition("server " + std::to_string(id) +
+                                        " holds dense tables (dense_servers " +
+                                        std::to_string(map_.dense_servers) +
+                                        "): a cluster of this map keeps at least that many");
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(AddServers(&targets));
+  const auto moves = PlanMoves(map_, targets);
+  for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {
+    ClusterMap next = map_;
+    for (size_t j = i; j < std::min(moves.size(), i + o_.batch_slots); ++j) {
+      const auto [slot, to] = moves[j];
+      next.importing[slot] = next.primary[slot];
+      next.primary[slot] = to;
+    }
+    TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+    TESSERA_RETURN_IF_ERROR(Settle());
+  }
+  // Drained servers own nothing now: retire their ids.
+  ClusterMap next = map_;
+  bool retired = false;
+  for (uint16_t id = 0; id < next.servers.size(); ++id) {
+    if (!next.servers[id].address.empty() &&
+        std::find(targets.begin(), targets.end(), id) == targets.end()) {
+      next.servers[id].address.clear();
+      retired = true;
+    }
+  }
+  if (retired) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  report_.to_version = map_.version;
+  report_.seconds = MsSince(t0) / 1000;
+  return report_;
+}
+
+}  // namespace
+
+Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
+                          const ScaleOptions& options) {
+  if (options.servers == 0) return Status::InvalidArgument("scale to 0 servers");
+  if (options.batch_slots == 0) return Status::InvalidArgument("a batch of 0 slots");
+  Controller c(etcd, prefix, base, options);
+  return c.Run();
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,46 @@
+// tessera-ctl scale: the controller of online resharding (docs/elasticity.md). Moves slots
+// among the servers of a cluster map in etcd while clients go on training: adds registered
+// servers, drains and retires others. Built into tessera-ctl only (it needs tessera_coord).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "ps/client/client.h"
+#include "ps/coord/etcd_client.h"
+
+namespace tessera::internal {
+
+struct ScaleOptions {
+  /// The number of live servers wanted (server ids 0.. that have an address, plus new ids
+  /// registered under PREFIX/members/server-<id>).
+  uint32_t servers = 0;
+  /// Slots moved per map flip: the requests for a moving slot wait while its batch copies.
+  uint32_t batch_slots = 1024;
+  /// Rows per SlotImport request at most about this many bytes.
+  size_t max_piece_bytes = size_t{64} << 20;
+  Deadline deadline = NoDeadline();
+  /// Progress lines (one per batch) go here; null: none.
+  std::FILE* log = nullptr;
+};
+
+struct ScaleReport {
+  uint64_t from_version = 0, to_version = 0;
+  uint32_t slots_moved = 0;
+  uint32_t batches = 0;
+  uint64_t rows_moved = 0, bytes_moved = 0;
+  double seconds = 0;
+  /// The longest time a batch's slots waited: from the flip of the map to the copy being in.
+  double max_hold_ms = 0;
+};
+
+/// Brings the map under `prefix` to `options.servers` live servers with slots spread evenly,
+/// moving as few slots as it can (each server keeps its lowest slots); finishes first any move
+/// an interrupted run left flipped. Each batch: CAS the map (new primaries, `importing` the
+/// old), clear the slots on the new owners, copy their rows from the old owners, mark them in,
+/// CAS `importing` away, delete them from the old owners. Ends by retiring drained ids.
+Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
+                          const ScaleOptions& options);
+
+}  // namespace tessera::internal

@@ -1,0 +1,375 @@
+// Moving slots between servers while a job trains (docs/elasticity.md, "Online resharding").
+// The controller (tessera-ctl scale) flips a slot to its new primary in the map with the old
+// one named as `importing`; the old owner then refuses the slot (fencing) and the new one holds
+// requests for it (ParkedByImport). The controller copies the rows: SlotExport on the old
+// owner, SlotImport on the new (cleared, then filled in pieces, then marked in), and finally
+// SlotDrop on the old owner once the map no longer names it.
+#include <glog/logging.h>
+
+#include <cstring>
+
+#include "ps/optimizer.h"
+#include "ps/server/server_impl_internal.h"
+#include "ps/slot_rows.h"
+
+namespace tessera::internal {
+namespace {
+
+// SlotImport's `count`: what the request does.
+constexpr uint64_t kImportRows = 0;   // [slots][rows]: writes the rows (replacing)
+constexpr uint64_t kImportDone = 1;   // [slots]: the copy is in; held requests run
+constexpr uint64_t kImportClear = 2;  // [slots]: deletes what this server holds of them
+
+// The sparse tables a lane visits: id, floats of value and of optimizer state.
+struct SparseTable {
+  uint64_t id;
+  uint32_t dim;
+  uint32_t state;
+};
+
+// Visits the rows of `slots` that `lane` holds, table by table.
+Status ScanSlots(Lane& lane, const std::vector<SparseTable>& tables,
+                 const std::vector<uint32_t>& slots,
+                 const std::function<void(const SparseTable&, uint64_t, const float*,
+                                          const float*, const RowMeta&)>& fn) {
+  for (const SparseTable& t : tables) {
+    TESSERA_RETURN_IF_ERROR(lane.store().ScanSlots(
+        t.id, slots,
+        [&](uint64_t key, const float* value, const float* state, const RowMeta& meta) {
+          fn(t, key, value, state, meta);
+          return true;
+        }));
+  }
+  return Status::OK();
+}
+
+// Deletes the rows of `slots` that `lane` holds (the old owner's drop; the new owner's clear
+// before a copy).
+Status DeleteSlotRows(Lane& lane, const std::vector<SparseTable>& tables,
+                      const std::vector<uint32_t>& slots, std::atomic<uint64_t>* deleted) {
+  for (const SparseTable& t : tables) {
+    std::vector<uint64_t> keys;
+    TESSERA_RETURN_IF_ERROR(lane.store().ScanSlots(
+        t.id, slots, [&](uint64_t key, const float*, const float*, const RowMeta&) {
+          keys.push_back(key);
+          return true;
+        }));
+    TESSERA_RETURN_IF_ERROR(lane.store().DeleteRows(t.id, keys));
+    deleted->fetch_add(keys.size(), std::memory_order_relaxed);
+  }
+  return Status::OK();
+}
+
+// The sparse tables of `tables`, with their state floats.
+std::vector<SparseTable> SparseTables(const std::vector<std::pair<uint64_t, TableSpec>>& tables) {
+  std::vector<SparseTable> out;
+  for (const auto& [id, spec] : tables) {
+    if (spec.kind == TableKind::kSparse) {
+      out.push_back({id, spec.dim, Optimizer::Make(spec.optimizer)->StateFloats(spec.dim)});
+    }
+  }
+  return out;
+}
+
+// Moved rows by lane, and the tables they bring that the server does not have.
+struct ImportPlan {
+  struct Lane {
+    std::vector<uint64_t> tables, keys;
+    std::vector<RowMeta> metas;
+    std::vector<float> floats;
+    std::vector<size_t> offsets;
+  };
+  std::vector<Lane> lanes;
+  std::vector<std::pair<uint64_t, TableSpec>> added;
+  uint64_t rows = 0;
+};
+
+// Checks and sorts SlotImport's rows: each table entry a valid spec under its name's id that
+// `known` (SameTableExists) accepts; each row of a sparse table (the server's, `spec_of`, or
+// one the rows bring), of the table's floats, and of a slot in `want`.
+Status DecodeImport(std::string_view data, const std::vector<bool>& want, uint32_t lanes,
+                    const std::function<Result<bool>(uint64_t, const TableSpec&)>& known,
+                    const std::function<const TableSpec*(uint64_t)>& spec_of, ImportPlan* plan) {
+  auto find = [&](uint64_t id) -> const TableSpec* {
+    for (const auto& a : plan->added) {
+      if (a.first == id) return &a.second;
+    }
+    return spec_of(id);
+  };
+  auto table = [&](uint64_t id, const TableSpec& spec) -> Status {
+    TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
+    if (TableIdForName(spec.name) != id) {
+      return Status::InvalidArgument("slot rows: table '" + spec.name + "' with id " +
+                                     std::to_string(id) + ", not its name's id");
+    }
+    TESSERA_ASSIGN_OR_RETURN(bool exists, known(id, spec));
+    if (!exists && find(id) == nullptr) plan->added.emplace_back(id, spec);
+    return Status::OK();
+  };
+  auto row = [&](uint64_t table, uint64_t key, const SlotRowMeta& m, const char* floats,
+                 uint32_t n) -> Status {
+    const TableSpec* spec = find(table);
+    if (spec == nullptr || spec->kind != TableKind::kSparse) {
+      return Status::InvalidArgument("slot rows: row of key " + std::to_string(key) +
+                                     " of table id " + std::to_string(table) +
+                                     ", which is no sparse table here or in the rows");
+    }
+    const uint32_t expect = spec->dim + Optimizer::Make(spec->optimizer)->StateFloats(spec->dim);
+    if (n != expect) {
+      return Status::InvalidArgument("slot rows: key " + std::to_string(key) + " of table '" +
+                                     spec->name + "' has " + std::to_string(n) +
+                                     " floats, its rows have " + std::to_string(expect));
+    }
+    const uint32_t slot = SlotOfKey(key);
+    if (!want[slot]) {
+      return Status::InvalidArgument("slot rows: key " + std::to_string(key) + " is of slot " +
+                                     std::to_string(slot) + ", not one the request names");
+    }
+    ImportPlan::Lane& b = plan->lanes[LaneOfSlot(slot, lanes)];
+    b.tables.push_back(table);
+    b.keys.push_back(key);
+    b.metas.push_back(RowMeta{m.update_count, m.last_step, m.last_update_s});
+    b.offsets.push_back(b.floats.size());
+    b.floats.resize(b.floats.size() + n);
+    std::memcpy(b.floats.data() + b.offsets.back(), floats, size_t{n} * sizeof(float));
+    ++plan->rows;
+    return Status::OK();
+  };
+  return ParseSlotRows(data, {table, row});
+}
+
+}  // namespace
+
+bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.op != Op::kSparsePull && h.op != Op::kSparsePush && h.op != Op::kSparsePushPull) {
+    return false;
+  }
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr || map->importing.empty() || p->keys == nullptr) return false;
+  for (uint64_t i = 0; i < h.count; ++i) {
+    const uint32_t slot = SlotOfKey(p->keys[i]);
+    if (map->importing[slot] && !import_filled_[slot]) {
+      import_parked_.push_back(p);
+      ++import_parked_total_;
+      return true;
+    }
+  }
+  return false;
+}
+
+void ServerImpl::OnMapChanged() {
+  map_changed_ = false;
+  const ClusterMapState* map = CurrentMap();
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (map == nullptr || map->importing.empty() || !map->importing[slot]) {
+      import_filled_[slot] = false;
+    }
+  }
+  // Fenced again by the new version when they run (Resubmit): a request of the old version
+  // is refused and its client routes it by the new map.
+  std::vector<std::shared_ptr<Pending>> parked;
+  parked.swap(import_parked_);
+  Readmit(std::move(parked));
+}
+
+Result<std::vector<uint32_t>> ServerImpl::RequestSlots(const Pending& p) {
+  if (p.frames.empty()) {
+    return Status::InvalidArgument(std::string(OpName(p.header.op)) + " without a slots frame");
+  }
+  const zmq::message_t& f = p.frames[0];
+  if (f.size() % sizeof(uint32_t) != 0 || f.size() / sizeof(uint32_t) > kNumSlots) {
+    return Status::InvalidArgument("slots frame of " + std::to_string(f.size()) +
+                                   " bytes: not at most " + std::to_string(kNumSlots) +
+                                   " u32 slot numbers");
+  }
+  std::vector<uint32_t> slots(f.size() / sizeof(uint32_t));
+  std::memcpy(slots.data(), f.data(), f.size());
+  for (uint32_t s : slots) {
+    if (s >= kNumSlots) {
+      return Status::InvalidArgument("slot " + std::to_string(s) + " is not below " +
+                                     std::to_string(kNumSlots));
+    }
+  }
+  return slots;
+}
+
+Result<const ServerImpl::ClusterMapState*> ServerImpl::MapAtLeast(const Header& h) {
+  if (!options_.follow_cluster_map) {
+    return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
+                                      " follows no cluster map: slots move only with "
+                                      "--coordinator");
+  }
+  const ClusterMapState* map = CurrentMap();
+  const uint64_t mine = map == nullptr ? 0 : map->version;
+  if (mine < h.map_version) {
+    return Status::Unavailable("server " + std::to_string(options_.rank) +
+                               " is at cluster map version " + std::to_string(mine) +
+                               ", the move is at " + std::to_string(h.map_version) +
+                               "; retry once it has seen that version");
+  }
+  return map;
+}
+
+Status ServerImpl::CheckGivenUp(const Header& h, const std::vector<uint32_t>& slots) {
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  for (uint32_t slot : slots) {
+    if (map == nullptr || map->primary.ServerOfSlot(slot) == options_.rank) {
+      return Status::FailedPrecondition(
+          "slot " + std::to_string(slot) + " belongs to server " + std::to_string(options_.rank) +
+          " at map version " + std::to_string(map == nullptr ? 0 : map->version) +
+          ": it has not been given up");
+    }
+  }
+  return Status::OK();
+}
+
+Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
+  TESSERA_RETURN_IF_ERROR(slots.empty() ? MapAtLeast(p->header).status()
+                                        : CheckGivenUp(p->header, slots));
+  // Every table (a server that joined later learns them here), then the rows by lane. The
+  // slots were given up at a version this server serves by, so every push to them it accepted
+  // is ahead of this task in its lane (RunParts flushes staged pushes first).
+  auto want = std::make_shared<const std::vector<uint32_t>>(slots);
+  const auto list = TableList();
+  auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(list));
+  std::string specs;
+  for (const auto& [id, spec] : list) AppendSlotTable(&specs, id, spec);
+  p->text.assign(lanes_.size() + 1, std::string());
+  p->text[0] = std::move(specs);
+  if (slots.empty()) {
+    ReplyOk(std::move(p->identity), p->header, Header(), &p->text[0]);
+    return Status::OK();
+  }
+  Pending* raw = p.get();
+  std::atomic<uint64_t>* exported = &slot_rows_exported_;
+  RunOnAllLanes(
+      p,
+      [raw, want, tables, exported](Lane& lane) -> Status {
+        std::string out;
+        std::vector<float> row;
+        uint64_t n = 0;
+        TESSERA_RETURN_IF_ERROR(ScanSlots(
+            lane, *tables, *want,
+            [&](const SparseTable& t, uint64_t key, const float* value, const float* state,
+                const RowMeta& meta) {
+              row.assign(value, value + t.dim);
+              row.insert(row.end(), state, state + t.state);
+              AppendSlotRow(&out, t.id, key,
+                            SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s},
+                            row.data(), static_cast<uint32_t>(row.size()));
+              ++n;
+            }));
+        exported->fetch_add(n, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> l(raw->mu);
+        raw->text[lane.index() + 1] = std::move(out);
+        return Status::OK();
+      },
+      false);
+  return Status::OK();
+}
+
+Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.count > kImportClear) {
+    return Status::InvalidArgument("SlotImport count " + std::to_string(h.count) +
+                                   " (0 rows, 1 done, 2 clear)");
+  }
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportRows ? 2 : 1));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
+  // Only slots this server is the importing primary of, at a version it has seen; no slots:
+  // the tables only (a server that joins learns them before it owns anything).
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  for (uint32_t slot : slots) {
+    if (map == nullptr || map->importing.empty() || !map->importing[slot]) {
+      return Status::FailedPrecondition(
+          "slot " + std::to_string(slot) + " is not being copied to server " +
+          std::to_string(options_.rank) + " at map version " +
+          std::to_string(map == nullptr ? 0 : map->version));
+    }
+  }
+  if (h.count == kImportDone) {
+    for (uint32_t s : slots) import_filled_[s] = true;
+    ReplyOk(std::move(p->identity), h);
+    std::vector<std::shared_ptr<Pending>> parked;
+    parked.swap(import_parked_);
+    Readmit(std::move(parked));  // those still waiting for another slot park again
+    return Status::OK();
+  }
+  if (h.count == kImportClear) {
+    auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(TableList()));
+    auto list = std::make_shared<const std::vector<uint32_t>>(slots);
+    std::atomic<uint64_t>* dropped = &slot_rows_dropped_;
+    RunOnAllLanes(
+        p, [list, tables, dropped](Lane& lane) { return DeleteSlotRows(lane, *tables, *list, dropped); },
+        false);
+    return Status::OK();
+  }
+  return ImportSlotRows(p, slots);
+}
+
+Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
+                                  const std::vector<uint32_t>& slots) {
+  // Checked here, written by their lanes. New tables are created first (a server that joined
+  // after they were made); a known table must have the same spec.
+  std::vector<bool> want(kNumSlots, false);
+  for (uint32_t s : slots) want[s] = true;
+  const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+  auto plan = std::make_shared<ImportPlan>();
+  plan->lanes.resize(nl);
+  const auto& frame = p->frames[1];
+  TESSERA_RETURN_IF_ERROR(DecodeImport(
+      std::string_view(static_cast<const char*>(frame.data()), frame.size()), want, nl,
+      [&](uint64_t id, const TableSpec& spec) -> Result<bool> {
+        return SameTableExists(id, spec, "than the moved rows'");
+      },
+      [&](uint64_t id) -> const TableSpec* {
+        auto t = tables_.find(id);
+        return t == tables_.end() ? nullptr : &t->second.spec;
+      },
+      plan.get()));
+  for (const auto& [id, spec] : plan->added) {
+    TESSERA_RETURN_IF_ERROR(
+        engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+    AddTableInfo(id, spec);
+    LOG(INFO) << "table '" << spec.name << "' created by moved slot rows";
+  }
+  slot_rows_imported_.fetch_add(plan->rows, std::memory_order_relaxed);
+  std::vector<LanePart> parts;
+  for (uint32_t l = 0; l < nl; ++l) {
+    parts.push_back(LanePart{l, [plan, l](Lane& lane) -> Status {
+                               for (const auto& [id, spec] : plan->added) {
+                                 TESSERA_RETURN_IF_ERROR(lane.store().AddTable(id, spec));
+                               }
+                               const ImportPlan::Lane& b = plan->lanes[l];
+                               for (size_t i = 0; i < b.keys.size(); ++i) {
+                                 const float* row = b.floats.data() + b.offsets[i];
+                                 TESSERA_RETURN_IF_ERROR(lane.store().PutRows(
+                                     b.tables[i], std::span<const uint64_t>(&b.keys[i], 1),
+                                     std::span<const float* const>(&row, 1),
+                                     std::span<const RowMeta>(&b.metas[i], 1)));
+                               }
+                               // Durable before the reply: the request log does not hold them.
+                               return b.keys.empty() ? Status::OK() : lane.store().Commit();
+                             }});
+  }
+  RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, /*may_inline=*/false);
+  return Status::OK();
+}
+
+Status ServerImpl::SlotDropOp(const std::shared_ptr<Pending>& p) {
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
+  TESSERA_RETURN_IF_ERROR(CheckGivenUp(p->header, slots));
+  auto want = std::make_shared<const std::vector<uint32_t>>(slots);
+  auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(TableList()));
+  std::atomic<uint64_t>* dropped = &slot_rows_dropped_;
+  RunOnAllLanes(
+      p, [want, tables, dropped](Lane& lane) { return DeleteSlotRows(lane, *tables, *want, dropped); },
+      false);
+  return Status::OK();
+}
+
+}  // namespace tessera::internal

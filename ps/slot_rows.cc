@@ -1,0 +1,136 @@
+#include "ps/slot_rows.h"
+
+#include <cstring>
+
+#include "ps/codec.h"
+
+namespace tessera::internal {
+namespace {
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// A cursor over the data that refuses to read past its end.
+struct Reader {
+  std::string_view d;
+  size_t pos = 0;
+  template <typename T>
+  bool Get(T* v) {
+    if (d.size() - pos < sizeof(T)) return false;
+    std::memcpy(v, d.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return true;
+  }
+};
+
+constexpr size_t kRowHeaderBytes = 1 + 8 + 8 + 4 * 4;
+
+}  // namespace
+
+void AppendSlotTable(std::string* out, uint64_t id, const TableSpec& spec) {
+  const std::string enc = EncodeTableSpec(spec);
+  out->push_back('T');
+  Put<uint64_t>(out, id);
+  Put<uint32_t>(out, static_cast<uint32_t>(enc.size()));
+  out->append(enc);
+}
+
+void AppendSlotRow(std::string* out, uint64_t table, uint64_t key, const SlotRowMeta& meta,
+                   const float* row, uint32_t n) {
+  out->push_back('R');
+  Put<uint64_t>(out, table);
+  Put<uint64_t>(out, key);
+  Put<uint32_t>(out, meta.update_count);
+  Put<uint32_t>(out, meta.last_step);
+  Put<uint32_t>(out, meta.last_update_s);
+  Put<uint32_t>(out, n);
+  out->append(reinterpret_cast<const char*>(row), size_t{n} * sizeof(float));
+}
+
+Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor) {
+  Reader r{data};
+  while (r.pos < data.size()) {
+    const size_t at = r.pos;
+    const auto bad = [&](const std::string& what) {
+      return Status::Corruption("slot rows: " + what + " at byte " + std::to_string(at) + " of " +
+                                std::to_string(data.size()));
+    };
+    char tag = 0;
+    r.Get(&tag);
+    if (tag == 'T') {
+      uint64_t id;
+      uint32_t len;
+      if (!r.Get(&id) || !r.Get(&len) || data.size() - r.pos < len) {
+        return bad("a table entry cut short");
+      }
+      auto spec = DecodeTableSpec(data.substr(r.pos, len));
+      if (!spec.ok()) return bad("a table spec that does not decode (" + spec.status().message() + ")");
+      r.pos += len;
+      if (visitor.table) TESSERA_RETURN_IF_ERROR(visitor.table(id, *spec));
+    } else if (tag == 'R') {
+      uint64_t table, key;
+      SlotRowMeta m;
+      uint32_t n;
+      if (!r.Get(&table) || !r.Get(&key) || !r.Get(&m.update_count) || !r.Get(&m.last_step) ||
+          !r.Get(&m.last_update_s) || !r.Get(&n) ||
+          (data.size() - r.pos) / sizeof(float) < n) {
+        return bad("a row cut short");
+      }
+      const char* row = data.data() + r.pos;
+      r.pos += size_t{n} * sizeof(float);
+      if (visitor.row) TESSERA_RETURN_IF_ERROR(visitor.row(table, key, m, row, n));
+    } else {
+      return bad("an entry of unknown type " + std::to_string(static_cast<int>(tag)));
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max_bytes) {
+  std::string tables;
+  TESSERA_RETURN_IF_ERROR(ParseSlotRows(
+      data, {[&](uint64_t id, const TableSpec& spec) {
+               AppendSlotTable(&tables, id, spec);
+               return Status::OK();
+             },
+             nullptr}));
+  std::vector<std::string> pieces;
+  std::string cur = tables;
+  bool has_rows = false;
+  TESSERA_RETURN_IF_ERROR(ParseSlotRows(
+      data, {nullptr, [&](uint64_t table, uint64_t key, const SlotRowMeta& m, const char* row,
+                          uint32_t n) {
+               const size_t bytes = kRowHeaderBytes + size_t{n} * sizeof(float);
+               if (has_rows && cur.size() + bytes > max_bytes) {
+                 pieces.push_back(std::move(cur));
+                 cur = tables;
+                 has_rows = false;
+               }
+               cur.push_back('R');
+               Put<uint64_t>(&cur, table);
+               Put<uint64_t>(&cur, key);
+               Put<uint32_t>(&cur, m.update_count);
+               Put<uint32_t>(&cur, m.last_step);
+               Put<uint32_t>(&cur, m.last_update_s);
+               Put<uint32_t>(&cur, n);
+               cur.append(row, size_t{n} * sizeof(float));
+               has_rows = true;
+               return Status::OK();
+             }}));
+  pieces.push_back(std::move(cur));
+  return pieces;
+}
+
+Result<uint64_t> CountSlotRows(std::string_view data) {
+  uint64_t rows = 0;
+  TESSERA_RETURN_IF_ERROR(ParseSlotRows(
+      data, {nullptr, [&](uint64_t, uint64_t, const SlotRowMeta&, const char*, uint32_t) {
+               ++rows;
+               return Status::OK();
+             }}));
+  return rows;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,49 @@
+// The rows of moving slots (online resharding, docs/elasticity.md): what a server gives up
+// exports in this format, and the slot's new owner imports it. Self-contained: the table specs
+// travel with the rows, so a server that joined after a table was created learns it here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ps/status.h"
+#include "ps/table_spec.h"
+
+namespace tessera::internal {
+
+/// Metadata of a moved row (storage's RowMeta, field for field).
+struct SlotRowMeta {
+  uint32_t update_count = 0;
+  uint32_t last_step = 0;
+  uint32_t last_update_s = 0;
+};
+
+/// Appends table `id`'s spec: 'T', u64 id, u32 length, the encoded spec (EncodeTableSpec).
+void AppendSlotTable(std::string* out, uint64_t id, const TableSpec& spec);
+/// Appends one sparse row: 'R', u64 table, u64 key, u32 update_count, u32 last_step,
+/// u32 last_update_s, u32 n, then n floats (value then optimizer state). Little-endian.
+void AppendSlotRow(std::string* out, uint64_t table, uint64_t key, const SlotRowMeta& meta,
+                   const float* row, uint32_t n);
+
+struct SlotRowsVisitor {
+  std::function<Status(uint64_t id, const TableSpec& spec)> table;
+  /// `row` points into the data: valid during the call only, maybe unaligned (copy it).
+  std::function<Status(uint64_t table, uint64_t key, const SlotRowMeta& meta, const char* row,
+                       uint32_t n)>
+      row;
+};
+/// Reads data written by the Append functions; Corruption naming the offset of the first entry
+/// that is cut short or unknown. Stops at the first error a visitor returns.
+Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor);
+
+/// Cuts `data` into pieces of at most about `max_bytes` at entry boundaries, each piece
+/// starting with every table entry of `data` (so each imports on its own).
+Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max_bytes);
+
+/// The number of rows in `data` (Corruption as ParseSlotRows).
+Result<uint64_t> CountSlotRows(std::string_view data);
+
+}  // namespace tessera::internal

@@ -1,0 +1,80 @@
+#include "ps/slot_rows.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace tessera::internal {
+namespace {
+
+struct Row {
+  uint64_t table, key;
+  uint32_t count;
+  std::vector<float> floats;
+  bool operator==(const Row&) const = default;
+};
+
+std::vector<Row> Rows(std::string_view data, std::vector<std::string>* tables = nullptr) {
+  std::vector<Row> out;
+  Status s = ParseSlotRows(
+      data, {[&](uint64_t, const TableSpec& spec) {
+               if (tables) tables->push_back(spec.name);
+               return Status::OK();
+             },
+             [&](uint64_t t, uint64_t k, const SlotRowMeta& m, const char* row, uint32_t n) {
+               std::vector<float> f(n);
+               std::memcpy(f.data(), row, n * sizeof(float));
+               out.push_back({t, k, m.update_count, f});
+               return Status::OK();
+             }});
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return out;
+}
+
+TEST(SlotRows, RoundTripSplitAndDamage) {
+  std::string data;
+  AppendSlotTable(&data, 7, TableSpec::Sparse("emb", 3));
+  std::vector<Row> want;
+  for (uint64_t k = 0; k < 100; ++k) {
+    std::vector<float> f = {1.0f * k, 2.0f, 3.0f, 0.5f, 0.25f, 0.125f};
+    AppendSlotRow(&data, 7, k, SlotRowMeta{static_cast<uint32_t>(k), 1, 2}, f.data(), 6);
+    want.push_back({7, k, static_cast<uint32_t>(k), f});
+  }
+  std::vector<std::string> tables;
+  EXPECT_EQ(Rows(data, &tables), want);
+  EXPECT_EQ(tables, std::vector<std::string>{"emb"});
+  EXPECT_EQ(*CountSlotRows(data), 100u);
+
+  // Pieces of at most ~1 KB, each with the table entry, together the same rows in order.
+  auto pieces = SplitSlotRows(data, 1024);
+  ASSERT_TRUE(pieces.ok());
+  EXPECT_GT(pieces->size(), 3u);
+  std::vector<Row> joined;
+  for (const std::string& p : *pieces) {
+    EXPECT_LE(p.size(), 1024u);
+    tables.clear();
+    for (Row& r : Rows(p, &tables)) joined.push_back(r);
+    EXPECT_EQ(tables, std::vector<std::string>{"emb"});
+  }
+  EXPECT_EQ(joined, want);
+
+  // Cut short, or an unknown entry: Corruption naming where, and nothing crashes.
+  for (size_t cut : {data.size() - 1, data.size() - 30, size_t{5}}) {
+    Status s = ParseSlotRows(std::string_view(data).substr(0, cut), {nullptr, nullptr});
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << cut;
+    EXPECT_NE(s.message().find("cut short"), std::string::npos) << s.ToString();
+  }
+  std::string junk = data + "X";
+  EXPECT_NE(ParseSlotRows(junk, {nullptr, nullptr}).message().find("unknown type"),
+            std::string::npos);
+  // A row claiming more floats than there are bytes.
+  std::string huge;
+  float f = 1;
+  AppendSlotRow(&huge, 1, 2, {}, &f, 1);
+  huge[huge.size() - 8] = '\xff';  // n's low byte
+  EXPECT_EQ(ParseSlotRows(huge, {nullptr, nullptr}).code(), StatusCode::kCorruption);
+}
+
+}  // namespace
+}  // namespace tessera::internal

@@ -1,0 +1,330 @@
+// Online resharding (docs/elasticity.md): `tessera-ctl scale` moves slots between real
+// tessera-server processes that follow the cluster map in a real etcd, while a BSP training
+// loop goes on. The loop's parameters must end bit-identical to the same loop on a fixed
+// 2-server cluster: no push lost, none applied twice, optimizer state and step counts moved
+// with the rows.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "ps/client/client.h"
+#include "ps/coord/etcd_map_source.h"
+#include "ps/coord/slot_map_store.h"
+#include "tests/cluster_fixture.h"
+#include "tests/elastic/etcd_fixture.h"
+#include "tests/raw_peer.h"
+
+namespace tessera::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr char kPrefix[] = "tessera/reshard";
+constexpr uint32_t kDim = 8;
+constexpr uint64_t kDenseLength = 6000;
+constexpr uint64_t kKeySpace = 60000;
+constexpr size_t kKeysPerStep = 400;
+
+int64_t StatOf(const std::string& stats, const std::string& key) {
+  std::istringstream in(stats);
+  std::string k;
+  int64_t v;
+  while (in >> k >> v) {
+    if (k == key) return v;
+    in.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
+// A 1-worker bulk-synchronous training loop: each step pulls its keys and the dense tensor,
+// computes gradients from what it read (so a lost, doubled or stale update changes every later
+// step), pushes them, waits, and advances the clock.
+class Trainer {
+ public:
+  explicit Trainer(Client& c) : c_(c) {
+    OptimizerSpec adam;
+    adam.kind = OptimizerKind::kAdam;  // sparse: the row's own step count (metadata) matters
+    adam.learning_rate = 0.01f;
+    OptimizerSpec adagrad;
+    adagrad.kind = OptimizerKind::kAdagrad;
+    adagrad.learning_rate = 0.05f;
+    auto e = c.CreateTable(TableSpec::Sparse("emb", kDim, adam));
+    auto d = c.CreateTable(TableSpec::Dense("mlp", kDenseLength, adagrad));
+    EXPECT_TRUE(e.ok() && d.ok()) << e.status().ToString() << d.status().ToString();
+    if (e.ok()) emb_ = *e;
+    if (d.ok()) dense_ = *d;
+  }
+
+  Status Step(uint64_t step) {
+    std::mt19937_64 rng(step);
+    std::set<uint64_t> unique;
+    while (unique.size() < kKeysPerStep) {
+      // Skewed: small keys come up often, so rows are updated across many steps.
+      const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+      unique.insert(1 + static_cast<uint64_t>(std::pow(u, 3.0) * kKeySpace));
+    }
+    std::vector<uint64_t> keys(unique.begin(), unique.end());
+    for (uint64_t k : keys) touched_.insert(k);
+    std::vector<float> rows(keys.size() * kDim), w(kDenseLength);
+    TESSERA_RETURN_IF_ERROR(c_.Wait(c_.Pull(emb_, keys, rows.data())));
+    TESSERA_RETURN_IF_ERROR(c_.Wait(c_.DensePull(dense_, 0, kDenseLength, w.data())));
+    std::vector<float> g(rows.size()), dg(kDenseLength);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      g[i] = 0.3f * rows[i] + 0.01f * static_cast<float>((keys[i / kDim] + step + i % kDim) % 7) -
+             0.03f + 0.001f * w[i % kDenseLength];
+    }
+    for (size_t i = 0; i < kDenseLength; ++i) {
+      dg[i] = 0.2f * w[i] - 0.01f * rows[i % rows.size()];
+    }
+    Handle p = c_.Push(emb_, keys, g);
+    Handle dp = c_.DensePush(dense_, 0, dg);
+    TESSERA_RETURN_IF_ERROR(c_.Wait(p));
+    TESSERA_RETURN_IF_ERROR(c_.Wait(dp));
+    return c_.Wait(c_.Clock());
+  }
+
+  // Every row any step touched, and the dense tensor.
+  Status Final(std::vector<uint64_t>* keys, std::vector<float>* rows, std::vector<float>* w) {
+    keys->assign(touched_.begin(), touched_.end());
+    rows->assign(keys->size() * kDim, 0.0f);
+    w->assign(kDenseLength, 0.0f);
+    TESSERA_RETURN_IF_ERROR(c_.Wait(c_.Pull(emb_, *keys, rows->data())));
+    return c_.Wait(c_.DensePull(dense_, 0, kDenseLength, w->data()));
+  }
+
+ private:
+  Client& c_;
+  Table emb_, dense_;
+  std::set<uint64_t> touched_;
+};
+
+ClientOptions TrainingOptions() {
+  ClientOptions o;
+  o.consistency.num_workers = 1;
+  o.consistency.staleness = 0;
+  o.worker_id = 0;
+  o.request_timeout_ms = 10000;
+  o.retry_for_ms = 60000;
+  return o;
+}
+
+class ReshardTest : public EtcdTest {
+ protected:
+  void SetUp() override {
+    EtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    url_ = etcd_.url(kPrefix);
+    // Three servers register; the map starts with two of them.
+    LocalClusterOptions o = Servers(3);
+    o.with_data_dirs = true;  // RocksDB engines: the moved rows go through the durable tier
+    o.extra_flags = {"--coordinator=" + url_};
+    cluster_ = std::make_unique<LocalCluster>(o);
+    Status s = cluster_->Start();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ClientOptions admin;
+    admin.servers = cluster_->endpoints();
+    auto c = Client::Create(admin);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    admin_ = std::move(*c);
+    std::string out;
+    ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
+                          "--servers=" + cluster_->endpoints()[0] + "," +
+                              cluster_->endpoints()[1]},
+                         &out),
+              0)
+        << out;
+    ASSERT_TRUE(WaitFor([&] { return Stat(0, "map_version") == 1 && Stat(1, "map_version") == 1; },
+                        seconds(30)));
+  }
+
+  int64_t Stat(uint32_t r, const std::string& key) {
+    auto st = admin_->ServerStats(r);
+    return st.ok() ? StatOf(*st, key) : -1;
+  }
+
+  // tessera-ctl scale N: its exit code, its output in *out.
+  int Scale(uint32_t n, std::string* out) {
+    return RunCommand({TESSERA_CTL_BINARY, "scale", std::to_string(n), "--coordinator=" + url_,
+                       "--batch_slots=2048", "--timeout_s=120"},
+                      out, 180);
+  }
+
+  std::string url_;
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<Client> admin_;
+};
+
+// The run: the server tier goes 2 -> 3 -> 2 while the loop trains; the result is
+// bit-identical to the same number of steps on a fixed 2-server cluster.
+TEST_F(ReshardTest, TwoToThreeToTwoWhileTrainingIsBitIdenticalToAFixedCluster) {
+  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto client = Client::Create(TrainingOptions(), std::move(*source));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Trainer trainer(**client);
+
+  std::atomic<int> phase{0};  // 0 before, 1 scaling up, 2 scaled up, 3 scaling down, 4 done
+  std::string up_out, down_out;
+  int up_rc = -1, down_rc = -1;
+  int64_t server2_push_keys = 0;
+  std::thread scaler;
+  uint64_t step = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (; step < 40 || phase.load() != 4; ++step) {
+    ASSERT_LT(step, 5000u) << "the scaling did not finish: " << up_out << down_out;
+    Status s = trainer.Step(step);
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+    if (step == 15) {
+      phase = 1;
+      scaler = std::thread([&] {
+        up_rc = Scale(3, &up_out);
+        phase = 2;
+      });
+    }
+    if (phase.load() == 2) {
+      // A few steps on three servers, then back to two.
+      scaler.join();
+      ASSERT_EQ(up_rc, 0) << up_out;
+      for (int i = 0; i < 5; ++i) {
+        ++step;
+        s = trainer.Step(step);
+        ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+      }
+      server2_push_keys = Stat(2, "push_keys");
+      phase = 3;
+      scaler = std::thread([&] {
+        down_rc = Scale(2, &down_out);
+        phase = 4;
+      });
+    }
+  }
+  if (scaler.joinable()) scaler.join();
+  ASSERT_EQ(down_rc, 0) << down_out;
+  const uint64_t steps = step;
+  std::vector<uint64_t> keys;
+  std::vector<float> rows, w;
+  ASSERT_TRUE(trainer.Final(&keys, &rows, &w).ok());
+  std::printf("elastic run: %llu steps in %.1f s\n  scale 3: %s  scale 2: %s",
+              static_cast<unsigned long long>(steps), MsSince(t0) / 1000, up_out.c_str(),
+              down_out.c_str());
+  // Server 2 served its slots while it had them, and holds nothing now; the map retired it.
+  EXPECT_GT(server2_push_keys, 0) << "server 2 took no push while it owned slots";
+  EXPECT_GT(Stat(2, "slot_rows_imported"), 0);
+  EXPECT_GT(Stat(2, "slot_rows_exported"), 0);
+  EXPECT_GT(Stat(0, "slot_rows_exported"), 0);
+  std::printf("  requests held for a copy: %lld, %lld, %lld; client reroutes: %llu\n",
+              static_cast<long long>(Stat(0, "import_parked_total")),
+              static_cast<long long>(Stat(1, "import_parked_total")),
+              static_cast<long long>(Stat(2, "import_parked_total")),
+              static_cast<unsigned long long>((*client)->stale_map_retries()));
+  std::string show;
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
+  EXPECT_NE(show.find("server 2 server-2 (retired) primary_slots 0"), std::string::npos) << show;
+
+  // The same steps on a fixed cluster of two.
+  LocalClusterOptions fo = Servers(2);
+  fo.with_data_dirs = true;
+  LocalCluster fixed(fo);
+  ASSERT_TRUE(fixed.Start().ok());
+  ClientOptions ro = TrainingOptions();
+  ro.servers = fixed.endpoints();
+  auto ref = Client::Create(ro);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  Trainer reference(**ref);
+  for (uint64_t i = 0; i < steps; ++i) ASSERT_TRUE(reference.Step(i).ok());
+  std::vector<uint64_t> ref_keys;
+  std::vector<float> ref_rows, ref_w;
+  ASSERT_TRUE(reference.Final(&ref_keys, &ref_rows, &ref_w).ok());
+  ASSERT_EQ(keys, ref_keys);
+  size_t differing = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (std::memcmp(&rows[i], &ref_rows[i], sizeof(float)) != 0 && differing++ < 5) {
+      ADD_FAILURE() << "key " << keys[i / kDim] << " element " << i % kDim << ": " << rows[i]
+                    << " elastic, " << ref_rows[i] << " fixed";
+    }
+  }
+  EXPECT_EQ(differing, 0u) << "of " << rows.size() << " sparse floats";
+  EXPECT_EQ(0, std::memcmp(w.data(), ref_w.data(), w.size() * sizeof(float)))
+      << "the dense tensor differs";
+}
+
+// The resharding ops refuse what they must, say why, change nothing, and the server goes on
+// serving; tessera-ctl scale says what is missing.
+TEST_F(ReshardTest, SlotOpsRefuseBadRequestsAndScaleNamesAMissingServer) {
+  using Step = Client::SlotImportStep;
+  const std::vector<uint32_t> owned = {0, 1, 2};  // server 0's at v1
+  // Server 0 still owns these: nothing to export or drop.
+  auto e = admin_->ExportSlots(0, 1, owned);
+  EXPECT_EQ(e.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("has not been given up"), std::string::npos)
+      << e.status().ToString();
+  EXPECT_EQ(admin_->DropSlots(0, 1, owned).code(), StatusCode::kFailedPrecondition);
+  // A version the server has not seen: Unavailable, to be asked again.
+  EXPECT_EQ(admin_->ExportSlots(1, 9, owned).status().code(), StatusCode::kUnavailable);
+  // Not importing anything: rows, done and clear are refused.
+  for (Step step : {Step::kRows, Step::kDone, Step::kClear}) {
+    Status s = admin_->ImportSlots(1, 1, owned, step, "");
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("is not being copied to server 1"), std::string::npos)
+        << s.ToString();
+  }
+  // The specs only (no slots) are fine, and damaged rows are not.
+  auto specs = admin_->ExportSlots(0, 1, {});
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  EXPECT_TRUE(admin_->ImportSlots(2, 0, {}, Step::kRows, *specs).ok());
+  EXPECT_EQ(admin_->ImportSlots(2, 0, {}, Step::kRows, "R1234").code(), StatusCode::kCorruption);
+
+  // Malformed frames: a slots frame that is not u32s, a slot past the last, a bad step.
+  RawPeer peer(cluster_->endpoints()[1]);
+  Header h;
+  h.op = Op::kSlotExport;
+  h.map_version = 1;
+  Header r = peer.Call(h, {std::string(5, '\0')});
+  EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
+  const uint32_t past = kNumSlots;
+  r = peer.Call(h, {std::string(reinterpret_cast<const char*>(&past), 4)});
+  EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
+  EXPECT_NE(r.message.find("16384"), std::string::npos) << r.message;
+  r = peer.Call(h, {});
+  EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
+  h.op = Op::kSlotImport;
+  h.count = 7;
+  r = peer.Call(h, {std::string()});
+  EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
+
+  // A server that follows no map refuses them all.
+  LocalCluster plain(Servers(1));
+  ASSERT_TRUE(plain.Start().ok());
+  RawPeer plain_peer(plain.endpoints()[0]);
+  h.op = Op::kSlotExport;
+  h.count = 0;
+  r = plain_peer.Call(h, {std::string()});
+  EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  EXPECT_NE(r.message.find("follows no cluster map"), std::string::npos) << r.message;
+
+  // The servers still serve.
+  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+  ASSERT_TRUE(source.ok());
+  auto client = Client::Create(TrainingOptions(), std::move(*source));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Trainer trainer(**client);
+  ASSERT_TRUE(trainer.Step(0).ok());
+
+  // Four servers need server id 3 registered: the command says how to start it, and nothing
+  // moved (the map is still at version 1).
+  std::string out;
+  EXPECT_EQ(Scale(4, &out), 1) << out;
+  EXPECT_NE(out.find("--rank=3"), std::string::npos) << out;
+  std::string show;
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
+  EXPECT_NE(show.find("version 1\n"), std::string::npos) << show;
+  EXPECT_EQ(Scale(0, &out), 2) << out;
+}
+
+}  // namespace
+}  // namespace tessera::testing
