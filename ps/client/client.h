@@ -206,16 +206,16 @@ class Client {
                                   Deadline deadline = NoDeadline());
   /// What ImportSlots does on the slots' new primary.
   enum class SlotImportStep : uint8_t {
-    kRows = 0,   ///< writes `rows` (ExportSlots' format), replacing rows of the same keys
-    kDone = 1,   ///< the copy is in: the requests the server held for the slots run
-    kClear = 2,  ///< deletes whatever the server holds of the slots (before the rows)
+    kRows = 0,  ///< writes `rows` (ExportSlots' format), replacing rows of the same keys
+    kDone = 1,  ///< the copy is in: the requests the server held for the slots run
   };
   /// Only for slots the map at `map_version` gives server `rank` with an importing source
   /// (FailedPrecondition otherwise); `kRows` with no slots creates the tables in `rows` only.
   Status ImportSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
                      SlotImportStep step, std::string_view rows = {},
                      Deadline deadline = NoDeadline());
-  /// Deletes the rows of `slots` from server `rank`, which gave them up at `map_version`.
+  /// Deletes the rows of `slots` from server `rank`, which does not own them at
+  /// `map_version` (it gave them up, or is about to import them and holds stale rows).
   Status DropSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
                    Deadline deadline = NoDeadline());
 

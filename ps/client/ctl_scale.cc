@@ -156,13 +156,6 @@ Status Controller::Settle() {
   if (moves.empty()) return Status::OK();
   const auto flipped = SteadyClock::now();
   const uint64_t v = map_.version;
-  for (auto& [dst, slots] : by_dst) {
-    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
-      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kClear, {}, o_.deadline));
-    }).status());
-  }
-  const double cleared_ms = MsSince(flipped);
   for (auto& [pair, slots] : moves) {
     TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
     TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
@@ -201,9 +194,8 @@ Status Controller::Settle() {
   ++report_.batches;
   if (o_.log != nullptr) {
     std::fprintf(o_.log,
-                 "moved %u slots at map version %llu; held %.1f ms (cleared at %.1f, copied at "
-                 "%.1f)\n",
-                 count, static_cast<unsigned long long>(v), hold, cleared_ms, copied_ms);
+                 "moved %u slots at map version %llu; held %.1f ms (copied at %.1f)\n", count,
+                 static_cast<unsigned long long>(v), hold, copied_ms);
   }
   return Status::OK();
 }
@@ -229,10 +221,20 @@ Result<ScaleReport> Controller::Run() {
   const auto moves = PlanMoves(map_, targets);
   for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {
     ClusterMap next = map_;
+    std::map<uint16_t, std::vector<uint32_t>> by_dst;
     for (size_t j = i; j < std::min(moves.size(), i + o_.batch_slots); ++j) {
       const auto [slot, to] = moves[j];
       next.importing[slot] = next.primary[slot];
       next.primary[slot] = to;
+      by_dst[to].push_back(slot);
+    }
+    // A new owner may hold rows of these slots from an earlier stay: deleted while it does not
+    // own them (nothing writes them there then), so that the copy lands on nothing stale.
+    for (auto& [dst, slots] : by_dst) {
+      TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
+      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+        return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
+      }).status());
     }
     TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
     TESSERA_RETURN_IF_ERROR(Settle());

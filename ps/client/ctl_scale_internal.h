@@ -37,9 +37,10 @@ struct ScaleReport {
 
 /// Brings the map under `prefix` to `options.servers` live servers with slots spread evenly,
 /// moving as few slots as it can (each server keeps its lowest slots); finishes first any move
-/// an interrupted run left flipped. Each batch: CAS the map (new primaries, `importing` the
-/// old), clear the slots on the new owners, copy their rows from the old owners, mark them in,
-/// CAS `importing` away, delete them from the old owners. Ends by retiring drained ids.
+/// an interrupted run left flipped. Each batch: delete what the new owners hold of the slots
+/// (stale rows of an earlier stay), CAS the map (new primaries, `importing` the old), copy
+/// the rows from the old owners, mark them in, CAS `importing` away, delete them from the old
+/// owners. Ends by retiring drained ids.
 Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
                           const ScaleOptions& options);
 

@@ -16,9 +16,8 @@ namespace tessera::internal {
 namespace {
 
 // SlotImport's `count`: what the request does.
-constexpr uint64_t kImportRows = 0;   // [slots][rows]: writes the rows (replacing)
-constexpr uint64_t kImportDone = 1;   // [slots]: the copy is in; held requests run
-constexpr uint64_t kImportClear = 2;  // [slots]: deletes what this server holds of them
+constexpr uint64_t kImportRows = 0;  // [slots][rows]: writes the rows (replacing)
+constexpr uint64_t kImportDone = 1;  // [slots]: the copy is in; held requests run
 
 // The sparse tables a lane visits: id, floats of value and of optimizer state.
 struct SparseTable {
@@ -43,8 +42,8 @@ Status ScanSlots(Lane& lane, const std::vector<SparseTable>& tables,
   return Status::OK();
 }
 
-// Deletes the rows of `slots` that `lane` holds (the old owner's drop; the new owner's clear
-// before a copy).
+// Deletes the rows of `slots` that `lane` holds (SlotDrop: the old owner's copy after a move;
+// the new owner's stale rows of an earlier stay, before a move).
 Status DeleteSlotRows(Lane& lane, const std::vector<SparseTable>& tables,
                       const std::vector<uint32_t>& slots, std::atomic<uint64_t>* deleted) {
   for (const SparseTable& t : tables) {
@@ -273,9 +272,9 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
 
 Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  if (h.count > kImportClear) {
+  if (h.count > kImportDone) {
     return Status::InvalidArgument("SlotImport count " + std::to_string(h.count) +
-                                   " (0 rows, 1 done, 2 clear)");
+                                   " (0 rows, 1 done)");
   }
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportRows ? 2 : 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
@@ -296,15 +295,6 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
     std::vector<std::shared_ptr<Pending>> parked;
     parked.swap(import_parked_);
     Readmit(std::move(parked));  // those still waiting for another slot park again
-    return Status::OK();
-  }
-  if (h.count == kImportClear) {
-    auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(TableList()));
-    auto list = std::make_shared<const std::vector<uint32_t>>(slots);
-    std::atomic<uint64_t>* dropped = &slot_rows_dropped_;
-    RunOnAllLanes(
-        p, [list, tables, dropped](Lane& lane) { return DeleteSlotRows(lane, *tables, *list, dropped); },
-        false);
     return Status::OK();
   }
   return ImportSlotRows(p, slots);

@@ -18,6 +18,7 @@
 #include "tests/cluster_fixture.h"
 #include "tests/elastic/etcd_fixture.h"
 #include "tests/raw_peer.h"
+#include "tests/worker/worker_process.h"
 
 namespace tessera::testing {
 namespace {
@@ -253,6 +254,33 @@ TEST_F(ReshardTest, TwoToThreeToTwoWhileTrainingIsBitIdenticalToAFixedCluster) {
       << "the dense tensor differs";
 }
 
+// The training job itself (tessera-worker --coordinator, BSP) rides through 2 -> 3 -> 2: it
+// keeps training while slots move, server 2 serves its share meanwhile, and the job ends well.
+TEST_F(ReshardTest, WorkerTrainsThroughTwoToThreeToTwo) {
+  ChildProcess worker;
+  ASSERT_TRUE(worker.Start({TESSERA_WORKER_BINARY, "--coordinator=" + url_, "--job=reshard",
+                            "--consistency=bsp", "--train_samples=2000000",
+                            "--test_samples=2000", "--batch_size=128", "--max_steps=4000",
+                            "--synthetic_max_cardinality=20000", "--bottom_mlp=8",
+                            "--top_mlp=8", "--request_timeout_ms=10000", "--retry_for_ms=60000"},
+                           cluster_->dir() + "/worker.log"));
+  ASSERT_TRUE(WaitFor([&] { return Stat(0, "pushes") > 20 && Stat(1, "pushes") > 20; },
+                      seconds(60)))
+      << worker.Output();
+  std::string up, down;
+  ASSERT_EQ(Scale(3, &up), 0) << up;
+  const int64_t before = Stat(2, "pushes");
+  ASSERT_TRUE(WaitFor([&] { return Stat(2, "pushes") > before + 20; }, seconds(60)))
+      << "server 2 took no pushes after the scale: " << worker.Output();
+  ASSERT_EQ(Scale(2, &down), 0) << down;
+  ASSERT_TRUE(worker.Running())
+      << "the worker ended before the tier was back at 2 servers; raise --max_steps: "
+      << worker.Output();
+  ASSERT_EQ(worker.Wait(600), 0) << worker.Output();
+  EXPECT_NE(worker.Output().find("4000 steps"), std::string::npos) << worker.Output();
+  std::printf("scale 3: %sscale 2: %s", up.c_str(), down.c_str());
+}
+
 // The resharding ops refuse what they must, say why, change nothing, and the server goes on
 // serving; tessera-ctl scale says what is missing.
 TEST_F(ReshardTest, SlotOpsRefuseBadRequestsAndScaleNamesAMissingServer) {
@@ -266,8 +294,8 @@ TEST_F(ReshardTest, SlotOpsRefuseBadRequestsAndScaleNamesAMissingServer) {
   EXPECT_EQ(admin_->DropSlots(0, 1, owned).code(), StatusCode::kFailedPrecondition);
   // A version the server has not seen: Unavailable, to be asked again.
   EXPECT_EQ(admin_->ExportSlots(1, 9, owned).status().code(), StatusCode::kUnavailable);
-  // Not importing anything: rows, done and clear are refused.
-  for (Step step : {Step::kRows, Step::kDone, Step::kClear}) {
+  // Not importing anything: rows and done are refused.
+  for (Step step : {Step::kRows, Step::kDone}) {
     Status s = admin_->ImportSlots(1, 1, owned, step, "");
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
     EXPECT_NE(s.message().find("is not being copied to server 1"), std::string::npos)
