@@ -49,6 +49,13 @@ void AppendSlotRow(std::string* out, uint64_t table, uint64_t key, const SlotRow
   out->append(reinterpret_cast<const char*>(row), size_t{n} * sizeof(float));
 }
 
+void AppendSlotMark(std::string* out, uint32_t lane, uint64_t instance, uint64_t step) {
+  out->push_back('S');
+  Put<uint32_t>(out, lane);
+  Put<uint64_t>(out, instance);
+  Put<uint64_t>(out, step);
+}
+
 Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor) {
   Reader r{data};
   while (r.pos < data.size()) {
@@ -81,6 +88,11 @@ Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor) {
       const char* row = data.data() + r.pos;
       r.pos += size_t{n} * sizeof(float);
       if (visitor.row) TESSERA_RETURN_IF_ERROR(visitor.row(table, key, m, row, n));
+    } else if (tag == 'S') {
+      uint32_t lane;
+      uint64_t instance, step;
+      if (!r.Get(&lane) || !r.Get(&instance) || !r.Get(&step)) return bad("a lane mark cut short");
+      if (visitor.mark) TESSERA_RETURN_IF_ERROR(visitor.mark(lane, instance, step));
     } else {
       return bad("an entry of unknown type " + std::to_string(static_cast<int>(tag)));
     }
@@ -95,7 +107,7 @@ Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max
                AppendSlotTable(&tables, id, spec);
                return Status::OK();
              },
-             nullptr}));
+             nullptr, nullptr}));
   std::vector<std::string> pieces;
   std::string cur = tables;
   bool has_rows = false;
@@ -118,7 +130,8 @@ Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max
                cur.append(row, size_t{n} * sizeof(float));
                has_rows = true;
                return Status::OK();
-             }}));
+             },
+             nullptr}));
   pieces.push_back(std::move(cur));
   return pieces;
 }
@@ -129,7 +142,8 @@ Result<uint64_t> CountSlotRows(std::string_view data) {
       data, {nullptr, [&](uint64_t, uint64_t, const SlotRowMeta&, const char*, uint32_t) {
                ++rows;
                return Status::OK();
-             }}));
+             },
+             nullptr}));
   return rows;
 }
 

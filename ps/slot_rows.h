@@ -28,19 +28,25 @@ void AppendSlotTable(std::string* out, uint64_t id, const TableSpec& spec);
 void AppendSlotRow(std::string* out, uint64_t table, uint64_t key, const SlotRowMeta& meta,
                    const float* row, uint32_t n);
 
+/// Appends a lane mark: 'S', u32 lane, u64 server instance, u64 step: the exporting lane's
+/// step counter when it read the rows that follow (a later export asks for the rows updated
+/// after it), and the instance of the server process (a restart resets the counters).
+void AppendSlotMark(std::string* out, uint32_t lane, uint64_t instance, uint64_t step);
+
 struct SlotRowsVisitor {
   std::function<Status(uint64_t id, const TableSpec& spec)> table;
   /// `row` points into the data: valid during the call only, maybe unaligned (copy it).
   std::function<Status(uint64_t table, uint64_t key, const SlotRowMeta& meta, const char* row,
                        uint32_t n)>
       row;
+  std::function<Status(uint32_t lane, uint64_t instance, uint64_t step)> mark;
 };
 /// Reads data written by the Append functions; Corruption naming the offset of the first entry
 /// that is cut short or unknown. Stops at the first error a visitor returns.
 Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor);
 
 /// Cuts `data` into pieces of at most about `max_bytes` at entry boundaries, each piece
-/// starting with every table entry of `data` (so each imports on its own).
+/// starting with every table entry of `data` (so each imports on its own); marks are dropped.
 Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max_bytes);
 
 /// The number of rows in `data` (Corruption as ParseSlotRows).

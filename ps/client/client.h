@@ -198,19 +198,32 @@ class Client {
   // calls on one server `rank` at cluster map version `map_version`; never retried
   // (Unavailable while the server has not seen that version yet: call again).
 
-  /// The rows (value, optimizer state, metadata) of `slots` that server `rank` holds and gave
-  /// up at map version `map_version`, with every table's spec, in ps/slot_rows.h's format.
-  /// Empty `slots`: the specs only. FailedPrecondition for a slot the server still owns.
+  /// Which rows ExportSlots reads.
+  struct SlotExportRequest {
+    /// False: slots the server gave up at the version (FailedPrecondition for one it still
+    /// owns): the copy at the flip, complete. True: slots it still owns and serves: a copy
+    /// ahead of the flip, which a later export with `since` completes.
+    bool still_owned = false;
+    /// Empty: every row. Else one step per lane of the server (the marks of an earlier
+    /// export): only the rows each lane updated after it.
+    std::vector<uint64_t> since;
+  };
+  /// The rows (value, optimizer state, metadata) of `slots` that server `rank` holds at map
+  /// version `map_version`, with every table's spec and a mark per lane (its step counter and
+  /// the server's instance), in ps/slot_rows.h's format. Empty `slots`: the specs only.
   Result<std::string> ExportSlots(uint32_t rank, uint64_t map_version,
                                   std::span<const uint32_t> slots,
-                                  Deadline deadline = NoDeadline());
+                                  const SlotExportRequest& how, Deadline deadline = NoDeadline());
   /// What ImportSlots does on the slots' new primary.
   enum class SlotImportStep : uint8_t {
     kRows = 0,  ///< writes `rows` (ExportSlots' format), replacing rows of the same keys
     kDone = 1,  ///< the copy is in: the requests the server held for the slots run
+    kAhead = 2,  ///< writes `rows` of slots the server does not own yet (a copy ahead of the
+                 ///< flip that makes it their importing primary)
   };
-  /// Only for slots the map at `map_version` gives server `rank` with an importing source
-  /// (FailedPrecondition otherwise); `kRows` with no slots creates the tables in `rows` only.
+  /// kRows and kDone only for slots the map at `map_version` gives server `rank` with an
+  /// importing source, kAhead only for slots it does not own (FailedPrecondition otherwise);
+  /// `kRows` with no slots creates the tables in `rows` only.
   Status ImportSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
                      SlotImportStep step, std::string_view rows = {},
                      Deadline deadline = NoDeadline());

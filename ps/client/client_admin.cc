@@ -47,13 +47,19 @@ std::string_view SlotsFrame(std::span<const uint32_t> slots) {
 }  // namespace
 
 Result<std::string> Client::ExportSlots(uint32_t rank, uint64_t map_version,
-                                        std::span<const uint32_t> slots, Deadline deadline) {
+                                        std::span<const uint32_t> slots,
+                                        const SlotExportRequest& how, Deadline deadline) {
   if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
   Header h = impl_->BaseHeader(Op::kSlotExport);
   h.map_version = map_version;
+  h.count = how.still_owned ? 1 : 0;
+  std::vector<std::string_view> frames = {SlotsFrame(slots)};
+  if (!how.since.empty()) {
+    frames.emplace_back(reinterpret_cast<const char*>(how.since.data()),
+                        how.since.size() * sizeof(uint64_t));
+  }
   std::string rows;
-  TESSERA_RETURN_IF_ERROR(
-      impl_->SendAndWait(h, {rank}, {SlotsFrame(slots)}, deadline, &rows).status());
+  TESSERA_RETURN_IF_ERROR(impl_->SendAndWait(h, {rank}, frames, deadline, &rows).status());
   return rows;
 }
 
@@ -64,7 +70,7 @@ Status Client::ImportSlots(uint32_t rank, uint64_t map_version, std::span<const 
   h.map_version = map_version;
   h.count = static_cast<uint64_t>(step);
   std::vector<std::string_view> frames = {SlotsFrame(slots)};
-  if (step == SlotImportStep::kRows) frames.push_back(rows);
+  if (step != SlotImportStep::kDone) frames.push_back(rows);
   return impl_->SendAndWait(h, {rank}, frames, deadline, nullptr).status();
 }
 

@@ -307,12 +307,14 @@ int Scale(const std::string& arg) {
     std::fprintf(stderr, "tessera-ctl: scale: %s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::printf("scaled to %lu servers: map version %llu -> %llu, %u slots and %llu rows "
-              "(%.1f MB) moved in %u batches, %.2f s; longest hold %.1f ms\n",
+  std::printf("scaled to %lu servers: map version %llu -> %llu, %u slots moved in %u batches, "
+              "%.2f s: %llu rows copied ahead, %llu during holds (%.1f MB); longest hold %.1f "
+              "ms\n",
               n, static_cast<unsigned long long>(r->from_version),
-              static_cast<unsigned long long>(r->to_version), r->slots_moved,
-              static_cast<unsigned long long>(r->rows_moved), r->bytes_moved / 1e6, r->batches,
-              r->seconds, r->max_hold_ms);
+              static_cast<unsigned long long>(r->to_version), r->slots_moved, r->batches,
+              r->seconds, static_cast<unsigned long long>(r->rows_ahead),
+              static_cast<unsigned long long>(r->rows_in_hold), r->bytes_moved / 1e6,
+              r->max_hold_ms);
   return 0;
 #else
   (void)arg;

@@ -20,7 +20,8 @@ double MsSince(SteadyClock::time_point t) {
   return std::chrono::duration<double, std::milli>(SteadyClock::now() - t).count();
 }
 
-// Calls `f` until it is not Unavailable (a server that has not seen the map version yet).
+// Calls `f` until it is not Unavailable (a server that has not seen the map version yet: its
+// watch delivers within milliseconds, and every one of them holds requests for moving slots).
 template <typename F>
 auto UntilSeen(Deadline deadline, F f) -> decltype(f()) {
   for (;;) {
@@ -28,7 +29,7 @@ auto UntilSeen(Deadline deadline, F f) -> decltype(f()) {
     if (r.ok() || r.status().code() != StatusCode::kUnavailable || Clock::now() >= deadline) {
       return r;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 Result<bool> Done(const Status& s) {
@@ -80,6 +81,28 @@ std::vector<std::pair<uint32_t, uint16_t>> PlanMoves(const ClusterMap& m,
   return moves;
 }
 
+// The lane marks of an export (ps/slot_rows.h): each lane's step when it read its rows, and the
+// instance of the server process.
+struct Marks {
+  uint64_t instance = 0;
+  std::vector<uint64_t> steps;
+};
+Result<Marks> ReadMarks(std::string_view rows) {
+  Marks m;
+  TESSERA_RETURN_IF_ERROR(ParseSlotRows(
+      rows, {nullptr, nullptr, [&](uint32_t lane, uint64_t instance, uint64_t step) -> Status {
+               if (lane >= 4096) return Status::Corruption("a lane mark of lane " + std::to_string(lane));
+               if (m.steps.size() <= lane) m.steps.resize(lane + 1);
+               m.steps[lane] = step;
+               m.instance = instance;
+               return Status::OK();
+             }}));
+  return m;
+}
+
+// Slots moving from one server to another.
+using MovePairs = std::map<std::pair<uint16_t, uint16_t>, std::vector<uint32_t>>;
+
 class Controller {
  public:
   Controller(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
@@ -96,8 +119,16 @@ class Controller {
     return Status::OK();
   }
   Result<Client*> Server(uint32_t id) { return servers_.Get(id, map_.servers[id].address); }
-  // Copies the slots the map names as importing (flipped already) and settles them.
-  Status Settle();
+  // Copies the rows of `moves` to their new owners while the old ones still serve them (before
+  // the flip); the marks of each export go to *ahead.
+  Status CopyAhead(const MovePairs& moves, std::map<std::pair<uint16_t, uint16_t>, Marks>* ahead);
+  // Copies the slots the map names as importing (flipped already) and settles them: with
+  // `ahead`, only the rows their old owner updated after the copy ahead.
+  Status Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead = {});
+  // Exports `slots` from `src` (given up at `v`) and imports them into `dst` as `step`.
+  Status Copy(Client* src, Client* dst, uint64_t v, const std::vector<uint32_t>& slots,
+              const Client::SlotExportRequest& how, Client::SlotImportStep step, Marks* marks,
+              uint64_t* rows);
   Status AddServers(std::vector<uint16_t>* targets);
 
   EtcdClient& etcd_;
@@ -132,7 +163,7 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
   // The new servers learn every table (tables made before they existed).
   TESSERA_ASSIGN_OR_RETURN(Client * any, Server(targets->front()));
   TESSERA_ASSIGN_OR_RETURN(std::string specs,
-                           any->ExportSlots(0, map_.version, {}, o_.deadline));
+                           any->ExportSlots(0, map_.version, {}, {}, o_.deadline));
   for (uint16_t id : added) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(id));
     TESSERA_RETURN_IF_ERROR(
@@ -142,9 +173,40 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
   return Status::OK();
 }
 
-Status Controller::Settle() {
+Status Controller::Copy(Client* src, Client* dst, uint64_t v, const std::vector<uint32_t>& slots,
+                        const Client::SlotExportRequest& how, Client::SlotImportStep step,
+                        Marks* marks, uint64_t* rows) {
+  TESSERA_ASSIGN_OR_RETURN(std::string data, UntilSeen(o_.deadline, [&] {
+    return src->ExportSlots(0, v, slots, how, o_.deadline);
+  }));
+  TESSERA_ASSIGN_OR_RETURN(*marks, ReadMarks(data));
+  TESSERA_ASSIGN_OR_RETURN(*rows, CountSlotRows(data));
+  TESSERA_ASSIGN_OR_RETURN(auto pieces, SplitSlotRows(data, o_.max_piece_bytes));
+  for (const std::string& piece : pieces) {
+    TESSERA_RETURN_IF_ERROR(dst->ImportSlots(0, v, slots, step, piece, o_.deadline));
+  }
+  report_.bytes_moved += data.size();
+  return Status::OK();
+}
+
+Status Controller::CopyAhead(const MovePairs& moves,
+                             std::map<std::pair<uint16_t, uint16_t>, Marks>* ahead) {
+  for (auto& [pair, slots] : moves) {
+    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+    Client::SlotExportRequest how;
+    how.still_owned = true;
+    uint64_t n = 0;
+    TESSERA_RETURN_IF_ERROR(Copy(src, dst, map_.version, slots, how,
+                                 Client::SlotImportStep::kAhead, &(*ahead)[pair], &n));
+    report_.rows_ahead += n;
+  }
+  return Status::OK();
+}
+
+Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead) {
   // Moving slots by (from, to), and by new owner.
-  std::map<std::pair<uint16_t, uint16_t>, std::vector<uint32_t>> moves;
+  MovePairs moves;
   std::map<uint16_t, std::vector<uint32_t>> by_dst, by_src;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
     const uint16_t from = map_.importing[slot];
@@ -159,17 +221,17 @@ Status Controller::Settle() {
   for (auto& [pair, slots] : moves) {
     TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
     TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
-    TESSERA_ASSIGN_OR_RETURN(std::string rows, UntilSeen(o_.deadline, [&] {
-      return src->ExportSlots(0, v, slots, o_.deadline);
-    }));
-    TESSERA_ASSIGN_OR_RETURN(uint64_t n, CountSlotRows(rows));
-    TESSERA_ASSIGN_OR_RETURN(auto pieces, SplitSlotRows(rows, o_.max_piece_bytes));
-    for (const std::string& piece : pieces) {
-      TESSERA_RETURN_IF_ERROR(
-          dst->ImportSlots(0, v, slots, Client::SlotImportStep::kRows, piece, o_.deadline));
+    Client::SlotExportRequest how;
+    auto a = ahead.find(pair);
+    if (a != ahead.end()) how.since = a->second.steps;
+    Marks marks;
+    uint64_t n = 0;
+    TESSERA_RETURN_IF_ERROR(Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n));
+    if (a != ahead.end() && marks.instance != a->second.instance) {
+      // The old owner restarted since the copy ahead (its step counters began again): all rows.
+      TESSERA_RETURN_IF_ERROR(Copy(src, dst, v, slots, {}, Client::SlotImportStep::kRows, &marks, &n));
     }
-    report_.rows_moved += n;
-    report_.bytes_moved += rows.size();
+    report_.rows_in_hold += n;
   }
   const double copied_ms = MsSince(flipped);
   for (auto& [dst, slots] : by_dst) {
@@ -222,8 +284,10 @@ Result<ScaleReport> Controller::Run() {
   for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {
     ClusterMap next = map_;
     std::map<uint16_t, std::vector<uint32_t>> by_dst;
+    MovePairs pairs;
     for (size_t j = i; j < std::min(moves.size(), i + o_.batch_slots); ++j) {
       const auto [slot, to] = moves[j];
+      pairs[{next.primary[slot], to}].push_back(slot);
       next.importing[slot] = next.primary[slot];
       next.primary[slot] = to;
       by_dst[to].push_back(slot);
@@ -236,8 +300,12 @@ Result<ScaleReport> Controller::Run() {
         return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
       }).status());
     }
+    // The rows go over while the old owners still serve them; the flip then holds requests
+    // only while the rows updated since are copied.
+    std::map<std::pair<uint16_t, uint16_t>, Marks> ahead;
+    TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
     TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
-    TESSERA_RETURN_IF_ERROR(Settle());
+    TESSERA_RETURN_IF_ERROR(Settle(ahead));
   }
   // Drained servers own nothing now: retire their ids.
   ClusterMap next = map_;

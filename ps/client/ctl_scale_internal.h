@@ -29,7 +29,10 @@ struct ScaleReport {
   uint64_t from_version = 0, to_version = 0;
   uint32_t slots_moved = 0;
   uint32_t batches = 0;
-  uint64_t rows_moved = 0, bytes_moved = 0;
+  /// Rows copied while their old owner still served them, and rows copied during the holds
+  /// (updated after the copy ahead, or all of a move an interrupted run left flipped); bytes
+  /// of both.
+  uint64_t rows_ahead = 0, rows_in_hold = 0, bytes_moved = 0;
   double seconds = 0;
   /// The longest time a batch's slots waited: from the flip of the map to the copy being in.
   double max_hold_ms = 0;
@@ -38,9 +41,10 @@ struct ScaleReport {
 /// Brings the map under `prefix` to `options.servers` live servers with slots spread evenly,
 /// moving as few slots as it can (each server keeps its lowest slots); finishes first any move
 /// an interrupted run left flipped. Each batch: delete what the new owners hold of the slots
-/// (stale rows of an earlier stay), CAS the map (new primaries, `importing` the old), copy
-/// the rows from the old owners, mark them in, CAS `importing` away, delete them from the old
-/// owners. Ends by retiring drained ids.
+/// (stale rows of an earlier stay), copy the rows ahead from the old owners (still serving),
+/// CAS the map (new primaries, `importing` the old), copy the rows the old owners updated
+/// since, mark them in, CAS `importing` away, delete them from the old owners. Ends by
+/// retiring drained ids.
 Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
                           const ScaleOptions& options);
 

@@ -65,6 +65,8 @@ class Lane {
   uint32_t index() const { return index_; }
   /// The lane's next step number (row update steps for eviction by idle steps).
   uint64_t NextStep() { return ++step_; }
+  /// The last step number given out (rows updated so far have last_step <= it). Lane thread.
+  uint64_t step() const { return step_; }
   /// Times the lane waited for the storage writer because too many rows were not yet durable.
   uint64_t back_pressure_waits() const { return waits_.load(std::memory_order_relaxed); }
 

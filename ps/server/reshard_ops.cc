@@ -7,6 +7,7 @@
 #include <glog/logging.h>
 
 #include <cstring>
+#include <random>
 
 #include "ps/optimizer.h"
 #include "ps/server/server_impl_internal.h"
@@ -16,8 +17,11 @@ namespace tessera::internal {
 namespace {
 
 // SlotImport's `count`: what the request does.
-constexpr uint64_t kImportRows = 0;  // [slots][rows]: writes the rows (replacing)
-constexpr uint64_t kImportDone = 1;  // [slots]: the copy is in; held requests run
+constexpr uint64_t kImportRows = 0;     // [slots][rows]: writes the rows of importing slots
+constexpr uint64_t kImportDone = 1;     // [slots]: the copy is in; held requests run
+constexpr uint64_t kImportAhead = 2;    // [slots][rows]: rows of slots this server will import
+// SlotExport's `count`.
+constexpr uint64_t kExportOwned = 1;    // slots still owned (the copy ahead of the flip)
 
 // The sparse tables a lane visits: id, floats of value and of optimizer state.
 struct SparseTable {
@@ -139,6 +143,11 @@ Status DecodeImport(std::string_view data, const std::vector<bool>& want, uint32
 
 }  // namespace
 
+uint64_t ServerImpl::RandomInstance() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
 bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.op != Op::kSparsePull && h.op != Op::kSparsePush && h.op != Op::kSparsePushPull) {
@@ -224,11 +233,31 @@ Status ServerImpl::CheckGivenUp(const Header& h, const std::vector<uint32_t>& sl
 }
 
 Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
-  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+  const Header& h = p->header;
+  // count 0: slots given up (the copy at the flip); 1: slots still owned (the copy ahead of
+  // it, taken while they are served). An optional second frame: u64 per lane, the rows
+  // updated after that lane step only (the marks of an earlier export).
+  if (h.count > kExportOwned) {
+    return Status::InvalidArgument("SlotExport count " + std::to_string(h.count) +
+                                   " (0 given up, 1 still owned)");
+  }
+  if (p->frames.size() != 2) TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
-  TESSERA_RETURN_IF_ERROR(slots.empty() ? MapAtLeast(p->header).status()
-                                        : CheckGivenUp(p->header, slots));
-  // Every table (a server that joined later learns them here), then the rows by lane. The
+  TESSERA_RETURN_IF_ERROR(slots.empty() || h.count == kExportOwned
+                              ? MapAtLeast(h).status()
+                              : CheckGivenUp(h, slots));
+  auto since = std::make_shared<std::vector<uint64_t>>();
+  if (p->frames.size() == 2) {
+    if (p->frames[1].size() != lanes_.size() * sizeof(uint64_t)) {
+      return Status::InvalidArgument("SlotExport: a since frame of " +
+                                     std::to_string(p->frames[1].size()) + " bytes; server " +
+                                     std::to_string(options_.rank) + " has " +
+                                     std::to_string(lanes_.size()) + " lanes (8 bytes each)");
+    }
+    since->resize(lanes_.size());
+    std::memcpy(since->data(), p->frames[1].data(), p->frames[1].size());
+  }
+  // Every table (a server that joined later learns them here), then the rows by lane. Given-up
   // slots were given up at a version this server serves by, so every push to them it accepted
   // is ahead of this task in its lane (RunParts flushes staged pushes first).
   auto want = std::make_shared<const std::vector<uint32_t>>(slots);
@@ -239,21 +268,27 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   p->text.assign(lanes_.size() + 1, std::string());
   p->text[0] = std::move(specs);
   if (slots.empty()) {
-    ReplyOk(std::move(p->identity), p->header, Header(), &p->text[0]);
+    ReplyOk(std::move(p->identity), h, Header(), &p->text[0]);
     return Status::OK();
   }
   Pending* raw = p.get();
   std::atomic<uint64_t>* exported = &slot_rows_exported_;
+  const uint64_t instance = instance_;
   RunOnAllLanes(
       p,
-      [raw, want, tables, exported](Lane& lane) -> Status {
+      [raw, want, tables, exported, since, instance](Lane& lane) -> Status {
         std::string out;
+        AppendSlotMark(&out, lane.index(), instance, lane.step());
+        // Rows keep their step in 32 bits: past that, every row (a complete copy, never less).
+        const bool delta = !since->empty() && lane.step() <= UINT32_MAX;
+        const uint64_t after = delta ? (*since)[lane.index()] : 0;
         std::vector<float> row;
         uint64_t n = 0;
         TESSERA_RETURN_IF_ERROR(ScanSlots(
             lane, *tables, *want,
             [&](const SparseTable& t, uint64_t key, const float* value, const float* state,
                 const RowMeta& meta) {
+              if (delta && meta.last_step <= after) return;
               row.assign(value, value + t.dim);
               row.insert(row.end(), state, state + t.state);
               AppendSlotRow(&out, t.id, key,
@@ -272,12 +307,18 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
 
 Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  if (h.count > kImportDone) {
+  if (h.count > kImportAhead) {
     return Status::InvalidArgument("SlotImport count " + std::to_string(h.count) +
-                                   " (0 rows, 1 done)");
+                                   " (0 rows, 1 done, 2 rows ahead)");
   }
-  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportRows ? 2 : 1));
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportDone ? 1 : 2));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
+  if (h.count == kImportAhead) {
+    // Ahead of the flip: slots this server does not own yet (nothing writes them here), whose
+    // copy the flip's delta completes.
+    TESSERA_RETURN_IF_ERROR(CheckGivenUp(h, slots));
+    return ImportSlotRows(p, slots);
+  }
   // Only slots this server is the importing primary of, at a version it has seen; no slots:
   // the tables only (a server that joins learns them before it owns anything).
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
@@ -333,9 +374,12 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
                                for (const auto& [id, spec] : plan->added) {
                                  TESSERA_RETURN_IF_ERROR(lane.store().AddTable(id, spec));
                                }
-                               const ImportPlan::Lane& b = plan->lanes[l];
+                               ImportPlan::Lane& b = plan->lanes[l];
                                for (size_t i = 0; i < b.keys.size(); ++i) {
                                  const float* row = b.floats.data() + b.offsets[i];
+                                 // Touched now by this lane's count (idle-step eviction, and a
+                                 // later move's delta), not by the old owner's.
+                                 b.metas[i].last_step = static_cast<uint32_t>(lane.step());
                                  TESSERA_RETURN_IF_ERROR(lane.store().PutRows(
                                      b.tables[i], std::span<const uint64_t>(&b.keys[i], 1),
                                      std::span<const float* const>(&row, 1),

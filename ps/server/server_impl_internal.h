@@ -260,6 +260,10 @@ class ServerImpl {
   std::vector<std::shared_ptr<Pending>> import_parked_;
   std::atomic<uint64_t> slot_rows_exported_{0}, slot_rows_imported_{0}, slot_rows_dropped_{0};
   uint64_t import_parked_total_ = 0;
+  // This process among restarts of the server (random): a mark of SlotExport, since a
+  // restart resets the lanes' step counters.
+  const uint64_t instance_ = RandomInstance();
+  static uint64_t RandomInstance();
 
   // State below is owned by the I/O thread.
   absl::flat_hash_map<uint64_t, TableInfo> tables_;

@@ -287,13 +287,13 @@ TEST_F(ReshardTest, SlotOpsRefuseBadRequestsAndScaleNamesAMissingServer) {
   using Step = Client::SlotImportStep;
   const std::vector<uint32_t> owned = {0, 1, 2};  // server 0's at v1
   // Server 0 still owns these: nothing to export or drop.
-  auto e = admin_->ExportSlots(0, 1, owned);
+  auto e = admin_->ExportSlots(0, 1, owned, {});
   EXPECT_EQ(e.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(e.status().message().find("has not been given up"), std::string::npos)
       << e.status().ToString();
   EXPECT_EQ(admin_->DropSlots(0, 1, owned).code(), StatusCode::kFailedPrecondition);
   // A version the server has not seen: Unavailable, to be asked again.
-  EXPECT_EQ(admin_->ExportSlots(1, 9, owned).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(admin_->ExportSlots(1, 9, owned, {}).status().code(), StatusCode::kUnavailable);
   // Not importing anything: rows and done are refused.
   for (Step step : {Step::kRows, Step::kDone}) {
     Status s = admin_->ImportSlots(1, 1, owned, step, "");
@@ -302,7 +302,7 @@ TEST_F(ReshardTest, SlotOpsRefuseBadRequestsAndScaleNamesAMissingServer) {
         << s.ToString();
   }
   // The specs only (no slots) are fine, and damaged rows are not.
-  auto specs = admin_->ExportSlots(0, 1, {});
+  auto specs = admin_->ExportSlots(0, 1, {}, {});
   ASSERT_TRUE(specs.ok()) << specs.status().ToString();
   EXPECT_TRUE(admin_->ImportSlots(2, 0, {}, Step::kRows, *specs).ok());
   EXPECT_EQ(admin_->ImportSlots(2, 0, {}, Step::kRows, "R1234").code(), StatusCode::kCorruption);

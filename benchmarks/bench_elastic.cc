@@ -1,0 +1,329 @@
+// bench_elastic: online resharding (docs/elasticity.md) under load. A real etcd and three
+// tessera-server processes (--coordinator; the map starts with two of them) hold a sparse table
+// of --rows rows; one client pushes batches back to back while the tier scales 2 -> 3 and then
+// 3 -> 2 (the controller of tessera-ctl scale, run in this process).
+//
+// Figures (one client thread, caller keys: every key of a push counts, all unique):
+// - push keys/s in 0.25 s windows before any move (the baseline, same run, same client),
+//   during each scale, and after; the ratio during/before is the median window during the
+//   moves over the median window before them, and also the whole scale's keys over its time;
+// - time to move the rows each scale moved, and rows/s;
+// - the longest time requests for a batch's slots waited (flip to copy in).
+// Fail-over is not measured: replication is not built.
+//
+// The last line of output is one JSON object.
+#include <gflags/gflags.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmarks/bench_cluster.h"
+#include "benchmarks/bench_stats.h"
+#include "ps/client/client.h"
+#include "ps/client/ctl_scale_internal.h"
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/coordinator_url.h"
+#include "ps/coord/etcd_client.h"
+#include "ps/coord/etcd_map_source.h"
+#include "ps/coord/slot_map_store.h"
+
+DEFINE_bool(quick, false, "Short run: 300k rows, 1 s phases");
+DEFINE_uint64(rows, 0, "Rows in the table (0: 3M, or 300k with --quick)");
+DEFINE_uint32(dim, 16, "Floats per row (Adagrad: as many again of state)");
+DEFINE_uint32(keys, 10000, "Keys per push");
+DEFINE_double(phase_s, 0, "Seconds of pushing before, between and after the scales (0: 3, 1 quick)");
+DEFINE_uint32(batch_slots, 1024, "Slots per map flip (tessera-ctl scale --batch_slots)");
+DEFINE_string(server_binary, "", "tessera-server (default: next to this program)");
+DEFINE_string(server_flags, "", "Extra flags for every tessera-server, comma-separated");
+DEFINE_string(etcd, "/usr/bin/etcd", "The etcd binary");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tessera::Status;
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "bench_elastic: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+uint16_t FreePort() {
+  // Bound and released at once: free a moment ago (the benchmark's own loopback only).
+  for (int i = 0; i < 50; ++i) {
+    const uint16_t p = static_cast<uint16_t>(20000 + std::random_device()() % 30000);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(p);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (ok) return p;
+  }
+  return 0;
+}
+
+// etcd on free loopback ports with its data under `dir`; killed on destruction.
+class Etcd {
+ public:
+  Status Start(const std::string& dir) {
+    port_ = FreePort();
+    const uint16_t peer_port = FreePort();
+    const std::string client = "http://127.0.0.1:" + std::to_string(port_);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
+    std::vector<std::string> args = {FLAGS_etcd, "--name=b", "--data-dir=" + dir + "/etcd",
+                                     "--listen-client-urls=" + client,
+                                     "--advertise-client-urls=" + client,
+                                     "--listen-peer-urls=" + peer,
+                                     "--initial-advertise-peer-urls=" + peer,
+                                     "--initial-cluster=b=" + peer};
+    const std::string log = dir + "/etcd.log";
+    pid_ = fork();
+    if (pid_ < 0) return Status::IOError("fork failed");
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (!freopen(log.c_str(), "w", stderr) || !freopen(log.c_str(), "a", stdout)) _exit(127);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    tessera::EtcdOptions o;
+    o.port = port_;
+    o.timeout_ms = 1000;
+    auto c = tessera::EtcdClient::Create(o);
+    if (!c.ok()) return c.status();
+    for (int i = 0; i < 600; ++i) {
+      if ((*c)->Get("/probe").ok()) return Status::OK();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return Status::Unavailable("etcd (" + FLAGS_etcd + ") did not answer in 30 s; see " + log);
+  }
+  ~Etcd() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string url(const std::string& prefix) const {
+    return "etcd://127.0.0.1:" + std::to_string(port_) + "/" + prefix;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+// Push completions, timestamped, from the pushing thread.
+struct Pushes {
+  std::mutex mu;
+  std::vector<std::pair<Clock::time_point, uint64_t>> done;  // completion, keys
+  std::atomic<bool> stop{false};
+  Status error;
+};
+
+// Keys/s of each `window` between `from` and `to`.
+std::vector<double> Windows(Pushes& p, Clock::time_point from, Clock::time_point to,
+                            double window_s) {
+  std::vector<double> out;
+  std::lock_guard<std::mutex> l(p.mu);
+  const auto w = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
+  for (auto t = from; t + w <= to; t += w) {
+    uint64_t keys = 0;
+    for (auto& [at, k] : p.done) {
+      if (at >= t && at < t + w) keys += k;
+    }
+    out.push_back(static_cast<double>(keys) / window_s);
+  }
+  return out;
+}
+
+double Rate(Pushes& p, Clock::time_point from, Clock::time_point to) {
+  std::lock_guard<std::mutex> l(p.mu);
+  uint64_t keys = 0;
+  for (auto& [at, k] : p.done) {
+    if (at >= from && at < to) keys += k;
+  }
+  return static_cast<double>(keys) / std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::bench::CleanUpOnStopSignals();
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  const uint64_t rows = FLAGS_rows != 0 ? FLAGS_rows : (FLAGS_quick ? 300000 : 3000000);
+  const double phase_s = FLAGS_phase_s > 0 ? FLAGS_phase_s : (FLAGS_quick ? 1.0 : 3.0);
+  const std::string binary = FLAGS_server_binary.empty()
+                                 ? tessera::bench::DefaultServerBinary(argv[0])
+                                 : FLAGS_server_binary;
+  if (access(FLAGS_etcd.c_str(), X_OK) != 0) {
+    return Fail(Status::NotFound("no etcd at " + FLAGS_etcd +
+                                 " (Debian: apt-get install etcd-server; or --etcd)"));
+  }
+  const tessera::bench::TempDir root("tessera-bench-elastic-");
+  Etcd etcd;
+  if (Status s = etcd.Start(root.path()); !s.ok()) return Fail(s);
+  const std::string url = etcd.url("bench");
+  std::vector<std::string> flags = {"--coordinator=" + url};
+  {
+    std::stringstream extra(FLAGS_server_flags);
+    for (std::string f; std::getline(extra, f, ',');) {
+      if (!f.empty()) flags.push_back(f);
+    }
+  }
+  // Three servers on free ports named in --cluster (each registers its entry in etcd); the map
+  // names the first two.
+  std::vector<std::string> endpoints;
+  std::string cluster_list;
+  for (int i = 0; i < 3; ++i) {
+    endpoints.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
+    cluster_list += (i ? "," : "") + endpoints.back();
+  }
+  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> argv = {binary, "--listen=" + endpoints[r], "--cluster=" + cluster_list,
+                                     "--rank=" + std::to_string(r), "--lanes=2"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
+    auto started = servers.back()->Start(argv);
+    if (!started.ok()) return Fail(started.status());
+  }
+  auto parsed = tessera::CoordinatorUrl::Parse(url);
+  auto etcd_client = tessera::EtcdClient::Create(parsed->etcd_options());
+  if (!etcd_client.ok()) return Fail(etcd_client.status());
+  tessera::SlotMapStore store(etcd_client->get(), parsed->prefix);
+  if (Status s = store.Create(tessera::ClusterMap::Uniform(
+          {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}}));
+      !s.ok()) {
+    return Fail(s);
+  }
+  auto source = tessera::EtcdClusterMapSource::Create(*parsed);
+  if (!source.ok()) return Fail(source.status());
+  tessera::ClientOptions co;
+  co.request_timeout_ms = 60000;
+  co.retry_for_ms = 120000;
+  auto client = tessera::Client::Create(co, std::move(*source));
+  if (!client.ok()) return Fail(client.status());
+  tessera::Client& c = **client;
+  tessera::OptimizerSpec adagrad;
+  adagrad.kind = tessera::OptimizerKind::kAdagrad;
+  auto table = c.CreateTable(tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad));
+  if (!table.ok()) return Fail(table.status());
+
+  // Fill: every row pushed once.
+  std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
+  for (uint64_t at = 0; at < rows; at += FLAGS_keys) {
+    std::vector<uint64_t> keys;
+    for (uint64_t k = at; k < std::min(rows, at + FLAGS_keys); ++k) keys.push_back(k + 1);
+    Status s = c.Wait(c.Push(*table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
+    if (!s.ok()) return Fail(s.WithContext("fill"));
+  }
+  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers\n",
+              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim);
+
+  Pushes pushes;
+  std::thread pusher([&] {
+    std::mt19937_64 rng(7);
+    std::vector<uint64_t> keys(FLAGS_keys);
+    while (!pushes.stop.load()) {
+      for (auto& k : keys) k = 1 + rng() % rows;
+      std::sort(keys.begin(), keys.end());
+      keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+      Status s = c.Wait(c.Push(*table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
+      if (!s.ok()) {
+        pushes.error = s;
+        return;
+      }
+      std::lock_guard<std::mutex> l(pushes.mu);
+      pushes.done.push_back({Clock::now(), keys.size()});
+      keys.resize(FLAGS_keys);
+    }
+  });
+  auto sleep_phase = [&] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(phase_s));
+  };
+  tessera::internal::ScaleOptions so;
+  so.batch_slots = FLAGS_batch_slots;
+  tessera::ClientOptions base;
+  base.request_timeout_ms = 120000;
+  struct Move {
+    const char* name;
+    uint32_t servers;
+    Clock::time_point begin, end;
+    tessera::internal::ScaleReport report;
+  } moves[2] = {{"scale_up", 3, {}, {}, {}}, {"scale_down", 2, {}, {}, {}}};
+  const auto t_before = Clock::now();
+  sleep_phase();
+  Status error;
+  for (Move& m : moves) {
+    so.servers = m.servers;
+    m.begin = Clock::now();
+    auto r = tessera::internal::Scale(**etcd_client, parsed->prefix, base, so);
+    m.end = Clock::now();
+    if (!r.ok()) {
+      error = r.status().WithContext(m.name);
+      break;
+    }
+    m.report = *r;
+    sleep_phase();
+  }
+  const auto t_after = Clock::now();
+  pushes.stop = true;
+  pusher.join();
+  if (!error.ok()) return Fail(error);
+  if (!pushes.error.ok()) return Fail(pushes.error.WithContext("pushes"));
+
+  const double window = std::min(0.25, phase_s / 4);
+  const double before =
+      tessera::bench::Median(Windows(pushes, t_before, moves[0].begin, window));
+  std::printf("push keys/s (one client, %u keys per push), median of %.2f s windows:\n",
+              FLAGS_keys, window);
+  std::printf("  before the moves      %12.0f\n", before);
+  std::string json = "{\"bench\":\"elastic\",\"rows\":" + std::to_string(rows) +
+                     ",\"push_keys_per_s_before\":" + std::to_string(before);
+  for (const Move& m : moves) {
+    const double during = tessera::bench::Median(Windows(pushes, m.begin, m.end, window));
+    const double overall = Rate(pushes, m.begin, m.end);
+    const double secs = std::chrono::duration<double>(m.end - m.begin).count();
+    std::printf("  during %-10s     %12.0f  (%.2fx; the whole %.2f s: %.0f, %.2fx)\n", m.name,
+                during, during / before, secs, overall, overall / before);
+    std::printf("    moved %u slots in %.2f s, %u batches: %llu rows copied ahead (%.0f rows/s), "
+                "%llu again during the holds; %.1f MB; longest hold %.0f ms\n",
+                m.report.slots_moved, m.report.seconds, m.report.batches,
+                static_cast<unsigned long long>(m.report.rows_ahead),
+                m.report.rows_ahead / std::max(1e-9, m.report.seconds),
+                static_cast<unsigned long long>(m.report.rows_in_hold), m.report.bytes_moved / 1e6,
+                m.report.max_hold_ms);
+    const std::string n = m.name;
+    json += ",\"" + n + "_push_ratio_median_window\":" + std::to_string(during / before) +
+            ",\"" + n + "_push_ratio_overall\":" + std::to_string(overall / before) + ",\"" + n +
+            "_rows_ahead\":" + std::to_string(m.report.rows_ahead) + ",\"" + n +
+            "_rows_in_hold\":" + std::to_string(m.report.rows_in_hold) + ",\"" + n +
+            "_seconds\":" + std::to_string(m.report.seconds) + ",\"" + n +
+            "_rows_per_s\":" + std::to_string(m.report.rows_ahead / std::max(1e-9, m.report.seconds)) +
+            ",\"" + n + "_max_hold_ms\":" + std::to_string(m.report.max_hold_ms);
+  }
+  const double after = tessera::bench::Median(Windows(pushes, moves[1].end, t_after, window));
+  std::printf("  after the moves       %12.0f\n", after);
+  json += ",\"push_keys_per_s_after\":" + std::to_string(after) + "}";
+  std::printf("%s\n", json.c_str());
+  return 0;
+}
