@@ -49,6 +49,7 @@ DEFINE_uint32(dim, 16, "Floats per row (Adagrad: as many again of state)");
 DEFINE_uint32(keys, 10000, "Keys per push");
 DEFINE_double(phase_s, 0, "Seconds of pushing before, between and after the scales (0: 3, 1 quick)");
 DEFINE_uint32(batch_slots, 1024, "Slots per map flip (tessera-ctl scale --batch_slots)");
+DEFINE_double(pace, 0.5, "Share of wall time the controller moves (tessera-ctl scale --pace)");
 DEFINE_string(server_binary, "", "tessera-server (default: next to this program)");
 DEFINE_string(server_flags, "", "Extra flags for every tessera-server, comma-separated");
 DEFINE_string(etcd, "/usr/bin/etcd", "The etcd binary");
@@ -262,6 +263,7 @@ int main(int argc, char** argv) {
   };
   tessera::internal::ScaleOptions so;
   so.batch_slots = FLAGS_batch_slots;
+  so.pace = FLAGS_pace;
   tessera::ClientOptions base;
   base.request_timeout_ms = 120000;
   struct Move {
@@ -294,10 +296,12 @@ int main(int argc, char** argv) {
   const double window = std::min(0.25, phase_s / 4);
   const double before =
       tessera::bench::Median(Windows(pushes, t_before, moves[0].begin, window));
-  std::printf("push keys/s (one client, %u keys per push), median of %.2f s windows:\n",
-              FLAGS_keys, window);
+  std::printf("push keys/s (one client, %u keys per push), median of %.2f s windows; pace %.2f, "
+              "%u-slot batches:\n",
+              FLAGS_keys, window, FLAGS_pace, FLAGS_batch_slots);
   std::printf("  before the moves      %12.0f\n", before);
   std::string json = "{\"bench\":\"elastic\",\"rows\":" + std::to_string(rows) +
+                     ",\"pace\":" + std::to_string(FLAGS_pace) +
                      ",\"push_keys_per_s_before\":" + std::to_string(before);
   for (const Move& m : moves) {
     const double during = tessera::bench::Median(Windows(pushes, m.begin, m.end, window));

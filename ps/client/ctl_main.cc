@@ -35,6 +35,9 @@ DEFINE_string(coordinator, "",
 DEFINE_string(servers, "",
               "map init: the servers' endpoints in server-id order, comma-separated, or @FILE "
               "(each server's --cluster entry; server id = its --rank)");
+DEFINE_double(pace, 0.5,
+              "scale: share of wall time spent moving; after each batch the controller waits "
+              "so that training gets the servers' cores in between (1: no pause)");
 DEFINE_uint32(batch_slots, 1024,
               "scale: slots moved per map flip (requests for a moving slot wait while its "
               "batch is copied)");
@@ -300,6 +303,7 @@ int Scale(const std::string& arg) {
   tessera::internal::ScaleOptions o;
   o.servers = static_cast<uint32_t>(n);
   o.batch_slots = FLAGS_batch_slots;
+  o.pace = FLAGS_pace;
   o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
   o.log = stdout;
   auto r = tessera::internal::Scale(**etcd, url->prefix, base, o);

@@ -302,10 +302,15 @@ Result<ScaleReport> Controller::Run() {
     }
     // The rows go over while the old owners still serve them; the flip then holds requests
     // only while the rows updated since are copied.
+    const auto batch_start = SteadyClock::now();
     std::map<std::pair<uint16_t, uint16_t>, Marks> ahead;
     TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
     TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
     TESSERA_RETURN_IF_ERROR(Settle(ahead));
+    if (o_.pace < 1 && i + o_.batch_slots < moves.size()) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+          MsSince(batch_start) * (1 / o_.pace - 1)));
+    }
   }
   // Drained servers own nothing now: retire their ids.
   ClusterMap next = map_;
@@ -329,6 +334,9 @@ Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const Cli
                           const ScaleOptions& options) {
   if (options.servers == 0) return Status::InvalidArgument("scale to 0 servers");
   if (options.batch_slots == 0) return Status::InvalidArgument("a batch of 0 slots");
+  if (!(options.pace > 0 && options.pace <= 1)) {
+    return Status::InvalidArgument("pace " + std::to_string(options.pace) + " is not in (0, 1]");
+  }
   Controller c(etcd, prefix, base, options);
   return c.Run();
 }

@@ -18,6 +18,10 @@ struct ScaleOptions {
   uint32_t servers = 0;
   /// Slots moved per map flip: the requests for a moving slot wait while its batch copies.
   uint32_t batch_slots = 1024;
+  /// The share of wall time the controller spends moving: after each batch it waits
+  /// (1/pace - 1) times as long as the batch took, leaving the servers' cores to training in
+  /// between (1: no pause). Default 0.5.
+  double pace = 0.5;
   /// Rows per SlotImport request at most about this many bytes.
   size_t max_piece_bytes = size_t{64} << 20;
   Deadline deadline = NoDeadline();
