@@ -111,6 +111,65 @@ TEST_P(StoreConformanceTest, SgdAppliesEveryGradientIncludingDuplicates) {
   EXPECT_EQ(Lookup1(id, 299, 2), (std::vector<float>{-0.5f, -0.5f}));
 }
 
+// Resharding's storage calls: ScanSlots visits exactly the updated rows of the slots asked for;
+// DeleteRows removes rows (a later lookup gives the initializer's value again, a scan skips
+// them), and a RocksDB lane keeps the deletes across a reopen.
+TEST_P(StoreConformanceTest, ScanSlotsAndDeleteRows) {
+  const uint64_t id = AddSparse(TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f}));
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<float>> grads;
+  for (uint64_t k = 1; k <= 400; ++k) {
+    keys.push_back(k);
+    grads.push_back({1.0f, static_cast<float>(k)});
+  }
+  ASSERT_TRUE(Apply(id, keys, grads, 1).ok());
+  (void)Lookup1(id, 1000, 2);  // looked up only: never visited
+  std::set<uint32_t> slots = {SlotOfKey(5), SlotOfKey(77), SlotOfKey(300)};
+  const std::vector<uint32_t> list(slots.begin(), slots.end());
+  std::set<uint64_t> want;
+  for (uint64_t k : keys) {
+    if (slots.count(SlotOfKey(k))) want.insert(k);
+  }
+  std::set<uint64_t> seen;
+  ASSERT_TRUE(lane_->ScanSlots(id, list, [&](uint64_t key, const float* v, const float*,
+                                             const RowMeta& m) {
+                      EXPECT_TRUE(seen.insert(key).second) << "visited twice: " << key;
+                      EXPECT_EQ(v[1], -static_cast<float>(key));
+                      EXPECT_EQ(m.update_count, 1u);
+                      return true;
+                    }).ok());
+  EXPECT_EQ(seen, want);
+
+  const std::vector<uint64_t> gone(want.begin(), want.end());
+  ASSERT_TRUE(lane_->DeleteRows(id, gone).ok());
+  const auto rows = ScanAll(id, 2);
+  EXPECT_EQ(rows.size(), keys.size() - gone.size());
+  for (uint64_t k : gone) {
+    EXPECT_FALSE(rows.contains(k)) << k;
+    EXPECT_EQ(Lookup1(id, k, 2), (std::vector<float>{0.0f, 0.0f})) << k;
+  }
+  seen.clear();
+  ASSERT_TRUE(lane_->ScanSlots(id, list, [&](uint64_t key, const float*, const float*,
+                                             const RowMeta&) {
+                      seen.insert(key);
+                      return true;
+                    }).ok());
+  EXPECT_TRUE(seen.empty()) << seen.size() << " deleted rows still scanned";
+  if (GetParam() == EngineKind::kMemory) return;
+  lane_.reset();
+  engine_.reset();
+  StorageOptions o;
+  o.data_dir = dir_.Sub("db");
+  auto r = OpenStorageEngine(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  engine_ = std::move(r).value();
+  lane_ = std::move(engine_->OpenLane(0, 1)).value();
+  ASSERT_TRUE(lane_->AddTable(id, TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f})).ok());
+  const auto reopened = ScanAll(id, 2);
+  EXPECT_EQ(reopened.size(), keys.size() - gone.size());
+  for (uint64_t k : gone) EXPECT_FALSE(reopened.contains(k)) << k << " came back after a reopen";
+}
+
 TEST_P(StoreConformanceTest, ErrorsNameTheProblem) {
   const uint64_t id = AddSparse(TableSpec::Sparse("t", 2));
   const uint64_t dense = TableIdForName("d");
