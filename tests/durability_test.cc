@@ -135,7 +135,8 @@ TEST(DurabilityTest, RelaxedModeAppliesWholePushes) { KillLoop("relaxed", 3, fal
 
 // A data_dir holds the slots of one rank in a cluster of one size: a server of another rank or
 // cluster size would serve initial values for rows stored under the other layout. Refused at
-// start, naming both layouts; the right server still starts on it.
+// start, naming both layouts; the right server still starts on it. A server that follows a
+// cluster map may come back with a longer --cluster (the map, not the size, places its slots).
 TEST(DurabilityTest, DataDirOfAnotherRankOrClusterSizeIsRefused) {
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("tessera-foreign-" + std::to_string(getpid())))
@@ -164,6 +165,22 @@ TEST(DurabilityTest, DataDirOfAnotherRankOrClusterSizeIsRefused) {
   auto same = start(0, 2);
   EXPECT_TRUE(same.ok()) << same.status().ToString();
   same = Status::Unavailable("shut down");  // before the directory goes
+  // Following a cluster map (--coordinator), the map owns the slots and --cluster grows as
+  // servers are added: another size is taken, another rank is not.
+  auto follow = [&](uint32_t rank, uint32_t servers) {
+    ServerOptions o;
+    o.listen = "tcp://127.0.0.1:*";
+    o.rank = rank;
+    o.num_servers = servers;
+    o.storage.data_dir = dir;
+    o.follow_cluster_map = true;
+    return Server::Create(o);
+  };
+  auto grown = follow(0, 3);
+  EXPECT_TRUE(grown.ok()) << grown.status().ToString();
+  grown = Status::Unavailable("shut down");
+  auto follower_other_rank = follow(1, 3);
+  EXPECT_FALSE(follower_other_rank.ok());
   std::filesystem::remove_all(dir);
 }
 

@@ -131,6 +131,12 @@ Status ServerImpl::CheckDataDirLayout() {
   TESSERA_ASSIGN_OR_RETURN(auto stored, engine_->GetMeta("server/layout"));
   if (!stored) return engine_->PutMeta("server/layout", mine);
   if (*stored == mine) return Status::OK();
+  // Following a cluster map, the map says which slots the server owns, not the size of
+  // --cluster (which grows when servers are added): only the rank must match.
+  const std::string rank = "rank " + std::to_string(options_.rank) + " of ";
+  if (options_.follow_cluster_map && stored->rfind(rank, 0) == 0) {
+    return engine_->PutMeta("server/layout", mine);
+  }
   return Status::FailedPrecondition(
       "data_dir '" + options_.storage.data_dir + "' holds the rows of " + *stored +
       ", this server is " + mine +

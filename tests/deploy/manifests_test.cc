@@ -46,10 +46,11 @@ struct Doc {
   YAML::Node node;
 };
 
-// Every document of every deploy/k8s/*.yaml, in file order; a parse error fails the test.
-std::vector<Doc> LoadManifests() {
+// Every document of every deploy/k8s/*.yaml (or of `dir`), in file order; a parse error fails
+// the test.
+std::vector<Doc> LoadManifests(const fs::path& dir = kManifests) {
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(kManifests)) {
+  for (const auto& e : fs::directory_iterator(dir)) {
     const fs::path ext = e.path().extension();
     if (ext == ".yaml" || ext == ".yml") files.push_back(e.path());
   }
@@ -345,6 +346,50 @@ TEST(DeployManifests, EveryFlagExistsInTheBinary) {
       EXPECT_TRUE(known.count(f) || negated_bool) << "--" << f << " is not a flag of " << program;
     }
   }
+}
+
+// deploy/k8s-elastic: the etcd the elastic servers follow, and the resharding Job. The member
+// list matches the replicas and the peer Service; the client Service and port are the ones the
+// documented TESSERA_COORDINATOR names; the servers' script passes --coordinator; the Job runs
+// `tessera-ctl ... scale` with flags tessera-ctl has.
+TEST(DeployManifests, ElasticEtcdAndScaleJobAgree) {
+  const std::vector<Doc> docs = LoadManifests(kSource / "deploy" / "k8s-elastic");
+  const YAML::Node sts = Find(docs, "StatefulSet");
+  ASSERT_TRUE(sts);
+  const YAML::Node etcd = Container(sts, "etcd");
+  const std::string script = Script(etcd);
+  const int replicas = sts["spec"]["replicas"].as<int>();
+  EXPECT_GE(replicas, 3) << "fewer than 3 members lose the quorum with one down";
+  int members = 0;
+  for (size_t at = 0; (at = script.find("=http://etcd-", at)) != std::string::npos; ++at) {
+    ++members;
+  }
+  EXPECT_EQ(members, replicas) << "--initial-cluster members vs replicas";
+  EXPECT_NE(script.find("etcd-peers." ), std::string::npos);
+  EXPECT_EQ(sts["spec"]["serviceName"].as<std::string>(), "etcd-peers");
+  bool client_service = false;
+  for (const Doc& d : docs) {
+    if (d.node["kind"].as<std::string>() == "Service" &&
+        d.node["metadata"]["name"].as<std::string>() == "etcd") {
+      client_service = d.node["spec"]["ports"][0]["port"].as<int>() == 2379;
+    }
+  }
+  EXPECT_TRUE(client_service) << "no Service etcd on port 2379";
+  const YAML::Node job = Find(docs, "Job");
+  const YAML::Node scale = Container(job, "scale");
+  EXPECT_NE(EnvValue(scale, "TESSERA_COORDINATOR").find("etcd://etcd."), std::string::npos);
+  EXPECT_NE(EnvValue(scale, "TESSERA_COORDINATOR").find(":2379/"), std::string::npos);
+  const std::string ctl = Script(scale);
+  EXPECT_NE(ctl.find("scale \"$TESSERA_SERVERS\""), std::string::npos) << ctl;
+  const std::set<std::string> known = BinaryFlags(TESSERA_CTL_BINARY);
+  ASSERT_TRUE(known.count("coordinator"));
+  for (const std::string& f : ExecFlags(ctl, "tessera-ctl")) {
+    EXPECT_TRUE(known.count(f)) << "--" << f << " is not a flag of tessera-ctl";
+  }
+  // The servers' manifest follows the map when TESSERA_COORDINATOR is set.
+  const YAML::Node server = Container(Find(LoadManifests(), "StatefulSet"), "server");
+  EXPECT_NE(Script(server).find("--coordinator=\"$TESSERA_COORDINATOR\""), std::string::npos);
+  EXPECT_TRUE(EnvValue(server, "TESSERA_COORDINATOR").empty()) << "static by default";
 }
 
 // ---------------------------------------------------------------- Dockerfile
