@@ -16,6 +16,8 @@ namespace tessera {
 
 /// The routing part of one version of the cluster map. A value type; thread-compatible.
 struct RoutingMap {
+  /// An `importing` entry of a slot that is not moving.
+  static constexpr uint16_t kNotImporting = 0xFFFF;
   /// The map's version (>= 1; 0 only in a default-constructed value).
   uint64_t version = 0;
   /// Data endpoint of each server id ("" for a retired id).
@@ -25,7 +27,7 @@ struct RoutingMap {
   /// Dense tables are spread over servers 0 .. dense_servers-1 (0: over every address).
   uint32_t dense_servers = 0;
   /// Resharding: per slot, the server its rows are being copied from to its primary
-  /// (0xFFFF: none); empty when nothing moves. Servers hold requests for such slots until the
+  /// (kNotImporting: none); empty when nothing moves. Servers hold requests for such slots until the
   /// copy is in; clients route by `primary` alone.
   std::vector<uint16_t> importing;
 };

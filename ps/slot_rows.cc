@@ -120,14 +120,8 @@ Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max
                  cur = tables;
                  has_rows = false;
                }
-               cur.push_back('R');
-               Put<uint64_t>(&cur, table);
-               Put<uint64_t>(&cur, key);
-               Put<uint32_t>(&cur, m.update_count);
-               Put<uint32_t>(&cur, m.last_step);
-               Put<uint32_t>(&cur, m.last_update_s);
-               Put<uint32_t>(&cur, n);
-               cur.append(row, size_t{n} * sizeof(float));
+               // `row` may be unaligned: AppendSlotRow only copies its bytes.
+               AppendSlotRow(&cur, table, key, m, reinterpret_cast<const float*>(row), n);
                has_rows = true;
                return Status::OK();
              },

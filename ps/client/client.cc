@@ -1,9 +1,13 @@
 // The client's calls: sparse and dense push/pull, clocks, barriers and blocking requests,
-// built on the caller's thread and handed to the I/O thread (client_io.cc).
+// built on the caller's thread and handed to the I/O thread (client_io.cc); ClientImpl's
+// construction and destruction.
 #include "ps/client/client.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 #include "ps/client/client_internal.h"
 #include "ps/client/key_index_internal.h"
@@ -141,7 +145,45 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
   }
 }
 
+uint64_t RandomClientId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
+  return id;
+}
 }  // namespace
+
+ClientImpl::ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource> source,
+                       std::optional<RoutingMap> map)
+    : options_(o), client_id_(RandomClientId()), source_(std::move(source)) {
+  if (map) {
+    dense_servers_ = map->dense_servers != 0 ? map->dense_servers
+                                             : static_cast<uint32_t>(map->addresses.size());
+    routing_ = std::make_shared<const RoutingMap>(std::move(*map));
+  } else {
+    dense_servers_ = static_cast<uint32_t>(o.servers.size());
+    RoutingMap m;
+    m.addresses = o.servers;
+    m.primary = SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()));
+    routing_ = std::make_shared<const RoutingMap>(std::move(m));
+  }
+}
+
+ClientImpl::~ClientImpl() {
+  // The refresher first (it reads from the source), then the source's watch: no map arrives
+  // from here on.
+  {
+    std::lock_guard<std::mutex> l(map_mu_);
+    refresh_stop_ = true;
+  }
+  refresh_cv_.notify_all();
+  if (refresher_.joinable()) refresher_.join();
+  source_.reset();
+  stop_.store(true);
+  Wake();
+  if (io_.joinable()) io_.join();
+  if (event_fd_ >= 0) close(event_fd_);
+}
 
 std::shared_ptr<Call> CompletedCall(Status s) {
   auto c = std::make_shared<Call>();

@@ -16,13 +16,6 @@ namespace tessera {
 namespace internal {
 namespace {
 
-uint64_t RandomClientId() {
-  std::random_device rd;
-  uint64_t id = 0;
-  while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
-  return id;
-}
-
 // Ops a client sends again after a lost connection or a timeout. Checkpoint, restore, export
 // and the resharding ops are operator actions with their own attempts: they fail instead.
 bool Retryable(Op op) {
@@ -34,36 +27,6 @@ constexpr int64_t kMinBackoffMs = 100;
 constexpr int64_t kMaxBackoffMs = 2000;
 
 }  // namespace
-
-ClientImpl::ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource> source,
-                       std::optional<RoutingMap> map)
-    : options_(o), client_id_(RandomClientId()), source_(std::move(source)) {
-  if (map) {
-    dense_servers_ = map->dense_servers != 0 ? map->dense_servers
-                                             : static_cast<uint32_t>(map->addresses.size());
-    routing_ = std::make_shared<const RoutingMap>(std::move(*map));
-  } else {
-    dense_servers_ = static_cast<uint32_t>(o.servers.size());
-    routing_ = std::make_shared<const RoutingMap>(
-        RoutingMap{0, o.servers, SlotMap::Uniform(static_cast<uint32_t>(o.servers.size()))});
-  }
-}
-
-ClientImpl::~ClientImpl() {
-  // The refresher first (it reads from the source), then the source's watch: no map arrives
-  // from here on.
-  {
-    std::lock_guard<std::mutex> l(map_mu_);
-    refresh_stop_ = true;
-  }
-  refresh_cv_.notify_all();
-  if (refresher_.joinable()) refresher_.join();
-  source_.reset();
-  stop_.store(true);
-  Wake();
-  if (io_.joinable()) io_.join();
-  if (event_fd_ >= 0) close(event_fd_);
-}
 
 Status ClientImpl::Start() {
   if (options_.servers.empty()) return Status::InvalidArgument("no server endpoints");
@@ -131,8 +94,9 @@ Status ClientImpl::Start() {
 }
 
 Status ClientImpl::ConnectServer(const std::string& address) {
+  // Appended only once it is set up: a failure leaves no half-made server id behind.
   const uint32_t i = static_cast<uint32_t>(servers_.size());
-  ServerConn& s = servers_.emplace_back();
+  ServerConn s;
   s.address = address;
   s.dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
   s.dealer.set(zmq::sockopt::linger, 0);
@@ -168,8 +132,10 @@ Status ClientImpl::ConnectServer(const std::string& address) {
   } catch (const zmq::error_t& e) {
     return Status::InvalidArgument("bad endpoint '" + address + "': " + e.what());
   }
+  const int fd = s.dealer.get(zmq::sockopt::fd);
+  servers_.push_back(std::move(s));
   if (i < kMaxPolledServers) {
-    polled_fds_[i] = {nullptr, s.dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
+    polled_fds_[i] = {nullptr, fd, ZMQ_POLLIN, 0};
     polled_n_.store(i + 1, std::memory_order_release);
   }
   return Status::OK();

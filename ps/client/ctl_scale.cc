@@ -176,6 +176,7 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
 Status Controller::Copy(Client* src, Client* dst, uint64_t v, const std::vector<uint32_t>& slots,
                         const Client::SlotExportRequest& how, Client::SlotImportStep step,
                         Marks* marks, uint64_t* rows) {
+  // Both owners may be a moment behind the map version (their watches): asked again then.
   TESSERA_ASSIGN_OR_RETURN(std::string data, UntilSeen(o_.deadline, [&] {
     return src->ExportSlots(0, v, slots, how, o_.deadline);
   }));
@@ -183,7 +184,9 @@ Status Controller::Copy(Client* src, Client* dst, uint64_t v, const std::vector<
   TESSERA_ASSIGN_OR_RETURN(*rows, CountSlotRows(data));
   TESSERA_ASSIGN_OR_RETURN(auto pieces, SplitSlotRows(data, o_.max_piece_bytes));
   for (const std::string& piece : pieces) {
-    TESSERA_RETURN_IF_ERROR(dst->ImportSlots(0, v, slots, step, piece, o_.deadline));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(dst->ImportSlots(0, v, slots, step, piece, o_.deadline));
+    }).status());
   }
   report_.bytes_moved += data.size();
   return Status::OK();
@@ -226,18 +229,27 @@ Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& 
     if (a != ahead.end()) how.since = a->second.steps;
     Marks marks;
     uint64_t n = 0;
-    TESSERA_RETURN_IF_ERROR(Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n));
-    if (a != ahead.end() && marks.instance != a->second.instance) {
-      // The old owner restarted since the copy ahead (its step counters began again): all rows.
-      TESSERA_RETURN_IF_ERROR(Copy(src, dst, v, slots, {}, Client::SlotImportStep::kRows, &marks, &n));
+    Status copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
+    if (copied.code() == StatusCode::kAlreadyExists) {
+      // Marked in already by an earlier run that died before settling: the new owner has taken
+      // pushes for these slots since, which a copy would overwrite.
+      continue;
     }
+    if ((copied.ok() && a != ahead.end() && marks.instance != a->second.instance) ||
+        (copied.code() == StatusCode::kInvalidArgument && !how.since.empty())) {
+      // The old owner restarted since the copy ahead (its step counters began again, maybe
+      // with another number of lanes): every row.
+      copied = Copy(src, dst, v, slots, {}, Client::SlotImportStep::kRows, &marks, &n);
+    }
+    TESSERA_RETURN_IF_ERROR(copied);
     report_.rows_in_hold += n;
   }
   const double copied_ms = MsSince(flipped);
   for (auto& [dst, slots] : by_dst) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
-    TESSERA_RETURN_IF_ERROR(
-        c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
+    }).status());
   }
   const double hold = MsSince(flipped);
   report_.max_hold_ms = std::max(report_.max_hold_ms, hold);

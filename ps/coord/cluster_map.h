@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ps/cluster_map_source.h"
 #include "ps/routing.h"
 #include "ps/status.h"
 
@@ -25,7 +26,7 @@ struct MapServer {
 /// A value type; thread-compatible.
 struct ClusterMap {
   /// Backup of a slot that has none.
-  static constexpr uint16_t kNoServer = 0xFFFF;
+  static constexpr uint16_t kNoServer = RoutingMap::kNotImporting;
 
   /// Increases by one with every change stored in etcd; 1 for the first map.
   uint64_t version = 0;

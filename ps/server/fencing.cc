@@ -3,11 +3,6 @@
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
-namespace {
-struct ClusterMap16 {
-  static constexpr uint16_t kNone = 0xFFFF;  // RoutingMap::importing: no source
-};
-}  // namespace
 
 Status ServerImpl::SetClusterMap(const RoutingMap& m) {
   const uint64_t version = m.version;
@@ -31,7 +26,7 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
   state->dense_servers = m.dense_servers != 0 ? m.dense_servers : options_.num_servers;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
     // Only the slots this server must fill matter to it.
-    if (m.importing[slot] != ClusterMap16::kNone && m.primary.ServerOfSlot(slot) == options_.rank) {
+    if (m.importing[slot] != RoutingMap::kNotImporting && m.primary.ServerOfSlot(slot) == options_.rank) {
       if (state->importing.empty()) state->importing.assign(kNumSlots, false);
       state->importing[slot] = true;
     }

@@ -70,6 +70,7 @@ void ServerImpl::ReceiveBurst() {
 void ServerImpl::Maintain() {
   (void)CurrentMap();  // notices a new map while no request comes (OnMapChanged)
   if (map_changed_) OnMapChanged();
+  if (!import_parked_.empty()) ExpireImportParked();
   FlushStaged();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
   uint64_t upto = log_->last_seq();

@@ -1,9 +1,10 @@
 // Moving slots between servers while a job trains (docs/elasticity.md, "Online resharding").
 // The controller (tessera-ctl scale) flips a slot to its new primary in the map with the old
 // one named as `importing`; the old owner then refuses the slot (fencing) and the new one holds
-// requests for it (ParkedByImport). The controller copies the rows: SlotExport on the old
-// owner, SlotImport on the new (cleared, then filled in pieces, then marked in), and finally
-// SlotDrop on the old owner once the map no longer names it.
+// requests for it (ParkedByImport). The controller copies the rows: ahead of the flip (SlotExport
+// of slots still owned, SlotImport ahead), after it the rows updated since (SlotExport since
+// the lane marks, SlotImport rows), marks them in (SlotImport done), and finally SlotDrop on
+// the old owner once the map no longer names it.
 #include <glog/logging.h>
 
 #include <cstring>
@@ -16,8 +17,7 @@
 namespace tessera::internal {
 namespace {
 
-// SlotImport's `count`: what the request does.
-constexpr uint64_t kImportRows = 0;     // [slots][rows]: writes the rows of importing slots
+// SlotImport's `count`: what the request does (0: [slots][rows], the rows of importing slots).
 constexpr uint64_t kImportDone = 1;     // [slots]: the copy is in; held requests run
 constexpr uint64_t kImportAhead = 2;    // [slots][rows]: rows of slots this server will import
 // SlotExport's `count`.
@@ -138,7 +138,7 @@ Status DecodeImport(std::string_view data, const std::vector<bool>& want, uint32
     ++plan->rows;
     return Status::OK();
   };
-  return ParseSlotRows(data, {table, row});
+  return ParseSlotRows(data, {table, row, nullptr});
 }
 
 }  // namespace
@@ -158,6 +158,15 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   for (uint64_t i = 0; i < h.count; ++i) {
     const uint32_t slot = SlotOfKey(p->keys[i]);
     if (map->importing[slot] && !import_filled_[slot]) {
+      if (import_parked_.size() >= kMaxImportParked) {
+        if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
+        ReplyError(std::move(p->identity), h,
+                   Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +
+                                       std::to_string(kMaxImportParked) +
+                                       " requests for slots being moved; nothing was applied, "
+                                       "retry"));
+        return true;
+      }
       import_parked_.push_back(p);
       ++import_parked_total_;
       return true;
@@ -169,10 +178,16 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
 void ServerImpl::OnMapChanged() {
   map_changed_ = false;
   const ClusterMapState* map = CurrentMap();
+  bool cleared = false;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    if (map == nullptr || map->importing.empty() || !map->importing[slot]) {
+    if (import_filled_[slot] && (map == nullptr || map->importing.empty() || !map->importing[slot])) {
       import_filled_[slot] = false;
+      cleared = true;
     }
+  }
+  if (cleared) {
+    Status s = PersistFilled();
+    if (!s.ok()) LOG(ERROR) << "resharding: cannot store the slots marked in: " << s.ToString();
   }
   // Fenced again by the new version when they run (Resubmit): a request of the old version
   // is refused and its client routes it by the new map.
@@ -232,6 +247,19 @@ Status ServerImpl::CheckGivenUp(const Header& h, const std::vector<uint32_t>& sl
   return Status::OK();
 }
 
+Status ServerImpl::CheckOwned(const Header& h, const std::vector<uint32_t>& slots) {
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  for (uint32_t slot : slots) {
+    if (map == nullptr || map->primary.ServerOfSlot(slot) != options_.rank) {
+      return Status::FailedPrecondition("slot " + std::to_string(slot) + " is not server " +
+                                        std::to_string(options_.rank) +
+                                        "'s to copy ahead at map version " +
+                                        std::to_string(map == nullptr ? 0 : map->version));
+    }
+  }
+  return Status::OK();
+}
+
 Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   // count 0: slots given up (the copy at the flip); 1: slots still owned (the copy ahead of
@@ -243,9 +271,8 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   }
   if (p->frames.size() != 2) TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
-  TESSERA_RETURN_IF_ERROR(slots.empty() || h.count == kExportOwned
-                              ? MapAtLeast(h).status()
-                              : CheckGivenUp(h, slots));
+  TESSERA_RETURN_IF_ERROR(slots.empty() || h.count == kExportOwned ? CheckOwned(h, slots)
+                                                                    : CheckGivenUp(h, slots));
   auto since = std::make_shared<std::vector<uint64_t>>();
   if (p->frames.size() == 2) {
     if (p->frames[1].size() != lanes_.size() * sizeof(uint64_t)) {
@@ -332,13 +359,60 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   }
   if (h.count == kImportDone) {
     for (uint32_t s : slots) import_filled_[s] = true;
+    // Kept across a restart: the server takes pushes for these slots from now on, and a
+    // controller that runs the move again must not copy the old owner's rows over them.
+    TESSERA_RETURN_IF_ERROR(PersistFilled());
     ReplyOk(std::move(p->identity), h);
     std::vector<std::shared_ptr<Pending>> parked;
     parked.swap(import_parked_);
     Readmit(std::move(parked));  // those still waiting for another slot park again
     return Status::OK();
   }
+  for (uint32_t slot : slots) {
+    if (import_filled_[slot]) {
+      return Status::AlreadyExists("slot " + std::to_string(slot) + " was marked in on server " +
+                                   std::to_string(options_.rank) +
+                                   " already (it takes pushes): its rows are not replaced");
+    }
+  }
   return ImportSlotRows(p, slots);
+}
+
+Status ServerImpl::PersistFilled() {
+  std::string bits(kNumSlots, '0');
+  for (uint32_t s = 0; s < kNumSlots; ++s) bits[s] = import_filled_[s] ? '1' : '0';
+  return engine_->PutMeta("reshard/filled", bits);
+}
+
+Status ServerImpl::LoadFilled() {
+  TESSERA_ASSIGN_OR_RETURN(auto bits, engine_->GetMeta("reshard/filled"));
+  if (!bits) return Status::OK();
+  if (bits->size() != kNumSlots) return Status::Corruption("reshard/filled of the wrong size");
+  for (uint32_t s = 0; s < kNumSlots; ++s) import_filled_[s] = (*bits)[s] == '1';
+  return Status::OK();
+}
+
+void ServerImpl::ExpireImportParked() {
+  // A request held for a copy that does not come (the controller died) is answered
+  // Unavailable after kImportHoldLimit instead of waiting without bound; a push gives its
+  // sequence number back (nothing of it was applied) so the client's retry is taken anew.
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<Pending>> keep;
+  for (auto& p : import_parked_) {
+    if (now - p->received < kImportHoldLimit) {
+      keep.push_back(std::move(p));
+      continue;
+    }
+    const Header& h = p->header;
+    if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
+    ReplyError(std::move(p->identity), h,
+               Status::Unavailable("server " + std::to_string(options_.rank) +
+                                   " holds this request's slots for a move whose copy has not "
+                                   "arrived in " +
+                                   std::to_string(kImportHoldLimit.count()) +
+                                   " s (is tessera-ctl scale running?); nothing was applied"));
+  }
+  import_parked_.swap(keep);
 }
 
 Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
@@ -364,6 +438,8 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
   for (const auto& [id, spec] : plan->added) {
     TESSERA_RETURN_IF_ERROR(
         engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+  }
+  for (const auto& [id, spec] : plan->added) {
     AddTableInfo(id, spec);
     LOG(INFO) << "table '" << spec.name << "' created by moved slot rows";
   }

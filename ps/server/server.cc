@@ -51,6 +51,7 @@ Status ServerImpl::Start() {
   }
   // Recovery runs on this thread before any lane thread exists.
   TESSERA_RETURN_IF_ERROR(RecoverTables(stores));
+  TESSERA_RETURN_IF_ERROR(LoadFilled());
   TESSERA_RETURN_IF_ERROR(
       log_->Replay(stores, [this](uint64_t id) { return tables_.contains(id); }));
   if (engine_->durable()) {

@@ -160,8 +160,20 @@ class ServerImpl {
   /// (Unavailable before: the controller asks again); FailedPrecondition without
   /// follow_cluster_map.
   Result<const ClusterMapState*> MapAtLeast(const Header& h);
+  /// MapAtLeast, then refuses slots this server does not own in that map (FailedPrecondition).
+  Status CheckOwned(const Header& h, const std::vector<uint32_t>& slots);
   /// MapAtLeast, then refuses slots this server owns in that map (FailedPrecondition).
   Status CheckGivenUp(const Header& h, const std::vector<uint32_t>& slots);
+  /// The slots marked in (import_filled_), stored in the engine's metadata and read back at
+  /// start: a restarted server that took pushes for them refuses a repeated copy.
+  Status PersistFilled();
+  Status LoadFilled();
+  /// Answers the requests held longer than kImportHoldLimit for a copy (Maintain).
+  void ExpireImportParked();
+  static constexpr std::chrono::seconds kImportHoldLimit{60};
+  /// Requests held for copies at most; beyond it a request for a moving slot is refused
+  /// (Unavailable) instead of held.
+  static constexpr size_t kMaxImportParked = 65536;
   /// SlotImport's rows step: checks them (DecodeImport), creates the tables they bring, and
   /// writes them in their lanes, durably, before the reply.
   Status ImportSlotRows(const std::shared_ptr<Pending>& p, const std::vector<uint32_t>& slots);
@@ -193,7 +205,8 @@ class ServerImpl {
   /// burst and before anything else reaches a lane, so lanes still see requests in order.
   void FlushStaged();
   Status SubmitDense(const std::shared_ptr<Pending>& p);
-  /// True when the checkpoint cut or the staleness gate parked `p` (to be readmitted later).
+  /// True when the checkpoint cut, a slot copy (ParkedByImport) or the staleness gate parked
+  /// `p` (to be readmitted later).
   bool Parked(const std::shared_ptr<Pending>& p);
   /// Submits a validated request that was parked.
   Status Resubmit(const std::shared_ptr<Pending>& p);

@@ -15,6 +15,7 @@
 #include "ps/client/client.h"
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/slot_map_store.h"
+#include "ps/routing.h"
 #include "tests/cluster_fixture.h"
 #include "tests/elastic/etcd_fixture.h"
 #include "tests/raw_peer.h"
@@ -352,6 +353,45 @@ TEST_F(ReshardTest, SlotOpsRefuseBadRequestsAndScaleNamesAMissingServer) {
   ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
   EXPECT_NE(show.find("version 1\n"), std::string::npos) << show;
   EXPECT_EQ(Scale(0, &out), 2) << out;
+}
+
+// A slot marked in (SlotImport done) takes pushes on its new owner: a controller that runs the
+// move again (it died before settling) gets AlreadyExists instead of copying the old rows over
+// them, also after the new owner restarts; the next scale settles the move without a copy.
+TEST_F(ReshardTest, ASlotMarkedInIsNeverCopiedOverAndAScaleSettlesIt) {
+  using Step = Client::SlotImportStep;
+  SlotMapStore store(client_.get(), "/" + std::string(kPrefix));
+  auto m = store.Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const uint32_t slot = 0;  // server 0's at v1
+  ClusterMap next = *m;
+  next.version = 2;
+  next.primary[slot] = 1;
+  next.importing[slot] = 0;
+  ASSERT_TRUE(store.CompareAndSwap(1, next).ok());
+  ASSERT_TRUE(WaitFor([&] { return Stat(0, "map_version") == 2 && Stat(1, "map_version") == 2; },
+                      seconds(30)));
+  const std::vector<uint32_t> slots = {slot};
+  auto rows = admin_->ExportSlots(0, 2, slots, {});
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_TRUE(admin_->ImportSlots(1, 2, slots, Step::kRows, *rows).ok());
+  ASSERT_TRUE(admin_->ImportSlots(1, 2, slots, Step::kDone).ok());
+  Status again = admin_->ImportSlots(1, 2, slots, Step::kRows, *rows);
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again.ToString();
+  // Still so after a restart of the new owner (its RocksDB keeps the mark).
+  EXPECT_EQ(cluster_->Stop(1), 0);
+  ASSERT_TRUE(cluster_->Restart(1).ok());
+  ASSERT_TRUE(WaitFor([&] { return Stat(1, "map_version") == 2; }, seconds(30)));
+  again = admin_->ImportSlots(1, 2, slots, Step::kRows, *rows);
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again.ToString();
+  // scale 2 finds the flipped slot, skips its copy, settles it (importing cleared) and drops
+  // it from server 0.
+  std::string out;
+  ASSERT_EQ(Scale(2, &out), 0) << out;
+  auto settled = store.Load();
+  ASSERT_TRUE(settled.ok());
+  EXPECT_EQ(settled->importing[slot], ClusterMap::kNoServer);
+  EXPECT_EQ(settled->primary[slot], 1);
 }
 
 }  // namespace
