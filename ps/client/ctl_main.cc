@@ -231,19 +231,42 @@ int StatsOrTables(tessera::Client& c, const std::string& cmd, const std::vector<
   return 0;
 }
 
+#ifdef TESSERA_CTL_COORD
+// The etcd client of --coordinator for command `what`; null after printing why, with the exit
+// status in *exit_code (2: a usage error, 1: etcd unusable).
+std::unique_ptr<tessera::EtcdClient> OpenCoordinator(const std::string& what,
+                                                     tessera::CoordinatorUrl* url,
+                                                     int* exit_code) {
+  *exit_code = 2;
+  if (FLAGS_coordinator.empty()) {
+    Usage(what + " needs --coordinator");
+    return nullptr;
+  }
+  auto parsed = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
+  if (!parsed.ok()) {
+    Usage("--coordinator: " + parsed.status().ToString());
+    return nullptr;
+  }
+  *url = *parsed;
+  auto etcd = tessera::EtcdClient::Create(url->etcd_options());
+  if (!etcd.ok()) {
+    std::fprintf(stderr, "tessera-ctl: %s\n", etcd.status().ToString().c_str());
+    *exit_code = 1;
+    return nullptr;
+  }
+  return std::move(*etcd);
+}
+#endif
+
 // map init / map show (needs tessera_coord, absent from a client-only build).
 int Map(const std::string& sub) {
 #ifdef TESSERA_CTL_COORD
   if (sub != "init" && sub != "show") return Usage("map takes init or show, got '" + sub + "'");
-  if (FLAGS_coordinator.empty()) return Usage("map " + sub + " needs --coordinator");
-  auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
-  if (!url.ok()) return Usage("--coordinator: " + url.status().ToString());
-  auto etcd = tessera::EtcdClient::Create(url->etcd_options());
-  if (!etcd.ok()) {
-    std::fprintf(stderr, "tessera-ctl: %s\n", etcd.status().ToString().c_str());
-    return 1;
-  }
-  tessera::SlotMapStore store(etcd->get(), url->prefix);
+  tessera::CoordinatorUrl url;
+  int exit_code = 0;
+  auto etcd = OpenCoordinator("map " + sub, &url, &exit_code);
+  if (etcd == nullptr) return exit_code;
+  tessera::SlotMapStore store(etcd.get(), url.prefix);
   if (sub == "init") {
     auto eps = tessera::ParseClusterList(FLAGS_servers);
     if (!eps.ok()) return Usage("--servers: " + eps.status().ToString());
@@ -285,19 +308,15 @@ int Map(const std::string& sub) {
 // scale N (needs tessera_coord).
 int Scale(const std::string& arg) {
 #ifdef TESSERA_CTL_COORD
-  if (FLAGS_coordinator.empty()) return Usage("scale needs --coordinator");
   char* end = nullptr;
   const unsigned long n = std::strtoul(arg.c_str(), &end, 10);
   if (arg.empty() || *end != '\0' || n == 0 || n > 65534) {
     return Usage("scale takes a number of servers in 1..65534, got '" + arg + "'");
   }
-  auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
-  if (!url.ok()) return Usage("--coordinator: " + url.status().ToString());
-  auto etcd = tessera::EtcdClient::Create(url->etcd_options());
-  if (!etcd.ok()) {
-    std::fprintf(stderr, "tessera-ctl: %s\n", etcd.status().ToString().c_str());
-    return 1;
-  }
+  tessera::CoordinatorUrl url;
+  int exit_code = 0;
+  auto etcd = OpenCoordinator("scale", &url, &exit_code);
+  if (etcd == nullptr) return exit_code;
   tessera::ClientOptions base;
   if (!BaseOptions(&base)) return 2;
   tessera::internal::ScaleOptions o;
@@ -306,7 +325,7 @@ int Scale(const std::string& arg) {
   o.pace = FLAGS_pace;
   o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
   o.log = stdout;
-  auto r = tessera::internal::Scale(**etcd, url->prefix, base, o);
+  auto r = tessera::internal::Scale(*etcd, url.prefix, base, o);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera-ctl: scale: %s\n", r.status().ToString().c_str());
     return 1;

@@ -143,6 +143,17 @@ bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit)
   return true;
 }
 
+int64_t StatOf(const std::string& stats, const std::string& key) {
+  std::istringstream in(stats);
+  std::string k;
+  int64_t v;
+  while (in >> k >> v) {
+    if (k == key) return v;
+    in.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();

@@ -72,6 +72,9 @@ class EtcdTest : public ::testing::Test {
 /// limits are generous: a slow machine only makes a test take longer.
 bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit);
 
+/// The value of `key` in a server's stats text ("key value" lines); -1 when absent.
+int64_t StatOf(const std::string& stats, const std::string& key);
+
 /// Milliseconds since `start`.
 double MsSince(std::chrono::steady_clock::time_point start);
 

@@ -23,18 +23,6 @@ using std::chrono::seconds;
 constexpr char kPrefix[] = "tessera/fence";
 constexpr uint32_t kDim = 4;
 
-// The value of `key` in `stats` ("key value" lines); -1 when absent.
-int64_t StatOf(const std::string& stats, const std::string& key) {
-  std::istringstream in(stats);
-  std::string k;
-  int64_t v;
-  while (in >> k >> v) {
-    if (k == key) return v;
-    in.ignore(1 << 20, '\n');
-  }
-  return -1;
-}
-
 // A map source over the real etcd whose watch never delivers: a client that learns of a new
 // map only when a server refuses its request (the path a lagging or broken watch leaves).
 class UnwatchedSource final : public ClusterMapSource {

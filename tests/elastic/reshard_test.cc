@@ -32,17 +32,6 @@ constexpr uint64_t kDenseLength = 6000;
 constexpr uint64_t kKeySpace = 60000;
 constexpr size_t kKeysPerStep = 400;
 
-int64_t StatOf(const std::string& stats, const std::string& key) {
-  std::istringstream in(stats);
-  std::string k;
-  int64_t v;
-  while (in >> k >> v) {
-    if (k == key) return v;
-    in.ignore(1 << 20, '\n');
-  }
-  return -1;
-}
-
 // A 1-worker bulk-synchronous training loop: each step pulls its keys and the dense tensor,
 // computes gradients from what it read (so a lost, doubled or stale update changes every later
 // step), pushes them, waits, and advances the clock.
