@@ -386,10 +386,14 @@ TEST(DeployManifests, ElasticEtcdAndScaleJobAgree) {
   for (const std::string& f : ExecFlags(ctl, "tessera-ctl")) {
     EXPECT_TRUE(known.count(f)) << "--" << f << " is not a flag of tessera-ctl";
   }
-  // The servers' manifest follows the map when TESSERA_COORDINATOR is set.
-  const YAML::Node server = Container(Find(LoadManifests(), "StatefulSet"), "server");
+  // The servers' and workers' manifests follow the map when TESSERA_COORDINATOR is set.
+  const std::vector<Doc> main_docs = LoadManifests();
+  const YAML::Node server = Container(Find(main_docs, "StatefulSet"), "server");
   EXPECT_NE(Script(server).find("--coordinator=\"$TESSERA_COORDINATOR\""), std::string::npos);
   EXPECT_TRUE(EnvValue(server, "TESSERA_COORDINATOR").empty()) << "static by default";
+  const YAML::Node worker = Container(Find(main_docs, "Job"), "worker");
+  EXPECT_NE(Script(worker).find("--coordinator=$TESSERA_COORDINATOR"), std::string::npos);
+  EXPECT_TRUE(EnvValue(worker, "TESSERA_COORDINATOR").empty()) << "static by default";
 }
 
 // ---------------------------------------------------------------- Dockerfile
