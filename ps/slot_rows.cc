@@ -100,7 +100,7 @@ Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor) {
   return Status::OK();
 }
 
-Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max_bytes) {
+Result<SlotRowsPieces> SplitSlotRows(std::string_view data, size_t max_bytes) {
   std::string tables;
   TESSERA_RETURN_IF_ERROR(ParseSlotRows(
       data, {[&](uint64_t id, const TableSpec& spec) {
@@ -108,37 +108,31 @@ Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max
                return Status::OK();
              },
              nullptr, nullptr}));
-  std::vector<std::string> pieces;
+  SlotRowsPieces out;
   std::string cur = tables;
   bool has_rows = false;
   TESSERA_RETURN_IF_ERROR(ParseSlotRows(
-      data, {nullptr, [&](uint64_t table, uint64_t key, const SlotRowMeta& m, const char* row,
-                          uint32_t n) {
+      data, {nullptr,
+             [&](uint64_t table, uint64_t key, const SlotRowMeta& m, const char* row,
+                 uint32_t n) {
                const size_t bytes = kRowHeaderBytes + size_t{n} * sizeof(float);
                if (has_rows && cur.size() + bytes > max_bytes) {
-                 pieces.push_back(std::move(cur));
+                 out.pieces.push_back(std::move(cur));
                  cur = tables;
                  has_rows = false;
                }
                // `row` may be unaligned: AppendSlotRow only copies its bytes.
                AppendSlotRow(&cur, table, key, m, reinterpret_cast<const float*>(row), n);
                has_rows = true;
+               ++out.rows;
                return Status::OK();
              },
-             nullptr}));
-  pieces.push_back(std::move(cur));
-  return pieces;
-}
-
-Result<uint64_t> CountSlotRows(std::string_view data) {
-  uint64_t rows = 0;
-  TESSERA_RETURN_IF_ERROR(ParseSlotRows(
-      data, {nullptr, [&](uint64_t, uint64_t, const SlotRowMeta&, const char*, uint32_t) {
-               ++rows;
+             [&](uint32_t lane, uint64_t instance, uint64_t step) {
+               out.marks.push_back({lane, instance, step});
                return Status::OK();
-             },
-             nullptr}));
-  return rows;
+             }}));
+  out.pieces.push_back(std::move(cur));
+  return out;
 }
 
 }  // namespace tessera::internal

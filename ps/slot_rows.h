@@ -45,11 +45,21 @@ struct SlotRowsVisitor {
 /// that is cut short or unknown. Stops at the first error a visitor returns.
 Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor);
 
-/// Cuts `data` into pieces of at most about `max_bytes` at entry boundaries, each piece
-/// starting with every table entry of `data` (so each imports on its own); marks are dropped.
-Result<std::vector<std::string>> SplitSlotRows(std::string_view data, size_t max_bytes);
-
-/// The number of rows in `data` (Corruption as ParseSlotRows).
-Result<uint64_t> CountSlotRows(std::string_view data);
+/// A lane mark (AppendSlotMark).
+struct SlotMark {
+  uint32_t lane;
+  uint64_t instance;
+  uint64_t step;
+};
+/// `data` cut into pieces of at most about `max_bytes` at entry boundaries, each piece
+/// starting with every table entry of `data` (so each imports on its own), without the marks;
+/// and what the cut read on its way: the number of rows and the marks.
+struct SlotRowsPieces {
+  std::vector<std::string> pieces;
+  uint64_t rows = 0;
+  std::vector<SlotMark> marks;
+};
+/// Corruption as ParseSlotRows.
+Result<SlotRowsPieces> SplitSlotRows(std::string_view data, size_t max_bytes);
 
 }  // namespace tessera::internal

@@ -27,7 +27,8 @@ std::vector<Row> Rows(std::string_view data, std::vector<std::string>* tables = 
                std::memcpy(f.data(), row, n * sizeof(float));
                out.push_back({t, k, m.update_count, f});
                return Status::OK();
-             }});
+             },
+             nullptr});
   EXPECT_TRUE(s.ok()) << s.ToString();
   return out;
 }
@@ -44,14 +45,21 @@ TEST(SlotRows, RoundTripSplitAndDamage) {
   std::vector<std::string> tables;
   EXPECT_EQ(Rows(data, &tables), want);
   EXPECT_EQ(tables, std::vector<std::string>{"emb"});
-  EXPECT_EQ(*CountSlotRows(data), 100u);
+  AppendSlotMark(&data, 3, 77, 1234);
 
-  // Pieces of at most ~1 KB, each with the table entry, together the same rows in order.
-  auto pieces = SplitSlotRows(data, 1024);
-  ASSERT_TRUE(pieces.ok());
-  EXPECT_GT(pieces->size(), 3u);
+  // Pieces of at most ~1 KB, each with the table entry, together the same rows in order; the
+  // rows counted and the mark read on the way, and left out of the pieces.
+  auto split = SplitSlotRows(data, 1024);
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->rows, 100u);
+  ASSERT_EQ(split->marks.size(), 1u);
+  EXPECT_EQ(split->marks[0].lane, 3u);
+  EXPECT_EQ(split->marks[0].instance, 77u);
+  EXPECT_EQ(split->marks[0].step, 1234u);
+  const std::vector<std::string>& pieces = split->pieces;
+  EXPECT_GT(pieces.size(), 3u);
   std::vector<Row> joined;
-  for (const std::string& p : *pieces) {
+  for (const std::string& p : pieces) {
     EXPECT_LE(p.size(), 1024u);
     tables.clear();
     for (Row& r : Rows(p, &tables)) joined.push_back(r);
@@ -61,19 +69,19 @@ TEST(SlotRows, RoundTripSplitAndDamage) {
 
   // Cut short, or an unknown entry: Corruption naming where, and nothing crashes.
   for (size_t cut : {data.size() - 1, data.size() - 30, size_t{5}}) {
-    Status s = ParseSlotRows(std::string_view(data).substr(0, cut), {nullptr, nullptr});
+    Status s = ParseSlotRows(std::string_view(data).substr(0, cut), {nullptr, nullptr, nullptr});
     EXPECT_EQ(s.code(), StatusCode::kCorruption) << cut;
     EXPECT_NE(s.message().find("cut short"), std::string::npos) << s.ToString();
   }
   std::string junk = data + "X";
-  EXPECT_NE(ParseSlotRows(junk, {nullptr, nullptr}).message().find("unknown type"),
+  EXPECT_NE(ParseSlotRows(junk, {nullptr, nullptr, nullptr}).message().find("unknown type"),
             std::string::npos);
   // A row claiming more floats than there are bytes.
   std::string huge;
   float f = 1;
   AppendSlotRow(&huge, 1, 2, {}, &f, 1);
   huge[huge.size() - 8] = '\xff';  // n's low byte
-  EXPECT_EQ(ParseSlotRows(huge, {nullptr, nullptr}).code(), StatusCode::kCorruption);
+  EXPECT_EQ(ParseSlotRows(huge, {nullptr, nullptr, nullptr}).code(), StatusCode::kCorruption);
 }
 
 }  // namespace

@@ -87,16 +87,16 @@ struct Marks {
   uint64_t instance = 0;
   std::vector<uint64_t> steps;
 };
-Result<Marks> ReadMarks(std::string_view rows) {
+Result<Marks> ReadMarks(const std::vector<SlotMark>& read) {
   Marks m;
-  TESSERA_RETURN_IF_ERROR(ParseSlotRows(
-      rows, {nullptr, nullptr, [&](uint32_t lane, uint64_t instance, uint64_t step) -> Status {
-               if (lane >= 4096) return Status::Corruption("a lane mark of lane " + std::to_string(lane));
-               if (m.steps.size() <= lane) m.steps.resize(lane + 1);
-               m.steps[lane] = step;
-               m.instance = instance;
-               return Status::OK();
-             }}));
+  for (const SlotMark& mark : read) {
+    if (mark.lane >= 4096) {
+      return Status::Corruption("a lane mark of lane " + std::to_string(mark.lane));
+    }
+    if (m.steps.size() <= mark.lane) m.steps.resize(mark.lane + 1);
+    m.steps[mark.lane] = mark.step;
+    m.instance = mark.instance;
+  }
   return m;
 }
 
@@ -180,10 +180,11 @@ Status Controller::Copy(Client* src, Client* dst, uint64_t v, const std::vector<
   TESSERA_ASSIGN_OR_RETURN(std::string data, UntilSeen(o_.deadline, [&] {
     return src->ExportSlots(0, v, slots, how, o_.deadline);
   }));
-  TESSERA_ASSIGN_OR_RETURN(*marks, ReadMarks(data));
-  TESSERA_ASSIGN_OR_RETURN(*rows, CountSlotRows(data));
-  TESSERA_ASSIGN_OR_RETURN(auto pieces, SplitSlotRows(data, o_.max_piece_bytes));
-  for (const std::string& piece : pieces) {
+  // One read of the export: the pieces to import, its rows and its lane marks.
+  TESSERA_ASSIGN_OR_RETURN(SlotRowsPieces split, SplitSlotRows(data, o_.max_piece_bytes));
+  TESSERA_ASSIGN_OR_RETURN(*marks, ReadMarks(split.marks));
+  *rows = split.rows;
+  for (const std::string& piece : split.pieces) {
     TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
       return Done(dst->ImportSlots(0, v, slots, step, piece, o_.deadline));
     }).status());

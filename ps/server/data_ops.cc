@@ -113,6 +113,12 @@ void ServerImpl::FlushStaged() {
   }
 }
 
+void ServerImpl::GiveBackSeq(const Header& h) {
+  if (h.op != Op::kSparsePull && h.op != Op::kDensePull && h.client_id != 0) {
+    dedup_.Abandon(h.client_id, h.client_seq);
+  }
+}
+
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
   return ParkedByCut(p) || ParkedByImport(p) || !consistency_.AdmitOrPark(p);
 }
@@ -126,7 +132,7 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   if (!p->admitted_as_retry) {
     const Status fenced = CheckMapVersion(h, /*exempt_retries=*/false);
     if (!fenced.ok()) {
-      if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
+      GiveBackSeq(h);
       return fenced;
     }
   }

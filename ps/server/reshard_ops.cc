@@ -159,7 +159,7 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
     const uint32_t slot = SlotOfKey(p->keys[i]);
     if (map->importing[slot] && !import_filled_[slot]) {
       if (import_parked_.size() >= kMaxImportParked) {
-        if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
+        GiveBackSeq(h);
         ReplyError(std::move(p->identity), h,
                    Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +
                                        std::to_string(kMaxImportParked) +
@@ -234,28 +234,22 @@ Result<const ServerImpl::ClusterMapState*> ServerImpl::MapAtLeast(const Header& 
   return map;
 }
 
-Status ServerImpl::CheckGivenUp(const Header& h, const std::vector<uint32_t>& slots) {
+Status ServerImpl::CheckOwnership(const Header& h, const std::vector<uint32_t>& slots,
+                                  bool must_own) {
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  const uint64_t version = map == nullptr ? 0 : map->version;
   for (uint32_t slot : slots) {
-    if (map == nullptr || map->primary.ServerOfSlot(slot) == options_.rank) {
-      return Status::FailedPrecondition(
-          "slot " + std::to_string(slot) + " belongs to server " + std::to_string(options_.rank) +
-          " at map version " + std::to_string(map == nullptr ? 0 : map->version) +
-          ": it has not been given up");
-    }
-  }
-  return Status::OK();
-}
-
-Status ServerImpl::CheckOwned(const Header& h, const std::vector<uint32_t>& slots) {
-  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
-  for (uint32_t slot : slots) {
-    if (map == nullptr || map->primary.ServerOfSlot(slot) != options_.rank) {
+    const bool owned = map != nullptr && map->primary.ServerOfSlot(slot) == options_.rank;
+    if (owned == must_own) continue;
+    if (must_own) {
       return Status::FailedPrecondition("slot " + std::to_string(slot) + " is not server " +
                                         std::to_string(options_.rank) +
                                         "'s to copy ahead at map version " +
-                                        std::to_string(map == nullptr ? 0 : map->version));
+                                        std::to_string(version));
     }
+    return Status::FailedPrecondition("slot " + std::to_string(slot) + " belongs to server " +
+                                      std::to_string(options_.rank) + " at map version " +
+                                      std::to_string(version) + ": it has not been given up");
   }
   return Status::OK();
 }
@@ -271,8 +265,8 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   }
   if (p->frames.size() != 2) TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
-  TESSERA_RETURN_IF_ERROR(slots.empty() || h.count == kExportOwned ? CheckOwned(h, slots)
-                                                                    : CheckGivenUp(h, slots));
+  TESSERA_RETURN_IF_ERROR(
+      CheckOwnership(h, slots, /*must_own=*/slots.empty() || h.count == kExportOwned));
   auto since = std::make_shared<std::vector<uint64_t>>();
   if (p->frames.size() == 2) {
     if (p->frames[1].size() != lanes_.size() * sizeof(uint64_t)) {
@@ -343,7 +337,7 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   if (h.count == kImportAhead) {
     // Ahead of the flip: slots this server does not own yet (nothing writes them here), whose
     // copy the flip's delta completes.
-    TESSERA_RETURN_IF_ERROR(CheckGivenUp(h, slots));
+    TESSERA_RETURN_IF_ERROR(CheckOwnership(h, slots, /*must_own=*/false));
     return ImportSlotRows(p, slots);
   }
   // Only slots this server is the importing primary of, at a version it has seen; no slots:
@@ -404,7 +398,7 @@ void ServerImpl::ExpireImportParked() {
       continue;
     }
     const Header& h = p->header;
-    if (h.op != Op::kSparsePull && h.client_id != 0) dedup_.Abandon(h.client_id, h.client_seq);
+    GiveBackSeq(h);
     ReplyError(std::move(p->identity), h,
                Status::Unavailable("server " + std::to_string(options_.rank) +
                                    " holds this request's slots for a move whose copy has not "
@@ -472,7 +466,7 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
 Status ServerImpl::SlotDropOp(const std::shared_ptr<Pending>& p) {
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
-  TESSERA_RETURN_IF_ERROR(CheckGivenUp(p->header, slots));
+  TESSERA_RETURN_IF_ERROR(CheckOwnership(p->header, slots, /*must_own=*/false));
   auto want = std::make_shared<const std::vector<uint32_t>>(slots);
   auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(TableList()));
   std::atomic<uint64_t>* dropped = &slot_rows_dropped_;

@@ -160,10 +160,9 @@ class ServerImpl {
   /// (Unavailable before: the controller asks again); FailedPrecondition without
   /// follow_cluster_map.
   Result<const ClusterMapState*> MapAtLeast(const Header& h);
-  /// MapAtLeast, then refuses slots this server does not own in that map (FailedPrecondition).
-  Status CheckOwned(const Header& h, const std::vector<uint32_t>& slots);
-  /// MapAtLeast, then refuses slots this server owns in that map (FailedPrecondition).
-  Status CheckGivenUp(const Header& h, const std::vector<uint32_t>& slots);
+  /// MapAtLeast, then FailedPrecondition for a slot this server does not own in that map
+  /// (`must_own`: the copy ahead) or owns (otherwise: slots given up, or not taken yet).
+  Status CheckOwnership(const Header& h, const std::vector<uint32_t>& slots, bool must_own);
   /// The slots marked in (import_filled_), stored in the engine's metadata and read back at
   /// start: a restarted server that took pushes for them refuses a repeated copy.
   Status PersistFilled();
@@ -208,6 +207,9 @@ class ServerImpl {
   /// True when the checkpoint cut, a slot copy (ParkedByImport) or the staleness gate parked
   /// `p` (to be readmitted later).
   bool Parked(const std::shared_ptr<Pending>& p);
+  /// A push that waited and is answered without being applied gives its sequence number back
+  /// (PushDedup::Abandon), so the client's resend is taken as new. No-op for reads.
+  void GiveBackSeq(const Header& h);
   /// Submits a validated request that was parked.
   Status Resubmit(const std::shared_ptr<Pending>& p);
 
