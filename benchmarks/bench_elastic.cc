@@ -9,9 +9,16 @@
 //   moves over the median window before them, and also the whole scale's keys over its time;
 // - time to move the rows each scale moved, and rows/s;
 // - the longest time requests for a batch's slots waited (flip to copy in).
-// Fail-over is not measured: replication is not built.
+// Then replication and fail-over (--failover), on three more servers with data directories:
+// - push keys/s of the same client loop on a map without backups and, in the same run, on one
+//   made with --replication=2 (each push waits for the backup of its slots): the ratio is the
+//   cost of replication;
+// - kill -9 of server 1 while pushing on the replicated map: the fail-over time is the
+//   longest gap between two push completions after the kill (the dead server's lease TTL,
+//   etcd's expiry check, the promotion's poll, the new map's way to the client, the resend);
+//   push keys/s after the fail-over (two servers left).
 //
-// The last line of output is one JSON object.
+// Each part ends with one line of JSON ("bench":"elastic", then "bench":"elastic_failover").
 #include <gflags/gflags.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -53,6 +60,9 @@ DEFINE_double(pace, 0.5, "Share of wall time the controller moves (tessera-ctl s
 DEFINE_string(server_binary, "", "tessera-server (default: next to this program)");
 DEFINE_string(server_flags, "", "Extra flags for every tessera-server, comma-separated");
 DEFINE_string(etcd, "/usr/bin/etcd", "The etcd binary");
+DEFINE_bool(scale, true, "Measure online resharding (2 -> 3 -> 2 servers)");
+DEFINE_bool(failover, true, "Measure replication's cost and the fail-over time of a kill -9");
+DEFINE_uint32(ttl_s, 3, "Fail-over: the servers' lease TTL (--coordinator_ttl_s)");
 
 namespace {
 
@@ -165,6 +175,143 @@ double Rate(Pushes& p, Clock::time_point from, Clock::time_point to) {
   return static_cast<double>(keys) / std::chrono::duration<double>(to - from).count();
 }
 
+// Starts three tessera-server processes with data directories under `dir`, following the map
+// at `url` (created here: uniform, and with backups when `replicated`), fills a table of
+// `rows` rows and pushes back to back for `phase_s`; with `kill`, then kill -9 of server 1 and
+// `phase_s` more after the first push that completes past the kill. Prints and returns figures.
+struct TierFigures {
+  double rate = 0;       // push keys/s, median window, before any kill
+  double failover_s = 0; // longest gap between push completions after the kill
+  double after = 0;      // push keys/s, median window, after the fail-over
+};
+
+tessera::Result<TierFigures> RunTier(const std::string& binary, const std::string& url,
+                                     const std::string& dir, uint64_t rows, double phase_s,
+                                     bool replicated, bool kill_one) {
+  std::vector<std::string> endpoints;
+  std::string cluster_list;
+  for (int i = 0; i < 3; ++i) {
+    endpoints.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
+    cluster_list += (i ? "," : "") + endpoints.back();
+  }
+  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> argv = {binary, "--listen=" + endpoints[r], "--cluster=" + cluster_list,
+                                     "--rank=" + std::to_string(r), "--lanes=2",
+                                     "--data_dir=" + dir + "/server-" + std::to_string(r),
+                                     "--coordinator=" + url,
+                                     "--coordinator_ttl_s=" + std::to_string(FLAGS_ttl_s)};
+    servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
+    auto started = servers.back()->Start(argv);
+    if (!started.ok()) return started.status();
+  }
+  auto parsed = tessera::CoordinatorUrl::Parse(url);
+  TESSERA_ASSIGN_OR_RETURN(auto etcd_client, tessera::EtcdClient::Create(parsed->etcd_options()));
+  tessera::SlotMapStore store(etcd_client.get(), parsed->prefix);
+  tessera::ClusterMap map = tessera::ClusterMap::Uniform(
+      {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}, {"server-2", endpoints[2]}});
+  if (replicated) {
+    for (size_t s = 0; s < map.primary.size(); ++s) map.backup[s] = (map.primary[s] + 1) % 3;
+  }
+  TESSERA_RETURN_IF_ERROR(store.Create(map));
+  TESSERA_ASSIGN_OR_RETURN(auto source, tessera::EtcdClusterMapSource::Create(*parsed));
+  tessera::ClientOptions co;
+  co.request_timeout_ms = 2000;  // a push lost with the killed server is sent again soon
+  co.retry_for_ms = 120000;
+  TESSERA_ASSIGN_OR_RETURN(auto client, tessera::Client::Create(co, std::move(source)));
+  tessera::Client& c = *client;
+  tessera::OptimizerSpec adagrad;
+  adagrad.kind = tessera::OptimizerKind::kAdagrad;
+  TESSERA_ASSIGN_OR_RETURN(auto table, c.CreateTable(tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad)));
+  std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
+  for (uint64_t at = 0; at < rows; at += FLAGS_keys) {
+    std::vector<uint64_t> keys;
+    for (uint64_t k = at; k < std::min(rows, at + FLAGS_keys); ++k) keys.push_back(k + 1);
+    TESSERA_RETURN_IF_ERROR(c.Wait(c.Push(table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim))));
+  }
+  Pushes pushes;
+  std::thread pusher([&] {
+    std::mt19937_64 rng(7);
+    std::vector<uint64_t> keys(FLAGS_keys);
+    while (!pushes.stop.load()) {
+      for (auto& k : keys) k = 1 + rng() % rows;
+      std::sort(keys.begin(), keys.end());
+      keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+      Status s = c.Wait(c.Push(table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
+      if (!s.ok()) {
+        pushes.error = s;
+        return;
+      }
+      std::lock_guard<std::mutex> l(pushes.mu);
+      pushes.done.push_back({Clock::now(), keys.size()});
+      keys.resize(FLAGS_keys);
+    }
+  });
+  const double window = std::min(0.25, phase_s / 4);
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(phase_s));
+  const auto t_kill = Clock::now();
+  TierFigures f;
+  f.rate = tessera::bench::Median(Windows(pushes, t0, t_kill, window));
+  if (kill_one) {
+    servers[1]->Kill();
+    // Wait for the first completion after the kill, then one more phase.
+    Clock::time_point resumed{};
+    while (pushes.error.ok()) {
+      {
+        std::lock_guard<std::mutex> l(pushes.mu);
+        for (auto it = pushes.done.rbegin(); it != pushes.done.rend() && it->first > t_kill; ++it) {
+          resumed = it->first;
+        }
+      }
+      if (resumed != Clock::time_point{} &&
+          Clock::now() - resumed > std::chrono::duration<double>(phase_s)) {
+        break;
+      }
+      if (Clock::now() - t_kill > std::chrono::seconds(120)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const auto t_end = Clock::now();
+    {
+      std::lock_guard<std::mutex> l(pushes.mu);
+      Clock::time_point last = t_kill;
+      for (auto& [at, k] : pushes.done) {
+        if (at <= t_kill) continue;
+        f.failover_s = std::max(f.failover_s, std::chrono::duration<double>(at - last).count());
+        last = at;
+      }
+    }
+    f.after = tessera::bench::Median(Windows(pushes, t_end - std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(phase_s)),
+                                             t_end, window));
+  }
+  pushes.stop = true;
+  pusher.join();
+  if (!pushes.error.ok()) return pushes.error;
+  return f;
+}
+
+int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uint64_t rows,
+             double phase_s) {
+  auto plain = RunTier(binary, etcd.url("plain"), root + "/plain", rows, phase_s, false, false);
+  if (!plain.ok()) return Fail(plain.status().WithContext("unreplicated tier"));
+  auto repl = RunTier(binary, etcd.url("replicated"), root + "/replicated", rows, phase_s, true, true);
+  if (!repl.ok()) return Fail(repl.status().WithContext("replicated tier"));
+  std::printf("replication (3 servers with data directories, one client, %u keys per push, "
+              "median of 0.25 s windows):\n", FLAGS_keys);
+  std::printf("  push keys/s without backups  %12.0f\n", plain->rate);
+  std::printf("  push keys/s, --replication=2 %12.0f  (%.2fx)\n", repl->rate, repl->rate / plain->rate);
+  std::printf("  kill -9 of server 1: fail-over %.2f s (lease TTL %u s); push keys/s after %.0f "
+              "(%.2fx of before, 2 servers left)\n",
+              repl->failover_s, FLAGS_ttl_s, repl->after, repl->after / repl->rate);
+  std::printf("{\"bench\":\"elastic_failover\",\"rows\":%llu,\"push_keys_per_s_unreplicated\":%.0f,"
+              "\"push_keys_per_s_replicated\":%.0f,\"replicated_ratio\":%.3f,\"ttl_s\":%u,"
+              "\"failover_s\":%.3f,\"push_keys_per_s_after_failover\":%.0f}\n",
+              static_cast<unsigned long long>(rows), plain->rate, repl->rate,
+              repl->rate / plain->rate, FLAGS_ttl_s, repl->failover_s, repl->after);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,6 +329,7 @@ int main(int argc, char** argv) {
   const tessera::bench::TempDir root("tessera-bench-elastic-");
   Etcd etcd;
   if (Status s = etcd.Start(root.path()); !s.ok()) return Fail(s);
+  if (!FLAGS_scale) return FLAGS_failover ? Failover(binary, etcd, root.path(), rows, phase_s) : 0;
   const std::string url = etcd.url("bench");
   std::vector<std::string> flags = {"--coordinator=" + url};
   {
@@ -329,5 +477,9 @@ int main(int argc, char** argv) {
   std::printf("  after the moves       %12.0f\n", after);
   json += ",\"push_keys_per_s_after\":" + std::to_string(after) + "}";
   std::printf("%s\n", json.c_str());
+  if (FLAGS_failover) {
+    servers.clear();
+    return Failover(binary, etcd, root.path(), rows, phase_s);
+  }
   return 0;
 }

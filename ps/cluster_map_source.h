@@ -30,6 +30,10 @@ struct RoutingMap {
   /// (kNotImporting: none); empty when nothing moves. Servers hold requests for such slots until the
   /// copy is in; clients route by `primary` alone.
   std::vector<uint16_t> importing;
+  /// Replication (--replication=2): per slot, the server that receives its primary's pushes
+  /// before the primary answers them (kNoBackup: none); empty when no slot has one.
+  std::vector<uint16_t> backup;
+  static constexpr uint16_t kNoBackup = 0xFFFF;
 };
 
 /// Called with each newer map, or with the error of a map that could not be read (the source

@@ -130,6 +130,8 @@ void EncodeHeader(const Header& h, std::string* out) {
   }
   e.add_lr_scale(h.lr_scale);  // not written when 1 (the schema's default)
   e.add_map_version(h.map_version);  // not written when 0: static-cluster envelopes keep their size
+  e.add_client_origin(h.client_origin);  // 0 (not written) but after a fail-over
+  e.add_replica_from(h.replica_from);    // 0 (not written) but between replicas
   if (!h.message.empty()) e.add_message(message);
   if (h.spec) e.add_spec(spec);
   if (!h.name.empty()) e.add_name(name);
@@ -176,6 +178,8 @@ Status DecodeHeader(const void* data, size_t size, Header* out) {
   h.client_seq = e->client_seq();
   h.lr_scale = e->lr_scale();
   h.map_version = e->map_version();
+  h.client_origin = e->client_origin();
+  h.replica_from = e->replica_from();
   if (e->message()) h.message = e->message()->str();
   if (e->spec()) h.spec = ReadSpec(*e->spec());
   if (e->name()) h.name = e->name()->str();

@@ -75,6 +75,12 @@ struct Header {
   /// Data requests: the version of the cluster map the sender routed by; 0: a static cluster
   /// (no fencing). See docs/elasticity.md.
   uint64_t map_version = 0;
+  /// Pushes with a client_id: the server (id + 1) whose push sequence of this client
+  /// client_seq counts in; 0: the receiving server's own (docs/elasticity.md, fail-over).
+  uint32_t client_origin = 0;
+  /// Replication: the primary (server id + 1) that forwards this client push to its backup;
+  /// 0: a client's request.
+  uint32_t replica_from = 0;
 };
 
 /// Serializes `h` into `out` (replacing its contents).

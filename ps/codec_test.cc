@@ -29,6 +29,8 @@ TEST(CodecTest, RoundTrip) {
   h.client_id = 0x0123456789abcdefULL;
   h.client_seq = 77;
   h.map_version = 0xfedcba9876543210ULL;
+  h.client_origin = 3;
+  h.replica_from = 2;
   TableSpec spec = TableSpec::Sparse("emb", 16);
   spec.optimizer.kind = OptimizerKind::kAdam;
   spec.optimizer.learning_rate = 0.003f;
@@ -57,6 +59,8 @@ TEST(CodecTest, RoundTrip) {
   EXPECT_EQ(d.client_id, h.client_id);
   EXPECT_EQ(d.client_seq, h.client_seq);
   EXPECT_EQ(d.map_version, h.map_version);
+  EXPECT_EQ(d.client_origin, 3u);
+  EXPECT_EQ(d.replica_from, 2u);
   ASSERT_TRUE(d.spec.has_value());
   EXPECT_EQ(DescribeSpecDifference(*d.spec, spec), "");
 }
@@ -70,6 +74,8 @@ TEST(CodecTest, DefaultsRoundTrip) {
   ASSERT_TRUE(DecodeHeader(bytes.data(), bytes.size(), &d).ok());
   EXPECT_EQ(d.staleness, -1);
   EXPECT_EQ(d.map_version, 0u);
+  EXPECT_EQ(d.client_origin, 0u);
+  EXPECT_EQ(d.replica_from, 0u);
   EXPECT_FALSE(d.spec.has_value());
 }
 

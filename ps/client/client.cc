@@ -389,13 +389,8 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& options,
     }
     return map.status().WithContext("cannot read the cluster map");
   }
-  for (size_t i = 0; i < map->addresses.size(); ++i) {
-    if (map->addresses[i].empty()) {
-      return Status::FailedPrecondition(
-          "cluster map version " + std::to_string(map->version) + " has a retired server id " +
-          std::to_string(i) + ": this client needs every server id in use");
-    }
-  }
+  // A retired id (a drained server, or a failed one) is never routed to; a dense range of a
+  // failed dense server fails with an error naming it.
   ClientOptions o = options;
   o.servers = map->addresses;
   auto impl = std::make_unique<internal::ClientImpl>(o, std::move(map_source), std::move(*map));

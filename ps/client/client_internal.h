@@ -107,6 +107,9 @@ struct Outgoing {
   Clock::time_point not_before{};  // waiting for a map: not sent before this
   uint64_t send_order = 0;       // per server, assigned when first handed to SendOne
   Status last_error;             // why the last attempt failed
+  // The request's op (every request; `header` is filled for data requests only): what to do
+  // with it when its server is retired (ClientImpl::SendToRetired).
+  Op op = Op::kInvalid;
   bool retryable() const { return give_up != Deadline::min(); }
 };
 
@@ -209,6 +212,9 @@ class ClientImpl {
     int64_t backoff_ms = 100;
     uint64_t next_send_order = 0;
     uint64_t push_seq = 0;  // the last push sequence number given out
+    // The cluster map version that retired this id (its address emptied; 0: live). Nothing
+    // is sent to a retired id again: SendOne hands such requests to SendToRetired.
+    uint64_t retired_by = 0;
   };
 
   // A newer map from the source: routes by it from now on (Wake()s the I/O thread). A map
@@ -226,8 +232,29 @@ class ClientImpl {
   // its keys in o's part (Outgoing::rows); the call waits for every piece.
   void SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64_t* keys, uint64_t n);
   // Sends `o`, routed to o.server, at `map`'s version: a new request id, and a push under a
-  // new sequence number.
+  // new sequence number, unless it counts in another server's sequence (client_origin, set
+  // by RetireServers), whose (client_id, client_seq, client_origin) it keeps. Fails `o` when
+  // `map` routes it to a retired id.
   void SendRouted(Outgoing o, const RoutingMap& map);
+  // I/O thread, after InstallMap moved installed_version_: for each id the current map
+  // retired (address emptied) by a fail-over, i.e. whose slots of the previous map it handled
+  // (retired_map_) went to their backups, marks it retired and routes again, by that map,
+  // what was sent or waits to be sent again to it (in flight with `retained`, the retry
+  // queue), in send order; pushes keep their number, counted in the retired server's sequence
+  // (client_origin), since its backup, now the new owner, may hold them already. What may not
+  // go elsewhere fails. An id retired by a scale-down (its slots were moved away by copies,
+  // in earlier versions) is left as before: it still runs and answers what it was sent (a
+  // push it applied is answered as a retry there, not applied again by the new owner).
+  void RetireServers();
+  // True when `map` gives every slot `server` was the primary of in `before` to that slot's
+  // backup in `before` (and it was the primary of at least one): a promotion, not a move.
+  static bool FailedOver(const RoutingMap& before, const RoutingMap& map, uint32_t server);
+  // `o`, addressed to retired id o.server: a sparse data request is routed by the current
+  // map, a clock is done (the server is gone: nothing waits there for it); a dense request
+  // fails (FailedPrecondition: dense tables are not replicated), anything else Unavailable.
+  void SendToRetired(Outgoing o);
+  // Why `o` may not be sent to retired id `server` (retired by map version `version`).
+  Status RetiredError(const Outgoing& o, uint32_t server, uint64_t version) const;
   void RefreshLoop();
 
   // Under io_mu_: opens a DEALER socket to `address` (server id servers_.size()) and its
@@ -302,6 +329,13 @@ class ClientImpl {
   std::thread refresher_;
   std::unique_ptr<ClusterMapSource> source_;  // destroyed first (~ClientImpl)
   std::deque<Outgoing> map_waiters_;          // I/O side
+  // The version of the last map InstallMap installed; the I/O thread compares it with
+  // retired_version_ (I/O side: the version whose retired ids RetireServers handled) to
+  // notice a map that may retire ids without taking map_mu_ in every round.
+  std::atomic<uint64_t> installed_version_{0};
+  uint64_t retired_version_ = 0;
+  // I/O side: the map RetireServers last handled (the previous map of the next one).
+  std::shared_ptr<const RoutingMap> retired_map_;
   std::atomic<uint64_t> stale_map_retries_{0};
 };
 

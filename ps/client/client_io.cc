@@ -60,6 +60,15 @@ Status ClientImpl::Start() {
   {
     std::lock_guard<std::mutex> io(io_mu_);
     for (uint32_t i = 0; i < n; ++i) TESSERA_RETURN_IF_ERROR(ConnectServer(options_.servers[i]));
+    if (source_ != nullptr) {
+      // Ids the first map retired already: nothing is sent there (a dense range of one fails
+      // at once); later maps are compared with this one (RetireServers).
+      retired_map_ = Routing();
+      for (uint32_t i = 0; i < n; ++i) {
+        if (options_.servers[i].empty()) servers_[i].retired_by = retired_map_->version;
+      }
+      retired_version_ = retired_map_->version;
+    }
   }
   io_ = std::thread([this] { IoLoop(); });
   // Wait until every server answers a ping.
@@ -150,6 +159,7 @@ Outgoing ClientImpl::MakeOutgoing(uint32_t server, Header h, std::vector<zmq::me
   h.request_id = o.request_id;
   o.parts.reserve(data.size() + 1);
   o.part = server;
+  o.op = h.op;
   if (IsDataOp(h.op)) o.header = h;  // to be routed again after a stale-map refusal
   if (IsPush(h.op)) {
     // Encoded when first sent, with its sequence number.
@@ -309,6 +319,9 @@ void ClientImpl::IoLoop() {
       (void)r;
     }
     io.lock();
+    // A new map may have retired ids: their requests go elsewhere before anything else is
+    // sent (DrainMapWaiters below then routes by the same map).
+    if (installed_version_.load() != retired_version_) RetireServers();
     SendQueued();
     ReceiveReady();
     for (size_t i = 0; i < n; ++i) MonitorEvent(static_cast<uint32_t>(i));
@@ -356,6 +369,10 @@ void ClientImpl::IoLoop() {
 
 void ClientImpl::SendOne(Outgoing& o) {
   ServerConn& s = servers_[o.server];
+  if (s.retired_by != 0) {  // built by an older map, or a clock: never queued for a gone id
+    SendToRetired(std::move(o));
+    return;
+  }
   o.send_order = ++s.next_send_order;
   if (o.needs_seq) {
     // Sequence numbers follow the send order: the server sees a client's pushes in order.

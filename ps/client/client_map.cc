@@ -1,7 +1,8 @@
 // The client's side of a cluster map (docs/elasticity.md): the map calls are routed by, its
-// updates from the source (watch, and reloads after a stale-map refusal), and the rerouting
-// of requests a server refused as stale. The I/O thread runs StaleMapRetry, DrainMapWaiters
-// and Reroute; the source's thread and the refresher run InstallMap.
+// updates from the source (watch, and reloads after a stale-map refusal), the rerouting of
+// requests a server refused as stale, and of requests to a server a map retired (fail-over:
+// its backup was promoted). The I/O thread runs StaleMapRetry, DrainMapWaiters, Reroute and
+// RetireServers; the source's thread and the refresher run InstallMap.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -66,6 +67,9 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
     return;
   }
   routing_ = std::make_shared<const RoutingMap>(*m);
+  // The I/O thread handles the ids it retires (RetireServers): what is in flight there is
+  // the I/O side's, and rerouting it sends.
+  installed_version_.store(m->version);
   io.unlock();
   Wake();
 }
@@ -216,6 +220,7 @@ void ClientImpl::SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64
     piece.header = o.header;
     piece.header.count = idx.size();
     piece.part = o.part;
+    piece.op = o.op;
     piece.stale_retries = o.stale_retries;
     piece.last_error = o.last_error;
     auto rows = std::make_shared<std::vector<uint32_t>>(idx.size());
@@ -241,20 +246,159 @@ void ClientImpl::SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64
 void ClientImpl::SendRouted(Outgoing o, const RoutingMap& map) {
   Header& h = o.header;
   h.map_version = map.version;
-  h.client_id = 0;
-  h.client_seq = 0;
   o.request_id = next_id_.fetch_add(1) + 1;
   h.request_id = o.request_id;
-  if (IsPush(h.op)) {
+  if (servers_[o.server].retired_by != 0 ||
+      (o.server < map.addresses.size() && map.addresses[o.server].empty())) {
+    // A dense range of a retired server (it has no other place), or a map that routes keys
+    // to a retired id: nothing may be sent there again.
+    const uint64_t by = servers_[o.server].retired_by;
+    if (o.call) PartDone(o.call, RetiredError(o, o.server, by != 0 ? by : map.version));
+    return;
+  }
+  if (IsPush(h.op) && h.client_origin != 0) {
+    // Counted in a retired server's sequence: the new owner may hold it from that server's
+    // replication (under client_id, origin, client_seq). A new number would make it apply
+    // twice; the same one is answered as a retry there or applied once.
+    o.needs_seq = false;
+    o.parts[0] = EnvelopeFrame(h);
+  } else if (IsPush(h.op)) {
     // The refused push applied nothing: a new sequence number on the server it goes to now
     // (its old number may be below pushes of this client the server has taken since).
+    h.client_id = 0;
+    h.client_seq = 0;
     o.needs_seq = true;
   } else {
     o.parts[0] = EnvelopeFrame(h);
   }
-  o.deadline = std::min(o.give_up, Clock::now() + std::chrono::milliseconds(
-                                                      options_.request_timeout_ms));
+  // A request that is never retried (SendToRetired of a fresh one) has one attempt.
+  const Deadline attempt =
+      Clock::now() + std::chrono::milliseconds(options_.request_timeout_ms);
+  o.deadline = o.retryable() ? std::min(o.give_up, attempt) : attempt;
   SendOne(o);
+}
+
+bool ClientImpl::FailedOver(const RoutingMap& before, const RoutingMap& map, uint32_t server) {
+  if (before.backup.empty()) return false;
+  const std::vector<uint16_t>& was = before.primary.owners();
+  const std::vector<uint16_t>& now = map.primary.owners();
+  bool owned = false;
+  for (size_t slot = 0; slot < was.size() && slot < now.size(); ++slot) {
+    if (was[slot] != server) continue;
+    owned = true;
+    if (before.backup[slot] == RoutingMap::kNoBackup || now[slot] != before.backup[slot]) {
+      return false;
+    }
+  }
+  return owned;
+}
+
+void ClientImpl::RetireServers() {
+  const std::shared_ptr<const RoutingMap> map = Routing();
+  const std::shared_ptr<const RoutingMap> before = retired_map_ ? retired_map_ : map;
+  retired_version_ = map->version;
+  retired_map_ = map;
+  std::vector<uint32_t> retired;
+  for (uint32_t i = 0; i < servers_.size() && i < map->addresses.size(); ++i) {
+    if (servers_[i].retired_by == 0 && map->addresses[i].empty() &&
+        FailedOver(*before, *map, i)) {
+      servers_[i].retired_by = map->version;  // first: nothing below is routed back to it
+      retired.push_back(i);
+    }
+  }
+  for (uint32_t i : retired) {
+    ServerConn& s = servers_[i];
+    std::vector<Outgoing> moved(std::make_move_iterator(s.retry.begin()),
+                                std::make_move_iterator(s.retry.end()));
+    s.retry.clear();
+    std::vector<InFlight> lost;
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->second.server == i) {
+        lost.push_back(std::move(it->second));
+        in_flight_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& f : lost) {
+      if (f.retained) {
+        moved.push_back(std::move(*f.retained));
+      } else {
+        PartDone(f.call, Status::Unavailable(
+                             "server " + std::to_string(i) + " (" + Address(i) +
+                             ") was retired by cluster map version " +
+                             std::to_string(map->version) +
+                             " while a request was in flight to it; the request is not retried "
+                             "(ClientOptions::retry_for_ms is 0, or the op is never retried), "
+                             "so a push may or may not have been applied"));
+      }
+    }
+    // In the server's send order: the new owner dedups the pushes counted in i's sequence by
+    // their numbers, and must see them in the order the retired server would have.
+    std::stable_sort(moved.begin(), moved.end(), [](const Outgoing& a, const Outgoing& b) {
+      return a.send_order < b.send_order;
+    });
+    // Stop ZeroMQ reconnecting to (and queueing for) an address the cluster gave up.
+    try {
+      if (!s.address.empty()) s.dealer.disconnect(s.address);
+    } catch (const zmq::error_t&) {
+    }
+    for (auto& o : moved) SendToRetired(std::move(o));
+  }
+  // Waiters for a newer map that a retired id refused are left to DrainMapWaiters: they were
+  // refused (nothing applied), so a push goes under a new number, and they route by this map
+  // (or a newer one), which gives none of their keys to a retired id.
+}
+
+void ClientImpl::SendToRetired(Outgoing o) {
+  const uint32_t server = o.server;
+  const uint64_t version = servers_[server].retired_by;
+  if (o.call && o.call->cancelled.load()) {  // Client::Cancel: nobody waits for it
+    PartDone(o.call, Status::Cancelled("call cancelled"));
+    return;
+  }
+  if (o.op == Op::kClock) {
+    // A clock gates reads on the server it goes to, and a retired server serves none: failing
+    // it would fail a worker's Clock() for a server the job no longer uses.
+    if (o.call) PartDone(o.call, Status::OK());
+    return;
+  }
+  const bool sparse =
+      o.op == Op::kSparsePull || o.op == Op::kSparsePush || o.op == Op::kSparsePushPull;
+  if (!sparse || source_ == nullptr) {
+    if (o.call) PartDone(o.call, RetiredError(o, server, version));
+    return;
+  }
+  if (o.retryable() && Clock::now() >= o.give_up) {
+    if (o.call) {
+      PartDone(o.call, Status::Unavailable(
+                           RetiredError(o, server, version).message() + " (" +
+                           o.last_error.message() + "; gave up after retrying for " +
+                           std::to_string(options_.retry_for_ms) + " ms)"));
+    }
+    return;
+  }
+  if (IsPush(o.op) && o.header.client_seq != 0 && o.header.client_origin == 0) {
+    // Sent to it under its sequence number, and maybe applied there and replicated to the
+    // slots' backup, the new owner, which knows it under (client_id, origin, client_seq):
+    // the same triple is answered there as a retry, or applied once. (A fresh request has no
+    // number yet and takes one from the server it goes to; a push already counted in another
+    // retired server's sequence keeps that one: its backup forwarded it under it too.)
+    o.header.client_origin = server + 1;
+  }
+  Reroute(std::move(o), *Routing());
+}
+
+Status ClientImpl::RetiredError(const Outgoing& o, uint32_t server, uint64_t version) const {
+  const std::string who = "server " + std::to_string(server) + " (" + Address(server) +
+                          ") was retired by cluster map version " + std::to_string(version);
+  if (o.op == Op::kDensePull || o.op == Op::kDensePush) {
+    return Status::FailedPrecondition(
+        who + "; dense tables are not replicated: elements [" +
+        std::to_string(o.header.offset) + ", " + std::to_string(o.header.offset + o.header.count) +
+        ") of dense table " + std::to_string(o.header.table_id) + " were there");
+  }
+  return Status::Unavailable(who + ": " + std::string(OpName(o.op)) + " is not sent to it");
 }
 
 }  // namespace internal

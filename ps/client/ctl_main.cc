@@ -35,6 +35,10 @@ DEFINE_string(coordinator, "",
 DEFINE_string(servers, "",
               "map init: the servers' endpoints in server-id order, comma-separated, or @FILE "
               "(each server's --cluster entry; server id = its --rank)");
+DEFINE_uint32(replication, 1,
+              "map init: copies of each slot: 1 (none) or 2 (each slot also gets a backup, the "
+              "next server id after its primary, which takes its pushes before they are "
+              "acknowledged; needs at least 2 servers)");
 DEFINE_double(pace, 0.5,
               "scale: share of wall time spent moving; after each batch the controller waits "
               "so that training gets the servers' cores in between (1: no pause)");
@@ -57,11 +61,13 @@ constexpr char kCommands[] =
     "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
     "                   --curve_secret_key_file) and DIR/server.pub (public)\n"
     "  map init         create the cluster map PREFIX/slotmap of --coordinator: version 1,\n"
-    "                   --servers owning uniform slot ranges; fails if a map exists\n"
+    "                   --servers owning uniform slot ranges; fails if a map exists;\n"
+    "                   --replication=2: each slot's backup is the next server\n"
     "  map show         print the cluster map of --coordinator\n"
     "  scale N          move slots online so that N servers share them evenly: adds\n"
     "                   servers registered with --coordinator (tessera-server --rank=ID\n"
-    "                   --coordinator=...), drains and retires the highest ids\n";
+    "                   --coordinator=...), drains and retires the highest ids (not for a\n"
+    "                   map with backups yet)\n";
 
 constexpr tessera::cli::ToolInfo kTool{
     .name = "tessera-ctl",
@@ -258,45 +264,79 @@ std::unique_ptr<tessera::EtcdClient> OpenCoordinator(const std::string& what,
 }
 #endif
 
-// map init / map show (needs tessera_coord, absent from a client-only build).
-int Map(const std::string& sub) {
 #ifdef TESSERA_CTL_COORD
-  if (sub != "init" && sub != "show") return Usage("map takes init or show, got '" + sub + "'");
-  tessera::CoordinatorUrl url;
-  int exit_code = 0;
-  auto etcd = OpenCoordinator("map " + sub, &url, &exit_code);
-  if (etcd == nullptr) return exit_code;
-  tessera::SlotMapStore store(etcd.get(), url.prefix);
-  if (sub == "init") {
-    auto eps = tessera::ParseClusterList(FLAGS_servers);
-    if (!eps.ok()) return Usage("--servers: " + eps.status().ToString());
-    std::vector<tessera::MapServer> servers;
-    for (size_t i = 0; i < eps->size(); ++i) {
-      servers.push_back({"server-" + std::to_string(i), (*eps)[i]});
-    }
-    tessera::Status s = store.Create(tessera::ClusterMap::Uniform(std::move(servers)));
-    if (!s.ok()) {
-      std::fprintf(stderr, "tessera-ctl: map init: %s\n", s.ToString().c_str());
-      return 1;
-    }
-    std::printf("cluster map version 1 of %zu server(s) created at %s\n", eps->size(),
-                store.key().c_str());
-    return 0;
+// map init: creates version 1 of the map of --servers with --replication copies of each slot.
+int MapInit(tessera::SlotMapStore& store, const std::vector<std::string>& eps) {
+  std::vector<tessera::MapServer> servers;
+  for (size_t i = 0; i < eps.size(); ++i) {
+    servers.push_back({"server-" + std::to_string(i), eps[i]});
   }
+  auto map = tessera::ClusterMap::Replicated(std::move(servers), FLAGS_replication);
+  if (!map.ok()) return Usage("--replication: " + map.status().message());
+  tessera::Status s = store.Create(*map);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tessera-ctl: map init: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("cluster map version 1 of %zu server(s) created at %s%s\n", eps.size(),
+              store.key().c_str(),
+              FLAGS_replication == 2 ? " (replication 2: each slot's backup is the next server)"
+                                     : "");
+  return 0;
+}
+
+// map show: the version, then per server id its member id, address and how many slots it is
+// primary and backup of, then how many slots have a backup.
+int MapShow(tessera::SlotMapStore& store) {
   auto map = store.Load();
   if (!map.ok()) {
     std::fprintf(stderr, "tessera-ctl: map show: %s\n", map.status().ToString().c_str());
     return 1;
   }
-  std::vector<uint32_t> slots(map->servers.size(), 0);
+  std::vector<uint32_t> slots(map->servers.size(), 0), backups(map->servers.size(), 0);
+  uint32_t backed = 0;
   for (uint16_t p : map->primary) ++slots[p];
+  for (uint16_t b : map->backup) {
+    if (b == tessera::ClusterMap::kNoServer) continue;
+    ++backups[b];
+    ++backed;
+  }
   std::printf("version %llu\n", static_cast<unsigned long long>(map->version));
   for (size_t i = 0; i < map->servers.size(); ++i) {
-    std::printf("server %zu %s %s primary_slots %u\n", i, map->servers[i].id.c_str(),
+    std::printf("server %zu %s %s primary_slots %u backup_slots %u\n", i,
+                map->servers[i].id.c_str(),
                 map->servers[i].address.empty() ? "(retired)" : map->servers[i].address.c_str(),
-                slots[i]);
+                slots[i], backups[i]);
   }
+  std::printf("slots_with_backup %u of %u\n", backed, tessera::kNumSlots);
   return 0;
+}
+#endif
+
+// map init / map show (needs tessera_coord, absent from a client-only build).
+int Map(const std::string& sub) {
+#ifdef TESSERA_CTL_COORD
+  if (sub != "init" && sub != "show") return Usage("map takes init or show, got '" + sub + "'");
+  std::vector<std::string> eps;
+  if (sub == "init") {
+    auto parsed = tessera::ParseClusterList(FLAGS_servers);
+    if (!parsed.ok()) return Usage("--servers: " + parsed.status().ToString());
+    eps = std::move(*parsed);
+    // Usage errors before etcd is asked anything.
+    if (FLAGS_replication != 1 && FLAGS_replication != 2) {
+      return Usage("--replication must be 1 or 2, got " + std::to_string(FLAGS_replication));
+    }
+    if (FLAGS_replication == 2 && eps.size() < 2) {
+      return Usage("--replication=2 needs at least 2 --servers, got " +
+                   std::to_string(eps.size()));
+    }
+  }
+  tessera::CoordinatorUrl url;
+  int exit_code = 0;
+  auto etcd = OpenCoordinator("map " + sub, &url, &exit_code);
+  if (etcd == nullptr) return exit_code;
+  tessera::SlotMapStore store(etcd.get(), url.prefix);
+  return sub == "init" ? MapInit(store, eps) : MapShow(store);
 #else
   (void)sub;
   std::fprintf(stderr, "tessera-ctl: map: this build has no tessera_coord (a client-only "

@@ -279,6 +279,16 @@ Result<ScaleReport> Controller::Run() {
   const auto t0 = SteadyClock::now();
   TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
   report_.from_version = map_.version;
+  // A move copies a slot to its new primary only: its backup would be left behind, and the
+  // servers' forwarding to backups knows nothing of imports.
+  const auto backed = std::count_if(map_.backup.begin(), map_.backup.end(),
+                                    [](uint16_t b) { return b != ClusterMap::kNoServer; });
+  if (backed > 0) {
+    return Status::FailedPrecondition(
+        "resharding a replicated map is not supported yet: map version " +
+        std::to_string(map_.version) + " gives " + std::to_string(backed) +
+        " slots a backup (tessera-ctl map init --replication=2); nothing was changed");
+  }
   TESSERA_RETURN_IF_ERROR(Settle());  // a move an interrupted run left flipped
   std::vector<uint16_t> targets;
   for (uint16_t id = 0; id < map_.servers.size(); ++id) {

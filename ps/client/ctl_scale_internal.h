@@ -48,7 +48,8 @@ struct ScaleReport {
 /// (stale rows of an earlier stay), copy the rows ahead from the old owners (still serving),
 /// CAS the map (new primaries, `importing` the old), copy the rows the old owners updated
 /// since, mark them in, CAS `importing` away, delete them from the old owners. Ends by
-/// retiring drained ids.
+/// retiring drained ids. FailedPrecondition, changing nothing, when any slot of the map has a
+/// backup (a replicated map: resharding one is not supported yet).
 Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
                           const ScaleOptions& options);
 

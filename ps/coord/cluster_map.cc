@@ -100,6 +100,25 @@ ClusterMap ClusterMap::Uniform(std::vector<MapServer> servers) {
   return m;
 }
 
+Result<ClusterMap> ClusterMap::Replicated(std::vector<MapServer> servers, uint32_t replication) {
+  if (replication != 1 && replication != 2) {
+    return Status::InvalidArgument("replication " + std::to_string(replication) +
+                                   " is not supported (1: none, 2: one backup per slot)");
+  }
+  const size_t n = servers.size();
+  if (replication == 2 && n < 2) {
+    return Status::InvalidArgument("replication 2 needs at least 2 servers, got " +
+                                   std::to_string(n));
+  }
+  ClusterMap m = Uniform(std::move(servers));
+  if (replication == 2) {
+    for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+      m.backup[slot] = static_cast<uint16_t>((m.primary[slot] + 1) % n);
+    }
+  }
+  return m;
+}
+
 Status ClusterMap::Validate() const {
   if (version == 0) return Status::InvalidArgument("cluster map: version 0 (the first is 1)");
   if (servers.empty() || servers.size() >= kNoServer) {
@@ -119,13 +138,8 @@ Status ClusterMap::Validate() const {
     return Status::InvalidArgument("cluster map: dense_servers " + std::to_string(dense_servers) +
                                    " is not in 1.." + std::to_string(servers.size()));
   }
-  for (uint32_t i = 0; i < dense_servers; ++i) {
-    if (servers[i].address.empty()) {
-      return Status::InvalidArgument("cluster map: server " + std::to_string(i) +
-                                     " holds dense tables (dense_servers " +
-                                     std::to_string(dense_servers) + ") but has no address");
-    }
-  }
+  // A dense server may be retired: it failed, and dense tables are not replicated (its dense
+  // ranges are unavailable; clients fail requests for them naming it).
   return Status::OK();
 }
 

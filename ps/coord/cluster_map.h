@@ -40,16 +40,22 @@ struct ClusterMap {
   /// requests for it until the copy is in (docs/elasticity.md, "Online resharding").
   std::vector<uint16_t> importing;
   /// Dense tables are spread over servers 0 .. dense_servers-1 (the servers of the first map);
-  /// no map change moves them, so those ids are never retired.
+  /// no map change moves them: resharding never retires those ids, a fail-over retires a dead
+  /// one (dense tables are not replicated; its ranges are unavailable from then on).
   uint32_t dense_servers = 0;
 
   /// Version 1 of a cluster of `servers`: primaries as SlotMap::Uniform(servers.size()), no
   /// backups, nothing importing, dense tables over all of them.
   static ClusterMap Uniform(std::vector<MapServer> servers);
+  /// Uniform(servers) with `replication` copies of each slot (`tessera-ctl map init
+  /// --replication=N`): 1 is Uniform; 2 gives each slot the backup (primary + 1) % n, n the
+  /// number of servers, which must be at least 2. InvalidArgument for another replication or
+  /// too few servers.
+  static Result<ClusterMap> Replicated(std::vector<MapServer> servers, uint32_t replication);
 
   /// OK when the map is whole: version >= 1, 1..65535 servers, kNumSlots primaries, backups
   /// and importing entries, each naming a server with an address, a backup and an importing
-  /// source never the slot's primary, 1 <= dense_servers <= servers with an address each.
+  /// source never the slot's primary, 1 <= dense_servers <= servers.
   /// InvalidArgument naming the first slot or server that is wrong.
   Status Validate() const;
   /// The routing of the primaries (SlotMap::FromOwners).

@@ -43,6 +43,12 @@ Result<RoutingMap> EtcdClusterMapSource::ToRoutingMap(const ClusterMap& map) {
       break;
     }
   }
+  for (uint16_t b : map.backup) {
+    if (b != ClusterMap::kNoServer) {
+      r.backup = map.backup;
+      break;
+    }
+  }
   return r;
 }
 

@@ -129,7 +129,7 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   // Fenced again: the map it was admitted by may have moved its slots while it waited (the
   // staleness gate parks pulls, a checkpoint cut pushes); nothing of it is logged or applied
   // yet, so the client routes it anew.
-  if (!p->admitted_as_retry) {
+  if (!p->admitted_as_retry && h.replica_from == 0) {
     const Status fenced = CheckMapVersion(h, /*exempt_retries=*/false);
     if (!fenced.ok()) {
       GiveBackSeq(h);
@@ -167,7 +167,11 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   // is answered as a retry (AnsweredAsRetry) and applies nothing.
   const ClusterMapState* map = CurrentMap();
   const SlotMap* owners = &Owners();
-  if (map != nullptr && IsRetriedPush(h)) owners = nullptr;
+  // A push its primary forwards is checked against the slots' primary and backup instead
+  // (a retry of one applies nothing: AnsweredAsRetry answers it).
+  const bool retried = IsRetriedPush(h);
+  if (h.replica_from != 0 && !retried) TESSERA_RETURN_IF_ERROR(CheckReplica(*p));
+  if (map != nullptr && (retried || h.replica_from != 0)) owners = nullptr;
   KeySplit split;
   const uint64_t foreign = SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()),
                                            owners, options_.rank, &split);
@@ -251,7 +255,15 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
                              }});
   }
   const bool may_inline = h.count * dim <= kInlineMaxFloats;
-  if (push) {
+  if (h.replica_from == 0 && ReplicationActive()) {
+    Sequence(p, [this, p, parts = std::move(parts), may_inline, push]() mutable {
+      if (push) {
+        LogAndRun(p, std::move(parts), may_inline);
+      } else {
+        RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
+      }
+    });
+  } else if (push) {
     LogAndRun(p, std::move(parts), may_inline);
   } else {
     RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
@@ -333,7 +345,16 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
                  }});
   }
   const bool may_inline = h.count <= kInlineMaxDenseFloats;
-  if (push) {
+  if (ReplicationActive()) {
+    // Dense parts are not replicated, but they keep their place behind earlier pushes.
+    Sequence(p, [this, p, parts = std::move(parts), may_inline, push]() mutable {
+      if (push) {
+        LogAndRun(p, std::move(parts), may_inline);
+      } else {
+        RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
+      }
+    });
+  } else if (push) {
     LogAndRun(p, std::move(parts), may_inline);
   } else {
     RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);

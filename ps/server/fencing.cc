@@ -24,6 +24,12 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
   state->version = version;
   state->primary = m.primary;
   state->dense_servers = m.dense_servers != 0 ? m.dense_servers : options_.num_servers;
+  if (!m.backup.empty() && m.backup.size() != kNumSlots) {
+    return Status::InvalidArgument("cluster map version " + std::to_string(version) + ": " +
+                                   std::to_string(m.backup.size()) + " backup entries");
+  }
+  state->backup = m.backup;
+  state->addresses = m.addresses;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
     // Only the slots this server must fill matter to it.
     if (m.importing[slot] != RoutingMap::kNotImporting && m.primary.ServerOfSlot(slot) == options_.rank) {

@@ -32,9 +32,9 @@ bool TryReceive(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
 }  // namespace
 
 void ServerImpl::IoLoop() {
-  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                             {replies_.handle(), 0, ZMQ_POLLIN, 0},
-                             {router_monitor_.handle(), 0, ZMQ_POLLIN, 0}};
+  // The ROUTER, the lanes' replies, the ROUTER's monitor, then the links to backups
+  // (replication.cc), rebuilt when those change.
+  std::vector<zmq::pollitem_t> items;
   auto next_maintenance = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     const auto now = std::chrono::steady_clock::now();
@@ -42,8 +42,20 @@ void ServerImpl::IoLoop() {
       next_maintenance = now + std::chrono::milliseconds(options_.maintenance_interval_ms);
       Maintain();
     }
+    if (poll_items_dirty_) {
+      poll_items_dirty_ = false;
+      items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+               {replies_.handle(), 0, ZMQ_POLLIN, 0},
+               {router_monitor_.handle(), 0, ZMQ_POLLIN, 0}};
+      for (auto& [server, link] : backup_links_) {
+        items.push_back({link.dealer.handle(), 0, ZMQ_POLLIN, 0});
+      }
+    }
+    // While pushes wait for backups, poll often enough to send again what was not answered.
+    const auto wait = repl_waiting_.empty() ? std::chrono::milliseconds(100)
+                                            : std::chrono::milliseconds(20);
     try {
-      zmq::poll(items, 3, std::chrono::milliseconds(100));
+      zmq::poll(items.data(), items.size(), wait);
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       LOG(ERROR) << "poll failed: " << e.what();
@@ -51,6 +63,10 @@ void ServerImpl::IoLoop() {
     }
     if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
     if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
+    if (!backup_links_.empty()) {
+      DrainBackupReplies();  // answers free the queue before new requests join it
+      ResendReplication();
+    }
     if (items[0].revents & ZMQ_POLLIN) ReceiveBurst();
     if (map_changed_) OnMapChanged();
     FlushStaged();  // pushes readmitted outside a burst
@@ -251,11 +267,24 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
     case Op::kSparsePull:
     case Op::kSparsePush:
     case Op::kSparsePushPull:
+      KeyByOrigin(*p);
+      if (h.replica_from != 0) {
+        // A primary's forwarded push: fenced by the slots' primary and backup (CheckReplica).
+        if (h.op != Op::kSparsePush) {
+          return Status::InvalidArgument("a replicated request must be a sparse push, got " +
+                                         std::string(OpName(h.op)));
+        }
+        return Sparse(p);
+      }
       // Fencing first: a refused request is neither validated further, logged nor applied.
       TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
       return Sparse(p);
     case Op::kDensePull:
     case Op::kDensePush:
+      KeyByOrigin(*p);
+      if (h.replica_from != 0) {
+        return Status::InvalidArgument("dense tables are not replicated");
+      }
       TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
       return Dense(p);
     case Op::kClock:
@@ -407,6 +436,10 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "slot_rows_deleted " << slot_rows_dropped_.load() << "\n"
     << "import_parked_now " << import_parked_.size() << "\n"
     << "import_parked_total " << import_parked_total_ << "\n"
+    << "replicated_pushes " << replicated_pushes_ << "\n"
+    << "replication_waiting " << repl_waiting_.size() << "\n"
+    << "failed_replications " << failed_replications_ << "\n"
+    << "fenced_replicas " << fenced_replicas_ << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"
     << "log_truncated_to " << log_->truncated() << "\n"
     << "push_keys " << push_keys_ << "\n"

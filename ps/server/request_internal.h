@@ -62,6 +62,9 @@ struct Pending {
   // The pull part of a push-pull whose push this server applied already (AnsweredAsRetry): it
   // was admitted at any map version and is not fenced again when it runs after waiting.
   bool admitted_as_retry = false;
+  // Pushes: the client's own id when header.client_id was rewritten to the key of another
+  // server's sequence (ServerImpl::KeyByOrigin); what a primary forwards to its backup.
+  uint64_t origin_client = 0;
   // The edge (edge_ops.cc): the peer's in-flight slot, given back when the request is
   // dropped; whether SendReply found the peer's send queue full (it does not read replies).
   std::shared_ptr<void> admission;

@@ -10,6 +10,8 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -125,6 +127,10 @@ class ServerImpl {
     uint32_t dense_servers = 0;
     // Per slot: this server is its primary and its rows are being copied here (empty: none).
     std::vector<bool> importing;
+    // Replication: per slot, its backup server (RoutingMap::kNoBackup: none); empty: no slot
+    // has one. The data endpoint of each server id, to reach backups.
+    std::vector<uint16_t> backup;
+    std::vector<std::string> addresses;
   };
   /// The map the I/O thread serves by; null when the server follows no map or has none yet.
   const ClusterMapState* CurrentMap();
@@ -179,6 +185,65 @@ class ServerImpl {
   Status SlotExportOp(const std::shared_ptr<Pending>& p);
   Status SlotImportOp(const std::shared_ptr<Pending>& p);
   Status SlotDropOp(const std::shared_ptr<Pending>& p);
+
+  // ---- replication.cc: primary-backup replication (docs/elasticity.md)
+  // One backup's part of a push: the request sent to it, until it answers.
+  struct ReplPiece {
+    uint16_t backup = 0;
+    uint64_t request_id = 0;
+    std::vector<zmq::message_t> parts;  // envelope, keys, values (kept to send again)
+    std::vector<uint32_t> slots;        // the slots it touches, sorted
+    std::chrono::steady_clock::time_point sent_at;
+    bool done = false;
+  };
+  // A data request waiting, in arrival order, for the backups of the pushes ahead of it and
+  // its own; `release` hands it to the log and the lanes.
+  struct ReplEntry {
+    std::shared_ptr<Pending> p;
+    std::function<void()> release;
+    std::vector<ReplPiece> pieces;
+    uint32_t waiting = 0;  // pieces not answered yet
+    bool failed = false;   // answered with an error; released without running
+  };
+  struct BackupLink {
+    std::string address;
+    zmq::socket_t dealer;
+  };
+  /// A push that counts in another server's sequence (Header::client_origin) is deduplicated
+  /// under the client's id mixed with that server: rewrites header.client_id to that key and
+  /// keeps the client's own id in p.origin_client. Every push passes here before anything else.
+  void KeyByOrigin(Pending& p);
+  /// True while data requests go through the replication queue: the map gives some slot a
+  /// backup, or requests still wait there.
+  bool ReplicationActive();
+  /// A push forwarded by a primary (Header::replica_from): Unavailable while this server is
+  /// behind the sender's map; FailedPrecondition unless, in its map, the sender is the primary
+  /// and this server the backup of every slot the push touches (the fencing of an old primary).
+  Status CheckReplica(const Pending& p);
+  /// The DEALER to backup `server` (connected on first use, again when its address changed);
+  /// null when the map has no address for it.
+  zmq::socket_t* BackupSocket(uint16_t server);
+  /// Hands `p` to `release` at once, or, while replication is active, after every request
+  /// ahead of it and, for a push, after its backups answered.
+  void Sequence(const std::shared_ptr<Pending>& p, std::function<void()> release);
+  /// Splits the push of `e` by the backup of its keys' slots and sends each backup its part.
+  void ForwardToBackups(ReplEntry& e);
+  static zmq::message_t EnvelopeOf(const Header& h);
+  void SendPiece(ReplPiece& piece);
+  /// Counts the backups' answers: OK completes a piece, Unavailable sends it again soon, any
+  /// other error fails the entry (nothing applied; the client is told to retry).
+  void DrainBackupReplies();
+  void PieceDone(ReplEntry& e, size_t index);
+  void FailEntry(ReplEntry& e, const Status& why);
+  /// Runs the entries at the head of the queue whose backups all answered.
+  void ReleaseReady();
+  /// Sends again each piece unanswered for kReplicaResend (a backup that restarted or lost
+  /// it; the backup applies a piece once: its dedup knows the numbers).
+  void ResendReplication();
+  /// After a map change: a piece whose backup the map dropped no longer waits for it; an entry
+  /// whose slots this server no longer owns fails.
+  void ReplicationMapChanged();
+  static constexpr std::chrono::milliseconds kReplicaResend{500};
 
   // ---- data_ops.cc: pulls and pushes
   /// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
@@ -279,6 +344,16 @@ class ServerImpl {
   // restart resets the lanes' step counters.
   const uint64_t instance_ = RandomInstance();
   static uint64_t RandomInstance();
+
+  // Replication (replication.cc), I/O thread only.
+  std::deque<ReplEntry> repl_queue_;
+  absl::flat_hash_map<uint64_t, std::pair<ReplEntry*, size_t>> repl_waiting_;
+  absl::flat_hash_map<uint16_t, BackupLink> backup_links_;
+  bool poll_items_dirty_ = true;
+  // The numbering of forwarded pushes that have no client id (a stream of this process).
+  const uint64_t replication_stream_ = instance_ | 1;
+  uint64_t replication_seq_ = 0, replication_ids_ = 0;
+  uint64_t replicated_pushes_ = 0, failed_replications_ = 0, fenced_replicas_ = 0;
 
   // State below is owned by the I/O thread.
   absl::flat_hash_map<uint64_t, TableInfo> tables_;

@@ -14,9 +14,11 @@
 #include "ps/cli.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
+#include "ps/coord/failover.h"
 #include "ps/coord/membership.h"
 #include "ps/curve.h"
 #include "ps/metrics/http_endpoint.h"
+#include "ps/metrics/metrics.h"
 #include "ps/routing.h"
 #include "ps/server/server.h"
 
@@ -90,6 +92,10 @@ DEFINE_string(coordinator, "",
 DEFINE_uint32(coordinator_ttl_s, 10,
               "With --coordinator: lease TTL in seconds; a server that dies disappears from the "
               "members this long after its last renewal");
+DEFINE_uint32(failover_poll_ms, 200,
+              "With --coordinator: how often this server looks for dead servers of a replicated "
+              "cluster map (tessera-ctl map init --replication=2) and promotes their slots' "
+              "backups by a compare-and-swap of the map (every server does; one wins). 0: off");
 
 namespace {
 
@@ -229,6 +235,24 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   return source;
 }
 
+// With --failover_poll_ms > 0: the fail-over watcher of this server (ps/coord/failover.h),
+// logging what it does and counting the slots it promoted in `registry`; null when off.
+tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
+    const tessera::CoordinatorUrl& url, tessera::EtcdClient* etcd,
+    tessera::metrics::Registry* registry) {
+  if (FLAGS_failover_poll_ms == 0) return std::unique_ptr<tessera::FailoverWatcher>();
+  tessera::FailoverOptions f;
+  f.prefix = url.prefix;
+  f.self_id = "server-" + std::to_string(FLAGS_rank);
+  f.poll_ms = static_cast<int>(FLAGS_failover_poll_ms);
+  f.log = [](const std::string& line) { LOG(INFO) << "--coordinator: " << line; };
+  tessera::metrics::Counter* promoted = &registry->AddCounter(
+      "tessera_failover_promoted_slots_total",
+      "Slots whose backup this server made primary after their primary died (fail-over)");
+  f.on_promoted = [promoted](const tessera::Promotion& p) { promoted->Inc(p.slots_promoted()); };
+  return tessera::FailoverWatcher::Start(etcd, std::move(f));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -305,6 +329,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessera::EtcdClient> etcd;
   std::unique_ptr<tessera::Membership> membership;
   std::unique_ptr<tessera::EtcdClusterMapSource> map_source;
+  std::unique_ptr<tessera::FailoverWatcher> failover;
   if (coordinator) {
     tessera::Status s = Register(*coordinator, (*cluster)[FLAGS_rank], &etcd, &membership);
     if (!s.ok()) {
@@ -321,6 +346,15 @@ int main(int argc, char** argv) {
       return 1;
     }
     map_source = std::move(*followed);
+    auto watcher = WatchForFailures(*coordinator, etcd.get(), &registry);
+    if (!watcher.ok()) {
+      std::cerr << "tessera-server: --failover_poll_ms: " << watcher.status().ToString() << "\n";
+      map_source.reset();
+      (void)membership->Deregister();
+      (*server)->Shutdown();
+      return 2;
+    }
+    failover = std::move(*watcher);
   }
   if (http) http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
   // A line tests and scripts wait for.
@@ -331,6 +365,12 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";
   if (http) http->SetReady(false, "shutting down");
+  if (failover) {
+    // A server going away promotes nothing any more (before it leaves the members).
+    LOG(INFO) << "--coordinator: promotions made by this server: " << failover->promotions()
+              << " (" << failover->slots_promoted() << " slots)";
+    failover.reset();
+  }
   if (membership) {
     // Leave the members first: nobody should pick a server that is going away.
     tessera::Status s = membership->Deregister();

@@ -1,0 +1,218 @@
+#include "ps/coord/failover.h"
+
+#include <algorithm>
+
+#include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
+
+namespace tessera {
+
+uint32_t Promotion::slots_promoted() const {
+  uint32_t n = 0;
+  for (const auto& [pair, slots] : promoted) n += slots;
+  return n;
+}
+
+namespace {
+
+// Retires the dead servers of `p->map` that no slot names. A dead server of dense tables is
+// retired too: dense tables are not replicated, so its dense ranges are lost with it, and a
+// retired id tells every client to stop waiting for it (its dense requests fail at once,
+// naming it; its in-flight sparse requests go to the promoted backups).
+void RetireUnnamed(const std::vector<bool>& dead, Promotion* p) {
+  ClusterMap& m = p->map;
+  std::vector<bool> named(m.servers.size(), false);
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    named[m.primary[slot]] = true;
+    if (m.backup[slot] != ClusterMap::kNoServer) named[m.backup[slot]] = true;
+    if (m.importing[slot] != ClusterMap::kNoServer) named[m.importing[slot]] = true;
+  }
+  for (uint16_t id = 0; id < m.servers.size(); ++id) {
+    if (!dead[id] || named[id]) continue;
+    m.servers[id].address.clear();
+    p->retired.push_back(id);
+  }
+}
+
+}  // namespace
+
+Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16_t>& dead_ids) {
+  Status valid = map.Validate();
+  if (!valid.ok()) return valid.WithContext("promoting backups");
+  std::vector<bool> dead(map.servers.size(), false);
+  for (uint16_t id : dead_ids) {
+    if (id >= map.servers.size()) {
+      return Status::InvalidArgument("promoting backups: dead server " + std::to_string(id) +
+                                     " is not a server of cluster map v" +
+                                     std::to_string(map.version) + " (" +
+                                     std::to_string(map.servers.size()) + " servers)");
+    }
+    if (!map.servers[id].address.empty()) dead[id] = true;  // a retired id is dead already
+  }
+  Promotion p;
+  p.map = map;
+  ClusterMap& m = p.map;
+  bool changed = false;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    uint16_t& primary = m.primary[slot];
+    uint16_t& backup = m.backup[slot];
+    const uint16_t from = m.importing[slot];
+    if (from != ClusterMap::kNoServer && (dead[primary] || dead[from])) {
+      ++p.importing_untouched;  // a move under way: out of scope, left to the operator
+      continue;
+    }
+    if (backup != ClusterMap::kNoServer && dead[backup]) {
+      backup = ClusterMap::kNoServer;
+      ++p.backups_cleared;
+      changed = true;
+    }
+    if (!dead[primary]) continue;
+    // A backup left now is alive: the input validated (it has an address) and it is not dead.
+    if (backup == ClusterMap::kNoServer) {
+      ++p.unavailable[primary];
+      continue;
+    }
+    ++p.promoted[{primary, backup}];
+    primary = backup;
+    backup = ClusterMap::kNoServer;
+    changed = true;
+  }
+  RetireUnnamed(dead, &p);
+  changed = changed || !p.retired.empty();
+  if (changed) {
+    m.version = map.version + 1;
+    Status s = m.Validate();
+    if (!s.ok()) return Status::Internal("promoting backups made an invalid map: " + s.ToString());
+  }
+  p.changed = changed;
+  return p;
+}
+
+// Who is dead. A server of the map is dead when its member key is absent and this watcher saw
+// it listed before. A simpler and weaker rule than "absent for longer than a grace after the
+// watcher started": that one would, at a cold start of a replicated cluster whose servers come
+// up one after another (a StatefulSet starts each pod after the previous one is ready, and
+// opening RocksDB and replaying the request log can take minutes), promote the first server to
+// primary of the slots of those not up yet and retire them for good (ids are never reused). A
+// server that dies is seen alive before by every watcher that ran then; a death no running
+// watcher saw (every other server restarted after it) is not acted on, and a promotion then
+// would not be safe anyway: a backup that restarted may have missed pushes while it was down.
+
+Result<std::unique_ptr<FailoverWatcher>> FailoverWatcher::Start(EtcdClient* etcd,
+                                                                FailoverOptions options) {
+  if (etcd == nullptr) return Status::InvalidArgument("failover watcher: no etcd client");
+  if (options.prefix.empty() || options.prefix.front() != '/') {
+    return Status::InvalidArgument("failover watcher: prefix must start with '/', got \"" +
+                                   options.prefix + "\"");
+  }
+  if (options.self_id.empty()) return Status::InvalidArgument("failover watcher: no self_id");
+  if (options.poll_ms <= 0) {
+    return Status::InvalidArgument("failover watcher: poll_ms must be > 0, got " +
+                                   std::to_string(options.poll_ms));
+  }
+  return std::unique_ptr<FailoverWatcher>(new FailoverWatcher(etcd, std::move(options)));
+}
+
+FailoverWatcher::FailoverWatcher(EtcdClient* etcd, FailoverOptions options)
+    : etcd_(etcd), options_(std::move(options)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+FailoverWatcher::~FailoverWatcher() { Stop(); }
+
+void FailoverWatcher::Stop() {
+  std::lock_guard<std::mutex> once(stop_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status FailoverWatcher::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+void FailoverWatcher::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void FailoverWatcher::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    Status s = Round();
+    if (!s.ok() && s.ToString() != last_logged_error_) {
+      Log("fail-over watcher: " + s.ToString() + " (tried again every " +
+          std::to_string(options_.poll_ms) + " ms)");
+    }
+    last_logged_error_ = s.ok() ? std::string() : s.ToString();
+    lock.lock();
+    last_error_ = s;
+    ++rounds_;
+    cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [this] { return stopping_; });
+  }
+}
+
+Status FailoverWatcher::Round() {
+  SlotMapStore store(etcd_, options_.prefix);
+  Result<ClusterMap> map = store.Load();
+  if (map.status().code() == StatusCode::kNotFound) return Status::OK();  // no map yet
+  if (!map.ok()) return map.status();
+  if (std::all_of(map->backup.begin(), map->backup.end(),
+                  [](uint16_t b) { return b == ClusterMap::kNoServer; })) {
+    return Status::OK();  // not replicated (any more): nothing can be promoted
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
+  std::set<std::string> listed;
+  for (const Member& m : members) listed.insert(m.id);
+  // Without our own key we may be the one cut off: the others' absence means nothing then.
+  if (!listed.count(options_.self_id)) return Status::OK();
+  seen_alive_.insert(listed.begin(), listed.end());
+  std::vector<uint16_t> dead;
+  for (uint16_t id = 0; id < map->servers.size(); ++id) {
+    const MapServer& s = map->servers[id];
+    if (s.address.empty() || s.id == options_.self_id) continue;
+    if (!listed.count(s.id) && seen_alive_.count(s.id)) dead.push_back(id);
+  }
+  if (dead.empty()) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(Promotion p, PromoteBackups(*map, dead));
+  std::string unavailable;
+  for (const auto& [id, slots] : p.unavailable) {
+    unavailable += (unavailable.empty() ? "" : "; ") + std::to_string(slots) +
+                   " slots of dead server " + std::to_string(id) + " have no live backup";
+  }
+  if (unavailable != last_unavailable_ && !unavailable.empty()) {
+    Log(unavailable + ": they stay unavailable until it comes back (map version " +
+        std::to_string(map->version) + ")");
+  }
+  last_unavailable_ = unavailable;
+  if (!p.changed) return Status::OK();
+  Status swapped = store.CompareAndSwap(map->version, p.map);
+  // Another watcher (or writer) changed the map since the read: read it again next period.
+  if (swapped.code() == StatusCode::kFailedPrecondition) return Status::OK();
+  TESSERA_RETURN_IF_ERROR(swapped);
+  ++promotions_;
+  slots_promoted_ += p.slots_promoted();
+  if (options_.on_promoted) options_.on_promoted(p);
+  const std::string at = " at map version " + std::to_string(p.map.version);
+  for (const auto& [pair, slots] : p.promoted) {
+    Log("promoted server " + std::to_string(pair.second) + " to primary of " +
+        std::to_string(slots) + " slots of dead server " + std::to_string(pair.first) + at);
+  }
+  if (p.backups_cleared > 0) {
+    Log("removed a dead backup from " + std::to_string(p.backups_cleared) + " slots" + at);
+  }
+  for (uint16_t id : p.retired) {
+    Log("retired dead server " + std::to_string(id) + " (" + p.map.servers[id].id + ")" + at);
+  }
+  if (p.importing_untouched > 0) {
+    Log(std::to_string(p.importing_untouched) +
+        " slots being resharded have a dead primary or source: left as they are" + at);
+  }
+  return Status::OK();
+}
+
+}  // namespace tessera

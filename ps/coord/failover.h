@@ -1,0 +1,138 @@
+// Fail-over of a replicated cluster map (--replication=2, docs/elasticity.md "Replication and
+// fail-over"): the backups of dead servers' slots become their primaries by one
+// compare-and-swap of the map.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/etcd_client.h"
+#include "ps/status.h"
+
+namespace tessera {
+
+/// What PromoteBackups did to a map, and what it could not do.
+struct Promotion {
+  /// The next map (version + 1) when `changed`, else the input map as it was.
+  ClusterMap map;
+  /// True when `map` differs from the input (and has its version + 1).
+  bool changed = false;
+  /// Slots whose primary became their backup: (dead server, new primary) -> slots.
+  std::map<std::pair<uint16_t, uint16_t>, uint32_t> promoted;
+  /// Slots whose primary is dead with no live backup: dead server -> slots. They keep their
+  /// primary and are unavailable until it comes back (restarted on its --data_dir).
+  std::map<uint16_t, uint32_t> unavailable;
+  /// Slots whose dead backup was removed (backup = none).
+  uint32_t backups_cleared = 0;
+  /// Slots being moved by a resharding (importing set) whose primary or source is dead: left
+  /// untouched (resharding during a failure is not handled; `tessera-ctl scale` refuses a
+  /// replicated map anyway).
+  uint32_t importing_untouched = 0;
+  /// Dead servers retired by this change (address emptied; ids are never reused).
+  std::vector<uint16_t> retired;
+  /// Total of `promoted`.
+  uint32_t slots_promoted() const;
+};
+
+/// The map after the servers `dead` (server ids of `map`) died. Each slot (unless importing, see
+/// below) whose primary is dead and whose backup is alive (a server with an address, not in
+/// `dead`) gets primary = backup, backup = none; one whose primary is dead without a live
+/// backup keeps its primary (reported in `unavailable`); one whose backup is dead gets
+/// backup = none. A slot with importing set whose primary or importing source is dead is left
+/// as it is (`importing_untouched`). A dead server that no slot names any more (as primary,
+/// backup or importing source) is retired (its address emptied), a server of dense tables
+/// (id < dense_servers) too: dense tables are not replicated, so its dense ranges are lost with
+/// it, and the retired id tells clients to fail them at once rather than wait for a server
+/// that is gone (and to send what they had in flight there to the promoted backups). Ids of
+/// `dead` that are already retired
+/// are ignored. The result validates; `changed` is false (and the version the same) when
+/// nothing changes. InvalidArgument when `map` does not validate or `dead` names no server of
+/// it. Pure: no etcd.
+Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16_t>& dead);
+
+/// Options of a FailoverWatcher.
+struct FailoverOptions {
+  /// The cluster's key prefix (CoordinatorUrl::prefix), e.g. "/tessera/job1". Required.
+  std::string prefix;
+  /// The membership id of the process running the watcher (e.g. "server-0"). Never counted
+  /// dead by this watcher, and the watcher does nothing while that member is not listed (its
+  /// own registration is lost or not made yet: its view of the others is not to be trusted).
+  /// Required.
+  std::string self_id;
+  /// How often the members and the map are read, in milliseconds (> 0). Default: 200.
+  int poll_ms = 200;
+  /// Called with one line per event worth a log line (a promotion, slots left unavailable, a
+  /// failed read or write of etcd), on the watcher's thread; must not destroy the watcher.
+  /// Default: none.
+  std::function<void(const std::string&)> log;
+  /// Called after each map change this watcher stored (with what it did), on the watcher's
+  /// thread; must not destroy the watcher. Default: none.
+  std::function<void(const Promotion&)> on_promoted;
+};
+
+/// Promotes the backups of dead servers. Every poll period its thread reads the live members
+/// (PREFIX/members/*) and the map (PREFIX/slotmap). A server of the map with an address is dead
+/// when its member key is absent and this watcher saw it listed earlier: a cluster whose
+/// servers register one by one, or restart one after another, promotes nothing while they come
+/// up (see failover.cc for why a server never seen is not presumed dead). The map after
+/// PromoteBackups is stored by a compare-and-swap from the version read; a lost swap (another
+/// server's watcher, or another writer, changed the map) is simply read again next period, so
+/// any number of watchers on one cluster are safe and the change is made once. A map without
+/// any backup is not looked at further (no member read): nothing in it can be promoted.
+/// Thread-safe; destruction stops the thread and joins it. Borrows `etcd`, which must outlive
+/// the watcher.
+class FailoverWatcher {
+ public:
+  /// Starts the thread; InvalidArgument for bad options.
+  static Result<std::unique_ptr<FailoverWatcher>> Start(EtcdClient* etcd, FailoverOptions options);
+  ~FailoverWatcher();
+  FailoverWatcher(const FailoverWatcher&) = delete;
+  FailoverWatcher& operator=(const FailoverWatcher&) = delete;
+
+  /// Stops the thread and waits for it (a round in progress finishes first). Idempotent.
+  void Stop();
+  /// Map changes this watcher stored (compare-and-swaps it won).
+  int64_t promotions() const { return promotions_.load(); }
+  /// Slots whose backup this watcher made primary, over all its changes.
+  int64_t slots_promoted() const { return slots_promoted_.load(); }
+  /// Polls completed (whatever they found).
+  int64_t rounds() const { return rounds_.load(); }
+  /// OK, or the error of the last poll that failed (an etcd read or write).
+  Status last_error() const;
+
+ private:
+  FailoverWatcher(EtcdClient* etcd, FailoverOptions options);
+  void Loop();
+  // One poll: read, decide, swap.
+  Status Round();
+  void Log(const std::string& line) const;
+
+  EtcdClient* const etcd_;
+  const FailoverOptions options_;
+  std::set<std::string> seen_alive_;  // member ids listed at some poll; the thread's alone
+  std::string last_unavailable_;      // the last "unavailable" line logged; the thread's alone
+  std::string last_logged_error_;     // the last error logged; the thread's alone
+  std::mutex stop_mu_;                // held through a whole Stop(): later callers wait
+  std::atomic<int64_t> promotions_{0};
+  std::atomic<int64_t> slots_promoted_{0};
+  std::atomic<int64_t> rounds_{0};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  Status last_error_;      // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,343 @@
+// Primary-backup replication (docs/elasticity.md, "Replication and fail-over"). With a map
+// that gives this server's slots a backup, every push this server takes as primary is first
+// sent to the backup of the slots it touches; it is logged and applied here, and answered, only
+// once every backup answered it. So an acknowledged push is durable on two servers, and when
+// the primary dies the backup promoted in its place holds every push the primary acknowledged.
+//
+// Order: requests wait in one queue (repl_queue_) and are handed to the log and the lanes in
+// arrival order, the head first, once its backups answered; pulls and pushes that need no
+// backup wait behind earlier pushes too, so a client still reads its own writes. A backup
+// applies a primary's pushes in the order it receives them, which is the primary's order.
+//
+// Fencing: a backup applies a forwarded push only while its map names the sender the primary,
+// and itself the backup, of every slot the push touches. Once the backup was promoted (or the
+// map moved the slots), it refuses, and the old primary, which applies nothing before the
+// backup answered, applies nothing either: a primary cut off from etcd past its lease cannot
+// change a row after its backup took over.
+#include <glog/logging.h>
+
+#include <cstring>
+#include <zmq_addon.hpp>
+
+#include "ps/server/server_impl_internal.h"
+
+namespace tessera::internal {
+namespace {
+
+// Per-request dedup key of a push that counts in another server's sequence (a push forwarded
+// by a primary, or sent again to the new primary after a fail-over): the client's id mixed
+// with that server, so its numbers never meet the client's own numbers on this server.
+uint64_t OriginKey(uint64_t client, uint32_t origin) {
+  const uint64_t k = Mix64(client ^ (uint64_t{origin} * 0x9E3779B97F4A7C15ULL));
+  return k != 0 ? k : 1;
+}
+
+}  // namespace
+
+void ServerImpl::KeyByOrigin(Pending& p) {
+  Header& h = p.header;
+  p.origin_client = h.client_id;
+  const uint32_t self = options_.rank + 1;
+  if (h.client_id == 0 || h.client_origin == 0 || h.client_origin == self) {
+    h.client_origin = 0;
+    return;
+  }
+  h.client_id = OriginKey(h.client_id, h.client_origin);
+}
+
+bool ServerImpl::ReplicationActive() {
+  const ClusterMapState* map = CurrentMap();
+  return !repl_queue_.empty() || (map != nullptr && !map->backup.empty());
+}
+
+Status ServerImpl::CheckReplica(const Pending& p) {
+  const Header& h = p.header;
+  const uint32_t from = h.replica_from - 1;
+  const ClusterMapState* map = CurrentMap();
+  if (!options_.follow_cluster_map || map == nullptr) {
+    return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
+                                      " follows no cluster map: it backs up no slot");
+  }
+  if (h.map_version > map->version) {
+    // The primary saw a newer map first: this backup catches up by its watch.
+    return Status::Unavailable("backup server " + std::to_string(options_.rank) +
+                               " is at cluster map version " + std::to_string(map->version) +
+                               ", behind the primary's " + std::to_string(h.map_version));
+  }
+  for (uint64_t i = 0; i < h.count; ++i) {
+    const uint32_t slot = SlotOfKey(p.keys[i]);
+    const bool mine = !map->backup.empty() && map->backup[slot] == options_.rank;
+    if (!mine || map->primary.ServerOfSlot(slot) != from) {
+      ++fenced_replicas_;
+      return Status::FailedPrecondition(
+          "replication refused: at cluster map version " + std::to_string(map->version) +
+          " slot " + std::to_string(slot) + " has primary " +
+          std::to_string(map->primary.ServerOfSlot(slot)) + " and backup " +
+          (map->backup.empty() || map->backup[slot] == RoutingMap::kNoBackup
+               ? std::string("none")
+               : std::to_string(map->backup[slot])) +
+          ", not primary " + std::to_string(from) + " and backup " +
+          std::to_string(options_.rank) + "; nothing of it was applied");
+    }
+  }
+  return Status::OK();
+}
+
+zmq::socket_t* ServerImpl::BackupSocket(uint16_t server) {
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr || server >= map->addresses.size() || map->addresses[server].empty()) {
+    return nullptr;
+  }
+  const std::string& address = map->addresses[server];
+  auto it = backup_links_.find(server);
+  if (it != backup_links_.end() && it->second.address == address) return &it->second.dealer;
+  BackupLink link{address, zmq::socket_t(ctx_, zmq::socket_type::dealer)};
+  link.dealer.set(zmq::sockopt::linger, 0);
+  // Pushes waiting for a backup that does not read are bounded by the queue's resends, not by
+  // ZeroMQ's buffers.
+  link.dealer.set(zmq::sockopt::sndhwm, 0);
+  if (!options_.curve_secret_key.empty()) {
+    // The servers share one key pair (--curve_secret_key_file): the link presents it.
+    char public_key[41] = {};
+    if (zmq_curve_public(public_key, options_.curve_secret_key.c_str()) == 0) {
+      link.dealer.set(zmq::sockopt::curve_serverkey, std::string(public_key, 40));
+      link.dealer.set(zmq::sockopt::curve_publickey, std::string(public_key, 40));
+      link.dealer.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+    }
+  }
+  try {
+    link.dealer.connect(address);
+  } catch (const zmq::error_t& e) {
+    LOG(ERROR) << "replication: cannot connect to backup server " << server << " at " << address
+               << ": " << e.what();
+    return nullptr;
+  }
+  backup_links_.erase(server);
+  auto [pos, inserted] = backup_links_.emplace(server, std::move(link));
+  poll_items_dirty_ = true;
+  return &pos->second.dealer;
+}
+
+void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void()> release) {
+  const Header& h = p->header;
+  // A backup applies what its primary forwards as it comes (the primary orders it), and
+  // never waits for its own backups: two servers backing each other up must not wait on
+  // each other.
+  if (h.replica_from != 0 || !ReplicationActive()) {
+    release();
+    return;
+  }
+  repl_queue_.push_back(ReplEntry{p, std::move(release), {}, 0, false});
+  ReplEntry& e = repl_queue_.back();
+  if (h.op == Op::kSparsePush || h.op == Op::kSparsePushPull) ForwardToBackups(e);
+  ReleaseReady();
+}
+
+void ServerImpl::ForwardToBackups(ReplEntry& e) {
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr || map->backup.empty()) return;
+  Pending& p = *e.p;
+  const Header& h = p.header;
+  // The keys by the backup of their slot (one backup in the usual layout).
+  absl::flat_hash_map<uint16_t, std::vector<uint32_t>> by_backup;
+  for (uint64_t i = 0; i < h.count; ++i) {
+    const uint16_t b = map->backup[SlotOfKey(p.keys[i])];
+    if (b != RoutingMap::kNoBackup) by_backup[b].push_back(static_cast<uint32_t>(i));
+  }
+  if (by_backup.empty()) return;
+  const uint32_t dim = h.dim;
+  for (auto& [backup, idx] : by_backup) {
+    Header r;
+    r.op = Op::kSparsePush;
+    r.table_id = h.table_id;
+    r.elem_type = ElemType::kF32;
+    r.count = idx.size();
+    r.dim = dim;
+    r.lr_scale = h.lr_scale;
+    r.map_version = map->version;
+    r.replica_from = options_.rank + 1;
+    if (p.origin_client != 0) {
+      // The client's own numbering, in the sequence of the server it counts in: a client that
+      // sends the push again to the backup after a fail-over sends these numbers.
+      r.client_id = p.origin_client;
+      r.client_seq = h.client_seq;
+      r.client_origin = h.client_origin != 0 ? h.client_origin : options_.rank + 1;
+    } else {
+      // A push without a client id: numbered in this primary's own stream, so that a resend
+      // after a lost answer applies once.
+      r.client_id = replication_stream_;
+      r.client_seq = ++replication_seq_;
+    }
+    r.request_id = ++replication_ids_;
+    ReplPiece piece;
+    piece.backup = backup;
+    piece.request_id = r.request_id;
+    for (uint32_t i : idx) {
+      const uint32_t slot = SlotOfKey(p.keys[i]);
+      if (piece.slots.empty() || piece.slots.back() != slot) piece.slots.push_back(slot);
+    }
+    piece.parts.push_back(EnvelopeOf(r));
+    if (idx.size() == h.count) {
+      // The whole request: the frames are shared, not copied (zmq_msg_copy counts references).
+      piece.parts.emplace_back().copy(p.frames[0]);
+      piece.parts.emplace_back().copy(p.frames[1]);
+    } else {
+      zmq::message_t keys(idx.size() * sizeof(uint64_t));
+      zmq::message_t values(idx.size() * size_t{dim} * sizeof(float));
+      for (size_t k = 0; k < idx.size(); ++k) {
+        std::memcpy(static_cast<char*>(keys.data()) + k * sizeof(uint64_t), p.keys + idx[k],
+                    sizeof(uint64_t));
+        std::memcpy(static_cast<char*>(values.data()) + k * size_t{dim} * sizeof(float),
+                    p.values + size_t{idx[k]} * dim, size_t{dim} * sizeof(float));
+      }
+      piece.parts.push_back(std::move(keys));
+      piece.parts.push_back(std::move(values));
+    }
+    std::sort(piece.slots.begin(), piece.slots.end());
+    piece.slots.erase(std::unique(piece.slots.begin(), piece.slots.end()), piece.slots.end());
+    e.pieces.push_back(std::move(piece));
+  }
+  e.waiting = static_cast<uint32_t>(e.pieces.size());
+  for (size_t i = 0; i < e.pieces.size(); ++i) {
+    repl_waiting_.emplace(e.pieces[i].request_id, std::make_pair(&e, i));
+    SendPiece(e.pieces[i]);
+  }
+  ++replicated_pushes_;
+}
+
+zmq::message_t ServerImpl::EnvelopeOf(const Header& h) {
+  std::string env;
+  EncodeHeader(h, &env);
+  return zmq::message_t(env.data(), env.size());
+}
+
+void ServerImpl::SendPiece(ReplPiece& piece) {
+  piece.sent_at = std::chrono::steady_clock::now();
+  zmq::socket_t* sock = BackupSocket(piece.backup);
+  if (sock == nullptr) return;  // sent again after kReplicaResend, or dropped by a new map
+  std::vector<zmq::message_t> wire(piece.parts.size());
+  for (size_t i = 0; i < wire.size(); ++i) wire[i].copy(piece.parts[i]);
+  try {
+    (void)zmq::send_multipart(*sock, wire, zmq::send_flags::dontwait);
+  } catch (const zmq::error_t& e) {
+    VLOG(1) << "replication: send to backup " << piece.backup << ": " << e.what();
+  }
+}
+
+void ServerImpl::DrainBackupReplies() {
+  for (auto& [server, link] : backup_links_) {
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      std::optional<size_t> got;
+      try {
+        got = zmq::recv_multipart(link.dealer, std::back_inserter(parts),
+                                  zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t&) {
+        break;
+      }
+      if (!got) break;
+      if (parts.empty()) continue;
+      Header h;
+      if (!DecodeHeader(parts[0].data(), parts[0].size(), &h).ok()) continue;
+      auto it = repl_waiting_.find(h.request_id);
+      if (it == repl_waiting_.end()) continue;  // an answer to a resend already counted
+      auto [entry, index] = it->second;
+      ReplPiece& piece = entry->pieces[index];
+      if (h.status == StatusCode::kOk) {
+        PieceDone(*entry, index);
+      } else if (h.status == StatusCode::kUnavailable ||
+                 h.status == StatusCode::kResourceExhausted) {
+        // The backup is behind the map, the push is still waiting there, or this primary has
+        // more requests in flight there than the backup takes from one peer: ask again soon.
+        piece.sent_at = std::chrono::steady_clock::now() - kReplicaResend +
+                        std::chrono::milliseconds(20);
+      } else {
+        FailEntry(*entry, Status(h.status, h.message)
+                              .WithContext("backup server " + std::to_string(server)));
+      }
+    }
+  }
+  ReleaseReady();
+}
+
+void ServerImpl::PieceDone(ReplEntry& e, size_t index) {
+  ReplPiece& piece = e.pieces[index];
+  if (piece.done) return;
+  piece.done = true;
+  repl_waiting_.erase(piece.request_id);
+  if (e.waiting > 0) --e.waiting;
+}
+
+void ServerImpl::FailEntry(ReplEntry& e, const Status& why) {
+  if (e.failed) return;
+  e.failed = true;
+  for (size_t i = 0; i < e.pieces.size(); ++i) PieceDone(e, i);
+  e.waiting = 0;
+  // Nothing of it is logged or applied here: the client may send it again (anywhere).
+  GiveBackSeq(e.p->header);
+  ++failed_replications_;
+  const Status s = why.code() == StatusCode::kFailedPrecondition
+                       ? Status::Unavailable(why.message() +
+                                             " (this server may no longer be the primary; "
+                                             "nothing was applied: retry by the current map)")
+                       : why;
+  ReplyError(std::move(e.p->identity), e.p->header, s);
+}
+
+void ServerImpl::ReleaseReady() {
+  while (!repl_queue_.empty() && repl_queue_.front().waiting == 0) {
+    ReplEntry e = std::move(repl_queue_.front());
+    repl_queue_.pop_front();
+    if (!e.failed) e.release();
+  }
+}
+
+void ServerImpl::ResendReplication() {
+  if (repl_waiting_.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [id, where] : repl_waiting_) {
+    ReplPiece& piece = where.first->pieces[where.second];
+    if (now - piece.sent_at >= kReplicaResend) SendPiece(piece);
+  }
+}
+
+void ServerImpl::ReplicationMapChanged() {
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr) return;
+  for (ReplEntry& e : repl_queue_) {
+    if (e.failed) continue;
+    for (size_t i = 0; i < e.pieces.size() && !e.failed; ++i) {
+      ReplPiece& piece = e.pieces[i];
+      if (piece.done) continue;
+      bool still_backup = false, still_primary = true;
+      for (uint32_t slot : piece.slots) {
+        if (map->primary.ServerOfSlot(slot) != options_.rank) still_primary = false;
+        if (!map->backup.empty() && map->backup[slot] == piece.backup) still_backup = true;
+      }
+      if (!still_primary) {
+        FailEntry(e, Status::FailedPrecondition(
+                         "cluster map version " + std::to_string(map->version) +
+                         " moved the push's slots away from server " +
+                         std::to_string(options_.rank) + " before its backup answered"));
+      } else if (!still_backup) {
+        // The backup was dropped from these slots (it died; the map no longer names it): the
+        // push no longer waits for it. A replacement backup starts from a copy of the rows.
+        PieceDone(e, i);
+      }
+    }
+  }
+  // Links to servers the map no longer names a backup of this server's slots.
+  for (auto it = backup_links_.begin(); it != backup_links_.end();) {
+    const bool used = std::find(map->backup.begin(), map->backup.end(), it->first) !=
+                      map->backup.end();
+    if (!used && repl_waiting_.empty()) {
+      backup_links_.erase(it++);
+      poll_items_dirty_ = true;
+    } else {
+      ++it;
+    }
+  }
+  ReleaseReady();
+}
+
+}  // namespace tessera::internal

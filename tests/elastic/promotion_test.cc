@@ -1,0 +1,258 @@
+// Fail-over by promotion (ps/coord/failover.h) against a real etcd: FailoverWatchers of fake
+// members (Membership objects, no tessera-server) promote the backups of a member that leaves,
+// once, and nothing while members come up; `tessera-ctl map init --replication=2`, `map show`
+// and `scale` refusing a replicated map.
+#include "ps/coord/failover.h"
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
+#include "tests/cluster_fixture.h"
+#include "tests/elastic/etcd_fixture.h"
+
+namespace tessera::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr char kPrefix[] = "/tessera/promote";
+constexpr int kTtlS = 2;
+
+std::string Address(uint32_t i) { return "tcp://127.0.0.1:" + std::to_string(7100 + i); }
+
+// Version 1 of a map of servers server-0..n-1 with a backup per slot (the next server), dense
+// tables on server 0 only.
+ClusterMap ReplicatedMap(uint32_t n) {
+  std::vector<MapServer> servers;
+  for (uint32_t i = 0; i < n; ++i) servers.push_back({"server-" + std::to_string(i), Address(i)});
+  auto m = ClusterMap::Replicated(std::move(servers), 2);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  m->dense_servers = 1;
+  return *m;
+}
+
+class PromotionTest : public EtcdTest {
+ protected:
+  // Registers member server-`i` with a short TTL.
+  std::unique_ptr<Membership> Register(uint32_t i) {
+    MembershipOptions o;
+    o.prefix = kPrefix;
+    o.member_id = "server-" + std::to_string(i);
+    o.address = Address(i);
+    o.ttl_s = kTtlS;
+    auto m = Membership::Register(client_.get(), o);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  // A watcher for member server-`i`, polling every 100 ms, whose log lines go to lines_.
+  std::unique_ptr<FailoverWatcher> Watch(uint32_t i) {
+    FailoverOptions o;
+    o.prefix = kPrefix;
+    o.self_id = "server-" + std::to_string(i);
+    o.poll_ms = 100;
+    o.log = [this, i](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu_);
+      lines_.push_back("[server-" + std::to_string(i) + "] " + line);
+    };
+    auto w = FailoverWatcher::Start(client_.get(), o);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? std::move(*w) : nullptr;
+  }
+
+  std::string Lines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string all;
+    for (const auto& l : lines_) all += l + "\n";
+    return all;
+  }
+
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+TEST_F(PromotionTest, ALeavingMembersBackupsArePromotedOnceAndItIsRetired) {
+  SlotMapStore store(client_.get(), kPrefix);
+  const ClusterMap v1 = ReplicatedMap(3);
+  ASSERT_TRUE(store.Create(v1).ok());
+  std::vector<std::unique_ptr<Membership>> members;
+  for (uint32_t i = 0; i < 3; ++i) members.push_back(Register(i));
+  ASSERT_TRUE(members[2] != nullptr);
+  // Two watchers (servers 0 and 2) race for the same change: it is made once.
+  auto w0 = Watch(0), w2 = Watch(2);
+  ASSERT_TRUE(w0 && w2);
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= 2 && w2->rounds() >= 2; }, seconds(10)));
+  EXPECT_EQ(store.Load()->version, 1u) << Lines();  // everyone alive: nothing changes
+
+  const auto left = std::chrono::steady_clock::now();
+  members[1].reset();  // deregisters: the lease is revoked, the key goes at once
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto m = store.Load();
+        return m.ok() && m->version >= 2;
+      },
+      seconds(10)))
+      << Lines();
+  std::printf("member left -> map promoted: %.0f ms (poll 100 ms)\n", MsSince(left));
+  // Let both watchers look again: neither changes the map a second time.
+  const int64_t r0 = w0->rounds(), r2 = w2->rounds();
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= r0 + 3 && w2->rounds() >= r2 + 3; },
+                      seconds(10)));
+  auto v2 = store.Load();
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ(v2->version, 2u) << Lines();
+  EXPECT_EQ(w0->promotions() + w2->promotions(), 1) << Lines();
+  uint32_t of1 = 0;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (v1.primary[slot] == 1) {
+      ++of1;
+      ASSERT_EQ(v2->primary[slot], 2) << slot;
+      ASSERT_EQ(v2->backup[slot], ClusterMap::kNoServer) << slot;
+    } else {
+      ASSERT_EQ(v2->primary[slot], v1.primary[slot]) << slot;
+      ASSERT_EQ(v2->backup[slot], v1.backup[slot] == 1 ? ClusterMap::kNoServer : v1.backup[slot])
+          << slot;
+    }
+  }
+  EXPECT_EQ(w0->slots_promoted() + w2->slots_promoted(), of1);
+  EXPECT_EQ(v2->servers[1].id, "server-1");
+  EXPECT_EQ(v2->servers[1].address, "");  // retired: not a dense server, named nowhere
+  EXPECT_EQ(v2->servers[0].address, Address(0));
+  EXPECT_EQ(v2->servers[2].address, Address(2));
+  EXPECT_NE(Lines().find("promoted server 2 to primary of " + std::to_string(of1) +
+                         " slots of dead server 1 at map version 2"),
+            std::string::npos)
+      << Lines();
+  EXPECT_TRUE(w0->last_error().ok()) << w0->last_error().ToString();
+
+  // Server 2 dies too: its slots' backup (server 0) takes them; server 2's old slots of server
+  // 1 have no backup any more and stay with it (unavailable), so it is not retired.
+  members[2].reset();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto m = store.Load();
+        return m.ok() && m->version >= 3;
+      },
+      seconds(10)))
+      << Lines();
+  auto v3 = store.Load();
+  ASSERT_TRUE(v3.ok());
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    ASSERT_EQ(v3->primary[slot], v1.primary[slot] == 0 ? 0 : (v1.primary[slot] == 2 ? 0 : 2))
+        << slot;
+  }
+  EXPECT_EQ(v3->servers[2].address, Address(2));
+  ASSERT_TRUE(WaitFor([&] { return Lines().find("have no live backup") != std::string::npos; },
+                      seconds(5)))
+      << Lines();
+  w2.reset();
+  w0.reset();
+  std::printf("%s", Lines().c_str());
+}
+
+TEST_F(PromotionTest, NothingIsPromotedWhileMembersComeUpOrWhenTheWatcherIsNotAMember) {
+  SlotMapStore store(client_.get(), kPrefix);
+  ASSERT_TRUE(store.Create(ReplicatedMap(3)).ok());
+  // Server 0 comes up alone; 1 and 2 register later (a cold start, one after another).
+  auto m0 = Register(0);
+  auto w0 = Watch(0);
+  ASSERT_TRUE(m0 && w0);
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= 8; }, seconds(10)));
+  auto m1 = Register(1);
+  std::this_thread::sleep_for(milliseconds(300));
+  auto m2 = Register(2);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(store.Load()->version, 1u) << Lines();
+
+  // A watcher whose own member is not listed (cut off, or not registered) acts on nothing:
+  // server 0 leaves, then server 1 leaves while only 0 watched; 0 is not there to act.
+  m0.reset();
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= 12; }, seconds(10)));
+  const int64_t r = w0->rounds();
+  m1.reset();
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= r + 5; }, seconds(10)));
+  EXPECT_EQ(store.Load()->version, 1u) << Lines();
+  EXPECT_EQ(w0->promotions(), 0);
+  EXPECT_TRUE(w0->last_error().ok()) << w0->last_error().ToString();
+
+  // A poll period of 0 is refused (tessera-server's --failover_poll_ms=0 starts no watcher).
+  EXPECT_EQ(FailoverWatcher::Start(client_.get(), {.prefix = kPrefix, .self_id = "server-0",
+                                                   .poll_ms = 0})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(PromotionTest, AnUnreplicatedMapIsLeftAlone) {
+  SlotMapStore store(client_.get(), kPrefix);
+  std::vector<MapServer> servers = {{"server-0", Address(0)}, {"server-1", Address(1)},
+                                    {"server-2", Address(2)}};
+  ClusterMap plain = ClusterMap::Uniform(servers);
+  plain.dense_servers = 1;
+  ASSERT_TRUE(store.Create(plain).ok());
+  auto m0 = Register(0), m1 = Register(1), m2 = Register(2);
+  auto w0 = Watch(0);
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= 3; }, seconds(10)));
+  m2.reset();  // server 2 leaves: it owns slots without a backup; nothing to promote or retire
+  const int64_t r = w0->rounds();
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= r + 5; }, seconds(10)));
+  EXPECT_EQ(*store.Load(), plain) << Lines();
+  EXPECT_EQ(w0->promotions(), 0);
+}
+
+// tessera-ctl map init --replication, map show, and scale refusing a replicated map (no
+// servers needed: map init does not contact them, scale refuses before it does).
+TEST_F(PromotionTest, CtlMapInitReplicationShowAndScaleRefusal) {
+  const std::string url = etcd_.url(std::string(kPrefix).substr(1));
+  const std::string servers = Address(0) + "," + Address(1) + "," + Address(2);
+  std::string out;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url,
+                        "--servers=" + servers, "--replication=3"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--replication must be 1 or 2, got 3"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url,
+                        "--servers=" + servers, "--replication=0"},
+                       &out),
+            2)
+      << out;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url,
+                        "--servers=" + Address(0), "--replication=2"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("needs at least 2 --servers, got 1"), std::string::npos) << out;
+  SlotMapStore store(client_.get(), kPrefix);
+  EXPECT_EQ(store.Load().status().code(), StatusCode::kNotFound);  // usage errors wrote nothing
+
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url,
+                        "--servers=" + servers, "--replication=2"},
+                       &out),
+            0)
+      << out;
+  auto m = store.Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    ASSERT_EQ(m->backup[slot], (m->primary[slot] + 1) % 3) << slot;
+  }
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url}, &out), 0);
+  EXPECT_NE(out.find("server 1 server-1 " + Address(1) + " primary_slots 5461 backup_slots 5462"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("slots_with_backup 16384 of 16384"), std::string::npos) << out;
+
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "scale", "2", "--coordinator=" + url}, &out), 1)
+      << out;
+  EXPECT_NE(out.find("FailedPrecondition"), std::string::npos) << out;
+  EXPECT_NE(out.find("resharding a replicated map is not supported yet"), std::string::npos)
+      << out;
+  EXPECT_EQ(store.Load()->version, 1u);  // nothing changed
+}
+
+}  // namespace
+}  // namespace tessera::testing
