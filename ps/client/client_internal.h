@@ -270,6 +270,9 @@ class ClientImpl {
 
   // ---------------------------------------------------------------- I/O thread (client_io.cc)
   void IoLoop();
+  // The I/O thread's end (under io_mu_): fails whatever is queued, waiting or in flight with
+  // Cancelled, and closes the sockets.
+  void CancelEverything();
   void SendOne(Outgoing& o);
   // Sends `o` now; registers it in flight. False when the socket refused it.
   bool Transmit(Outgoing& o);

@@ -340,6 +340,10 @@ void ClientImpl::IoLoop() {
     io.unlock();
   }
   io.lock();
+  CancelEverything();
+}
+
+void ClientImpl::CancelEverything() {
   std::vector<Outgoing> batch;
   for (auto& o : map_waiters_) {
     if (o.call) PartDone(o.call, Status::Cancelled("client destroyed"));
