@@ -208,11 +208,12 @@ tessera::Result<TierFigures> RunTier(const std::string& binary, const std::strin
   auto parsed = tessera::CoordinatorUrl::Parse(url);
   TESSERA_ASSIGN_OR_RETURN(auto etcd_client, tessera::EtcdClient::Create(parsed->etcd_options()));
   tessera::SlotMapStore store(etcd_client.get(), parsed->prefix);
-  tessera::ClusterMap map = tessera::ClusterMap::Uniform(
-      {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}, {"server-2", endpoints[2]}});
-  if (replicated) {
-    for (size_t s = 0; s < map.primary.size(); ++s) map.backup[s] = (map.primary[s] + 1) % 3;
-  }
+  // What tessera-ctl map init [--replication=2] creates: backups of slots and dense parts.
+  TESSERA_ASSIGN_OR_RETURN(
+      tessera::ClusterMap map,
+      tessera::ClusterMap::Replicated(
+          {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}, {"server-2", endpoints[2]}},
+          replicated ? 2 : 1));
   TESSERA_RETURN_IF_ERROR(store.Create(map));
   TESSERA_ASSIGN_OR_RETURN(auto source, tessera::EtcdClusterMapSource::Create(*parsed));
   tessera::ClientOptions co;

@@ -34,6 +34,16 @@ struct RoutingMap {
   /// before the primary answers them (kNoBackup: none); empty when no slot has one.
   std::vector<uint16_t> backup;
   static constexpr uint16_t kNoBackup = 0xFFFF;
+  /// Dense tables: part p of every dense table (DenseRangeOfServer(..., p, dense_servers)) is
+  /// served by dense_primary[p] and, with replication, backed up by dense_backup[p]
+  /// (kNoBackup: none). Empty: part p on server p, no backup. A fail-over moves a part to its
+  /// backup as it moves slots.
+  std::vector<uint16_t> dense_primary;
+  std::vector<uint16_t> dense_backup;
+  /// The server of dense part `p`.
+  uint32_t DenseOwner(uint32_t p) const { return p < dense_primary.size() ? dense_primary[p] : p; }
+  /// The backup of dense part `p` (kNoBackup: none).
+  uint16_t DenseBackup(uint32_t p) const { return p < dense_backup.size() ? dense_backup[p] : kNoBackup; }
 };
 
 /// Called with each newer map, or with the error of a map that could not be read (the source

@@ -223,7 +223,7 @@ TEST_F(BadInputTest, EveryMalformedRequestIsAnsweredWithWhatWasWrong) {
   ExpectError(peer, {Env(dr)}, StatusCode::kInvalidArgument, "outside table 'dense'");
   const uint64_t foreign = mine.begin > 0 ? 0 : mine.end;
   ExpectError(peer, {Env(DenseHeader(Op::kDensePull, foreign, 1))}, StatusCode::kFailedPrecondition,
-              "is not within server 0's part");
+              "served by server 1, not server 0");
   ExpectError(peer, {Env(DenseHeader(Op::kDensePull, mine.begin, 0))}, StatusCode::kInvalidArgument,
               "zero elements");
   const std::string two_floats = Bytes(std::vector<float>{1, 2});

@@ -244,7 +244,10 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
     std::vector<zmq::message_t> data;
     data.push_back(std::move(frames.key_msgs[s]));
     if (push) data.push_back(std::move(frames.grad_msgs[s]));
-    msgs.push_back(MakeOutgoing(s, h, std::move(data), call, deadline));
+    // Part s is served by its primary in the map (server s unless a fail-over moved it); the
+    // reply is matched to the part.
+    msgs.push_back(MakeOutgoing(map->DenseOwner(s), h, std::move(data), call, deadline));
+    msgs.back().part = s;
   }
   Send(call, std::move(msgs));
   return Handle(call);
@@ -266,7 +269,8 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     return Handle(CompletedCall(Status::InvalidArgument("null output buffer")));
   }
   auto call = std::make_shared<Call>();
-  const uint64_t map_version = Routing()->version;
+  const std::shared_ptr<const RoutingMap> map = Routing();
+  const uint64_t map_version = map->version;
   const uint32_t S = dense_servers_;
   std::vector<Outgoing> msgs;
   auto starts = std::make_shared<std::vector<uint64_t>>(S, 0);
@@ -284,7 +288,10 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     (*starts)[s] = b - offset;
     std::vector<zmq::message_t> data;
     if (push) data.emplace_back(grads.data() + (b - offset), (e - b) * sizeof(float));
-    msgs.push_back(MakeOutgoing(s, h, std::move(data), call, deadline));
+    // Part s is served by its primary in the map (server s unless a fail-over moved it); the
+    // reply is matched to the part.
+    msgs.push_back(MakeOutgoing(map->DenseOwner(s), h, std::move(data), call, deadline));
+    msgs.back().part = s;
   }
   if (!push) {
     call->on_reply = [starts, out, name = t.spec.name](

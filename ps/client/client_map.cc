@@ -172,7 +172,9 @@ void ClientImpl::Reroute(Outgoing o, const RoutingMap& map) {
   Header& h = o.header;
   if (h.op == Op::kDensePull || h.op == Op::kDensePush) {
     // Dense ranges are placed by the number of servers, which a map this client follows
-    // does not change: the same server again.
+    // does not change: the part's server again, unless a fail-over gave the part to its
+    // backup.
+    o.server = map.DenseOwner(o.part);
   } else {
     // The keys frame: every key must now belong to one server.
     const auto* keys = static_cast<const uint64_t*>(o.parts[1].data());
@@ -365,7 +367,15 @@ void ClientImpl::SendToRetired(Outgoing o) {
   }
   const bool sparse =
       o.op == Op::kSparsePull || o.op == Op::kSparsePush || o.op == Op::kSparsePushPull;
-  if (!sparse || source_ == nullptr) {
+  const bool dense = o.op == Op::kDensePull || o.op == Op::kDensePush;
+  bool movable = sparse && source_ != nullptr;
+  if (dense && source_ != nullptr) {
+    // A dense part goes to its backup when the map promoted it (replicated dense parts).
+    const std::shared_ptr<const RoutingMap> map = Routing();
+    const uint32_t to = map->DenseOwner(o.part);
+    movable = to != server && to < map->addresses.size() && !map->addresses[to].empty();
+  }
+  if (!movable) {
     if (o.call) PartDone(o.call, RetiredError(o, server, version));
     return;
   }
@@ -393,10 +403,13 @@ Status ClientImpl::RetiredError(const Outgoing& o, uint32_t server, uint64_t ver
   const std::string who = "server " + std::to_string(server) + " (" + Address(server) +
                           ") was retired by cluster map version " + std::to_string(version);
   if (o.op == Op::kDensePull || o.op == Op::kDensePush) {
+    const bool replicated = !Routing()->dense_primary.empty();
     return Status::FailedPrecondition(
-        who + "; dense tables are not replicated: elements [" +
-        std::to_string(o.header.offset) + ", " + std::to_string(o.header.offset + o.header.count) +
-        ") of dense table " + std::to_string(o.header.table_id) + " were there");
+        who + (replicated ? "; its dense part " + std::to_string(o.part) + " had no live backup"
+                          : "; dense tables are not replicated") +
+        ": elements [" + std::to_string(o.header.offset) + ", " +
+        std::to_string(o.header.offset + o.header.count) + ") of dense table " +
+        std::to_string(o.header.table_id) + " were there");
   }
   return Status::Unavailable(who + ": " + std::string(OpName(o.op)) + " is not sent to it");
 }

@@ -36,9 +36,9 @@ DEFINE_string(servers, "",
               "map init: the servers' endpoints in server-id order, comma-separated, or @FILE "
               "(each server's --cluster entry; server id = its --rank)");
 DEFINE_uint32(replication, 1,
-              "map init: copies of each slot: 1 (none) or 2 (each slot also gets a backup, the "
-              "next server id after its primary, which takes its pushes before they are "
-              "acknowledged; needs at least 2 servers)");
+              "map init: copies of each slot and dense part: 1 (none) or 2 (each also gets a "
+              "backup, the next server id after its primary, which takes its pushes before "
+              "they are acknowledged; needs at least 2 servers)");
 DEFINE_double(pace, 0.5,
               "scale: share of wall time spent moving; after each batch the controller waits "
               "so that training gets the servers' cores in between (1: no pause)");
@@ -62,7 +62,8 @@ constexpr char kCommands[] =
     "                   --curve_secret_key_file) and DIR/server.pub (public)\n"
     "  map init         create the cluster map PREFIX/slotmap of --coordinator: version 1,\n"
     "                   --servers owning uniform slot ranges; fails if a map exists;\n"
-    "                   --replication=2: each slot's backup is the next server\n"
+    "                   --replication=2: each slot's and dense part's backup is the\n"
+    "                   next server\n"
     "  map show         print the cluster map of --coordinator\n"
     "  scale N          move slots online so that N servers share them evenly: adds\n"
     "                   servers registered with --coordinator (tessera-server --rank=ID\n"
@@ -280,13 +281,15 @@ int MapInit(tessera::SlotMapStore& store, const std::vector<std::string>& eps) {
   }
   std::printf("cluster map version 1 of %zu server(s) created at %s%s\n", eps.size(),
               store.key().c_str(),
-              FLAGS_replication == 2 ? " (replication 2: each slot's backup is the next server)"
-                                     : "");
+              FLAGS_replication == 2
+                  ? " (replication 2: each slot's and dense part's backup is the next server)"
+                  : "");
   return 0;
 }
 
 // map show: the version, then per server id its member id, address and how many slots it is
-// primary and backup of, then how many slots have a backup.
+// primary and backup of, then how many slots have a backup, then (a map with dense
+// replication) each dense part's primary and backup (-1: none).
 int MapShow(tessera::SlotMapStore& store) {
   auto map = store.Load();
   if (!map.ok()) {
@@ -309,6 +312,19 @@ int MapShow(tessera::SlotMapStore& store) {
                 slots[i], backups[i]);
   }
   std::printf("slots_with_backup %u of %u\n", backed, tessera::kNumSlots);
+  if (!map->dense_primary.empty() || !map->dense_backup.empty()) {
+    std::string primaries, backups;
+    for (uint32_t part = 0; part < map->dense_servers; ++part) {
+      const char* sep = part == 0 ? "" : ",";
+      primaries +=
+          sep + std::to_string(map->dense_primary.empty() ? part : map->dense_primary[part]);
+      const uint16_t b =
+          map->dense_backup.empty() ? tessera::ClusterMap::kNoServer : map->dense_backup[part];
+      backups +=
+          sep + (b == tessera::ClusterMap::kNoServer ? std::string("-1") : std::to_string(b));
+    }
+    std::printf("dense_parts primary %s backup %s\n", primaries.c_str(), backups.c_str());
+  }
   return 0;
 }
 #endif

@@ -51,6 +51,32 @@ Result<std::vector<uint16_t>> DecodeRuns(const json& j, const char* name, bool a
   return ids;
 }
 
+json EncodeIds(const std::vector<uint16_t>& ids) {
+  json out = json::array();
+  for (uint16_t id : ids) {
+    out.push_back(id == ClusterMap::kNoServer ? int64_t{-1} : static_cast<int64_t>(id));
+  }
+  return out;
+}
+
+// Parses [ID...] (one id per dense part); -1 (when allowed) becomes kNoServer. The number of
+// entries is Validate's to check.
+Result<std::vector<uint16_t>> DecodeIds(const json& j, const char* name, bool allow_none) {
+  const std::string what = std::string("cluster map: ") + name;
+  if (!j.is_array()) return Status::Corruption(what + " is not an array of server ids");
+  std::vector<uint16_t> ids;
+  for (const json& e : j) {
+    const int64_t id = e.is_number_integer() ? e.get<int64_t>() : -2;
+    const bool none = allow_none && id == -1;
+    if (!none && (id < 0 || id >= ClusterMap::kNoServer)) {
+      return Status::Corruption(what + ": part " + std::to_string(ids.size()) + " is " + e.dump() +
+                                ", not a server id" + (allow_none ? " or -1" : ""));
+    }
+    ids.push_back(none ? ClusterMap::kNoServer : static_cast<uint16_t>(id));
+  }
+  return ids;
+}
+
 Result<std::vector<MapServer>> DecodeServers(const json& j) {
   if (!j.is_array()) return Status::Corruption("cluster map: servers is not an array");
   std::vector<MapServer> out;
@@ -78,6 +104,25 @@ Status CheckSlot(const ClusterMap& m, uint32_t slot) {
     return Status::InvalidArgument(where + ": importing from " + std::to_string(from) +
                                    ", which is not another server with an address");
   }
+  if (b == ClusterMap::kNoServer) return Status::OK();
+  if (b >= m.servers.size() || m.servers[b].address.empty() || b == p) {
+    return Status::InvalidArgument(where + ": backup " + std::to_string(b) +
+                                   " is not another server with an address");
+  }
+  return Status::OK();
+}
+
+// Dense part `part` of a map with dense_primary and dense_backup of dense_servers entries or
+// empty.
+Status CheckDensePart(const ClusterMap& m, uint32_t part) {
+  const std::string where =
+      "cluster map v" + std::to_string(m.version) + ": dense part " + std::to_string(part);
+  const uint16_t p = m.dense_primary.empty() ? static_cast<uint16_t>(part) : m.dense_primary[part];
+  if (!m.dense_primary.empty() && (p >= m.servers.size() || m.servers[p].address.empty())) {
+    return Status::InvalidArgument(where + ": primary " + std::to_string(p) +
+                                   " is not a server with an address");
+  }
+  const uint16_t b = m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
   if (b == ClusterMap::kNoServer) return Status::OK();
   if (b >= m.servers.size() || m.servers[b].address.empty() || b == p) {
     return Status::InvalidArgument(where + ": backup " + std::to_string(b) +
@@ -115,6 +160,10 @@ Result<ClusterMap> ClusterMap::Replicated(std::vector<MapServer> servers, uint32
     for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
       m.backup[slot] = static_cast<uint16_t>((m.primary[slot] + 1) % n);
     }
+    for (uint32_t part = 0; part < m.dense_servers; ++part) {
+      m.dense_primary.push_back(static_cast<uint16_t>(part));
+      m.dense_backup.push_back(static_cast<uint16_t>((part + 1) % n));
+    }
   }
   return m;
 }
@@ -138,8 +187,20 @@ Status ClusterMap::Validate() const {
     return Status::InvalidArgument("cluster map: dense_servers " + std::to_string(dense_servers) +
                                    " is not in 1.." + std::to_string(servers.size()));
   }
-  // A dense server may be retired: it failed, and dense tables are not replicated (its dense
-  // ranges are unavailable; clients fail requests for them naming it).
+  for (const auto* dense : {&dense_primary, &dense_backup}) {
+    if (!dense->empty() && dense->size() != dense_servers) {
+      return Status::InvalidArgument("cluster map: " + std::to_string(dense_primary.size()) +
+                                     " dense primaries and " + std::to_string(dense_backup.size()) +
+                                     " dense backups, not 0 or " + std::to_string(dense_servers) +
+                                     " (dense_servers) each");
+    }
+  }
+  // Without dense_primary a dense server may be retired: a record written before dense
+  // replication whose dense server failed (its dense ranges are unavailable; clients fail
+  // requests for them naming it).
+  for (uint32_t part = 0; part < dense_servers; ++part) {
+    TESSERA_RETURN_IF_ERROR(CheckDensePart(*this, part));
+  }
   return Status::OK();
 }
 
@@ -158,6 +219,9 @@ Result<std::string> EncodeClusterMap(const ClusterMap& map) {
             {"backup", EncodeRuns(map.backup, true)},
             {"importing", EncodeRuns(map.importing, true)},
             {"dense_servers", map.dense_servers}};
+  // Absent when empty: a map without dense replication keeps the record it had before it.
+  if (!map.dense_primary.empty()) j["dense_primary"] = EncodeIds(map.dense_primary);
+  if (!map.dense_backup.empty()) j["dense_backup"] = EncodeIds(map.dense_backup);
   // Ids and addresses are the caller's strings: invalid UTF-8 would make dump() throw.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -191,6 +255,13 @@ Result<ClusterMap> DecodeClusterMap(std::string_view text) {
     m.dense_servers = j["dense_servers"].get<uint32_t>();
   } else {
     m.dense_servers = static_cast<uint32_t>(m.servers.size());
+  }
+  if (j.contains("dense_primary")) {
+    TESSERA_ASSIGN_OR_RETURN(m.dense_primary,
+                             DecodeIds(j["dense_primary"], "dense_primary", false));
+  }
+  if (j.contains("dense_backup")) {
+    TESSERA_ASSIGN_OR_RETURN(m.dense_backup, DecodeIds(j["dense_backup"], "dense_backup", true));
   }
   Status valid = m.Validate();
   if (!valid.ok()) return Status::Corruption(valid.message());

@@ -22,7 +22,8 @@ struct MapServer {
   bool operator==(const MapServer&) const = default;
 };
 
-/// Slot ownership at one version: a primary and an optional backup server id per slot.
+/// Slot ownership at one version: a primary and an optional backup server id per slot (and,
+/// with dense replication, per dense part).
 /// A value type; thread-compatible.
 struct ClusterMap {
   /// Backup of a slot that has none.
@@ -39,24 +40,36 @@ struct ClusterMap {
   /// (new) primary names the server it comes from (its previous primary); the primary holds
   /// requests for it until the copy is in (docs/elasticity.md, "Online resharding").
   std::vector<uint16_t> importing;
-  /// Dense tables are spread over servers 0 .. dense_servers-1 (the servers of the first map);
-  /// no map change moves them: resharding never retires those ids, a fail-over retires a dead
-  /// one (dense tables are not replicated; its ranges are unavailable from then on).
+  /// Dense tables are split into dense_servers parts (the servers of the first map); part p is
+  /// served by dense_primary[p] (server p when that is empty). Resharding never moves a part
+  /// nor retires a server that serves or backs up one.
   uint32_t dense_servers = 0;
+  /// Dense replication: empty (part p on server p, no backup: a map made without replication,
+  /// or written before dense parts were replicated), or dense_servers server ids, the server of
+  /// each part. A fail-over moves a dead server's parts to their backups, as it moves slots.
+  std::vector<uint16_t> dense_primary;
+  /// Empty (no part has a backup), or dense_servers entries: per part a server id, never the
+  /// part's server, that receives its pushes before the primary answers them, or kNoServer.
+  std::vector<uint16_t> dense_backup;
 
   /// Version 1 of a cluster of `servers`: primaries as SlotMap::Uniform(servers.size()), no
   /// backups, nothing importing, dense tables over all of them.
   static ClusterMap Uniform(std::vector<MapServer> servers);
-  /// Uniform(servers) with `replication` copies of each slot (`tessera-ctl map init
-  /// --replication=N`): 1 is Uniform; 2 gives each slot the backup (primary + 1) % n, n the
-  /// number of servers, which must be at least 2. InvalidArgument for another replication or
-  /// too few servers.
+  /// Uniform(servers) with `replication` copies of each slot and dense part (`tessera-ctl map
+  /// init --replication=N`): 1 is Uniform (dense_primary and dense_backup empty); 2 gives each
+  /// slot the backup (primary + 1) % n, n the number of servers, which must be at least 2, and
+  /// dense part p the primary p and the backup (p + 1) % n. InvalidArgument for another
+  /// replication or too few servers.
   static Result<ClusterMap> Replicated(std::vector<MapServer> servers, uint32_t replication);
 
   /// OK when the map is whole: version >= 1, 1..65535 servers, kNumSlots primaries, backups
   /// and importing entries, each naming a server with an address, a backup and an importing
-  /// source never the slot's primary, 1 <= dense_servers <= servers.
-  /// InvalidArgument naming the first slot or server that is wrong.
+  /// source never the slot's primary, 1 <= dense_servers <= servers, dense_primary and
+  /// dense_backup each empty or dense_servers entries, a dense primary a server with an
+  /// address, a dense backup kNoServer or a server with an address other than its part's
+  /// primary. Without dense_primary a dense server may be retired (records written before
+  /// dense replication: a fail-over retired it).
+  /// InvalidArgument naming the first slot, dense part or server that is wrong.
   Status Validate() const;
   /// The routing of the primaries (SlotMap::FromOwners).
   Result<SlotMap> PrimaryMap() const;
@@ -66,10 +79,13 @@ struct ClusterMap {
 
 /// The record's JSON: {"format":1, "version":V, "servers":[{"id","address"}...],
 /// "primary":[[RUN,ID]...], "backup":[[RUN,ID or -1]...], "importing":[[RUN,ID or -1]...],
-/// "dense_servers":D}, each slot list as runs of equal ids in slot order (a uniform map of n
-/// servers is n runs). "importing" and "dense_servers" may be absent (records written before
-/// resharding: nothing importing, dense tables over every server). Fails on a map that does
-/// not validate.
+/// "dense_servers":D, "dense_primary":[ID...], "dense_backup":[ID or -1...]}, each slot list
+/// as runs of equal ids in slot order (a uniform map of n servers is n runs), each dense list
+/// one id per part. "importing" and "dense_servers" may be absent (records written before
+/// resharding: nothing importing, dense tables over every server); "dense_primary" and
+/// "dense_backup" are written only when not empty, so a map without them has the record it
+/// had before dense replication, and are absent from such records (decoded as empty). Fails
+/// on a map that does not validate.
 Result<std::string> EncodeClusterMap(const ClusterMap& map);
 /// Parses and validates a record; Corruption saying what is wrong.
 Result<ClusterMap> DecodeClusterMap(std::string_view text);

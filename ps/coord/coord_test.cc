@@ -132,6 +132,116 @@ TEST(ClusterMap, ImportingAndDenseServersRoundTripAndAreChecked) {
   EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
 }
 
+// Dense replication: dense_primary and dense_backup round-trip; a record without them (every
+// record written before them) decodes with both empty and encodes back byte for byte.
+TEST(ClusterMap, DensePartsRoundTripAndOlderRecordsAreUnchanged) {
+  auto m = ClusterMap::Replicated({{"s0", "tcp://127.0.0.1:7000"},
+                                   {"s1", "tcp://127.0.0.1:7001"},
+                                   {"s2", "tcp://127.0.0.1:7002"}},
+                                  2);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  m->version = 5;
+  m->dense_primary[0] = 1;  // part 0 failed over to its backup
+  m->dense_backup[0] = ClusterMap::kNoServer;
+  auto text = EncodeClusterMap(*m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_NE(text->find(R"("dense_primary":[1,1,2])"), std::string::npos) << *text;
+  EXPECT_NE(text->find(R"("dense_backup":[-1,2,0])"), std::string::npos) << *text;
+  auto back = DecodeClusterMap(*text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *m);
+
+  auto plain = EncodeClusterMap(ThreeServers());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->find("dense_primary"), std::string::npos) << *plain;
+  EXPECT_EQ(plain->find("dense_backup"), std::string::npos) << *plain;
+  const std::string old =
+      R"({"backup":[[16384,-1]],"dense_servers":2,"format":1,"importing":[[16384,-1]],)"
+      R"("primary":[[8192,0],[8192,1]],"servers":[{"address":"x","id":"a"},)"
+      R"({"address":"y","id":"b"}],"version":3})";
+  auto decoded = DecodeClusterMap(old);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_TRUE(decoded->dense_primary.empty());
+  EXPECT_TRUE(decoded->dense_backup.empty());
+  auto again = EncodeClusterMap(*decoded);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, old);
+
+  // Damaged dense lists: not ids, -1 as a primary, the wrong number of parts.
+  const std::string head =
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"},{"id":"b","address":"y"}],)"
+      R"("primary":[[16384,0]],"backup":[[16384,-1]],"dense_servers":2,)";
+  for (const char* tail :
+       {R"("dense_primary":[0,"1"]})", R"("dense_primary":[0,-1]})", R"("dense_primary":{}})",
+        R"("dense_backup":[1,-2]})", R"("dense_backup":[1,70000]})", R"("dense_primary":[0]})",
+        R"("dense_backup":[1,0,1]})"}) {
+    EXPECT_EQ(DecodeClusterMap(head + tail).status().code(), StatusCode::kCorruption) << tail;
+  }
+  auto good = DecodeClusterMap(head + R"("dense_primary":[1,0],"dense_backup":[-1,1]})");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->dense_backup, (std::vector<uint16_t>{ClusterMap::kNoServer, 1}));
+}
+
+TEST(ClusterMap, ValidateChecksDensePartsNamingThePart) {
+  auto replicated = ClusterMap::Replicated({{"s0", "tcp://127.0.0.1:7000"},
+                                            {"s1", "tcp://127.0.0.1:7001"},
+                                            {"s2", "tcp://127.0.0.1:7002"}},
+                                           2);
+  ASSERT_TRUE(replicated.ok());
+  const ClusterMap m = *replicated;
+  ASSERT_TRUE(m.Validate().ok()) << m.Validate().ToString();
+  const auto refused = [](const ClusterMap& bad, const std::string& why) {
+    Status s = bad.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.ToString();
+  };
+  ClusterMap bad = m;
+  bad.dense_primary.pop_back();
+  refused(bad, "2 dense primaries and 3 dense backups, not 0 or 3");
+  bad = m;
+  bad.dense_backup.push_back(0);
+  refused(bad, "3 dense primaries and 4 dense backups");
+  bad = m;
+  bad.dense_primary[1] = 3;  // no such server
+  refused(bad, "dense part 1: primary 3 is not a server with an address");
+  bad = m;
+  bad.dense_primary[2] = ClusterMap::kNoServer;
+  refused(bad, "dense part 2: primary 65535");
+  bad = m;
+  bad.dense_backup[2] = 2;  // its own primary
+  refused(bad, "dense part 2: backup 2 is not another server with an address");
+  bad = m;
+  bad.dense_backup[0] = 9;
+  refused(bad, "dense part 0: backup 9");
+  bad = m;
+  bad.dense_primary.clear();  // part p on server p: its backup is still not p
+  bad.dense_backup[1] = 1;
+  refused(bad, "dense part 1: backup 1");
+  // A retired server can be neither: slots moved off server 2, which is then retired.
+  bad = m;
+  for (uint32_t s = 0; s < kNumSlots; ++s) {
+    if (bad.primary[s] == 2) bad.primary[s] = 0;
+    bad.backup[s] = ClusterMap::kNoServer;
+  }
+  bad.servers[2].address.clear();
+  bad.dense_backup = {1, 0, 0};
+  bad.dense_primary = {0, 1, 1};
+  ASSERT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
+  bad.dense_primary[2] = 2;
+  refused(bad, "dense part 2: primary 2");
+  bad.dense_primary[2] = 1;
+  bad.dense_backup[1] = 2;
+  refused(bad, "dense part 1: backup 2");
+  // Without dense lists a retired dense server is valid (a record of before them).
+  bad.dense_primary.clear();
+  bad.dense_backup.clear();
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
+  // Empty lists with any dense_servers; kNoServer backups everywhere.
+  ClusterMap none = m;
+  none.dense_backup.assign(3, ClusterMap::kNoServer);
+  EXPECT_TRUE(none.Validate().ok()) << none.Validate().ToString();
+}
+
 TEST(ClusterMap, DecodeRefusesDamagedRecords) {
   auto good = EncodeClusterMap(ThreeServers());
   ASSERT_TRUE(good.ok());

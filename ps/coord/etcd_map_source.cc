@@ -37,6 +37,9 @@ Result<RoutingMap> EtcdClusterMapSource::ToRoutingMap(const ClusterMap& map) {
   for (const MapServer& s : map.servers) r.addresses.push_back(s.address);
   TESSERA_ASSIGN_OR_RETURN(r.primary, map.PrimaryMap());
   r.dense_servers = map.dense_servers;
+  // Empty when the map has none: part p on server p, no backup (RoutingMap::DenseOwner).
+  r.dense_primary = map.dense_primary;
+  r.dense_backup = map.dense_backup;
   for (uint16_t from : map.importing) {
     if (from != ClusterMap::kNoServer) {
       r.importing = map.importing;

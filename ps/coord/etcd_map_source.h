@@ -35,7 +35,8 @@ class EtcdClusterMapSource final : public ClusterMapSource {
   Result<RoutingMap> Load() override;
   Status Watch(RoutingMapCallback callback) override;
 
-  /// The map record's routing part (servers' addresses, primaries).
+  /// The map record's routing part (servers' addresses, primaries, dense_servers; importing
+  /// and backups when any slot has one; dense_primary and dense_backup as the map has them).
   static Result<RoutingMap> ToRoutingMap(const ClusterMap& map);
 
  private:

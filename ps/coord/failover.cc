@@ -13,12 +13,60 @@ uint32_t Promotion::slots_promoted() const {
   return n;
 }
 
+uint32_t Promotion::dense_parts_promoted() const {
+  uint32_t n = 0;
+  for (const auto& [pair, parts] : dense_promoted) n += parts;
+  return n;
+}
+
 namespace {
 
-// Retires the dead servers of `p->map` that no slot names. A dead server of dense tables is
-// retired too: dense tables are not replicated, so its dense ranges are lost with it, and a
-// retired id tells every client to stop waiting for it (its dense requests fail at once,
-// naming it; its in-flight sparse requests go to the promoted backups).
+// The server of dense part `part` (server `part` without dense_primary).
+uint16_t DensePrimary(const ClusterMap& m, uint32_t part) {
+  return m.dense_primary.empty() ? static_cast<uint16_t>(part) : m.dense_primary[part];
+}
+
+// The backup of dense part `part` (kNoServer: none).
+uint16_t DenseBackup(const ClusterMap& m, uint32_t part) {
+  return m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
+}
+
+// PromoteBackups' rules for the dense parts of `p->map` (see failover.h); true when it changed
+// any. A map without dense_primary gets one (part p on server p) when a part is promoted.
+bool PromoteDenseParts(const std::vector<bool>& dead, Promotion* p) {
+  ClusterMap& m = p->map;
+  bool changed = false;
+  for (uint32_t part = 0; part < m.dense_servers; ++part) {
+    uint16_t backup = DenseBackup(m, part);
+    if (backup != ClusterMap::kNoServer && dead[backup]) {
+      m.dense_backup[part] = backup = ClusterMap::kNoServer;
+      ++p->dense_backups_cleared;
+      changed = true;
+    }
+    const uint16_t primary = DensePrimary(m, part);
+    if (!dead[primary]) continue;
+    // A backup left now is alive: the input validated (it has an address) and it is not dead.
+    if (backup == ClusterMap::kNoServer) {
+      ++p->dense_unavailable[primary];
+      continue;
+    }
+    if (m.dense_primary.empty()) {
+      for (uint32_t q = 0; q < m.dense_servers; ++q) {
+        m.dense_primary.push_back(static_cast<uint16_t>(q));
+      }
+    }
+    ++p->dense_promoted[{primary, backup}];
+    m.dense_primary[part] = backup;
+    m.dense_backup[part] = ClusterMap::kNoServer;
+    changed = true;
+  }
+  return changed;
+}
+
+// Retires the dead servers of `p->map` that no slot and no dense part names. A dead server
+// still named keeps its address: what it holds without a live copy is unavailable until it
+// comes back. A retired id tells every client to stop waiting for it (its in-flight requests
+// go to the promoted backups).
 void RetireUnnamed(const std::vector<bool>& dead, Promotion* p) {
   ClusterMap& m = p->map;
   std::vector<bool> named(m.servers.size(), false);
@@ -26,6 +74,10 @@ void RetireUnnamed(const std::vector<bool>& dead, Promotion* p) {
     named[m.primary[slot]] = true;
     if (m.backup[slot] != ClusterMap::kNoServer) named[m.backup[slot]] = true;
     if (m.importing[slot] != ClusterMap::kNoServer) named[m.importing[slot]] = true;
+  }
+  for (uint32_t part = 0; part < m.dense_servers; ++part) {
+    named[DensePrimary(m, part)] = true;
+    if (DenseBackup(m, part) != ClusterMap::kNoServer) named[DenseBackup(m, part)] = true;
   }
   for (uint16_t id = 0; id < m.servers.size(); ++id) {
     if (!dead[id] || named[id]) continue;
@@ -77,6 +129,7 @@ Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16
     backup = ClusterMap::kNoServer;
     changed = true;
   }
+  changed = PromoteDenseParts(dead, &p) || changed;
   RetireUnnamed(dead, &p);
   changed = changed || !p.retired.empty();
   if (changed) {
@@ -161,8 +214,9 @@ Status FailoverWatcher::Round() {
   Result<ClusterMap> map = store.Load();
   if (map.status().code() == StatusCode::kNotFound) return Status::OK();  // no map yet
   if (!map.ok()) return map.status();
-  if (std::all_of(map->backup.begin(), map->backup.end(),
-                  [](uint16_t b) { return b == ClusterMap::kNoServer; })) {
+  const auto none = [](uint16_t b) { return b == ClusterMap::kNoServer; };
+  if (std::all_of(map->backup.begin(), map->backup.end(), none) &&
+      std::all_of(map->dense_backup.begin(), map->dense_backup.end(), none)) {
     return Status::OK();  // not replicated (any more): nothing can be promoted
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
@@ -184,6 +238,10 @@ Status FailoverWatcher::Round() {
     unavailable += (unavailable.empty() ? "" : "; ") + std::to_string(slots) +
                    " slots of dead server " + std::to_string(id) + " have no live backup";
   }
+  for (const auto& [id, parts] : p.dense_unavailable) {
+    unavailable += (unavailable.empty() ? "" : "; ") + std::to_string(parts) +
+                   " dense parts of dead server " + std::to_string(id) + " have no live backup";
+  }
   if (unavailable != last_unavailable_ && !unavailable.empty()) {
     Log(unavailable + ": they stay unavailable until it comes back (map version " +
         std::to_string(map->version) + ")");
@@ -202,8 +260,16 @@ Status FailoverWatcher::Round() {
     Log("promoted server " + std::to_string(pair.second) + " to primary of " +
         std::to_string(slots) + " slots of dead server " + std::to_string(pair.first) + at);
   }
+  for (const auto& [pair, parts] : p.dense_promoted) {
+    Log("promoted server " + std::to_string(pair.second) + " to primary of " +
+        std::to_string(parts) + " dense parts of dead server " + std::to_string(pair.first) + at);
+  }
   if (p.backups_cleared > 0) {
     Log("removed a dead backup from " + std::to_string(p.backups_cleared) + " slots" + at);
+  }
+  if (p.dense_backups_cleared > 0) {
+    Log("removed a dead backup from " + std::to_string(p.dense_backups_cleared) + " dense parts" +
+        at);
   }
   for (uint16_t id : p.retired) {
     Log("retired dead server " + std::to_string(id) + " (" + p.map.servers[id].id + ")" + at);

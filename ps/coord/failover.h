@@ -40,10 +40,20 @@ struct Promotion {
   /// untouched (resharding during a failure is not handled; `tessera-ctl scale` refuses a
   /// replicated map anyway).
   uint32_t importing_untouched = 0;
+  /// Dense parts whose primary became their backup: (dead server, new primary) -> parts.
+  std::map<std::pair<uint16_t, uint16_t>, uint32_t> dense_promoted;
+  /// Dense parts whose primary is dead with no live backup (among them every part of a dead
+  /// server of a map without dense_primary): dead server -> parts. They keep their primary and
+  /// are unavailable until it comes back.
+  std::map<uint16_t, uint32_t> dense_unavailable;
+  /// Dense parts whose dead backup was removed (backup = none).
+  uint32_t dense_backups_cleared = 0;
   /// Dead servers retired by this change (address emptied; ids are never reused).
   std::vector<uint16_t> retired;
   /// Total of `promoted`.
   uint32_t slots_promoted() const;
+  /// Total of `dense_promoted`.
+  uint32_t dense_parts_promoted() const;
 };
 
 /// The map after the servers `dead` (server ids of `map`) died. Each slot (unless importing, see
@@ -51,15 +61,19 @@ struct Promotion {
 /// `dead`) gets primary = backup, backup = none; one whose primary is dead without a live
 /// backup keeps its primary (reported in `unavailable`); one whose backup is dead gets
 /// backup = none. A slot with importing set whose primary or importing source is dead is left
-/// as it is (`importing_untouched`). A dead server that no slot names any more (as primary,
-/// backup or importing source) is retired (its address emptied), a server of dense tables
-/// (id < dense_servers) too: dense tables are not replicated, so its dense ranges are lost with
-/// it, and the retired id tells clients to fail them at once rather than wait for a server
-/// that is gone (and to send what they had in flight there to the promoted backups). Ids of
-/// `dead` that are already retired
-/// are ignored. The result validates; `changed` is false (and the version the same) when
-/// nothing changes. InvalidArgument when `map` does not validate or `dead` names no server of
-/// it. Pure: no etcd.
+/// as it is (`importing_untouched`). Dense parts are treated like slots: one whose primary
+/// (dense_primary[p], server p when that is empty) is dead and whose backup is alive gets
+/// primary = backup, backup = none (`dense_promoted`; an empty dense_primary is filled in
+/// first); one whose primary is dead without a live backup keeps it (`dense_unavailable`); a
+/// dead dense backup is removed (`dense_backups_cleared`). A dead server that no slot (as
+/// primary, backup or importing source) and no dense part (as primary or backup) names any
+/// more is retired (its address emptied): the retired id tells clients to send what they had
+/// in flight there to the promoted backups. So a dead server of a map without dense
+/// replication (no dense_primary) that holds dense part p (p < dense_servers) stays in the
+/// map, unavailable like a slot without a backup, until it comes back. Ids of `dead` that
+/// are already retired are ignored. The result validates; `changed` is false (and the version
+/// the same) when nothing changes. InvalidArgument when `map` does not validate or `dead`
+/// names no server of it. Pure: no etcd.
 Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16_t>& dead);
 
 /// Options of a FailoverWatcher.
@@ -90,7 +104,8 @@ struct FailoverOptions {
 /// PromoteBackups is stored by a compare-and-swap from the version read; a lost swap (another
 /// server's watcher, or another writer, changed the map) is simply read again next period, so
 /// any number of watchers on one cluster are safe and the change is made once. A map without
-/// any backup is not looked at further (no member read): nothing in it can be promoted.
+/// any backup (of a slot or a dense part) is not looked at further (no member read): nothing
+/// in it can be promoted.
 /// Thread-safe; destruction stops the thread and joins it. Borrows `etcd`, which must outlive
 /// the watcher.
 class FailoverWatcher {

@@ -21,12 +21,14 @@ std::vector<MapServer> Servers(uint32_t n) {
   return s;
 }
 
-// A replicated map of n servers (backup = primary + 1 mod n) whose dense tables are on
-// `dense` servers.
+// A replicated map of n servers (backup = primary + 1 mod n) whose dense tables have `dense`
+// parts (part p on server p, backup (p + 1) mod n).
 ClusterMap Replicated(uint32_t n, uint32_t dense = 1) {
   auto m = ClusterMap::Replicated(Servers(n), 2);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   m->dense_servers = dense;
+  m->dense_primary.resize(dense);
+  m->dense_backup.resize(dense);
   return *m;
 }
 
@@ -42,7 +44,12 @@ TEST(ClusterMapReplicated, BackupIsTheNextServerAndBadReplicationIsRefused) {
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
     ASSERT_EQ(m->backup[slot], (m->primary[slot] + 1) % 3) << slot;
   }
+  // Dense part p: primary p, backup the next server.
+  EXPECT_EQ(m->dense_primary, (std::vector<uint16_t>{0, 1, 2}));
+  EXPECT_EQ(m->dense_backup, (std::vector<uint16_t>{1, 2, 0}));
   EXPECT_EQ(*ClusterMap::Replicated(Servers(3), 1), ClusterMap::Uniform(Servers(3)));
+  EXPECT_TRUE(ClusterMap::Replicated(Servers(3), 1)->dense_primary.empty());
+  EXPECT_TRUE(ClusterMap::Replicated(Servers(3), 1)->dense_backup.empty());
   EXPECT_EQ(ClusterMap::Replicated(Servers(1), 2).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ClusterMap::Replicated(Servers(3), 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ClusterMap::Replicated(Servers(3), 3).status().code(), StatusCode::kInvalidArgument);
@@ -51,6 +58,7 @@ TEST(ClusterMapReplicated, BackupIsTheNextServerAndBadReplicationIsRefused) {
   ASSERT_TRUE(two.ok());
   EXPECT_EQ(two->backup[0], 1);
   EXPECT_EQ(two->backup[kNumSlots - 1], 0);
+  EXPECT_EQ(two->dense_backup, (std::vector<uint16_t>{1, 0}));
 }
 
 TEST(PromoteBackups, DeadPrimarysSlotsGoToTheirBackupAndItIsRetired) {
@@ -75,7 +83,11 @@ TEST(PromoteBackups, DeadPrimarysSlotsGoToTheirBackupAndItIsRetired) {
     }
   }
   EXPECT_EQ(Count(v2.primary, 1) + Count(v2.backup, 1), 0u);
-  EXPECT_EQ(v2.servers[1].address, "");  // retired: named nowhere, not a dense server
+  EXPECT_EQ(v2.servers[1].address, "");  // retired: named nowhere (dense backup cleared)
+  EXPECT_EQ(v2.dense_primary, std::vector<uint16_t>{0});
+  EXPECT_EQ(v2.dense_backup, std::vector<uint16_t>{kNone});
+  EXPECT_EQ(p->dense_backups_cleared, 1u);
+  EXPECT_TRUE(p->dense_promoted.empty());
   EXPECT_EQ(v2.servers[1].id, "server-1");
   EXPECT_EQ(v2.servers[0], v1.servers[0]);
   EXPECT_EQ(v2.servers[2], v1.servers[2]);
@@ -124,19 +136,89 @@ TEST(PromoteBackups, BothDeadKeepsThePrimaryAndReportsTheSlotsUnavailable) {
   EXPECT_EQ(p->retired, std::vector<uint16_t>{2});
 }
 
-TEST(PromoteBackups, ADeadDenseServerIsRetiredOnceNoSlotNamesIt) {
-  // Server 0 holds dense tables (dense_servers 2 here: servers 0 and 1); its slots go to 1,
-  // and it is retired like any dead server (dense tables are not replicated: clients fail its
-  // dense ranges at once, naming it, instead of waiting for it).
-  const ClusterMap v1 = Replicated(3, /*dense=*/2);
+TEST(PromoteBackups, ADeadDensePrimarysPartGoesToItsBackupAndItIsRetired) {
+  // Three dense parts (0 on 0 backed by 1, 1 on 1 by 2, 2 on 2 by 0). Server 0 dies: part 0
+  // goes to server 1, part 2 loses its backup, and nothing names server 0 any more.
+  const ClusterMap v1 = Replicated(3, /*dense=*/3);
+  auto p = PromoteBackups(v1, {0});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_TRUE(p->changed);
+  EXPECT_EQ(p->map.dense_primary, (std::vector<uint16_t>{1, 1, 2}));
+  EXPECT_EQ(p->map.dense_backup, (std::vector<uint16_t>{kNone, 2, kNone}));
+  EXPECT_EQ((p->dense_promoted), (std::map<std::pair<uint16_t, uint16_t>, uint32_t>{{{0, 1}, 1}}));
+  EXPECT_EQ(p->dense_parts_promoted(), 1u);
+  EXPECT_EQ(p->dense_backups_cleared, 1u);
+  EXPECT_TRUE(p->dense_unavailable.empty());
+  EXPECT_EQ(p->map.servers[0].address, "");
+  EXPECT_EQ(p->retired, std::vector<uint16_t>{0});
+  EXPECT_EQ(p->map.dense_servers, 3u);
+  EXPECT_TRUE(p->map.Validate().ok()) << p->map.Validate().ToString();
+  EXPECT_TRUE(EncodeClusterMap(p->map).ok());
+
+  // Backups without dense_primary (part p on server p): the promotion fills it in.
+  ClusterMap implicit = v1;
+  implicit.dense_primary.clear();
+  ASSERT_TRUE(implicit.Validate().ok()) << implicit.Validate().ToString();
+  auto q = PromoteBackups(implicit, {0});
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->map.dense_primary, (std::vector<uint16_t>{1, 1, 2}));
+  EXPECT_EQ(q->map.dense_backup, (std::vector<uint16_t>{kNone, 2, kNone}));
+  EXPECT_EQ(q->retired, std::vector<uint16_t>{0});
+}
+
+TEST(PromoteBackups, ADeadServerOfAnUnreplicatedDensePartStaysInTheMap) {
+  // Slots replicated, dense tables not (no dense_primary: part p on server p, dense_servers 2).
+  // Server 0 dies: its slots go to server 1, but nobody else has dense part 0, so server 0
+  // stays in the map (part 0 unavailable until it comes back).
+  ClusterMap v1 = Replicated(3, /*dense=*/2);
+  v1.dense_primary.clear();
+  v1.dense_backup.clear();
   auto p = PromoteBackups(v1, {0});
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   ASSERT_TRUE(p->changed);
   EXPECT_EQ(Count(p->map.primary, 0) + Count(p->map.backup, 0), 0u);
-  EXPECT_EQ(p->map.servers[0].address, "");
-  EXPECT_EQ(p->retired, std::vector<uint16_t>{0});
-  EXPECT_EQ(p->map.dense_servers, 2u);  // dense tables do not move
-  EXPECT_TRUE(p->map.Validate().ok());
+  EXPECT_EQ(p->map.servers[0].address, v1.servers[0].address);  // named by dense part 0
+  EXPECT_TRUE(p->retired.empty());
+  EXPECT_EQ(p->dense_unavailable, (std::map<uint16_t, uint32_t>{{0, 1}}));
+  EXPECT_TRUE(p->dense_promoted.empty());
+  EXPECT_TRUE(p->map.dense_primary.empty());  // dense parts do not move
+  EXPECT_TRUE(p->map.dense_backup.empty());
+  EXPECT_TRUE(p->map.Validate().ok()) << p->map.Validate().ToString();
+  // Seen dead again (another watcher, the next poll): nothing more to do.
+  auto again = PromoteBackups(p->map, {0});
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->changed);
+  EXPECT_EQ(again->dense_unavailable, (std::map<uint16_t, uint32_t>{{0, 1}}));
+}
+
+TEST(PromoteBackups, ADeadDenseBackupIsCleared) {
+  // Dense parts 0 (on 0, backup 1) and 1 (on 1, backup 2). Server 2 dies: part 1 loses its
+  // backup, no part moves; server 2 is named nowhere any more and is retired.
+  const ClusterMap v1 = Replicated(3, /*dense=*/2);
+  auto p = PromoteBackups(v1, {2});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->map.dense_primary, (std::vector<uint16_t>{0, 1}));
+  EXPECT_EQ(p->map.dense_backup, (std::vector<uint16_t>{1, kNone}));
+  EXPECT_EQ(p->dense_backups_cleared, 1u);
+  EXPECT_TRUE(p->dense_promoted.empty());
+  EXPECT_TRUE(p->dense_unavailable.empty());
+  EXPECT_EQ(p->retired, std::vector<uint16_t>{2});
+  EXPECT_TRUE(p->map.Validate().ok()) << p->map.Validate().ToString();
+}
+
+TEST(PromoteBackups, ADensePartWithBothCopiesDeadKeepsItsPrimary) {
+  // Servers 1 and 2 die: part 1 (on 1, backup 2) has no live copy and stays on 1; part 2 (on
+  // 2, backup 0) goes to 0; part 0 (on 0, backup 1) loses its backup.
+  const ClusterMap v1 = Replicated(3, /*dense=*/3);
+  auto p = PromoteBackups(v1, {1, 2});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->map.dense_primary, (std::vector<uint16_t>{0, 1, 0}));
+  EXPECT_EQ(p->map.dense_backup, (std::vector<uint16_t>{kNone, kNone, kNone}));
+  EXPECT_EQ(p->dense_unavailable, (std::map<uint16_t, uint32_t>{{1, 1}}));
+  EXPECT_EQ((p->dense_promoted), (std::map<std::pair<uint16_t, uint16_t>, uint32_t>{{{2, 0}, 1}}));
+  EXPECT_EQ(p->dense_backups_cleared, 2u);  // parts 0 and 1
+  EXPECT_EQ(p->retired, std::vector<uint16_t>{2});
+  EXPECT_TRUE(p->map.Validate().ok()) << p->map.Validate().ToString();
 }
 
 TEST(PromoteBackups, NothingDeadOrNothingToDoReturnsTheSameMap) {
@@ -153,6 +235,7 @@ TEST(PromoteBackups, NothingDeadOrNothingToDoReturnsTheSameMap) {
   EXPECT_FALSE(kept->changed);
   EXPECT_EQ(kept->map, plain);
   EXPECT_EQ(kept->unavailable.at(0), Count(plain.primary, 0));
+  EXPECT_EQ(kept->dense_unavailable.at(0), 1u);
   // Promoting twice: the second finds nothing more to do (a watcher that lost the race).
   auto once = PromoteBackups(v1, {1});
   ASSERT_TRUE(once.ok());

@@ -282,13 +282,23 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
                                    std::to_string(h.offset + h.count) + ") outside table '" +
                                    t->spec.name + "' of length " + std::to_string(t->spec.length));
   }
-  const DenseRange mine =
-      DenseRangeOfServer(h.table_id, t->spec.length, options_.rank, DenseServers());
-  if (h.offset < mine.begin || h.offset + h.count > mine.end) {
-    return Status::FailedPrecondition(
-        "dense range [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
-        ") of table '" + t->spec.name + "' is not within server " + std::to_string(options_.rank) +
-        "'s part [" + std::to_string(mine.begin) + ", " + std::to_string(mine.end) + ")");
+  TESSERA_ASSIGN_OR_RETURN(const uint32_t part, DensePartOf(h, t->spec.length, t->spec.name));
+  if (h.replica_from != 0) {
+    // A primary's forwarded push: fenced by the part's primary and backup (a retry of one
+    // applies nothing: AnsweredAsRetry answers it).
+    if (!IsRetriedPush(h)) TESSERA_RETURN_IF_ERROR(CheckDenseReplica(h, part));
+  } else {
+    const ClusterMapState* map = CurrentMap();
+    const uint32_t owner = map != nullptr ? map->DenseOwner(part) : part;
+    if (owner != options_.rank && !IsRetriedPush(h)) {
+      const DenseRange r = DenseRangeOfServer(h.table_id, t->spec.length, part, DenseServers());
+      return Status::FailedPrecondition(
+          std::string(map != nullptr ? "stale cluster map: " : "") + "dense range [" +
+          std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) + ") of table '" +
+          t->spec.name + "' is in part " + std::to_string(part) + " [" +
+          std::to_string(r.begin) + ", " + std::to_string(r.end) + "), served by server " +
+          std::to_string(owner) + ", not server " + std::to_string(options_.rank));
+    }
   }
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, push ? 1 : 0));
   if (push) {
@@ -345,8 +355,8 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
                  }});
   }
   const bool may_inline = h.count <= kInlineMaxDenseFloats;
-  if (ReplicationActive()) {
-    // Dense parts are not replicated, but they keep their place behind earlier pushes.
+  if (h.replica_from == 0 && ReplicationActive()) {
+    // Behind earlier requests; a push waits for the backup of its dense part, if any.
     Sequence(p, [this, p, parts = std::move(parts), may_inline, push]() mutable {
       if (push) {
         LogAndRun(p, std::move(parts), may_inline);

@@ -30,6 +30,16 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
   }
   state->backup = m.backup;
   state->addresses = m.addresses;
+  const uint32_t dense = state->dense_servers;
+  if ((!m.dense_primary.empty() && m.dense_primary.size() != dense) ||
+      (!m.dense_backup.empty() && m.dense_backup.size() != dense)) {
+    return Status::InvalidArgument("cluster map version " + std::to_string(version) + ": " +
+                                   std::to_string(m.dense_primary.size()) + " dense primaries and " +
+                                   std::to_string(m.dense_backup.size()) +
+                                   " dense backups for " + std::to_string(dense) + " dense parts");
+  }
+  state->dense_primary = m.dense_primary;
+  state->dense_backup = m.dense_backup;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
     // Only the slots this server must fill matter to it.
     if (m.importing[slot] != RoutingMap::kNotImporting && m.primary.ServerOfSlot(slot) == options_.rank) {

@@ -283,7 +283,12 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
     case Op::kDensePush:
       KeyByOrigin(*p);
       if (h.replica_from != 0) {
-        return Status::InvalidArgument("dense tables are not replicated");
+        // A primary's forwarded push: fenced by the dense part's primary and backup.
+        if (h.op != Op::kDensePush) {
+          return Status::InvalidArgument("a replicated request must be a push, got " +
+                                         std::string(OpName(h.op)));
+        }
+        return Dense(p);
       }
       TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
       return Dense(p);

@@ -47,16 +47,15 @@ void ServerImpl::KeyByOrigin(Pending& p) {
 
 bool ServerImpl::ReplicationActive() {
   const ClusterMapState* map = CurrentMap();
-  return !repl_queue_.empty() || (map != nullptr && !map->backup.empty());
+  return !repl_queue_.empty() ||
+         (map != nullptr && (!map->backup.empty() || !map->dense_backup.empty()));
 }
 
-Status ServerImpl::CheckReplica(const Pending& p) {
-  const Header& h = p.header;
-  const uint32_t from = h.replica_from - 1;
+Result<const ServerImpl::ClusterMapState*> ServerImpl::ReplicaMap(const Header& h) {
   const ClusterMapState* map = CurrentMap();
   if (!options_.follow_cluster_map || map == nullptr) {
     return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
-                                      " follows no cluster map: it backs up no slot");
+                                      " follows no cluster map: it backs up nothing");
   }
   if (h.map_version > map->version) {
     // The primary saw a newer map first: this backup catches up by its watch.
@@ -64,6 +63,49 @@ Status ServerImpl::CheckReplica(const Pending& p) {
                                " is at cluster map version " + std::to_string(map->version) +
                                ", behind the primary's " + std::to_string(h.map_version));
   }
+  return map;
+}
+
+Result<uint32_t> ServerImpl::DensePartOf(const Header& h, uint64_t length,
+                                         const std::string& name) {
+  const uint32_t parts = DenseServers();
+  for (uint32_t part = 0; part < parts; ++part) {
+    const DenseRange r = DenseRangeOfServer(h.table_id, length, part, parts);
+    if (h.offset < r.begin || h.offset >= r.end) continue;
+    if (h.offset + h.count > r.end) {
+      return Status::FailedPrecondition(
+          "dense range [" + std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) +
+          ") of table '" + name + "' spans dense parts: part " + std::to_string(part) +
+          " is [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")");
+    }
+    return part;
+  }
+  return Status::InvalidArgument("dense range [" + std::to_string(h.offset) + ", " +
+                                 std::to_string(h.offset + h.count) + ") of table '" + name +
+                                 "' is in no dense part");
+}
+
+Status ServerImpl::CheckDenseReplica(const Header& h, uint32_t part) {
+  const uint32_t from = h.replica_from - 1;
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, ReplicaMap(h));
+  if (map->DenseBackup(part) != options_.rank || map->DenseOwner(part) != from) {
+    ++fenced_replicas_;
+    const uint16_t b = map->DenseBackup(part);
+    return Status::FailedPrecondition(
+        "replication refused: at cluster map version " + std::to_string(map->version) +
+        " dense part " + std::to_string(part) + " has primary " +
+        std::to_string(map->DenseOwner(part)) + " and backup " +
+        (b == RoutingMap::kNoBackup ? std::string("none") : std::to_string(b)) +
+        ", not primary " + std::to_string(from) + " and backup " +
+        std::to_string(options_.rank) + "; nothing of it was applied");
+  }
+  return Status::OK();
+}
+
+Status ServerImpl::CheckReplica(const Pending& p) {
+  const Header& h = p.header;
+  const uint32_t from = h.replica_from - 1;
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, ReplicaMap(h));
   for (uint64_t i = 0; i < h.count; ++i) {
     const uint32_t slot = SlotOfKey(p.keys[i]);
     const bool mine = !map->backup.empty() && map->backup[slot] == options_.rank;
@@ -130,7 +172,61 @@ void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void(
   repl_queue_.push_back(ReplEntry{p, std::move(release), {}, 0, false});
   ReplEntry& e = repl_queue_.back();
   if (h.op == Op::kSparsePush || h.op == Op::kSparsePushPull) ForwardToBackups(e);
+  if (h.op == Op::kDensePush) ForwardDenseToBackup(e);
   ReleaseReady();
+}
+
+// The forwarded request's header: op, table, and the client's numbering (or this primary's).
+Header ServerImpl::ForwardedHeader(const Pending& p, Op op, uint64_t map_version) {
+  const Header& h = p.header;
+  Header r;
+  r.op = op;
+  r.table_id = h.table_id;
+  r.elem_type = ElemType::kF32;
+  r.lr_scale = h.lr_scale;
+  r.map_version = map_version;
+  r.replica_from = options_.rank + 1;
+  if (p.origin_client != 0) {
+    // The client's own numbering, in the sequence of the server it counts in: a client that
+    // sends the push again to the backup after a fail-over sends these numbers.
+    r.client_id = p.origin_client;
+    r.client_seq = h.client_seq;
+    r.client_origin = h.client_origin != 0 ? h.client_origin : options_.rank + 1;
+  } else {
+    // A push without a client id: numbered in this primary's own stream, so that a resend
+    // after a lost answer applies once.
+    r.client_id = replication_stream_;
+    r.client_seq = ++replication_seq_;
+  }
+  r.request_id = ++replication_ids_;
+  return r;
+}
+
+void ServerImpl::ForwardDenseToBackup(ReplEntry& e) {
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr || map->dense_backup.empty()) return;
+  Pending& p = *e.p;
+  const Header& h = p.header;
+  auto t = tables_.find(h.table_id);
+  if (t == tables_.end()) return;
+  auto part = DensePartOf(h, t->second.spec.length, t->second.spec.name);
+  if (!part.ok()) return;  // checked by Dense() already
+  const uint16_t backup = map->DenseBackup(*part);
+  if (backup == RoutingMap::kNoBackup) return;
+  Header r = ForwardedHeader(p, Op::kDensePush, map->version);
+  r.offset = h.offset;
+  r.count = h.count;
+  ReplPiece piece;
+  piece.backup = backup;
+  piece.request_id = r.request_id;
+  piece.dense_part = *part;
+  piece.parts.push_back(EnvelopeOf(r));
+  piece.parts.emplace_back().copy(p.frames[0]);  // shared, not copied
+  e.pieces.push_back(std::move(piece));
+  e.waiting = 1;
+  repl_waiting_.emplace(e.pieces[0].request_id, std::make_pair(&e, size_t{0}));
+  SendPiece(e.pieces[0]);
+  ++replicated_pushes_;
 }
 
 void ServerImpl::ForwardToBackups(ReplEntry& e) {
@@ -147,28 +243,9 @@ void ServerImpl::ForwardToBackups(ReplEntry& e) {
   if (by_backup.empty()) return;
   const uint32_t dim = h.dim;
   for (auto& [backup, idx] : by_backup) {
-    Header r;
-    r.op = Op::kSparsePush;
-    r.table_id = h.table_id;
-    r.elem_type = ElemType::kF32;
+    Header r = ForwardedHeader(p, Op::kSparsePush, map->version);
     r.count = idx.size();
     r.dim = dim;
-    r.lr_scale = h.lr_scale;
-    r.map_version = map->version;
-    r.replica_from = options_.rank + 1;
-    if (p.origin_client != 0) {
-      // The client's own numbering, in the sequence of the server it counts in: a client that
-      // sends the push again to the backup after a fail-over sends these numbers.
-      r.client_id = p.origin_client;
-      r.client_seq = h.client_seq;
-      r.client_origin = h.client_origin != 0 ? h.client_origin : options_.rank + 1;
-    } else {
-      // A push without a client id: numbered in this primary's own stream, so that a resend
-      // after a lost answer applies once.
-      r.client_id = replication_stream_;
-      r.client_seq = ++replication_seq_;
-    }
-    r.request_id = ++replication_ids_;
     ReplPiece piece;
     piece.backup = backup;
     piece.request_id = r.request_id;
@@ -314,10 +391,15 @@ void ServerImpl::ReplicationMapChanged() {
         if (map->primary.ServerOfSlot(slot) != options_.rank) still_primary = false;
         if (!map->backup.empty() && map->backup[slot] == piece.backup) still_backup = true;
       }
+      if (piece.dense_part >= 0) {
+        const auto part = static_cast<uint32_t>(piece.dense_part);
+        still_primary = map->DenseOwner(part) == options_.rank;
+        still_backup = map->DenseBackup(part) == piece.backup;
+      }
       if (!still_primary) {
         FailEntry(e, Status::FailedPrecondition(
                          "cluster map version " + std::to_string(map->version) +
-                         " moved the push's slots away from server " +
+                          " moved what the push writes away from server " +
                          std::to_string(options_.rank) + " before its backup answered"));
       } else if (!still_backup) {
         // The backup was dropped from these slots (it died; the map no longer names it): the
@@ -328,8 +410,10 @@ void ServerImpl::ReplicationMapChanged() {
   }
   // Links to servers the map no longer names a backup of this server's slots.
   for (auto it = backup_links_.begin(); it != backup_links_.end();) {
-    const bool used = std::find(map->backup.begin(), map->backup.end(), it->first) !=
-                      map->backup.end();
+    const bool used =
+        std::find(map->backup.begin(), map->backup.end(), it->first) != map->backup.end() ||
+        std::find(map->dense_backup.begin(), map->dense_backup.end(), it->first) !=
+            map->dense_backup.end();
     if (!used && repl_waiting_.empty()) {
       backup_links_.erase(it++);
       poll_items_dirty_ = true;

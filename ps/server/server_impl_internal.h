@@ -131,6 +131,15 @@ class ServerImpl {
     // has one. The data endpoint of each server id, to reach backups.
     std::vector<uint16_t> backup;
     std::vector<std::string> addresses;
+    // Dense part p: served by dense_primary[p], backed up by dense_backup[p] (empty: part p on
+    // server p, no backup; RoutingMap).
+    std::vector<uint16_t> dense_primary, dense_backup;
+    uint32_t DenseOwner(uint32_t p) const {
+      return p < dense_primary.size() ? dense_primary[p] : p;
+    }
+    uint16_t DenseBackup(uint32_t p) const {
+      return p < dense_backup.size() ? dense_backup[p] : RoutingMap::kNoBackup;
+    }
   };
   /// The map the I/O thread serves by; null when the server follows no map or has none yet.
   const ClusterMapState* CurrentMap();
@@ -192,7 +201,8 @@ class ServerImpl {
     uint16_t backup = 0;
     uint64_t request_id = 0;
     std::vector<zmq::message_t> parts;  // envelope, keys, values (kept to send again)
-    std::vector<uint32_t> slots;        // the slots it touches, sorted
+    std::vector<uint32_t> slots;        // the slots it touches, sorted (sparse)
+    int64_t dense_part = -1;            // the dense part it writes (dense; -1: sparse)
     std::chrono::steady_clock::time_point sent_at;
     bool done = false;
   };
@@ -220,6 +230,14 @@ class ServerImpl {
   /// behind the sender's map; FailedPrecondition unless, in its map, the sender is the primary
   /// and this server the backup of every slot the push touches (the fencing of an old primary).
   Status CheckReplica(const Pending& p);
+  /// CheckReplica of a forwarded dense push of dense part `part`.
+  Status CheckDenseReplica(const Header& h, uint32_t part);
+  /// Unavailable while this server's map is older than forwarded request `h`'s (the primary
+  /// asks again); FailedPrecondition without a map.
+  Result<const ClusterMapState*> ReplicaMap(const Header& h);
+  /// The dense part (DenseRangeOfServer) holding elements [h.offset, h.offset + h.count) of
+  /// a table of `length` floats; FailedPrecondition when the range spans two parts.
+  Result<uint32_t> DensePartOf(const Header& h, uint64_t length, const std::string& name);
   /// The DEALER to backup `server` (connected on first use, again when its address changed);
   /// null when the map has no address for it.
   zmq::socket_t* BackupSocket(uint16_t server);
@@ -228,6 +246,11 @@ class ServerImpl {
   void Sequence(const std::shared_ptr<Pending>& p, std::function<void()> release);
   /// Splits the push of `e` by the backup of its keys' slots and sends each backup its part.
   void ForwardToBackups(ReplEntry& e);
+  /// Sends the dense push of `e` to the backup of its dense part, if it has one.
+  void ForwardDenseToBackup(ReplEntry& e);
+  /// The header of a push forwarded to a backup (Header::replica_from), numbered as the
+  /// client numbered it (client_origin) or, without a client id, in this primary's stream.
+  Header ForwardedHeader(const Pending& p, Op op, uint64_t map_version);
   static zmq::message_t EnvelopeOf(const Header& h);
   void SendPiece(ReplPiece& piece);
   /// Counts the backups' answers: OK completes a piece, Unavailable sends it again soon, any

@@ -139,10 +139,16 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
   std::map<uint64_t, double> expected;
   std::mt19937_64 rng(42);
   constexpr int kSteps = 150, kKillAt = 40, kInFlight = 4;
+  // And a dense table of 3,000 floats (a part on each server), pushed every step too.
+  OptimizerSpec sgd;
+  sgd.learning_rate = 1.0f;
+  auto dense = c->CreateTable(TableSpec::Dense("mlp", 3000, sgd));
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  std::vector<double> dense_expected(3000, 0.0);
   struct Step {
-    Handle handle;
+    Handle handle, dense_handle;
     std::vector<uint64_t> keys;
-    std::vector<float> grads;
+    std::vector<float> grads, dense_grads;
   };
   std::deque<Step> in_flight;
   double longest_gap_ms = 0;
@@ -151,6 +157,9 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
     Step& s = in_flight.front();
     Status st = c->Wait(s.handle);
     ASSERT_TRUE(st.ok()) << st.ToString();
+    st = c->Wait(s.dense_handle);
+    ASSERT_TRUE(st.ok()) << "dense: " << st.ToString();
+    for (size_t i = 0; i < s.dense_grads.size(); ++i) dense_expected[i] += s.dense_grads[i];
     const auto now = std::chrono::steady_clock::now();
     longest_gap_ms = std::max(longest_gap_ms, MsSince(last_done));
     last_done = now;
@@ -168,6 +177,11 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
     s.grads.resize(s.keys.size() * kDim);
     for (size_t i = 0; i < s.grads.size(); ++i) s.grads[i] = static_cast<float>(1 + (step + i) % 4);
     s.handle = c->Push(t, s.keys, s.grads);
+    s.dense_grads.resize(3000);
+    for (size_t i = 0; i < s.dense_grads.size(); ++i) {
+      s.dense_grads[i] = static_cast<float>(1 + (step * 7 + i) % 3);
+    }
+    s.dense_handle = c->DensePush(*dense, 0, s.dense_grads);
     in_flight.push_back(std::move(s));
     if (step == kKillAt) cluster_->Kill(1);  // with kInFlight pushes on their way
     if (in_flight.size() == kInFlight) {
@@ -204,6 +218,18 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
     }
   }
   EXPECT_EQ(wrong, 0u);
+  // The dense table, whose part on server 1 moved to its backup, server 2.
+  std::vector<float> mlp(3000, -999.0f);
+  s = reader->Wait(reader->DensePull(*dense, 0, 3000, mlp.data()));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  size_t dense_wrong = 0;
+  for (size_t i = 0; i < mlp.size(); ++i) {
+    if (mlp[i] != -dense_expected[i] && ++dense_wrong <= 5) {
+      ADD_FAILURE() << "dense element " << i << ": " << mlp[i] << ", acknowledged pushes sum to "
+                    << -dense_expected[i];
+    }
+  }
+  EXPECT_EQ(dense_wrong, 0u);
   // The stall is reported, not asserted (a loaded machine only makes it longer): it is the
   // lease TTL, etcd's expiry check, the promotion's poll and the map's way to the client.
 }

@@ -32,6 +32,8 @@ ClusterMap ReplicatedMap(uint32_t n) {
   auto m = ClusterMap::Replicated(std::move(servers), 2);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   m->dense_servers = 1;
+  m->dense_primary.resize(1);  // part 0 on server 0, backed up by server 1
+  m->dense_backup.resize(1);
   return *m;
 }
 
