@@ -109,6 +109,13 @@ void ServerImpl::FlushStaged() {
       continue;
     }
     dedup_.Logged(h.client_id, h.client_seq);
+    if (h.replica_from != 0) {
+      // A backup answers its primary as soon as the forwarded push is durable here (it is
+      // applied from the log after a crash); the lanes apply it after the answer, off the
+      // primary's path. Answers leave in log order, the primary's order.
+      ReplyOk(std::move(r.p->identity), h);
+      r.p->silent = true;
+    }
     RunParts(r.p, std::move(r.parts), /*writes=*/true, r.seq, r.may_inline);
   }
 }
