@@ -10,9 +10,9 @@
 // - time to move the rows each scale moved, and rows/s;
 // - the longest time requests for a batch's slots waited (flip to copy in).
 // Then replication and fail-over (--failover), on three more servers with data directories:
-// - push keys/s of the same client loop on a map without backups and, in the same run, on one
-//   made with --replication=2 (each push waits for the backup of its slots): the ratio is the
-//   cost of replication;
+// - push keys/s of the same client loop on a map without backups and on one made with
+//   --replication=2 (each push waits for the backup of its slots), the two tiers alternated four
+//   times in the same run: the ratio of the medians is the cost of replication;
 // - kill -9 of server 1 while pushing on the replicated map: the fail-over time is the
 //   longest gap between two push completions after the kill (the dead server's lease TTL,
 //   etcd's expiry check, the promotion's poll, the new map's way to the client, the resend);
@@ -175,40 +175,38 @@ double Rate(Pushes& p, Clock::time_point from, Clock::time_point to) {
   return static_cast<double>(keys) / std::chrono::duration<double>(to - from).count();
 }
 
-// Starts three tessera-server processes with data directories under `dir`, following the map
-// at `url` (created here: uniform, and with backups when `replicated`), fills a table of
-// `rows` rows and pushes back to back for `phase_s`; with `kill`, then kill -9 of server 1 and
-// `phase_s` more after the first push that completes past the kill. Prints and returns figures.
-struct TierFigures {
-  double rate = 0;       // push keys/s, median window, before any kill
-  double failover_s = 0; // longest gap between push completions after the kill
-  double after = 0;      // push keys/s, median window, after the fail-over
+// Three tessera-server processes with data directories under `dir`, following the map at
+// `url` (created here as tessera-ctl map init makes it: with backups of slots and dense parts
+// when `replicated`), a client of that map and a table of `rows` rows, each pushed once.
+struct Tier {
+  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
+  std::unique_ptr<tessera::Client> client;
+  tessera::Table table;
 };
 
-tessera::Result<TierFigures> RunTier(const std::string& binary, const std::string& url,
-                                     const std::string& dir, uint64_t rows, double phase_s,
-                                     bool replicated, bool kill_one) {
+tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, const std::string& url,
+                                                 const std::string& dir, uint64_t rows,
+                                                 bool replicated) {
+  auto tier = std::make_unique<Tier>();
   std::vector<std::string> endpoints;
   std::string cluster_list;
   for (int i = 0; i < 3; ++i) {
     endpoints.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
     cluster_list += (i ? "," : "") + endpoints.back();
   }
-  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
   for (int r = 0; r < 3; ++r) {
     std::vector<std::string> argv = {binary, "--listen=" + endpoints[r], "--cluster=" + cluster_list,
                                      "--rank=" + std::to_string(r), "--lanes=2",
                                      "--data_dir=" + dir + "/server-" + std::to_string(r),
                                      "--coordinator=" + url,
                                      "--coordinator_ttl_s=" + std::to_string(FLAGS_ttl_s)};
-    servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
-    auto started = servers.back()->Start(argv);
+    tier->servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
+    auto started = tier->servers.back()->Start(argv);
     if (!started.ok()) return started.status();
   }
   auto parsed = tessera::CoordinatorUrl::Parse(url);
   TESSERA_ASSIGN_OR_RETURN(auto etcd_client, tessera::EtcdClient::Create(parsed->etcd_options()));
   tessera::SlotMapStore store(etcd_client.get(), parsed->prefix);
-  // What tessera-ctl map init [--replication=2] creates: backups of slots and dense parts.
   TESSERA_ASSIGN_OR_RETURN(
       tessera::ClusterMap map,
       tessera::ClusterMap::Replicated(
@@ -217,99 +215,143 @@ tessera::Result<TierFigures> RunTier(const std::string& binary, const std::strin
   TESSERA_RETURN_IF_ERROR(store.Create(map));
   TESSERA_ASSIGN_OR_RETURN(auto source, tessera::EtcdClusterMapSource::Create(*parsed));
   tessera::ClientOptions co;
-  co.request_timeout_ms = 2000;  // a push lost with the killed server is sent again soon
+  co.request_timeout_ms = 2000;  // a push lost with a killed server is sent again soon
   co.retry_for_ms = 120000;
-  TESSERA_ASSIGN_OR_RETURN(auto client, tessera::Client::Create(co, std::move(source)));
-  tessera::Client& c = *client;
+  TESSERA_ASSIGN_OR_RETURN(tier->client, tessera::Client::Create(co, std::move(source)));
   tessera::OptimizerSpec adagrad;
   adagrad.kind = tessera::OptimizerKind::kAdagrad;
-  TESSERA_ASSIGN_OR_RETURN(auto table, c.CreateTable(tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad)));
+  TESSERA_ASSIGN_OR_RETURN(tier->table, tier->client->CreateTable(
+                                            tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad)));
   std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
   for (uint64_t at = 0; at < rows; at += FLAGS_keys) {
     std::vector<uint64_t> keys;
     for (uint64_t k = at; k < std::min(rows, at + FLAGS_keys); ++k) keys.push_back(k + 1);
-    TESSERA_RETURN_IF_ERROR(c.Wait(c.Push(table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim))));
+    TESSERA_RETURN_IF_ERROR(tier->client->Wait(tier->client->Push(
+        tier->table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim))));
   }
-  Pushes pushes;
-  std::thread pusher([&] {
-    std::mt19937_64 rng(7);
+  return tier;
+}
+
+// Pushes batches of random keys to `tier` back to back from a thread until `stop`, recording
+// each completion in `pushes`.
+std::thread Pusher(Tier& tier, uint64_t rows, Pushes& pushes, uint64_t seed) {
+  return std::thread([&tier, rows, &pushes, seed] {
+    std::mt19937_64 rng(seed);
+    std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
     std::vector<uint64_t> keys(FLAGS_keys);
+    tessera::Client& c = *tier.client;
     while (!pushes.stop.load()) {
+      keys.resize(FLAGS_keys);
       for (auto& k : keys) k = 1 + rng() % rows;
       std::sort(keys.begin(), keys.end());
       keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-      Status s = c.Wait(c.Push(table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
+      Status s = c.Wait(c.Push(tier.table, keys,
+                               std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
       if (!s.ok()) {
+        std::lock_guard<std::mutex> l(pushes.mu);
         pushes.error = s;
         return;
       }
       std::lock_guard<std::mutex> l(pushes.mu);
       pushes.done.push_back({Clock::now(), keys.size()});
-      keys.resize(FLAGS_keys);
     }
   });
-  const double window = std::min(0.25, phase_s / 4);
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(phase_s));
-  const auto t_kill = Clock::now();
-  TierFigures f;
-  f.rate = tessera::bench::Median(Windows(pushes, t0, t_kill, window));
-  if (kill_one) {
-    servers[1]->Kill();
-    // Wait for the first completion after the kill, then one more phase.
-    Clock::time_point resumed{};
-    while (pushes.error.ok()) {
-      {
-        std::lock_guard<std::mutex> l(pushes.mu);
-        for (auto it = pushes.done.rbegin(); it != pushes.done.rend() && it->first > t_kill; ++it) {
-          resumed = it->first;
-        }
-      }
-      if (resumed != Clock::time_point{} &&
-          Clock::now() - resumed > std::chrono::duration<double>(phase_s)) {
-        break;
-      }
-      if (Clock::now() - t_kill > std::chrono::seconds(120)) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    const auto t_end = Clock::now();
-    {
-      std::lock_guard<std::mutex> l(pushes.mu);
-      Clock::time_point last = t_kill;
-      for (auto& [at, k] : pushes.done) {
-        if (at <= t_kill) continue;
-        f.failover_s = std::max(f.failover_s, std::chrono::duration<double>(at - last).count());
-        last = at;
-      }
-    }
-    f.after = tessera::bench::Median(Windows(pushes, t_end - std::chrono::duration_cast<Clock::duration>(
-                                                          std::chrono::duration<double>(phase_s)),
-                                             t_end, window));
-  }
+}
+
+// Push keys/s of `tier` over `seconds` (median of 0.25 s windows).
+tessera::Result<double> Measure(Tier& tier, uint64_t rows, double seconds, uint64_t seed) {
+  Pushes pushes;
+  std::thread t = Pusher(tier, rows, pushes, seed);
+  const auto from = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const auto to = Clock::now();
   pushes.stop = true;
-  pusher.join();
+  t.join();
   if (!pushes.error.ok()) return pushes.error;
-  return f;
+  return tessera::bench::Median(Windows(pushes, from, to, std::min(0.25, seconds / 4)));
 }
 
 int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uint64_t rows,
              double phase_s) {
-  auto plain = RunTier(binary, etcd.url("plain"), root + "/plain", rows, phase_s, false, false);
+  auto plain = StartTier(binary, etcd.url("plain"), root + "/plain", rows, false);
   if (!plain.ok()) return Fail(plain.status().WithContext("unreplicated tier"));
-  auto repl = RunTier(binary, etcd.url("replicated"), root + "/replicated", rows, phase_s, true, true);
+  auto repl = StartTier(binary, etcd.url("replicated"), root + "/replicated", rows, true);
   if (!repl.ok()) return Fail(repl.status().WithContext("replicated tier"));
-  std::printf("replication (3 servers with data directories, one client, %u keys per push, "
-              "median of 0.25 s windows):\n", FLAGS_keys);
-  std::printf("  push keys/s without backups  %12.0f\n", plain->rate);
-  std::printf("  push keys/s, --replication=2 %12.0f  (%.2fx)\n", repl->rate, repl->rate / plain->rate);
+  // The same client loop on each tier in turn, four times (the machine's load drifts; the
+  // ratio of the medians compares like with like).
+  std::vector<double> plain_rates, repl_rates;
+  for (int round = 0; round < 4; ++round) {
+    auto a = Measure(**plain, rows, phase_s / 2, 7 + round);
+    if (!a.ok()) return Fail(a.status().WithContext("unreplicated tier"));
+    auto b = Measure(**repl, rows, phase_s / 2, 7 + round);
+    if (!b.ok()) return Fail(b.status().WithContext("replicated tier"));
+    plain_rates.push_back(*a);
+    repl_rates.push_back(*b);
+  }
+  (*plain)->servers.clear();
+  const double plain_rate = tessera::bench::Median(plain_rates);
+  const double repl_rate = tessera::bench::Median(repl_rates);
+  // kill -9 of server 1 while pushing on the replicated tier.
+  Tier& tier = **repl;
+  Pushes pushes;
+  std::thread pusher = Pusher(tier, rows, pushes, 99);
+  std::this_thread::sleep_for(std::chrono::duration<double>(phase_s / 2));
+  const auto t_kill = Clock::now();
+  tier.servers[1]->Kill();
+  // Until the client follows the fail-over's map, and then a phase has passed after the first
+  // push completed past that (or 120 s).
+  Clock::time_point switched{};
+  for (;;) {
+    if (switched == Clock::time_point{} && tier.client->cluster_map_version() > 1) {
+      switched = Clock::now();
+    }
+    Clock::time_point resumed{};
+    {
+      std::lock_guard<std::mutex> l(pushes.mu);
+      if (!pushes.error.ok()) break;
+      for (auto it = pushes.done.rbegin();
+           switched != Clock::time_point{} && it != pushes.done.rend() && it->first > switched;
+           ++it) {
+        resumed = it->first;
+      }
+    }
+    if (resumed != Clock::time_point{} &&
+        Clock::now() - resumed > std::chrono::duration<double>(phase_s)) {
+      break;
+    }
+    if (Clock::now() - t_kill > std::chrono::seconds(120)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto t_end = Clock::now();
+  pushes.stop = true;
+  pusher.join();
+  if (!pushes.error.ok()) return Fail(pushes.error.WithContext("pushes across the kill"));
+  double failover_s = 0;
+  {
+    std::lock_guard<std::mutex> l(pushes.mu);
+    Clock::time_point last = t_kill;
+    for (auto& [at, k] : pushes.done) {
+      if (at <= t_kill) continue;
+      failover_s = std::max(failover_s, std::chrono::duration<double>(at - last).count());
+      last = at;
+    }
+  }
+  if (failover_s == 0) return Fail(Status::Unavailable("no push completed after the kill"));
+  const double after = tessera::bench::Median(Windows(
+      pushes, t_end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(phase_s)),
+      t_end, std::min(0.25, phase_s / 4)));
+  std::printf("replication (3 servers with data directories, one client, %u keys per push; "
+              "median of 0.25 s windows, tiers alternated 4 times):\n", FLAGS_keys);
+  std::printf("  push keys/s without backups  %12.0f\n", plain_rate);
+  std::printf("  push keys/s, --replication=2 %12.0f  (%.2fx)\n", repl_rate, repl_rate / plain_rate);
   std::printf("  kill -9 of server 1: fail-over %.2f s (lease TTL %u s); push keys/s after %.0f "
               "(%.2fx of before, 2 servers left)\n",
-              repl->failover_s, FLAGS_ttl_s, repl->after, repl->after / repl->rate);
+              failover_s, FLAGS_ttl_s, after, after / repl_rate);
   std::printf("{\"bench\":\"elastic_failover\",\"rows\":%llu,\"push_keys_per_s_unreplicated\":%.0f,"
               "\"push_keys_per_s_replicated\":%.0f,\"replicated_ratio\":%.3f,\"ttl_s\":%u,"
               "\"failover_s\":%.3f,\"push_keys_per_s_after_failover\":%.0f}\n",
-              static_cast<unsigned long long>(rows), plain->rate, repl->rate,
-              repl->rate / plain->rate, FLAGS_ttl_s, repl->failover_s, repl->after);
+              static_cast<unsigned long long>(rows), plain_rate, repl_rate,
+              repl_rate / plain_rate, FLAGS_ttl_s, failover_s, after);
   return 0;
 }
 
