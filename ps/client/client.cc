@@ -244,10 +244,7 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
     std::vector<zmq::message_t> data;
     data.push_back(std::move(frames.key_msgs[s]));
     if (push) data.push_back(std::move(frames.grad_msgs[s]));
-    // Part s is served by its primary in the map (server s unless a fail-over moved it); the
-    // reply is matched to the part.
-    msgs.push_back(MakeOutgoing(map->DenseOwner(s), h, std::move(data), call, deadline));
-    msgs.back().part = s;
+    msgs.push_back(MakeOutgoing(s, h, std::move(data), call, deadline));
   }
   Send(call, std::move(msgs));
   return Handle(call);

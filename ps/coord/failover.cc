@@ -209,6 +209,27 @@ void FailoverWatcher::Loop() {
   }
 }
 
+namespace {
+
+// A backup is promoted only while it is registered: one that has not come up yet (or went
+// without this watcher seeing it) would take slots it cannot serve. "" when every new primary
+// of `p` is listed, else why the promotion waits.
+std::string UnregisteredBackup(const Promotion& p, const ClusterMap& map,
+                               const std::set<std::string>& listed) {
+  for (const auto* promoted : {&p.promoted, &p.dense_promoted}) {
+    for (const auto& [pair, n] : *promoted) {
+      const std::string& to = map.servers[pair.second].id;
+      if (!listed.count(to)) {
+        return "server " + std::to_string(pair.first) + " is dead but its backup " +
+               std::to_string(pair.second) + " (" + to + ") is not registered: not promoted yet";
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 Status FailoverWatcher::Round() {
   SlotMapStore store(etcd_, options_.prefix);
   Result<ClusterMap> map = store.Load();
@@ -233,6 +254,10 @@ Status FailoverWatcher::Round() {
   }
   if (dead.empty()) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(Promotion p, PromoteBackups(*map, dead));
+  if (const std::string why = UnregisteredBackup(p, *map, listed); !why.empty()) {
+    Log(why);
+    return Status::OK();
+  }
   std::string unavailable;
   for (const auto& [id, slots] : p.unavailable) {
     unavailable += (unavailable.empty() ? "" : "; ") + std::to_string(slots) +

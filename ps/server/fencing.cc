@@ -1,5 +1,7 @@
 // Fencing by cluster map version (docs/elasticity.md): the map a server follows, and the check
 // every data request passes before anything of it is logged or applied.
+#include <algorithm>
+
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
@@ -28,7 +30,12 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
     return Status::InvalidArgument("cluster map version " + std::to_string(version) + ": " +
                                    std::to_string(m.backup.size()) + " backup entries");
   }
-  state->backup = m.backup;
+  // No backup left anywhere (a fail-over cleared them all): the server stops sequencing its
+  // requests for replication.
+  auto none = [](const std::vector<uint16_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](uint16_t b) { return b == RoutingMap::kNoBackup; });
+  };
+  if (!none(m.backup)) state->backup = m.backup;
   state->addresses = m.addresses;
   const uint32_t dense = state->dense_servers;
   if ((!m.dense_primary.empty() && m.dense_primary.size() != dense) ||
@@ -39,7 +46,7 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
                                    " dense backups for " + std::to_string(dense) + " dense parts");
   }
   state->dense_primary = m.dense_primary;
-  state->dense_backup = m.dense_backup;
+  if (!none(m.dense_backup)) state->dense_backup = m.dense_backup;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
     // Only the slots this server must fill matter to it.
     if (m.importing[slot] != RoutingMap::kNotImporting && m.primary.ServerOfSlot(slot) == options_.rank) {

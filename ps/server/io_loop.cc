@@ -87,6 +87,8 @@ void ServerImpl::Maintain() {
   (void)CurrentMap();  // notices a new map while no request comes (OnMapChanged)
   if (map_changed_) OnMapChanged();
   if (!import_parked_.empty()) ExpireImportParked();
+  if (!replica_parked_.empty()) ReadmitReplicas();
+  CloseUnusedLinks();
   FlushStaged();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
   uint64_t upto = log_->last_seq();
@@ -274,6 +276,7 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
           return Status::InvalidArgument("a replicated request must be a sparse push, got " +
                                          std::string(OpName(h.op)));
         }
+        if (ParkedReplica(p)) return Status::OK();
         return Sparse(p);
       }
       // Fencing first: a refused request is neither validated further, logged nor applied.
@@ -288,6 +291,7 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
           return Status::InvalidArgument("a replicated request must be a push, got " +
                                          std::string(OpName(h.op)));
         }
+        if (ParkedReplica(p)) return Status::OK();
         return Dense(p);
       }
       TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));

@@ -125,6 +125,30 @@ Status ServerImpl::CheckReplica(const Pending& p) {
   return Status::OK();
 }
 
+bool ServerImpl::ParkedReplica(const std::shared_ptr<Pending>& p) {
+  if (!options_.follow_cluster_map) return false;
+  const ClusterMapState* map = CurrentMap();
+  const uint64_t mine = map != nullptr ? map->version : 0;
+  if (replica_parked_.empty() && p->header.map_version <= mine) return false;
+  // Behind the primary's map (or behind one that is): wait for it here, in arrival order,
+  // rather than refuse (a refused push resent after a later one of the same client was
+  // taken would be taken for a retry). Past the bound, CheckReplica refuses it.
+  if (replica_parked_.size() >= kMaxReplicaParked) return false;
+  replica_parked_.push_back(p);
+  return true;
+}
+
+void ServerImpl::ReadmitReplicas() {
+  const ClusterMapState* map = CurrentMap();
+  const uint64_t mine = map != nullptr ? map->version : 0;
+  while (!replica_parked_.empty() && replica_parked_.front()->header.map_version <= mine) {
+    std::shared_ptr<Pending> p = std::move(replica_parked_.front());
+    replica_parked_.pop_front();
+    const Status s = p->header.op == Op::kDensePush ? Dense(p) : Sparse(p);
+    if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+  }
+}
+
 zmq::socket_t* ServerImpl::BackupSocket(uint16_t server) {
   const ClusterMapState* map = CurrentMap();
   if (map == nullptr || server >= map->addresses.size() || map->addresses[server].empty()) {
@@ -321,6 +345,7 @@ void ServerImpl::DrainBackupReplies() {
       auto [entry, index] = it->second;
       ReplPiece& piece = entry->pieces[index];
       if (h.status == StatusCode::kOk) {
+        piece.acked = true;
         PieceDone(*entry, index);
       } else if (h.status == StatusCode::kUnavailable ||
                  h.status == StatusCode::kResourceExhausted) {
@@ -347,18 +372,44 @@ void ServerImpl::PieceDone(ReplEntry& e, size_t index) {
 
 void ServerImpl::FailEntry(ReplEntry& e, const Status& why) {
   if (e.failed) return;
-  e.failed = true;
-  for (size_t i = 0; i < e.pieces.size(); ++i) PieceDone(e, i);
-  e.waiting = 0;
-  // Nothing of it is logged or applied here: the client may send it again (anywhere).
-  GiveBackSeq(e.p->header);
-  ++failed_replications_;
+  // The pushes of the same client queued behind it fail too: one of them logged would move
+  // the client's logged mark past this one, and its resend would then be taken as a retry
+  // of something applied nowhere. Failed last-first, so that each gives its number back.
+  std::vector<ReplEntry*> failing = {&e};
+  const uint64_t client = e.p->header.client_id;
+  bool behind = false;
+  for (ReplEntry& q : repl_queue_) {
+    if (&q == &e) {
+      behind = true;
+    } else if (behind && client != 0 && !q.failed && q.p->header.client_id == client &&
+               q.p->header.op != Op::kSparsePull && q.p->header.op != Op::kDensePull) {
+      // One a backup took already is applied there: it goes on (a narrow case: a backup
+      // refusing one push of a client and taking the next).
+      bool taken = false;
+      for (const ReplPiece& piece : q.pieces) taken = taken || piece.acked;
+      if (!taken) failing.push_back(&q);
+    }
+  }
   const Status s = why.code() == StatusCode::kFailedPrecondition
                        ? Status::Unavailable(why.message() +
                                              " (this server may no longer be the primary; "
                                              "nothing was applied: retry by the current map)")
                        : why;
-  ReplyError(std::move(e.p->identity), e.p->header, s);
+  for (auto it = failing.rbegin(); it != failing.rend(); ++it) {
+    ReplEntry& f = **it;
+    f.failed = true;
+    for (size_t i = 0; i < f.pieces.size(); ++i) PieceDone(f, i);
+    f.waiting = 0;
+    // Nothing of it is logged or applied here: the client may send it again (anywhere).
+    GiveBackSeq(f.p->header);
+    ++failed_replications_;
+    ReplyError(std::move(f.p->identity), f.p->header,
+               &f == &e ? s
+                        : Status::Unavailable("an earlier push of this client to server " +
+                                              std::to_string(options_.rank) +
+                                              " failed (" + s.message() +
+                                              "); nothing of this one was applied either"));
+  }
 }
 
 void ServerImpl::ReleaseReady() {
@@ -372,10 +423,25 @@ void ServerImpl::ReleaseReady() {
 void ServerImpl::ResendReplication() {
   if (repl_waiting_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
+  std::vector<ReplEntry*> orphans;
   for (auto& [id, where] : repl_waiting_) {
-    ReplPiece& piece = where.first->pieces[where.second];
+    ReplEntry& e = *where.first;
+    if (e.orphaned != std::chrono::steady_clock::time_point{} &&
+        now - e.orphaned >= kOrphanLimit) {
+      orphans.push_back(&e);
+      continue;
+    }
+    ReplPiece& piece = e.pieces[where.second];
     if (now - piece.sent_at >= kReplicaResend) SendPiece(piece);
   }
+  for (ReplEntry* e : orphans) {
+    FailEntry(*e, Status::Unavailable(
+                      "the push's slots moved away from server " + std::to_string(options_.rank) +
+                      " and its backup did not answer within " +
+                      std::to_string(kOrphanLimit.count()) +
+                      " s: it may or may not be applied on the new primary"));
+  }
+  if (!orphans.empty()) ReleaseReady();
 }
 
 void ServerImpl::ReplicationMapChanged() {
@@ -397,10 +463,14 @@ void ServerImpl::ReplicationMapChanged() {
         still_backup = map->DenseBackup(part) == piece.backup;
       }
       if (!still_primary) {
-        FailEntry(e, Status::FailedPrecondition(
-                         "cluster map version " + std::to_string(map->version) +
-                          " moved what the push writes away from server " +
-                         std::to_string(options_.rank) + " before its backup answered"));
+        // The push was sent to the backup, which may be the new primary now: its answer is
+        // definitive (OK: it holds the push; a refusal: nothing was applied anywhere), so the
+        // entry waits for it rather than telling the client now that nothing was applied
+        // (the client would send it again under a new number, and the new primary would apply
+        // it twice). Given up after kOrphanLimit without an answer.
+        if (e.orphaned == std::chrono::steady_clock::time_point{}) {
+          e.orphaned = std::chrono::steady_clock::now();
+        }
       } else if (!still_backup) {
         // The backup was dropped from these slots (it died; the map no longer names it): the
         // push no longer waits for it. A replacement backup starts from a copy of the rows.
@@ -408,20 +478,35 @@ void ServerImpl::ReplicationMapChanged() {
       }
     }
   }
-  // Links to servers the map no longer names a backup of this server's slots.
+  CloseUnusedLinks();
+  ReleaseReady();
+}
+
+void ServerImpl::CloseUnusedLinks() {
+  if (backup_links_.empty()) return;
+  const ClusterMapState* map = CurrentMap();
+  absl::flat_hash_map<uint16_t, bool> used;
+  for (const auto& [id, where] : repl_waiting_) {
+    used[where.first->pieces[where.second].backup] = true;
+  }
+  if (map != nullptr) {
+    // The backups of this server's own slots and dense parts.
+    const std::vector<uint16_t>& owners = map->primary.owners();
+    for (size_t slot = 0; slot < map->backup.size() && slot < owners.size(); ++slot) {
+      if (owners[slot] == options_.rank) used[map->backup[slot]] = true;
+    }
+    for (uint32_t part = 0; part < map->dense_backup.size(); ++part) {
+      if (map->DenseOwner(part) == options_.rank) used[map->dense_backup[part]] = true;
+    }
+  }
   for (auto it = backup_links_.begin(); it != backup_links_.end();) {
-    const bool used =
-        std::find(map->backup.begin(), map->backup.end(), it->first) != map->backup.end() ||
-        std::find(map->dense_backup.begin(), map->dense_backup.end(), it->first) !=
-            map->dense_backup.end();
-    if (!used && repl_waiting_.empty()) {
+    if (!used.contains(it->first)) {
       backup_links_.erase(it++);
       poll_items_dirty_ = true;
     } else {
       ++it;
     }
   }
-  ReleaseReady();
 }
 
 }  // namespace tessera::internal

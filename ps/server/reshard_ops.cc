@@ -178,6 +178,7 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
 void ServerImpl::OnMapChanged() {
   map_changed_ = false;
   ReplicationMapChanged();
+  ReadmitReplicas();
   const ClusterMapState* map = CurrentMap();
   bool cleared = false;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {

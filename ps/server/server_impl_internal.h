@@ -205,6 +205,7 @@ class ServerImpl {
     int64_t dense_part = -1;            // the dense part it writes (dense; -1: sparse)
     std::chrono::steady_clock::time_point sent_at;
     bool done = false;
+    bool acked = false;  // the backup answered OK (it holds the push)
   };
   // A data request waiting, in arrival order, for the backups of the pushes ahead of it and
   // its own; `release` hands it to the log and the lanes.
@@ -214,6 +215,9 @@ class ServerImpl {
     std::vector<ReplPiece> pieces;
     uint32_t waiting = 0;  // pieces not answered yet
     bool failed = false;   // answered with an error; released without running
+    // When a map moved what it writes away from this server while its backup had not
+    // answered (it waits for that answer up to kOrphanLimit); zero: not orphaned.
+    std::chrono::steady_clock::time_point orphaned{};
   };
   struct BackupLink {
     std::string address;
@@ -264,9 +268,19 @@ class ServerImpl {
   /// it; the backup applies a piece once: its dedup knows the numbers).
   void ResendReplication();
   /// After a map change: a piece whose backup the map dropped no longer waits for it; an entry
-  /// whose slots this server no longer owns fails.
+  /// whose slots this server no longer owns waits for its backup's answer (orphaned).
   void ReplicationMapChanged();
   static constexpr std::chrono::milliseconds kReplicaResend{500};
+  static constexpr std::chrono::seconds kOrphanLimit{30};
+  /// A forwarded push of a newer map version than this server's (or arriving while others
+  /// wait) waits in replica_parked_, in order, until the map is here (ReadmitReplicas, on a
+  /// map change and at each maintenance pass). False when it may be served now.
+  bool ParkedReplica(const std::shared_ptr<Pending>& p);
+  void ReadmitReplicas();
+  static constexpr size_t kMaxReplicaParked = 65536;
+  /// Closes the links to servers that back up none of this server's slots and dense parts and
+  /// that no waiting piece names (after a map change, and at each maintenance pass).
+  void CloseUnusedLinks();
 
   // ---- data_ops.cc: pulls and pushes
   /// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
@@ -370,6 +384,7 @@ class ServerImpl {
 
   // Replication (replication.cc), I/O thread only.
   std::deque<ReplEntry> repl_queue_;
+  std::deque<std::shared_ptr<Pending>> replica_parked_;
   absl::flat_hash_map<uint64_t, std::pair<ReplEntry*, size_t>> repl_waiting_;
   absl::flat_hash_map<uint16_t, BackupLink> backup_links_;
   bool poll_items_dirty_ = true;

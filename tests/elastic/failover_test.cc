@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "ps/client/client.h"
+#include "ps/coord/cluster_map.h"
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/slot_map_store.h"
 #include "ps/routing.h"
@@ -276,6 +277,48 @@ TEST_F(FailoverTest, PushTheBackupHoldsIsNotAppliedAgainAfterTheFailover) {
     ASSERT_EQ(out[i], -4.0f) << "key " << keys[i / kDim] << ": the forwarded push and the "
                                 "other one, once each";
   }
+}
+
+// A backup whose map is older than the primary's holds a forwarded push, in order, until its
+// map is there, instead of refusing it: a refused push resent after a later one of the same
+// client was taken would be taken for a retry and lost.
+TEST_F(FailoverTest, ABackupBehindThePrimarysMapHoldsForwardedPushesInOrder) {
+  auto c = CoordinatorClient();
+  ASSERT_NE(c, nullptr);
+  const Table t = Sparse(*c, "emb");
+  const std::vector<uint64_t> keys = KeysOf(1, 50);  // server 1's slots, backed up by 2
+  // Two pushes as server 1 forwards them, of map version 2 while every server is at 1.
+  RawPeer as_primary(cluster_->endpoints()[2]);
+  Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
+  h.map_version = 2;
+  h.replica_from = 2;
+  h.client_id = 555;
+  h.client_origin = 2;
+  h.client_seq = 1;
+  ASSERT_TRUE(as_primary.Send(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 1.0f))}));
+  h.client_seq = 2;
+  ASSERT_TRUE(as_primary.Send(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 2.0f))}));
+  // Nothing is answered while the backup is at version 1.
+  as_primary.socket().set(zmq::sockopt::rcvtimeo, 500);
+  std::vector<zmq::message_t> reply;
+  EXPECT_FALSE(zmq::recv_multipart(as_primary.socket(), std::back_inserter(reply)).has_value())
+      << "a forwarded push of a newer map was answered before the map came";
+  // Version 2 (same owners and backups): both are applied, in order, and answered.
+  auto m = store_->Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ClusterMap next = *m;
+  next.version = 2;
+  ASSERT_TRUE(store_->CompareAndSwap(1, next).ok());
+  as_primary.socket().set(zmq::sockopt::rcvtimeo, 30000);
+  for (int i = 0; i < 2; ++i) {
+    reply.clear();
+    ASSERT_TRUE(zmq::recv_multipart(as_primary.socket(), std::back_inserter(reply)).has_value());
+    Header r;
+    ASSERT_TRUE(DecodeHeader(reply[0].data(), reply[0].size(), &r).ok());
+    EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+  }
+  EXPECT_EQ(ServerStat(2, "retried_pushes"), 0);  // the second was not taken for a retry
+  EXPECT_GE(ServerStat(2, "push_keys"), 100);
 }
 
 // A primary stopped past its lease, then resumed: the push it takes at its old map version
