@@ -292,6 +292,8 @@ class ClientImpl {
   // A handshake with `server` failed (monitor event `event`, value `value`).
   void HandshakeFailed(uint32_t server, uint16_t event, uint32_t value);
   void FailServer(uint32_t server, const Status& st);
+  // Removes and returns the requests in flight to `server` (FailServer, RetireServers).
+  std::vector<InFlight> TakeInFlight(uint32_t server);
   void ExpireRequests(Clock::time_point now);
   static void PartDone(const std::shared_ptr<Call>& c, const Status& s);
 

@@ -623,17 +623,21 @@ void ClientImpl::HandshakeFailed(uint32_t server, uint16_t event, uint32_t value
   }
 }
 
-void ClientImpl::FailServer(uint32_t server, const Status& st) {
-  std::vector<InFlight> failed;
+std::vector<InFlight> ClientImpl::TakeInFlight(uint32_t server) {
+  std::vector<InFlight> taken;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     if (it->second.server == server) {
-      failed.push_back(std::move(it->second));
+      taken.push_back(std::move(it->second));
       in_flight_.erase(it++);
     } else {
       ++it;
     }
   }
-  for (auto& f : failed) {
+  return taken;
+}
+
+void ClientImpl::FailServer(uint32_t server, const Status& st) {
+  for (auto& f : TakeInFlight(server)) {
     if (f.retained) {
       RetryOrFail(std::move(*f.retained), st, /*server_down=*/true);
     } else {

@@ -313,16 +313,7 @@ void ClientImpl::RetireServers() {
     std::vector<Outgoing> moved(std::make_move_iterator(s.retry.begin()),
                                 std::make_move_iterator(s.retry.end()));
     s.retry.clear();
-    std::vector<InFlight> lost;
-    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-      if (it->second.server == i) {
-        lost.push_back(std::move(it->second));
-        in_flight_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-    for (auto& f : lost) {
+    for (auto& f : TakeInFlight(i)) {
       if (f.retained) {
         moved.push_back(std::move(*f.retained));
       } else {

@@ -120,6 +120,23 @@ void ServerImpl::FlushStaged() {
   }
 }
 
+void ServerImpl::SubmitParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
+                             bool push, bool may_inline) {
+  auto submit = [this, p, may_inline, push](std::vector<LanePart> parts) {
+    if (push) {
+      LogAndRun(p, std::move(parts), may_inline);
+    } else {
+      RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
+    }
+  };
+  if (p->header.replica_from != 0 || !ReplicationActive()) {
+    submit(std::move(parts));
+    return;
+  }
+  // Behind earlier requests; a push waits for the backups of what it writes, if any.
+  Sequence(p, [submit, parts = std::move(parts)]() mutable { submit(std::move(parts)); });
+}
+
 void ServerImpl::GiveBackSeq(const Header& h) {
   if (h.op != Op::kSparsePull && h.op != Op::kDensePull && h.client_id != 0) {
     dedup_.Abandon(h.client_id, h.client_seq);
@@ -261,20 +278,7 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
                                return Status::OK();
                              }});
   }
-  const bool may_inline = h.count * dim <= kInlineMaxFloats;
-  if (h.replica_from == 0 && ReplicationActive()) {
-    Sequence(p, [this, p, parts = std::move(parts), may_inline, push]() mutable {
-      if (push) {
-        LogAndRun(p, std::move(parts), may_inline);
-      } else {
-        RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
-      }
-    });
-  } else if (push) {
-    LogAndRun(p, std::move(parts), may_inline);
-  } else {
-    RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
-  }
+  SubmitParts(p, std::move(parts), push, h.count * dim <= kInlineMaxFloats);
   return Status::OK();
 }
 
@@ -361,21 +365,7 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
                    return Status::OK();
                  }});
   }
-  const bool may_inline = h.count <= kInlineMaxDenseFloats;
-  if (h.replica_from == 0 && ReplicationActive()) {
-    // Behind earlier requests; a push waits for the backup of its dense part, if any.
-    Sequence(p, [this, p, parts = std::move(parts), may_inline, push]() mutable {
-      if (push) {
-        LogAndRun(p, std::move(parts), may_inline);
-      } else {
-        RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
-      }
-    });
-  } else if (push) {
-    LogAndRun(p, std::move(parts), may_inline);
-  } else {
-    RunParts(p, std::move(parts), /*writes=*/false, /*seq=*/0, may_inline);
-  }
+  SubmitParts(p, std::move(parts), push, h.count <= kInlineMaxDenseFloats);
   return Status::OK();
 }
 

@@ -269,33 +269,9 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
     case Op::kSparsePull:
     case Op::kSparsePush:
     case Op::kSparsePushPull:
-      KeyByOrigin(*p);
-      if (h.replica_from != 0) {
-        // A primary's forwarded push: fenced by the slots' primary and backup (CheckReplica).
-        if (h.op != Op::kSparsePush) {
-          return Status::InvalidArgument("a replicated request must be a sparse push, got " +
-                                         std::string(OpName(h.op)));
-        }
-        if (ParkedReplica(p)) return Status::OK();
-        return Sparse(p);
-      }
-      // Fencing first: a refused request is neither validated further, logged nor applied.
-      TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
-      return Sparse(p);
     case Op::kDensePull:
     case Op::kDensePush:
-      KeyByOrigin(*p);
-      if (h.replica_from != 0) {
-        // A primary's forwarded push: fenced by the dense part's primary and backup.
-        if (h.op != Op::kDensePush) {
-          return Status::InvalidArgument("a replicated request must be a push, got " +
-                                         std::string(OpName(h.op)));
-        }
-        if (ParkedReplica(p)) return Status::OK();
-        return Dense(p);
-      }
-      TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
-      return Dense(p);
+      return DataOp(p);
     case Op::kClock:
       return ClockOp(p);
     case Op::kBarrier:
@@ -321,6 +297,26 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
       break;
   }
   return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
+}
+
+Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  const bool dense = h.op == Op::kDensePull || h.op == Op::kDensePush;
+  KeyByOrigin(*p);
+  if (h.replica_from != 0) {
+    // A primary's forwarded push: fenced by the primary and backup of its slots or dense part
+    // (CheckReplica, CheckDenseReplica).
+    if (h.op != (dense ? Op::kDensePush : Op::kSparsePush)) {
+      return Status::InvalidArgument(std::string("a replicated request must be a ") +
+                                     (dense ? "push" : "sparse push") + ", got " +
+                                     std::string(OpName(h.op)));
+    }
+    if (ParkedReplica(p)) return Status::OK();
+  } else {
+    // Fencing first: a refused request is neither validated further, logged nor applied.
+    TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
+  }
+  return dense ? Dense(p) : Sparse(p);
 }
 
 Result<const ServerImpl::TableInfo*> ServerImpl::FindTable(const Header& h, TableKind kind) {

@@ -273,10 +273,7 @@ void ServerImpl::ForwardToBackups(ReplEntry& e) {
     ReplPiece piece;
     piece.backup = backup;
     piece.request_id = r.request_id;
-    for (uint32_t i : idx) {
-      const uint32_t slot = SlotOfKey(p.keys[i]);
-      if (piece.slots.empty() || piece.slots.back() != slot) piece.slots.push_back(slot);
-    }
+    for (uint32_t i : idx) piece.slots.push_back(SlotOfKey(p.keys[i]));
     piece.parts.push_back(EnvelopeOf(r));
     if (idx.size() == h.count) {
       // The whole request: the frames are shared, not copied (zmq_msg_copy counts references).

@@ -90,6 +90,10 @@ class ServerImpl {
   // HandleMessage's work: decode, admit, dispatch. False when the envelope did not decode.
   bool Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts);
   Status Dispatch(const std::shared_ptr<Pending>& p);
+  /// Dispatch of the data ops (sparse and dense pulls and pushes): the origin key, then a
+  /// primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
+  /// request to the map version check; then Sparse or Dense.
+  Status DataOp(const std::shared_ptr<Pending>& p);
   Result<const TableInfo*> FindTable(const Header& h, TableKind kind);
   Status ExpectFrames(const Pending& p, size_t n);
   Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys);
@@ -306,6 +310,11 @@ class ServerImpl {
   /// burst and before anything else reaches a lane, so lanes still see requests in order.
   void FlushStaged();
   Status SubmitDense(const std::shared_ptr<Pending>& p);
+  /// Hands the lane parts of data request `p` on: a push to the log (LogAndRun), a pull to
+  /// the lanes (RunParts); through the replication queue (Sequence) while it is active,
+  /// except a push a primary forwarded here.
+  void SubmitParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool push,
+                   bool may_inline);
   /// True when the checkpoint cut, a slot copy (ParkedByImport) or the staleness gate parked
   /// `p` (to be readmitted later).
   bool Parked(const std::shared_ptr<Pending>& p);
