@@ -204,6 +204,14 @@ class Client {
     /// owns): the copy at the flip, complete. True: slots it still owns and serves: a copy
     /// ahead of the flip, which a later export with `since` completes.
     bool still_owned = false;
+    /// True (still_owned ignored): slots the server owns whose backup the map at the version
+    /// is filling (a backup rebuild), taken once the requests the server sequenced by an older
+    /// map are in its lanes; the backup holds the pushes forwarded after that until the copy
+    /// is in.
+    bool backup_fill = false;
+    /// With backup_fill: `slots` are dense part numbers, and the export holds the chunks of
+    /// every dense table in those parts (as rows keyed by chunk index).
+    bool dense_parts = false;
     /// Empty: every row. Else one step per lane of the server (the marks of an earlier
     /// export): only the rows each lane updated after it.
     std::vector<uint64_t> since;
@@ -220,9 +228,13 @@ class Client {
     kDone = 1,  ///< the copy is in: the requests the server held for the slots run
     kAhead = 2,  ///< writes `rows` of slots the server does not own yet (a copy ahead of the
                  ///< flip that makes it their importing primary)
+    kDenseRows = 3,  ///< `slots` are dense parts the server's backup is filled with: writes
+                     ///< the chunks in `rows` (ExportSlots with dense_parts)
+    kDenseDone = 4,  ///< those parts' copy is in: the pushes the server held for them run
   };
   /// kRows and kDone only for slots the map at `map_version` gives server `rank` with an
-  /// importing source, kAhead only for slots it does not own (FailedPrecondition otherwise);
+  /// importing source (or, in a backup rebuild, as the backup being filled), kAhead only for
+  /// slots it does not own (FailedPrecondition otherwise);
   /// `kRows` with no slots creates the tables in `rows` only.
   Status ImportSlots(uint32_t rank, uint64_t map_version, std::span<const uint32_t> slots,
                      SlotImportStep step, std::string_view rows = {},

@@ -52,7 +52,7 @@ Result<std::string> Client::ExportSlots(uint32_t rank, uint64_t map_version,
   if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
   Header h = impl_->BaseHeader(Op::kSlotExport);
   h.map_version = map_version;
-  h.count = how.still_owned ? 1 : 0;
+  h.count = how.backup_fill ? (how.dense_parts ? 3 : 2) : how.still_owned ? 1 : 0;
   std::vector<std::string_view> frames = {SlotsFrame(slots)};
   if (!how.since.empty()) {
     frames.emplace_back(reinterpret_cast<const char*>(how.since.data()),
@@ -70,7 +70,7 @@ Status Client::ImportSlots(uint32_t rank, uint64_t map_version, std::span<const 
   h.map_version = map_version;
   h.count = static_cast<uint64_t>(step);
   std::vector<std::string_view> frames = {SlotsFrame(slots)};
-  if (step != SlotImportStep::kDone) frames.push_back(rows);
+  if (step != SlotImportStep::kDone && step != SlotImportStep::kDenseDone) frames.push_back(rows);
   return impl_->SendAndWait(h, {rank}, frames, deadline, nullptr).status();
 }
 

@@ -65,6 +65,9 @@ constexpr char kCommands[] =
     "                   --replication=2: each slot's and dense part's backup is the\n"
     "                   next server\n"
     "  map show         print the cluster map of --coordinator\n"
+    "  map rebuild      give every slot of a registered primary that has no backup one (the\n"
+    "                   next registered server), copying its rows while clients train: run\n"
+    "                   after a fail-over (servers do it themselves after promoting)\n"
     "  scale N          move slots online so that N servers share them evenly: adds\n"
     "                   servers registered with --coordinator (tessera-server --rank=ID\n"
     "                   --coordinator=...), drains and retires the highest ids (not for a\n"
@@ -327,12 +330,40 @@ int MapShow(tessera::SlotMapStore& store) {
   }
   return 0;
 }
+
+// map rebuild: a backup for every slot of a registered primary that has none.
+int MapRebuild(tessera::EtcdClient& etcd, const tessera::CoordinatorUrl& url) {
+  tessera::ClientOptions base;
+  if (!BaseOptions(&base)) return 2;
+  tessera::internal::ScaleOptions o;
+  o.batch_slots = FLAGS_batch_slots;
+  o.pace = FLAGS_pace;
+  o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
+  o.log = stdout;
+  auto r = tessera::internal::RebuildBackups(etcd, url.prefix, base, o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "tessera-ctl: map rebuild: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("rebuilt backups: map version %llu -> %llu, %u slots given a backup in %u "
+              "batches, %u dense parts, %.2f s: %llu rows copied ahead, %llu during holds "
+              "(%.1f MB); longest hold %.1f ms\n",
+              static_cast<unsigned long long>(r->from_version),
+              static_cast<unsigned long long>(r->to_version), r->slots_moved, r->batches,
+              r->dense_parts_backed,
+              r->seconds, static_cast<unsigned long long>(r->rows_ahead),
+              static_cast<unsigned long long>(r->rows_in_hold), r->bytes_moved / 1e6,
+              r->max_hold_ms);
+  return 0;
+}
 #endif
 
-// map init / map show (needs tessera_coord, absent from a client-only build).
+// map init / map show / map rebuild (needs tessera_coord, absent from a client-only build).
 int Map(const std::string& sub) {
 #ifdef TESSERA_CTL_COORD
-  if (sub != "init" && sub != "show") return Usage("map takes init or show, got '" + sub + "'");
+  if (sub != "init" && sub != "show" && sub != "rebuild") {
+    return Usage("map takes init, show or rebuild, got '" + sub + "'");
+  }
   std::vector<std::string> eps;
   if (sub == "init") {
     auto parsed = tessera::ParseClusterList(FLAGS_servers);
@@ -351,6 +382,7 @@ int Map(const std::string& sub) {
   int exit_code = 0;
   auto etcd = OpenCoordinator("map " + sub, &url, &exit_code);
   if (etcd == nullptr) return exit_code;
+  if (sub == "rebuild") return MapRebuild(*etcd, url);
   tessera::SlotMapStore store(etcd.get(), url.prefix);
   return sub == "init" ? MapInit(store, eps) : MapShow(store);
 #else

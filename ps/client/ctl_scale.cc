@@ -110,6 +110,7 @@ class Controller {
       : etcd_(etcd), prefix_(prefix), store_(&etcd, prefix), servers_(base), o_(o) {}
 
   Result<ScaleReport> Run();
+  Result<ScaleReport> Rebuild();
 
  private:
   Status Cas(ClusterMap next) {
@@ -130,6 +131,16 @@ class Controller {
               const Client::SlotExportRequest& how, Client::SlotImportStep step, Marks* marks,
               uint64_t* rows);
   Status AddServers(std::vector<uint16_t>* targets);
+  // Copies the slots whose backup the map names as being filled (importing = the primary)
+  // from their primaries and marks them in on the backups; with `ahead`, only the rows updated
+  // after the copy ahead. Then CASes their importing away.
+  Status SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead = {});
+  // The same for dense parts (dense_importing = the part's primary): one copy of their chunks
+  // (under the hold: a dense part is small next to a table's slots), done, CAS.
+  Status SettleDenseFills();
+  // Gives each dense part of a live primary without a backup the next live server (`live`:
+  // per server id), one CAS and one copy for all.
+  Status RebuildDense(const std::vector<bool>& live);
 
   EtcdClient& etcd_;
   std::string prefix_;
@@ -275,6 +286,215 @@ Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& 
   return Status::OK();
 }
 
+Status Controller::SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead) {
+  MovePairs fills;  // (primary, backup) -> slots
+  std::map<uint16_t, std::vector<uint32_t>> by_backup;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (map_.importing[slot] == ClusterMap::kNoServer ||
+        map_.importing[slot] != map_.primary[slot]) {
+      continue;
+    }
+    fills[{map_.primary[slot], map_.backup[slot]}].push_back(slot);
+    by_backup[map_.backup[slot]].push_back(slot);
+  }
+  if (fills.empty()) return Status::OK();
+  const auto flipped = SteadyClock::now();
+  const uint64_t v = map_.version;
+  for (auto& [pair, slots] : fills) {
+    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+    Client::SlotExportRequest how;
+    how.backup_fill = true;
+    auto a = ahead.find(pair);
+    if (a != ahead.end()) how.since = a->second.steps;
+    Marks marks;
+    uint64_t n = 0;
+    Status copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
+    // Marked in already (an earlier run died before settling): the backup applies the
+    // primary's pushes since, which a copy would overwrite.
+    if (copied.code() == StatusCode::kAlreadyExists) continue;
+    if ((copied.ok() && a != ahead.end() && marks.instance != a->second.instance) ||
+        (copied.code() == StatusCode::kInvalidArgument && !how.since.empty())) {
+      how.since.clear();  // the primary restarted since the copy ahead: every row
+      copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
+    }
+    TESSERA_RETURN_IF_ERROR(copied);
+    report_.rows_in_hold += n;
+  }
+  for (auto& [backup, slots] : by_backup) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(backup));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
+    }).status());
+  }
+  const double hold = MsSince(flipped);
+  report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
+  ClusterMap next = map_;
+  uint32_t count = 0;
+  for (auto& [backup, slots] : by_backup) {
+    for (uint32_t slot : slots) next.importing[slot] = ClusterMap::kNoServer;
+    count += static_cast<uint32_t>(slots.size());
+  }
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  report_.slots_moved += count;
+  ++report_.batches;
+  if (o_.log != nullptr) {
+    std::fprintf(o_.log, "gave %u slots a backup at map version %llu; held %.1f ms\n", count,
+                 static_cast<unsigned long long>(v), hold);
+  }
+  return Status::OK();
+}
+
+Status Controller::SettleDenseFills() {
+  MovePairs fills;  // (primary, backup) -> parts
+  for (uint32_t part = 0; part < map_.dense_importing.size(); ++part) {
+    if (map_.dense_importing[part] == ClusterMap::kNoServer) continue;
+    fills[{map_.dense_importing[part], map_.dense_backup[part]}].push_back(part);
+  }
+  if (fills.empty()) return Status::OK();
+  const auto flipped = SteadyClock::now();
+  const uint64_t v = map_.version;
+  uint32_t count = 0;
+  for (auto& [pair, parts] : fills) {
+    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+    Client::SlotExportRequest how;
+    how.backup_fill = true;
+    how.dense_parts = true;
+    Marks marks;
+    uint64_t n = 0;
+    Status copied = Copy(src, dst, v, parts, how, Client::SlotImportStep::kDenseRows, &marks, &n);
+    if (copied.code() != StatusCode::kAlreadyExists) {
+      TESSERA_RETURN_IF_ERROR(copied);
+      report_.rows_in_hold += n;
+    }
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseDone, {},
+                                   o_.deadline));
+    }).status());
+    count += static_cast<uint32_t>(parts.size());
+  }
+  const double hold = MsSince(flipped);
+  report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
+  ClusterMap next = map_;
+  next.dense_importing.clear();
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  report_.dense_parts_backed += count;
+  if (o_.log != nullptr) {
+    std::fprintf(o_.log, "gave %u dense parts a backup at map version %llu; held %.1f ms\n",
+                 count, static_cast<unsigned long long>(v), hold);
+  }
+  return Status::OK();
+}
+
+Status Controller::RebuildDense(const std::vector<bool>& live) {
+  // Only a map with dense replication (dense_backup listed) gets dense backups.
+  if (map_.dense_backup.empty()) return Status::OK();
+  ClusterMap next = map_;
+  bool any = false;
+  for (uint32_t part = 0; part < map_.dense_servers; ++part) {
+    const uint16_t p = map_.dense_primary.empty() ? static_cast<uint16_t>(part)
+                                                  : map_.dense_primary[part];
+    if (map_.dense_backup[part] != ClusterMap::kNoServer || !live[p]) continue;
+    const uint16_t n = static_cast<uint16_t>(map_.servers.size());
+    for (uint16_t k = 1; k < n; ++k) {
+      const uint16_t b = static_cast<uint16_t>((p + k) % n);
+      if (!live[b]) continue;
+      if (next.dense_importing.empty()) {
+        next.dense_importing.assign(map_.dense_servers, ClusterMap::kNoServer);
+      }
+      next.dense_backup[part] = b;
+      next.dense_importing[part] = p;
+      any = true;
+      break;
+    }
+  }
+  if (any) {
+    TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+    TESSERA_RETURN_IF_ERROR(SettleDenseFills());
+  }
+  return Status::OK();
+}
+
+Result<ScaleReport> Controller::Rebuild() {
+  const auto t0 = SteadyClock::now();
+  TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
+  report_.from_version = map_.version;
+  TESSERA_RETURN_IF_ERROR(SettleFills());  // fills an interrupted run left flipped
+  TESSERA_RETURN_IF_ERROR(SettleDenseFills());
+  // The servers of the map that are registered now (a dead one not failed over yet is not).
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(etcd_, prefix_));
+  std::vector<bool> live(map_.servers.size(), false);
+  for (uint16_t id = 0; id < map_.servers.size(); ++id) {
+    const std::string name = "server-" + std::to_string(id);
+    live[id] = !map_.servers[id].address.empty() &&
+               std::any_of(members.begin(), members.end(),
+                           [&](const Member& m) { return m.id == name; });
+  }
+  // Each slot of a live primary without a backup gets the next live server after it.
+  std::vector<std::pair<uint32_t, uint16_t>> plan;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    const uint16_t p = map_.primary[slot];
+    if (map_.backup[slot] != ClusterMap::kNoServer || map_.importing[slot] != ClusterMap::kNoServer ||
+        !live[p]) {
+      continue;
+    }
+    const uint16_t n = static_cast<uint16_t>(map_.servers.size());
+    for (uint16_t k = 1; k < n; ++k) {
+      const uint16_t b = static_cast<uint16_t>((p + k) % n);
+      if (live[b]) {
+        plan.push_back({slot, b});
+        break;
+      }
+    }
+  }
+  if (plan.empty()) {
+    for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+      if (map_.backup[slot] == ClusterMap::kNoServer && live[map_.primary[slot]]) {
+        return Status::FailedPrecondition(
+            "slot " + std::to_string(slot) + " has no backup and no other live server to " +
+            "take one: a backup needs at least 2 registered servers");
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.size(); i += o_.batch_slots) {
+    if (o_.cancel != nullptr && o_.cancel->load()) {
+      return Status::Cancelled("backup rebuild stopped after " +
+                               std::to_string(report_.slots_moved) + " slots");
+    }
+    ClusterMap next = map_;
+    MovePairs pairs;
+    std::map<uint16_t, std::vector<uint32_t>> by_backup;
+    for (size_t j = i; j < std::min(plan.size(), i + o_.batch_slots); ++j) {
+      const auto [slot, b] = plan[j];
+      pairs[{next.primary[slot], b}].push_back(slot);
+      next.backup[slot] = b;
+      next.importing[slot] = next.primary[slot];
+      by_backup[b].push_back(slot);
+    }
+    // Rows the new backup may hold from an earlier stay go first; nothing writes them there.
+    for (auto& [b, slots] : by_backup) {
+      TESSERA_ASSIGN_OR_RETURN(Client * c, Server(b));
+      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+        return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
+      }).status());
+    }
+    const auto batch_start = SteadyClock::now();
+    std::map<std::pair<uint16_t, uint16_t>, Marks> ahead;
+    TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
+    TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+    TESSERA_RETURN_IF_ERROR(SettleFills(ahead));
+    if (o_.pace < 1 && i + o_.batch_slots < plan.size()) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+          MsSince(batch_start) * (1 / o_.pace - 1)));
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(RebuildDense(live));
+  report_.to_version = map_.version;
+  report_.seconds = MsSince(t0) / 1000;
+  return report_;
+}
+
 Result<ScaleReport> Controller::Run() {
   const auto t0 = SteadyClock::now();
   TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
@@ -362,6 +582,16 @@ Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const Cli
   }
   Controller c(etcd, prefix, base, options);
   return c.Run();
+}
+
+Result<ScaleReport> RebuildBackups(EtcdClient& etcd, const std::string& prefix,
+                                   const ClientOptions& base, const ScaleOptions& options) {
+  if (options.batch_slots == 0) return Status::InvalidArgument("a batch of 0 slots");
+  if (!(options.pace > 0 && options.pace <= 1)) {
+    return Status::InvalidArgument("pace " + std::to_string(options.pace) + " is not in (0, 1]");
+  }
+  Controller c(etcd, prefix, base, options);
+  return c.Rebuild();
 }
 
 }  // namespace tessera::internal

@@ -3,6 +3,7 @@
 // servers, drains and retires others. Built into tessera-ctl only (it needs tessera_coord).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -27,11 +28,16 @@ struct ScaleOptions {
   Deadline deadline = NoDeadline();
   /// Progress lines (one per batch) go here; null: none.
   std::FILE* log = nullptr;
+  /// When set and true, the run stops before its next batch (Cancelled); a batch under way
+  /// finishes or fails by its calls' timeouts. A rebuild that stops so leaves nothing flipped.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct ScaleReport {
   uint64_t from_version = 0, to_version = 0;
   uint32_t slots_moved = 0;
+  /// A backup rebuild: the dense parts given a backup.
+  uint32_t dense_parts_backed = 0;
   uint32_t batches = 0;
   /// Rows copied while their old owner still served them, and rows copied during the holds
   /// (updated after the copy ahead, or all of a move an interrupted run left flipped); bytes
@@ -52,5 +58,17 @@ struct ScaleReport {
 /// backup (a replicated map: resharding one is not supported yet).
 Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
                           const ScaleOptions& options);
+
+/// Gives every slot whose primary is a registered server and which has no backup a backup: the
+/// next registered server after its primary (docs/elasticity.md, "Backup rebuild"); finishes
+/// first any fill an interrupted run left flipped. Each batch: delete what the new backups hold
+/// of the slots, copy the rows ahead from the primaries (serving), CAS the map (backup set,
+/// `importing` the primary: the primaries forward the slots' pushes to the backups, which hold
+/// them), copy the rows the primaries updated since, mark them in (the backups apply what
+/// they held), CAS `importing` away. `options.servers` is not used; `slots_moved` counts the
+/// slots given a backup. FailedPrecondition when a slot without a backup has no other
+/// registered server to take one.
+Result<ScaleReport> RebuildBackups(EtcdClient& etcd, const std::string& prefix,
+                                   const ClientOptions& base, const ScaleOptions& options);
 
 }  // namespace tessera::internal

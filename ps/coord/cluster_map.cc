@@ -1,5 +1,7 @@
 #include "ps/coord/cluster_map.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 namespace tessera {
@@ -99,8 +101,14 @@ Status CheckSlot(const ClusterMap& m, uint32_t slot) {
     return Status::InvalidArgument(where + ": primary " + std::to_string(p) +
                                    " is not a server with an address");
   }
-  if (from != ClusterMap::kNoServer &&
-      (from >= m.servers.size() || m.servers[from].address.empty() || from == p)) {
+  if (from != ClusterMap::kNoServer && from == p) {
+    // A backup rebuild: the backup is being filled from the primary.
+    if (b == ClusterMap::kNoServer) {
+      return Status::InvalidArgument(where + ": importing from its primary " + std::to_string(p) +
+                                     " (a backup being filled) without a backup");
+    }
+  } else if (from != ClusterMap::kNoServer &&
+             (from >= m.servers.size() || m.servers[from].address.empty())) {
     return Status::InvalidArgument(where + ": importing from " + std::to_string(from) +
                                    ", which is not another server with an address");
   }
@@ -123,6 +131,13 @@ Status CheckDensePart(const ClusterMap& m, uint32_t part) {
                                    " is not a server with an address");
   }
   const uint16_t b = m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
+  const uint16_t from =
+      m.dense_importing.empty() ? ClusterMap::kNoServer : m.dense_importing[part];
+  if (from != ClusterMap::kNoServer && (from != p || b == ClusterMap::kNoServer)) {
+    return Status::InvalidArgument(where + ": importing from " + std::to_string(from) +
+                                   ", not its primary " + std::to_string(p) +
+                                   " filling a backup");
+  }
   if (b == ClusterMap::kNoServer) return Status::OK();
   if (b >= m.servers.size() || m.servers[b].address.empty() || b == p) {
     return Status::InvalidArgument(where + ": backup " + std::to_string(b) +
@@ -187,12 +202,14 @@ Status ClusterMap::Validate() const {
     return Status::InvalidArgument("cluster map: dense_servers " + std::to_string(dense_servers) +
                                    " is not in 1.." + std::to_string(servers.size()));
   }
-  for (const auto* dense : {&dense_primary, &dense_backup}) {
+  for (const auto* dense : {&dense_primary, &dense_backup, &dense_importing}) {
     if (!dense->empty() && dense->size() != dense_servers) {
       return Status::InvalidArgument("cluster map: " + std::to_string(dense_primary.size()) +
-                                     " dense primaries and " + std::to_string(dense_backup.size()) +
-                                     " dense backups, not 0 or " + std::to_string(dense_servers) +
-                                     " (dense_servers) each");
+                                     " dense primaries, " + std::to_string(dense_backup.size()) +
+                                     " dense backups and " +
+                                     std::to_string(dense_importing.size()) +
+                                     " dense importing entries, not 0 or " +
+                                     std::to_string(dense_servers) + " (dense_servers) each");
     }
   }
   // Without dense_primary a dense server may be retired: a record written before dense
@@ -222,6 +239,11 @@ Result<std::string> EncodeClusterMap(const ClusterMap& map) {
   // Absent when empty: a map without dense replication keeps the record it had before it.
   if (!map.dense_primary.empty()) j["dense_primary"] = EncodeIds(map.dense_primary);
   if (!map.dense_backup.empty()) j["dense_backup"] = EncodeIds(map.dense_backup);
+  // Only while a part's backup is being filled.
+  if (std::any_of(map.dense_importing.begin(), map.dense_importing.end(),
+                  [](uint16_t f) { return f != ClusterMap::kNoServer; })) {
+    j["dense_importing"] = EncodeIds(map.dense_importing);
+  }
   // Ids and addresses are the caller's strings: invalid UTF-8 would make dump() throw.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -262,6 +284,10 @@ Result<ClusterMap> DecodeClusterMap(std::string_view text) {
   }
   if (j.contains("dense_backup")) {
     TESSERA_ASSIGN_OR_RETURN(m.dense_backup, DecodeIds(j["dense_backup"], "dense_backup", true));
+  }
+  if (j.contains("dense_importing")) {
+    TESSERA_ASSIGN_OR_RETURN(m.dense_importing,
+                             DecodeIds(j["dense_importing"], "dense_importing", true));
   }
   Status valid = m.Validate();
   if (!valid.ok()) return Status::Corruption(valid.message());

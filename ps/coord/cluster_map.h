@@ -38,7 +38,10 @@ struct ClusterMap {
   std::vector<uint16_t> backup;
   /// Resharding: kNumSlots server ids or kNoServer. A slot whose rows are being copied to its
   /// (new) primary names the server it comes from (its previous primary); the primary holds
-  /// requests for it until the copy is in (docs/elasticity.md, "Online resharding").
+  /// requests for it until the copy is in (docs/elasticity.md, "Online resharding"). A slot
+  /// whose importing source is its own primary is a backup rebuild: its backup is being filled
+  /// from the primary and holds the primary's forwarded pushes for it until the copy is in
+  /// ("Backup rebuild").
   std::vector<uint16_t> importing;
   /// Dense tables are split into dense_servers parts (the servers of the first map); part p is
   /// served by dense_primary[p] (server p when that is empty). Resharding never moves a part
@@ -51,6 +54,10 @@ struct ClusterMap {
   /// Empty (no part has a backup), or dense_servers entries: per part a server id, never the
   /// part's server, that receives its pushes before the primary answers them, or kNoServer.
   std::vector<uint16_t> dense_backup;
+  /// Empty (no dense backup being filled), or dense_servers entries: kNoServer, or the part's
+  /// primary while its backup is being filled from it (a backup rebuild, like `importing`).
+  /// Written only while some part has one; an empty list and all kNoServer mean the same.
+  std::vector<uint16_t> dense_importing;
 
   /// Version 1 of a cluster of `servers`: primaries as SlotMap::Uniform(servers.size()), no
   /// backups, nothing importing, dense tables over all of them.
@@ -63,11 +70,11 @@ struct ClusterMap {
   static Result<ClusterMap> Replicated(std::vector<MapServer> servers, uint32_t replication);
 
   /// OK when the map is whole: version >= 1, 1..65535 servers, kNumSlots primaries, backups
-  /// and importing entries, each naming a server with an address, a backup and an importing
-  /// source never the slot's primary, 1 <= dense_servers <= servers, dense_primary and
-  /// dense_backup each empty or dense_servers entries, a dense primary a server with an
-  /// address, a dense backup kNoServer or a server with an address other than its part's
-  /// primary. Without dense_primary a dense server may be retired (records written before
+  /// and importing entries, each naming a server with an address, a backup never the slot's
+  /// primary, an importing source the primary only when the slot has a backup (a rebuild),
+  /// 1 <= dense_servers <= servers, dense_primary and dense_backup each empty or dense_servers
+  /// entries, a dense primary a server with an address, a dense backup kNoServer or a server
+  /// with an address other than its part's primary. Without dense_primary a dense server may be retired (records written before
   /// dense replication: a fail-over retired it).
   /// InvalidArgument naming the first slot, dense part or server that is wrong.
   Status Validate() const;
@@ -79,7 +86,8 @@ struct ClusterMap {
 
 /// The record's JSON: {"format":1, "version":V, "servers":[{"id","address"}...],
 /// "primary":[[RUN,ID]...], "backup":[[RUN,ID or -1]...], "importing":[[RUN,ID or -1]...],
-/// "dense_servers":D, "dense_primary":[ID...], "dense_backup":[ID or -1...]}, each slot list
+/// "dense_servers":D, "dense_primary":[ID...], "dense_backup":[ID or -1...],
+/// "dense_importing":[ID or -1...]}, each slot list
 /// as runs of equal ids in slot order (a uniform map of n servers is n runs), each dense list
 /// one id per part. "importing" and "dense_servers" may be absent (records written before
 /// resharding: nothing importing, dense tables over every server); "dense_primary" and

@@ -119,8 +119,13 @@ TEST(ClusterMap, ImportingAndDenseServersRoundTripAndAreChecked) {
   EXPECT_EQ(old->importing, std::vector<uint16_t>(kNumSlots, ClusterMap::kNoServer));
 
   ClusterMap bad = m;
-  bad.importing[150] = bad.primary[150];  // a slot importing from itself
-  EXPECT_NE(bad.Validate().message().find("importing from 2"), std::string::npos)
+  bad.importing[150] = bad.primary[150];  // a slot importing from itself, with no backup
+  EXPECT_NE(bad.Validate().message().find("importing from its primary 2"), std::string::npos)
+      << bad.Validate().ToString();
+  bad.backup[150] = 0;  // a backup rebuild: the backup is filled from the primary
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
+  bad.importing[150] = 7;
+  EXPECT_NE(bad.Validate().message().find("importing from 7"), std::string::npos)
       << bad.Validate().ToString();
   bad = m;
   bad.dense_servers = 4;
@@ -197,10 +202,18 @@ TEST(ClusterMap, ValidateChecksDensePartsNamingThePart) {
   };
   ClusterMap bad = m;
   bad.dense_primary.pop_back();
-  refused(bad, "2 dense primaries and 3 dense backups, not 0 or 3");
+  refused(bad, "2 dense primaries, 3 dense backups and 0 dense importing entries, not 0 or 3");
   bad = m;
   bad.dense_backup.push_back(0);
-  refused(bad, "3 dense primaries and 4 dense backups");
+  refused(bad, "3 dense primaries, 4 dense backups");
+  bad = m;
+  bad.dense_importing = {ClusterMap::kNoServer, 2, ClusterMap::kNoServer};  // not part 1's primary
+  refused(bad, "dense part 1: importing from 2, not its primary 1");
+  bad.dense_importing[1] = 1;  // a backup rebuild of part 1: valid, and it round-trips
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
+  EXPECT_EQ(*DecodeClusterMap(*EncodeClusterMap(bad)), bad);
+  bad.dense_backup[1] = ClusterMap::kNoServer;  // filling no backup
+  refused(bad, "dense part 1: importing from 1, not its primary 1 filling a backup");
   bad = m;
   bad.dense_primary[1] = 3;  // no such server
   refused(bad, "dense part 1: primary 3 is not a server with an address");

@@ -40,6 +40,7 @@ Result<RoutingMap> EtcdClusterMapSource::ToRoutingMap(const ClusterMap& map) {
   // Empty when the map has none: part p on server p, no backup (RoutingMap::DenseOwner).
   r.dense_primary = map.dense_primary;
   r.dense_backup = map.dense_backup;
+  r.dense_importing = map.dense_importing;
   for (uint16_t from : map.importing) {
     if (from != ClusterMap::kNoServer) {
       r.importing = map.importing;

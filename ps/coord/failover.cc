@@ -38,13 +38,21 @@ bool PromoteDenseParts(const std::vector<bool>& dead, Promotion* p) {
   bool changed = false;
   for (uint32_t part = 0; part < m.dense_servers; ++part) {
     uint16_t backup = DenseBackup(m, part);
+    const bool filling =
+        !m.dense_importing.empty() && m.dense_importing[part] != ClusterMap::kNoServer;
     if (backup != ClusterMap::kNoServer && dead[backup]) {
       m.dense_backup[part] = backup = ClusterMap::kNoServer;
+      if (filling) m.dense_importing[part] = ClusterMap::kNoServer;  // the fill ends with it
       ++p->dense_backups_cleared;
       changed = true;
     }
     const uint16_t primary = DensePrimary(m, part);
     if (!dead[primary]) continue;
+    if (filling && backup != ClusterMap::kNoServer) {
+      // Its backup is still being filled: not a copy to promote.
+      ++p->dense_unavailable[primary];
+      continue;
+    }
     // A backup left now is alive: the input validated (it has an address) and it is not dead.
     if (backup == ClusterMap::kNoServer) {
       ++p->dense_unavailable[primary];
@@ -115,6 +123,8 @@ Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16
     }
     if (backup != ClusterMap::kNoServer && dead[backup]) {
       backup = ClusterMap::kNoServer;
+      // A backup being filled (a rebuild) that died: the fill ends with it.
+      if (from == primary) m.importing[slot] = ClusterMap::kNoServer;
       ++p.backups_cleared;
       changed = true;
     }

@@ -262,6 +262,36 @@ TEST(PromoteBackups, SlotsBeingMovedAreLeftAlone) {
   EXPECT_TRUE(p->map.Validate().ok());
 }
 
+// A backup rebuild (importing = the primary): a dead backup being filled ends the fill (backup
+// and importing cleared); a dead primary whose backup is not filled yet is not promoted.
+TEST(PromoteBackups, ABackupBeingFilledIsNeverPromotedAndItsDeathEndsTheFill) {
+  ClusterMap v1 = Replicated(3);
+  // Slots of server 0 backed by 1 are being filled on 2 instead.
+  std::vector<uint32_t> filling;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (v1.primary[slot] != 0) continue;
+    v1.backup[slot] = 2;
+    v1.importing[slot] = 0;
+    filling.push_back(slot);
+  }
+  ASSERT_TRUE(v1.Validate().ok()) << v1.Validate().ToString();
+  auto backup_dead = PromoteBackups(v1, {2});
+  ASSERT_TRUE(backup_dead.ok()) << backup_dead.status().ToString();
+  for (uint32_t slot : filling) {
+    ASSERT_EQ(backup_dead->map.primary[slot], 0);
+    ASSERT_EQ(backup_dead->map.backup[slot], kNone);
+    ASSERT_EQ(backup_dead->map.importing[slot], kNone);
+  }
+  EXPECT_TRUE(backup_dead->map.Validate().ok());
+  auto primary_dead = PromoteBackups(v1, {0});
+  ASSERT_TRUE(primary_dead.ok()) << primary_dead.status().ToString();
+  EXPECT_EQ(primary_dead->importing_untouched, filling.size());
+  for (uint32_t slot : filling) {
+    ASSERT_EQ(primary_dead->map.primary[slot], 0);
+    ASSERT_EQ(primary_dead->map.backup[slot], 2);
+  }
+}
+
 TEST(PromoteBackups, RefusesABadMapOrAnUnknownServer) {
   EXPECT_EQ(PromoteBackups(Replicated(3), {3}).status().code(), StatusCode::kInvalidArgument);
   ClusterMap broken = Replicated(3);

@@ -194,7 +194,16 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   // A push its primary forwards is checked against the slots' primary and backup instead
   // (a retry of one applies nothing: AnsweredAsRetry answers it).
   const bool retried = IsRetriedPush(h);
-  if (h.replica_from != 0 && !retried) TESSERA_RETURN_IF_ERROR(CheckReplica(*p));
+  if (h.replica_from != 0 && !retried) {
+    TESSERA_RETURN_IF_ERROR(CheckReplica(*p));
+    if (HeldForFill(*p)) {
+      // This backup is being filled with the rows of a slot it touches: the push waits for the
+      // copy, at the head of the forwarded pushes (it came from there, or they were none).
+      replica_parked_.push_front(p);
+      ++fill_held_total_;
+      return Status::OK();
+    }
+  }
   if (map != nullptr && (retried || h.replica_from != 0)) owners = nullptr;
   KeySplit split;
   const uint64_t foreign = SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()),
@@ -297,7 +306,14 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
   if (h.replica_from != 0) {
     // A primary's forwarded push: fenced by the part's primary and backup (a retry of one
     // applies nothing: AnsweredAsRetry answers it).
-    if (!IsRetriedPush(h)) TESSERA_RETURN_IF_ERROR(CheckDenseReplica(h, part));
+    if (!IsRetriedPush(h)) {
+      TESSERA_RETURN_IF_ERROR(CheckDenseReplica(h, part));
+      if (DenseHeldForFill(part)) {
+        replica_parked_.push_front(p);  // as a sparse one held for a fill (Sparse)
+        ++fill_held_total_;
+        return Status::OK();
+      }
+    }
   } else {
     const ClusterMapState* map = CurrentMap();
     const uint32_t owner = map != nullptr ? map->DenseOwner(part) : part;

@@ -46,12 +46,26 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
                                    " dense backups for " + std::to_string(dense) + " dense parts");
   }
   state->dense_primary = m.dense_primary;
+  for (uint32_t part = 0; part < m.dense_importing.size() && part < dense; ++part) {
+    if (m.dense_importing[part] != RoutingMap::kNoBackup &&
+        m.DenseBackup(part) == options_.rank) {
+      if (state->dense_filling.empty()) state->dense_filling.assign(dense, false);
+      state->dense_filling[part] = true;
+    }
+  }
   if (!none(m.dense_backup)) state->dense_backup = m.dense_backup;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
-    // Only the slots this server must fill matter to it.
-    if (m.importing[slot] != RoutingMap::kNotImporting && m.primary.ServerOfSlot(slot) == options_.rank) {
+    // Only the slots this server must fill matter to it: as their new primary (a move), or as
+    // their backup (a rebuild: the importing source is the primary).
+    const uint16_t from = m.importing[slot];
+    if (from == RoutingMap::kNotImporting) continue;
+    const uint32_t primary = m.primary.ServerOfSlot(slot);
+    if (from != primary && primary == options_.rank) {
       if (state->importing.empty()) state->importing.assign(kNumSlots, false);
       state->importing[slot] = true;
+    } else if (from == primary && !m.backup.empty() && m.backup[slot] == options_.rank) {
+      if (state->filling.empty()) state->filling.assign(kNumSlots, false);
+      state->filling[slot] = true;
     }
   }
   std::shared_ptr<const ClusterMapState> next = std::move(state);

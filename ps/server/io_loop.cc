@@ -445,6 +445,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "replication_waiting " << repl_waiting_.size() << "\n"
     << "failed_replications " << failed_replications_ << "\n"
     << "fenced_replicas " << fenced_replicas_ << "\n"
+    << "fill_held_total " << fill_held_total_ << "\n"
+    << "fill_exports_waiting " << fill_exports_.size() << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"
     << "log_truncated_to " << log_->truncated() << "\n"
     << "push_keys " << push_keys_ << "\n"

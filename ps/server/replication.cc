@@ -146,6 +146,8 @@ void ServerImpl::ReadmitReplicas() {
     replica_parked_.pop_front();
     const Status s = p->header.op == Op::kDensePush ? Dense(p) : Sparse(p);
     if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+    // Held again for a backup fill (HeldForFill): it and everything after it wait on.
+    if (!replica_parked_.empty() && replica_parked_.front() == p) break;
   }
 }
 
@@ -195,6 +197,8 @@ void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void(
   }
   repl_queue_.push_back(ReplEntry{p, std::move(release), {}, 0, false});
   ReplEntry& e = repl_queue_.back();
+  const ClusterMapState* map = CurrentMap();
+  e.version = map != nullptr ? map->version : 0;
   if (h.op == Op::kSparsePush || h.op == Op::kSparsePushPull) ForwardToBackups(e);
   if (h.op == Op::kDensePush) ForwardDenseToBackup(e);
   ReleaseReady();
@@ -415,6 +419,7 @@ void ServerImpl::ReleaseReady() {
     repl_queue_.pop_front();
     if (!e.failed) e.release();
   }
+  RunFillExports();
 }
 
 void ServerImpl::ResendReplication() {

@@ -7,6 +7,9 @@
 // the old owner once the map no longer names it.
 #include <glog/logging.h>
 
+#include <absl/container/flat_hash_map.h>
+
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -22,6 +25,7 @@ constexpr uint64_t kImportDone = 1;     // [slots]: the copy is in; held request
 constexpr uint64_t kImportAhead = 2;    // [slots][rows]: rows of slots this server will import
 // SlotExport's `count`.
 constexpr uint64_t kExportOwned = 1;    // slots still owned (the copy ahead of the flip)
+constexpr uint64_t kExportFill = 2;     // slots owned whose backup is being filled (a rebuild)
 
 // The sparse tables a lane visits: id, floats of value and of optimizer state.
 struct SparseTable {
@@ -148,6 +152,11 @@ uint64_t ServerImpl::RandomInstance() {
   return (uint64_t{rd()} << 32) ^ rd();
 }
 
+bool ServerImpl::CopyingIn(const ClusterMapState* map, uint32_t slot) {
+  return map != nullptr && ((!map->importing.empty() && map->importing[slot]) ||
+                            (!map->filling.empty() && map->filling[slot]));
+}
+
 bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.op != Op::kSparsePull && h.op != Op::kSparsePush && h.op != Op::kSparsePushPull) {
@@ -182,9 +191,14 @@ void ServerImpl::OnMapChanged() {
   const ClusterMapState* map = CurrentMap();
   bool cleared = false;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    if (import_filled_[slot] && (map == nullptr || map->importing.empty() || !map->importing[slot])) {
+    if (import_filled_[slot] && !CopyingIn(map, slot)) {
       import_filled_[slot] = false;
       cleared = true;
+    }
+  }
+  for (uint32_t part = 0; part < dense_filled_.size(); ++part) {
+    if (map == nullptr || part >= map->dense_filling.size() || !map->dense_filling[part]) {
+      dense_filled_[part] = false;
     }
   }
   if (cleared) {
@@ -259,16 +273,20 @@ Status ServerImpl::CheckOwnership(const Header& h, const std::vector<uint32_t>& 
 Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   // count 0: slots given up (the copy at the flip); 1: slots still owned (the copy ahead of
-  // it, taken while they are served). An optional second frame: u64 per lane, the rows
-  // updated after that lane step only (the marks of an earlier export).
-  if (h.count > kExportOwned) {
+  // it, taken while they are served); 2: slots owned whose backup is being filled (the copy at
+  // the flip of a rebuild). An optional second frame: u64 per lane, the rows updated after
+  // that lane step only (the marks of an earlier export).
+  if (h.count > kExportDenseFill) {
     return Status::InvalidArgument("SlotExport count " + std::to_string(h.count) +
-                                   " (0 given up, 1 still owned)");
+                                   " (0 given up, 1 still owned, 2 for a backup fill, 3 dense "
+                                   "parts for a backup fill)");
   }
+  if (h.count == kExportDenseFill) return DenseFillExport(p);
   if (p->frames.size() != 2) TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
   TESSERA_RETURN_IF_ERROR(
-      CheckOwnership(h, slots, /*must_own=*/slots.empty() || h.count == kExportOwned));
+      CheckOwnership(h, slots, /*must_own=*/slots.empty() || h.count != 0));
+  if (h.count == kExportFill) TESSERA_RETURN_IF_ERROR(CheckFillSlots(slots));
   auto since = std::make_shared<std::vector<uint64_t>>();
   if (p->frames.size() == 2) {
     if (p->frames[1].size() != lanes_.size() * sizeof(uint64_t)) {
@@ -297,8 +315,7 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   Pending* raw = p.get();
   std::atomic<uint64_t>* exported = &slot_rows_exported_;
   const uint64_t instance = instance_;
-  RunOnAllLanes(
-      p,
+  auto scan =
       [raw, want, tables, exported, since, instance](Lane& lane) -> Status {
         std::string out;
         AppendSlotMark(&out, lane.index(), instance, lane.step());
@@ -323,17 +340,23 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
         std::lock_guard<std::mutex> l(raw->mu);
         raw->text[lane.index() + 1] = std::move(out);
         return Status::OK();
-      },
-      false);
+      };
+  if (h.count == kExportFill) {
+    ExportForFill(p, h.map_version, std::move(scan));
+  } else {
+    RunOnAllLanes(p, std::move(scan), false);
+  }
   return Status::OK();
 }
 
 Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  if (h.count > kImportAhead) {
+  if (h.count > kImportDenseDone) {
     return Status::InvalidArgument("SlotImport count " + std::to_string(h.count) +
-                                   " (0 rows, 1 done, 2 rows ahead)");
+                                   " (0 rows, 1 done, 2 rows ahead, 3 dense chunks, 4 dense "
+                                   "done)");
   }
+  if (h.count == kImportDenseRows || h.count == kImportDenseDone) return DenseFillImport(p);
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportDone ? 1 : 2));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
   if (h.count == kImportAhead) {
@@ -342,11 +365,12 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
     TESSERA_RETURN_IF_ERROR(CheckOwnership(h, slots, /*must_own=*/false));
     return ImportSlotRows(p, slots);
   }
-  // Only slots this server is the importing primary of, at a version it has seen; no slots:
-  // the tables only (a server that joins learns them before it owns anything).
+  // Only slots this server is the importing primary or the backup being filled of, at a
+  // version it has seen; no slots: the tables only (a server that joins learns them before it
+  // owns anything).
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
   for (uint32_t slot : slots) {
-    if (map == nullptr || map->importing.empty() || !map->importing[slot]) {
+    if (!CopyingIn(map, slot)) {
       return Status::FailedPrecondition(
           "slot " + std::to_string(slot) + " is not being copied to server " +
           std::to_string(options_.rank) + " at map version " +
@@ -362,6 +386,7 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
     std::vector<std::shared_ptr<Pending>> parked;
     parked.swap(import_parked_);
     Readmit(std::move(parked));  // those still waiting for another slot park again
+    ReadmitReplicas();  // a filled backup applies the forwarded pushes it held, in order
     return Status::OK();
   }
   for (uint32_t slot : slots) {

@@ -131,6 +131,12 @@ class ServerImpl {
     uint32_t dense_servers = 0;
     // Per slot: this server is its primary and its rows are being copied here (empty: none).
     std::vector<bool> importing;
+    // Per slot: this server is its backup and is being filled from its primary (a backup
+    // rebuild); it holds the primary's forwarded pushes for it until the copy is in (empty:
+    // none).
+    std::vector<bool> filling;
+    // Per dense part: this server is its backup being filled from its primary (empty: none).
+    std::vector<bool> dense_filling;
     // Replication: per slot, its backup server (RoutingMap::kNoBackup: none); empty: no slot
     // has one. The data endpoint of each server id, to reach backups.
     std::vector<uint16_t> backup;
@@ -170,6 +176,13 @@ class ServerImpl {
   /// True when sparse request `p` touches a slot whose rows are still being copied to this
   /// server: it waits in import_parked_ until SlotImport says the copy is in (or the map moves).
   bool ParkedByImport(const std::shared_ptr<Pending>& p);
+  /// True when `map` has rows of `slot` copied to this server: as its importing primary (a
+  /// move) or as its backup being filled (a rebuild).
+  static bool CopyingIn(const ClusterMapState* map, uint32_t slot);
+  /// True when forwarded push `p` (keys read) touches a slot this server is the backup being
+  /// filled of and whose copy is not in yet: it waits, in order with every forwarded push after
+  /// it, at the head of replica_parked_ (ReadmitReplicas, once SlotImport says it is in).
+  bool HeldForFill(const Pending& p);
   /// After the I/O thread's map moved: forgets copies of slots no longer importing and sends
   /// what waited for a copy through the gates again (fenced by the new version).
   void OnMapChanged();
@@ -222,7 +235,37 @@ class ServerImpl {
     // When a map moved what it writes away from this server while its backup had not
     // answered (it waits for that answer up to kOrphanLimit); zero: not orphaned.
     std::chrono::steady_clock::time_point orphaned{};
+    // The map version it was sequenced (and forwarded) by.
+    uint64_t version = 0;
   };
+  /// SlotExport's and SlotImport's `count` for dense parts (a backup rebuild): the chunks of
+  /// [parts]; SlotImport 3: [parts][chunks], 4: [parts] done.
+  static constexpr uint64_t kExportDenseFill = 3;
+  static constexpr uint64_t kImportDenseRows = 3;
+  static constexpr uint64_t kImportDenseDone = 4;
+  /// A rebuild's copy (SlotExport for a backup fill) waiting for the requests sequenced by a
+  /// map older than `version` to reach the lanes.
+  struct FillExport {
+    uint64_t version;
+    std::function<void()> run;
+  };
+  /// Runs the fill exports no older request waits ahead of (after the queue moved).
+  void RunFillExports();
+  /// Runs `scan` on every lane for `p` (a fill's copy) once no request sequenced by a map older
+  /// than `version` waits in the replication queue.
+  void ExportForFill(const std::shared_ptr<Pending>& p, uint64_t version,
+                     std::function<Status(Lane&)> scan);
+  /// FailedPrecondition for a slot without a backup in the map served by (SlotExport count 2).
+  Status CheckFillSlots(const std::vector<uint32_t>& slots);
+  /// The parts frame of a dense SlotExport/SlotImport (u32 each, < the map's dense_servers).
+  Result<std::vector<uint32_t>> RequestDenseParts(const Pending& p, const ClusterMapState* map);
+  /// SlotExport count 3: the chunks of dense parts this server is the primary of whose backup
+  /// is being filled, as rows of their tables (key: chunk index), sequenced like a slot fill.
+  Status DenseFillExport(const std::shared_ptr<Pending>& p);
+  /// SlotImport count 3 (chunks) and 4 (done) on the backup being filled of dense parts.
+  Status DenseFillImport(const std::shared_ptr<Pending>& p);
+  /// True when forwarded dense push of part `part` waits for that part's fill.
+  bool DenseHeldForFill(uint32_t part);
   struct BackupLink {
     std::string address;
     zmq::socket_t dealer;
@@ -383,9 +426,15 @@ class ServerImpl {
   // Resharding (I/O thread only): slots whose copy is in at the current map (SlotImport,
   // count=1), requests waiting for a copy, and counters for stats.
   std::vector<bool> import_filled_ = std::vector<bool>(kNumSlots, false);
+  // Dense parts whose fill is in (SlotImport dense done); not stored: a restarted backup
+  // holds the part's forwarded pushes again, which a repeated copy then completes.
+  std::vector<bool> dense_filled_;
   std::vector<std::shared_ptr<Pending>> import_parked_;
   std::atomic<uint64_t> slot_rows_exported_{0}, slot_rows_imported_{0}, slot_rows_dropped_{0};
   uint64_t import_parked_total_ = 0;
+  // Forwarded pushes held for a backup fill (HeldForFill), counted each time one is held.
+  uint64_t fill_held_total_ = 0;
+  std::deque<FillExport> fill_exports_;
   // This process among restarts of the server (random): a mark of SlotExport, since a
   // restart resets the lanes' step counters.
   const uint64_t instance_ = RandomInstance();

@@ -11,7 +11,14 @@
 #include <string>
 #include <vector>
 
+#include <zmq.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
 #include "ps/cli.h"
+#include "ps/client/ctl_scale_internal.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/failover.h"
@@ -96,6 +103,13 @@ DEFINE_uint32(failover_poll_ms, 200,
               "With --coordinator: how often this server looks for dead servers of a replicated "
               "cluster map (tessera-ctl map init --replication=2) and promotes their slots' "
               "backups by a compare-and-swap of the map (every server does; one wins). 0: off");
+DEFINE_bool(rebuild_backups, true,
+            "With --failover_poll_ms: after this server promoted backups, give the slots left "
+            "without one a new backup (the next live server) in the background, copying their "
+            "rows while clients train (tessera-ctl map rebuild does the same by hand)");
+DEFINE_double(rebuild_pace, 0.5,
+              "Share of wall time a background backup rebuild spends copying (0, 1]: after "
+              "each batch it waits (1/pace - 1) times as long as the batch took");
 
 namespace {
 
@@ -235,11 +249,87 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   return source;
 }
 
+// Rebuilds backups in the background after this server promoted some (docs/elasticity.md,
+// "Backup rebuild"): each Kick runs tessera-ctl map rebuild's controller on a thread of its
+// own (again once more when kicked while running). Thread-safe; destruction stops the run
+// before its next batch and joins.
+class BackupRebuilder {
+ public:
+  BackupRebuilder(tessera::EtcdClient* etcd, std::string prefix, tessera::ClientOptions base)
+      : etcd_(etcd), prefix_(std::move(prefix)), base_(std::move(base)) {}
+  ~BackupRebuilder() {
+    stop_ = true;
+    std::lock_guard<std::mutex> l(mu_);
+    if (thread_.joinable()) thread_.join();
+  }
+  void Kick() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return;
+    again_ = true;
+    if (running_) return;
+    if (thread_.joinable()) thread_.join();
+    running_ = true;
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!again_ || stop_) {
+          running_ = false;
+          return;
+        }
+        again_ = false;
+      }
+      tessera::internal::ScaleOptions o;
+      o.pace = FLAGS_rebuild_pace;
+      o.deadline = tessera::DeadlineAfterMs(10 * 60 * 1000);
+      o.cancel = &stop_;
+      auto r = tessera::internal::RebuildBackups(*etcd_, prefix_, base_, o);
+      if (!r.ok()) {
+        LOG(WARNING) << "--coordinator: backup rebuild: " << r.status().ToString()
+                     << " (tessera-ctl map rebuild finishes it)";
+      } else if (r->slots_moved > 0 || r->dense_parts_backed > 0) {
+        LOG(INFO) << "--coordinator: backup rebuild: " << r->slots_moved << " slots and "
+                  << r->dense_parts_backed << " dense parts given a backup, map version " << r->from_version << " -> "
+                  << r->to_version << ", " << r->rows_ahead + r->rows_in_hold
+                  << " rows copied in " << r->seconds << " s, longest hold " << r->max_hold_ms
+                  << " ms";
+      }
+    }
+  }
+
+  tessera::EtcdClient* const etcd_;
+  const std::string prefix_;
+  const tessera::ClientOptions base_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  bool running_ = false, again_ = false;
+  std::thread thread_;
+};
+
+// The client options of this server's own calls to the others (a rebuild): the servers share
+// one CurveZMQ key pair, so the public key of --curve_secret_key_file is theirs.
+tessera::ClientOptions PeerClientOptions(const std::string& curve_secret_key) {
+  tessera::ClientOptions o;
+  o.request_timeout_ms = 30000;
+  if (!curve_secret_key.empty()) {
+    char public_key[41] = {};
+    if (zmq_curve_public(public_key, curve_secret_key.c_str()) == 0) {
+      o.curve_server_key = std::string(public_key, 40);
+    }
+  }
+  return o;
+}
+
 // With --failover_poll_ms > 0: the fail-over watcher of this server (ps/coord/failover.h),
-// logging what it does and counting the slots it promoted in `registry`; null when off.
+// logging what it does and counting the slots it promoted in `registry`, and kicking
+// `rebuilder` (if any) after each promotion it made; null when off.
 tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
     const tessera::CoordinatorUrl& url, tessera::EtcdClient* etcd,
-    tessera::metrics::Registry* registry) {
+    tessera::metrics::Registry* registry, BackupRebuilder* rebuilder) {
   if (FLAGS_failover_poll_ms == 0) return std::unique_ptr<tessera::FailoverWatcher>();
   tessera::FailoverOptions f;
   f.prefix = url.prefix;
@@ -249,7 +339,10 @@ tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
   tessera::metrics::Counter* promoted = &registry->AddCounter(
       "tessera_failover_promoted_slots_total",
       "Slots whose backup this server made primary after their primary died (fail-over)");
-  f.on_promoted = [promoted](const tessera::Promotion& p) { promoted->Inc(p.slots_promoted()); };
+  f.on_promoted = [promoted, rebuilder](const tessera::Promotion& p) {
+    promoted->Inc(p.slots_promoted());
+    if (rebuilder != nullptr) rebuilder->Kick();
+  };
   return tessera::FailoverWatcher::Start(etcd, std::move(f));
 }
 
@@ -330,6 +423,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessera::Membership> membership;
   std::unique_ptr<tessera::EtcdClusterMapSource> map_source;
   std::unique_ptr<tessera::FailoverWatcher> failover;
+  std::unique_ptr<BackupRebuilder> rebuilder;
   if (coordinator) {
     tessera::Status s = Register(*coordinator, (*cluster)[FLAGS_rank], &etcd, &membership);
     if (!s.ok()) {
@@ -346,7 +440,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     map_source = std::move(*followed);
-    auto watcher = WatchForFailures(*coordinator, etcd.get(), &registry);
+    if (FLAGS_rebuild_backups) {
+      rebuilder = std::make_unique<BackupRebuilder>(etcd.get(), coordinator->prefix,
+                                                    PeerClientOptions(o.curve_secret_key));
+    }
+    auto watcher = WatchForFailures(*coordinator, etcd.get(), &registry, rebuilder.get());
     if (!watcher.ok()) {
       std::cerr << "tessera-server: --failover_poll_ms: " << watcher.status().ToString() << "\n";
       map_source.reset();
@@ -371,6 +469,7 @@ int main(int argc, char** argv) {
               << " (" << failover->slots_promoted() << " slots)";
     failover.reset();
   }
+  rebuilder.reset();  // stops a rebuild before its next batch
   if (membership) {
     // Leave the members first: nobody should pick a server that is going away.
     tessera::Status s = membership->Deregister();

@@ -1,0 +1,276 @@
+// Backup rebuild (docs/elasticity.md, "Backup rebuild"): after a fail-over a slot or dense part
+// may have a primary and no backup; a controller (tessera-ctl map rebuild, or the promoting
+// server in the background) names a new backup with the primary as its importing source. The
+// primary forwards the slot's pushes to it from that map on; the backup holds them
+// (HeldForFill) until the copy of the rows is in (SlotImport done), then applies them in
+// order. The primary's copy (SlotExport for a fill) is taken once every request it sequenced
+// by an older map is in its lanes, so it holds every push not forwarded and none forwarded.
+#include <absl/container/flat_hash_map.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ps/optimizer.h"
+#include "ps/server/server_impl_internal.h"
+#include "ps/slot_rows.h"
+
+namespace tessera::internal {
+namespace {
+
+// The chunks [first, end) of each dense part asked for, per dense table: (table, first, end).
+struct DenseChunkRange {
+  uint64_t table;
+  uint64_t first, end;
+};
+std::vector<DenseChunkRange> DensePartChunks(
+    const std::vector<std::pair<uint64_t, TableSpec>>& tables, const std::vector<uint32_t>& parts,
+    uint32_t dense_servers) {
+  std::vector<DenseChunkRange> out;
+  for (const auto& [id, spec] : tables) {
+    if (spec.kind != TableKind::kDense) continue;
+    for (uint32_t part : parts) {
+      const DenseRange r = DenseRangeOfServer(id, spec.length, part, dense_servers);
+      if (r.begin >= r.end) continue;
+      out.push_back({id, r.begin / kDenseChunkFloats,
+                     (r.end + kDenseChunkFloats - 1) / kDenseChunkFloats});
+    }
+  }
+  return out;
+}
+bool InChunks(const std::vector<DenseChunkRange>& ranges, uint64_t table, uint64_t chunk) {
+  for (const DenseChunkRange& r : ranges) {
+    if (r.table == table && chunk >= r.first && chunk < r.end) return true;
+  }
+  return false;
+}
+
+
+// Chunks to write in one lane.
+struct ChunkBatch {
+  std::vector<uint64_t> tables, chunks;
+  std::vector<RowMeta> metas;
+  std::vector<float> floats;
+  std::vector<size_t> offsets;
+};
+
+// Checks and sorts SlotImport's dense chunks (rows of dense tables keyed by chunk index): each
+// table entry accepted by `table`, each chunk of a dense table `spec_of` knows, in `ranges`,
+// of the chunk's floats (value and optimizer state); into `lanes` by LaneOfChunk.
+Status DecodeDenseChunks(std::string_view data, const std::vector<DenseChunkRange>& ranges,
+                         uint32_t nl, const std::function<Status(uint64_t, const TableSpec&)>& table,
+                         const std::function<const TableSpec*(uint64_t)>& spec_of,
+                         std::vector<ChunkBatch>* lanes, uint64_t* rows) {
+  auto row = [&](uint64_t id, uint64_t chunk, const SlotRowMeta& m, const char* floats,
+                 uint32_t n) -> Status {
+    const TableSpec* spec = spec_of(id);
+    if (spec == nullptr || spec->kind != TableKind::kDense || !InChunks(ranges, id, chunk)) {
+      return Status::InvalidArgument("dense chunks: chunk " + std::to_string(chunk) +
+                                     " of table id " + std::to_string(id) +
+                                     " is in no dense part the request names");
+    }
+    const uint32_t len = static_cast<uint32_t>(
+        std::min<uint64_t>(kDenseChunkFloats, spec->length - chunk * kDenseChunkFloats));
+    const uint32_t want = len + Optimizer::Make(spec->optimizer)->StateFloats(len);
+    if (n != want) {
+      return Status::InvalidArgument("dense chunks: chunk " + std::to_string(chunk) +
+                                     " of table '" + spec->name + "' has " + std::to_string(n) +
+                                     " floats, not " + std::to_string(want));
+    }
+    ChunkBatch& b = (*lanes)[LaneOfChunk(id, chunk, nl)];
+    b.tables.push_back(id);
+    b.chunks.push_back(chunk);
+    b.metas.push_back(RowMeta{m.update_count, m.last_step, m.last_update_s});
+    b.offsets.push_back(b.floats.size());
+    b.floats.resize(b.floats.size() + n);
+    std::memcpy(b.floats.data() + b.offsets.back(), floats, size_t{n} * sizeof(float));
+    ++*rows;
+    return Status::OK();
+  };
+  return ParseSlotRows(data, {table, row, nullptr});
+}
+
+}  // namespace
+
+bool ServerImpl::HeldForFill(const Pending& p) {
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr || map->filling.empty() || p.keys == nullptr) return false;
+  for (uint64_t i = 0; i < p.header.count; ++i) {
+    const uint32_t slot = SlotOfKey(p.keys[i]);
+    if (map->filling[slot] && !import_filled_[slot]) return true;
+  }
+  return false;
+}
+
+bool ServerImpl::DenseHeldForFill(uint32_t part) {
+  const ClusterMapState* map = CurrentMap();
+  return map != nullptr && part < map->dense_filling.size() && map->dense_filling[part] &&
+         !(part < dense_filled_.size() && dense_filled_[part]);
+}
+
+Result<std::vector<uint32_t>> ServerImpl::RequestDenseParts(const Pending& p,
+                                                            const ClusterMapState* map) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<uint32_t> parts, RequestSlots(p));
+  const uint32_t n = map != nullptr ? map->dense_servers : DenseServers();
+  for (uint32_t part : parts) {
+    if (part >= n) {
+      return Status::InvalidArgument("dense part " + std::to_string(part) + " is not below " +
+                                     std::to_string(n) + " (dense_servers)");
+    }
+  }
+  return parts;
+}
+
+Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> parts, RequestDenseParts(*p, map));
+  for (uint32_t part : parts) {
+    if (map == nullptr || map->DenseOwner(part) != options_.rank ||
+        map->DenseBackup(part) == RoutingMap::kNoBackup) {
+      return Status::FailedPrecondition(
+          "dense part " + std::to_string(part) + " is not server " +
+          std::to_string(options_.rank) + "'s with a backup at map version " +
+          std::to_string(map == nullptr ? 0 : map->version) + ": no backup fill to copy it for");
+    }
+  }
+  // The chunks of those parts, as rows of their dense tables (key: the chunk index): value,
+  // then optimizer state.
+  const auto list = TableList();
+  std::string specs;
+  for (const auto& [id, spec] : list) AppendSlotTable(&specs, id, spec);
+  auto ranges = std::make_shared<const std::vector<DenseChunkRange>>(
+      DensePartChunks(list, parts, map->dense_servers));
+  auto state = std::make_shared<absl::flat_hash_map<uint64_t, std::shared_ptr<Optimizer>>>();
+  for (const auto& [id, spec] : list) {
+    if (spec.kind == TableKind::kDense) (*state)[id] = Optimizer::Make(spec.optimizer);
+  }
+  p->text.assign(lanes_.size() + 1, std::string());
+  p->text[0] = std::move(specs);
+  Pending* raw = p.get();
+  std::atomic<uint64_t>* exported = &slot_rows_exported_;
+  auto scan = [raw, ranges, state, exported](Lane& lane) -> Status {
+    std::string out;
+    uint64_t n = 0;
+    for (const auto& [id, opt] : *state) {
+      TESSERA_RETURN_IF_ERROR(lane.store().ScanDense(
+          id, [&](uint64_t chunk, const float* row, uint32_t len, const RowMeta& meta) {
+            if (!InChunks(*ranges, id, chunk)) return true;
+            AppendSlotRow(&out, id, chunk,
+                          SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s}, row,
+                          len + opt->StateFloats(len));
+            ++n;
+            return true;
+          }));
+    }
+    exported->fetch_add(n, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> l(raw->mu);
+    raw->text[lane.index() + 1] = std::move(out);
+    return Status::OK();
+  };
+  ExportForFill(p, h.map_version, std::move(scan));
+  return Status::OK();
+}
+
+Status ServerImpl::CheckFillSlots(const std::vector<uint32_t>& slots) {
+  const ClusterMapState* map = CurrentMap();  // at least the request's version (CheckOwnership)
+  for (uint32_t slot : slots) {
+    if (map == nullptr || map->backup.empty() || map->backup[slot] == RoutingMap::kNoBackup) {
+      return Status::FailedPrecondition(
+          "slot " + std::to_string(slot) + " has no backup at map version " +
+          std::to_string(map == nullptr ? 0 : map->version) +
+          ": there is no backup fill to copy it for");
+    }
+  }
+  return Status::OK();
+}
+
+void ServerImpl::ExportForFill(const std::shared_ptr<Pending>& p, uint64_t version,
+                               std::function<Status(Lane&)> scan) {
+  // A rebuild's copy holds every push this server took before it forwarded the slots to their
+  // new backup, and none it forwarded there (the backup applies those itself, once the copy is
+  // in): it runs once the requests sequenced by an older map have reached the lanes. The ones
+  // after them wait for the backup, which holds them until the copy is in.
+  fill_exports_.push_back(FillExport{version, [this, p, scan = std::move(scan)]() mutable {
+                                       RunOnAllLanes(p, std::move(scan), false);
+                                     }});
+  RunFillExports();
+}
+
+Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportDenseDone ? 1 : 2));
+  TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> parts, RequestDenseParts(*p, map));
+  const uint32_t n_parts = map != nullptr ? map->dense_servers : 0;
+  if (dense_filled_.size() != n_parts) dense_filled_.assign(n_parts, false);
+  for (uint32_t part : parts) {
+    if (map == nullptr || map->dense_filling.empty() || !map->dense_filling[part]) {
+      return Status::FailedPrecondition("dense part " + std::to_string(part) +
+                                        " is not being copied to server " +
+                                        std::to_string(options_.rank) + " at map version " +
+                                        std::to_string(map == nullptr ? 0 : map->version));
+    }
+  }
+  if (h.count == kImportDenseDone) {
+    for (uint32_t part : parts) dense_filled_[part] = true;
+    ReplyOk(std::move(p->identity), h);
+    ReadmitReplicas();  // the forwarded pushes held for the parts, in order
+    return Status::OK();
+  }
+  for (uint32_t part : parts) {
+    if (dense_filled_[part]) {
+      return Status::AlreadyExists("dense part " + std::to_string(part) +
+                                   " was marked in on server " + std::to_string(options_.rank) +
+                                   " already (it applies pushes): its chunks are not replaced");
+    }
+  }
+  const auto ranges = DensePartChunks(TableList(), parts, map->dense_servers);
+  const uint32_t nl = static_cast<uint32_t>(lanes_.size());
+  auto plan = std::make_shared<std::vector<ChunkBatch>>(nl);
+  uint64_t rows = 0;
+  const auto& frame = p->frames[1];
+  TESSERA_RETURN_IF_ERROR(DecodeDenseChunks(
+      std::string_view(static_cast<const char*>(frame.data()), frame.size()), ranges, nl,
+      [&](uint64_t id, const TableSpec& spec) -> Status {
+        TESSERA_ASSIGN_OR_RETURN(bool exists, SameTableExists(id, spec, "than the copied chunks'"));
+        if (!exists && spec.kind == TableKind::kDense) {
+          return Status::FailedPrecondition("dense table '" + spec.name +
+                                            "' of the copied chunks is not on server " +
+                                            std::to_string(options_.rank));
+        }
+        return Status::OK();
+      },
+      [&](uint64_t id) -> const TableSpec* {
+        auto t = tables_.find(id);
+        return t == tables_.end() ? nullptr : &t->second.spec;
+      },
+      plan.get(), &rows));
+  slot_rows_imported_.fetch_add(rows, std::memory_order_relaxed);
+  std::vector<LanePart> lane_parts;
+  for (uint32_t l = 0; l < nl; ++l) {
+    lane_parts.push_back(LanePart{l, [plan, l](Lane& lane) -> Status {
+                                    ChunkBatch& b = (*plan)[l];
+                                    for (size_t i = 0; i < b.chunks.size(); ++i) {
+                                      b.metas[i].last_step = static_cast<uint32_t>(lane.step());
+                                      TESSERA_RETURN_IF_ERROR(lane.store().PutDenseChunk(
+                                          b.tables[i], b.chunks[i], b.floats.data() + b.offsets[i],
+                                          b.metas[i]));
+                                    }
+                                    return b.chunks.empty() ? Status::OK() : lane.store().Commit();
+                                  }});
+  }
+  RunParts(p, std::move(lane_parts), /*writes=*/false, /*seq=*/0, /*may_inline=*/false);
+  return Status::OK();
+}
+
+void ServerImpl::RunFillExports() {
+  while (!fill_exports_.empty() &&
+         (repl_queue_.empty() || repl_queue_.front().version >= fill_exports_.front().version)) {
+    FillExport e = std::move(fill_exports_.front());
+    fill_exports_.pop_front();
+    e.run();
+  }
+}
+
+}  // namespace tessera::internal
