@@ -337,6 +337,14 @@ TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   auto m = store_->Load();
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(std::count(m->primary.begin(), m->primary.end(), 0), kNumSlots);
+  // One server left: no backup can be rebuilt, and `map rebuild` says why, changing nothing.
+  std::string ctl;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "rebuild", "--coordinator=" + url_}, &ctl), 1)
+      << ctl;
+  EXPECT_NE(ctl.find("at least 2 registered servers"), std::string::npos) << ctl;
+  auto after = store_->Load();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->version, m->version);
   auto reader = CoordinatorClient();
   ASSERT_NE(reader, nullptr);
   std::vector<float> out(universe.size() * kDim, -999.0f);
