@@ -138,6 +138,11 @@ class Controller {
   // The same for dense parts (dense_importing = the part's primary): one copy of their chunks
   // (under the hold: a dense part is small next to a table's slots), done, CAS.
   Status SettleDenseFills();
+  // One batch of a move (`fill` false) or a rebuild (true): drops what the destinations
+  // (`by_dst`) hold of the slots, copies them ahead from their sources (`pairs`), CASes `next`,
+  // settles; then, when `more` batches follow, paces.
+  Status Batch(ClusterMap next, const MovePairs& pairs,
+               const std::map<uint16_t, std::vector<uint32_t>>& by_dst, bool fill, bool more);
   // Gives each dense part of a live primary without a backup the next live server (`live`:
   // per server id), one CAS and one copy for all.
   Status RebuildDense(const std::vector<bool>& live);
@@ -345,6 +350,31 @@ Status Controller::SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Mar
   return Status::OK();
 }
 
+Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
+                         const std::map<uint16_t, std::vector<uint32_t>>& by_dst, bool fill,
+                         bool more) {
+  // A destination may hold rows of these slots from an earlier stay: deleted while it does not
+  // own them (nothing writes them there then), so that the copy lands on nothing stale.
+  for (auto& [dst, slots] : by_dst) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
+    }).status());
+  }
+  // The rows go over while the sources still serve them; the flip then holds requests only
+  // while the rows updated since are copied.
+  const auto batch_start = SteadyClock::now();
+  std::map<std::pair<uint16_t, uint16_t>, Marks> ahead;
+  TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  TESSERA_RETURN_IF_ERROR(fill ? SettleFills(ahead) : Settle(ahead));
+  if (o_.pace < 1 && more) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+        MsSince(batch_start) * (1 / o_.pace - 1)));
+  }
+  return Status::OK();
+}
+
 Status Controller::SettleDenseFills() {
   MovePairs fills;  // (primary, backup) -> parts
   for (uint32_t part = 0; part < map_.dense_importing.size(); ++part) {
@@ -472,22 +502,8 @@ Result<ScaleReport> Controller::Rebuild() {
       next.importing[slot] = next.primary[slot];
       by_backup[b].push_back(slot);
     }
-    // Rows the new backup may hold from an earlier stay go first; nothing writes them there.
-    for (auto& [b, slots] : by_backup) {
-      TESSERA_ASSIGN_OR_RETURN(Client * c, Server(b));
-      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
-        return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
-      }).status());
-    }
-    const auto batch_start = SteadyClock::now();
-    std::map<std::pair<uint16_t, uint16_t>, Marks> ahead;
-    TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
-    TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
-    TESSERA_RETURN_IF_ERROR(SettleFills(ahead));
-    if (o_.pace < 1 && i + o_.batch_slots < plan.size()) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
-          MsSince(batch_start) * (1 / o_.pace - 1)));
-    }
+    TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_backup, /*fill=*/true,
+                                  /*more=*/i + o_.batch_slots < plan.size()));
   }
   TESSERA_RETURN_IF_ERROR(RebuildDense(live));
   report_.to_version = map_.version;
@@ -535,25 +551,8 @@ Result<ScaleReport> Controller::Run() {
       next.primary[slot] = to;
       by_dst[to].push_back(slot);
     }
-    // A new owner may hold rows of these slots from an earlier stay: deleted while it does not
-    // own them (nothing writes them there then), so that the copy lands on nothing stale.
-    for (auto& [dst, slots] : by_dst) {
-      TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
-      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
-        return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
-      }).status());
-    }
-    // The rows go over while the old owners still serve them; the flip then holds requests
-    // only while the rows updated since are copied.
-    const auto batch_start = SteadyClock::now();
-    std::map<std::pair<uint16_t, uint16_t>, Marks> ahead;
-    TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
-    TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
-    TESSERA_RETURN_IF_ERROR(Settle(ahead));
-    if (o_.pace < 1 && i + o_.batch_slots < moves.size()) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
-          MsSince(batch_start) * (1 / o_.pace - 1)));
-    }
+    TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/false,
+                                  /*more=*/i + o_.batch_slots < moves.size()));
   }
   // Drained servers own nothing now: retire their ids.
   ClusterMap next = map_;

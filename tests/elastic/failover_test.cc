@@ -121,6 +121,40 @@ class FailoverTest : public EtcdTest {
         limit);
   }
 
+  // Reads every key of `universe` and the whole dense table by a new client of the current
+  // map: each must equal minus the sum of the acknowledged pushes (SGD, lr 1, zeros), exactly.
+  void ExpectSumsOfAcknowledgedPushes(const Table& t, const std::vector<uint64_t>& universe,
+                                      std::map<uint64_t, double>& expected, const Table& dense,
+                                      const std::vector<double>& dense_expected) {
+    auto reader = CoordinatorClient();
+    ASSERT_NE(reader, nullptr);
+    std::vector<float> out(universe.size() * kDim, -999.0f);
+    Status st = reader->Wait(reader->Pull(t, universe, out.data()));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    size_t wrong = 0;
+    for (size_t i = 0; i < universe.size(); ++i) {
+      for (uint32_t d = 0; d < kDim; ++d) {
+        const double want = -expected[universe[i] * kDim + d];
+        if (out[i * kDim + d] != want && ++wrong <= 5) {
+          ADD_FAILURE() << "key " << universe[i] << " element " << d << ": " << out[i * kDim + d]
+                        << ", acknowledged pushes sum to " << want;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0u);
+    std::vector<float> mlp(dense_expected.size(), -999.0f);
+    st = reader->Wait(reader->DensePull(dense, 0, mlp.size(), mlp.data()));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    size_t dense_wrong = 0;
+    for (size_t i = 0; i < mlp.size(); ++i) {
+      if (mlp[i] != -dense_expected[i] && ++dense_wrong <= 5) {
+        ADD_FAILURE() << "dense element " << i << ": " << mlp[i]
+                      << ", acknowledged pushes sum to " << -dense_expected[i];
+      }
+    }
+    EXPECT_EQ(dense_wrong, 0u);
+  }
+
   std::string url_;
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<Client> admin_;
@@ -204,34 +238,8 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
   EXPECT_FALSE(cluster_->running(1));
   // Every key, read from the new map's primaries by a new client: the sum of every
   // acknowledged push, exactly once.
-  auto reader = CoordinatorClient();
-  ASSERT_NE(reader, nullptr);
-  std::vector<float> out(universe.size() * kDim, -999.0f);
-  Status s = reader->Wait(reader->Pull(t, universe, out.data()));
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  size_t wrong = 0;
-  for (size_t i = 0; i < universe.size(); ++i) {
-    for (uint32_t d = 0; d < kDim; ++d) {
-      const double want = -expected[universe[i] * kDim + d];
-      if (out[i * kDim + d] != want && ++wrong <= 5) {
-        ADD_FAILURE() << "key " << universe[i] << " element " << d << ": " << out[i * kDim + d]
-                      << ", acknowledged pushes sum to " << want;
-      }
-    }
-  }
-  EXPECT_EQ(wrong, 0u);
-  // The dense table, whose part on server 1 moved to its backup, server 2.
-  std::vector<float> mlp(3000, -999.0f);
-  s = reader->Wait(reader->DensePull(*dense, 0, 3000, mlp.data()));
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  size_t dense_wrong = 0;
-  for (size_t i = 0; i < mlp.size(); ++i) {
-    if (mlp[i] != -dense_expected[i] && ++dense_wrong <= 5) {
-      ADD_FAILURE() << "dense element " << i << ": " << mlp[i] << ", acknowledged pushes sum to "
-                    << -dense_expected[i];
-    }
-  }
-  EXPECT_EQ(dense_wrong, 0u);
+  // (The dense table's part on server 1 moved to its backup, server 2.)
+  ExpectSumsOfAcknowledgedPushes(t, universe, expected, *dense, dense_expected);
   // The stall is reported, not asserted (a loaded machine only makes it longer): it is the
   // lease TTL, etcd's expiry check, the promotion's poll and the map's way to the client.
 }
@@ -345,33 +353,7 @@ TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   auto after = store_->Load();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->version, m->version);
-  auto reader = CoordinatorClient();
-  ASSERT_NE(reader, nullptr);
-  std::vector<float> out(universe.size() * kDim, -999.0f);
-  Status st = reader->Wait(reader->Pull(t, universe, out.data()));
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  size_t wrong = 0;
-  for (size_t i = 0; i < universe.size(); ++i) {
-    for (uint32_t d = 0; d < kDim; ++d) {
-      const double want = -expected[universe[i] * kDim + d];
-      if (out[i * kDim + d] != want && ++wrong <= 5) {
-        ADD_FAILURE() << "key " << universe[i] << " element " << d << ": " << out[i * kDim + d]
-                      << ", acknowledged pushes sum to " << want;
-      }
-    }
-  }
-  EXPECT_EQ(wrong, 0u);
-  std::vector<float> mlp(3000, -999.0f);
-  st = reader->Wait(reader->DensePull(*dense, 0, 3000, mlp.data()));
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  size_t dense_wrong = 0;
-  for (size_t i = 0; i < mlp.size(); ++i) {
-    if (mlp[i] != -dense_expected[i] && ++dense_wrong <= 5) {
-      ADD_FAILURE() << "dense element " << i << ": " << mlp[i] << ", acknowledged pushes sum to "
-                    << -dense_expected[i];
-    }
-  }
-  EXPECT_EQ(dense_wrong, 0u);
+  ExpectSumsOfAcknowledgedPushes(t, universe, expected, *dense, dense_expected);
 }
 
 // The exactly-once step of a fail-over, without timing luck: a push the primary forwarded to
