@@ -138,6 +138,14 @@ class Controller {
   // The same for dense parts (dense_importing = the part's primary): one copy of their chunks
   // (under the hold: a dense part is small next to a table's slots), done, CAS.
   Status SettleDenseFills();
+  // The copy at the flip of the slots of `pair` (source, destination) at version `v`, as `how`
+  // and since the marks of the pair's copy ahead (if any); every row again when the source
+  // restarted since; nothing when the destination has them marked in already. Counts the rows.
+  Status CopyAtFlip(const std::pair<uint16_t, uint16_t>& pair, const std::vector<uint32_t>& slots,
+                    Client::SlotExportRequest how,
+                    const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead, uint64_t v);
+  // SlotImport done at `v` on each destination for its slots.
+  Status MarkIn(const std::map<uint16_t, std::vector<uint32_t>>& by_dst, uint64_t v);
   // One batch of a move (`fill` false) or a rebuild (true): drops what the destinations
   // (`by_dst`) hold of the slots, copies them ahead from their sources (`pairs`), CASes `next`,
   // settles; then, when `more` batches follow, paces.
@@ -239,35 +247,10 @@ Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& 
   const auto flipped = SteadyClock::now();
   const uint64_t v = map_.version;
   for (auto& [pair, slots] : moves) {
-    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
-    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
-    Client::SlotExportRequest how;
-    auto a = ahead.find(pair);
-    if (a != ahead.end()) how.since = a->second.steps;
-    Marks marks;
-    uint64_t n = 0;
-    Status copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
-    if (copied.code() == StatusCode::kAlreadyExists) {
-      // Marked in already by an earlier run that died before settling: the new owner has taken
-      // pushes for these slots since, which a copy would overwrite.
-      continue;
-    }
-    if ((copied.ok() && a != ahead.end() && marks.instance != a->second.instance) ||
-        (copied.code() == StatusCode::kInvalidArgument && !how.since.empty())) {
-      // The old owner restarted since the copy ahead (its step counters began again, maybe
-      // with another number of lanes): every row.
-      copied = Copy(src, dst, v, slots, {}, Client::SlotImportStep::kRows, &marks, &n);
-    }
-    TESSERA_RETURN_IF_ERROR(copied);
-    report_.rows_in_hold += n;
+    TESSERA_RETURN_IF_ERROR(CopyAtFlip(pair, slots, {}, ahead, v));
   }
   const double copied_ms = MsSince(flipped);
-  for (auto& [dst, slots] : by_dst) {
-    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
-      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
-    }).status());
-  }
+  TESSERA_RETURN_IF_ERROR(MarkIn(by_dst, v));
   const double hold = MsSince(flipped);
   report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
   ClusterMap next = map_;
@@ -305,33 +288,10 @@ Status Controller::SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Mar
   if (fills.empty()) return Status::OK();
   const auto flipped = SteadyClock::now();
   const uint64_t v = map_.version;
-  for (auto& [pair, slots] : fills) {
-    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
-    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
-    Client::SlotExportRequest how;
-    how.backup_fill = true;
-    auto a = ahead.find(pair);
-    if (a != ahead.end()) how.since = a->second.steps;
-    Marks marks;
-    uint64_t n = 0;
-    Status copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
-    // Marked in already (an earlier run died before settling): the backup applies the
-    // primary's pushes since, which a copy would overwrite.
-    if (copied.code() == StatusCode::kAlreadyExists) continue;
-    if ((copied.ok() && a != ahead.end() && marks.instance != a->second.instance) ||
-        (copied.code() == StatusCode::kInvalidArgument && !how.since.empty())) {
-      how.since.clear();  // the primary restarted since the copy ahead: every row
-      copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
-    }
-    TESSERA_RETURN_IF_ERROR(copied);
-    report_.rows_in_hold += n;
-  }
-  for (auto& [backup, slots] : by_backup) {
-    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(backup));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
-      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
-    }).status());
-  }
+  Client::SlotExportRequest how;
+  how.backup_fill = true;
+  for (auto& [pair, slots] : fills) TESSERA_RETURN_IF_ERROR(CopyAtFlip(pair, slots, how, ahead, v));
+  TESSERA_RETURN_IF_ERROR(MarkIn(by_backup, v));
   const double hold = MsSince(flipped);
   report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
   ClusterMap next = map_;
@@ -346,6 +306,44 @@ Status Controller::SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Mar
   if (o_.log != nullptr) {
     std::fprintf(o_.log, "gave %u slots a backup at map version %llu; held %.1f ms\n", count,
                  static_cast<unsigned long long>(v), hold);
+  }
+  return Status::OK();
+}
+
+Status Controller::CopyAtFlip(const std::pair<uint16_t, uint16_t>& pair,
+                              const std::vector<uint32_t>& slots, Client::SlotExportRequest how,
+                              const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead,
+                              uint64_t v) {
+  TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+  TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+  auto a = ahead.find(pair);
+  if (a != ahead.end()) how.since = a->second.steps;
+  Marks marks;
+  uint64_t n = 0;
+  Status copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
+  if (copied.code() == StatusCode::kAlreadyExists) {
+    // Marked in already by an earlier run that died before settling: the destination has
+    // taken pushes for these slots since, which a copy would overwrite.
+    return Status::OK();
+  }
+  if ((copied.ok() && a != ahead.end() && marks.instance != a->second.instance) ||
+      (copied.code() == StatusCode::kInvalidArgument && !how.since.empty())) {
+    // The source restarted since the copy ahead (its step counters began again, maybe with
+    // another number of lanes): every row.
+    how.since.clear();
+    copied = Copy(src, dst, v, slots, how, Client::SlotImportStep::kRows, &marks, &n);
+  }
+  TESSERA_RETURN_IF_ERROR(copied);
+  report_.rows_in_hold += n;
+  return Status::OK();
+}
+
+Status Controller::MarkIn(const std::map<uint16_t, std::vector<uint32_t>>& by_dst, uint64_t v) {
+  for (auto& [dst, slots] : by_dst) {
+    TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
+    }).status());
   }
   return Status::OK();
 }

@@ -121,6 +121,28 @@ class FailoverTest : public EtcdTest {
         limit);
   }
 
+  // One training step's pushes: the distinct keys among 400 drawn from `universe`, with
+  // integer gradients (exact sums), and 3,000 dense gradients (`salt` varies them by test).
+  struct Step {
+    Handle handle, dense_handle;
+    std::vector<uint64_t> keys;
+    std::vector<float> grads, dense_grads;
+  };
+  static Step NextStep(std::mt19937_64& rng, const std::vector<uint64_t>& universe, int step,
+                       int salt) {
+    Step s;
+    for (int i = 0; i < 400; ++i) s.keys.push_back(universe[rng() % universe.size()]);
+    std::sort(s.keys.begin(), s.keys.end());
+    s.keys.erase(std::unique(s.keys.begin(), s.keys.end()), s.keys.end());
+    s.grads.resize(s.keys.size() * kDim);
+    for (size_t i = 0; i < s.grads.size(); ++i) s.grads[i] = static_cast<float>(1 + (step + i) % 4);
+    s.dense_grads.resize(3000);
+    for (size_t i = 0; i < s.dense_grads.size(); ++i) {
+      s.dense_grads[i] = static_cast<float>(1 + (step * salt + i) % 3);
+    }
+    return s;
+  }
+
   // Reads every key of `universe` and the whole dense table by a new client of the current
   // map: each must equal minus the sum of the acknowledged pushes (SGD, lr 1, zeros), exactly.
   void ExpectSumsOfAcknowledgedPushes(const Table& t, const std::vector<uint64_t>& universe,
@@ -181,11 +203,6 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
   auto dense = c->CreateTable(TableSpec::Dense("mlp", 3000, sgd));
   ASSERT_TRUE(dense.ok()) << dense.status().ToString();
   std::vector<double> dense_expected(3000, 0.0);
-  struct Step {
-    Handle handle, dense_handle;
-    std::vector<uint64_t> keys;
-    std::vector<float> grads, dense_grads;
-  };
   std::deque<Step> in_flight;
   double longest_gap_ms = 0;
   auto last_done = std::chrono::steady_clock::now();
@@ -206,17 +223,8 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
     in_flight.pop_front();
   };
   for (int step = 0; step < kSteps; ++step) {
-    Step s;
-    for (int i = 0; i < 400; ++i) s.keys.push_back(universe[rng() % universe.size()]);
-    std::sort(s.keys.begin(), s.keys.end());
-    s.keys.erase(std::unique(s.keys.begin(), s.keys.end()), s.keys.end());
-    s.grads.resize(s.keys.size() * kDim);
-    for (size_t i = 0; i < s.grads.size(); ++i) s.grads[i] = static_cast<float>(1 + (step + i) % 4);
+    Step s = NextStep(rng, universe, step, 7);
     s.handle = c->Push(t, s.keys, s.grads);
-    s.dense_grads.resize(3000);
-    for (size_t i = 0; i < s.dense_grads.size(); ++i) {
-      s.dense_grads[i] = static_cast<float>(1 + (step * 7 + i) % 3);
-    }
     s.dense_handle = c->DensePush(*dense, 0, s.dense_grads);
     in_flight.push_back(std::move(s));
     if (step == kKillAt) cluster_->Kill(1);  // with kInFlight pushes on their way
@@ -262,11 +270,6 @@ TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   auto dense = c->CreateTable(TableSpec::Dense("mlp", 3000, sgd));
   ASSERT_TRUE(dense.ok()) << dense.status().ToString();
   std::vector<double> dense_expected(3000, 0.0);
-  struct Step {
-    Handle handle, dense_handle;
-    std::vector<uint64_t> keys;
-    std::vector<float> grads, dense_grads;
-  };
   std::deque<Step> in_flight;
   auto complete_oldest = [&] {
     Step& s = in_flight.front();
@@ -305,17 +308,8 @@ TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   int step = 0;
   for (; step < kMaxSteps && (second_kill_at < 0 || step < second_kill_at + kAfterSecondKill);
        ++step) {
-    Step s;
-    for (int i = 0; i < 400; ++i) s.keys.push_back(universe[rng() % universe.size()]);
-    std::sort(s.keys.begin(), s.keys.end());
-    s.keys.erase(std::unique(s.keys.begin(), s.keys.end()), s.keys.end());
-    s.grads.resize(s.keys.size() * kDim);
-    for (size_t i = 0; i < s.grads.size(); ++i) s.grads[i] = static_cast<float>(1 + (step + i) % 4);
+    Step s = NextStep(rng, universe, step, 5);
     s.handle = c->Push(t, s.keys, s.grads);
-    s.dense_grads.resize(3000);
-    for (size_t i = 0; i < s.dense_grads.size(); ++i) {
-      s.dense_grads[i] = static_cast<float>(1 + (step * 5 + i) % 3);
-    }
     s.dense_handle = c->DensePush(*dense, 0, s.dense_grads);
     in_flight.push_back(std::move(s));
     if (step == kKillAt) cluster_->Kill(1);
