@@ -349,7 +349,7 @@ int MapRebuild(tessera::EtcdClient& etcd, const tessera::CoordinatorUrl& url) {
               "batches, %u dense parts, %.2f s: %llu rows copied ahead, %llu during holds "
               "(%.1f MB); longest hold %.1f ms\n",
               static_cast<unsigned long long>(r->from_version),
-              static_cast<unsigned long long>(r->to_version), r->slots_moved, r->batches,
+              static_cast<unsigned long long>(r->to_version), r->slots_backed, r->batches,
               r->dense_parts_backed,
               r->seconds, static_cast<unsigned long long>(r->rows_ahead),
               static_cast<unsigned long long>(r->rows_in_hold), r->bytes_moved / 1e6,
@@ -418,11 +418,12 @@ int Scale(const std::string& arg) {
     std::fprintf(stderr, "tessera-ctl: scale: %s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::printf("scaled to %lu servers: map version %llu -> %llu, %u slots moved in %u batches, "
-              "%.2f s: %llu rows copied ahead, %llu during holds (%.1f MB); longest hold %.1f "
-              "ms\n",
+  std::printf("scaled to %lu servers: map version %llu -> %llu, %u slots moved and %u given "
+              "a backup in %u flips, %.2f s: %llu rows copied ahead, %llu during holds (%.1f "
+              "MB); longest hold %.1f ms\n",
               n, static_cast<unsigned long long>(r->from_version),
-              static_cast<unsigned long long>(r->to_version), r->slots_moved, r->batches,
+              static_cast<unsigned long long>(r->to_version), r->slots_moved, r->slots_backed,
+              r->batches,
               r->seconds, static_cast<unsigned long long>(r->rows_ahead),
               static_cast<unsigned long long>(r->rows_in_hold), r->bytes_moved / 1e6,
               r->max_hold_ms);

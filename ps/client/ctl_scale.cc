@@ -56,31 +56,6 @@ class Servers {
   std::map<uint32_t, std::unique_ptr<Client>> clients_;
 };
 
-// The slots to move and where: each target keeps its lowest slots up to its share; the rest,
-// and every slot of a server not among the targets, go in slot order to the targets short of
-// their share.
-std::vector<std::pair<uint32_t, uint16_t>> PlanMoves(const ClusterMap& m,
-                                                     const std::vector<uint16_t>& targets) {
-  const uint32_t n = static_cast<uint32_t>(targets.size());
-  std::map<uint16_t, uint32_t> want, have;
-  for (uint32_t i = 0; i < n; ++i) want[targets[i]] = kNumSlots / n + (i < kNumSlots % n ? 1 : 0);
-  std::vector<uint32_t> given;
-  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    const uint16_t p = m.primary[slot];
-    if (!want.count(p) || have[p] >= want[p]) {
-      given.push_back(slot);
-    } else {
-      ++have[p];
-    }
-  }
-  std::vector<std::pair<uint32_t, uint16_t>> moves;
-  size_t next = 0;
-  for (uint16_t t : targets) {
-    for (; have[t] < want[t] && next < given.size(); ++have[t]) moves.push_back({given[next++], t});
-  }
-  return moves;
-}
-
 // The lane marks of an export (ps/slot_rows.h): each lane's step when it read its rows, and the
 // instance of the server process.
 struct Marks {
@@ -154,6 +129,19 @@ class Controller {
   // Gives each dense part of a live primary without a backup the next live server (`live`:
   // per server id), one CAS and one copy for all.
   Status RebuildDense(const std::vector<bool>& live);
+  // Waits after a batch that began at `start` so that moving takes `o_.pace` of the time.
+  void Pace(SteadyClock::time_point start) const;
+  // The dense parts of a map whose servers will be `targets`: FailedPrecondition when a part's
+  // primary is not among them (dense parts do not move); a replicated map's dense backups
+  // elsewhere are dropped and given again among the targets.
+  Status KeepDense(const std::vector<uint16_t>& targets, bool replicated);
+  // Resharding of a replicated map: in batches of the slots whose primary or backup changes,
+  // drops the backups that change (one CAS), moves the primaries (Batch; a backup that stays
+  // keeps receiving the slot's pushes), gives the slots their new backups (a backup fill,
+  // Batch), so that each slot has one backup again before the next batch.
+  Status MoveReplicated(const std::vector<uint16_t>& targets);
+  // Retires the ids not among `targets` (nothing names them any more).
+  Status RetireOthers(const std::vector<uint16_t>& targets);
 
   EtcdClient& etcd_;
   std::string prefix_;
@@ -238,7 +226,8 @@ Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& 
   std::map<uint16_t, std::vector<uint32_t>> by_dst, by_src;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
     const uint16_t from = map_.importing[slot];
-    if (from == ClusterMap::kNoServer) continue;
+    // (A source that is the slot's own primary is a backup fill: SettleFills.)
+    if (from == ClusterMap::kNoServer || from == map_.primary[slot]) continue;
     moves[{from, map_.primary[slot]}].push_back(slot);
     by_dst[map_.primary[slot]].push_back(slot);
     by_src[from].push_back(slot);
@@ -254,7 +243,9 @@ Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& 
   const double hold = MsSince(flipped);
   report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
   ClusterMap next = map_;
-  next.importing.assign(kNumSlots, ClusterMap::kNoServer);
+  for (auto& [dst, slots] : by_dst) {
+    for (uint32_t slot : slots) next.importing[slot] = ClusterMap::kNoServer;
+  }
   TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
   for (auto& [src, slots] : by_src) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(src));
@@ -301,7 +292,7 @@ Status Controller::SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Mar
     count += static_cast<uint32_t>(slots.size());
   }
   TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
-  report_.slots_moved += count;
+  report_.slots_backed += count;
   ++report_.batches;
   if (o_.log != nullptr) {
     std::fprintf(o_.log, "gave %u slots a backup at map version %llu; held %.1f ms\n", count,
@@ -348,6 +339,13 @@ Status Controller::MarkIn(const std::map<uint16_t, std::vector<uint32_t>>& by_ds
   return Status::OK();
 }
 
+void Controller::Pace(SteadyClock::time_point start) const {
+  if (o_.pace < 1) {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>(MsSince(start) * (1 / o_.pace - 1)));
+  }
+}
+
 Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
                          const std::map<uint16_t, std::vector<uint32_t>>& by_dst, bool fill,
                          bool more) {
@@ -366,10 +364,7 @@ Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
   TESSERA_RETURN_IF_ERROR(CopyAhead(pairs, &ahead));
   TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
   TESSERA_RETURN_IF_ERROR(fill ? SettleFills(ahead) : Settle(ahead));
-  if (o_.pace < 1 && more) {
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
-        MsSince(batch_start) * (1 / o_.pace - 1)));
-  }
+  if (more) Pace(batch_start);
   return Status::OK();
 }
 
@@ -488,7 +483,7 @@ Result<ScaleReport> Controller::Rebuild() {
   for (size_t i = 0; i < plan.size(); i += o_.batch_slots) {
     if (o_.cancel != nullptr && o_.cancel->load()) {
       return Status::Cancelled("backup rebuild stopped after " +
-                               std::to_string(report_.slots_moved) + " slots");
+                               std::to_string(report_.slots_backed) + " slots");
     }
     ClusterMap next = map_;
     MovePairs pairs;
@@ -509,50 +504,104 @@ Result<ScaleReport> Controller::Rebuild() {
   return report_;
 }
 
-Result<ScaleReport> Controller::Run() {
-  const auto t0 = SteadyClock::now();
-  TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
-  report_.from_version = map_.version;
-  // A move copies a slot to its new primary only: its backup would be left behind, and the
-  // servers' forwarding to backups knows nothing of imports.
-  const auto backed = std::count_if(map_.backup.begin(), map_.backup.end(),
-                                    [](uint16_t b) { return b != ClusterMap::kNoServer; });
-  if (backed > 0) {
-    return Status::FailedPrecondition(
-        "resharding a replicated map is not supported yet: map version " +
-        std::to_string(map_.version) + " gives " + std::to_string(backed) +
-        " slots a backup (tessera-ctl map init --replication=2); nothing was changed");
-  }
-  TESSERA_RETURN_IF_ERROR(Settle());  // a move an interrupted run left flipped
-  std::vector<uint16_t> targets;
-  for (uint16_t id = 0; id < map_.servers.size(); ++id) {
-    if (!map_.servers[id].address.empty() && targets.size() < o_.servers) targets.push_back(id);
-  }
-  for (uint16_t id = 0; id < map_.dense_servers; ++id) {
-    if (std::find(targets.begin(), targets.end(), id) == targets.end()) {
-      return Status::FailedPrecondition("server " + std::to_string(id) +
-                                        " holds dense tables (dense_servers " +
-                                        std::to_string(map_.dense_servers) +
-                                        "): a cluster of this map keeps at least that many");
+Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool replicated) {
+  auto kept = [&](uint16_t id) {
+    return std::find(targets.begin(), targets.end(), id) != targets.end();
+  };
+  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
+    const uint16_t p = map_.dense_primary.empty() ? part : map_.dense_primary[part];
+    if (!kept(p)) {
+      return Status::FailedPrecondition(
+          "server " + std::to_string(p) + " holds dense part " + std::to_string(part) +
+          " (dense_servers " + std::to_string(map_.dense_servers) +
+          "): dense parts do not move, so a cluster of this map keeps that server");
     }
   }
-  TESSERA_RETURN_IF_ERROR(AddServers(&targets));
-  const auto moves = PlanMoves(map_, targets);
-  for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {
+  if (!replicated || map_.dense_backup.empty()) return Status::OK();
+  ClusterMap next = map_;
+  bool dropped = false;
+  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
+    if (next.dense_backup[part] != ClusterMap::kNoServer && !kept(next.dense_backup[part])) {
+      next.dense_backup[part] = ClusterMap::kNoServer;
+      dropped = true;
+    }
+  }
+  if (dropped) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  std::vector<bool> live(map_.servers.size(), false);
+  for (uint16_t id : targets) live[id] = true;
+  return RebuildDense(live);
+}
+
+Status Controller::MoveReplicated(const std::vector<uint16_t>& targets) {
+  std::vector<uint16_t> primary = map_.primary;
+  for (const auto& [slot, to] : PlanMoves(map_, targets)) primary[slot] = to;
+  const std::vector<uint16_t> backup = PlanBackups(map_, primary, targets);
+  std::vector<uint32_t> changed;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (primary[slot] != map_.primary[slot] || backup[slot] != map_.backup[slot]) {
+      changed.push_back(slot);
+    }
+  }
+  for (size_t i = 0; i < changed.size(); i += o_.batch_slots) {
+    const auto start = SteadyClock::now();
+    const std::vector<uint32_t> batch(changed.begin() + i,
+                                      changed.begin() + std::min(changed.size(), i + o_.batch_slots));
+    // 1. The slots whose backup changes lose it: their primaries stop forwarding to it (and no
+    //    longer wait for it). A backup that stays (never the new primary) stays through the
+    //    move: it has every push the old primary applied, and the new one forwards to it once
+    //    the copy is in.
     ClusterMap next = map_;
-    std::map<uint16_t, std::vector<uint32_t>> by_dst;
-    MovePairs pairs;
-    for (size_t j = i; j < std::min(moves.size(), i + o_.batch_slots); ++j) {
-      const auto [slot, to] = moves[j];
-      pairs[{next.primary[slot], to}].push_back(slot);
-      next.importing[slot] = next.primary[slot];
-      next.primary[slot] = to;
-      by_dst[to].push_back(slot);
+    std::map<uint16_t, std::vector<uint32_t>> old_backup;
+    for (uint32_t slot : batch) {
+      const uint16_t b = map_.backup[slot];
+      if (b == ClusterMap::kNoServer || b == backup[slot]) continue;
+      next.backup[slot] = ClusterMap::kNoServer;
+      if (b != primary[slot] && b != backup[slot]) old_backup[b].push_back(slot);
     }
-    TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/false,
-                                  /*more=*/i + o_.batch_slots < moves.size()));
+    if (next.backup != map_.backup) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+    // 2. The primaries move, as in an unreplicated map.
+    next = map_;
+    MovePairs pairs;
+    std::map<uint16_t, std::vector<uint32_t>> by_dst;
+    for (uint32_t slot : batch) {
+      if (primary[slot] == map_.primary[slot]) continue;
+      pairs[{map_.primary[slot], primary[slot]}].push_back(slot);
+      next.importing[slot] = map_.primary[slot];
+      next.primary[slot] = primary[slot];
+      by_dst[primary[slot]].push_back(slot);
+    }
+    if (!pairs.empty()) {
+      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/false, false));
+    }
+    // 3. The new backups are filled from the primaries, as in a rebuild.
+    next = map_;
+    pairs.clear();
+    by_dst.clear();
+    for (uint32_t slot : batch) {
+      if (backup[slot] == map_.backup[slot]) continue;
+      pairs[{map_.primary[slot], backup[slot]}].push_back(slot);
+      next.backup[slot] = backup[slot];
+      next.importing[slot] = map_.primary[slot];
+      by_dst[backup[slot]].push_back(slot);
+    }
+    if (!pairs.empty()) {
+      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/true, false));
+    }
+    // 4. The old backups' rows are dropped, unless that server holds the slot again (its own
+    //    drop came before its copy). The copies ahead above waited on their sources for every
+    //    push forwarded before step 1 to be answered, so none lands after this.
+    for (auto& [b, slots] : old_backup) {
+      TESSERA_ASSIGN_OR_RETURN(Client * c, Server(b));
+      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+        return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
+      }).status());
+    }
+    if (i + o_.batch_slots < changed.size()) Pace(start);
   }
-  // Drained servers own nothing now: retire their ids.
+  return Status::OK();
+}
+
+Status Controller::RetireOthers(const std::vector<uint16_t>& targets) {
   ClusterMap next = map_;
   bool retired = false;
   for (uint16_t id = 0; id < next.servers.size(); ++id) {
@@ -562,7 +611,50 @@ Result<ScaleReport> Controller::Run() {
       retired = true;
     }
   }
-  if (retired) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  return retired ? Cas(std::move(next)) : Status::OK();
+}
+
+Result<ScaleReport> Controller::Run() {
+  const auto t0 = SteadyClock::now();
+  TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
+  report_.from_version = map_.version;
+  const bool replicated = Replicated(map_);
+  // What an interrupted run left flipped: backup fills, then moves.
+  TESSERA_RETURN_IF_ERROR(SettleFills());
+  TESSERA_RETURN_IF_ERROR(SettleDenseFills());
+  TESSERA_RETURN_IF_ERROR(Settle());
+  std::vector<uint16_t> targets;
+  for (uint16_t id = 0; id < map_.servers.size(); ++id) {
+    if (!map_.servers[id].address.empty() && targets.size() < o_.servers) targets.push_back(id);
+  }
+  if (replicated && o_.servers < 2) {
+    return Status::FailedPrecondition(
+        "map version " + std::to_string(map_.version) +
+        " is replicated: each slot needs a backup on another server, so it keeps at least 2");
+  }
+  TESSERA_RETURN_IF_ERROR(KeepDense(targets, replicated));
+  TESSERA_RETURN_IF_ERROR(AddServers(&targets));
+  if (replicated) {
+    TESSERA_RETURN_IF_ERROR(MoveReplicated(targets));
+  } else {
+    const auto moves = PlanMoves(map_, targets);
+    for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {
+      ClusterMap next = map_;
+      std::map<uint16_t, std::vector<uint32_t>> by_dst;
+      MovePairs pairs;
+      for (size_t j = i; j < std::min(moves.size(), i + o_.batch_slots); ++j) {
+        const auto [slot, to] = moves[j];
+        pairs[{next.primary[slot], to}].push_back(slot);
+        next.importing[slot] = next.primary[slot];
+        next.primary[slot] = to;
+        by_dst[to].push_back(slot);
+      }
+      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/false,
+                                    /*more=*/i + o_.batch_slots < moves.size()));
+    }
+  }
+  // Drained servers own nothing now: retire their ids.
+  TESSERA_RETURN_IF_ERROR(RetireOthers(targets));
   report_.to_version = map_.version;
   report_.seconds = MsSince(t0) / 1000;
   return report_;

@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ps/client/client.h"
+#include "ps/coord/cluster_map.h"
 #include "ps/coord/etcd_client.h"
 
 namespace tessera::internal {
@@ -35,8 +38,11 @@ struct ScaleOptions {
 
 struct ScaleReport {
   uint64_t from_version = 0, to_version = 0;
+  /// Slots whose primary moved.
   uint32_t slots_moved = 0;
-  /// A backup rebuild: the dense parts given a backup.
+  /// Slots given a (new) backup: a rebuild's, or a replicated map's resharding.
+  uint32_t slots_backed = 0;
+  /// The dense parts given a backup.
   uint32_t dense_parts_backed = 0;
   uint32_t batches = 0;
   /// Rows copied while their old owner still served them, and rows copied during the holds
@@ -47,6 +53,24 @@ struct ScaleReport {
   /// The longest time a batch's slots waited: from the flip of the map to the copy being in.
   double max_hold_ms = 0;
 };
+
+/// The slots to move and where (slot, new primary), in the order of `targets`: each target
+/// keeps its lowest slots up to its share (kNumSlots / targets, the first ones one more); the
+/// rest, and every slot of a server not among the targets, go in slot order to the targets
+/// short of their share.
+std::vector<std::pair<uint32_t, uint16_t>> PlanMoves(const ClusterMap& m,
+                                                     const std::vector<uint16_t>& targets);
+
+/// The backups of a replicated map whose slots' primaries become `primary`: each slot keeps
+/// its backup while that is one of `targets`, not the slot's primary, and short of its share
+/// (as above); the rest go, in slot order, to the target other than the slot's primary with the
+/// most room left (the lowest id on a tie). kNoServer for every slot when there is one target.
+std::vector<uint16_t> PlanBackups(const ClusterMap& m, const std::vector<uint16_t>& primary,
+                                  const std::vector<uint16_t>& targets);
+
+/// A map with replication: some slot has a backup, or its dense parts list backups (`map init
+/// --replication=2` writes that list, which stays when a fail-over empties it).
+bool Replicated(const ClusterMap& m);
 
 /// Brings the map under `prefix` to `options.servers` live servers with slots spread evenly,
 /// moving as few slots as it can (each server keeps its lowest slots); finishes first any move
@@ -65,8 +89,7 @@ Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const Cli
 /// of the slots, copy the rows ahead from the primaries (serving), CAS the map (backup set,
 /// `importing` the primary: the primaries forward the slots' pushes to the backups, which hold
 /// them), copy the rows the primaries updated since, mark them in (the backups apply what
-/// they held), CAS `importing` away. `options.servers` is not used; `slots_moved` counts the
-/// slots given a backup. FailedPrecondition when a slot without a backup has no other
+/// they held), CAS `importing` away. `options.servers` is not used. FailedPrecondition when a slot without a backup has no other
 /// registered server to take one.
 Result<ScaleReport> RebuildBackups(EtcdClient& etcd, const std::string& prefix,
                                    const ClientOptions& base, const ScaleOptions& options);

@@ -168,7 +168,7 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
     raw->text[lane.index() + 1] = std::move(out);
     return Status::OK();
   };
-  ExportForFill(p, h.map_version, std::move(scan));
+  ExportAfterOlderMaps(p, h.map_version, std::move(scan));
   return Status::OK();
 }
 
@@ -185,12 +185,14 @@ Status ServerImpl::CheckFillSlots(const std::vector<uint32_t>& slots) {
   return Status::OK();
 }
 
-void ServerImpl::ExportForFill(const std::shared_ptr<Pending>& p, uint64_t version,
+void ServerImpl::ExportAfterOlderMaps(const std::shared_ptr<Pending>& p, uint64_t version,
                                std::function<Status(Lane&)> scan) {
   // A rebuild's copy holds every push this server took before it forwarded the slots to their
   // new backup, and none it forwarded there (the backup applies those itself, once the copy is
   // in): it runs once the requests sequenced by an older map have reached the lanes. The ones
-  // after them wait for the backup, which holds them until the copy is in.
+  // after them wait for the backup, which holds them until the copy is in. A move's copy at
+  // the flip waits the same way: a push of a replicated map taken before the slots were given
+  // up may still wait for a backup (of another of its slots), and reaches the lanes only then.
   fill_exports_.push_back(FillExport{version, [this, p, scan = std::move(scan)]() mutable {
                                        RunOnAllLanes(p, std::move(scan), false);
                                      }});

@@ -66,6 +66,9 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
     } else if (from == primary && !m.backup.empty() && m.backup[slot] == options_.rank) {
       if (state->filling.empty()) state->filling.assign(kNumSlots, false);
       state->filling[slot] = true;
+    } else if (from != primary && primary != options_.rank) {
+      if (state->moving_from.empty()) state->moving_from.assign(kNumSlots, RoutingMap::kNoBackup);
+      state->moving_from[slot] = from;
     }
   }
   std::shared_ptr<const ClusterMapState> next = std::move(state);

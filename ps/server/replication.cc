@@ -10,10 +10,10 @@
 // applies a primary's pushes in the order it receives them, which is the primary's order.
 //
 // Fencing: a backup applies a forwarded push only while its map names the sender the primary,
-// and itself the backup, of every slot the push touches. Once the backup was promoted (or the
-// map moved the slots), it refuses, and the old primary, which applies nothing before the
-// backup answered, applies nothing either: a primary cut off from etcd past its lease cannot
-// change a row after its backup took over.
+// and itself the backup, of every slot the push touches (or, while a slot moves, the primary
+// it moves from). Once the backup was promoted (or the move settled), it refuses, and the old
+// primary, which applies nothing before the backup answered, applies nothing either: a
+// primary cut off from etcd past its lease cannot change a row after its backup took over.
 #include <glog/logging.h>
 
 #include <cstring>
@@ -108,18 +108,27 @@ Status ServerImpl::CheckReplica(const Pending& p) {
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, ReplicaMap(h));
   for (uint64_t i = 0; i < h.count; ++i) {
     const uint32_t slot = SlotOfKey(p.keys[i]);
-    const bool mine = !map->backup.empty() && map->backup[slot] == options_.rank;
-    if (!mine || map->primary.ServerOfSlot(slot) != from) {
+    // While the slot moves, its old primary's pushes sequenced before it gave the slot up are
+    // still taken: that server applies them once this backup answered, and its copy at the
+    // flip waits for them (ExportAfterOlderMaps), so the new primary has them too, and it
+    // forwards nothing here before that copy is in.
+    const bool moving = !map->moving_from.empty() && map->moving_from[slot] == from;
+    // A backup dropped from the slot (resharding gives it another) still takes its primary's
+    // pushes sent before: refusing one would fail the client's push after the primary applied
+    // a later one of it (FailEntry). Its rows here no longer count; they are dropped before
+    // this server holds the slot again.
+    // (Never a slot primaried here: moving_from leaves those out, their rows come by a copy.)
+    const uint16_t primary = map->primary.ServerOfSlot(slot);
+    if (primary != from && !moving) {
       ++fenced_replicas_;
       return Status::FailedPrecondition(
           "replication refused: at cluster map version " + std::to_string(map->version) +
           " slot " + std::to_string(slot) + " has primary " +
-          std::to_string(map->primary.ServerOfSlot(slot)) + " and backup " +
+          std::to_string(primary) + " and backup " +
           (map->backup.empty() || map->backup[slot] == RoutingMap::kNoBackup
                ? std::string("none")
                : std::to_string(map->backup[slot])) +
-          ", not primary " + std::to_string(from) + " and backup " +
-          std::to_string(options_.rank) + "; nothing of it was applied");
+          ", not primary " + std::to_string(from) + "; nothing of it was applied");
     }
   }
   return Status::OK();

@@ -341,11 +341,11 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
         raw->text[lane.index() + 1] = std::move(out);
         return Status::OK();
       };
-  if (h.count == kExportFill) {
-    ExportForFill(p, h.map_version, std::move(scan));
-  } else {
-    RunOnAllLanes(p, std::move(scan), false);
-  }
+  // Every copy holds the pushes taken under an older map, some of which may still wait for
+  // their backups (ExportAfterOlderMaps): the copy at a flip (a move's or a backup fill's) must
+  // have them, and once a copy ahead is taken, no push sent under the map before the batch's
+  // first flip (which may have dropped the slots' backups) waits for an answer any more.
+  ExportAfterOlderMaps(p, h.map_version, std::move(scan));
   return Status::OK();
 }
 
@@ -494,6 +494,15 @@ Status ServerImpl::SlotDropOp(const std::shared_ptr<Pending>& p) {
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
   TESSERA_RETURN_IF_ERROR(CheckOwnership(p->header, slots, /*must_own=*/false));
+  // A backup's rows are the slot's other copy: never dropped while the map names it.
+  const ClusterMapState* map = CurrentMap();  // at least the request's version
+  for (uint32_t slot : slots) {
+    if (map != nullptr && !map->backup.empty() && map->backup[slot] == options_.rank) {
+      return Status::FailedPrecondition("slot " + std::to_string(slot) + " is backed up by server " +
+                                        std::to_string(options_.rank) + " at map version " +
+                                        std::to_string(map->version) + ": its rows are not dropped");
+    }
+  }
   auto want = std::make_shared<const std::vector<uint32_t>>(slots);
   auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(TableList()));
   std::atomic<uint64_t>* dropped = &slot_rows_dropped_;

@@ -135,6 +135,10 @@ class ServerImpl {
     // rebuild); it holds the primary's forwarded pushes for it until the copy is in (empty:
     // none).
     std::vector<bool> filling;
+    // Per slot not primaried here: the server its primary is moving from (the importing
+    // source), whose pushes forwarded before it gave the slot up are still taken (empty: none;
+    // RoutingMap::kNoBackup: not moving).
+    std::vector<uint16_t> moving_from;
     // Per dense part: this server is its backup being filled from its primary (empty: none).
     std::vector<bool> dense_filling;
     // Replication: per slot, its backup server (RoutingMap::kNoBackup: none); empty: no slot
@@ -251,10 +255,10 @@ class ServerImpl {
   };
   /// Runs the fill exports no older request waits ahead of (after the queue moved).
   void RunFillExports();
-  /// Runs `scan` on every lane for `p` (a fill's copy) once no request sequenced by a map older
-  /// than `version` waits in the replication queue.
-  void ExportForFill(const std::shared_ptr<Pending>& p, uint64_t version,
-                     std::function<Status(Lane&)> scan);
+  /// Runs `scan` on every lane for `p` (a copy at a flip: a move's or a backup fill's) once no
+  /// request sequenced by a map older than `version` waits in the replication queue.
+  void ExportAfterOlderMaps(const std::shared_ptr<Pending>& p, uint64_t version,
+                            std::function<Status(Lane&)> scan);
   /// FailedPrecondition for a slot without a backup in the map served by (SlotExport count 2).
   Status CheckFillSlots(const std::vector<uint32_t>& slots);
   /// The parts frame of a dense SlotExport/SlotImport (u32 each, < the map's dense_servers).

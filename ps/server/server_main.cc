@@ -291,8 +291,8 @@ class BackupRebuilder {
       if (!r.ok()) {
         LOG(WARNING) << "--coordinator: backup rebuild: " << r.status().ToString()
                      << " (tessera-ctl map rebuild finishes it)";
-      } else if (r->slots_moved > 0 || r->dense_parts_backed > 0) {
-        LOG(INFO) << "--coordinator: backup rebuild: " << r->slots_moved << " slots and "
+      } else if (r->slots_backed > 0 || r->dense_parts_backed > 0) {
+        LOG(INFO) << "--coordinator: backup rebuild: " << r->slots_backed << " slots and "
                   << r->dense_parts_backed << " dense parts given a backup, map version " << r->from_version << " -> "
                   << r->to_version << ", " << r->rows_ahead + r->rows_in_hold
                   << " rows copied in " << r->seconds << " s, longest hold " << r->max_hold_ms

@@ -588,5 +588,70 @@ TEST_F(FailoverTest, StoppedOldPrimaryCannotApplyAfterTakeover) {
   EXPECT_EQ(ServerStat(1, "log_last_seq"), logged);
 }
 
+// Resharding a replicated map: while a slot moves (server 1 -> 0, its backup 2 kept), its
+// backup takes the pushes the old primary forwarded before the flip, and a backup dropped from
+// a slot (resharding gives it another) takes those sent before the drop: refusing either would
+// fail a push the old primary may already have answered later ones of. A server that is the
+// slot's primary never takes another's forwarded push, and once the move settled the old
+// primary is refused.
+TEST_F(FailoverTest, ABackupTakesTheOldPrimarysPushesWhileTheSlotMovesOrAfterItWasDropped) {
+  auto c = CoordinatorClient();
+  ASSERT_NE(c, nullptr);
+  const Table t = Sparse(*c, "emb");
+  std::vector<uint64_t> moving, dropped;  // server 1's keys by slot parity
+  for (uint64_t k : KeysOf(1, 400)) (SlotOfKey(k) % 2 == 0 ? moving : dropped).push_back(k);
+  auto m = store_->Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ClusterMap next = *m;
+  next.version = 2;
+  for (uint64_t k : moving) {
+    next.primary[SlotOfKey(k)] = 0;
+    next.importing[SlotOfKey(k)] = 1;
+  }
+  for (uint64_t k : dropped) next.backup[SlotOfKey(k)] = ClusterMap::kNoServer;
+  ASSERT_TRUE(store_->CompareAndSwap(1, next).ok());
+  ASSERT_TRUE(WaitFor([&] { return ServerStat(0, "map_version") == 2 &&
+                                   ServerStat(2, "map_version") == 2; }, seconds(30)));
+  // Pushes as server 1 forwarded them at map version 1.
+  auto forwarded = [&](uint32_t to, const std::vector<uint64_t>& keys, uint64_t seq) {
+    RawPeer as_old_primary(cluster_->endpoints()[to]);
+    Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
+    h.map_version = 1;
+    h.replica_from = 2;  // server 1 + 1
+    h.client_id = 777;
+    h.client_origin = 2;
+    h.client_seq = seq;
+    return as_old_primary.Call(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 1))});
+  };
+  const int64_t before = ServerStat(2, "push_keys");
+  Header r = forwarded(2, moving, 1);
+  EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+  r = forwarded(2, dropped, 2);
+  EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+  EXPECT_EQ(ServerStat(2, "push_keys"), before + static_cast<int64_t>(moving.size() + dropped.size()));
+  EXPECT_EQ(ServerStat(2, "fenced_replicas"), 0);
+  // A backup's rows are the slots' other copy: never dropped while the map names it.
+  ClientOptions one;
+  one.servers = {cluster_->endpoints()[2]};
+  auto to_backup = Client::Create(one);
+  ASSERT_TRUE(to_backup.ok()) << to_backup.status().ToString();
+  const std::vector<uint32_t> backed = {SlotOfKey(moving[0])};
+  Status drop = (*to_backup)->DropSlots(0, 2, backed);
+  EXPECT_EQ(drop.code(), StatusCode::kFailedPrecondition) << drop.ToString();
+  EXPECT_NE(drop.message().find("is backed up by server 2"), std::string::npos) << drop.ToString();
+  // Server 0, the moving slots' new primary, refuses one: its rows come with the copy.
+  r = forwarded(0, moving, 3);
+  EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  EXPECT_NE(r.message.find("replication refused"), std::string::npos) << r.message;
+  // Settled (importing cleared): the old primary's pushes for them are refused.
+  next.version = 3;
+  next.importing.assign(kNumSlots, ClusterMap::kNoServer);
+  ASSERT_TRUE(store_->CompareAndSwap(2, next).ok());
+  ASSERT_TRUE(WaitFor([&] { return ServerStat(2, "map_version") == 3; }, seconds(30)));
+  r = forwarded(2, moving, 4);
+  EXPECT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  EXPECT_EQ(ServerStat(2, "fenced_replicas"), 1);
+}
+
 }  // namespace
 }  // namespace tessera::testing

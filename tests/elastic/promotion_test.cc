@@ -251,7 +251,7 @@ TEST_F(PromotionTest, CtlMapInitReplicationShowAndScaleRefusal) {
   EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "scale", "2", "--coordinator=" + url}, &out), 1)
       << out;
   EXPECT_NE(out.find("FailedPrecondition"), std::string::npos) << out;
-  EXPECT_NE(out.find("resharding a replicated map is not supported yet"), std::string::npos)
+  EXPECT_NE(out.find("server 2 holds dense part 2"), std::string::npos)
       << out;
   EXPECT_EQ(store.Load()->version, 1u);  // nothing changed
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -104,16 +105,41 @@ ClientOptions TrainingOptions() {
   return o;
 }
 
+// What a training run gives: every row it touched (keys and floats) and the dense tensor.
+struct Params {
+  std::vector<uint64_t> keys;
+  std::vector<float> rows, w;
+};
+
+// The same floats, bit for bit, naming the first that differ.
+void ExpectBitIdentical(const Params& got, const Params& want, const std::string& what) {
+  ASSERT_EQ(got.keys, want.keys) << what;
+  size_t differing = 0;
+  for (size_t i = 0; i < got.rows.size(); ++i) {
+    if (std::memcmp(&got.rows[i], &want.rows[i], sizeof(float)) != 0 && differing++ < 5) {
+      ADD_FAILURE() << what << ": key " << got.keys[i / kDim] << " element " << i % kDim << ": "
+                    << got.rows[i] << " elastic, " << want.rows[i] << " fixed";
+    }
+  }
+  EXPECT_EQ(differing, 0u) << what << ": of " << got.rows.size() << " sparse floats";
+  EXPECT_EQ(0, std::memcmp(got.w.data(), want.w.data(), got.w.size() * sizeof(float)))
+      << what << ": the dense tensor differs";
+}
+
 class ReshardTest : public EtcdTest {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartCluster("", {}); }
+
+  // Three servers register (with `server_flags`); the map starts with two of them, `map_flag`
+  // added to map init.
+  void StartCluster(const std::string& map_flag, const std::vector<std::string>& server_flags) {
     EtcdTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     url_ = etcd_.url(kPrefix);
-    // Three servers register; the map starts with two of them.
     LocalClusterOptions o = Servers(3);
     o.with_data_dirs = true;  // RocksDB engines: the moved rows go through the durable tier
     o.extra_flags = {"--coordinator=" + url_};
+    o.extra_flags.insert(o.extra_flags.end(), server_flags.begin(), server_flags.end());
     cluster_ = std::make_unique<LocalCluster>(o);
     Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -123,12 +149,11 @@ class ReshardTest : public EtcdTest {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     admin_ = std::move(*c);
     std::string out;
-    ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
-                          "--servers=" + cluster_->endpoints()[0] + "," +
-                              cluster_->endpoints()[1]},
-                         &out),
-              0)
-        << out;
+    std::vector<std::string> init = {TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
+                                     "--servers=" + cluster_->endpoints()[0] + "," +
+                                         cluster_->endpoints()[1]};
+    if (!map_flag.empty()) init.push_back(map_flag);
+    ASSERT_EQ(RunCommand(init, &out), 0) << out;
     ASSERT_TRUE(WaitFor([&] { return Stat(0, "map_version") == 1 && Stat(1, "map_version") == 1; },
                         seconds(30)));
   }
@@ -145,6 +170,105 @@ class ReshardTest : public EtcdTest {
                       out, 180);
   }
 
+  ClusterMap LoadMap() {
+    SlotMapStore store(client_.get(), "/" + std::string(kPrefix));
+    auto m = store.Load();
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? *m : ClusterMap();
+  }
+
+  // The run: trains while the server tier goes 2 -> 3 -> 2 (tessera-ctl scale beside
+  // the loop); returns the steps taken, the map right after `scale 3` in *up.
+  uint64_t TrainThroughTwoToThreeToTwo(Trainer& trainer, Client& client, ClusterMap* up) {
+    std::atomic<int> phase{0};  // 0 before, 1 scaling up, 2 scaled up, 3 scaling down, 4 done
+    std::string up_out, down_out;
+    int up_rc = -1, down_rc = -1;
+    int64_t server2_push_keys = 0;
+    std::thread scaler;
+    uint64_t step = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (; step < 40 || phase.load() != 4; ++step) {
+      EXPECT_LT(step, 5000u) << "the scaling did not finish: " << up_out << down_out;
+      Status s = step < 5000 ? trainer.Step(step) : Status::DeadlineExceeded("the scaling did not finish in 5000 steps");
+      if (!s.ok()) {
+        ADD_FAILURE() << "step " << step << ": " << s.ToString();
+        if (scaler.joinable()) scaler.join();
+        return 0;
+      }
+      if (step == 15) {
+        phase = 1;
+        scaler = std::thread([&] {
+          up_rc = Scale(3, &up_out);
+          phase = 2;
+        });
+      }
+      if (phase.load() == 2) {
+        // A few steps on three servers, then back to two.
+        scaler.join();
+        EXPECT_EQ(up_rc, 0) << up_out;
+        *up = LoadMap();
+        for (int i = 0; i < 5; ++i) {
+          ++step;
+          s = trainer.Step(step);
+          EXPECT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+        }
+        server2_push_keys = Stat(2, "push_keys");
+        phase = 3;
+        scaler = std::thread([&] {
+          down_rc = Scale(2, &down_out);
+          phase = 4;
+        });
+      }
+    }
+    if (scaler.joinable()) scaler.join();
+    EXPECT_EQ(down_rc, 0) << down_out;
+    std::printf("elastic run: %llu steps in %.1f s\n  scale 3: %s  scale 2: %s",
+                static_cast<unsigned long long>(step), MsSince(t0) / 1000, up_out.c_str(),
+                down_out.c_str());
+    // Server 2 served its slots while it had them, and holds nothing now; the map retired it.
+    EXPECT_GT(server2_push_keys, 0) << "server 2 took no push while it owned slots";
+    EXPECT_GT(Stat(2, "slot_rows_imported"), 0);
+    EXPECT_GT(Stat(2, "slot_rows_exported"), 0);
+    EXPECT_GT(Stat(0, "slot_rows_exported"), 0);
+    std::printf("  requests held for a copy: %lld, %lld, %lld; client reroutes: %llu\n",
+                static_cast<long long>(Stat(0, "import_parked_total")),
+                static_cast<long long>(Stat(1, "import_parked_total")),
+                static_cast<long long>(Stat(2, "import_parked_total")),
+                static_cast<unsigned long long>(client.stale_map_retries()));
+    for (uint32_t r = 0; r < 3; ++r) {
+      std::printf("  server %u: retried_pushes %lld stale_map_refusals %lld failed_replications "
+                  "%lld fenced_replicas %lld fill_held_total %lld\n",
+                  r, static_cast<long long>(Stat(r, "retried_pushes")),
+                  static_cast<long long>(Stat(r, "stale_map_refusals")),
+                  static_cast<long long>(Stat(r, "failed_replications")),
+                  static_cast<long long>(Stat(r, "fenced_replicas")),
+                  static_cast<long long>(Stat(r, "fill_held_total")));
+    }
+    std::string show;
+    EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
+    EXPECT_NE(show.find("server 2 server-2 (retired) primary_slots 0"), std::string::npos)
+        << show;
+    return step;
+  }
+
+  // `steps` steps of the same loop on a fixed cluster of two.
+  Params FixedClusterRun(uint64_t steps) {
+    LocalClusterOptions fo = Servers(2);
+    fo.with_data_dirs = true;
+    LocalCluster fixed(fo);
+    Params p;
+    Status s = fixed.Start();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    ClientOptions ro = TrainingOptions();
+    ro.servers = fixed.endpoints();
+    auto ref = Client::Create(ro);
+    if (!s.ok() || !ref.ok()) return p;
+    Trainer reference(**ref);
+    for (uint64_t i = 0; i < steps; ++i) EXPECT_TRUE(reference.Step(i).ok());
+    EXPECT_TRUE(reference.Final(&p.keys, &p.rows, &p.w).ok());
+    return p;
+  }
+
   std::string url_;
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<Client> admin_;
@@ -158,90 +282,65 @@ TEST_F(ReshardTest, TwoToThreeToTwoWhileTrainingIsBitIdenticalToAFixedCluster) {
   auto client = Client::Create(TrainingOptions(), std::move(*source));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   Trainer trainer(**client);
+  ClusterMap up;
+  const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, **client, &up);
+  ASSERT_FALSE(HasFailure());
+  Params got;
+  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
+  ExpectBitIdentical(got, FixedClusterRun(steps), "after 2 -> 3 -> 2");
+}
 
-  std::atomic<int> phase{0};  // 0 before, 1 scaling up, 2 scaled up, 3 scaling down, 4 done
-  std::string up_out, down_out;
-  int up_rc = -1, down_rc = -1;
-  int64_t server2_push_keys = 0;
-  std::thread scaler;
-  uint64_t step = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (; step < 40 || phase.load() != 4; ++step) {
-    ASSERT_LT(step, 5000u) << "the scaling did not finish: " << up_out << down_out;
-    Status s = trainer.Step(step);
-    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
-    if (step == 15) {
-      phase = 1;
-      scaler = std::thread([&] {
-        up_rc = Scale(3, &up_out);
-        phase = 2;
-      });
-    }
-    if (phase.load() == 2) {
-      // A few steps on three servers, then back to two.
-      scaler.join();
-      ASSERT_EQ(up_rc, 0) << up_out;
-      for (int i = 0; i < 5; ++i) {
-        ++step;
-        s = trainer.Step(step);
-        ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
-      }
-      server2_push_keys = Stat(2, "push_keys");
-      phase = 3;
-      scaler = std::thread([&] {
-        down_rc = Scale(2, &down_out);
-        phase = 4;
-      });
-    }
-  }
-  if (scaler.joinable()) scaler.join();
-  ASSERT_EQ(down_rc, 0) << down_out;
-  const uint64_t steps = step;
-  std::vector<uint64_t> keys;
-  std::vector<float> rows, w;
-  ASSERT_TRUE(trainer.Final(&keys, &rows, &w).ok());
-  std::printf("elastic run: %llu steps in %.1f s\n  scale 3: %s  scale 2: %s",
-              static_cast<unsigned long long>(steps), MsSince(t0) / 1000, up_out.c_str(),
-              down_out.c_str());
-  // Server 2 served its slots while it had them, and holds nothing now; the map retired it.
-  EXPECT_GT(server2_push_keys, 0) << "server 2 took no push while it owned slots";
-  EXPECT_GT(Stat(2, "slot_rows_imported"), 0);
-  EXPECT_GT(Stat(2, "slot_rows_exported"), 0);
-  EXPECT_GT(Stat(0, "slot_rows_exported"), 0);
-  std::printf("  requests held for a copy: %lld, %lld, %lld; client reroutes: %llu\n",
-              static_cast<long long>(Stat(0, "import_parked_total")),
-              static_cast<long long>(Stat(1, "import_parked_total")),
-              static_cast<long long>(Stat(2, "import_parked_total")),
-              static_cast<unsigned long long>((*client)->stale_map_retries()));
-  std::string show;
-  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
-  EXPECT_NE(show.find("server 2 server-2 (retired) primary_slots 0"), std::string::npos) << show;
+class ReplicatedReshardTest : public ReshardTest {
+ protected:
+  // A short lease: the fail-over at the end comes 2 s after the kill.
+  void SetUp() override { StartCluster("--replication=2", {"--coordinator_ttl_s=2"}); }
+};
 
-  // The same steps on a fixed cluster of two.
-  LocalClusterOptions fo = Servers(2);
-  fo.with_data_dirs = true;
-  LocalCluster fixed(fo);
-  ASSERT_TRUE(fixed.Start().ok());
-  ClientOptions ro = TrainingOptions();
-  ro.servers = fixed.endpoints();
-  auto ref = Client::Create(ro);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  Trainer reference(**ref);
-  for (uint64_t i = 0; i < steps; ++i) ASSERT_TRUE(reference.Step(i).ok());
-  std::vector<uint64_t> ref_keys;
-  std::vector<float> ref_rows, ref_w;
-  ASSERT_TRUE(reference.Final(&ref_keys, &ref_rows, &ref_w).ok());
-  ASSERT_EQ(keys, ref_keys);
-  size_t differing = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (std::memcmp(&rows[i], &ref_rows[i], sizeof(float)) != 0 && differing++ < 5) {
-      ADD_FAILURE() << "key " << keys[i / kDim] << " element " << i % kDim << ": " << rows[i]
-                    << " elastic, " << ref_rows[i] << " fixed";
-    }
+// Every slot backed up by a server of `servers` other than its primary, each of them backing up
+// its share (within 1%).
+void ExpectBackedUpEvenly(const ClusterMap& m, const std::vector<uint16_t>& servers,
+                          const std::string& what) {
+  std::map<uint16_t, uint32_t> count;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    ASSERT_NE(m.backup[slot], ClusterMap::kNoServer) << what << ": slot " << slot;
+    ASSERT_NE(m.backup[slot], m.primary[slot]) << what << ": slot " << slot;
+    ASSERT_EQ(m.importing[slot], ClusterMap::kNoServer) << what << ": slot " << slot;
+    ++count[m.backup[slot]];
   }
-  EXPECT_EQ(differing, 0u) << "of " << rows.size() << " sparse floats";
-  EXPECT_EQ(0, std::memcmp(w.data(), ref_w.data(), w.size() * sizeof(float)))
-      << "the dense tensor differs";
+  for (uint16_t id : servers) {
+    EXPECT_NEAR(count[id], kNumSlots / servers.size(), kNumSlots / 100)
+        << what << ": server " << id << " backs up " << count[id] << " slots";
+  }
+  EXPECT_EQ(count.size(), servers.size()) << what;
+}
+
+// The same run with --replication=2: each batch of a move keeps or regains one backup per
+// slot, the loop ends bit-identical to a fixed cluster, and the backups left are exact: after
+// kill -9 of server 0 its backups (all on server 1), promoted, read the same floats.
+TEST_F(ReplicatedReshardTest, TwoToThreeToTwoKeepsEverySlotBackedUpAndExact) {
+  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto client = Client::Create(TrainingOptions(), std::move(*source));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Trainer trainer(**client);
+  ClusterMap up;
+  const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, **client, &up);
+  ASSERT_FALSE(HasFailure());
+  ExpectBackedUpEvenly(up, {0, 1, 2}, "after scale 3");
+  ExpectBackedUpEvenly(LoadMap(), {0, 1}, "after scale 2");
+  const Params fixed = FixedClusterRun(steps);
+  Params got;
+  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
+  ExpectBitIdentical(got, fixed, "after 2 -> 3 -> 2");
+
+  cluster_->Kill(0);
+  ASSERT_TRUE(WaitFor([&] {
+    const ClusterMap m = LoadMap();
+    return !m.servers.empty() && m.servers[0].address.empty();
+  }, seconds(30))) << "server 0 was not failed over";
+  Params promoted;
+  ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
+  ExpectBitIdentical(promoted, fixed, "read from server 1 after server 0 was killed");
 }
 
 // The training job itself (tessera-worker --coordinator, BSP) rides through 2 -> 3 -> 2: it

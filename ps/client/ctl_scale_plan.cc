@@ -1,0 +1,90 @@
+// The plans of tessera-ctl scale: which slots move and which server backs up each
+// (ctl_scale_internal.h).
+#include <algorithm>
+#include <map>
+
+#include "ps/client/ctl_scale_internal.h"
+#include "ps/coord/cluster_map.h"
+
+namespace tessera::internal {
+
+std::vector<std::pair<uint32_t, uint16_t>> PlanMoves(const ClusterMap& m,
+                                                     const std::vector<uint16_t>& targets) {
+  const uint32_t n = static_cast<uint32_t>(targets.size());
+  std::map<uint16_t, uint32_t> want, have;
+  for (uint32_t i = 0; i < n; ++i) want[targets[i]] = kNumSlots / n + (i < kNumSlots % n ? 1 : 0);
+  std::vector<uint32_t> given;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    const uint16_t p = m.primary[slot];
+    if (!want.count(p) || have[p] >= want[p]) {
+      given.push_back(slot);
+    } else {
+      ++have[p];
+    }
+  }
+  std::vector<std::pair<uint32_t, uint16_t>> moves;
+  size_t next = 0;
+  for (uint16_t t : targets) {
+    for (; have[t] < want[t] && next < given.size(); ++have[t]) moves.push_back({given[next++], t});
+  }
+  return moves;
+}
+
+std::vector<uint16_t> PlanBackups(const ClusterMap& m, const std::vector<uint16_t>& primary,
+                                  const std::vector<uint16_t>& targets) {
+  const uint32_t n = static_cast<uint32_t>(targets.size());
+  std::map<uint16_t, int64_t> room;
+  for (uint32_t i = 0; i < n; ++i) room[targets[i]] = kNumSlots / n + (i < kNumSlots % n ? 1 : 0);
+  std::vector<uint16_t> backup(kNumSlots, ClusterMap::kNoServer);
+  std::map<uint16_t, std::vector<uint32_t>> backed_by;  // slots given each backup (may go stale)
+  auto give = [&](uint32_t slot, uint16_t b) {
+    backup[slot] = b;
+    --room[b];
+    backed_by[b].push_back(slot);
+  };
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    const uint16_t b = m.backup[slot];
+    if (b != primary[slot] && room.count(b) && room[b] > 0) give(slot, b);
+  }
+  if (n < 2) return backup;  // nothing can back up a slot of the only server
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (backup[slot] != ClusterMap::kNoServer) continue;
+    const uint16_t p = primary[slot];
+    uint16_t best = ClusterMap::kNoServer;
+    for (uint16_t t : targets) {
+      if (t != p && (best == ClusterMap::kNoServer || room[t] > room[best])) best = t;
+    }
+    if (room[best] > 0) {
+      give(slot, best);
+      continue;
+    }
+    // Every server but the primary is full, so the primary has room: a slot another server
+    // backs up and the primary may back up passes to it, and this slot takes its place.
+    bool swapped = false;
+    for (uint16_t c : targets) {
+      if (c == p) continue;
+      std::vector<uint32_t>& list = backed_by[c];
+      for (size_t k = list.size(); k-- > 0 && !swapped;) {
+        const uint32_t q = list[k];
+        if (backup[q] != c || primary[q] == p) continue;  // moved on, or the primary's own
+        list[k] = list.back();
+        list.pop_back();
+        ++room[c];
+        give(q, p);
+        give(slot, c);
+        swapped = true;
+      }
+      if (swapped) break;
+    }
+    if (!swapped) give(slot, best);  // over its share: no slot could pass (not reached)
+  }
+  return backup;
+}
+
+bool Replicated(const ClusterMap& m) {
+  return !m.dense_backup.empty() ||
+         std::any_of(m.backup.begin(), m.backup.end(),
+                     [](uint16_t b) { return b != ClusterMap::kNoServer; });
+}
+
+}  // namespace tessera::internal
