@@ -350,6 +350,19 @@ std::vector<uint32_t> ClientImpl::AllServers() const {
   return v;
 }
 
+uint32_t ClientImpl::CoordServer() const {
+  const std::shared_ptr<const RoutingMap> map = Routing();
+  for (uint32_t i = 0; i < map->addresses.size(); ++i) {
+    if (!map->addresses[i].empty()) return i;
+  }
+  return 0;
+}
+
+std::vector<uint32_t> ClientImpl::MetaServers() const {
+  if (source_ == nullptr) return {0};
+  return AllServers();
+}
+
 Handle ClientImpl::ClockCall(int64_t value) {
   // Under clock_mu_: a server that a new map adds meanwhile gets this value or a later one
   // (ConnectNewServers sends it the clock before the map routes anything to it).
@@ -417,7 +430,7 @@ Result<Table> Client::CreateTable(const TableSpec& spec, Deadline deadline) {
 Result<Table> Client::GetTable(const std::string& name, Deadline deadline) {
   Header h = impl_->BaseHeader(Op::kGetTable);
   h.name = name;
-  TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(h, {0}, deadline));
+  TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(h, {impl_->CoordServer()}, deadline));
   if (!r.spec) return Status::Internal("GetTable reply without a spec");
   return Table{r.table_id, *r.spec};
 }
@@ -464,7 +477,7 @@ Status Client::Barrier(const std::string& name, Deadline deadline) {
   Header h = impl_->BaseHeader(Op::kBarrier);
   h.name = name;
   // The barrier waits as long as the caller allows, not the per-request timeout.
-  return impl_->Blocking(h, {0}, deadline, nullptr, deadline).status();
+  return impl_->Blocking(h, {impl_->CoordServer()}, deadline, nullptr, deadline).status();
 }
 
 Status Client::Wait(const Handle& handle, Deadline deadline) {

@@ -18,14 +18,14 @@ Status Client::PutMeta(const std::string& name, std::string_view value, Deadline
   h.elem_type = ElemType::kBytes;
   h.count = 1;
   std::string data(value);
-  return impl_->Blocking(h, {0}, deadline, &data).status();
+  return impl_->Blocking(h, impl_->MetaServers(), deadline, &data).status();
 }
 
 Result<std::optional<std::string>> Client::GetMeta(const std::string& name, Deadline deadline) {
   Header h = impl_->BaseHeader(Op::kGetMeta);
   h.name = name;
   std::string data;
-  TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(h, {0}, deadline, &data));
+  TESSERA_ASSIGN_OR_RETURN(Header r, impl_->Blocking(h, {impl_->CoordServer()}, deadline, &data));
   if (r.count == 0) return std::optional<std::string>();
   return std::optional<std::string>(std::move(data));
 }

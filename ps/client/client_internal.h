@@ -172,6 +172,12 @@ class ClientImpl {
                              const std::vector<std::string_view>& frames, Deadline deadline,
                              std::string* reply, Deadline request_deadline = Deadline());
   std::vector<uint32_t> AllServers() const;
+  // The server that holds the job's barriers and answers GetTable and GetMeta: the lowest id
+  // of the map with an address (0 with a static cluster; after a fail-over of 0, the next).
+  uint32_t CoordServer() const;
+  // Where PutMeta writes: every server of the map for a client that follows one (so that the
+  // next coordinating server has the records when one dies), server 0 with a static cluster.
+  std::vector<uint32_t> MetaServers() const;
   Handle ClockCall(int64_t value);
 
   // ---------------------------------------------------------------- hand-over (client_io.cc)

@@ -356,6 +356,25 @@ void ClientImpl::SendToRetired(Outgoing o) {
     if (o.call) PartDone(o.call, Status::OK());
     return;
   }
+  if (source_ != nullptr && (o.op == Op::kPutMeta || o.op == Op::kCreateTable)) {
+    // Sent to every server of the map (MetaServers, AllServers): the others hold it.
+    if (o.call) PartDone(o.call, Status::OK());
+    return;
+  }
+  if (source_ != nullptr &&
+      (o.op == Op::kBarrier || o.op == Op::kGetMeta || o.op == Op::kGetTable) &&
+      servers_[CoordServer()].retired_by == 0) {
+    // The next coordinating server (CoordServer) has every table and metadata record; a
+    // barrier starts again there (arrivals are counted per worker, and every worker waiting
+    // on the retired server arrives there again).
+    // The envelope is sent as it was (these ops are not fenced by the map version); the
+    // attempt gets at least a request timeout (a barrier keeps its caller's deadline).
+    o.server = CoordServer();
+    const Deadline attempt = Clock::now() + std::chrono::milliseconds(options_.request_timeout_ms);
+    o.deadline = std::max(o.deadline, o.retryable() ? std::min(o.give_up, attempt) : attempt);
+    SendOne(o);
+    return;
+  }
   const bool sparse =
       o.op == Op::kSparsePull || o.op == Op::kSparsePush || o.op == Op::kSparsePushPull;
   const bool dense = o.op == Op::kDensePull || o.op == Op::kDensePush;

@@ -45,7 +45,8 @@ struct ClusterMap {
   std::vector<uint16_t> importing;
   /// Dense tables are split into dense_servers parts (the servers of the first map); part p is
   /// served by dense_primary[p] (server p when that is empty). Resharding never moves a part
-  /// nor retires a server that serves or backs up one.
+  /// nor retires a server that serves one; a dense backup on a server it retires is given to
+  /// another.
   uint32_t dense_servers = 0;
   /// Dense replication: empty (part p on server p, no backup: a map made without replication,
   /// or written before dense parts were replicated), or dense_servers server ids, the server of

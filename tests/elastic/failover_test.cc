@@ -25,6 +25,7 @@
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"
 #include "tests/elastic/etcd_fixture.h"
+#include "tests/elastic/replicated_cluster.h"
 #include "tests/raw_peer.h"
 
 namespace tessera::testing {
@@ -33,93 +34,10 @@ namespace {
 using std::chrono::seconds;
 
 constexpr char kPrefix[] = "tessera/failover";
-constexpr uint32_t kDim = 4;
-constexpr int kTtlS = 2;
 
-class FailoverTest : public EtcdTest {
+class FailoverTest : public ReplicatedClusterTest {
  protected:
-  void SetUp() override {
-    EtcdTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    url_ = etcd_.url(kPrefix);
-    LocalClusterOptions o = Servers(3);
-    o.with_data_dirs = true;  // acknowledged means in RocksDB's log on two servers
-    o.extra_flags = {"--coordinator=" + url_, "--coordinator_ttl_s=" + std::to_string(kTtlS)};
-    cluster_ = std::make_unique<LocalCluster>(o);
-    Status s = cluster_->Start();
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    ClientOptions admin;
-    admin.servers = cluster_->endpoints();
-    auto c = Client::Create(admin);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    admin_ = std::move(*c);
-    store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + std::string(kPrefix));
-    std::string servers;
-    for (const auto& e : cluster_->endpoints()) servers += (servers.empty() ? "" : ",") + e;
-    std::string out;
-    ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
-                          "--servers=" + servers, "--replication=2"},
-                         &out),
-              0)
-        << out;
-    ASSERT_TRUE(WaitFor(
-        [&] {
-          for (uint32_t r = 0; r < 3; ++r) {
-            if (ServerStat(r, "map_version") != 1) return false;
-          }
-          return true;
-        },
-        seconds(30)));
-  }
-
-  int64_t ServerStat(uint32_t r, const std::string& key) {
-    auto st = admin_->ServerStats(r);
-    return st.ok() ? StatOf(*st, key) : -1;
-  }
-
-  std::unique_ptr<Client> CoordinatorClient() {
-    auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
-    EXPECT_TRUE(source.ok()) << source.status().ToString();
-    if (!source.ok()) return nullptr;
-    ClientOptions o;
-    o.request_timeout_ms = 2000;
-    o.retry_for_ms = 60000;
-    auto c = Client::Create(o, std::move(*source));
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-
-  static Table Sparse(Client& c, const std::string& name) {
-    OptimizerSpec sgd;
-    sgd.learning_rate = 1.0f;  // zeros initializer: the sum of the pushed gradients, negated
-    auto t = c.CreateTable(TableSpec::Sparse(name, kDim, sgd));
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    return t.ok() ? *t : Table{};
-  }
-
-  // The first `n` keys whose slot `server` is the primary of at map version 1 (uniform).
-  static std::vector<uint64_t> KeysOf(uint32_t server, size_t n) {
-    const SlotMap m = SlotMap::Uniform(3);
-    std::vector<uint64_t> keys;
-    for (uint64_t k = 1; keys.size() < n; ++k) {
-      if (m.ServerOfKey(k) == server) keys.push_back(k);
-    }
-    return keys;
-  }
-
-  // Waits until the stored map no longer names `server` the primary of any slot.
-  bool WaitForPromotion(uint32_t server, std::chrono::milliseconds limit) {
-    return WaitFor(
-        [&] {
-          auto m = store_->Load();
-          if (!m.ok()) return false;
-          for (uint16_t p : m->primary) {
-            if (p == server) return false;
-          }
-          return true;
-        },
-        limit);
-  }
+  FailoverTest() : ReplicatedClusterTest(kPrefix) {}
 
   // One training step's pushes: the distinct keys among 400 drawn from `universe`, with
   // integer gradients (exact sums), and 3,000 dense gradients (`salt` varies them by test).
@@ -177,10 +95,6 @@ class FailoverTest : public EtcdTest {
     EXPECT_EQ(dense_wrong, 0u);
   }
 
-  std::string url_;
-  std::unique_ptr<LocalCluster> cluster_;
-  std::unique_ptr<Client> admin_;
-  std::unique_ptr<SlotMapStore> store_;
 };
 
 // kill -9 of a primary during training: no acknowledged push is lost or applied twice.

@@ -404,7 +404,8 @@ TEST_F(FencingTest, WorkerWithCoordinatorTrainsThroughAMapMove) {
                                          "--top_mlp=8",
                                          "--evaluate=false",
                                          "--request_timeout_ms=10000",
-                                         "--retry_for_ms=30000"};
+                                         "--retry_for_ms=30000",
+                                         "--out_dir=" + cluster_->dir()};
   {
     ChildProcess early;
     ASSERT_TRUE(early.Start(args, cluster_->dir() + "/worker-nomap.log"));

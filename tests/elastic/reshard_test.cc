@@ -351,7 +351,8 @@ TEST_F(ReshardTest, WorkerTrainsThroughTwoToThreeToTwo) {
                             "--consistency=bsp", "--train_samples=2000000",
                             "--test_samples=2000", "--batch_size=128", "--max_steps=4000",
                             "--synthetic_max_cardinality=20000", "--bottom_mlp=8",
-                            "--top_mlp=8", "--request_timeout_ms=10000", "--retry_for_ms=60000"},
+                            "--top_mlp=8", "--request_timeout_ms=10000", "--retry_for_ms=60000",
+                            "--out_dir=" + cluster_->dir()},
                            cluster_->dir() + "/worker.log"));
   ASSERT_TRUE(WaitFor([&] { return Stat(0, "pushes") > 20 && Stat(1, "pushes") > 20; },
                       seconds(60)))
