@@ -122,19 +122,20 @@ class Controller {
   // SlotImport done at `v` on each destination for its slots.
   Status MarkIn(const std::map<uint16_t, std::vector<uint32_t>>& by_dst, uint64_t v);
   // One batch of a move (`fill` false) or a rebuild (true): drops what the destinations
-  // (`by_dst`) hold of the slots, copies them ahead from their sources (`pairs`), CASes `next`,
-  // settles; then, when `more` batches follow, paces.
+  // hold of the slots (`drop`: per destination, the slots it may hold stale rows of), copies
+  // them ahead from their sources (`pairs`), CASes `next`, settles; then, when `more` batches
+  // follow, paces.
   Status Batch(ClusterMap next, const MovePairs& pairs,
-               const std::map<uint16_t, std::vector<uint32_t>>& by_dst, bool fill, bool more);
+               const std::map<uint16_t, std::vector<uint32_t>>& drop, bool fill, bool more);
   // Gives each dense part of a live primary without a backup the next live server (`live`:
   // per server id), one CAS and one copy for all.
   Status RebuildDense(const std::vector<bool>& live);
   // Waits after a batch that began at `start` so that moving takes `o_.pace` of the time.
   void Pace(SteadyClock::time_point start) const;
   // The dense parts of a map whose servers will be `targets`: FailedPrecondition when a part's
-  // primary is not among them (dense parts do not move); a replicated map's dense backups
-  // elsewhere are dropped and given again among the targets.
-  Status KeepDense(const std::vector<uint16_t>& targets, bool replicated);
+  // primary is not among them (dense parts do not move); with `backups`, the dense backups
+  // elsewhere are dropped and every part without one gets one among the targets.
+  Status KeepDense(const std::vector<uint16_t>& targets, bool backups);
   // Resharding of a replicated map: in batches of the slots whose primary or backup changes,
   // drops the backups that change (one CAS), moves the primaries (Batch; a backup that stays
   // keeps receiving the slot's pushes), gives the slots their new backups (a backup fill,
@@ -347,11 +348,11 @@ void Controller::Pace(SteadyClock::time_point start) const {
 }
 
 Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
-                         const std::map<uint16_t, std::vector<uint32_t>>& by_dst, bool fill,
+                         const std::map<uint16_t, std::vector<uint32_t>>& drop, bool fill,
                          bool more) {
   // A destination may hold rows of these slots from an earlier stay: deleted while it does not
   // own them (nothing writes them there then), so that the copy lands on nothing stale.
-  for (auto& [dst, slots] : by_dst) {
+  for (auto& [dst, slots] : drop) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
     TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
       return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
@@ -504,7 +505,7 @@ Result<ScaleReport> Controller::Rebuild() {
   return report_;
 }
 
-Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool replicated) {
+Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool backups) {
   auto kept = [&](uint16_t id) {
     return std::find(targets.begin(), targets.end(), id) != targets.end();
   };
@@ -517,7 +518,7 @@ Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool replicat
           "): dense parts do not move, so a cluster of this map keeps that server");
     }
   }
-  if (!replicated || map_.dense_backup.empty()) return Status::OK();
+  if (!backups || map_.dense_backup.empty()) return Status::OK();
   ClusterMap next = map_;
   bool dropped = false;
   for (uint16_t part = 0; part < map_.dense_servers; ++part) {
@@ -560,6 +561,7 @@ Status Controller::MoveReplicated(const std::vector<uint16_t>& targets) {
     }
     if (next.backup != map_.backup) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
     // 2. The primaries move, as in an unreplicated map.
+    const std::vector<uint16_t> old_primary = map_.primary;
     next = map_;
     MovePairs pairs;
     std::map<uint16_t, std::vector<uint32_t>> by_dst;
@@ -577,15 +579,19 @@ Status Controller::MoveReplicated(const std::vector<uint16_t>& targets) {
     next = map_;
     pairs.clear();
     by_dst.clear();
+    std::map<uint16_t, std::vector<uint32_t>> to_drop;
     for (uint32_t slot : batch) {
       if (backup[slot] == map_.backup[slot]) continue;
       pairs[{map_.primary[slot], backup[slot]}].push_back(slot);
       next.backup[slot] = backup[slot];
       next.importing[slot] = map_.primary[slot];
       by_dst[backup[slot]].push_back(slot);
+      // The slot's old primary dropped its rows in step 2 already: a second drop would only
+      // walk their tombstones.
+      if (backup[slot] != old_primary[slot]) to_drop[backup[slot]].push_back(slot);
     }
     if (!pairs.empty()) {
-      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/true, false));
+      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, to_drop, /*fill=*/true, false));
     }
     // 4. The old backups' rows are dropped, unless that server holds the slot again (its own
     //    drop came before its copy). The copies ahead above waited on their sources for every
@@ -632,10 +638,13 @@ Result<ScaleReport> Controller::Run() {
         "map version " + std::to_string(map_.version) +
         " is replicated: each slot needs a backup on another server, so it keeps at least 2");
   }
-  TESSERA_RETURN_IF_ERROR(KeepDense(targets, replicated));
+  TESSERA_RETURN_IF_ERROR(KeepDense(targets, /*backups=*/false));
   TESSERA_RETURN_IF_ERROR(AddServers(&targets));
   if (replicated) {
     TESSERA_RETURN_IF_ERROR(MoveReplicated(targets));
+    // Dense backups among the servers kept, the added ones included (a part whose backup
+    // died has none until now).
+    TESSERA_RETURN_IF_ERROR(KeepDense(targets, /*backups=*/true));
   } else {
     const auto moves = PlanMoves(map_, targets);
     for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {

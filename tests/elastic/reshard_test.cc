@@ -343,6 +343,61 @@ TEST_F(ReplicatedReshardTest, TwoToThreeToTwoKeepsEverySlotBackedUpAndExact) {
   ExpectBitIdentical(promoted, fixed, "read from server 1 after server 0 was killed");
 }
 
+// A dead server replaced while the loop trains: kill -9 of server 1 leaves server 0 alone with
+// every slot and dense part and nothing to back them up; `scale 2` then brings in server 2
+// (registered, not in the map: the replacement, under the next id): half the slots move to it,
+// and every slot and dense part has a backup again. The loop ends bit-identical to a fixed
+// cluster, and after kill -9 of server 0 the promoted copies on server 2 read the same.
+TEST_F(ReplicatedReshardTest, ADeadServerIsReplacedWhileTrainingAndEverythingIsBackedUpAgain) {
+  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto client = Client::Create(TrainingOptions(), std::move(*source));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Trainer trainer(**client);
+  auto retired = [&](uint32_t id) {
+    const ClusterMap m = LoadMap();
+    return m.servers.size() > id && m.servers[id].address.empty();
+  };
+  std::atomic<bool> scaled{false};
+  std::string out;
+  int rc = -1;
+  std::thread scaler;
+  uint64_t step = 0;
+  for (; step < 40 || !scaled.load(); ++step) {
+    ASSERT_LT(step, 5000u) << "the scale did not finish: " << out;
+    Status s = trainer.Step(step);
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+    if (step == 10) cluster_->Kill(1);
+    if (step > 10 && !scaler.joinable() && retired(1)) {
+      scaler = std::thread([&] {
+        rc = Scale(2, &out);
+        scaled = true;
+      });
+    }
+  }
+  scaler.join();
+  ASSERT_EQ(rc, 0) << out;
+  std::printf("replaced server 1 by server 2 in %llu steps: %s", static_cast<unsigned long long>(step),
+              out.c_str());
+  const ClusterMap m = LoadMap();
+  ExpectBackedUpEvenly(m, {0, 2}, "after scale 2");
+  ASSERT_EQ(m.dense_backup.size(), 2u);
+  ASSERT_EQ(m.dense_primary.size(), 2u);
+  for (uint32_t part = 0; part < 2; ++part) {
+    EXPECT_EQ(m.dense_primary[part], 0) << "dense part " << part;
+    EXPECT_EQ(m.dense_backup[part], 2) << "dense part " << part;
+  }
+  const Params fixed = FixedClusterRun(step);
+  Params got;
+  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
+  ExpectBitIdentical(got, fixed, "through the loss and replacement of server 1");
+  cluster_->Kill(0);
+  ASSERT_TRUE(WaitFor([&] { return retired(0); }, seconds(30))) << "server 0 was not failed over";
+  Params promoted;
+  ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
+  ExpectBitIdentical(promoted, fixed, "read from server 2 after server 0 was killed");
+}
+
 // The training job itself (tessera-worker --coordinator, BSP) rides through 2 -> 3 -> 2: it
 // keeps training while slots move, server 2 serves its share meanwhile, and the job ends well.
 TEST_F(ReshardTest, WorkerTrainsThroughTwoToThreeToTwo) {
