@@ -61,6 +61,8 @@ DEFINE_string(server_binary, "", "tessera-server (default: next to this program)
 DEFINE_string(server_flags, "", "Extra flags for every tessera-server, comma-separated");
 DEFINE_string(etcd, "/usr/bin/etcd", "The etcd binary");
 DEFINE_bool(scale, true, "Measure online resharding (2 -> 3 -> 2 servers)");
+DEFINE_uint32(replication, 1, "Resharding: copies of each slot in the map (2: every slot and "
+              "dense part has a backup, which each scale moves and rebalances)");
 DEFINE_bool(failover, true, "Measure replication's cost and the fail-over time of a kill -9");
 DEFINE_uint32(ttl_s, 3, "Fail-over: the servers' lease TTL (--coordinator_ttl_s)");
 
@@ -402,11 +404,10 @@ int main(int argc, char** argv) {
   auto etcd_client = tessera::EtcdClient::Create(parsed->etcd_options());
   if (!etcd_client.ok()) return Fail(etcd_client.status());
   tessera::SlotMapStore store(etcd_client->get(), parsed->prefix);
-  if (Status s = store.Create(tessera::ClusterMap::Uniform(
-          {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}}));
-      !s.ok()) {
-    return Fail(s);
-  }
+  auto first = tessera::ClusterMap::Replicated(
+      {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}}, FLAGS_replication);
+  if (!first.ok()) return Fail(first.status());
+  if (Status s = store.Create(*first); !s.ok()) return Fail(s);
   auto source = tessera::EtcdClusterMapSource::Create(*parsed);
   if (!source.ok()) return Fail(source.status());
   tessera::ClientOptions co;
@@ -428,8 +429,8 @@ int main(int argc, char** argv) {
     Status s = c.Wait(c.Push(*table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
     if (!s.ok()) return Fail(s.WithContext("fill"));
   }
-  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers\n",
-              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim);
+  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers, replication %u\n",
+              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim, FLAGS_replication);
 
   Pushes pushes;
   std::thread pusher([&] {
@@ -491,7 +492,8 @@ int main(int argc, char** argv) {
               "%u-slot batches:\n",
               FLAGS_keys, window, FLAGS_pace, FLAGS_batch_slots);
   std::printf("  before the moves      %12.0f\n", before);
-  std::string json = "{\"bench\":\"elastic\",\"rows\":" + std::to_string(rows) +
+  std::string json = "{\"bench\":\"elastic\",\"replication\":" +
+                     std::to_string(FLAGS_replication) + ",\"rows\":" + std::to_string(rows) +
                      ",\"pace\":" + std::to_string(FLAGS_pace) +
                      ",\"push_keys_per_s_before\":" + std::to_string(before);
   for (const Move& m : moves) {
@@ -500,9 +502,10 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(m.end - m.begin).count();
     std::printf("  during %-10s     %12.0f  (%.2fx; the whole %.2f s: %.0f, %.2fx)\n", m.name,
                 during, during / before, secs, overall, overall / before);
-    std::printf("    moved %u slots in %.2f s, %u batches: %llu rows copied ahead (%.0f rows/s), "
-                "%llu again during the holds; %.1f MB; longest hold %.0f ms\n",
-                m.report.slots_moved, m.report.seconds, m.report.batches,
+    std::printf("    moved %u slots (and gave %u a new backup) in %.2f s, %u flips: %llu rows "
+                "copied ahead (%.0f rows/s), %llu again during the holds; %.1f MB; longest hold "
+                "%.0f ms\n",
+                m.report.slots_moved, m.report.slots_backed, m.report.seconds, m.report.batches,
                 static_cast<unsigned long long>(m.report.rows_ahead),
                 m.report.rows_ahead / std::max(1e-9, m.report.seconds),
                 static_cast<unsigned long long>(m.report.rows_in_hold), m.report.bytes_moved / 1e6,

@@ -23,25 +23,10 @@ constexpr char kPrefix[] = "tessera/coordfail";
 class CoordinatorFailoverTest : public ReplicatedClusterTest {
  protected:
   CoordinatorFailoverTest() : ReplicatedClusterTest(kPrefix) {}
-
-  // A client of the map that is worker `id` of two.
-  std::unique_ptr<Client> Worker(uint32_t id) {
-    auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
-    EXPECT_TRUE(source.ok()) << source.status().ToString();
-    if (!source.ok()) return nullptr;
-    ClientOptions o;
-    o.request_timeout_ms = 2000;
-    o.retry_for_ms = 60000;
-    o.worker_id = id;
-    o.consistency.num_workers = 2;
-    auto c = Client::Create(o, std::move(*source));
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
 };
 
 TEST_F(CoordinatorFailoverTest, ServerZerosDeathKeepsBarriersTablesAndMetadata) {
-  auto a = Worker(0), b = Worker(1);
+  auto a = CoordinatorClient(0, 2), b = CoordinatorClient(1, 2);
   ASSERT_TRUE(a && b);
   const Table t = Sparse(*a, "emb");
   ASSERT_TRUE(a->PutMeta("job/position", "42").ok());

@@ -9,7 +9,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "ps/client/client.h"
 #include "ps/coord/etcd_client.h"
 #include "ps/status.h"
 
@@ -77,5 +79,15 @@ int64_t StatOf(const std::string& stats, const std::string& key);
 
 /// Milliseconds since `start`.
 double MsSince(std::chrono::steady_clock::time_point start);
+
+/// A static client of every one of `endpoints` (stats and admin calls to each server by its
+/// index); null, with a test failure, when it cannot be made.
+inline std::unique_ptr<Client> AdminClient(const std::vector<std::string>& endpoints) {
+  ClientOptions admin;
+  admin.servers = endpoints;
+  auto c = Client::Create(admin);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(*c) : nullptr;
+}
 
 }  // namespace tessera::testing

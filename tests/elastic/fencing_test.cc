@@ -46,11 +46,8 @@ class FencingTest : public EtcdTest {
     cluster_ = std::make_unique<LocalCluster>(o);
     Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s.ToString();
-    ClientOptions admin;
-    admin.servers = cluster_->endpoints();
-    auto c = Client::Create(admin);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    admin_ = std::move(*c);
+    admin_ = AdminClient(cluster_->endpoints());
+    ASSERT_NE(admin_, nullptr);
     store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + std::string(kPrefix));
   }
 

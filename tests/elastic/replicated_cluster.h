@@ -37,11 +37,8 @@ class ReplicatedClusterTest : public EtcdTest {
     cluster_ = std::make_unique<LocalCluster>(o);
     Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s.ToString();
-    ClientOptions admin;
-    admin.servers = cluster_->endpoints();
-    auto c = Client::Create(admin);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    admin_ = std::move(*c);
+    admin_ = AdminClient(cluster_->endpoints());
+    ASSERT_NE(admin_, nullptr);
     store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + prefix_);
     std::string servers;
     for (const auto& e : cluster_->endpoints()) servers += (servers.empty() ? "" : ",") + e;
@@ -66,13 +63,17 @@ class ReplicatedClusterTest : public EtcdTest {
     return st.ok() ? StatOf(*st, key) : -1;
   }
 
-  std::unique_ptr<Client> CoordinatorClient() {
+  // A client of the map (a short request timeout: what a dead server does not answer is sent
+  // again soon); worker `worker_id` of `num_workers` when that is not 0.
+  std::unique_ptr<Client> CoordinatorClient(uint32_t worker_id = 0, uint32_t num_workers = 0) {
     auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
     EXPECT_TRUE(source.ok()) << source.status().ToString();
     if (!source.ok()) return nullptr;
     ClientOptions o;
     o.request_timeout_ms = 2000;
     o.retry_for_ms = 60000;
+    o.worker_id = worker_id;
+    o.consistency.num_workers = num_workers;
     auto c = Client::Create(o, std::move(*source));
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(*c) : nullptr;

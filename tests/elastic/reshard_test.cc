@@ -143,11 +143,8 @@ class ReshardTest : public EtcdTest {
     cluster_ = std::make_unique<LocalCluster>(o);
     Status s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s.ToString();
-    ClientOptions admin;
-    admin.servers = cluster_->endpoints();
-    auto c = Client::Create(admin);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    admin_ = std::move(*c);
+    admin_ = AdminClient(cluster_->endpoints());
+    ASSERT_NE(admin_, nullptr);
     std::string out;
     std::vector<std::string> init = {TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
                                      "--servers=" + cluster_->endpoints()[0] + "," +
@@ -168,6 +165,16 @@ class ReshardTest : public EtcdTest {
     return RunCommand({TESSERA_CTL_BINARY, "scale", std::to_string(n), "--coordinator=" + url_,
                        "--batch_slots=2048", "--timeout_s=120"},
                       out, 180);
+  }
+
+  // A client of the map with the options of the training loop.
+  std::unique_ptr<Client> TrainingClient() {
+    auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+    EXPECT_TRUE(source.ok()) << source.status().ToString();
+    if (!source.ok()) return nullptr;
+    auto client = Client::Create(TrainingOptions(), std::move(*source));
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? std::move(*client) : nullptr;
   }
 
   ClusterMap LoadMap() {
@@ -277,13 +284,11 @@ class ReshardTest : public EtcdTest {
 // The run: the server tier goes 2 -> 3 -> 2 while the loop trains; the result is
 // bit-identical to the same number of steps on a fixed 2-server cluster.
 TEST_F(ReshardTest, TwoToThreeToTwoWhileTrainingIsBitIdenticalToAFixedCluster) {
-  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
-  ASSERT_TRUE(source.ok()) << source.status().ToString();
-  auto client = Client::Create(TrainingOptions(), std::move(*source));
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  Trainer trainer(**client);
+  auto client = TrainingClient();
+  ASSERT_NE(client, nullptr);
+  Trainer trainer(*client);
   ClusterMap up;
-  const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, **client, &up);
+  const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, *client, &up);
   ASSERT_FALSE(HasFailure());
   Params got;
   ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
@@ -318,13 +323,11 @@ void ExpectBackedUpEvenly(const ClusterMap& m, const std::vector<uint16_t>& serv
 // slot, the loop ends bit-identical to a fixed cluster, and the backups left are exact: after
 // kill -9 of server 0 its backups (all on server 1), promoted, read the same floats.
 TEST_F(ReplicatedReshardTest, TwoToThreeToTwoKeepsEverySlotBackedUpAndExact) {
-  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
-  ASSERT_TRUE(source.ok()) << source.status().ToString();
-  auto client = Client::Create(TrainingOptions(), std::move(*source));
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  Trainer trainer(**client);
+  auto client = TrainingClient();
+  ASSERT_NE(client, nullptr);
+  Trainer trainer(*client);
   ClusterMap up;
-  const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, **client, &up);
+  const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, *client, &up);
   ASSERT_FALSE(HasFailure());
   ExpectBackedUpEvenly(up, {0, 1, 2}, "after scale 3");
   ExpectBackedUpEvenly(LoadMap(), {0, 1}, "after scale 2");
@@ -349,11 +352,9 @@ TEST_F(ReplicatedReshardTest, TwoToThreeToTwoKeepsEverySlotBackedUpAndExact) {
 // and every slot and dense part has a backup again. The loop ends bit-identical to a fixed
 // cluster, and after kill -9 of server 0 the promoted copies on server 2 read the same.
 TEST_F(ReplicatedReshardTest, ADeadServerIsReplacedWhileTrainingAndEverythingIsBackedUpAgain) {
-  auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
-  ASSERT_TRUE(source.ok()) << source.status().ToString();
-  auto client = Client::Create(TrainingOptions(), std::move(*source));
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  Trainer trainer(**client);
+  auto client = TrainingClient();
+  ASSERT_NE(client, nullptr);
+  Trainer trainer(*client);
   auto retired = [&](uint32_t id) {
     const ClusterMap m = LoadMap();
     return m.servers.size() > id && m.servers[id].address.empty();
