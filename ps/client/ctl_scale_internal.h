@@ -34,6 +34,14 @@ struct ScaleOptions {
   /// When set and true, the run stops before its next batch (Cancelled); a batch under way
   /// finishes or fails by its calls' timeouts. A rebuild that stops so leaves nothing flipped.
   const std::atomic<bool>* cancel = nullptr;
+  /// The run holds the controller lock (PREFIX/controller, ps/coord/membership.h) under a
+  /// lease of this TTL, recorded as held by `controller_id`; it stops before its next batch
+  /// (Unavailable) if the lease is lost.
+  std::string controller_id = "tessera-ctl";
+  int64_t controller_ttl_s = 10;
+  /// Another controller holds the lock: wait for it until `deadline` (true), or fail at once
+  /// with FailedPrecondition naming the holder (false).
+  bool wait_for_controller = true;
 };
 
 struct ScaleReport {

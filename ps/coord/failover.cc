@@ -202,6 +202,35 @@ void FailoverWatcher::Log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
+void FailoverWatcher::CheckBackedUp(const ClusterMap& map, const std::set<std::string>& listed) {
+  if (!options_.on_unbacked) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_unbacked_ < std::chrono::milliseconds(options_.unbacked_every_ms)) return;
+  std::vector<bool> live(map.servers.size(), false);
+  int n = 0, lowest = -1;
+  for (uint16_t id = 0; id < map.servers.size(); ++id) {
+    live[id] = !map.servers[id].address.empty() && listed.count(map.servers[id].id) > 0;
+    if (!live[id]) continue;
+    ++n;
+    if (lowest < 0) lowest = id;
+  }
+  if (n < 2 || map.servers[lowest].id != options_.self_id) return;
+  bool due = false;
+  for (uint32_t slot = 0; slot < map.primary.size() && !due; ++slot) {
+    due = map.backup[slot] == ClusterMap::kNoServer && map.importing[slot] == ClusterMap::kNoServer &&
+          live[map.primary[slot]];
+  }
+  for (uint32_t part = 0; part < map.dense_backup.size() && !due; ++part) {
+    const uint16_t p = map.dense_primary.empty() ? static_cast<uint16_t>(part) : map.dense_primary[part];
+    const bool filling = part < map.dense_importing.size() &&
+                         map.dense_importing[part] != ClusterMap::kNoServer;
+    due = map.dense_backup[part] == ClusterMap::kNoServer && !filling && p < live.size() && live[p];
+  }
+  if (!due) return;
+  last_unbacked_ = now;
+  options_.on_unbacked();
+}
+
 void FailoverWatcher::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -262,7 +291,10 @@ Status FailoverWatcher::Round() {
     if (s.address.empty() || s.id == options_.self_id) continue;
     if (!listed.count(s.id) && seen_alive_.count(s.id)) dead.push_back(id);
   }
-  if (dead.empty()) return Status::OK();
+  if (dead.empty()) {
+    CheckBackedUp(*map, listed);
+    return Status::OK();
+  }
   TESSERA_ASSIGN_OR_RETURN(Promotion p, PromoteBackups(*map, dead));
   if (const std::string why = UnregisteredBackup(p, *map, listed); !why.empty()) {
     Log(why);

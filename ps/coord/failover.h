@@ -94,6 +94,13 @@ struct FailoverOptions {
   /// Called after each map change this watcher stored (with what it did), on the watcher's
   /// thread; must not destroy the watcher. Default: none.
   std::function<void(const Promotion&)> on_promoted;
+  /// Called on the watcher's thread, at most every `unbacked_every_ms`, while no server is
+  /// dead, this process is the lowest live server of the map, at least two are live, and a
+  /// slot or dense part (of a map with dense backups) whose primary is live has no backup and
+  /// none being filled: a backup rebuild is due (the promoting server's died with it, or lost
+  /// to another controller). Must not destroy the watcher. Default: none.
+  std::function<void()> on_unbacked;
+  int unbacked_every_ms = 5000;
 };
 
 /// Promotes the backups of dead servers. Every poll period its thread reads the live members
@@ -132,6 +139,8 @@ class FailoverWatcher {
   void Loop();
   // One poll: read, decide, swap.
   Status Round();
+  // Calls on_unbacked when `map` (no server dead) is due a backup rebuild by this process.
+  void CheckBackedUp(const ClusterMap& map, const std::set<std::string>& listed);
   void Log(const std::string& line) const;
 
   EtcdClient* const etcd_;
@@ -139,6 +148,7 @@ class FailoverWatcher {
   std::set<std::string> seen_alive_;  // member ids listed at some poll; the thread's alone
   std::string last_unavailable_;      // the last "unavailable" line logged; the thread's alone
   std::string last_logged_error_;     // the last error logged; the thread's alone
+  std::chrono::steady_clock::time_point last_unbacked_{};  // the thread's alone
   std::mutex stop_mu_;                // held through a whole Stop(): later callers wait
   std::atomic<int64_t> promotions_{0};
   std::atomic<int64_t> slots_promoted_{0};

@@ -46,6 +46,10 @@ Status CheckOptions(const MembershipOptions& o) {
 
 }  // namespace
 
+std::string ControllerKey(std::string_view prefix) {
+  return std::string(prefix) + "/controller";
+}
+
 std::string MemberKey(std::string_view prefix, std::string_view id) {
   return MembersPrefix(prefix) + std::string(id);
 }
@@ -64,7 +68,8 @@ Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
                                                          const MembershipOptions& options) {
   TESSERA_RETURN_IF_ERROR(CheckOptions(options));
   TESSERA_ASSIGN_OR_RETURN(Lease lease, etcd->GrantLease(options.ttl_s));
-  const std::string key = MemberKey(options.prefix, options.member_id);
+  const std::string key =
+      options.key.empty() ? MemberKey(options.prefix, options.member_id) : options.key;
   const std::string value = json{{"id", options.member_id}, {"address", options.address}}.dump();
   // Create only: a second live process with the same id must not take over the first's key.
   TxnRequest txn;
@@ -75,6 +80,16 @@ Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
   if (!r.ok() || !r->succeeded) {
     etcd->RevokeLease(lease.id).IgnoreError();  // best effort: it expires anyway
     if (!r.ok()) return r.status().WithContext("registering " + key);
+    std::string holder = "another process";
+    if (!r->results.empty() && !r->results[0].empty()) {
+      const json record = json::parse(r->results[0][0].value, nullptr, /*allow_exceptions=*/false);
+      if (record.is_object() && record.contains("id") && record["id"].is_string()) {
+        holder = record["id"].get<std::string>();
+      }
+    }
+    if (!options.key.empty()) {
+      return Status::AlreadyExists(key + " is held by " + holder + " (under another lease)");
+    }
     return Status::AlreadyExists("member " + options.member_id + " is already registered (" + key +
                                  " exists under another lease)");
   }

@@ -42,7 +42,15 @@ struct MembershipOptions {
   /// Called once, on the renewal thread, when the registration is lost (with status()); must
   /// not destroy the Membership. Default: none.
   std::function<void(const Status&)> on_lost;
+  /// The key to hold instead of PREFIX/members/<member_id>: a lock held by this member while
+  /// it lives (ControllerKey). Default: empty (the member key).
+  std::string key;
 };
+
+/// The key of the cluster's controller lock: PREFIX/controller. Whoever changes the map by more
+/// than one compare-and-swap (tessera-ctl scale, a backup rebuild) holds it under a lease for
+/// the whole run, so two never interleave; a holder that dies frees it within its TTL.
+std::string ControllerKey(std::string_view prefix);
 
 /// The key of member `id` under `prefix`: PREFIX/members/ID.
 std::string MemberKey(std::string_view prefix, std::string_view id);

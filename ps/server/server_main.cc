@@ -287,8 +287,14 @@ class BackupRebuilder {
       o.pace = FLAGS_rebuild_pace;
       o.deadline = tessera::DeadlineAfterMs(10 * 60 * 1000);
       o.cancel = &stop_;
+      o.controller_id = "server-" + std::to_string(FLAGS_rank);
+      o.controller_ttl_s = FLAGS_coordinator_ttl_s;
+      o.wait_for_controller = false;  // kicked again by the fail-over watcher while one is due
       auto r = tessera::internal::RebuildBackups(*etcd_, prefix_, base_, o);
-      if (!r.ok()) {
+      if (!r.ok() && r.status().code() == tessera::StatusCode::kFailedPrecondition &&
+          r.status().message().find("another controller") != std::string::npos) {
+        VLOG(1) << "--coordinator: backup rebuild: " << r.status().ToString();
+      } else if (!r.ok()) {
         LOG(WARNING) << "--coordinator: backup rebuild: " << r.status().ToString()
                      << " (tessera-ctl map rebuild finishes it)";
       } else if (r->slots_backed > 0 || r->dense_parts_backed > 0) {
@@ -343,6 +349,9 @@ tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
     promoted->Inc(p.slots_promoted());
     if (rebuilder != nullptr) rebuilder->Kick();
   };
+  // A rebuild left undone (the promoting server died during it, or lost the controller lock to
+  // a scale): the lowest live server runs it.
+  if (rebuilder != nullptr) f.on_unbacked = [rebuilder] { rebuilder->Kick(); };
   return tessera::FailoverWatcher::Start(etcd, std::move(f));
 }
 

@@ -5,6 +5,7 @@
 #include "ps/coord/failover.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -254,6 +255,80 @@ TEST_F(PromotionTest, CtlMapInitReplicationShowAndScaleRefusal) {
   EXPECT_NE(out.find("server 2 holds dense part 2"), std::string::npos)
       << out;
   EXPECT_EQ(store.Load()->version, 1u);  // nothing changed
+}
+
+// A watcher calls on_unbacked while its server is the lowest live one and a slot of a live
+// primary has no backup: the lowest server, not another, and not while it is alone.
+TEST_F(PromotionTest, TheLowestLiveServerIsToldWhenARebuildIsDue) {
+  SlotMapStore store(client_.get(), kPrefix);
+  auto m = std::make_unique<ClusterMap>(ReplicatedMap(3));
+  for (uint32_t slot = 0; slot < kNumSlots; slot += 7) m->backup[slot] = ClusterMap::kNoServer;
+  ASSERT_TRUE(store.Create(*m).ok());
+  auto m0 = Register(0), m1 = Register(1), m2 = Register(2);
+  std::atomic<int> due0{0}, due1{0};
+  auto watch = [&](uint32_t i, std::atomic<int>* due) {
+    FailoverOptions o;
+    o.prefix = kPrefix;
+    o.self_id = "server-" + std::to_string(i);
+    o.poll_ms = 50;
+    o.unbacked_every_ms = 200;
+    o.on_unbacked = [due] { ++*due; };
+    auto w = FailoverWatcher::Start(client_.get(), o);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? std::move(*w) : nullptr;
+  };
+  auto w0 = watch(0, &due0), w1 = watch(1, &due1);
+  ASSERT_TRUE(WaitFor([&] { return due0.load() >= 2; }, seconds(10)));
+  EXPECT_EQ(due1.load(), 0) << "server 1 is not the lowest live server";
+  // Every slot backed up again: nothing more is due.
+  ClusterMap whole = *m;
+  whole.version = 2;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) whole.backup[slot] = (whole.primary[slot] + 1) % 3;
+  ASSERT_TRUE(store.CompareAndSwap(1, whole).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int settled = due0.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(due0.load(), settled) << "told of a rebuild with every slot backed up";
+}
+
+// The controller lock (PREFIX/controller): while another process holds it, tessera-ctl scale
+// and map rebuild wait for it until their --timeout_s and then exit 1 naming the holder,
+// changing nothing; once it is released they run.
+TEST_F(PromotionTest, TheControllerLockKeepsControllersApart) {
+  const std::string url = etcd_.url(std::string(kPrefix).substr(1));
+  SlotMapStore store(client_.get(), kPrefix);
+  ASSERT_TRUE(store.Create(ReplicatedMap(3)).ok());
+  auto m0 = Register(0), m1 = Register(1), m2 = Register(2);
+  MembershipOptions lock;
+  lock.prefix = kPrefix;
+  lock.member_id = "other-controller";
+  lock.address = "controller";
+  lock.key = ControllerKey(kPrefix);
+  auto held = Membership::Register(client_.get(), lock);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // A second holder is refused, naming the first.
+  lock.member_id = "second";
+  auto second = Membership::Register(client_.get(), lock);
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(second.status().message().find("is held by other-controller"), std::string::npos)
+      << second.status().ToString();
+  std::string out;
+  for (const std::vector<std::string>& cmd :
+       {std::vector<std::string>{TESSERA_CTL_BINARY, "scale", "3", "--coordinator=" + url,
+                                 "--timeout_s=1"},
+        std::vector<std::string>{TESSERA_CTL_BINARY, "map", "rebuild", "--coordinator=" + url,
+                                 "--timeout_s=1"}}) {
+    EXPECT_EQ(RunCommand(cmd, &out), 1) << out;
+    EXPECT_NE(out.find("/controller is held by other-controller"), std::string::npos) << out;
+    EXPECT_NE(out.find("another controller is changing the map"), std::string::npos) << out;
+  }
+  EXPECT_EQ(store.Load()->version, 1u);
+  (*held).reset();  // released: the lease is revoked
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "rebuild", "--coordinator=" + url,
+                        "--timeout_s=10"},
+                       &out),
+            0)
+      << out;  // every slot has a backup: nothing to do
 }
 
 }  // namespace

@@ -1,0 +1,168 @@
+// The controller of tessera-ctl scale and map rebuild (ctl_scale.cc: moves and fills;
+// ctl_scale_replicated.cc: the controller lock, dense parts, resharding a replicated map).
+// Internal to tessera_reshard.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ps/client/ctl_scale_internal.h"
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
+#include "ps/slot_rows.h"
+
+namespace tessera::internal::reshard {
+
+using SteadyClock = std::chrono::steady_clock;
+
+inline double MsSince(SteadyClock::time_point t) {
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - t).count();
+}
+
+// Calls `f` until it is not Unavailable (a server that has not seen the map version yet: its
+// watch delivers within milliseconds, and every one of them holds requests for moving slots).
+template <typename F>
+auto UntilSeen(Deadline deadline, F f) -> decltype(f()) {
+  for (;;) {
+    auto r = f();
+    if (r.ok() || r.status().code() != StatusCode::kUnavailable || Clock::now() >= deadline) {
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+inline Result<bool> Done(const Status& s) {
+  if (!s.ok()) return s;
+  return true;
+}
+
+// One client per server id (each a static client of that one server).
+class Servers {
+ public:
+  Servers(const ClientOptions& base) : base_(base) {}
+  Result<Client*> Get(uint32_t id, const std::string& address) {
+    auto& c = clients_[id];
+    if (!c) {
+      ClientOptions o = base_;
+      o.servers = {address};
+      TESSERA_ASSIGN_OR_RETURN(c, Client::Create(o));
+    }
+    return c.get();
+  }
+
+ private:
+  ClientOptions base_;
+  std::map<uint32_t, std::unique_ptr<Client>> clients_;
+};
+
+// The lane marks of an export (ps/slot_rows.h): each lane's step when it read its rows, and the
+// instance of the server process.
+struct Marks {
+  uint64_t instance = 0;
+  std::vector<uint64_t> steps;
+};
+inline Result<Marks> ReadMarks(const std::vector<SlotMark>& read) {
+  Marks m;
+  for (const SlotMark& mark : read) {
+    if (mark.lane >= 4096) {
+      return Status::Corruption("a lane mark of lane " + std::to_string(mark.lane));
+    }
+    if (m.steps.size() <= mark.lane) m.steps.resize(mark.lane + 1);
+    m.steps[mark.lane] = mark.step;
+    m.instance = mark.instance;
+  }
+  return m;
+}
+
+// Slots moving from one server to another.
+using MovePairs = std::map<std::pair<uint16_t, uint16_t>, std::vector<uint32_t>>;
+
+class Controller {
+ public:
+  Controller(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
+             const ScaleOptions& o)
+      : etcd_(etcd), prefix_(prefix), store_(&etcd, prefix), servers_(base), o_(o) {}
+
+  Result<ScaleReport> Run();
+  Result<ScaleReport> Rebuild();
+
+ private:
+  Status Cas(ClusterMap next) {
+    next.version = map_.version + 1;
+    TESSERA_RETURN_IF_ERROR(store_.CompareAndSwap(map_.version, next));
+    map_ = std::move(next);
+    return Status::OK();
+  }
+  Result<Client*> Server(uint32_t id) { return servers_.Get(id, map_.servers[id].address); }
+  // Copies the rows of `moves` to their new owners while the old ones still serve them (before
+  // the flip); the marks of each export go to *ahead.
+  Status CopyAhead(const MovePairs& moves, std::map<std::pair<uint16_t, uint16_t>, Marks>* ahead);
+  // Copies the slots the map names as importing (flipped already) and settles them: with
+  // `ahead`, only the rows their old owner updated after the copy ahead.
+  Status Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead = {});
+  // Exports `slots` from `src` (given up at `v`) and imports them into `dst` as `step`.
+  Status Copy(Client* src, Client* dst, uint64_t v, const std::vector<uint32_t>& slots,
+              const Client::SlotExportRequest& how, Client::SlotImportStep step, Marks* marks,
+              uint64_t* rows);
+  Status AddServers(std::vector<uint16_t>* targets);
+  // Copies the slots whose backup the map names as being filled (importing = the primary)
+  // from their primaries and marks them in on the backups; with `ahead`, only the rows updated
+  // after the copy ahead. Then CASes their importing away.
+  Status SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead = {});
+  // The same for dense parts (dense_importing = the part's primary): one copy of their chunks
+  // (under the hold: a dense part is small next to a table's slots), done, CAS.
+  Status SettleDenseFills();
+  // The copy at the flip of the slots of `pair` (source, destination) at version `v`, as `how`
+  // and since the marks of the pair's copy ahead (if any); every row again when the source
+  // restarted since; nothing when the destination has them marked in already. Counts the rows.
+  Status CopyAtFlip(const std::pair<uint16_t, uint16_t>& pair, const std::vector<uint32_t>& slots,
+                    Client::SlotExportRequest how,
+                    const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead, uint64_t v);
+  // SlotImport done at `v` on each destination for its slots.
+  Status MarkIn(const std::map<uint16_t, std::vector<uint32_t>>& by_dst, uint64_t v);
+  // One batch of a move (`fill` false) or a rebuild (true): drops what the destinations
+  // hold of the slots (`drop`: per destination, the slots it may hold stale rows of), copies
+  // them ahead from their sources (`pairs`), CASes `next`, settles; then, when `more` batches
+  // follow, paces.
+  Status Batch(ClusterMap next, const MovePairs& pairs,
+               const std::map<uint16_t, std::vector<uint32_t>>& drop, bool fill, bool more);
+  // Gives each dense part of a live primary without a backup the next live server (`live`:
+  // per server id), one CAS and one copy for all.
+  Status RebuildDense(const std::vector<bool>& live);
+  // Waits after a batch that began at `start` so that moving takes `o_.pace` of the time.
+  void Pace(SteadyClock::time_point start) const;
+  // The dense parts of a map whose servers will be `targets`: FailedPrecondition when a part's
+  // primary is not among them (dense parts do not move); with `backups`, the dense backups
+  // elsewhere are dropped and every part without one gets one among the targets.
+  Status KeepDense(const std::vector<uint16_t>& targets, bool backups);
+  // Resharding of a replicated map: in batches of the slots whose primary or backup changes,
+  // drops the backups that change (one CAS), moves the primaries (Batch; a backup that stays
+  // keeps receiving the slot's pushes), gives the slots their new backups (a backup fill,
+  // Batch), so that each slot has one backup again before the next batch.
+  Status MoveReplicated(const std::vector<uint16_t>& targets);
+  // Retires the ids not among `targets` (nothing names them any more).
+  Status RetireOthers(const std::vector<uint16_t>& targets);
+
+  // Takes the controller lock (ScaleOptions::controller_id), waiting for another holder when
+  // asked to.
+  Status Lock();
+  // OK while the run may go on: not cancelled, the lock still held.
+  Status MayContinue() const;
+
+  EtcdClient& etcd_;
+  std::string prefix_;
+  std::unique_ptr<Membership> lock_;
+  SlotMapStore store_;
+  Servers servers_;
+  ScaleOptions o_;
+  ClusterMap map_;
+  ScaleReport report_;
+};
+
+}  // namespace tessera::internal::reshard

@@ -1,0 +1,233 @@
+// The controller's lock, dense parts, and resharding of a replicated map (docs/elasticity.md,
+// "Resharding a replicated map").
+#include <algorithm>
+
+#include "ps/client/ctl_scale_controller_internal.h"
+
+namespace tessera::internal::reshard {
+
+Status Controller::SettleDenseFills() {
+  MovePairs fills;  // (primary, backup) -> parts
+  for (uint32_t part = 0; part < map_.dense_importing.size(); ++part) {
+    if (map_.dense_importing[part] == ClusterMap::kNoServer) continue;
+    fills[{map_.dense_importing[part], map_.dense_backup[part]}].push_back(part);
+  }
+  if (fills.empty()) return Status::OK();
+  const auto flipped = SteadyClock::now();
+  const uint64_t v = map_.version;
+  uint32_t count = 0;
+  for (auto& [pair, parts] : fills) {
+    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+    Client::SlotExportRequest how;
+    how.backup_fill = true;
+    how.dense_parts = true;
+    Marks marks;
+    uint64_t n = 0;
+    Status copied = Copy(src, dst, v, parts, how, Client::SlotImportStep::kDenseRows, &marks, &n);
+    if (copied.code() != StatusCode::kAlreadyExists) {
+      TESSERA_RETURN_IF_ERROR(copied);
+      report_.rows_in_hold += n;
+    }
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseDone, {},
+                                   o_.deadline));
+    }).status());
+    count += static_cast<uint32_t>(parts.size());
+  }
+  const double hold = MsSince(flipped);
+  report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
+  ClusterMap next = map_;
+  next.dense_importing.clear();
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  report_.dense_parts_backed += count;
+  if (o_.log != nullptr) {
+    std::fprintf(o_.log, "gave %u dense parts a backup at map version %llu; held %.1f ms\n",
+                 count, static_cast<unsigned long long>(v), hold);
+  }
+  return Status::OK();
+}
+
+Status Controller::RebuildDense(const std::vector<bool>& live) {
+  // Only a map with dense replication (dense_backup listed) gets dense backups.
+  if (map_.dense_backup.empty()) return Status::OK();
+  ClusterMap next = map_;
+  bool any = false;
+  for (uint32_t part = 0; part < map_.dense_servers; ++part) {
+    const uint16_t p = map_.dense_primary.empty() ? static_cast<uint16_t>(part)
+                                                  : map_.dense_primary[part];
+    if (map_.dense_backup[part] != ClusterMap::kNoServer || !live[p]) continue;
+    const uint16_t n = static_cast<uint16_t>(map_.servers.size());
+    for (uint16_t k = 1; k < n; ++k) {
+      const uint16_t b = static_cast<uint16_t>((p + k) % n);
+      if (!live[b]) continue;
+      if (next.dense_importing.empty()) {
+        next.dense_importing.assign(map_.dense_servers, ClusterMap::kNoServer);
+      }
+      next.dense_backup[part] = b;
+      next.dense_importing[part] = p;
+      any = true;
+      break;
+    }
+  }
+  if (any) {
+    TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+    TESSERA_RETURN_IF_ERROR(SettleDenseFills());
+  }
+  return Status::OK();
+}
+
+Status Controller::Lock() {
+  MembershipOptions m;
+  m.prefix = prefix_;
+  m.member_id = o_.controller_id;
+  m.address = "controller";
+  m.ttl_s = o_.controller_ttl_s;
+  m.key = ControllerKey(prefix_);
+  for (;;) {
+    auto held = Membership::Register(&etcd_, m);
+    if (held.ok()) {
+      lock_ = std::move(*held);
+      return Status::OK();
+    }
+    if (held.status().code() != StatusCode::kAlreadyExists) return held.status();
+    if (!o_.wait_for_controller || Clock::now() >= o_.deadline) {
+      return Status::FailedPrecondition(held.status().message() +
+                                        ": another controller is changing the map; run again "
+                                        "when it is done");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+Status Controller::MayContinue() const {
+  if (o_.cancel != nullptr && o_.cancel->load()) {
+    return Status::Cancelled("stopped after " + std::to_string(report_.slots_moved) +
+                             " slots moved and " + std::to_string(report_.slots_backed) +
+                             " given a backup");
+  }
+  if (lock_ != nullptr && lock_->lost()) {
+    return Status::Unavailable("the controller lock " + ControllerKey(prefix_) +
+                               " was lost (" + lock_->status().ToString() +
+                               "): stopped before the next batch; run again");
+  }
+  return Status::OK();
+}
+
+Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool backups) {
+  auto kept = [&](uint16_t id) {
+    return std::find(targets.begin(), targets.end(), id) != targets.end();
+  };
+  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
+    const uint16_t p = map_.dense_primary.empty() ? part : map_.dense_primary[part];
+    if (!kept(p)) {
+      return Status::FailedPrecondition(
+          "server " + std::to_string(p) + " holds dense part " + std::to_string(part) +
+          " (dense_servers " + std::to_string(map_.dense_servers) +
+          "): dense parts do not move, so a cluster of this map keeps that server");
+    }
+  }
+  if (!backups || map_.dense_backup.empty()) return Status::OK();
+  ClusterMap next = map_;
+  bool dropped = false;
+  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
+    if (next.dense_backup[part] != ClusterMap::kNoServer && !kept(next.dense_backup[part])) {
+      next.dense_backup[part] = ClusterMap::kNoServer;
+      dropped = true;
+    }
+  }
+  if (dropped) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  std::vector<bool> live(map_.servers.size(), false);
+  for (uint16_t id : targets) live[id] = true;
+  return RebuildDense(live);
+}
+
+Status Controller::MoveReplicated(const std::vector<uint16_t>& targets) {
+  std::vector<uint16_t> primary = map_.primary;
+  for (const auto& [slot, to] : PlanMoves(map_, targets)) primary[slot] = to;
+  const std::vector<uint16_t> backup = PlanBackups(map_, primary, targets);
+  std::vector<uint32_t> changed;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (primary[slot] != map_.primary[slot] || backup[slot] != map_.backup[slot]) {
+      changed.push_back(slot);
+    }
+  }
+  for (size_t i = 0; i < changed.size(); i += o_.batch_slots) {
+    TESSERA_RETURN_IF_ERROR(MayContinue());
+    const auto start = SteadyClock::now();
+    const std::vector<uint32_t> batch(changed.begin() + i,
+                                      changed.begin() + std::min(changed.size(), i + o_.batch_slots));
+    // 1. The slots whose backup changes lose it: their primaries stop forwarding to it (and no
+    //    longer wait for it). A backup that stays (never the new primary) stays through the
+    //    move: it has every push the old primary applied, and the new one forwards to it once
+    //    the copy is in.
+    ClusterMap next = map_;
+    std::map<uint16_t, std::vector<uint32_t>> old_backup;
+    for (uint32_t slot : batch) {
+      const uint16_t b = map_.backup[slot];
+      if (b == ClusterMap::kNoServer || b == backup[slot]) continue;
+      next.backup[slot] = ClusterMap::kNoServer;
+      if (b != primary[slot] && b != backup[slot]) old_backup[b].push_back(slot);
+    }
+    if (next.backup != map_.backup) TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+    // 2. The primaries move, as in an unreplicated map.
+    const std::vector<uint16_t> old_primary = map_.primary;
+    next = map_;
+    MovePairs pairs;
+    std::map<uint16_t, std::vector<uint32_t>> by_dst;
+    for (uint32_t slot : batch) {
+      if (primary[slot] == map_.primary[slot]) continue;
+      pairs[{map_.primary[slot], primary[slot]}].push_back(slot);
+      next.importing[slot] = map_.primary[slot];
+      next.primary[slot] = primary[slot];
+      by_dst[primary[slot]].push_back(slot);
+    }
+    if (!pairs.empty()) {
+      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, by_dst, /*fill=*/false, false));
+    }
+    // 3. The new backups are filled from the primaries, as in a rebuild.
+    next = map_;
+    pairs.clear();
+    by_dst.clear();
+    std::map<uint16_t, std::vector<uint32_t>> to_drop;
+    for (uint32_t slot : batch) {
+      if (backup[slot] == map_.backup[slot]) continue;
+      pairs[{map_.primary[slot], backup[slot]}].push_back(slot);
+      next.backup[slot] = backup[slot];
+      next.importing[slot] = map_.primary[slot];
+      by_dst[backup[slot]].push_back(slot);
+      // The slot's old primary dropped its rows in step 2 already: a second drop would only
+      // walk their tombstones.
+      if (backup[slot] != old_primary[slot]) to_drop[backup[slot]].push_back(slot);
+    }
+    if (!pairs.empty()) {
+      TESSERA_RETURN_IF_ERROR(Batch(std::move(next), pairs, to_drop, /*fill=*/true, false));
+    }
+    // 4. The old backups' rows are dropped, unless that server holds the slot again (its own
+    //    drop came before its copy). The copies ahead above waited on their sources for every
+    //    push forwarded before step 1 to be answered, so none lands after this.
+    for (auto& [b, slots] : old_backup) {
+      TESSERA_ASSIGN_OR_RETURN(Client * c, Server(b));
+      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+        return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
+      }).status());
+    }
+    if (i + o_.batch_slots < changed.size()) Pace(start);
+  }
+  return Status::OK();
+}
+
+Status Controller::RetireOthers(const std::vector<uint16_t>& targets) {
+  ClusterMap next = map_;
+  bool retired = false;
+  for (uint16_t id = 0; id < next.servers.size(); ++id) {
+    if (!next.servers[id].address.empty() &&
+        std::find(targets.begin(), targets.end(), id) == targets.end()) {
+      next.servers[id].address.clear();
+      retired = true;
+    }
+  }
+  return retired ? Cas(std::move(next)) : Status::OK();
+}
+
+}  // namespace tessera::internal::reshard
