@@ -28,13 +28,16 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
   }
   TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
   // The new servers learn every table (tables made before they existed).
+  // (The server asked may not have seen the new version yet: asked again until it has.)
   TESSERA_ASSIGN_OR_RETURN(Client * any, Server(targets->front()));
-  TESSERA_ASSIGN_OR_RETURN(std::string specs,
-                           any->ExportSlots(0, map_.version, {}, {}, o_.deadline));
+  TESSERA_ASSIGN_OR_RETURN(std::string specs, UntilSeen(o_.deadline, [&] {
+    return any->ExportSlots(0, map_.version, {}, {}, o_.deadline);
+  }));
   for (uint16_t id : added) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(id));
-    TESSERA_RETURN_IF_ERROR(
-        c->ImportSlots(0, 0, {}, Client::SlotImportStep::kRows, specs, o_.deadline));
+    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      return Done(c->ImportSlots(0, 0, {}, Client::SlotImportStep::kRows, specs, o_.deadline));
+    }).status());
     targets->push_back(id);
   }
   return Status::OK();

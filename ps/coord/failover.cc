@@ -231,6 +231,49 @@ void FailoverWatcher::CheckBackedUp(const ClusterMap& map, const std::set<std::s
   options_.on_unbacked();
 }
 
+namespace {
+
+// The id of the lowest server of `map` with an address when every such server is listed (-1
+// when one is not, or there is none), and their number in *n.
+int LowestWhenAllListed(const ClusterMap& map, const std::set<std::string>& listed, int* n) {
+  int lowest = -1;
+  *n = 0;
+  for (uint16_t id = 0; id < map.servers.size(); ++id) {
+    if (map.servers[id].address.empty()) continue;
+    if (!listed.count(map.servers[id].id)) return -1;
+    if (lowest < 0) lowest = id;
+    ++*n;
+  }
+  return lowest;
+}
+
+}  // namespace
+
+void FailoverWatcher::CheckJoined(const ClusterMap& map, const std::set<std::string>& listed) {
+  if (!options_.on_joined) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_joined_ < std::chrono::milliseconds(options_.unbacked_every_ms)) return;
+  int n = 0;
+  const int lowest = LowestWhenAllListed(map, listed, &n);
+  if (lowest < 0 || map.servers[lowest].id != options_.self_id) return;
+  uint32_t joined = 0;
+  while (listed.count("server-" + std::to_string(map.servers.size() + joined))) ++joined;
+  // A server of the map that no slot names: added by a scale that stopped before moving slots
+  // to it (the map's id list grows first).
+  std::vector<bool> named(map.servers.size(), false);
+  for (uint32_t slot = 0; slot < map.primary.size(); ++slot) {
+    named[map.primary[slot]] = true;
+    if (map.backup[slot] != ClusterMap::kNoServer) named[map.backup[slot]] = true;
+  }
+  bool idle = false;
+  for (uint16_t id = 0; id < map.servers.size(); ++id) {
+    idle = idle || (!map.servers[id].address.empty() && !named[id]);
+  }
+  if (joined == 0 && !idle) return;
+  last_joined_ = now;
+  options_.on_joined(static_cast<uint32_t>(n) + joined);
+}
+
 void FailoverWatcher::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -275,10 +318,10 @@ Status FailoverWatcher::Round() {
   if (map.status().code() == StatusCode::kNotFound) return Status::OK();  // no map yet
   if (!map.ok()) return map.status();
   const auto none = [](uint16_t b) { return b == ClusterMap::kNoServer; };
-  if (std::all_of(map->backup.begin(), map->backup.end(), none) &&
-      std::all_of(map->dense_backup.begin(), map->dense_backup.end(), none)) {
-    return Status::OK();  // not replicated (any more): nothing can be promoted
-  }
+  // Not replicated (any more): nothing can be promoted, and only servers joining matter.
+  const bool replicated = !std::all_of(map->backup.begin(), map->backup.end(), none) ||
+                          !std::all_of(map->dense_backup.begin(), map->dense_backup.end(), none);
+  if (!replicated && !options_.on_joined) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
   std::set<std::string> listed;
   for (const Member& m : members) listed.insert(m.id);
@@ -292,9 +335,11 @@ Status FailoverWatcher::Round() {
     if (!listed.count(s.id) && seen_alive_.count(s.id)) dead.push_back(id);
   }
   if (dead.empty()) {
-    CheckBackedUp(*map, listed);
+    CheckJoined(*map, listed);
+    if (replicated) CheckBackedUp(*map, listed);
     return Status::OK();
   }
+  if (!replicated) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(Promotion p, PromoteBackups(*map, dead));
   if (const std::string why = UnregisteredBackup(p, *map, listed); !why.empty()) {
     Log(why);

@@ -101,6 +101,13 @@ struct FailoverOptions {
   /// to another controller). Must not destroy the watcher. Default: none.
   std::function<void()> on_unbacked;
   int unbacked_every_ms = 5000;
+  /// Called on the watcher's thread, at most every `unbacked_every_ms`, while every server of
+  /// the map is live, this process is the lowest of them, and servers are registered under the
+  /// next unused ids (server-<n>, server-<n+1>, ... for a map of n ids) or a server of the map
+  /// is named by no slot (a scale that stopped after adding it): with the number of servers the
+  /// map should have (its live ones and those registered), for a `scale` to take them in. Also
+  /// for a map without backups. Must not destroy the watcher. Default: none.
+  std::function<void(uint32_t servers)> on_joined;
 };
 
 /// Promotes the backups of dead servers. Every poll period its thread reads the live members
@@ -111,8 +118,10 @@ struct FailoverOptions {
 /// PromoteBackups is stored by a compare-and-swap from the version read; a lost swap (another
 /// server's watcher, or another writer, changed the map) is simply read again next period, so
 /// any number of watchers on one cluster are safe and the change is made once. A map without
-/// any backup (of a slot or a dense part) is not looked at further (no member read): nothing
-/// in it can be promoted.
+/// any backup (of a slot or a dense part) is not looked at further unless `on_joined` is set
+/// (no member read): nothing in it can be promoted. With no server dead, the lowest live
+/// server's watcher also reports rebuilds due (`on_unbacked`) and servers waiting to join
+/// (`on_joined`).
 /// Thread-safe; destruction stops the thread and joins it. Borrows `etcd`, which must outlive
 /// the watcher.
 class FailoverWatcher {
@@ -141,6 +150,8 @@ class FailoverWatcher {
   Status Round();
   // Calls on_unbacked when `map` (no server dead) is due a backup rebuild by this process.
   void CheckBackedUp(const ClusterMap& map, const std::set<std::string>& listed);
+  // Calls on_joined when servers registered under the next ids of `map` wait to be taken in.
+  void CheckJoined(const ClusterMap& map, const std::set<std::string>& listed);
   void Log(const std::string& line) const;
 
   EtcdClient* const etcd_;
@@ -149,6 +160,7 @@ class FailoverWatcher {
   std::string last_unavailable_;      // the last "unavailable" line logged; the thread's alone
   std::string last_logged_error_;     // the last error logged; the thread's alone
   std::chrono::steady_clock::time_point last_unbacked_{};  // the thread's alone
+  std::chrono::steady_clock::time_point last_joined_{};    // the thread's alone
   std::mutex stop_mu_;                // held through a whole Stop(): later callers wait
   std::atomic<int64_t> promotions_{0};
   std::atomic<int64_t> slots_promoted_{0};

@@ -9,11 +9,12 @@
 // backup wait behind earlier pushes too, so a client still reads its own writes. A backup
 // applies a primary's pushes in the order it receives them, which is the primary's order.
 //
-// Fencing: a backup applies a forwarded push only while its map names the sender the primary,
-// and itself the backup, of every slot the push touches (or, while a slot moves, the primary
-// it moves from). Once the backup was promoted (or the move settled), it refuses, and the old
-// primary, which applies nothing before the backup answered, applies nothing either: a
-// primary cut off from etcd past its lease cannot change a row after its backup took over.
+// Fencing: a backup applies a forwarded push only while its map names the sender the primary
+// of every slot the push touches (or, while a slot moves, the primary it moves from), and
+// never for a slot it is the primary of. Once the backup was promoted (or the move settled),
+// it refuses, and the old primary, which applies nothing before the backup answered, applies
+// nothing either: a primary cut off from etcd past its lease cannot change a row after its
+// backup took over.
 #include <glog/logging.h>
 
 #include <cstring>

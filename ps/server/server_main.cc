@@ -107,6 +107,10 @@ DEFINE_bool(rebuild_backups, true,
             "With --failover_poll_ms: after this server promoted backups, give the slots left "
             "without one a new backup (the next live server) in the background, copying their "
             "rows while clients train (tessera-ctl map rebuild does the same by hand)");
+DEFINE_bool(auto_join, false,
+            "With --failover_poll_ms: when servers register under the next unused ids "
+            "(--rank), the lowest live server of the map runs tessera-ctl scale's controller to "
+            "take them in (so kubectl scale up needs no Job); off: they wait for a scale");
 DEFINE_double(rebuild_pace, 0.5,
               "Share of wall time a background backup rebuild spends copying (0, 1]: after "
               "each batch it waits (1/pace - 1) times as long as the batch took");
@@ -249,15 +253,15 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   return source;
 }
 
-// Rebuilds backups in the background after this server promoted some (docs/elasticity.md,
-// "Backup rebuild"): each Kick runs tessera-ctl map rebuild's controller on a thread of its
-// own (again once more when kicked while running). Thread-safe; destruction stops the run
-// before its next batch and joins.
-class BackupRebuilder {
+// Runs `run` on a thread of its own after each Kick (once more when kicked while it runs): a
+// controller of tessera-ctl (a backup rebuild, a scale taking in servers that registered).
+// Thread-safe; destruction sets the stop flag `run` is given (a controller stops before its
+// next batch) and joins.
+class BackgroundRun {
  public:
-  BackupRebuilder(tessera::EtcdClient* etcd, std::string prefix, tessera::ClientOptions base)
-      : etcd_(etcd), prefix_(std::move(prefix)), base_(std::move(base)) {}
-  ~BackupRebuilder() {
+  explicit BackgroundRun(std::function<void(const std::atomic<bool>*)> run)
+      : run_(std::move(run)) {}
+  ~BackgroundRun() {
     stop_ = true;
     std::lock_guard<std::mutex> l(mu_);
     if (thread_.joinable()) thread_.join();
@@ -283,38 +287,74 @@ class BackupRebuilder {
         }
         again_ = false;
       }
-      tessera::internal::ScaleOptions o;
-      o.pace = FLAGS_rebuild_pace;
-      o.deadline = tessera::DeadlineAfterMs(10 * 60 * 1000);
-      o.cancel = &stop_;
-      o.controller_id = "server-" + std::to_string(FLAGS_rank);
-      o.controller_ttl_s = FLAGS_coordinator_ttl_s;
-      o.wait_for_controller = false;  // kicked again by the fail-over watcher while one is due
-      auto r = tessera::internal::RebuildBackups(*etcd_, prefix_, base_, o);
-      if (!r.ok() && r.status().code() == tessera::StatusCode::kFailedPrecondition &&
-          r.status().message().find("another controller") != std::string::npos) {
-        VLOG(1) << "--coordinator: backup rebuild: " << r.status().ToString();
-      } else if (!r.ok()) {
-        LOG(WARNING) << "--coordinator: backup rebuild: " << r.status().ToString()
-                     << " (tessera-ctl map rebuild finishes it)";
-      } else if (r->slots_backed > 0 || r->dense_parts_backed > 0) {
-        LOG(INFO) << "--coordinator: backup rebuild: " << r->slots_backed << " slots and "
-                  << r->dense_parts_backed << " dense parts given a backup, map version " << r->from_version << " -> "
-                  << r->to_version << ", " << r->rows_ahead + r->rows_in_hold
-                  << " rows copied in " << r->seconds << " s, longest hold " << r->max_hold_ms
-                  << " ms";
-      }
+      run_(&stop_);
     }
   }
 
-  tessera::EtcdClient* const etcd_;
-  const std::string prefix_;
-  const tessera::ClientOptions base_;
+  const std::function<void(const std::atomic<bool>*)> run_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   bool running_ = false, again_ = false;
   std::thread thread_;
 };
+
+// The options of a controller this server runs: its pace, stop flag and name on the
+// controller lock, which it does not wait for (it is kicked again while the work is due).
+tessera::internal::ScaleOptions BackgroundScaleOptions(const std::atomic<bool>* stop) {
+  tessera::internal::ScaleOptions o;
+  o.pace = FLAGS_rebuild_pace;
+  o.deadline = tessera::DeadlineAfterMs(10 * 60 * 1000);
+  o.cancel = stop;
+  o.controller_id = "server-" + std::to_string(FLAGS_rank);
+  o.controller_ttl_s = FLAGS_coordinator_ttl_s;
+  o.wait_for_controller = false;
+  return o;
+}
+
+// Logs a background controller's failure: at VLOG(1) when another controller held the lock
+// (the work is kicked again while it is due), else as a warning.
+void LogControllerFailure(const char* what, const tessera::Status& s, const char* by_hand) {
+  if (s.code() == tessera::StatusCode::kFailedPrecondition &&
+      s.message().find("another controller") != std::string::npos) {
+    VLOG(1) << "--coordinator: " << what << ": " << s.ToString();
+  } else {
+    LOG(WARNING) << "--coordinator: " << what << ": " << s.ToString() << " (" << by_hand
+                 << " does it by hand)";
+  }
+}
+
+// A backup rebuild (docs/elasticity.md, "Backup rebuild"): after a promotion this server
+// made, or when its fail-over watcher finds one due.
+void RebuildNow(tessera::EtcdClient* etcd, const std::string& prefix,
+                const tessera::ClientOptions& base, const std::atomic<bool>* stop) {
+  auto r = tessera::internal::RebuildBackups(*etcd, prefix, base, BackgroundScaleOptions(stop));
+  if (!r.ok()) {
+    LogControllerFailure("backup rebuild", r.status(), "tessera-ctl map rebuild");
+  } else if (r->slots_backed > 0 || r->dense_parts_backed > 0) {
+    LOG(INFO) << "--coordinator: backup rebuild: " << r->slots_backed << " slots and "
+              << r->dense_parts_backed << " dense parts given a backup, map version "
+              << r->from_version << " -> " << r->to_version << ", "
+              << r->rows_ahead + r->rows_in_hold << " rows copied in " << r->seconds
+              << " s, longest hold " << r->max_hold_ms << " ms";
+  }
+}
+
+// --auto_join: a scale to `servers` that takes in the servers registered under the next ids.
+void JoinNow(tessera::EtcdClient* etcd, const std::string& prefix,
+             const tessera::ClientOptions& base, uint32_t servers,
+             const std::atomic<bool>* stop) {
+  tessera::internal::ScaleOptions o = BackgroundScaleOptions(stop);
+  o.servers = servers;
+  auto r = tessera::internal::Scale(*etcd, prefix, base, o);
+  if (!r.ok()) {
+    LogControllerFailure("taking in new servers", r.status(), "tessera-ctl scale");
+    return;
+  }
+  LOG(INFO) << "--coordinator: took in new servers: " << servers << " servers, "
+            << r->slots_moved << " slots moved and " << r->slots_backed
+            << " given a backup, map version " << r->from_version << " -> " << r->to_version
+            << " in " << r->seconds << " s";
+}
 
 // The client options of this server's own calls to the others (a rebuild): the servers share
 // one CurveZMQ key pair, so the public key of --curve_secret_key_file is theirs.
@@ -331,11 +371,48 @@ tessera::ClientOptions PeerClientOptions(const std::string& curve_secret_key) {
 }
 
 // With --failover_poll_ms > 0: the fail-over watcher of this server (ps/coord/failover.h),
-// logging what it does and counting the slots it promoted in `registry`, and kicking
-// `rebuilder` (if any) after each promotion it made; null when off.
+// logging what it does and counting the slots it promoted in `registry`, and running backup
+// rebuilds (--rebuild_backups) after each promotion it made and when one is due, and scales
+// taking in new servers (--auto_join), on threads of their own; null when off.
+class Controllers {
+ public:
+  Controllers(tessera::EtcdClient* etcd, std::string prefix, tessera::ClientOptions base)
+      : etcd_(etcd), prefix_(std::move(prefix)), base_(std::move(base)) {
+    if (FLAGS_rebuild_backups) {
+      rebuild_ = std::make_unique<BackgroundRun>(
+          [this](const std::atomic<bool>* stop) { RebuildNow(etcd_, prefix_, base_, stop); });
+    }
+    if (FLAGS_auto_join) {
+      join_ = std::make_unique<BackgroundRun>([this](const std::atomic<bool>* stop) {
+        JoinNow(etcd_, prefix_, base_, join_servers_.load(), stop);
+      });
+    }
+  }
+  void Rebuild() {
+    if (rebuild_) rebuild_->Kick();
+  }
+  bool joins() const { return join_ != nullptr; }
+  void Join(uint32_t servers) {
+    join_servers_ = servers;
+    if (join_) join_->Kick();
+  }
+  // Stops the runs before their next batches.
+  void Stop() {
+    rebuild_.reset();
+    join_.reset();
+  }
+
+ private:
+  tessera::EtcdClient* const etcd_;
+  const std::string prefix_;
+  const tessera::ClientOptions base_;
+  std::atomic<uint32_t> join_servers_{0};
+  std::unique_ptr<BackgroundRun> rebuild_, join_;
+};
+
 tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
     const tessera::CoordinatorUrl& url, tessera::EtcdClient* etcd,
-    tessera::metrics::Registry* registry, BackupRebuilder* rebuilder) {
+    tessera::metrics::Registry* registry, Controllers* controllers) {
   if (FLAGS_failover_poll_ms == 0) return std::unique_ptr<tessera::FailoverWatcher>();
   tessera::FailoverOptions f;
   f.prefix = url.prefix;
@@ -345,13 +422,14 @@ tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
   tessera::metrics::Counter* promoted = &registry->AddCounter(
       "tessera_failover_promoted_slots_total",
       "Slots whose backup this server made primary after their primary died (fail-over)");
-  f.on_promoted = [promoted, rebuilder](const tessera::Promotion& p) {
+  f.on_promoted = [promoted, controllers](const tessera::Promotion& p) {
     promoted->Inc(p.slots_promoted());
-    if (rebuilder != nullptr) rebuilder->Kick();
+    controllers->Rebuild();
   };
   // A rebuild left undone (the promoting server died during it, or lost the controller lock to
   // a scale): the lowest live server runs it.
-  if (rebuilder != nullptr) f.on_unbacked = [rebuilder] { rebuilder->Kick(); };
+  f.on_unbacked = [controllers] { controllers->Rebuild(); };
+  if (controllers->joins()) f.on_joined = [controllers](uint32_t n) { controllers->Join(n); };
   return tessera::FailoverWatcher::Start(etcd, std::move(f));
 }
 
@@ -432,7 +510,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessera::Membership> membership;
   std::unique_ptr<tessera::EtcdClusterMapSource> map_source;
   std::unique_ptr<tessera::FailoverWatcher> failover;
-  std::unique_ptr<BackupRebuilder> rebuilder;
+  std::unique_ptr<Controllers> controllers;
   if (coordinator) {
     tessera::Status s = Register(*coordinator, (*cluster)[FLAGS_rank], &etcd, &membership);
     if (!s.ok()) {
@@ -449,11 +527,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     map_source = std::move(*followed);
-    if (FLAGS_rebuild_backups) {
-      rebuilder = std::make_unique<BackupRebuilder>(etcd.get(), coordinator->prefix,
-                                                    PeerClientOptions(o.curve_secret_key));
-    }
-    auto watcher = WatchForFailures(*coordinator, etcd.get(), &registry, rebuilder.get());
+    controllers = std::make_unique<Controllers>(etcd.get(), coordinator->prefix,
+                                                PeerClientOptions(o.curve_secret_key));
+    auto watcher = WatchForFailures(*coordinator, etcd.get(), &registry, controllers.get());
     if (!watcher.ok()) {
       std::cerr << "tessera-server: --failover_poll_ms: " << watcher.status().ToString() << "\n";
       map_source.reset();
@@ -478,7 +554,7 @@ int main(int argc, char** argv) {
               << " (" << failover->slots_promoted() << " slots)";
     failover.reset();
   }
-  rebuilder.reset();  // stops a rebuild before its next batch
+  if (controllers) controllers->Stop();  // a rebuild or scale stops before its next batch
   if (membership) {
     // Leave the members first: nobody should pick a server that is going away.
     tessera::Status s = membership->Deregister();

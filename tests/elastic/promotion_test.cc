@@ -331,5 +331,47 @@ TEST_F(PromotionTest, TheControllerLockKeepsControllersApart) {
       << out;  // every slot has a backup: nothing to do
 }
 
+// on_joined: the lowest live server's watcher reports servers registered under the next ids
+// (with the number the map should have), also for a map without backups; not while a server
+// of the map is not listed, and not from another server's watcher.
+TEST_F(PromotionTest, TheLowestLiveServerIsToldOfServersWaitingToJoin) {
+  SlotMapStore store(client_.get(), kPrefix);
+  ASSERT_TRUE(store.Create(ClusterMap::Uniform({{"server-0", Address(0)}, {"server-1", Address(1)}}))
+                  .ok());
+  auto m0 = Register(0), m1 = Register(1);
+  std::atomic<uint32_t> told0{0}, told1{0};
+  auto watch = [&](uint32_t i, std::atomic<uint32_t>* told) {
+    FailoverOptions o;
+    o.prefix = kPrefix;
+    o.self_id = "server-" + std::to_string(i);
+    o.poll_ms = 50;
+    o.unbacked_every_ms = 100;
+    o.on_joined = [told](uint32_t n) { *told = n; };
+    auto w = FailoverWatcher::Start(client_.get(), o);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? std::move(*w) : nullptr;
+  };
+  auto w0 = watch(0, &told0), w1 = watch(1, &told1);
+  ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= 5; }, seconds(10)));
+  EXPECT_EQ(told0.load(), 0u) << "nobody waits to join";
+  auto m2 = Register(2), m3 = Register(3);
+  ASSERT_TRUE(WaitFor([&] { return told0.load() == 4; }, seconds(10))) << told0.load();
+  EXPECT_EQ(told1.load(), 0u) << "server 1 is not the lowest live server";
+  // A scale that added server 2 to the map and stopped before moving slots to it: server 2 is
+  // named by no slot, and is reported (server 3 no longer registered).
+  m3.reset();
+  ClusterMap added = *store.Load();
+  added.version = 2;
+  added.servers.push_back({"server-2", Address(2)});
+  ASSERT_TRUE(store.CompareAndSwap(1, added).ok());
+  ASSERT_TRUE(WaitFor([&] { return told0.load() == 3; }, seconds(10))) << told0.load();
+  // Server 1 gone (a map without backups: nothing is promoted): no join while it is missing.
+  m1.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  told0 = 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(told0.load(), 0u) << "told of a join while a server of the map is missing";
+}
+
 }  // namespace
 }  // namespace tessera::testing
