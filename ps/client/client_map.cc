@@ -32,8 +32,9 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
   {
     std::lock_guard<std::mutex> l(map_mu_);
     if (m->version <= routing_->version) return;
-    // A map may add servers (new ids at the end) and retire ids (their address emptied); it
-    // may not give a known id another address, nor move dense tables.
+    // A map may add servers (new ids at the end), retire ids (their address emptied) and give
+    // a retired id an address again (its server restarted under its old --rank); it may not
+    // give a live id another address, nor move dense tables.
     const auto& known = routing_->addresses;
     std::string why;
     if (m->addresses.size() < known.size()) {
@@ -41,7 +42,15 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
             std::to_string(known.size()) + " ids known (ids are never removed)";
     }
     for (size_t i = 0; why.empty() && i < known.size(); ++i) {
-      if (!m->addresses[i].empty() && m->addresses[i] != known[i]) {
+      if (known[i].empty() && !m->addresses[i].empty() && servers_[i].retired_by == 0 &&
+          !servers_[i].address.empty()) {
+        // Retired by the map this client routes by, but the I/O thread has not handled that
+        // yet (what was in flight there): this map waits for the next reload.
+        refresh_wanted_ = std::max(refresh_wanted_, m->version);
+        refresh_cv_.notify_all();
+        return;
+      }
+      if (!m->addresses[i].empty() && !known[i].empty() && m->addresses[i] != known[i]) {
         why = "gives server " + std::to_string(i) + " the address " + m->addresses[i] +
               " instead of " + known[i];
       }
@@ -60,6 +69,7 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
     }
   }
   Status connected = ConnectNewServers(*m);
+  if (connected.ok()) connected = ReviveServers(*m);
   ReceiveSentTo();
   std::lock_guard<std::mutex> l(map_mu_);
   if (!connected.ok()) {
@@ -80,6 +90,34 @@ Status ClientImpl::ConnectNewServers(const RoutingMap& m) {
   for (size_t i = servers_.size(); i < m.addresses.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(ConnectServer(m.addresses[i]));
     if (m.addresses[i].empty()) continue;  // retired before this client knew it
+    Header h = BaseHeader(Op::kClock);
+    h.clock = clock;
+    Outgoing o = MakeOutgoing(static_cast<uint32_t>(i), h, {}, nullptr, RequestDeadline());
+    SendOne(o);
+  }
+  return Status::OK();
+}
+
+Status ClientImpl::ReviveServers(const RoutingMap& m) {
+  // The caller holds clock_mu_ and io_mu_. An id this client retired (or knew only retired)
+  // that `m` gives an address: connected again, its clock sent; its push numbers go on.
+  const int64_t clock = clock_.load();
+  for (size_t i = 0; i < servers_.size() && i < m.addresses.size(); ++i) {
+    ServerConn& s = servers_[i];
+    const bool retired = s.retired_by != 0 || s.address.empty();
+    if (!retired || m.addresses[i].empty()) continue;
+    try {
+      if (!s.address.empty()) s.dealer.disconnect(s.address);
+    } catch (const zmq::error_t&) {  // disconnected when it was retired
+    }
+    try {
+      s.dealer.connect(m.addresses[i]);
+    } catch (const zmq::error_t& e) {
+      return Status::InvalidArgument("bad endpoint '" + m.addresses[i] + "': " + e.what());
+    }
+    s.address = m.addresses[i];
+    s.retired_by = 0;
+    s.connected = false;
     Header h = BaseHeader(Op::kClock);
     h.clock = clock;
     Outgoing o = MakeOutgoing(static_cast<uint32_t>(i), h, {}, nullptr, RequestDeadline());

@@ -12,6 +12,18 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(etcd_, prefix_));
   ClusterMap next = map_;
   std::vector<uint16_t> added;
+  // First the retired ids whose server registered again (restarted under its --rank: a
+  // StatefulSet pod keeps its ordinal), lowest first: the map gives each its address back.
+  // Whatever its data dir holds of slots is dropped before a copy lands there.
+  for (uint16_t id = 0; id < next.servers.size() && targets->size() + added.size() < o_.servers;
+       ++id) {
+    if (!next.servers[id].address.empty()) continue;
+    auto it = std::find_if(members.begin(), members.end(),
+                           [&](const Member& m) { return m.id == next.servers[id].id; });
+    if (it == members.end()) continue;
+    next.servers[id].address = it->address;
+    added.push_back(id);
+  }
   while (targets->size() + added.size() < o_.servers) {
     const uint32_t id = static_cast<uint32_t>(next.servers.size());
     const std::string name = "server-" + std::to_string(id);
@@ -40,6 +52,7 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
     }).status());
     targets->push_back(id);
   }
+  std::sort(targets->begin(), targets->end());
   return Status::OK();
 }
 

@@ -258,6 +258,10 @@ void FailoverWatcher::CheckJoined(const ClusterMap& map, const std::set<std::str
   if (lowest < 0 || map.servers[lowest].id != options_.self_id) return;
   uint32_t joined = 0;
   while (listed.count("server-" + std::to_string(map.servers.size() + joined))) ++joined;
+  // Retired ids registered again (a server restarted under its old --rank).
+  for (const MapServer& server : map.servers) {
+    if (server.address.empty() && listed.count(server.id)) ++joined;
+  }
   // A server of the map that no slot names: added by a scale that stopped before moving slots
   // to it (the map's id list grows first).
   std::vector<bool> named(map.servers.size(), false);

@@ -103,8 +103,9 @@ struct FailoverOptions {
   int unbacked_every_ms = 5000;
   /// Called on the watcher's thread, at most every `unbacked_every_ms`, while every server of
   /// the map is live, this process is the lowest of them, and servers are registered under the
-  /// next unused ids (server-<n>, server-<n+1>, ... for a map of n ids) or a server of the map
-  /// is named by no slot (a scale that stopped after adding it): with the number of servers the
+  /// next unused ids (server-<n>, server-<n+1>, ... for a map of n ids) or under retired ids
+  /// (restarted under their old --rank), or a server of the map is named by no slot (a scale
+  /// that stopped after adding it): with the number of servers the
   /// map should have (its live ones and those registered), for a `scale` to take them in. Also
   /// for a map without backups. Must not destroy the watcher. Default: none.
   std::function<void(uint32_t servers)> on_joined;

@@ -38,8 +38,12 @@ uint64_t OriginKey(uint64_t client, uint32_t origin) {
 void ServerImpl::KeyByOrigin(Pending& p) {
   Header& h = p.header;
   p.origin_client = h.client_id;
-  const uint32_t self = options_.rank + 1;
-  if (h.client_id == 0 || h.client_origin == 0 || h.client_origin == self) {
+  // A push counted in this server's own sequence comes with no origin. One with this server
+  // as its origin was sent here before this process (its id retired by a fail-over and given
+  // back after a restart, ids otherwise never come back): its number may be below marks
+  // this data dir logged before, though nothing of it is here (the slots were copied in
+  // since), so it is keyed like any other origin's.
+  if (h.client_id == 0 || h.client_origin == 0) {
     h.client_origin = 0;
     return;
   }

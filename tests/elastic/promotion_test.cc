@@ -371,6 +371,17 @@ TEST_F(PromotionTest, TheLowestLiveServerIsToldOfServersWaitingToJoin) {
   told0 = 0;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(told0.load(), 0u) << "told of a join while a server of the map is missing";
+  // Server 1 retired (its slots on server 0, as a fail-over leaves them) and registered again
+  // (restarted under its --rank): counted with the live ones (server 2, named by no slot, is
+  // one: 2 without server 1).
+  ClusterMap retired = *store.Load();
+  retired.version = 3;
+  retired.servers[1].address.clear();
+  std::fill(retired.primary.begin(), retired.primary.end(), 0);
+  ASSERT_TRUE(store.CompareAndSwap(2, retired).ok());
+  ASSERT_TRUE(WaitFor([&] { return told0.load() == 2; }, seconds(10))) << told0.load();
+  m1 = Register(1);
+  ASSERT_TRUE(WaitFor([&] { return told0.load() == 3; }, seconds(10))) << told0.load();
 }
 
 }  // namespace

@@ -399,6 +399,60 @@ TEST_F(ReplicatedReshardTest, ADeadServerIsReplacedWhileTrainingAndEverythingIsB
   ExpectBitIdentical(promoted, fixed, "read from server 2 after server 0 was killed");
 }
 
+// A server restarted under its old id (a StatefulSet pod keeps its ordinal and its volume):
+// kill -9 of server 1 is failed over and its id retired; the same process restarted on its
+// data dir registers again, and `scale 2` gives the id back its address and its share of the
+// slots while the loop trains. Clients connect to it again; the loop ends bit-identical to a
+// fixed cluster, and after kill -9 of server 0 the rows read from server 1 are still exact.
+TEST_F(ReplicatedReshardTest, AServerRestartedUnderItsIdIsTakenBackWhileTraining) {
+  auto client = TrainingClient();
+  ASSERT_NE(client, nullptr);
+  Trainer trainer(*client);
+  auto retired = [&](uint32_t id) {
+    const ClusterMap m = LoadMap();
+    return m.servers.size() > id && m.servers[id].address.empty();
+  };
+  std::atomic<bool> scaled{false};
+  bool restarted = false;
+  std::string out;
+  int rc = -1;
+  std::thread scaler;
+  uint64_t step = 0;
+  for (; step < 40 || !scaled.load(); ++step) {
+    ASSERT_LT(step, 5000u) << "the scale did not finish: " << out;
+    Status s = trainer.Step(step);
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+    if (step == 10) cluster_->Kill(1);
+    if (step > 10 && !restarted && retired(1)) {
+      Status up = cluster_->Restart(1);
+      ASSERT_TRUE(up.ok()) << up.ToString();
+      restarted = true;
+      scaler = std::thread([&] {
+        rc = Scale(2, &out);
+        scaled = true;
+      });
+    }
+  }
+  scaler.join();
+  ASSERT_EQ(rc, 0) << out;
+  std::printf("server 1 taken back in %llu steps: %s", static_cast<unsigned long long>(step),
+              out.c_str());
+  const ClusterMap m = LoadMap();
+  EXPECT_FALSE(m.servers[1].address.empty());
+  EXPECT_TRUE(m.servers.size() < 3 || m.servers[2].address.empty()) << "server 2 was not asked for";
+  ExpectBackedUpEvenly(m, {0, 1}, "after scale 2");
+  EXPECT_GT(Stat(1, "push_keys"), 0) << "the restarted server 1 took no push";
+  const Params fixed = FixedClusterRun(step);
+  Params got;
+  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
+  ExpectBitIdentical(got, fixed, "through the restart of server 1 under its id");
+  cluster_->Kill(0);
+  ASSERT_TRUE(WaitFor([&] { return retired(0); }, seconds(30))) << "server 0 was not failed over";
+  Params promoted;
+  ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
+  ExpectBitIdentical(promoted, fixed, "read from server 1 after server 0 was killed");
+}
+
 class AutoJoinTest : public ReshardTest {
  protected:
   void SetUp() override {
