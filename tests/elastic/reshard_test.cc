@@ -184,6 +184,64 @@ class ReshardTest : public EtcdTest {
     return m.ok() ? *m : ClusterMap();
   }
 
+  // `trainer`'s rows and dense tensor equal, bit for bit, `steps` steps of the loop on a fixed
+  // cluster of two, whose result is returned.
+  Params ExpectSameAsFixedCluster(Trainer& trainer, uint64_t steps, const std::string& what) {
+    Params fixed = FixedClusterRun(steps);
+    Params got;
+    Status s = trainer.Final(&got.keys, &got.rows, &got.w);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (s.ok()) ExpectBitIdentical(got, fixed, what);
+    return fixed;
+  }
+
+  // Whether the stored map has retired server `id`.
+  bool Retired(uint32_t id) {
+    const ClusterMap m = LoadMap();
+    return m.servers.size() > id && m.servers[id].address.empty();
+  }
+
+  // kill -9 of server 0, then `trainer`'s rows and dense tensor, read from the promoted copies
+  // on server `backup`, must still equal `fixed` bit for bit.
+  void ExpectExactAfterKillingServerZero(Trainer& trainer, const Params& fixed, uint32_t backup) {
+    cluster_->Kill(0);
+    ASSERT_TRUE(WaitFor([&] { return Retired(0); }, seconds(30))) << "server 0 was not failed over";
+    Params promoted;
+    ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
+    ExpectBitIdentical(promoted, fixed,
+                       "read from server " + std::to_string(backup) + " after server 0 was killed");
+  }
+
+  // Trains while server 1 is killed (-9) at step 10 and, once the map retired it, restarted
+  // under its id when `restart`, and `scale 2` runs beside the loop; returns the steps taken
+  // (at least 40), the scale's output in *out.
+  uint64_t TrainThroughTheLossOfServerOne(Trainer& trainer, bool restart, std::string* out) {
+    std::atomic<bool> scaled{false};
+    int rc = -1;
+    std::thread scaler;
+    uint64_t step = 0;
+    for (; step < 40 || !scaled.load(); ++step) {
+      Status s = step < 5000 ? trainer.Step(step) : Status::DeadlineExceeded("5000 steps");
+      if (step == 10) cluster_->Kill(1);
+      if (s.ok() && step > 10 && !scaler.joinable() && Retired(1)) {
+        if (restart) s = cluster_->Restart(1);
+        if (s.ok()) {
+          scaler = std::thread([&] {
+            rc = Scale(2, out);
+            scaled = true;
+          });
+        }
+      }
+      if (!s.ok()) {
+        ADD_FAILURE() << "step " << step << ": " << s.ToString() << "; " << *out;
+        break;
+      }
+    }
+    if (scaler.joinable()) scaler.join();
+    EXPECT_EQ(rc, 0) << *out;
+    return step;
+  }
+
   // The run: trains while the server tier goes 2 -> 3 -> 2 (tessera-ctl scale beside
   // the loop); returns the steps taken, the map right after `scale 3` in *up.
   uint64_t TrainThroughTwoToThreeToTwo(Trainer& trainer, Client& client, ClusterMap* up) {
@@ -290,9 +348,7 @@ TEST_F(ReshardTest, TwoToThreeToTwoWhileTrainingIsBitIdenticalToAFixedCluster) {
   ClusterMap up;
   const uint64_t steps = TrainThroughTwoToThreeToTwo(trainer, *client, &up);
   ASSERT_FALSE(HasFailure());
-  Params got;
-  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
-  ExpectBitIdentical(got, FixedClusterRun(steps), "after 2 -> 3 -> 2");
+  ExpectSameAsFixedCluster(trainer, steps, "after 2 -> 3 -> 2");
 }
 
 class ReplicatedReshardTest : public ReshardTest {
@@ -331,19 +387,9 @@ TEST_F(ReplicatedReshardTest, TwoToThreeToTwoKeepsEverySlotBackedUpAndExact) {
   ASSERT_FALSE(HasFailure());
   ExpectBackedUpEvenly(up, {0, 1, 2}, "after scale 3");
   ExpectBackedUpEvenly(LoadMap(), {0, 1}, "after scale 2");
-  const Params fixed = FixedClusterRun(steps);
-  Params got;
-  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
-  ExpectBitIdentical(got, fixed, "after 2 -> 3 -> 2");
+  const Params fixed = ExpectSameAsFixedCluster(trainer, steps, "after 2 -> 3 -> 2");
 
-  cluster_->Kill(0);
-  ASSERT_TRUE(WaitFor([&] {
-    const ClusterMap m = LoadMap();
-    return !m.servers.empty() && m.servers[0].address.empty();
-  }, seconds(30))) << "server 0 was not failed over";
-  Params promoted;
-  ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
-  ExpectBitIdentical(promoted, fixed, "read from server 1 after server 0 was killed");
+  ExpectExactAfterKillingServerZero(trainer, fixed, 1);
 }
 
 // A dead server replaced while the loop trains: kill -9 of server 1 leaves server 0 alone with
@@ -355,31 +401,11 @@ TEST_F(ReplicatedReshardTest, ADeadServerIsReplacedWhileTrainingAndEverythingIsB
   auto client = TrainingClient();
   ASSERT_NE(client, nullptr);
   Trainer trainer(*client);
-  auto retired = [&](uint32_t id) {
-    const ClusterMap m = LoadMap();
-    return m.servers.size() > id && m.servers[id].address.empty();
-  };
-  std::atomic<bool> scaled{false};
   std::string out;
-  int rc = -1;
-  std::thread scaler;
-  uint64_t step = 0;
-  for (; step < 40 || !scaled.load(); ++step) {
-    ASSERT_LT(step, 5000u) << "the scale did not finish: " << out;
-    Status s = trainer.Step(step);
-    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
-    if (step == 10) cluster_->Kill(1);
-    if (step > 10 && !scaler.joinable() && retired(1)) {
-      scaler = std::thread([&] {
-        rc = Scale(2, &out);
-        scaled = true;
-      });
-    }
-  }
-  scaler.join();
-  ASSERT_EQ(rc, 0) << out;
-  std::printf("replaced server 1 by server 2 in %llu steps: %s", static_cast<unsigned long long>(step),
-              out.c_str());
+  const uint64_t step = TrainThroughTheLossOfServerOne(trainer, /*restart=*/false, &out);
+  ASSERT_FALSE(HasFailure());
+  std::printf("replaced server 1 by server 2 in %llu steps: %s",
+              static_cast<unsigned long long>(step), out.c_str());
   const ClusterMap m = LoadMap();
   ExpectBackedUpEvenly(m, {0, 2}, "after scale 2");
   ASSERT_EQ(m.dense_backup.size(), 2u);
@@ -388,15 +414,9 @@ TEST_F(ReplicatedReshardTest, ADeadServerIsReplacedWhileTrainingAndEverythingIsB
     EXPECT_EQ(m.dense_primary[part], 0) << "dense part " << part;
     EXPECT_EQ(m.dense_backup[part], 2) << "dense part " << part;
   }
-  const Params fixed = FixedClusterRun(step);
-  Params got;
-  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
-  ExpectBitIdentical(got, fixed, "through the loss and replacement of server 1");
-  cluster_->Kill(0);
-  ASSERT_TRUE(WaitFor([&] { return retired(0); }, seconds(30))) << "server 0 was not failed over";
-  Params promoted;
-  ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
-  ExpectBitIdentical(promoted, fixed, "read from server 2 after server 0 was killed");
+  const Params fixed =
+      ExpectSameAsFixedCluster(trainer, step, "through the loss and replacement of server 1");
+  ExpectExactAfterKillingServerZero(trainer, fixed, 2);
 }
 
 // A server restarted under its old id (a StatefulSet pod keeps its ordinal and its volume):
@@ -408,33 +428,9 @@ TEST_F(ReplicatedReshardTest, AServerRestartedUnderItsIdIsTakenBackWhileTraining
   auto client = TrainingClient();
   ASSERT_NE(client, nullptr);
   Trainer trainer(*client);
-  auto retired = [&](uint32_t id) {
-    const ClusterMap m = LoadMap();
-    return m.servers.size() > id && m.servers[id].address.empty();
-  };
-  std::atomic<bool> scaled{false};
-  bool restarted = false;
   std::string out;
-  int rc = -1;
-  std::thread scaler;
-  uint64_t step = 0;
-  for (; step < 40 || !scaled.load(); ++step) {
-    ASSERT_LT(step, 5000u) << "the scale did not finish: " << out;
-    Status s = trainer.Step(step);
-    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
-    if (step == 10) cluster_->Kill(1);
-    if (step > 10 && !restarted && retired(1)) {
-      Status up = cluster_->Restart(1);
-      ASSERT_TRUE(up.ok()) << up.ToString();
-      restarted = true;
-      scaler = std::thread([&] {
-        rc = Scale(2, &out);
-        scaled = true;
-      });
-    }
-  }
-  scaler.join();
-  ASSERT_EQ(rc, 0) << out;
+  const uint64_t step = TrainThroughTheLossOfServerOne(trainer, /*restart=*/true, &out);
+  ASSERT_FALSE(HasFailure());
   std::printf("server 1 taken back in %llu steps: %s", static_cast<unsigned long long>(step),
               out.c_str());
   const ClusterMap m = LoadMap();
@@ -442,15 +438,9 @@ TEST_F(ReplicatedReshardTest, AServerRestartedUnderItsIdIsTakenBackWhileTraining
   EXPECT_TRUE(m.servers.size() < 3 || m.servers[2].address.empty()) << "server 2 was not asked for";
   ExpectBackedUpEvenly(m, {0, 1}, "after scale 2");
   EXPECT_GT(Stat(1, "push_keys"), 0) << "the restarted server 1 took no push";
-  const Params fixed = FixedClusterRun(step);
-  Params got;
-  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
-  ExpectBitIdentical(got, fixed, "through the restart of server 1 under its id");
-  cluster_->Kill(0);
-  ASSERT_TRUE(WaitFor([&] { return retired(0); }, seconds(30))) << "server 0 was not failed over";
-  Params promoted;
-  ASSERT_TRUE(trainer.Final(&promoted.keys, &promoted.rows, &promoted.w).ok());
-  ExpectBitIdentical(promoted, fixed, "read from server 1 after server 0 was killed");
+  const Params fixed =
+      ExpectSameAsFixedCluster(trainer, step, "through the restart of server 1 under its id");
+  ExpectExactAfterKillingServerZero(trainer, fixed, 1);
 }
 
 class AutoJoinTest : public ReshardTest {
@@ -488,9 +478,7 @@ TEST_F(AutoJoinTest, AServerRegisteredUnderTheNextIdIsTakenInWhileTraining) {
   std::printf("server 2 taken in within %llu steps\n", static_cast<unsigned long long>(step));
   ExpectBackedUpEvenly(LoadMap(), {0, 1, 2}, "after the join");
   EXPECT_GT(Stat(2, "push_keys"), 0);
-  Params got;
-  ASSERT_TRUE(trainer.Final(&got.keys, &got.rows, &got.w).ok());
-  ExpectBitIdentical(got, FixedClusterRun(step), "through the join of server 2");
+  ExpectSameAsFixedCluster(trainer, step, "through the join of server 2");
 }
 
 // The training job itself (tessera-worker --coordinator, BSP) rides through 2 -> 3 -> 2: it
