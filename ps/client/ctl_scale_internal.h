@@ -97,8 +97,8 @@ Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const Cli
 /// of the slots, copy the rows ahead from the primaries (serving), CAS the map (backup set,
 /// `importing` the primary: the primaries forward the slots' pushes to the backups, which hold
 /// them), copy the rows the primaries updated since, mark them in (the backups apply what
-/// they held), CAS `importing` away. `options.servers` is not used. FailedPrecondition when a slot without a backup has no other
-/// registered server to take one.
+/// they held), CAS `importing` away. `options.servers` is not used. FailedPrecondition when a
+/// slot without a backup has no other registered server to take one.
 Result<ScaleReport> RebuildBackups(EtcdClient& etcd, const std::string& prefix,
                                    const ClientOptions& base, const ScaleOptions& options);
 

@@ -155,8 +155,8 @@ Status Controller::MoveReplicated(const std::vector<uint16_t>& targets) {
   for (size_t i = 0; i < changed.size(); i += o_.batch_slots) {
     TESSERA_RETURN_IF_ERROR(MayContinue());
     const auto start = SteadyClock::now();
-    const std::vector<uint32_t> batch(changed.begin() + i,
-                                      changed.begin() + std::min(changed.size(), i + o_.batch_slots));
+    const size_t end = std::min(changed.size(), i + o_.batch_slots);
+    const std::vector<uint32_t> batch(changed.begin() + i, changed.begin() + end);
     // 1. The slots whose backup changes lose it: their primaries stop forwarding to it (and no
     //    longer wait for it). A backup that stays (never the new primary) stays through the
     //    move: it has every push the old primary applied, and the new one forwards to it once

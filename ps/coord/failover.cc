@@ -217,11 +217,12 @@ void FailoverWatcher::CheckBackedUp(const ClusterMap& map, const std::set<std::s
   if (n < 2 || map.servers[lowest].id != options_.self_id) return;
   bool due = false;
   for (uint32_t slot = 0; slot < map.primary.size() && !due; ++slot) {
-    due = map.backup[slot] == ClusterMap::kNoServer && map.importing[slot] == ClusterMap::kNoServer &&
-          live[map.primary[slot]];
+    due = map.backup[slot] == ClusterMap::kNoServer &&
+          map.importing[slot] == ClusterMap::kNoServer && live[map.primary[slot]];
   }
   for (uint32_t part = 0; part < map.dense_backup.size() && !due; ++part) {
-    const uint16_t p = map.dense_primary.empty() ? static_cast<uint16_t>(part) : map.dense_primary[part];
+    const uint16_t p =
+        map.dense_primary.empty() ? static_cast<uint16_t>(part) : map.dense_primary[part];
     const bool filling = part < map.dense_importing.size() &&
                          map.dense_importing[part] != ClusterMap::kNoServer;
     due = map.dense_backup[part] == ClusterMap::kNoServer && !filling && p < live.size() && live[p];

@@ -498,9 +498,10 @@ Status ServerImpl::SlotDropOp(const std::shared_ptr<Pending>& p) {
   const ClusterMapState* map = CurrentMap();  // at least the request's version
   for (uint32_t slot : slots) {
     if (map != nullptr && !map->backup.empty() && map->backup[slot] == options_.rank) {
-      return Status::FailedPrecondition("slot " + std::to_string(slot) + " is backed up by server " +
-                                        std::to_string(options_.rank) + " at map version " +
-                                        std::to_string(map->version) + ": its rows are not dropped");
+      return Status::FailedPrecondition(
+          "slot " + std::to_string(slot) + " is backed up by server " +
+          std::to_string(options_.rank) + " at map version " + std::to_string(map->version) +
+          ": its rows are not dropped");
     }
   }
   auto want = std::make_shared<const std::vector<uint32_t>>(slots);

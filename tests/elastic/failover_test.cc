@@ -542,7 +542,8 @@ TEST_F(FailoverTest, ABackupTakesTheOldPrimarysPushesWhileTheSlotMovesOrAfterItW
   EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
   r = forwarded(2, dropped, 2);
   EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
-  EXPECT_EQ(ServerStat(2, "push_keys"), before + static_cast<int64_t>(moving.size() + dropped.size()));
+  const auto both = static_cast<int64_t>(moving.size() + dropped.size());
+  EXPECT_EQ(ServerStat(2, "push_keys"), before + both);
   EXPECT_EQ(ServerStat(2, "fenced_replicas"), 0);
   // A backup's rows are the slots' other copy: never dropped while the map names it.
   ClientOptions one;

@@ -283,7 +283,9 @@ TEST_F(PromotionTest, TheLowestLiveServerIsToldWhenARebuildIsDue) {
   // Every slot backed up again: nothing more is due.
   ClusterMap whole = *m;
   whole.version = 2;
-  for (uint32_t slot = 0; slot < kNumSlots; ++slot) whole.backup[slot] = (whole.primary[slot] + 1) % 3;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    whole.backup[slot] = (whole.primary[slot] + 1) % 3;
+  }
   ASSERT_TRUE(store.CompareAndSwap(1, whole).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const int settled = due0.load();
@@ -336,8 +338,8 @@ TEST_F(PromotionTest, TheControllerLockKeepsControllersApart) {
 // of the map is not listed, and not from another server's watcher.
 TEST_F(PromotionTest, TheLowestLiveServerIsToldOfServersWaitingToJoin) {
   SlotMapStore store(client_.get(), kPrefix);
-  ASSERT_TRUE(store.Create(ClusterMap::Uniform({{"server-0", Address(0)}, {"server-1", Address(1)}}))
-                  .ok());
+  const ClusterMap two = ClusterMap::Uniform({{"server-0", Address(0)}, {"server-1", Address(1)}});
+  ASSERT_TRUE(store.Create(two).ok());
   auto m0 = Register(0), m1 = Register(1);
   std::atomic<uint32_t> told0{0}, told1{0};
   auto watch = [&](uint32_t i, std::atomic<uint32_t>* told) {

@@ -254,7 +254,8 @@ class ReshardTest : public EtcdTest {
     const auto t0 = std::chrono::steady_clock::now();
     for (; step < 40 || phase.load() != 4; ++step) {
       EXPECT_LT(step, 5000u) << "the scaling did not finish: " << up_out << down_out;
-      Status s = step < 5000 ? trainer.Step(step) : Status::DeadlineExceeded("the scaling did not finish in 5000 steps");
+      Status s = step < 5000 ? trainer.Step(step)
+                             : Status::DeadlineExceeded("the scaling did not finish in 5000 steps");
       if (!s.ok()) {
         ADD_FAILURE() << "step " << step << ": " << s.ToString();
         if (scaler.joinable()) scaler.join();
