@@ -225,8 +225,9 @@ class ClientImpl {
 
   // A newer map from the source: routes by it from now on (Wake()s the I/O thread). A map
   // that changes the server list is not followed: map_error_ says why.
-  // (ReviveServers: ids it gives an address again, connected anew; caller holds io_mu_.)
-  Status ReviveServers(const RoutingMap& m);
+  // (ReviveServers: `ids`, which `m` gives an address again, connected anew; the caller holds
+  // io_mu_.)
+  Status ReviveServers(const RoutingMap& m, const std::vector<size_t>& ids);
   void InstallMap(const Result<RoutingMap>& m);
   // I/O thread: a data request refused as stale (the server is at `server_version`): waits
   // for a map at least that new (asking the refresher), then is routed again.

@@ -29,6 +29,7 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
   std::lock_guard<std::mutex> clock(clock_mu_);
   std::unique_lock<std::mutex> io(io_mu_);
   if (stop_.load()) return;
+  std::vector<size_t> revived;  // retired ids the map gives an address again
   {
     std::lock_guard<std::mutex> l(map_mu_);
     if (m->version <= routing_->version) return;
@@ -37,18 +38,21 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
     // give a live id another address, nor move dense tables.
     const auto& known = routing_->addresses;
     std::string why;
+    revived.clear();
     if (m->addresses.size() < known.size()) {
       why = "has " + std::to_string(m->addresses.size()) + " servers, fewer than the " +
             std::to_string(known.size()) + " ids known (ids are never removed)";
     }
     for (size_t i = 0; why.empty() && i < known.size(); ++i) {
-      if (known[i].empty() && !m->addresses[i].empty() && servers_[i].retired_by == 0 &&
-          !servers_[i].address.empty()) {
-        // Retired by the map this client routes by, but the I/O thread has not handled that
-        // yet (what was in flight there): this map waits for the next reload.
-        refresh_wanted_ = std::max(refresh_wanted_, m->version);
-        refresh_cv_.notify_all();
-        return;
+      if (known[i].empty() && !m->addresses[i].empty()) {
+        if (retired_version_ != routing_->version) {
+          // The map this client routes by retired it, and the I/O thread has not handled that
+          // yet (what was in flight there): this map waits for the next reload.
+          refresh_wanted_ = std::max(refresh_wanted_, m->version);
+          refresh_cv_.notify_all();
+          return;
+        }
+        revived.push_back(i);
       }
       if (!m->addresses[i].empty() && !known[i].empty() && m->addresses[i] != known[i]) {
         why = "gives server " + std::to_string(i) + " the address " + m->addresses[i] +
@@ -69,7 +73,7 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
     }
   }
   Status connected = ConnectNewServers(*m);
-  if (connected.ok()) connected = ReviveServers(*m);
+  if (connected.ok()) connected = ReviveServers(*m, revived);
   ReceiveSentTo();
   std::lock_guard<std::mutex> l(map_mu_);
   if (!connected.ok()) {
@@ -98,17 +102,16 @@ Status ClientImpl::ConnectNewServers(const RoutingMap& m) {
   return Status::OK();
 }
 
-Status ClientImpl::ReviveServers(const RoutingMap& m) {
-  // The caller holds clock_mu_ and io_mu_. An id this client retired (or knew only retired)
-  // that `m` gives an address: connected again, its clock sent; its push numbers go on.
+Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>& ids) {
+  // The caller holds clock_mu_ and io_mu_. Each id (retired by a fail-over or a scale-down, or
+  // known only retired) is connected to its new address, its clock sent; its push numbers go
+  // on from where they were.
   const int64_t clock = clock_.load();
-  for (size_t i = 0; i < servers_.size() && i < m.addresses.size(); ++i) {
+  for (size_t i : ids) {
     ServerConn& s = servers_[i];
-    const bool retired = s.retired_by != 0 || s.address.empty();
-    if (!retired || m.addresses[i].empty()) continue;
     try {
       if (!s.address.empty()) s.dealer.disconnect(s.address);
-    } catch (const zmq::error_t&) {  // disconnected when it was retired
+    } catch (const zmq::error_t&) {  // disconnected when a fail-over retired it
     }
     try {
       s.dealer.connect(m.addresses[i]);

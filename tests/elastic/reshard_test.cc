@@ -482,6 +482,39 @@ TEST_F(AutoJoinTest, AServerRegisteredUnderTheNextIdIsTakenInWhileTraining) {
   ExpectSameAsFixedCluster(trainer, step, "through the join of server 2");
 }
 
+// An id a scale-down retired (its server drained, still registered: a StatefulSet pod that
+// stays, or comes back under its ordinal) is given its address back by the next scale-up
+// instead of a new id; clients that retired it connect to it again, and the loop ends
+// bit-identical to a fixed cluster.
+TEST_F(ReshardTest, AnIdRetiredByAScaleDownIsTakenBackByTheNextScaleUp) {
+  auto client = TrainingClient();
+  ASSERT_NE(client, nullptr);
+  Trainer trainer(*client);
+  uint64_t step = 0;
+  auto train = [&](int n) {
+    for (int i = 0; i < n; ++i, ++step) {
+      Status s = trainer.Step(step);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+    }
+  };
+  std::string out;
+  train(10);
+  ASSERT_EQ(Scale(3, &out), 0) << out;
+  train(5);
+  ASSERT_EQ(Scale(2, &out), 0) << out;
+  ASSERT_TRUE(Retired(2));
+  train(5);
+  const int64_t before = Stat(2, "push_keys");
+  ASSERT_EQ(Scale(3, &out), 0) << out;
+  train(10);
+  const ClusterMap m = LoadMap();
+  EXPECT_EQ(m.servers.size(), 3u) << "a new id was added instead";
+  EXPECT_FALSE(Retired(2));
+  EXPECT_EQ(std::count(m.primary.begin(), m.primary.end(), 2), kNumSlots / 3);
+  EXPECT_GT(Stat(2, "push_keys"), before) << "server 2 took no push after it was taken back";
+  ExpectSameAsFixedCluster(trainer, step, "through 2 -> 3 -> 2 -> 3");
+}
+
 // The training job itself (tessera-worker --coordinator, BSP) rides through 2 -> 3 -> 2: it
 // keeps training while slots move, server 2 serves its share meanwhile, and the job ends well.
 TEST_F(ReshardTest, WorkerTrainsThroughTwoToThreeToTwo) {
