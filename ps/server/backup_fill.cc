@@ -46,20 +46,13 @@ bool InChunks(const std::vector<DenseChunkRange>& ranges, uint64_t table, uint64
 
 
 // Chunks to write in one lane.
-struct ChunkBatch {
-  std::vector<uint64_t> tables, chunks;
-  std::vector<RowMeta> metas;
-  std::vector<float> floats;
-  std::vector<size_t> offsets;
-};
-
 // Checks and sorts SlotImport's dense chunks (rows of dense tables keyed by chunk index): each
 // table entry accepted by `table`, each chunk of a dense table `spec_of` knows, in `ranges`,
 // of the chunk's floats (value and optimizer state); into `lanes` by LaneOfChunk.
 Status DecodeDenseChunks(std::string_view data, const std::vector<DenseChunkRange>& ranges,
                          uint32_t nl, const std::function<Status(uint64_t, const TableSpec&)>& table,
                          const std::function<const TableSpec*(uint64_t)>& spec_of,
-                         std::vector<ChunkBatch>* lanes, uint64_t* rows) {
+                         std::vector<RowBatch>* lanes, uint64_t* rows) {
   auto row = [&](uint64_t id, uint64_t chunk, const SlotRowMeta& m, const char* floats,
                  uint32_t n) -> Status {
     const TableSpec* spec = spec_of(id);
@@ -76,13 +69,7 @@ Status DecodeDenseChunks(std::string_view data, const std::vector<DenseChunkRang
                                      " of table '" + spec->name + "' has " + std::to_string(n) +
                                      " floats, not " + std::to_string(want));
     }
-    ChunkBatch& b = (*lanes)[LaneOfChunk(id, chunk, nl)];
-    b.tables.push_back(id);
-    b.chunks.push_back(chunk);
-    b.metas.push_back(RowMeta{m.update_count, m.last_step, m.last_update_s});
-    b.offsets.push_back(b.floats.size());
-    b.floats.resize(b.floats.size() + n);
-    std::memcpy(b.floats.data() + b.offsets.back(), floats, size_t{n} * sizeof(float));
+    (*lanes)[LaneOfChunk(id, chunk, nl)].Add(id, chunk, m, floats, n);
     ++*rows;
     return Status::OK();
   };
@@ -147,28 +134,21 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   }
   p->text.assign(lanes_.size() + 1, std::string());
   p->text[0] = std::move(specs);
-  Pending* raw = p.get();
-  std::atomic<uint64_t>* exported = &slot_rows_exported_;
-  auto scan = [raw, ranges, state, exported](Lane& lane) -> Status {
-    std::string out;
-    uint64_t n = 0;
+  auto scan = [ranges, state](Lane& lane, std::string* out, uint64_t* n) -> Status {
     for (const auto& [id, opt] : *state) {
       TESSERA_RETURN_IF_ERROR(lane.store().ScanDense(
           id, [&](uint64_t chunk, const float* row, uint32_t len, const RowMeta& meta) {
             if (!InChunks(*ranges, id, chunk)) return true;
-            AppendSlotRow(&out, id, chunk,
+            AppendSlotRow(out, id, chunk,
                           SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s}, row,
                           len + opt->StateFloats(len));
-            ++n;
+            ++*n;
             return true;
           }));
     }
-    exported->fetch_add(n, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> l(raw->mu);
-    raw->text[lane.index() + 1] = std::move(out);
     return Status::OK();
   };
-  ExportAfterOlderMaps(p, h.map_version, std::move(scan));
+  ExportLanes(p, h.map_version, std::move(scan));
   return Status::OK();
 }
 
@@ -185,18 +165,30 @@ Status ServerImpl::CheckFillSlots(const std::vector<uint32_t>& slots) {
   return Status::OK();
 }
 
-void ServerImpl::ExportAfterOlderMaps(const std::shared_ptr<Pending>& p, uint64_t version,
-                               std::function<Status(Lane&)> scan) {
+void ServerImpl::ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version,
+                             std::function<Status(Lane&, std::string*, uint64_t*)> scan) {
   // A rebuild's copy holds every push this server took before it forwarded the slots to their
   // new backup, and none it forwarded there (the backup applies those itself, once the copy is
   // in): it runs once the requests sequenced by an older map have reached the lanes. The ones
   // after them wait for the backup, which holds them until the copy is in. A move's copy at
   // the flip waits the same way: a push of a replicated map taken before the slots were given
   // up may still wait for a backup (of another of its slots), and reaches the lanes only then.
-  fill_exports_.push_back(FillExport{version, [this, p, scan = std::move(scan)]() mutable {
-                                       RunOnAllLanes(p, std::move(scan), false);
-                                     }});
-  RunFillExports();
+  Pending* raw = p.get();
+  std::atomic<uint64_t>* exported = &slot_rows_exported_;
+  auto lane_scan = [raw, exported, scan = std::move(scan)](Lane& lane) -> Status {
+    std::string out;
+    uint64_t n = 0;
+    TESSERA_RETURN_IF_ERROR(scan(lane, &out, &n));
+    exported->fetch_add(n, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> l(raw->mu);
+    raw->text[lane.index() + 1] = std::move(out);
+    return Status::OK();
+  };
+  waiting_exports_.push_back(
+      WaitingExport{version, [this, p, lane_scan = std::move(lane_scan)]() mutable {
+                      RunOnAllLanes(p, std::move(lane_scan), false);
+                    }});
+  RunWaitingExports();
 }
 
 Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
@@ -229,7 +221,7 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   }
   const auto ranges = DensePartChunks(TableList(), parts, map->dense_servers);
   const uint32_t nl = static_cast<uint32_t>(lanes_.size());
-  auto plan = std::make_shared<std::vector<ChunkBatch>>(nl);
+  auto plan = std::make_shared<std::vector<RowBatch>>(nl);
   uint64_t rows = 0;
   const auto& frame = p->frames[1];
   TESSERA_RETURN_IF_ERROR(DecodeDenseChunks(
@@ -252,25 +244,25 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   std::vector<LanePart> lane_parts;
   for (uint32_t l = 0; l < nl; ++l) {
     lane_parts.push_back(LanePart{l, [plan, l](Lane& lane) -> Status {
-                                    ChunkBatch& b = (*plan)[l];
-                                    for (size_t i = 0; i < b.chunks.size(); ++i) {
+                                    RowBatch& b = (*plan)[l];
+                                    for (size_t i = 0; i < b.keys.size(); ++i) {
                                       b.metas[i].last_step = static_cast<uint32_t>(lane.step());
                                       TESSERA_RETURN_IF_ERROR(lane.store().PutDenseChunk(
-                                          b.tables[i], b.chunks[i], b.floats.data() + b.offsets[i],
+                                          b.tables[i], b.keys[i], b.floats.data() + b.offsets[i],
                                           b.metas[i]));
                                     }
-                                    return b.chunks.empty() ? Status::OK() : lane.store().Commit();
+                                    return b.keys.empty() ? Status::OK() : lane.store().Commit();
                                   }});
   }
   RunParts(p, std::move(lane_parts), /*writes=*/false, /*seq=*/0, /*may_inline=*/false);
   return Status::OK();
 }
 
-void ServerImpl::RunFillExports() {
-  while (!fill_exports_.empty() &&
-         (repl_queue_.empty() || repl_queue_.front().version >= fill_exports_.front().version)) {
-    FillExport e = std::move(fill_exports_.front());
-    fill_exports_.pop_front();
+void ServerImpl::RunWaitingExports() {
+  while (!waiting_exports_.empty() &&
+         (repl_queue_.empty() || repl_queue_.front().version >= waiting_exports_.front().version)) {
+    WaitingExport e = std::move(waiting_exports_.front());
+    waiting_exports_.pop_front();
     e.run();
   }
 }

@@ -446,7 +446,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "failed_replications " << failed_replications_ << "\n"
     << "fenced_replicas " << fenced_replicas_ << "\n"
     << "fill_held_total " << fill_held_total_ << "\n"
-    << "fill_exports_waiting " << fill_exports_.size() << "\n"
+    << "fill_exports_waiting " << waiting_exports_.size() << "\n"
     << "barrier_waiters " << consistency_.barrier_waiters() << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"
     << "log_truncated_to " << log_->truncated() << "\n"

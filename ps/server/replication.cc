@@ -115,7 +115,7 @@ Status ServerImpl::CheckReplica(const Pending& p) {
     const uint32_t slot = SlotOfKey(p.keys[i]);
     // While the slot moves, its old primary's pushes sequenced before it gave the slot up are
     // still taken: that server applies them once this backup answered, and its copy at the
-    // flip waits for them (ExportAfterOlderMaps), so the new primary has them too, and it
+    // flip waits for them (ExportLanes), so the new primary has them too, and it
     // forwards nothing here before that copy is in.
     const bool moving = !map->moving_from.empty() && map->moving_from[slot] == from;
     // A backup dropped from the slot (resharding gives it another) still takes its primary's
@@ -433,7 +433,7 @@ void ServerImpl::ReleaseReady() {
     repl_queue_.pop_front();
     if (!e.failed) e.release();
   }
-  RunFillExports();
+  RunWaitingExports();
 }
 
 void ServerImpl::ResendReplication() {

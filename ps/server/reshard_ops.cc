@@ -23,8 +23,7 @@ namespace {
 // SlotImport's `count`: what the request does (0: [slots][rows], the rows of importing slots).
 constexpr uint64_t kImportDone = 1;     // [slots]: the copy is in; held requests run
 constexpr uint64_t kImportAhead = 2;    // [slots][rows]: rows of slots this server will import
-// SlotExport's `count`.
-constexpr uint64_t kExportOwned = 1;    // slots still owned (the copy ahead of the flip)
+// SlotExport's `count` (0: slots given up; 1: slots still owned, the copy ahead of the flip).
 constexpr uint64_t kExportFill = 2;     // slots owned whose backup is being filled (a rebuild)
 
 // The sparse tables a lane visits: id, floats of value and of optimizer state.
@@ -80,13 +79,7 @@ std::vector<SparseTable> SparseTables(const std::vector<std::pair<uint64_t, Tabl
 
 // Moved rows by lane, and the tables they bring that the server does not have.
 struct ImportPlan {
-  struct Lane {
-    std::vector<uint64_t> tables, keys;
-    std::vector<RowMeta> metas;
-    std::vector<float> floats;
-    std::vector<size_t> offsets;
-  };
-  std::vector<Lane> lanes;
+  std::vector<RowBatch> lanes;
   std::vector<std::pair<uint64_t, TableSpec>> added;
   uint64_t rows = 0;
 };
@@ -132,13 +125,7 @@ Status DecodeImport(std::string_view data, const std::vector<bool>& want, uint32
       return Status::InvalidArgument("slot rows: key " + std::to_string(key) + " is of slot " +
                                      std::to_string(slot) + ", not one the request names");
     }
-    ImportPlan::Lane& b = plan->lanes[LaneOfSlot(slot, lanes)];
-    b.tables.push_back(table);
-    b.keys.push_back(key);
-    b.metas.push_back(RowMeta{m.update_count, m.last_step, m.last_update_s});
-    b.offsets.push_back(b.floats.size());
-    b.floats.resize(b.floats.size() + n);
-    std::memcpy(b.floats.data() + b.offsets.back(), floats, size_t{n} * sizeof(float));
+    plan->lanes[LaneOfSlot(slot, lanes)].Add(table, key, m, floats, n);
     ++plan->rows;
     return Status::OK();
   };
@@ -312,40 +299,32 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
     ReplyOk(std::move(p->identity), h, Header(), &p->text[0]);
     return Status::OK();
   }
-  Pending* raw = p.get();
-  std::atomic<uint64_t>* exported = &slot_rows_exported_;
   const uint64_t instance = instance_;
-  auto scan =
-      [raw, want, tables, exported, since, instance](Lane& lane) -> Status {
-        std::string out;
-        AppendSlotMark(&out, lane.index(), instance, lane.step());
-        // Rows keep their step in 32 bits: past that, every row (a complete copy, never less).
-        const bool delta = !since->empty() && lane.step() <= UINT32_MAX;
-        const uint64_t after = delta ? (*since)[lane.index()] : 0;
-        std::vector<float> row;
-        uint64_t n = 0;
-        TESSERA_RETURN_IF_ERROR(ScanSlots(
-            lane, *tables, *want,
-            [&](const SparseTable& t, uint64_t key, const float* value, const float* state,
-                const RowMeta& meta) {
-              if (delta && meta.last_step <= after) return;
-              row.assign(value, value + t.dim);
-              row.insert(row.end(), state, state + t.state);
-              AppendSlotRow(&out, t.id, key,
-                            SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s},
-                            row.data(), static_cast<uint32_t>(row.size()));
-              ++n;
-            }));
-        exported->fetch_add(n, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> l(raw->mu);
-        raw->text[lane.index() + 1] = std::move(out);
-        return Status::OK();
-      };
+  auto scan = [want, tables, since, instance](Lane& lane, std::string* out,
+                                              uint64_t* n) -> Status {
+    AppendSlotMark(out, lane.index(), instance, lane.step());
+    // Rows keep their step in 32 bits: past that, every row (a complete copy, never less).
+    const bool delta = !since->empty() && lane.step() <= UINT32_MAX;
+    const uint64_t after = delta ? (*since)[lane.index()] : 0;
+    std::vector<float> row;
+    return ScanSlots(lane, *tables, *want,
+                     [&](const SparseTable& t, uint64_t key, const float* value,
+                         const float* state, const RowMeta& meta) {
+                       if (delta && meta.last_step <= after) return;
+                       row.assign(value, value + t.dim);
+                       row.insert(row.end(), state, state + t.state);
+                       AppendSlotRow(
+                           out, t.id, key,
+                           SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s},
+                           row.data(), static_cast<uint32_t>(row.size()));
+                       ++*n;
+                     });
+  };
   // Every copy holds the pushes taken under an older map, some of which may still wait for
-  // their backups (ExportAfterOlderMaps): the copy at a flip (a move's or a backup fill's) must
-  // have them, and once a copy ahead is taken, no push sent under the map before the batch's
-  // first flip (which may have dropped the slots' backups) waits for an answer any more.
-  ExportAfterOlderMaps(p, h.map_version, std::move(scan));
+  // their backups (ExportLanes): the copy at a flip (a move's or a backup fill's) must have
+  // them, and once a copy ahead is taken, no push sent under the map before the batch's first
+  // flip (which may have dropped the slots' backups) waits for an answer any more.
+  ExportLanes(p, h.map_version, std::move(scan));
   return Status::OK();
 }
 
@@ -471,7 +450,7 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
                                for (const auto& [id, spec] : plan->added) {
                                  TESSERA_RETURN_IF_ERROR(lane.store().AddTable(id, spec));
                                }
-                               ImportPlan::Lane& b = plan->lanes[l];
+                               RowBatch& b = plan->lanes[l];
                                for (size_t i = 0; i < b.keys.size(); ++i) {
                                  const float* row = b.floats.data() + b.offsets[i];
                                  // Touched now by this lane's count (idle-step eviction, and a

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -31,9 +32,30 @@
 #include "ps/server/snapshot_internal.h"
 #include "ps/server/server.h"
 #include "ps/server/server_metrics_internal.h"
+#include "ps/slot_rows.h"
 #include "ps/table_spec.h"
 
 namespace tessera::internal {
+
+/// Rows a SlotImport brings for one lane, in arrival order: each one's table, key (a dense
+/// table's chunk index for dense chunks), metadata and floats (value, then optimizer state)
+/// at its offset in `floats`.
+struct RowBatch {
+  std::vector<uint64_t> tables, keys;
+  std::vector<RowMeta> metas;
+  std::vector<float> floats;
+  std::vector<size_t> offsets;
+
+  /// Appends a row of `n` floats read from `data` (unaligned).
+  void Add(uint64_t table, uint64_t key, const SlotRowMeta& m, const char* data, uint32_t n) {
+    tables.push_back(table);
+    keys.push_back(key);
+    metas.push_back(RowMeta{m.update_count, m.last_step, m.last_update_s});
+    offsets.push_back(floats.size());
+    floats.resize(floats.size() + n);
+    std::memcpy(floats.data() + offsets.back(), data, size_t{n} * sizeof(float));
+  }
+};
 
 /// The server of one shard. Start() binds, recovers and starts the threads; Shutdown() stops
 /// them. Everything below the sockets is owned by the I/O thread once it runs, except what the
@@ -247,18 +269,20 @@ class ServerImpl {
   static constexpr uint64_t kExportDenseFill = 3;
   static constexpr uint64_t kImportDenseRows = 3;
   static constexpr uint64_t kImportDenseDone = 4;
-  /// A rebuild's copy (SlotExport for a backup fill) waiting for the requests sequenced by a
-  /// map older than `version` to reach the lanes.
-  struct FillExport {
+  /// A SlotExport waiting for the requests sequenced by a map older than `version` to reach
+  /// the lanes.
+  struct WaitingExport {
     uint64_t version;
     std::function<void()> run;
   };
-  /// Runs the fill exports no older request waits ahead of (after the queue moved).
-  void RunFillExports();
-  /// Runs `scan` on every lane for `p` (a copy at a flip: a move's or a backup fill's) once no
-  /// request sequenced by a map older than `version` waits in the replication queue.
-  void ExportAfterOlderMaps(const std::shared_ptr<Pending>& p, uint64_t version,
-                            std::function<Status(Lane&)> scan);
+  /// Runs the exports no older request waits ahead of (after the queue moved).
+  void RunWaitingExports();
+  /// The lanes' part of SlotExport `p` of map `version`, once no request sequenced by an
+  /// older map waits in the replication queue: `scan` writes each lane's rows (after its
+  /// marks, if any) to its output and counts them; the output goes to p->text[lane + 1] (the
+  /// caller sets p->text, the specs in [0]) and the count to slot_rows_exported.
+  void ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version,
+                   std::function<Status(Lane&, std::string* out, uint64_t* rows)> scan);
   /// FailedPrecondition for a slot without a backup in the map served by (SlotExport count 2).
   Status CheckFillSlots(const std::vector<uint32_t>& slots);
   /// The parts frame of a dense SlotExport/SlotImport (u32 each, < the map's dense_servers).
@@ -438,7 +462,7 @@ class ServerImpl {
   uint64_t import_parked_total_ = 0;
   // Forwarded pushes held for a backup fill (HeldForFill), counted each time one is held.
   uint64_t fill_held_total_ = 0;
-  std::deque<FillExport> fill_exports_;
+  std::deque<WaitingExport> waiting_exports_;
   // This process among restarts of the server (random): a mark of SlotExport, since a
   // restart resets the lanes' step counters.
   const uint64_t instance_ = RandomInstance();
