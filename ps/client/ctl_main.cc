@@ -332,14 +332,21 @@ int MapShow(tessera::SlotMapStore& store) {
 }
 
 // map rebuild: a backup for every slot of a registered primary that has none.
-int MapRebuild(tessera::EtcdClient& etcd, const tessera::CoordinatorUrl& url) {
-  tessera::ClientOptions base;
-  if (!BaseOptions(&base)) return 2;
+// The controller's options of `scale` and `map rebuild`: --batch_slots, --pace, --timeout_s,
+// a line per batch on stdout.
+tessera::internal::ScaleOptions ControllerOptions() {
   tessera::internal::ScaleOptions o;
   o.batch_slots = FLAGS_batch_slots;
   o.pace = FLAGS_pace;
   o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
   o.log = stdout;
+  return o;
+}
+
+int MapRebuild(tessera::EtcdClient& etcd, const tessera::CoordinatorUrl& url) {
+  tessera::ClientOptions base;
+  if (!BaseOptions(&base)) return 2;
+  const tessera::internal::ScaleOptions o = ControllerOptions();
   auto r = tessera::internal::RebuildBackups(etcd, url.prefix, base, o);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera-ctl: map rebuild: %s\n", r.status().ToString().c_str());
@@ -407,12 +414,8 @@ int Scale(const std::string& arg) {
   if (etcd == nullptr) return exit_code;
   tessera::ClientOptions base;
   if (!BaseOptions(&base)) return 2;
-  tessera::internal::ScaleOptions o;
+  tessera::internal::ScaleOptions o = ControllerOptions();
   o.servers = static_cast<uint32_t>(n);
-  o.batch_slots = FLAGS_batch_slots;
-  o.pace = FLAGS_pace;
-  o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
-  o.log = stdout;
   auto r = tessera::internal::Scale(*etcd, url.prefix, base, o);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera-ctl: scale: %s\n", r.status().ToString().c_str());

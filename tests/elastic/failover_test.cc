@@ -39,42 +39,120 @@ class FailoverTest : public ReplicatedClusterTest {
  protected:
   FailoverTest() : ReplicatedClusterTest(kPrefix) {}
 
-  // One training step's pushes: the distinct keys among 400 drawn from `universe`, with
-  // integer gradients (exact sums), and 3,000 dense gradients (`salt` varies them by test).
-  struct Step {
-    Handle handle, dense_handle;
-    std::vector<uint64_t> keys;
-    std::vector<float> grads, dense_grads;
-  };
-  static Step NextStep(std::mt19937_64& rng, const std::vector<uint64_t>& universe, int step,
-                       int salt) {
-    Step s;
-    for (int i = 0; i < 400; ++i) s.keys.push_back(universe[rng() % universe.size()]);
-    std::sort(s.keys.begin(), s.keys.end());
-    s.keys.erase(std::unique(s.keys.begin(), s.keys.end()), s.keys.end());
-    s.grads.resize(s.keys.size() * kDim);
-    for (size_t i = 0; i < s.grads.size(); ++i) s.grads[i] = static_cast<float>(1 + (step + i) % 4);
-    s.dense_grads.resize(3000);
-    for (size_t i = 0; i < s.dense_grads.size(); ++i) {
-      s.dense_grads[i] = static_cast<float>(1 + (step * salt + i) % 3);
+  // A training client's pushes (SGD, lr 1, zeros initializer: a row reads minus the sum of
+  // the pushes it took), four in flight at a time like a worker that pipelines: each step a
+  // sparse push of the distinct keys among 400 drawn from 3,000 keys over every slot, with
+  // integer gradients (exact sums), and a dense push of 3,000 floats (a part on each server;
+  // `salt` varies them by test). What is acknowledged is summed into `expected` and
+  // `dense_expected`; the longest time between two acknowledgements is kept.
+  class Training {
+   public:
+    static constexpr size_t kInFlight = 4;
+    Training(Client& c, const Table& t, const Table& dense, uint64_t seed, int salt)
+        : c_(c), t_(t), dense_(dense), rng_(seed), salt_(salt), dense_expected(3000, 0.0) {
+      for (uint64_t k = 1; k <= 3000; ++k) universe.push_back(k * 7919);
     }
-    return s;
+    // Sends step `step`'s pushes.
+    void Send(int step) {
+      Step s;
+      for (int i = 0; i < 400; ++i) s.keys.push_back(universe[rng_() % universe.size()]);
+      std::sort(s.keys.begin(), s.keys.end());
+      s.keys.erase(std::unique(s.keys.begin(), s.keys.end()), s.keys.end());
+      s.grads.resize(s.keys.size() * kDim);
+      for (size_t i = 0; i < s.grads.size(); ++i) {
+        s.grads[i] = static_cast<float>(1 + (step + i) % 4);
+      }
+      s.dense_grads.resize(3000);
+      for (size_t i = 0; i < s.dense_grads.size(); ++i) {
+        s.dense_grads[i] = static_cast<float>(1 + (step * salt_ + i) % 3);
+      }
+      s.handle = c_.Push(t_, s.keys, s.grads);
+      s.dense_handle = c_.DensePush(dense_, 0, s.dense_grads);
+      in_flight_.push_back(std::move(s));
+    }
+    // With kInFlight steps on their way, waits for the oldest.
+    Status Pace() { return in_flight_.size() == kInFlight ? CompleteOldest() : Status::OK(); }
+    // Waits for every push in flight.
+    Status Drain() {
+      while (!in_flight_.empty()) TESSERA_RETURN_IF_ERROR(CompleteOldest());
+      return Status::OK();
+    }
+    const Table& table() const { return t_; }
+    const Table& dense() const { return dense_; }
+
+    std::vector<uint64_t> universe;
+    std::map<uint64_t, double> expected;
+    std::vector<double> dense_expected;
+    double longest_gap_ms = 0;
+
+   private:
+    struct Step {
+      Handle handle, dense_handle;
+      std::vector<uint64_t> keys;
+      std::vector<float> grads, dense_grads;
+    };
+    Status CompleteOldest() {
+      Step& s = in_flight_.front();
+      TESSERA_RETURN_IF_ERROR(c_.Wait(s.handle));
+      TESSERA_RETURN_IF_ERROR(c_.Wait(s.dense_handle).WithContext("dense"));
+      for (size_t i = 0; i < s.dense_grads.size(); ++i) dense_expected[i] += s.dense_grads[i];
+      longest_gap_ms = std::max(longest_gap_ms, MsSince(last_done_));
+      last_done_ = std::chrono::steady_clock::now();
+      // Acknowledged: it counts.
+      for (size_t i = 0; i < s.keys.size(); ++i) {
+        for (uint32_t d = 0; d < kDim; ++d) {
+          expected[s.keys[i] * kDim + d] += s.grads[i * kDim + d];
+        }
+      }
+      in_flight_.pop_front();
+      return Status::OK();
+    }
+
+    Client& c_;
+    const Table t_, dense_;
+    std::mt19937_64 rng_;
+    const int salt_;
+    std::deque<Step> in_flight_;
+    std::chrono::steady_clock::time_point last_done_ = std::chrono::steady_clock::now();
+  };
+
+  // A sparse push of `n` keys of table `t` as server 1 forwards it to a backup (replica_from
+  // and client_origin server 1 + 1), of map version `map_version`, numbered `seq` of `client`.
+  static Header ForwardedByServerOne(const Table& t, size_t n, uint64_t map_version,
+                                     uint64_t client, uint64_t seq) {
+    Header h = SparseHeader(Op::kSparsePush, t.id, n, kDim);
+    h.map_version = map_version;
+    h.replica_from = 2;
+    h.client_id = client;
+    h.client_origin = 2;
+    h.client_seq = seq;
+    return h;
   }
 
-  // Reads every key of `universe` and the whole dense table by a new client of the current
-  // map: each must equal minus the sum of the acknowledged pushes (SGD, lr 1, zeros), exactly.
-  void ExpectSumsOfAcknowledgedPushes(const Table& t, const std::vector<uint64_t>& universe,
-                                      std::map<uint64_t, double>& expected, const Table& dense,
-                                      const std::vector<double>& dense_expected) {
+  // The sparse table "emb" and the dense table "mlp" (3,000 floats) of a Training on `c`.
+  std::unique_ptr<Training> StartTraining(Client& c, uint64_t seed, int salt) {
+    const Table t = Sparse(c, "emb");
+    OptimizerSpec sgd;
+    sgd.learning_rate = 1.0f;
+    auto dense = c.CreateTable(TableSpec::Dense("mlp", 3000, sgd));
+    EXPECT_TRUE(dense.ok()) << dense.status().ToString();
+    if (!dense.ok()) return nullptr;
+    return std::make_unique<Training>(c, t, *dense, seed, salt);
+  }
+
+  // Reads every key of the training's universe and its whole dense table by a new client of
+  // the current map: each must equal minus the sum of the acknowledged pushes, exactly.
+  void ExpectSumsOfAcknowledgedPushes(Training& training) {
     auto reader = CoordinatorClient();
     ASSERT_NE(reader, nullptr);
+    const std::vector<uint64_t>& universe = training.universe;
     std::vector<float> out(universe.size() * kDim, -999.0f);
-    Status st = reader->Wait(reader->Pull(t, universe, out.data()));
+    Status st = reader->Wait(reader->Pull(training.table(), universe, out.data()));
     ASSERT_TRUE(st.ok()) << st.ToString();
     size_t wrong = 0;
     for (size_t i = 0; i < universe.size(); ++i) {
       for (uint32_t d = 0; d < kDim; ++d) {
-        const double want = -expected[universe[i] * kDim + d];
+        const double want = -training.expected[universe[i] * kDim + d];
         if (out[i * kDim + d] != want && ++wrong <= 5) {
           ADD_FAILURE() << "key " << universe[i] << " element " << d << ": " << out[i * kDim + d]
                         << ", acknowledged pushes sum to " << want;
@@ -82,8 +160,9 @@ class FailoverTest : public ReplicatedClusterTest {
       }
     }
     EXPECT_EQ(wrong, 0u);
+    const std::vector<double>& dense_expected = training.dense_expected;
     std::vector<float> mlp(dense_expected.size(), -999.0f);
-    st = reader->Wait(reader->DensePull(dense, 0, mlp.size(), mlp.data()));
+    st = reader->Wait(reader->DensePull(training.dense(), 0, mlp.size(), mlp.data()));
     ASSERT_TRUE(st.ok()) << st.ToString();
     size_t dense_wrong = 0;
     for (size_t i = 0; i < mlp.size(); ++i) {
@@ -94,66 +173,30 @@ class FailoverTest : public ReplicatedClusterTest {
     }
     EXPECT_EQ(dense_wrong, 0u);
   }
-
 };
 
 // kill -9 of a primary during training: no acknowledged push is lost or applied twice.
 TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
   auto c = CoordinatorClient();
   ASSERT_NE(c, nullptr);
-  const Table t = Sparse(*c, "emb");
-  // 3,000 keys over every slot; each step pushes 400 of them with integer gradients, so that
-  // every sum is exact and a lost or doubled push shows in the key it touched. Four pushes are
-  // in flight at a time (a worker that pipelines), so the kill finds some pushes forwarded to
-  // the backup and not yet answered, and some not yet taken.
-  std::vector<uint64_t> universe;
-  for (uint64_t k = 1; k <= 3000; ++k) universe.push_back(k * 7919);
-  std::map<uint64_t, double> expected;
-  std::mt19937_64 rng(42);
-  constexpr int kSteps = 150, kKillAt = 40, kInFlight = 4;
-  // And a dense table of 3,000 floats (a part on each server), pushed every step too.
-  OptimizerSpec sgd;
-  sgd.learning_rate = 1.0f;
-  auto dense = c->CreateTable(TableSpec::Dense("mlp", 3000, sgd));
-  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
-  std::vector<double> dense_expected(3000, 0.0);
-  std::deque<Step> in_flight;
-  double longest_gap_ms = 0;
-  auto last_done = std::chrono::steady_clock::now();
-  auto complete_oldest = [&] {
-    Step& s = in_flight.front();
-    Status st = c->Wait(s.handle);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    st = c->Wait(s.dense_handle);
-    ASSERT_TRUE(st.ok()) << "dense: " << st.ToString();
-    for (size_t i = 0; i < s.dense_grads.size(); ++i) dense_expected[i] += s.dense_grads[i];
-    const auto now = std::chrono::steady_clock::now();
-    longest_gap_ms = std::max(longest_gap_ms, MsSince(last_done));
-    last_done = now;
-    // Acknowledged: it counts.
-    for (size_t i = 0; i < s.keys.size(); ++i) {
-      for (uint32_t d = 0; d < kDim; ++d) expected[s.keys[i] * kDim + d] += s.grads[i * kDim + d];
-    }
-    in_flight.pop_front();
-  };
+  // A lost or doubled push shows in the keys it touched. Four pushes are in flight at a time,
+  // so the kill finds some pushes forwarded to the backup and not yet answered, and some not
+  // yet taken.
+  auto training = StartTraining(*c, /*seed=*/42, /*salt=*/7);
+  ASSERT_NE(training, nullptr);
+  constexpr int kSteps = 150, kKillAt = 40;
   for (int step = 0; step < kSteps; ++step) {
-    Step s = NextStep(rng, universe, step, 7);
-    s.handle = c->Push(t, s.keys, s.grads);
-    s.dense_handle = c->DensePush(*dense, 0, s.dense_grads);
-    in_flight.push_back(std::move(s));
+    training->Send(step);
     if (step == kKillAt) cluster_->Kill(1);  // with kInFlight pushes on their way
-    if (in_flight.size() == kInFlight) {
-      complete_oldest();
-      if (HasFatalFailure()) return;
-    }
+    Status st = training->Pace();
+    ASSERT_TRUE(st.ok()) << st.ToString();
   }
-  while (!in_flight.empty()) {
-    complete_oldest();
-    if (HasFatalFailure()) return;
-  }
+  Status drained = training->Drain();
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
   std::printf("fail-over during training: the longest wait for a push was %.0f ms (lease TTL "
               "%d s); client at map version %llu; server 2 answered %lld pushes as retries\n",
-              longest_gap_ms, kTtlS, static_cast<unsigned long long>(c->cluster_map_version()),
+              training->longest_gap_ms, kTtlS,
+              static_cast<unsigned long long>(c->cluster_map_version()),
               static_cast<long long>(ServerStat(2, "retried_pushes")));
   // The dead server's slots have a new primary; it was not restarted.
   ASSERT_TRUE(WaitForPromotion(1, seconds(1)));
@@ -161,7 +204,7 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
   // Every key, read from the new map's primaries by a new client: the sum of every
   // acknowledged push, exactly once.
   // (The dense table's part on server 1 moved to its backup, server 2.)
-  ExpectSumsOfAcknowledgedPushes(t, universe, expected, *dense, dense_expected);
+  ExpectSumsOfAcknowledgedPushes(*training);
   // The stall is reported, not asserted (a loaded machine only makes it longer): it is the
   // lease TTL, etcd's expiry check, the promotion's poll and the map's way to the client.
 }
@@ -173,30 +216,9 @@ TEST_F(FailoverTest, KillPrimaryDuringTrainingLosesNoAcknowledgedPush) {
 TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   auto c = CoordinatorClient();
   ASSERT_NE(c, nullptr);
-  const Table t = Sparse(*c, "emb");
-  std::vector<uint64_t> universe;
-  for (uint64_t k = 1; k <= 3000; ++k) universe.push_back(k * 7919);
-  std::map<uint64_t, double> expected;
-  std::mt19937_64 rng(7);
-  constexpr int kKillAt = 30, kAfterSecondKill = 60, kInFlight = 4, kMaxSteps = 20000;
-  OptimizerSpec sgd;
-  sgd.learning_rate = 1.0f;
-  auto dense = c->CreateTable(TableSpec::Dense("mlp", 3000, sgd));
-  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
-  std::vector<double> dense_expected(3000, 0.0);
-  std::deque<Step> in_flight;
-  auto complete_oldest = [&] {
-    Step& s = in_flight.front();
-    Status st = c->Wait(s.handle);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    st = c->Wait(s.dense_handle);
-    ASSERT_TRUE(st.ok()) << "dense: " << st.ToString();
-    for (size_t i = 0; i < s.dense_grads.size(); ++i) dense_expected[i] += s.dense_grads[i];
-    for (size_t i = 0; i < s.keys.size(); ++i) {
-      for (uint32_t d = 0; d < kDim; ++d) expected[s.keys[i] * kDim + d] += s.grads[i * kDim + d];
-    }
-    in_flight.pop_front();
-  };
+  auto training = StartTraining(*c, /*seed=*/7, /*salt=*/5);
+  ASSERT_NE(training, nullptr);
+  constexpr int kKillAt = 30, kAfterSecondKill = 60, kMaxSteps = 20000;
   // Every slot and dense part has a live backup again and no copy is under way.
   auto rebuilt = [&] {
     auto m = store_->Load();
@@ -222,25 +244,18 @@ TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   int step = 0;
   for (; step < kMaxSteps && (second_kill_at < 0 || step < second_kill_at + kAfterSecondKill);
        ++step) {
-    Step s = NextStep(rng, universe, step, 5);
-    s.handle = c->Push(t, s.keys, s.grads);
-    s.dense_handle = c->DensePush(*dense, 0, s.dense_grads);
-    in_flight.push_back(std::move(s));
+    training->Send(step);
     if (step == kKillAt) cluster_->Kill(1);
     if (step > kKillAt && second_kill_at < 0 && step % 10 == 0 && rebuilt()) {
       rebuilt_after_s = MsSince(first_kill) / 1000;
       cluster_->Kill(2);  // the promoted primary of server 1's slots, with pushes in flight
       second_kill_at = step;
     }
-    if (in_flight.size() == kInFlight) {
-      complete_oldest();
-      if (HasFatalFailure()) return;
-    }
+    Status st = training->Pace();
+    ASSERT_TRUE(st.ok()) << st.ToString();
   }
-  while (!in_flight.empty()) {
-    complete_oldest();
-    if (HasFatalFailure()) return;
-  }
+  Status drained = training->Drain();
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
   ASSERT_GE(second_kill_at, 0) << "the backups were not rebuilt within " << kMaxSteps
                                << " steps of the first kill";
   std::printf("backup rebuild: every slot backed up again %.1f s after the first kill -9 "
@@ -261,7 +276,7 @@ TEST_F(FailoverTest, BackupsAreRebuiltSoASecondKillLosesNothing) {
   auto after = store_->Load();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->version, m->version);
-  ExpectSumsOfAcknowledgedPushes(t, universe, expected, *dense, dense_expected);
+  ExpectSumsOfAcknowledgedPushes(*training);
 }
 
 // The exactly-once step of a fail-over, without timing luck: a push the primary forwarded to
@@ -318,12 +333,7 @@ TEST_F(FailoverTest, ABackupBehindThePrimarysMapHoldsForwardedPushesInOrder) {
   const std::vector<uint64_t> keys = KeysOf(1, 50);  // server 1's slots, backed up by 2
   // Two pushes as server 1 forwards them, of map version 2 while every server is at 1.
   RawPeer as_primary(cluster_->endpoints()[2]);
-  Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
-  h.map_version = 2;
-  h.replica_from = 2;
-  h.client_id = 555;
-  h.client_origin = 2;
-  h.client_seq = 1;
+  Header h = ForwardedByServerOne(t, keys.size(), /*map_version=*/2, /*client=*/555, /*seq=*/1);
   ASSERT_TRUE(as_primary.Send(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 1.0f))}));
   h.client_seq = 2;
   ASSERT_TRUE(as_primary.Send(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 2.0f))}));
@@ -382,12 +392,7 @@ TEST_F(FailoverTest, ABackupBeingFilledHoldsForwardedPushesUntilTheCopyIsIn) {
   // As server 1 forwards them: a sparse push of its slots, then a dense push of part 1.
   const std::vector<uint64_t> keys = KeysOf(1, 50);
   RawPeer as_primary(cluster_->endpoints()[0]);
-  Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
-  h.map_version = 2;
-  h.replica_from = 2;
-  h.client_id = 777;
-  h.client_origin = 2;
-  h.client_seq = 1;
+  Header h = ForwardedByServerOne(t, keys.size(), /*map_version=*/2, /*client=*/777, /*seq=*/1);
   ASSERT_TRUE(as_primary.Send(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 1.0f))}));
   const DenseRange part1 = DenseRangeOfServer(dense->id, kLength, 1, 3);
   ASSERT_LT(part1.begin, part1.end);
@@ -529,12 +534,7 @@ TEST_F(FailoverTest, ABackupTakesTheOldPrimarysPushesWhileTheSlotMovesOrAfterItW
   // Pushes as server 1 forwarded them at map version 1.
   auto forwarded = [&](uint32_t to, const std::vector<uint64_t>& keys, uint64_t seq) {
     RawPeer as_old_primary(cluster_->endpoints()[to]);
-    Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
-    h.map_version = 1;
-    h.replica_from = 2;  // server 1 + 1
-    h.client_id = 777;
-    h.client_origin = 2;
-    h.client_seq = seq;
+    const Header h = ForwardedByServerOne(t, keys.size(), /*map_version=*/1, /*client=*/777, seq);
     return as_old_primary.Call(h, {Bytes(keys), Bytes(std::vector<float>(keys.size() * kDim, 1))});
   };
   const int64_t before = ServerStat(2, "push_keys");

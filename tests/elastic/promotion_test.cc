@@ -52,8 +52,10 @@ class PromotionTest : public EtcdTest {
     return m.ok() ? std::move(*m) : nullptr;
   }
 
-  // A watcher for member server-`i`, polling every 100 ms, whose log lines go to lines_.
-  std::unique_ptr<FailoverWatcher> Watch(uint32_t i) {
+  // A watcher for member server-`i`, polling every 100 ms, whose log lines go to lines_;
+  // `more` changes its options further.
+  std::unique_ptr<FailoverWatcher> Watch(uint32_t i,
+                                         const std::function<void(FailoverOptions&)>& more = {}) {
     FailoverOptions o;
     o.prefix = kPrefix;
     o.self_id = "server-" + std::to_string(i);
@@ -62,6 +64,7 @@ class PromotionTest : public EtcdTest {
       std::lock_guard<std::mutex> lock(mu_);
       lines_.push_back("[server-" + std::to_string(i) + "] " + line);
     };
+    if (more) more(o);
     auto w = FailoverWatcher::Start(client_.get(), o);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     return w.ok() ? std::move(*w) : nullptr;
@@ -267,15 +270,11 @@ TEST_F(PromotionTest, TheLowestLiveServerIsToldWhenARebuildIsDue) {
   auto m0 = Register(0), m1 = Register(1), m2 = Register(2);
   std::atomic<int> due0{0}, due1{0};
   auto watch = [&](uint32_t i, std::atomic<int>* due) {
-    FailoverOptions o;
-    o.prefix = kPrefix;
-    o.self_id = "server-" + std::to_string(i);
-    o.poll_ms = 50;
-    o.unbacked_every_ms = 200;
-    o.on_unbacked = [due] { ++*due; };
-    auto w = FailoverWatcher::Start(client_.get(), o);
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return w.ok() ? std::move(*w) : nullptr;
+    return Watch(i, [due](FailoverOptions& o) {
+      o.poll_ms = 50;
+      o.unbacked_every_ms = 200;
+      o.on_unbacked = [due] { ++*due; };
+    });
   };
   auto w0 = watch(0, &due0), w1 = watch(1, &due1);
   ASSERT_TRUE(WaitFor([&] { return due0.load() >= 2; }, seconds(10)));
@@ -343,15 +342,11 @@ TEST_F(PromotionTest, TheLowestLiveServerIsToldOfServersWaitingToJoin) {
   auto m0 = Register(0), m1 = Register(1);
   std::atomic<uint32_t> told0{0}, told1{0};
   auto watch = [&](uint32_t i, std::atomic<uint32_t>* told) {
-    FailoverOptions o;
-    o.prefix = kPrefix;
-    o.self_id = "server-" + std::to_string(i);
-    o.poll_ms = 50;
-    o.unbacked_every_ms = 100;
-    o.on_joined = [told](uint32_t n) { *told = n; };
-    auto w = FailoverWatcher::Start(client_.get(), o);
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return w.ok() ? std::move(*w) : nullptr;
+    return Watch(i, [told](FailoverOptions& o) {
+      o.poll_ms = 50;
+      o.unbacked_every_ms = 100;
+      o.on_joined = [told](uint32_t n) { *told = n; };
+    });
   };
   auto w0 = watch(0, &told0), w1 = watch(1, &told1);
   ASSERT_TRUE(WaitFor([&] { return w0->rounds() >= 5; }, seconds(10)));
