@@ -228,6 +228,9 @@ class ClientImpl {
   // (ReviveServers: `ids`, which `m` gives an address again, connected anew; the caller holds
   // io_mu_.)
   Status ReviveServers(const RoutingMap& m, const std::vector<size_t>& ids);
+  // Sends the client's clock to `server` (newly connected; the caller holds clock_mu_ and
+  // io_mu_, so a Clock() meanwhile cannot overtake it).
+  void SendClockTo(uint32_t server);
   void InstallMap(const Result<RoutingMap>& m);
   // I/O thread: a data request refused as stale (the server is at `server_version`): waits
   // for a map at least that new (asking the refresher), then is routed again.

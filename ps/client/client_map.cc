@@ -38,7 +38,6 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
     // give a live id another address, nor move dense tables.
     const auto& known = routing_->addresses;
     std::string why;
-    revived.clear();
     if (m->addresses.size() < known.size()) {
       why = "has " + std::to_string(m->addresses.size()) + " servers, fewer than the " +
             std::to_string(known.size()) + " ids known (ids are never removed)";
@@ -90,23 +89,25 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
 
 Status ClientImpl::ConnectNewServers(const RoutingMap& m) {
   // The caller holds clock_mu_ and io_mu_.
-  const int64_t clock = clock_.load();
   for (size_t i = servers_.size(); i < m.addresses.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(ConnectServer(m.addresses[i]));
     if (m.addresses[i].empty()) continue;  // retired before this client knew it
-    Header h = BaseHeader(Op::kClock);
-    h.clock = clock;
-    Outgoing o = MakeOutgoing(static_cast<uint32_t>(i), h, {}, nullptr, RequestDeadline());
-    SendOne(o);
+    SendClockTo(static_cast<uint32_t>(i));
   }
   return Status::OK();
+}
+
+void ClientImpl::SendClockTo(uint32_t server) {
+  Header h = BaseHeader(Op::kClock);
+  h.clock = clock_.load();
+  Outgoing o = MakeOutgoing(server, h, {}, nullptr, RequestDeadline());
+  SendOne(o);
 }
 
 Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>& ids) {
   // The caller holds clock_mu_ and io_mu_. Each id (retired by a fail-over or a scale-down, or
   // known only retired) is connected to its new address, its clock sent; its push numbers go
   // on from where they were.
-  const int64_t clock = clock_.load();
   for (size_t i : ids) {
     ServerConn& s = servers_[i];
     try {
@@ -121,10 +122,7 @@ Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>&
     s.address = m.addresses[i];
     s.retired_by = 0;
     s.connected = false;
-    Header h = BaseHeader(Op::kClock);
-    h.clock = clock;
-    Outgoing o = MakeOutgoing(static_cast<uint32_t>(i), h, {}, nullptr, RequestDeadline());
-    SendOne(o);
+    SendClockTo(static_cast<uint32_t>(i));
   }
   return Status::OK();
 }
@@ -403,18 +401,21 @@ void ClientImpl::SendToRetired(Outgoing o) {
     return;
   }
   if (source_ != nullptr &&
-      (o.op == Op::kBarrier || o.op == Op::kGetMeta || o.op == Op::kGetTable) &&
-      servers_[CoordServer()].retired_by == 0) {
+      (o.op == Op::kBarrier || o.op == Op::kGetMeta || o.op == Op::kGetTable)) {
     // The next coordinating server (CoordServer) has every table and metadata record; a
     // barrier starts again there (arrivals are counted per worker, and every worker waiting
     // on the retired server arrives there again).
     // The envelope is sent as it was (these ops are not fenced by the map version); the
     // attempt gets at least a request timeout (a barrier keeps its caller's deadline).
-    o.server = CoordServer();
-    const Deadline attempt = Clock::now() + std::chrono::milliseconds(options_.request_timeout_ms);
-    o.deadline = std::max(o.deadline, o.retryable() ? std::min(o.give_up, attempt) : attempt);
-    SendOne(o);
-    return;
+    const uint32_t coord = CoordServer();
+    if (servers_[coord].retired_by == 0) {
+      o.server = coord;
+      const Deadline attempt =
+          Clock::now() + std::chrono::milliseconds(options_.request_timeout_ms);
+      o.deadline = std::max(o.deadline, o.retryable() ? std::min(o.give_up, attempt) : attempt);
+      SendOne(o);
+      return;
+    }
   }
   const bool sparse =
       o.op == Op::kSparsePull || o.op == Op::kSparsePush || o.op == Op::kSparsePushPull;

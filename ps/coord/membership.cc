@@ -80,14 +80,16 @@ Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
   if (!r.ok() || !r->succeeded) {
     etcd->RevokeLease(lease.id).IgnoreError();  // best effort: it expires anyway
     if (!r.ok()) return r.status().WithContext("registering " + key);
-    std::string holder = "another process";
-    if (!r->results.empty() && !r->results[0].empty()) {
-      const json record = json::parse(r->results[0][0].value, nullptr, /*allow_exceptions=*/false);
-      if (record.is_object() && record.contains("id") && record["id"].is_string()) {
-        holder = record["id"].get<std::string>();
-      }
-    }
     if (!options.key.empty()) {
+      // A lock: say who holds it (the record the failure branch read).
+      std::string holder = "another process";
+      if (!r->results.empty() && !r->results[0].empty()) {
+        const json record =
+            json::parse(r->results[0][0].value, nullptr, /*allow_exceptions=*/false);
+        if (record.is_object() && record.contains("id") && record["id"].is_string()) {
+          holder = record["id"].get<std::string>();
+        }
+      }
       return Status::AlreadyExists(key + " is held by " + holder + " (under another lease)");
     }
     return Status::AlreadyExists("member " + options.member_id + " is already registered (" + key +
