@@ -507,6 +507,9 @@ void Client::Cancel(const Handle& handle) {
 uint32_t Client::num_servers() const {
   return static_cast<uint32_t>(impl_->Routing()->addresses.size());
 }
+
+std::vector<uint32_t> Client::server_ids() const { return impl_->AllServers(); }
+
 uint64_t Client::cluster_map_version() const { return impl_->Routing()->version; }
 uint64_t Client::stale_map_retries() const { return impl_->stale_map_retries(); }
 const ClientOptions& Client::options() const { return impl_->options_; }

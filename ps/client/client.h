@@ -257,6 +257,9 @@ class Client {
   void Cancel(const Handle& handle);
 
   uint32_t num_servers() const;
+  /// The ids of the cluster's servers, ascending: 0 .. num_servers()-1 for a static cluster,
+  /// the live ids of the map (a retired id has none) for one that follows a map.
+  std::vector<uint32_t> server_ids() const;
   const ClientOptions& options() const;
   /// The version of the cluster map the client routes by; 0 for a static cluster.
   uint64_t cluster_map_version() const;

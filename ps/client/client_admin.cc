@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "ps/admin_marker.h"
 #include "ps/admin_path.h"
 #include "ps/client/client.h"
 #include "ps/client/client_internal.h"
@@ -110,6 +112,24 @@ Result<std::string> LocalAdminPath(const ClientOptions& o, const std::string& na
   return ResolveAdminPath(root, name);
 }
 
+bool RetryAdminRequest(const Client& c, const Status& refused, uint64_t version,
+                       Deadline deadline) {
+  // A cut the job ran past is proposed again later; a request refused because the cluster
+  // map changed (a fail-over, a move) goes again at the new version, once this client has it.
+  const std::string& why = refused.message();
+  if (refused.code() != StatusCode::kFailedPrecondition) return false;
+  if (why.find("already passed") != std::string::npos) return true;
+  const bool map_changed = why.find("stale cluster map") != std::string::npos ||
+                           why.find("the cluster map changed") != std::string::npos;
+  if (version == 0 || !map_changed) return false;
+  // (A server behind the client refuses too: then this client's map does not change.)
+  const auto limit = std::min(deadline, DeadlineAfterMs(1000));
+  while (c.cluster_map_version() == version && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::chrono::steady_clock::now() < deadline;
+}
+
 }  // namespace
 
 Result<int64_t> Client::Checkpoint(const std::string& name, Deadline deadline) {
@@ -125,11 +145,16 @@ Result<int64_t> Client::Checkpoint(const std::string& name, Deadline deadline) {
   }
   int64_t cut = -1;
   bool taken = false;
+  std::vector<uint32_t> servers;
+  uint64_t version = 0;
   for (int attempt = 0; attempt < 20 && !taken; ++attempt) {
+    // All at one map version (0: a static cluster); the servers refuse another one.
+    version = cluster_map_version();
+    servers = impl_->AllServers();
     // Where the job is: the cut goes after the steps every server has seen pushed.
     uint32_t workers = 0;
     int64_t max_clock = 0, max_push = -1;
-    for (uint32_t r = 0; r < num_servers(); ++r) {
+    for (uint32_t r : servers) {
       TESSERA_ASSIGN_OR_RETURN(std::string st, ServerStats(r, deadline));
       workers = std::max<uint32_t>(workers, static_cast<uint32_t>(StatValue(st, "job_workers")));
       max_clock = std::max(max_clock, StatValue(st, "max_clock"));
@@ -140,7 +165,8 @@ Result<int64_t> Client::Checkpoint(const std::string& name, Deadline deadline) {
     h.name = name;
     h.clock = cut;
     h.num_workers = workers;
-    auto r = impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline);
+    h.map_version = version;
+    auto r = impl_->Blocking(h, servers, deadline, nullptr, deadline);
     if (r.ok()) {
       taken = true;
       break;
@@ -149,14 +175,14 @@ Result<int64_t> Client::Checkpoint(const std::string& name, Deadline deadline) {
     Header abort = impl_->BaseHeader(Op::kCheckpoint);
     abort.count = 1;
     (void)impl_->Blocking(abort, impl_->AllServers(), DeadlineAfterMs(10000)).status();
-    if (r.status().code() != StatusCode::kFailedPrecondition ||
-        r.status().message().find("already passed") == std::string::npos) {
-      return r.status();
-    }
+    if (!RetryAdminRequest(*this, r.status(), version, deadline)) return r.status();
   }
   if (!taken) return Status::Unavailable("the job kept running past every proposed cut");
   std::ofstream marker(dir + "/CHECKPOINT");
-  marker << "tessera checkpoint\nservers " << num_servers() << "\ncut_clock " << cut << "\n";
+  marker << "tessera checkpoint\nservers " << servers.size() << "\ncut_clock " << cut << "\n";
+  if (version != 0) {
+    marker << "server_ids " << FormatServerIds(servers) << "\nmap_version " << version << "\n";
+  }
   marker.close();
   if (!marker) return Status::IOError("cannot write '" + dir + "/CHECKPOINT'");
   return cut;
@@ -177,12 +203,22 @@ Result<uint64_t> Client::Export(const std::string& name, bool delta, Deadline de
   h.name = name + "/v" + std::to_string(version);  // the servers resolve it under their root
   h.count = delta ? 1 : 0;
   h.offset = delta ? latest : 0;  // the base version
-  TESSERA_RETURN_IF_ERROR(
-      impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status());
+  std::vector<uint32_t> servers;
+  for (int attempt = 0;; ++attempt) {
+    h.map_version = cluster_map_version();  // all at one version (0: a static cluster)
+    servers = impl_->AllServers();
+    Status s = impl_->Blocking(h, servers, deadline, nullptr, deadline).status();
+    if (s.ok()) break;
+    if (attempt >= 20 || !RetryAdminRequest(*this, s, h.map_version, deadline)) return s;
+  }
   {
     std::ofstream marker(dir + "/EXPORT");
     marker << "tessera export\nversion " << version << "\nkind " << (delta ? "delta" : "full")
-           << "\nbase " << (delta ? latest : 0) << "\nservers " << num_servers() << "\n";
+           << "\nbase " << (delta ? latest : 0) << "\nservers " << servers.size() << "\n";
+    if (h.map_version != 0) {
+      marker << "server_ids " << FormatServerIds(servers) << "\nmap_version " << h.map_version
+             << "\n";
+    }
     if (!marker) return Status::IOError("cannot write '" + dir + "/EXPORT'");
   }
   // Readers follow LATEST; replace it atomically.
@@ -200,6 +236,7 @@ Status Client::Restore(const std::string& name, Deadline deadline) {
   TESSERA_RETURN_IF_ERROR(ValidateAdminName(name).WithContext("restore"));
   Header h = impl_->BaseHeader(Op::kRestore);
   h.name = name;
+  h.map_version = cluster_map_version();
   return impl_->Blocking(h, impl_->AllServers(), deadline, nullptr, deadline).status();
 }
 

@@ -17,6 +17,8 @@
 #include "ps/client/ctl_scale_internal.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
+#include "ps/coord/etcd_map_source.h"
+#include "ps/coord/membership.h"
 #include "ps/coord/slot_map_store.h"
 #endif
 
@@ -51,6 +53,9 @@ namespace {
 constexpr char kCommands[] =
     "Commands:\n"
     "  checkpoint NAME  consistent checkpoint of the whole cluster into NAME\n"
+    "                   (checkpoint, restore, export, stats and tables take --cluster or\n"
+    "                   --coordinator; with --coordinator they run at one map version,\n"
+    "                   holding the controller lock against scale and map rebuild)\n"
     "  restore NAME     load a checkpoint (taken by a cluster of any size)\n"
     "  export NAME      versioned serving export (values only) under NAME;\n"
     "                   --delta for the rows updated since the previous one\n"
@@ -70,12 +75,13 @@ constexpr char kCommands[] =
     "                   after a fail-over (servers do it themselves after promoting)\n"
     "  scale N          move slots online so that N servers share them evenly: adds\n"
     "                   servers registered with --coordinator (tessera-server --rank=ID\n"
-    "                   --coordinator=...), drains and retires the highest ids (not for a\n"
-    "                   map with backups yet)\n";
+    "                   --coordinator=...), drains and retires the highest ids; with\n"
+    "                   backups, every slot and dense part keeps one\n";
 
 constexpr tessera::cli::ToolInfo kTool{
     .name = "tessera-ctl",
-    .usage = "usage: tessera-ctl --cluster=EPS [--admin_root=DIR] COMMAND [ARGS]\n"
+    .usage = "usage: tessera-ctl (--cluster=EPS | --coordinator=URL) [--admin_root=DIR] COMMAND "
+             "[ARGS]\n"
              "Operations on a running Tessera cluster.",
     .flags_file = __FILE__,
     .epilog = kCommands,
@@ -199,7 +205,7 @@ int CheckpointOrRestore(tessera::Client& c, const std::string& cmd, const std::s
       std::fprintf(stderr, "tessera-ctl: restore failed: %s\n", s.ToString().c_str());
       return 1;
     }
-    std::printf("restored %s onto %u servers in %.3f s\n", dir.c_str(), c.num_servers(),
+    std::printf("restored %s onto %zu servers in %.3f s\n", dir.c_str(), c.server_ids().size(),
                 SecondsSince(t0));
   }
   return 0;
@@ -219,18 +225,21 @@ int Export(tessera::Client& c, const char* root, tessera::Deadline deadline,
   return 0;
 }
 
-// stats (every server's counters) / tables (the table lines of server 0's stats).
-int StatsOrTables(tessera::Client& c, const std::string& cmd, const std::vector<std::string>& eps,
-                  tessera::Deadline deadline) {
-  for (uint32_t r = 0; r < c.num_servers(); ++r) {
+// stats (every server's counters) / tables (the table lines of the first server's stats).
+// `addresses`: each server id's endpoint.
+int StatsOrTables(tessera::Client& c, const std::string& cmd,
+                  const std::vector<std::string>& addresses, tessera::Deadline deadline) {
+  const std::vector<uint32_t> ids = c.server_ids();
+  for (uint32_t r : ids) {
     auto st = c.ServerStats(r, deadline);
     if (!st.ok()) {
       std::fprintf(stderr, "tessera-ctl: server %u: %s\n", r, st.status().ToString().c_str());
       return 1;
     }
     if (cmd == "stats") {
-      std::printf("--- server %u (%s)\n%s", r, eps[r].c_str(), st->c_str());
-    } else if (r == 0) {
+      std::printf("--- server %u (%s)\n%s", r, r < addresses.size() ? addresses[r].c_str() : "",
+                  st->c_str());
+    } else if (r == ids.front()) {
       std::istringstream in(*st);
       std::string line;
       while (std::getline(in, line)) {
@@ -239,6 +248,18 @@ int StatsOrTables(tessera::Client& c, const std::string& cmd, const std::vector<
     }
   }
   return 0;
+}
+
+// checkpoint, restore, export, stats or tables (`arg`: the NAME of the first three).
+int RunDataCommand(tessera::Client& c, const std::string& cmd, const char* arg,
+                   const std::vector<std::string>& addresses) {
+  const auto deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (cmd == "checkpoint" || cmd == "restore") {
+    return CheckpointOrRestore(c, cmd, arg, deadline, t0);
+  }
+  if (cmd == "export") return Export(c, arg, deadline, t0);
+  return StatsOrTables(c, cmd, addresses, deadline);
 }
 
 #ifdef TESSERA_CTL_COORD
@@ -365,6 +386,46 @@ int MapRebuild(tessera::EtcdClient& etcd, const tessera::CoordinatorUrl& url) {
 }
 #endif
 
+// A data command on the cluster of --coordinator (needs tessera_coord): a client that follows
+// its map. checkpoint, restore and export hold the controller lock for their run, so no
+// scale or map rebuild moves slots under them (a fail-over still may: the servers refuse the
+// request and the client takes it again at the new map version).
+int DataCommandOnMap(const std::string& cmd, const char* arg) {
+#ifdef TESSERA_CTL_COORD
+  tessera::CoordinatorUrl url;
+  int exit_code = 0;
+  auto etcd = OpenCoordinator(cmd, &url, &exit_code);
+  if (etcd == nullptr) return exit_code;
+  tessera::ClientOptions o;
+  if (!BaseOptions(&o)) return 2;
+  auto source = tessera::EtcdClusterMapSource::Create(url);
+  tessera::Result<tessera::RoutingMap> map =
+      source.ok() ? (*source)->Load() : tessera::Result<tessera::RoutingMap>(source.status());
+  std::unique_ptr<tessera::Membership> lock;
+  if (map.ok() && cmd != "stats" && cmd != "tables") {
+    auto held = tessera::LockController(etcd.get(), url.prefix, "tessera-ctl-" + cmd, 10, true,
+                                        tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000));
+    if (!held.ok()) map = held.status();
+    if (held.ok()) lock = std::move(*held);
+  }
+  if (!map.ok()) {
+    std::fprintf(stderr, "tessera-ctl: %s: %s\n", cmd.c_str(), map.status().ToString().c_str());
+    return 1;
+  }
+  auto client = tessera::Client::Create(o, std::move(*source));
+  if (!client.ok()) {
+    std::fprintf(stderr, "tessera-ctl: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  return RunDataCommand(**client, cmd, arg, map->addresses);
+#else
+  (void)arg;
+  std::fprintf(stderr, "tessera-ctl: %s --coordinator: this build has no tessera_coord (a "
+                       "client-only build): use a full build's tessera-ctl\n", cmd.c_str());
+  return 2;
+#endif
+}
+
 // map init / map show / map rebuild (needs tessera_coord, absent from a client-only build).
 int Map(const std::string& sub) {
 #ifdef TESSERA_CTL_COORD
@@ -449,6 +510,13 @@ int main(int argc, char** argv) {
   if (cmd == "keygen") return Keygen(argv[2]);
   if (cmd == "map") return Map(argv[2]);
   if (cmd == "scale") return Scale(argv[2]);
+  const char* arg = command->args == 1 ? argv[2] : "";
+  if (!FLAGS_coordinator.empty()) {
+    if (!FLAGS_cluster.empty()) {
+      return Usage("--cluster and --coordinator both name the cluster: give one");
+    }
+    return DataCommandOnMap(cmd, arg);
+  }
   auto eps = tessera::ParseClusterList(FLAGS_cluster);
   if (!eps.ok()) {
     std::fprintf(stderr, "tessera-ctl: --cluster: %s\n", eps.status().ToString().c_str());
@@ -457,11 +525,5 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   std::unique_ptr<tessera::Client> client = Connect(*eps, &exit_code);
   if (client == nullptr) return exit_code;
-  const auto deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (cmd == "checkpoint" || cmd == "restore") {
-    return CheckpointOrRestore(*client, cmd, argv[2], deadline, t0);
-  }
-  if (cmd == "export") return Export(*client, argv[2], deadline, t0);
-  return StatsOrTables(*client, cmd, *eps, deadline);
+  return RunDataCommand(*client, cmd, arg, *eps);
 }

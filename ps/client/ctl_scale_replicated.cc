@@ -78,26 +78,10 @@ Status Controller::RebuildDense(const std::vector<bool>& live) {
 }
 
 Status Controller::Lock() {
-  MembershipOptions m;
-  m.prefix = prefix_;
-  m.member_id = o_.controller_id;
-  m.address = "controller";
-  m.ttl_s = o_.controller_ttl_s;
-  m.key = ControllerKey(prefix_);
-  for (;;) {
-    auto held = Membership::Register(&etcd_, m);
-    if (held.ok()) {
-      lock_ = std::move(*held);
-      return Status::OK();
-    }
-    if (held.status().code() != StatusCode::kAlreadyExists) return held.status();
-    if (!o_.wait_for_controller || Clock::now() >= o_.deadline) {
-      return Status::FailedPrecondition(held.status().message() +
-                                        ": another controller is changing the map; run again "
-                                        "when it is done");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  TESSERA_ASSIGN_OR_RETURN(lock_, LockController(&etcd_, prefix_, o_.controller_id,
+                                                 o_.controller_ttl_s, o_.wait_for_controller,
+                                                 o_.deadline));
+  return Status::OK();
 }
 
 Status Controller::MayContinue() const {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ps/admin_marker.h"
 #include "ps/codec.h"
 #include "ps/initializer.h"
 #include "ps/record_file_internal.h"
@@ -30,34 +31,25 @@ namespace {
 struct ExportInfo {
   std::string kind;
   uint64_t base = 0;
-  uint32_t servers = 0;
+  std::vector<uint32_t> server_ids;
 };
 
 Result<ExportInfo> ReadInfo(const std::string& dir) {
-  std::ifstream in(dir + "/EXPORT");
-  if (!in) return Status::NotFound("no complete export in '" + dir + "'");
+  auto marker = ReadAdminMarker(dir + "/EXPORT", "export");
+  if (marker.status().code() == StatusCode::kNotFound) {
+    return Status::NotFound("no complete export in '" + dir + "'");
+  }
+  TESSERA_RETURN_IF_ERROR(marker.status());
   ExportInfo info;
-  std::string key;
-  std::string magic1, magic2;
-  in >> magic1 >> magic2;
-  if (magic1 != "tessera" || magic2 != "export") {
-    return Status::Corruption("'" + dir + "/EXPORT' is not an export marker");
+  auto kind = marker->fields.find("kind");
+  if (kind != marker->fields.end()) info.kind = kind->second;
+  if (info.kind != "full" && info.kind != "delta") {
+    return Status::Corruption("'" + dir + "/EXPORT' is incomplete: no kind full or delta");
   }
-  while (in >> key) {
-    if (key == "kind")
-      in >> info.kind;
-    else if (key == "base")
-      in >> info.base;
-    else if (key == "servers")
-      in >> info.servers;
-    else {
-      std::string skip;
-      in >> skip;
-    }
+  if (info.kind == "delta") {
+    TESSERA_ASSIGN_OR_RETURN(info.base, marker->Number("base"));
   }
-  if ((info.kind != "full" && info.kind != "delta") || info.servers == 0) {
-    return Status::Corruption("'" + dir + "/EXPORT' is incomplete");
-  }
+  info.server_ids = std::move(marker->server_ids);
   return info;
 }
 
@@ -97,7 +89,7 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& root
   // Oldest first, so later versions overwrite rows.
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     const auto& [dir, info] = *it;
-    for (uint32_t s = 0; s < info.servers; ++s) {
+    for (uint32_t s : info.server_ids) {
       const std::string sdir = dir + "/server-" + std::to_string(s);
       TESSERA_ASSIGN_OR_RETURN(auto specs, internal::ReadBlobs(sdir + "/tables"));
       for (const auto& b : specs) {

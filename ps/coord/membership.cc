@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "ps/coord/coordinator_url.h"
@@ -48,6 +49,27 @@ Status CheckOptions(const MembershipOptions& o) {
 
 std::string ControllerKey(std::string_view prefix) {
   return std::string(prefix) + "/controller";
+}
+
+Result<std::unique_ptr<Membership>> LockController(
+    EtcdClient* etcd, const std::string& prefix, const std::string& holder, int64_t ttl_s,
+    bool wait, std::chrono::steady_clock::time_point deadline) {
+  MembershipOptions m;
+  m.prefix = prefix;
+  m.member_id = holder;
+  m.address = "controller";
+  m.ttl_s = ttl_s;
+  m.key = ControllerKey(prefix);
+  for (;;) {
+    auto held = Membership::Register(etcd, m);
+    if (held.ok() || held.status().code() != StatusCode::kAlreadyExists) return held;
+    if (!wait || std::chrono::steady_clock::now() >= deadline) {
+      return Status::FailedPrecondition(held.status().message() +
+                                        ": another controller is changing the map; run again "
+                                        "when it is done");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 std::string MemberKey(std::string_view prefix, std::string_view id) {

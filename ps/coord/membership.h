@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,18 @@ struct MembershipOptions {
 /// than one compare-and-swap (tessera-ctl scale, a backup rebuild) holds it under a lease for
 /// the whole run, so two never interleave; a holder that dies frees it within its TTL.
 std::string ControllerKey(std::string_view prefix);
+
+class Membership;
+
+/// Takes the controller lock of `prefix` (ControllerKey) for `holder` (a key segment) under a
+/// lease of `ttl_s`, kept alive until the returned handle is destroyed. While another process
+/// holds it: waits (`wait`) until `deadline`, then, or at once, FailedPrecondition naming the
+/// holder. Map changes of more than one step (scale, map rebuild) and the cluster-wide
+/// snapshots of tessera-ctl (checkpoint, restore, export) hold it, so neither runs across
+/// the other.
+Result<std::unique_ptr<Membership>> LockController(
+    EtcdClient* etcd, const std::string& prefix, const std::string& holder, int64_t ttl_s,
+    bool wait, std::chrono::steady_clock::time_point deadline);
 
 /// The key of member `id` under `prefix`: PREFIX/members/ID.
 std::string MemberKey(std::string_view prefix, std::string_view id);

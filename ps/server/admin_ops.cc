@@ -47,6 +47,28 @@ Status CheckRestoredRecord(const TableSpec& spec, const Optimizer& opt, const Re
   return Status::OK();
 }
 
+// The manifest `m` of old server `id` (in `sdir`) must be that server's files of the
+// checkpoint `marker` describes: not those of another attempt that left them there.
+Status CheckRestoredManifest(const AdminMarker& marker, const std::vector<std::string>& m,
+                             uint32_t id, const std::string& sdir) {
+  if (m.size() != 4 && m.size() != 5) return Status::Corruption("bad manifest in '" + sdir + "'");
+  auto field = [&](const char* key) {
+    auto it = marker.fields.find(key);
+    return it == marker.fields.end() ? std::string() : it->second;
+  };
+  const std::string version = m.size() == 5 ? m[4] : std::string();
+  if (m[0] != std::to_string(id) || m[2] != field("cut_clock") || version != field("map_version")) {
+    return Status::Corruption("'" + sdir + "' holds server " + m[0] + "'s files of cut clock " +
+                              m[2] + (version.empty() ? "" : " at map version " + version) +
+                              ", not those of the checkpoint (server " + std::to_string(id) +
+                              ", cut clock " + field("cut_clock") +
+                              (field("map_version").empty() ? "" : ", map version " +
+                                                                       field("map_version")) +
+                              "): left by another attempt");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string ServerImpl::ServerDir(const std::string& dir, uint32_t rank) const {
@@ -64,19 +86,14 @@ bool ServerImpl::ParkedByCut(const std::shared_ptr<Pending>& p) {
 Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.count == 1) {  // abort
-    if (cut_) {
-      ReplyError(std::move(cut_->request->identity), cut_->request->header,
-                 Status::Cancelled("checkpoint aborted"));
-      cut_.reset();
-      Readmit(std::move(cut_parked_));
-      cut_parked_.clear();
-    }
+    AbortCut(Status::Cancelled("checkpoint aborted"));
     ReplyOk(std::move(p->identity), h);
     return Status::OK();
   }
   if (h.name.empty()) return Status::InvalidArgument("checkpoint without a directory");
   TESSERA_ASSIGN_OR_RETURN(const std::string ckpt_dir, AdminPath(h.name));
   if (cut_) return Status::FailedPrecondition("a checkpoint is already in progress");
+  TESSERA_RETURN_IF_ERROR(CheckAdminMap(h, "checkpoint"));
   if (h.num_workers > 0 && max_push_clock_ > h.clock) {
     return Status::FailedPrecondition("cut at clock " + std::to_string(h.clock) +
                                       " already passed: a push of clock " +
@@ -88,13 +105,14 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
     return Status::IOError("cannot create '" + ServerDir(ckpt_dir, options_.rank) +
                            "': " + ec.message());
   }
-  cut_ = CutState{h.clock, h.num_workers, ckpt_dir, p};
+  cut_ = CutState{h.clock, h.num_workers, ckpt_dir, p,
+                  options_.follow_cluster_map ? h.map_version : 0};
   TakeSnapshotIfReady();
   return Status::OK();
 }
 
 Result<std::function<Status()>> ServerImpl::CheckpointHeader(const std::string& dir,
-                                                              int64_t cut) {
+                                                              int64_t cut, uint64_t version) {
   std::vector<std::string> specs;
   for (auto& [id, t] : tables_) specs.push_back(EncodeTableSpec(t.spec));
   std::vector<std::string> meta;
@@ -103,8 +121,9 @@ Result<std::function<Status()>> ServerImpl::CheckpointHeader(const std::string& 
     meta.emplace_back(v);
   }));
   std::vector<std::string> manifest = {std::to_string(options_.rank),
-                                       std::to_string(options_.num_servers), std::to_string(cut),
+                                       std::to_string(ClusterSize()), std::to_string(cut),
                                        std::to_string(lanes_.size())};
+  if (options_.follow_cluster_map) manifest.push_back(std::to_string(version));
   return std::function<Status()>([dir, specs = std::move(specs), meta = std::move(meta),
                                   manifest = std::move(manifest)]() -> Status {
     TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
@@ -117,25 +136,28 @@ void ServerImpl::TakeSnapshotIfReady() {
   // Taken once every worker has finished the steps up to the cut.
   if (!cut_) return;
   if (cut_->num_workers > 0 && consistency_.MinClock(cut_->num_workers) < cut_->cut + 1) return;
+  if (cut_->num_workers > 0 && CutWaitsForBackups(cut_->cut)) return;  // ReleaseReady calls again
   CutState cut = std::move(*cut_);
   cut_.reset();
   const std::string dir = ServerDir(cut.dir, options_.rank);
-  auto header = CheckpointHeader(dir, cut.cut);
+  auto header = CheckpointHeader(dir, cut.cut, cut.map_version);
   if (!header.ok()) {
     ReplyError(std::move(cut.request->identity), cut.request->header, header.status());
   } else {
     // Lanes run tasks in order: each freezes its rows before it sees any released push.
     LOG(INFO) << "checkpoint at clock " << cut.cut << " into " << dir;
-    WriteLaneSnapshots(cut.request, dir, {}, std::move(*header));
+    SnapshotOptions so;
+    so.filter = PrimaryRowsFilter();
+    WriteLaneSnapshots(cut.request, dir, so, std::move(*header));
   }
   Readmit(std::move(cut_parked_));
   cut_parked_.clear();
 }
 
 Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
-    const std::string& dir) {
-  // Every old server holds every spec: read server 0's.
-  TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(ServerDir(dir, 0) + "/tables"));
+    const std::string& server_dir) {
+  // Every old server holds every spec: read one's.
+  TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(server_dir + "/tables"));
   std::vector<std::pair<uint64_t, TableSpec>> restored;
   for (const auto& b : specs) {
     TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
@@ -152,7 +174,7 @@ Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
 }
 
 Status ServerImpl::RestoreRows(
-    const std::string& dir, uint32_t old_servers,
+    const std::string& dir, const AdminMarker& marker,
     const std::function<void(uint32_t, std::function<Status(Lane&)>)>& submit, uint64_t* loaded) {
   // Rows, in batches per lane.
   struct Batch {
@@ -181,6 +203,7 @@ Status ServerImpl::RestoreRows(
     });
   };
   absl::flat_hash_map<uint64_t, std::unique_ptr<Optimizer>> optimizers;
+  const RowFilter held = HeldRows(/*with_backups=*/true);
   auto visit = [&](const std::string& path, const Record& r) -> Status {
     auto t = tables_.find(r.table_id);
     if (t == tables_.end()) return Status::Corruption("row of an unknown table in " + path);
@@ -188,19 +211,10 @@ Status ServerImpl::RestoreRows(
     auto& opt = optimizers[r.table_id];
     if (!opt) opt = Optimizer::Make(t->second.spec.optimizer);
     TESSERA_RETURN_IF_ERROR(CheckRestoredRecord(t->second.spec, *opt, r, path));
-    uint32_t lane;
     const bool dense = r.kind == Record::kDenseChunk;
-    if (dense) {
-      const DenseRange mine = DenseRangeOfServer(r.table_id, t->second.spec.length, options_.rank,
-                                                 DenseServers());
-      const uint64_t first = r.key * kDenseChunkFloats;
-      if (first < mine.begin || first >= mine.end) return Status::OK();
-      lane = LaneOfChunk(r.table_id, r.key, nl);
-    } else {
-      const uint32_t slot = SlotOfKey(r.key);
-      if (Owners().ServerOfSlot(slot) != options_.rank) return Status::OK();
-      lane = LaneOfSlot(slot, nl);
-    }
+    if (dense ? !held.KeepChunk(r.table_id, r.key) : !held.KeepRow(r.key)) return Status::OK();
+    const uint32_t lane =
+        dense ? LaneOfChunk(r.table_id, r.key, nl) : LaneOfSlot(SlotOfKey(r.key), nl);
     if (!batches[lane]) batches[lane] = std::make_shared<Batch>();
     Batch& b = *batches[lane];
     b.tables.push_back(r.table_id);
@@ -212,15 +226,14 @@ Status ServerImpl::RestoreRows(
     if (b.keys.size() >= 65536) flush(lane);
     return Status::OK();
   };
-  for (uint32_t old = 0; old < old_servers; ++old) {
-    TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(ServerDir(dir, old) + "/manifest"));
-    if (oinfo.size() != 4) {
-      return Status::Corruption("bad manifest of server " + std::to_string(old));
-    }
+  for (uint32_t old : marker.server_ids) {
+    const std::string sdir = ServerDir(dir, old);
+    TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(sdir + "/manifest"));
+    TESSERA_RETURN_IF_ERROR(CheckRestoredManifest(marker, oinfo, old, sdir));
     TESSERA_ASSIGN_OR_RETURN(uint64_t old_lanes,
                              ParseStoredNumber(oinfo[3], "lanes in the checkpoint", 256));
     for (uint32_t ol = 0; ol < old_lanes; ++ol) {
-      const std::string path = ServerDir(dir, old) + "/lane-" + std::to_string(ol);
+      const std::string path = sdir + "/lane-" + std::to_string(ol);
       TESSERA_RETURN_IF_ERROR(
           ReadRecordFile(path, [&](const Record& r) -> Status { return visit(path, r); }));
     }
@@ -231,18 +244,17 @@ Status ServerImpl::RestoreRows(
 
 Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
   // Loads a checkpoint taken by a cluster of any size: every server reads every old server's
-  // files and keeps the rows its slots (and dense ranges) now own.
+  // files and keeps the rows its slots (and dense ranges) now own, as primary or backup.
+  TESSERA_RETURN_IF_ERROR(CheckAdminMap(p->header, "restore"));
   TESSERA_ASSIGN_OR_RETURN(const std::string dir, AdminPath(p->header.name));
-  std::error_code ec;
-  if (!std::filesystem::exists(dir + "/CHECKPOINT", ec)) {
+  auto marker = ReadAdminMarker(dir + "/CHECKPOINT", "checkpoint");
+  if (marker.status().code() == StatusCode::kNotFound) {
     return Status::NotFound("'" + p->header.name + "' holds no complete checkpoint (no " +
-                            "CHECKPOINT file" + (ec ? ": " + ec.message() : std::string()) + ")");
+                            "CHECKPOINT file)");
   }
-  TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(dir, 0) + "/manifest"));
-  if (info.size() != 4) return Status::Corruption("bad manifest in '" + dir + "'");
-  TESSERA_ASSIGN_OR_RETURN(uint64_t old_servers,
-                           ParseStoredNumber(info[1], "servers in the checkpoint", 65535));
-  TESSERA_ASSIGN_OR_RETURN(auto restored, RestoreTables(dir));
+  TESSERA_RETURN_IF_ERROR(marker.status());
+  const std::string first = ServerDir(dir, marker->server_ids.front());
+  TESSERA_ASSIGN_OR_RETURN(auto restored, RestoreTables(first));
   // The request's guard part keeps the reply back until every batch is handed out; on an
   // error below the guard is never dropped and the error is the only reply.
   auto submit = [&](uint32_t lane, std::function<Status(Lane&)> fn) {
@@ -255,16 +267,17 @@ Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
       return Status::OK();
     });
   }
-  if (options_.rank == 0) {
-    TESSERA_ASSIGN_OR_RETURN(auto meta, ReadBlobs(ServerDir(dir, 0) + "/meta"));
+  // The metadata records live on server 0 of a static cluster, on every server under a map.
+  if (options_.rank == 0 || options_.follow_cluster_map) {
+    TESSERA_ASSIGN_OR_RETURN(auto meta, ReadBlobs(first + "/meta"));
     for (size_t i = 0; i + 1 < meta.size(); i += 2) {
       TESSERA_RETURN_IF_ERROR(engine_->PutMeta(meta[i], meta[i + 1]));
     }
   }
   uint64_t loaded = 0;
-  TESSERA_RETURN_IF_ERROR(RestoreRows(dir, static_cast<uint32_t>(old_servers), submit, &loaded));
-  LOG(INFO) << "restored " << loaded << " rows/chunks from " << dir << " (" << old_servers
-            << " servers)";
+  TESSERA_RETURN_IF_ERROR(RestoreRows(dir, *marker, submit, &loaded));
+  LOG(INFO) << "restored " << loaded << " rows/chunks from " << dir << " ("
+            << marker->server_ids.size() << " servers)";
   FinishPart(*p, Status::OK(), router_);  // the guard
   return Status::OK();
 }
@@ -275,19 +288,17 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.name.empty()) return Status::InvalidArgument("export without a directory");
   TESSERA_ASSIGN_OR_RETURN(const std::string export_dir, AdminPath(h.name));
+  TESSERA_RETURN_IF_ERROR(CheckAdminMap(h, "export"));
   const bool delta = h.count == 1;
   uint32_t since = 0;
   if (delta) {
-    // The base export (version h.offset, a sibling directory) recorded when it started on
-    // this server; the delta holds the rows updated since then.
+    // The base export (version h.offset, a sibling directory): the delta holds the rows
+    // updated since it started.
     std::string parent = std::filesystem::path(h.name).parent_path().string();
     TESSERA_ASSIGN_OR_RETURN(const std::string base,
                              AdminPath((parent.empty() ? std::string() : parent + "/") + "v" +
                                        std::to_string(h.offset)));
-    TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(ServerDir(base, options_.rank) + "/manifest"));
-    if (info.size() < 5) return Status::Corruption("the manifest of '" + base + "' is incomplete");
-    TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
-    since = static_cast<uint32_t>(t);
+    TESSERA_ASSIGN_OR_RETURN(since, DeltaSince(base));
   }
   const uint32_t now = NowSeconds();
   const std::string dir = ServerDir(export_dir, options_.rank);
@@ -297,17 +308,34 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   std::vector<std::string> specs;
   for (auto& [id, spec] : TableList()) specs.push_back(EncodeTableSpec(spec));
   std::vector<std::string> manifest = {std::to_string(options_.rank),
-                                       std::to_string(options_.num_servers), std::to_string(since),
+                                       std::to_string(ClusterSize()), std::to_string(since),
                                        std::to_string(lanes_.size()), std::to_string(now)};
   SnapshotOptions so;
   so.values_only = true;
   so.min_update_s = since;
+  so.filter = PrimaryRowsFilter();
   WriteLaneSnapshots(p, dir, so,
                      [dir, specs = std::move(specs), manifest = std::move(manifest)]() -> Status {
                        TESSERA_RETURN_IF_ERROR(WriteBlobs(dir + "/tables", specs));
                        return WriteBlobs(dir + "/manifest", manifest);
                      });
   return Status::OK();
+}
+
+Result<uint32_t> ServerImpl::DeltaSince(const std::string& base) {
+  // Each server of the base export recorded when it started; a row that moved to this server
+  // since was exported by another one, so the delta starts at the earliest of them (rows
+  // updated in that second are included again).
+  TESSERA_ASSIGN_OR_RETURN(AdminMarker marker, ReadAdminMarker(base + "/EXPORT", "export"));
+  uint64_t since = UINT32_MAX;
+  for (uint32_t id : marker.server_ids) {
+    const std::string sdir = ServerDir(base, id);
+    TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(sdir + "/manifest"));
+    if (info.size() < 5) return Status::Corruption("the manifest of '" + sdir + "' is incomplete");
+    TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
+    since = std::min(since, t);
+  }
+  return static_cast<uint32_t>(since);
 }
 
 void ServerImpl::WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,

@@ -117,6 +117,7 @@ Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
   // does not send it again elsewhere under a new sequence number.
   if (exempt_retries && IsRetriedPush(h)) return Status::OK();
   ++stale_map_refusals_;
+  AbortCutForRefusedPush(h, mine);
   if (h.map_version < mine) {
     return Status::FailedPrecondition(
         "stale cluster map: request has version " + std::to_string(h.map_version) +

@@ -434,6 +434,7 @@ void ServerImpl::ReleaseReady() {
     if (!e.failed) e.release();
   }
   RunWaitingExports();
+  TakeSnapshotIfReady();  // a checkpoint cut may have waited for these pushes' backups
 }
 
 void ServerImpl::ResendReplication() {

@@ -173,6 +173,7 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
 
 void ServerImpl::OnMapChanged() {
   map_changed_ = false;
+  AbortCutOnMapChange();
   ReplicationMapChanged();
   ReadmitReplicas();
   const ClusterMapState* map = CurrentMap();

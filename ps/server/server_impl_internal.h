@@ -22,6 +22,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "ps/admin_marker.h"
 #include "ps/routing.h"
 #include "ps/server/consistency_internal.h"
 #include "ps/server/dedup_internal.h"
@@ -83,6 +84,8 @@ class ServerImpl {
     uint32_t num_workers;
     std::string dir;
     std::shared_ptr<Pending> request;
+    // The map version every server takes it at (0: the server follows no map).
+    uint64_t map_version = 0;
   };
   // One lane's part of a request: the lane and the body it runs there.
   struct LanePart {
@@ -395,6 +398,27 @@ class ServerImpl {
   /// Submits a validated request that was parked.
   Status Resubmit(const std::shared_ptr<Pending>& p);
 
+  // ---- admin_scope.cc: what checkpoints, restores and exports cover under a map
+  // The rows and dense chunks this server serves: as primary, and also as backup when
+  // `with_backups` (a static cluster: the slots and dense range it owns).
+  RowFilter HeldRows(bool with_backups);
+  // Under a map: the filter of the rows this server is the primary of; else null (every row).
+  std::shared_ptr<const RowFilter> PrimaryRowsFilter();
+  // Under a map: FailedPrecondition, prefixed with `what`, when `h` carries another map
+  // version, or when rows are still being copied into this server under it.
+  Status CheckAdminMap(const Header& h, const std::string& what);
+  // Servers in the cluster (the live ids of the map).
+  uint32_t ClusterSize();
+  // Answers the pending checkpoint with `why` and lets the pushes it held run.
+  void AbortCut(const Status& why);
+  // Aborts the pending checkpoint when the map is no longer the one it was asked at.
+  void AbortCutOnMapChange();
+  // Aborts the pending checkpoint when `h`, refused by map version (the server at `version`),
+  // is a push of a step up to its cut.
+  void AbortCutForRefusedPush(const Header& h, uint64_t version);
+  // True while a push of a step up to `cut` waits for its backups (not in the lanes yet).
+  bool CutWaitsForBackups(int64_t cut) const;
+
   // ---- admin_ops.cc: checkpoints, restore, export
   bool ParkedByCut(const std::shared_ptr<Pending>& p);
   Status CheckpointOp(const std::shared_ptr<Pending>& p);
@@ -404,13 +428,18 @@ class ServerImpl {
   void WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,
                           const SnapshotOptions& options, std::function<Status()> header);
   // The writing of a checkpoint's tables, meta and manifest files, gathered now.
-  Result<std::function<Status()>> CheckpointHeader(const std::string& dir, int64_t cut);
+  Result<std::function<Status()>> CheckpointHeader(const std::string& dir, int64_t cut,
+                                                   uint64_t map_version);
   Status RestoreOp(const std::shared_ptr<Pending>& p);
-  Result<std::vector<std::pair<uint64_t, TableSpec>>> RestoreTables(const std::string& dir);
-  Status RestoreRows(const std::string& dir, uint32_t old_servers,
+  // The specs of the checkpoint's server directory `server_dir`, created here.
+  Result<std::vector<std::pair<uint64_t, TableSpec>>> RestoreTables(const std::string& server_dir);
+  Status RestoreRows(const std::string& dir, const AdminMarker& marker,
                      const std::function<void(uint32_t, std::function<Status(Lane&)>)>& submit,
                      uint64_t* loaded);
   Status ExportOp(const std::shared_ptr<Pending>& p);
+  // The start time a delta export over base export `base` takes rows from: the earliest of
+  // its servers' (a row may have moved from one to another since).
+  Result<uint32_t> DeltaSince(const std::string& base);
   std::string ServerDir(const std::string& dir, uint32_t rank) const;
   std::vector<std::pair<uint64_t, TableSpec>> TableList() const;
 

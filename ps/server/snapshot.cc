@@ -6,6 +6,14 @@
 
 namespace tessera::internal {
 
+bool RowFilter::KeepChunk(uint64_t table_id, uint64_t chunk) const {
+  const uint64_t first = chunk * kDenseChunkFloats;
+  for (const DenseSpan& r : dense) {
+    if (r.table_id == table_id && first >= r.begin && first < r.end) return true;
+  }
+  return false;
+}
+
 namespace {
 Status WriteRows(LaneSnapshot& store, const std::vector<std::pair<uint64_t, TableSpec>>& tables,
                  const SnapshotOptions& options, RecordWriter& w) {
@@ -24,6 +32,7 @@ Status WriteRows(LaneSnapshot& store, const std::vector<std::pair<uint64_t, Tabl
       TESSERA_RETURN_IF_ERROR(store.Scan(
           id, [&](uint64_t key, const float* value, const float* st, const RowMeta& meta) {
             if (meta.last_update_s < options.min_update_s) return true;
+            if (options.filter && !options.filter->KeepRow(key)) return true;
             std::memcpy(row.data(), value, sizeof(float) * spec.dim);
             if (!options.values_only) std::memcpy(row.data() + spec.dim, st, sizeof(float) * state);
             w.Put(Record::kSparseRow, id, key, meta_of(meta), row.data(), n);
@@ -33,6 +42,7 @@ Status WriteRows(LaneSnapshot& store, const std::vector<std::pair<uint64_t, Tabl
       TESSERA_RETURN_IF_ERROR(store.ScanDense(
           id, [&](uint64_t chunk, const float* row, uint32_t len, const RowMeta& meta) {
             if (meta.last_update_s < options.min_update_s) return true;
+            if (options.filter && !options.filter->KeepChunk(id, chunk)) return true;
             w.Put(Record::kDenseChunk, id, chunk, meta_of(meta), row,
                   options.values_only ? len : len + opt->StateFloats(len));
             return w.ok();

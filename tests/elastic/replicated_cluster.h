@@ -31,31 +31,43 @@ class ReplicatedClusterTest : public EtcdTest {
     EtcdTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     url_ = etcd_.url(prefix_);
-    LocalClusterOptions o = Servers(3);
-    o.with_data_dirs = true;  // acknowledged means in RocksDB's log on two servers
-    o.extra_flags = {"--coordinator=" + url_, "--coordinator_ttl_s=" + std::to_string(kTtlS)};
-    cluster_ = std::make_unique<LocalCluster>(o);
-    Status s = cluster_->Start();
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    cluster_ = StartReplicated(url_);
+    ASSERT_NE(cluster_, nullptr);
     admin_ = AdminClient(cluster_->endpoints());
     ASSERT_NE(admin_, nullptr);
     store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + prefix_);
+  }
+
+  // Three servers following the map at `url` (`o` gives the rest: an admin root), with data
+  // dirs (acknowledged means in RocksDB's log on two servers), once `tessera-ctl map init
+  // --replication=2` made version 1 and each server serves it; null after a test failure.
+  std::unique_ptr<LocalCluster> StartReplicated(const std::string& url,
+                                                LocalClusterOptions o = Servers(3)) {
+    o.with_data_dirs = true;
+    o.extra_flags = {"--coordinator=" + url, "--coordinator_ttl_s=" + std::to_string(kTtlS)};
+    auto cluster = std::make_unique<LocalCluster>(o);
+    Status s = cluster->Start();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    auto admin = AdminClient(cluster->endpoints());
+    if (!s.ok() || admin == nullptr) return nullptr;
     std::string servers;
-    for (const auto& e : cluster_->endpoints()) servers += (servers.empty() ? "" : ",") + e;
+    for (const auto& e : cluster->endpoints()) servers += (servers.empty() ? "" : ",") + e;
     std::string out;
-    ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url_,
-                          "--servers=" + servers, "--replication=2"},
-                         &out),
-              0)
-        << out;
-    ASSERT_TRUE(WaitFor(
+    const int rc = RunCommand({TESSERA_CTL_BINARY, "map", "init", "--coordinator=" + url,
+                               "--servers=" + servers, "--replication=2"},
+                              &out);
+    EXPECT_EQ(rc, 0) << out;
+    const bool serving = rc == 0 && WaitFor(
         [&] {
-          for (uint32_t r = 0; r < 3; ++r) {
-            if (ServerStat(r, "map_version") != 1) return false;
+          for (uint32_t r = 0; r < o.num_servers; ++r) {
+            auto st = admin->ServerStats(r);
+            if (!st.ok() || StatOf(*st, "map_version") != 1) return false;
           }
           return true;
         },
-        std::chrono::seconds(30)));
+        std::chrono::seconds(30));
+    EXPECT_TRUE(serving) << "the servers did not take map version 1";
+    return serving ? std::move(cluster) : nullptr;
   }
 
   int64_t ServerStat(uint32_t r, const std::string& key) {
@@ -64,9 +76,11 @@ class ReplicatedClusterTest : public EtcdTest {
   }
 
   // A client of the map (a short request timeout: what a dead server does not answer is sent
-  // again soon); worker `worker_id` of `num_workers` when that is not 0.
-  std::unique_ptr<Client> CoordinatorClient(uint32_t worker_id = 0, uint32_t num_workers = 0) {
-    auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+  // again soon); worker `worker_id` of `num_workers` when that is not 0; the map at `url`
+  // (default: the fixture's).
+  std::unique_ptr<Client> CoordinatorClient(uint32_t worker_id = 0, uint32_t num_workers = 0,
+                                            const std::string& url = "") {
+    auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url.empty() ? url_ : url));
     EXPECT_TRUE(source.ok()) << source.status().ToString();
     if (!source.ok()) return nullptr;
     ClientOptions o;

@@ -1,0 +1,121 @@
+// What a checkpoint, restore or export covers in a cluster that follows a map
+// (docs/operations.md, "Checkpoints"): every server takes part at one map version; a server
+// writes the rows of the slots and dense parts it is the primary of (so each row is in the
+// files once, never a backup's copy or rows a move left behind), and a restore keeps the rows
+// the server now serves as primary or backup. A map change while a checkpoint waits for its
+// cut aborts it, and so does a push of a step up to the cut refused by map version (it comes
+// again, maybe after its step's Clock); a checkpoint or export refuses a map under which rows
+// are still being copied into this server.
+#include <glog/logging.h>
+
+#include "ps/server/server_impl_internal.h"
+#include "ps/server/snapshot_internal.h"
+
+namespace tessera::internal {
+
+RowFilter ServerImpl::HeldRows(bool with_backups) {
+  RowFilter f;
+  f.slots.assign(kNumSlots, false);
+  const ClusterMapState* map = options_.follow_cluster_map ? CurrentMap() : nullptr;
+  const uint32_t me = options_.rank;
+  const SlotMap& owners = Owners();
+  const bool backups = with_backups && map != nullptr && !map->backup.empty();
+  for (uint32_t s = 0; s < kNumSlots; ++s) {
+    f.slots[s] = owners.ServerOfSlot(s) == me || (backups && map->backup[s] == me);
+  }
+  const uint32_t parts = DenseServers();
+  for (const auto& [id, t] : tables_) {
+    if (t.spec.kind != TableKind::kDense) continue;
+    for (uint32_t part = 0; part < parts; ++part) {
+      const bool mine = map == nullptr ? part == me
+                                       : map->DenseOwner(part) == me ||
+                                             (with_backups && map->DenseBackup(part) == me);
+      if (!mine) continue;
+      const DenseRange r = DenseRangeOfServer(id, t.spec.length, part, parts);
+      f.dense.push_back({id, r.begin, r.end});
+    }
+  }
+  return f;
+}
+
+std::shared_ptr<const RowFilter> ServerImpl::PrimaryRowsFilter() {
+  if (!options_.follow_cluster_map || CurrentMap() == nullptr) return nullptr;
+  return std::make_shared<const RowFilter>(HeldRows(false));
+}
+
+Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
+  if (!options_.follow_cluster_map) return Status::OK();
+  TESSERA_RETURN_IF_ERROR(CheckMapVersion(h, /*exempt_retries=*/false).WithContext(what));
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr || map->importing.empty()) return Status::OK();
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (map->importing[slot] && !import_filled_[slot]) {
+      return Status::FailedPrecondition(
+          what + " at cluster map version " + std::to_string(map->version) + ": slot " +
+          std::to_string(slot) + " is still being copied into server " +
+          std::to_string(options_.rank) +
+          " (a move left unfinished); finish it with tessera-ctl scale, then run it again");
+    }
+  }
+  return Status::OK();
+}
+
+uint32_t ServerImpl::ClusterSize() {
+  const ClusterMapState* map = options_.follow_cluster_map ? CurrentMap() : nullptr;
+  if (map == nullptr) return options_.num_servers;
+  uint32_t n = 0;
+  for (const std::string& a : map->addresses) n += a.empty() ? 0 : 1;
+  return n;
+}
+
+void ServerImpl::AbortCut(const Status& why) {
+  if (!cut_) return;
+  ReplyError(std::move(cut_->request->identity), cut_->request->header, why);
+  cut_.reset();
+  Readmit(std::move(cut_parked_));
+  cut_parked_.clear();
+}
+
+void ServerImpl::AbortCutOnMapChange() {
+  if (!cut_ || !options_.follow_cluster_map) return;
+  const ClusterMapState* map = CurrentMap();
+  const uint64_t now = map == nullptr ? 0 : map->version;
+  if (now == cut_->map_version) return;
+  LOG(INFO) << "checkpoint at clock " << cut_->cut << " aborted: the cluster map changed from "
+            << cut_->map_version << " to " << now;
+  AbortCut(Status::FailedPrecondition(
+      "the cluster map changed from version " + std::to_string(cut_->map_version) + " to " +
+      std::to_string(now) + " on server " + std::to_string(options_.rank) +
+      " while the checkpoint waited for its cut; nothing was written: take it again"));
+}
+
+void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
+  // The client sends a push refused by map version again once it has the right map, maybe
+  // after the Clock that ends its step has arrived here: the cut could be taken without it.
+  const bool write =
+      h.op == Op::kSparsePush || h.op == Op::kSparsePushPull || h.op == Op::kDensePush;
+  if (!cut_ || !write || h.num_workers == 0 || h.clock > cut_->cut) return;
+  LOG(INFO) << "checkpoint at clock " << cut_->cut << " aborted: a push of clock " << h.clock
+            << " was refused by map version (" << h.map_version << ", server at " << version
+            << ")";
+  AbortCut(Status::FailedPrecondition(
+      "the cluster map changed under the checkpoint: server " + std::to_string(options_.rank) +
+      " refused a push of clock " + std::to_string(h.clock) + " (map version " +
+      std::to_string(h.map_version) + ", the server's " + std::to_string(version) +
+      "), which its client sends again later; nothing was written: take it again"));
+}
+
+bool ServerImpl::CutWaitsForBackups(int64_t cut) const {
+  // A primary logs and applies a push only once its backups answered: a push of a step up to
+  // the cut still waiting for them is not in the lanes yet, though its worker may have moved
+  // its clock past the cut (Clock does not wait for the push's answer).
+  for (const ReplEntry& e : repl_queue_) {
+    const Header& h = e.p->header;
+    const bool write =
+        h.op == Op::kSparsePush || h.op == Op::kSparsePushPull || h.op == Op::kDensePush;
+    if (!e.failed && write && h.num_workers > 0 && h.clock <= cut) return true;
+  }
+  return false;
+}
+
+}  // namespace tessera::internal
