@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -184,7 +185,25 @@ struct Tier {
   std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
   std::unique_ptr<tessera::Client> client;
   tessera::Table table;
+  std::string admin_root;
 };
+
+// Seconds of a checkpoint of `tier` into a new directory, and the bytes of its lane files.
+tessera::Result<std::pair<double, uint64_t>> TimeCheckpoint(Tier& tier, int n) {
+  const std::string name = "ckpt-" + std::to_string(n);
+  const auto t0 = Clock::now();
+  TESSERA_RETURN_IF_ERROR(tier.client->Checkpoint(name).status());
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& f :
+       std::filesystem::recursive_directory_iterator(tier.admin_root + "/" + name, ec)) {
+    if (f.is_regular_file() && f.path().filename().string().rfind("lane-", 0) == 0) {
+      bytes += f.file_size();
+    }
+  }
+  return std::make_pair(secs, bytes);
+}
 
 tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, const std::string& url,
                                                  const std::string& dir, uint64_t rows,
@@ -201,7 +220,8 @@ tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, cons
                                      "--rank=" + std::to_string(r), "--lanes=2",
                                      "--data_dir=" + dir + "/server-" + std::to_string(r),
                                      "--coordinator=" + url,
-                                     "--coordinator_ttl_s=" + std::to_string(FLAGS_ttl_s)};
+                                     "--coordinator_ttl_s=" + std::to_string(FLAGS_ttl_s),
+                                     "--admin_root=" + dir + "/admin"};
     tier->servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
     auto started = tier->servers.back()->Start(argv);
     if (!started.ok()) return started.status();
@@ -219,6 +239,8 @@ tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, cons
   tessera::ClientOptions co;
   co.request_timeout_ms = 2000;  // a push lost with a killed server is sent again soon
   co.retry_for_ms = 120000;
+  co.admin_root = dir + "/admin";  // the servers' --admin_root, on this machine
+  tier->admin_root = co.admin_root;
   TESSERA_ASSIGN_OR_RETURN(tier->client, tessera::Client::Create(co, std::move(source)));
   tessera::OptimizerSpec adagrad;
   adagrad.kind = tessera::OptimizerKind::kAdagrad;
@@ -290,6 +312,20 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
     plain_rates.push_back(*a);
     repl_rates.push_back(*b);
   }
+  // A checkpoint of each tier, alternated twice: a replicated map writes each row once (by its
+  // primary), so the bytes match; the time is the copy of the rows off the lanes plus fsync.
+  std::vector<double> plain_ckpt, repl_ckpt;
+  uint64_t plain_bytes = 0, repl_bytes = 0;
+  for (int round = 0; round < 2; ++round) {
+    auto a = TimeCheckpoint(**plain, round);
+    if (!a.ok()) return Fail(a.status().WithContext("checkpoint, unreplicated tier"));
+    auto b = TimeCheckpoint(**repl, round);
+    if (!b.ok()) return Fail(b.status().WithContext("checkpoint, replicated tier"));
+    plain_ckpt.push_back(a->first);
+    repl_ckpt.push_back(b->first);
+    plain_bytes = a->second;
+    repl_bytes = b->second;
+  }
   (*plain)->servers.clear();
   const double plain_rate = tessera::bench::Median(plain_rates);
   const double repl_rate = tessera::bench::Median(repl_rates);
@@ -349,11 +385,21 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   std::printf("  kill -9 of server 1: fail-over %.2f s (lease TTL %u s); push keys/s after %.0f "
               "(%.2fx of before, 2 servers left)\n",
               failover_s, FLAGS_ttl_s, after, after / repl_rate);
+  const double plain_ckpt_s = tessera::bench::Median(plain_ckpt);
+  const double repl_ckpt_s = tessera::bench::Median(repl_ckpt);
+  std::printf("  checkpoint (no pushes running; median of 2, alternated): unreplicated %.3f s, "
+              "%.1f MB of lane files; --replication=2 %.3f s (%.2fx), %.1f MB (each row once)\n",
+              plain_ckpt_s, plain_bytes / 1e6, repl_ckpt_s, repl_ckpt_s / plain_ckpt_s,
+              repl_bytes / 1e6);
   std::printf("{\"bench\":\"elastic_failover\",\"rows\":%llu,\"push_keys_per_s_unreplicated\":%.0f,"
               "\"push_keys_per_s_replicated\":%.0f,\"replicated_ratio\":%.3f,\"ttl_s\":%u,"
-              "\"failover_s\":%.3f,\"push_keys_per_s_after_failover\":%.0f}\n",
+              "\"failover_s\":%.3f,\"push_keys_per_s_after_failover\":%.0f,"
+              "\"checkpoint_s_unreplicated\":%.3f,\"checkpoint_s_replicated\":%.3f,"
+              "\"checkpoint_bytes_unreplicated\":%llu,\"checkpoint_bytes_replicated\":%llu}\n",
               static_cast<unsigned long long>(rows), plain_rate, repl_rate,
-              repl_rate / plain_rate, FLAGS_ttl_s, failover_s, after);
+              repl_rate / plain_rate, FLAGS_ttl_s, failover_s, after, plain_ckpt_s, repl_ckpt_s,
+              static_cast<unsigned long long>(plain_bytes),
+              static_cast<unsigned long long>(repl_bytes));
   return 0;
 }
 

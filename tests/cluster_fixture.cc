@@ -138,11 +138,11 @@ void LocalCluster::Kill(uint32_t i) {
   pids_[i] = -1;
 }
 
-int LocalCluster::Stop(uint32_t i) {
+int LocalCluster::Stop(uint32_t i, int timeout_s) {
   if (pids_[i] <= 0) return -1;
   kill(pids_[i], SIGTERM);
   int st = 0;
-  for (int k = 0; k < 200; ++k) {
+  for (int k = 0; k < timeout_s * 20; ++k) {
     if (waitpid(pids_[i], &st, WNOHANG) == pids_[i]) {
       pids_[i] = -1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);

@@ -50,8 +50,9 @@ class LocalCluster {
   const std::vector<std::string>& endpoints() const { return endpoints_; }
   /// kill -9 of server i (waits until it is gone).
   void Kill(uint32_t i);
-  /// SIGTERM of server i; returns its exit code.
-  int Stop(uint32_t i);
+  /// SIGTERM of server i; returns its exit code (-1, after kill -9, when it did not exit
+  /// within `timeout_s`).
+  int Stop(uint32_t i, int timeout_s = 10);
   /// Starts server i again (same port and data directory).
   Status Restart(uint32_t i);
   bool running(uint32_t i) const { return pids_[i] > 0; }

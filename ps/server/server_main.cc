@@ -23,6 +23,7 @@
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/failover.h"
 #include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
 #include "ps/curve.h"
 #include "ps/metrics/http_endpoint.h"
 #include "ps/metrics/metrics.h"
@@ -111,6 +112,15 @@ DEFINE_bool(auto_join, false,
             "With --failover_poll_ms: when servers register under the next unused ids "
             "(--rank), the lowest live server of the map runs tessera-ctl scale's controller to "
             "take them in (so kubectl scale up needs no Job); off: they wait for a scale");
+DEFINE_bool(drain_on_stop, false,
+            "With --coordinator: on SIGTERM, when this server is the highest live id of the map, "
+            "first move its slots to the others and retire its id (tessera-ctl scale N-1), so "
+            "that kubectl scale down of a StatefulSet (highest ordinal first) needs no Job and "
+            "fails nothing over; a server holding a dense part cannot be drained (it leaves as "
+            "without the flag)");
+DEFINE_int32(drain_timeout_s, 600,
+             "With --drain_on_stop: give up draining after this many seconds (the pod's "
+             "terminationGracePeriodSeconds must be longer)");
 DEFINE_double(rebuild_pace, 0.5,
               "Share of wall time a background backup rebuild spends copying (0, 1]: after "
               "each batch it waits (1/pace - 1) times as long as the batch took");
@@ -356,6 +366,51 @@ void JoinNow(tessera::EtcdClient* etcd, const std::string& prefix,
             << " in " << r->seconds << " s";
 }
 
+// --drain_on_stop, on SIGTERM: when this server is the highest live id of the map (a
+// StatefulSet scaled down stops its highest ordinal first), a scale to one server fewer moves
+// its slots (and the backups it holds) to the others and retires its id; it then leaves the
+// members at once, before a --auto_join watcher could count the retired but registered id as
+// one to take back. Logs why when it does not drain.
+void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
+               const tessera::ClientOptions& base) {
+  tessera::SlotMapStore store(etcd, prefix);
+  auto map = store.Load();
+  if (!map.ok()) {
+    LOG(WARNING) << "--drain_on_stop: cannot read the map, leaving undrained: "
+                 << map.status().ToString();
+    return;
+  }
+  uint32_t live = 0, highest = 0;
+  for (uint32_t id = 0; id < map->servers.size(); ++id) {
+    if (map->servers[id].address.empty()) continue;
+    ++live;
+    highest = id;
+  }
+  if (live < 2 || highest != FLAGS_rank) {
+    LOG(INFO) << "--drain_on_stop: not draining: server " << FLAGS_rank
+              << (live < 2 ? " is the last one" : " is not the highest live id (" +
+                                                     std::to_string(highest) + ")");
+    return;
+  }
+  tessera::internal::ScaleOptions o;
+  o.servers = live - 1;
+  o.deadline = tessera::DeadlineAfterMs(int64_t{FLAGS_drain_timeout_s} * 1000);
+  o.controller_id = "server-" + std::to_string(FLAGS_rank) + "-drain";
+  o.controller_ttl_s = FLAGS_coordinator_ttl_s;
+  o.wait_for_controller = true;
+  LOG(INFO) << "--drain_on_stop: moving server " << FLAGS_rank << "'s slots to the other "
+            << o.servers << " servers";
+  auto r = tessera::internal::Scale(*etcd, prefix, base, o);
+  if (!r.ok()) {
+    LOG(WARNING) << "--drain_on_stop: the drain failed, leaving undrained: "
+                 << r.status().ToString();
+    return;
+  }
+  LOG(INFO) << "--drain_on_stop: drained: " << r->slots_moved << " slots moved and "
+            << r->slots_backed << " given a backup, map version " << r->from_version << " -> "
+            << r->to_version << " in " << r->seconds << " s";
+}
+
 // The client options of this server's own calls to the others (a rebuild): the servers share
 // one CurveZMQ key pair, so the public key of --curve_secret_key_file is theirs.
 tessera::ClientOptions PeerClientOptions(const std::string& curve_secret_key) {
@@ -555,6 +610,9 @@ int main(int argc, char** argv) {
     failover.reset();
   }
   if (controllers) controllers->Stop();  // a rebuild or scale stops before its next batch
+  if (FLAGS_drain_on_stop && etcd) {
+    DrainSelf(etcd.get(), coordinator->prefix, PeerClientOptions(o.curve_secret_key));
+  }
   if (membership) {
     // Leave the members first: nobody should pick a server that is going away.
     tessera::Status s = membership->Deregister();

@@ -341,9 +341,10 @@ TEST_F(CheckpointMapTest, AMapChangeWhileTheCutIsAwaitedAbortsItAndItIsTakenAgai
   ExpectTheCutRestoredOntoTwoStaticServers(cut);
 }
 
-// Serving exports of the same failed-over cluster: `tessera-ctl export --coordinator` writes
-// the live servers' files (ids 0 and 2), each row once; a delta over it holds what changed,
-// and ExportReader reads both versions exactly, with no server running.
+// Serving exports of a failed-over cluster: `tessera-ctl export --coordinator` writes the live
+// servers' files (ids 0 and 2), each row once; a delta over it holds what changed, and
+// ExportReader reads both versions exactly, with no server running. `stats` and `tables` go to
+// the live servers too.
 TEST_F(CheckpointMapTest, ExportsOfAFailedOverClusterReadBackExactly) {
   auto c = CoordinatorClient();
   ASSERT_NE(c, nullptr);
@@ -363,6 +364,20 @@ TEST_F(CheckpointMapTest, ExportsOfAFailedOverClusterReadBackExactly) {
     EXPECT_EQ(RunCommand(argv, &out), 0) << out;
   };
   Export(false);
+  // stats and tables of the map's live servers; naming the cluster twice is a usage error.
+  std::string out;
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "--coordinator=" + url_, "stats"}, &out), 0) << out;
+  EXPECT_NE(out.find("--- server 0 (" + cluster_->endpoints()[0] + ")"), std::string::npos);
+  EXPECT_NE(out.find("--- server 2 (" + cluster_->endpoints()[2] + ")"), std::string::npos);
+  EXPECT_EQ(out.find("--- server 1"), std::string::npos) << out;
+  ASSERT_EQ(RunCommand({TESSERA_CTL_BINARY, "--coordinator=" + url_, "tables"}, &out), 0) << out;
+  EXPECT_NE(out.find("emb"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "--coordinator=" + url_,
+                        "--cluster=" + cluster_->endpoints()[0], "stats"},
+                       &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("give one"), std::string::npos) << out;
   // Half the keys change after v1.
   const std::vector<uint64_t> half(keys.begin(), keys.begin() + kKeys / 2);
   std::vector<float> g2(half.size() * kDim, 10.0f);
