@@ -20,7 +20,7 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
     if (!next.servers[id].address.empty()) continue;
     auto it = std::find_if(members.begin(), members.end(),
                            [&](const Member& m) { return m.id == next.servers[id].id; });
-    if (it == members.end()) continue;
+    if (it == members.end() || it->leaving) continue;
     next.servers[id].address = it->address;
     added.push_back(id);
   }
@@ -28,7 +28,7 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
     const uint32_t id = static_cast<uint32_t>(next.servers.size());
     const std::string name = "server-" + std::to_string(id);
     auto it = std::find_if(members.begin(), members.end(),
-                           [&](const Member& m) { return m.id == name; });
+                           [&](const Member& m) { return m.id == name && !m.leaving; });
     if (it == members.end()) {
       return Status::FailedPrecondition(
           "scaling to " + std::to_string(o_.servers) + " servers needs server id " +
@@ -253,7 +253,7 @@ Result<ScaleReport> Controller::Rebuild() {
     const std::string name = "server-" + std::to_string(id);
     live[id] = !map_.servers[id].address.empty() &&
                std::any_of(members.begin(), members.end(),
-                           [&](const Member& m) { return m.id == name; });
+                           [&](const Member& m) { return m.id == name && !m.leaving; });
   }
   // Each slot of a live primary without a backup gets the next live server after it.
   std::vector<std::pair<uint32_t, uint16_t>> plan;

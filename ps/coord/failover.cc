@@ -250,18 +250,24 @@ int LowestWhenAllListed(const ClusterMap& map, const std::set<std::string>& list
 
 }  // namespace
 
-void FailoverWatcher::CheckJoined(const ClusterMap& map, const std::set<std::string>& listed) {
+void FailoverWatcher::CheckJoined(const ClusterMap& map, const std::set<std::string>& listed,
+                                  const std::set<std::string>& leaving) {
   if (!options_.on_joined) return;
   const auto now = std::chrono::steady_clock::now();
   if (now - last_joined_ < std::chrono::milliseconds(options_.unbacked_every_ms)) return;
   int n = 0;
   const int lowest = LowestWhenAllListed(map, listed, &n);
   if (lowest < 0 || map.servers[lowest].id != options_.self_id) return;
+  // A server leaving (draining before it stops: its id retired, or about to be) is none to
+  // take in.
+  const auto joinable = [&](const std::string& id) {
+    return listed.count(id) > 0 && leaving.count(id) == 0;
+  };
   uint32_t joined = 0;
-  while (listed.count("server-" + std::to_string(map.servers.size() + joined))) ++joined;
+  while (joinable("server-" + std::to_string(map.servers.size() + joined))) ++joined;
   // Retired ids registered again (a server restarted under its old --rank).
   for (const MapServer& server : map.servers) {
-    if (server.address.empty() && listed.count(server.id)) ++joined;
+    if (server.address.empty() && joinable(server.id)) ++joined;
   }
   // A server of the map that no slot names: added by a scale that stopped before moving slots
   // to it (the map's id list grows first).
@@ -272,7 +278,8 @@ void FailoverWatcher::CheckJoined(const ClusterMap& map, const std::set<std::str
   }
   bool idle = false;
   for (uint16_t id = 0; id < map.servers.size(); ++id) {
-    idle = idle || (!map.servers[id].address.empty() && !named[id]);
+    idle = idle || (!map.servers[id].address.empty() && !named[id] &&
+                    leaving.count(map.servers[id].id) == 0);
   }
   if (joined == 0 && !idle) return;
   last_joined_ = now;
@@ -328,8 +335,11 @@ Status FailoverWatcher::Round() {
                           !std::all_of(map->dense_backup.begin(), map->dense_backup.end(), none);
   if (!replicated && !options_.on_joined) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
-  std::set<std::string> listed;
-  for (const Member& m : members) listed.insert(m.id);
+  std::set<std::string> listed, leaving;
+  for (const Member& m : members) {
+    listed.insert(m.id);
+    if (m.leaving) leaving.insert(m.id);
+  }
   // Without our own key we may be the one cut off: the others' absence means nothing then.
   if (!listed.count(options_.self_id)) return Status::OK();
   seen_alive_.insert(listed.begin(), listed.end());
@@ -340,7 +350,7 @@ Status FailoverWatcher::Round() {
     if (!listed.count(s.id) && seen_alive_.count(s.id)) dead.push_back(id);
   }
   if (dead.empty()) {
-    CheckJoined(*map, listed);
+    CheckJoined(*map, listed, leaving);
     if (replicated) CheckBackedUp(*map, listed);
     return Status::OK();
   }

@@ -152,7 +152,8 @@ class FailoverWatcher {
   // Calls on_unbacked when `map` (no server dead) is due a backup rebuild by this process.
   void CheckBackedUp(const ClusterMap& map, const std::set<std::string>& listed);
   // Calls on_joined when servers registered under the next ids of `map` wait to be taken in.
-  void CheckJoined(const ClusterMap& map, const std::set<std::string>& listed);
+  void CheckJoined(const ClusterMap& map, const std::set<std::string>& listed,
+                   const std::set<std::string>& leaving);
   void Log(const std::string& line) const;
 
   EtcdClient* const etcd_;

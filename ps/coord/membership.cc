@@ -25,6 +25,8 @@ Result<Member> ParseMember(const KeyValue& kv, std::string_view prefix) {
   m.id = field("id");
   m.address = field("address");
   m.lease = kv.lease;
+  m.leaving = j.is_object() && j.contains("leaving") && j["leaving"].is_boolean() &&
+              j["leaving"].get<bool>();
   if (m.id.empty() || m.address.empty() || kv.key != MemberKey(prefix, m.id)) {
     return Status::Corruption("member record " + kv.key +
                               " is not {\"id\": <its key's id>, \"address\": ...}");
@@ -126,6 +128,17 @@ Membership::Membership(EtcdClient* etcd, MembershipOptions options, Lease lease)
 }
 
 Membership::~Membership() { Deregister().IgnoreError(); }
+
+Status Membership::MarkLeaving() {
+  if (!options_.key.empty()) {
+    return Status::FailedPrecondition("membership: a lock (" + options_.key + ") cannot leave");
+  }
+  const std::string value =
+      json{{"id", options_.member_id}, {"address", options_.address}, {"leaving", true}}.dump();
+  return etcd_->Put(MemberKey(options_.prefix, options_.member_id), value, lease_.id)
+      .status()
+      .WithContext("marking " + options_.member_id + " as leaving");
+}
 
 void Membership::KeepAliveLoop() {
   const int64_t interval_ms = options_.keepalive_interval_ms > 0

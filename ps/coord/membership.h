@@ -24,6 +24,9 @@ struct Member {
   std::string address;
   /// The lease that keeps it registered.
   int64_t lease = 0;
+  /// It is leaving (Membership::MarkLeaving: draining before it stops): alive, but not one
+  /// to give slots or backups to, nor to take back.
+  bool leaving = false;
 };
 
 /// Options of a server's registration.
@@ -89,6 +92,9 @@ class Membership {
 
   /// Stops renewing and revokes the lease. Idempotent; the first call's result is returned.
   Status Deregister();
+  /// Marks the member record as leaving (Member::leaving), under the same lease: it stays
+  /// registered until Deregister. For a member key only (FailedPrecondition for a lock).
+  Status MarkLeaving();
   /// The member key's lease.
   int64_t lease_id() const { return lease_.id; }
   /// The lease TTL etcd granted, in seconds.

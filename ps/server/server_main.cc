@@ -368,11 +368,11 @@ void JoinNow(tessera::EtcdClient* etcd, const std::string& prefix,
 
 // --drain_on_stop, on SIGTERM: when this server is the highest live id of the map (a
 // StatefulSet scaled down stops its highest ordinal first), a scale to one server fewer moves
-// its slots (and the backups it holds) to the others and retires its id; it then leaves the
-// members at once, before a --auto_join watcher could count the retired but registered id as
-// one to take back. Logs why when it does not drain.
+// its slots (and the backups it holds) to the others and retires its id. Its member record
+// says it is leaving meanwhile, so no --auto_join watcher takes the retired but still
+// registered id back (nor gives it a slot). Logs why when it does not drain.
 void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
-               const tessera::ClientOptions& base) {
+               const tessera::ClientOptions& base, tessera::Membership* membership) {
   tessera::SlotMapStore store(etcd, prefix);
   auto map = store.Load();
   if (!map.ok()) {
@@ -391,6 +391,20 @@ void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
               << (live < 2 ? " is the last one" : " is not the highest live id (" +
                                                      std::to_string(highest) + ")");
     return;
+  }
+  // A dense part's primary cannot be drained (dense parts do not move): checked before a scale
+  // that would first settle moves other controllers left.
+  for (uint32_t part = 0; part < map->dense_servers; ++part) {
+    const uint32_t p = map->dense_primary.empty() ? part : map->dense_primary[part];
+    if (p == FLAGS_rank) {
+      LOG(INFO) << "--drain_on_stop: not draining: server " << FLAGS_rank << " holds dense part "
+                << part << " (dense parts do not move)";
+      return;
+    }
+  }
+  // Marked leaving first: no --auto_join watcher takes the id back, no rebuild picks it.
+  if (tessera::Status s = membership->MarkLeaving(); !s.ok()) {
+    LOG(WARNING) << "--drain_on_stop: " << s.ToString() << "; draining anyway";
   }
   tessera::internal::ScaleOptions o;
   o.servers = live - 1;
@@ -610,8 +624,9 @@ int main(int argc, char** argv) {
     failover.reset();
   }
   if (controllers) controllers->Stop();  // a rebuild or scale stops before its next batch
-  if (FLAGS_drain_on_stop && etcd) {
-    DrainSelf(etcd.get(), coordinator->prefix, PeerClientOptions(o.curve_secret_key));
+  if (FLAGS_drain_on_stop && etcd && membership) {
+    DrainSelf(etcd.get(), coordinator->prefix, PeerClientOptions(o.curve_secret_key),
+              membership.get());
   }
   if (membership) {
     // Leave the members first: nobody should pick a server that is going away.

@@ -54,6 +54,17 @@ TEST_F(EtcdTest, RegisterListDeregister) {
   EXPECT_EQ(dup.status().code(), StatusCode::kAlreadyExists) << dup.status().ToString();
   EXPECT_EQ((*ListMembers(*client_, "/tessera/job"))[0].lease, (*a)->lease_id());
 
+  // Leaving (a drain before it stops): still listed, under the same lease, marked.
+  EXPECT_FALSE((*members)[0].leaving);
+  ASSERT_TRUE((*a)->MarkLeaving().ok());
+  auto marked = ListMembers(*client_, "/tessera/job");
+  ASSERT_TRUE(marked.ok()) << marked.status().ToString();
+  ASSERT_EQ(marked->size(), 2u);
+  EXPECT_TRUE((*marked)[0].leaving);
+  EXPECT_EQ((*marked)[0].lease, (*a)->lease_id());
+  EXPECT_EQ((*marked)[0].address, "tcp://127.0.0.1:7003");
+  EXPECT_FALSE((*marked)[1].leaving);
+
   // A clean shutdown revokes the lease: the member is gone at once, not after its TTL.
   ASSERT_TRUE((*a)->Deregister().ok());
   EXPECT_TRUE((*a)->Deregister().ok());  // idempotent

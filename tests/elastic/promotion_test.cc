@@ -379,6 +379,16 @@ TEST_F(PromotionTest, TheLowestLiveServerIsToldOfServersWaitingToJoin) {
   ASSERT_TRUE(WaitFor([&] { return told0.load() == 2; }, seconds(10))) << told0.load();
   m1 = Register(1);
   ASSERT_TRUE(WaitFor([&] { return told0.load() == 3; }, seconds(10))) << told0.load();
+  // A server leaving (--drain_on_stop marks its record before it drains) is none to take in:
+  // server 1, registered again but leaving, is not counted (2: servers 0 and 2), and once
+  // server 2, named by no slot, leaves too, nothing is due.
+  ASSERT_TRUE(m1->MarkLeaving().ok());
+  ASSERT_TRUE(WaitFor([&] { return told0.load() == 2; }, seconds(10))) << told0.load();
+  ASSERT_TRUE(m2->MarkLeaving().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  told0 = 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(told0.load(), 0u) << "told to take in servers that are leaving";
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ void ExpectBitIdentical(const Params& got, const Params& want, const std::string
 
 class ReshardTest : public EtcdTest {
  protected:
-  void SetUp() override { StartCluster("", {"--drain_on_stop"}); }
+  void SetUp() override { StartCluster("", {}); }
 
   // Three servers register (with `server_flags`); the map starts with two of them, `map_flag`
   // added to map init.
