@@ -322,6 +322,15 @@ std::string UnregisteredBackup(const Promotion& p, const ClusterMap& map,
   return "";
 }
 
+// The ids of `members`, and of those among them that are leaving (draining before they stop).
+void ListedAndLeaving(const std::vector<Member>& members, std::set<std::string>* listed,
+                      std::set<std::string>* leaving) {
+  for (const Member& m : members) {
+    listed->insert(m.id);
+    if (m.leaving) leaving->insert(m.id);
+  }
+}
+
 }  // namespace
 
 Status FailoverWatcher::Round() {
@@ -336,10 +345,7 @@ Status FailoverWatcher::Round() {
   if (!replicated && !options_.on_joined) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
   std::set<std::string> listed, leaving;
-  for (const Member& m : members) {
-    listed.insert(m.id);
-    if (m.leaving) leaving.insert(m.id);
-  }
+  ListedAndLeaving(members, &listed, &leaving);
   // Without our own key we may be the one cut off: the others' absence means nothing then.
   if (!listed.count(options_.self_id)) return Status::OK();
   seen_alive_.insert(listed.begin(), listed.end());
