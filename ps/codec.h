@@ -42,6 +42,11 @@ enum class Op : uint8_t {
 };
 inline constexpr uint8_t kMaxOp = 19;
 
+/// The ops that write rows: sparse push, sparse push-pull, dense push.
+inline bool IsPush(Op op) {
+  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
+}
+
 std::string_view OpName(Op op);
 
 /// Element type of the array frames.

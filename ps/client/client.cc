@@ -200,7 +200,7 @@ Header ClientImpl::BaseHeader(Op op) const {
   h.clock = clock_.load();
   h.staleness = options_.consistency.staleness;
   h.num_workers = options_.consistency.num_workers;
-  if (op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush) {
+  if (IsPush(op)) {
     h.lr_scale = lr_scale_.load(std::memory_order_relaxed);
   }
   return h;

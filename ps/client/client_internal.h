@@ -131,9 +131,6 @@ inline zmq::message_t EnvelopeFrame(const Header& h) {
   EncodeHeader(h, &env);
   return zmq::message_t(env.data(), env.size());
 }
-inline bool IsPush(Op op) {
-  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
-}
 // Ops that carry the cluster map version (and are fenced by it).
 inline bool IsDataOp(Op op) {
   return op == Op::kSparsePull || op == Op::kDensePull || IsPush(op);

@@ -34,6 +34,13 @@ Result<Member> ParseMember(const KeyValue& kv, std::string_view prefix) {
   return m;
 }
 
+// The record a member key holds (ParseMember reads it back).
+std::string MemberValue(const MembershipOptions& o, bool leaving) {
+  json j{{"id", o.member_id}, {"address", o.address}};
+  if (leaving) j["leaving"] = true;
+  return j.dump();
+}
+
 Status CheckOptions(const MembershipOptions& o) {
   if (o.prefix.empty() || o.prefix.front() != '/') {
     return Status::InvalidArgument("membership: prefix must start with '/', got \"" + o.prefix +
@@ -94,7 +101,7 @@ Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
   TESSERA_ASSIGN_OR_RETURN(Lease lease, etcd->GrantLease(options.ttl_s));
   const std::string key =
       options.key.empty() ? MemberKey(options.prefix, options.member_id) : options.key;
-  const std::string value = json{{"id", options.member_id}, {"address", options.address}}.dump();
+  const std::string value = MemberValue(options, /*leaving=*/false);
   // Create only: a second live process with the same id must not take over the first's key.
   TxnRequest txn;
   txn.compares.push_back({key, TxnCompare::Target::kVersion, 0});
@@ -133,9 +140,8 @@ Status Membership::MarkLeaving() {
   if (!options_.key.empty()) {
     return Status::FailedPrecondition("membership: a lock (" + options_.key + ") cannot leave");
   }
-  const std::string value =
-      json{{"id", options_.member_id}, {"address", options_.address}, {"leaving", true}}.dump();
-  return etcd_->Put(MemberKey(options_.prefix, options_.member_id), value, lease_.id)
+  return etcd_->Put(MemberKey(options_.prefix, options_.member_id),
+                    MemberValue(options_, /*leaving=*/true), lease_.id)
       .status()
       .WithContext("marking " + options_.member_id + " as leaving");
 }

@@ -11,10 +11,6 @@
 namespace tessera::internal {
 namespace {
 
-bool IsWrite(Op op) {
-  return op == Op::kSparsePush || op == Op::kSparsePushPull || op == Op::kDensePush;
-}
-
 // A checkpoint record must be a whole row (or dense chunk) of its table: value and optimizer
 // state, of the table's kind, at a chunk index inside the tensor.
 Status CheckRestoredRecord(const TableSpec& spec, const Optimizer& opt, const Record& r,
@@ -78,7 +74,7 @@ std::string ServerImpl::ServerDir(const std::string& dir, uint32_t rank) const {
 bool ServerImpl::ParkedByCut(const std::shared_ptr<Pending>& p) {
   // While a checkpoint at cut C is pending, pushes of steps after C wait until it is taken.
   const Header& h = p->header;
-  if (!cut_ || !IsWrite(h.op) || h.num_workers == 0 || h.clock <= cut_->cut) return false;
+  if (!cut_ || !IsPush(h.op) || h.num_workers == 0 || h.clock <= cut_->cut) return false;
   cut_parked_.push_back(p);
   return true;
 }

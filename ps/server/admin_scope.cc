@@ -92,9 +92,7 @@ void ServerImpl::AbortCutOnMapChange() {
 void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
   // The client sends a push refused by map version again once it has the right map, maybe
   // after the Clock that ends its step has arrived here: the cut could be taken without it.
-  const bool write =
-      h.op == Op::kSparsePush || h.op == Op::kSparsePushPull || h.op == Op::kDensePush;
-  if (!cut_ || !write || h.num_workers == 0 || h.clock > cut_->cut) return;
+  if (!cut_ || !IsPush(h.op) || h.num_workers == 0 || h.clock > cut_->cut) return;
   LOG(INFO) << "checkpoint at clock " << cut_->cut << " aborted: a push of clock " << h.clock
             << " was refused by map version (" << h.map_version << ", server at " << version
             << ")";
@@ -111,9 +109,7 @@ bool ServerImpl::CutWaitsForBackups(int64_t cut) const {
   // its clock past the cut (Clock does not wait for the push's answer).
   for (const ReplEntry& e : repl_queue_) {
     const Header& h = e.p->header;
-    const bool write =
-        h.op == Op::kSparsePush || h.op == Op::kSparsePushPull || h.op == Op::kDensePush;
-    if (!e.failed && write && h.num_workers > 0 && h.clock <= cut) return true;
+    if (!e.failed && IsPush(h.op) && h.num_workers > 0 && h.clock <= cut) return true;
   }
   return false;
 }

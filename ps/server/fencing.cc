@@ -101,9 +101,7 @@ uint32_t ServerImpl::DenseServers() {
 }
 
 bool ServerImpl::IsRetriedPush(const Header& h) const {
-  const bool push =
-      h.op == Op::kSparsePush || h.op == Op::kSparsePushPull || h.op == Op::kDensePush;
-  return push && h.client_id != 0 &&
+  return IsPush(h.op) && h.client_id != 0 &&
          dedup_.Check(h.client_id, h.client_seq) != PushDedup::Verdict::kNew;
 }
 
