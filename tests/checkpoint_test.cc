@@ -140,7 +140,10 @@ TEST(CheckpointTest, CorruptCheckpointIsRefused) {
 }
 
 // Two asynchronous workers push known gradients while a checkpoint is taken: the checkpoint
-// holds exactly the pushes of steps <= the cut clock, from both workers.
+// holds exactly the pushes of steps <= the cut clock, from both workers. The workers go on
+// until the checkpoint is taken (at least 200 steps): a cut the client proposes again after
+// losing a race with the job lies ahead of it, and workers that had stopped would never reach
+// it (on a loaded machine they could finish first).
 TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
   LocalCluster a(testing::Servers(2));
   ASSERT_TRUE(a.Start().ok());
@@ -149,7 +152,8 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
   auto admin = Connect(a);
   auto t = admin->CreateTable(TableSpec::Sparse("w", 2, sgd));
   ASSERT_TRUE(t.ok());
-  const int kSteps = 200;
+  const int kMinSteps = 200, kSteps = 1000000;
+  std::atomic<bool> taken{false};
   std::vector<uint64_t> keys(64);
   for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k * 1000003;
   std::atomic<bool> failed{false};
@@ -164,7 +168,7 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
         failed = true;
         return;
       }
-      for (int s = 0; s < kSteps; ++s) {
+      for (int s = 0; s < kSteps && (s < kMinSteps || !taken.load()); ++s) {
         // Gradient of worker w at step s: exactly 1 in element w (so sums count steps).
         std::vector<float> g(keys.size() * 2, 0.0f);
         for (size_t i = 0; i < keys.size(); ++i) g[i * 2 + w] = 1.0f;
@@ -178,6 +182,7 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const std::string dir = "ckpt";
   auto cut = admin->Checkpoint(dir, DeadlineAfterMs(60000));
+  taken = true;
   for (auto& th : workers) th.join();
   ASSERT_FALSE(failed.load());
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
