@@ -40,9 +40,10 @@ struct RoutingMap {
   /// backup as it moves slots.
   std::vector<uint16_t> dense_primary;
   std::vector<uint16_t> dense_backup;
-  /// Backup rebuild: per dense part, its primary while its backup is being filled from it
-  /// (kNoBackup: not); empty when none is. The backup holds the part's forwarded pushes until
-  /// the copy is in. (A slot's fill is an `importing` entry naming its primary.)
+  /// Per dense part, as `importing` for slots (kNoBackup: not; empty when none is): its
+  /// primary while its backup is being filled from it (a backup rebuild: the backup holds the
+  /// part's forwarded pushes until the copy is in), or the server it moves from (resharding:
+  /// its new primary holds the part's requests until the copy is in).
   std::vector<uint16_t> dense_importing;
   /// The server of dense part `p`.
   uint32_t DenseOwner(uint32_t p) const { return p < dense_primary.size() ? dense_primary[p] : p; }

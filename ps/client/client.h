@@ -209,8 +209,11 @@ class Client {
     /// map are in its lanes; the backup holds the pushes forwarded after that until the copy
     /// is in.
     bool backup_fill = false;
-    /// With backup_fill: `slots` are dense part numbers, and the export holds the chunks of
-    /// every dense table in those parts (as rows keyed by chunk index).
+    /// `slots` are dense part numbers, and the export holds the chunks of every dense table in
+    /// those parts (as rows keyed by chunk index): with backup_fill, parts the server owns whose
+    /// backup is being filled; without, parts moving away from the server at the version (the
+    /// copy to their new primary, taken once every request the server sequenced by an older
+    /// map is in its lanes).
     bool dense_parts = false;
     /// Empty: every row. Else one step per lane of the server (the marks of an earlier
     /// export): only the rows each lane updated after it.
@@ -228,9 +231,10 @@ class Client {
     kDone = 1,  ///< the copy is in: the requests the server held for the slots run
     kAhead = 2,  ///< writes `rows` of slots the server does not own yet (a copy ahead of the
                  ///< flip that makes it their importing primary)
-    kDenseRows = 3,  ///< `slots` are dense parts the server's backup is filled with: writes
-                     ///< the chunks in `rows` (ExportSlots with dense_parts)
-    kDenseDone = 4,  ///< those parts' copy is in: the pushes the server held for them run
+    kDenseRows = 3,  ///< `slots` are dense parts copied to the server (as the backup being
+                     ///< filled, or the new primary of a moved part): writes the chunks in
+                     ///< `rows` (ExportSlots with dense_parts)
+    kDenseDone = 4,  ///< those parts' copy is in: the requests the server held for them run
   };
   /// kRows and kDone only for slots the map at `map_version` gives server `rank` with an
   /// importing source (or, in a backup rebuild, as the backup being filled), kAhead only for

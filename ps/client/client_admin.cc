@@ -54,7 +54,8 @@ Result<std::string> Client::ExportSlots(uint32_t rank, uint64_t map_version,
   if (rank >= num_servers()) return Status::InvalidArgument("no server " + std::to_string(rank));
   Header h = impl_->BaseHeader(Op::kSlotExport);
   h.map_version = map_version;
-  h.count = how.backup_fill ? (how.dense_parts ? 3 : 2) : how.still_owned ? 1 : 0;
+  h.count = how.dense_parts ? (how.backup_fill ? 3 : 4)
+                            : how.backup_fill ? 2 : how.still_owned ? 1 : 0;
   std::vector<std::string_view> frames = {SlotsFrame(slots)};
   if (!how.since.empty()) {
     frames.emplace_back(reinterpret_cast<const char*>(how.since.data()),

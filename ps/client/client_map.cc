@@ -455,7 +455,7 @@ Status ClientImpl::RetiredError(const Outgoing& o, uint32_t server, uint64_t ver
   const std::string who = "server " + std::to_string(server) + " (" + Address(server) +
                           ") was retired by cluster map version " + std::to_string(version);
   if (o.op == Op::kDensePull || o.op == Op::kDensePush) {
-    const bool replicated = !Routing()->dense_primary.empty();
+    const bool replicated = !Routing()->dense_backup.empty();
     return Status::FailedPrecondition(
         who + (replicated ? "; its dense part " + std::to_string(o.part) + " had no live backup"
                           : "; dense tables are not replicated") +

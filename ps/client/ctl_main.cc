@@ -483,11 +483,11 @@ int Scale(const std::string& arg) {
     return 1;
   }
   std::printf("scaled to %lu servers: map version %llu -> %llu, %u slots moved and %u given "
-              "a backup in %u flips, %.2f s: %llu rows copied ahead, %llu during holds (%.1f "
-              "MB); longest hold %.1f ms\n",
+              "a backup in %u flips, %u dense parts moved, %.2f s: %llu rows copied ahead, "
+              "%llu during holds (%.1f MB); longest hold %.1f ms\n",
               n, static_cast<unsigned long long>(r->from_version),
               static_cast<unsigned long long>(r->to_version), r->slots_moved, r->slots_backed,
-              r->batches,
+              r->batches, r->dense_parts_moved,
               r->seconds, static_cast<unsigned long long>(r->rows_ahead),
               static_cast<unsigned long long>(r->rows_in_hold), r->bytes_moved / 1e6,
               r->max_hold_ms);

@@ -321,7 +321,7 @@ Result<ScaleReport> Controller::Run() {
         "map version " + std::to_string(map_.version) +
         " is replicated: each slot needs a backup on another server, so it keeps at least 2");
   }
-  TESSERA_RETURN_IF_ERROR(KeepDense(targets, /*backups=*/false));
+  TESSERA_RETURN_IF_ERROR(MoveDense(targets));
   TESSERA_RETURN_IF_ERROR(AddServers(&targets));
   if (replicated) {
     TESSERA_RETURN_IF_ERROR(MoveReplicated(targets));

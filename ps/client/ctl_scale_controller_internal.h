@@ -115,9 +115,15 @@ class Controller {
   // from their primaries and marks them in on the backups; with `ahead`, only the rows updated
   // after the copy ahead. Then CASes their importing away.
   Status SettleFills(const std::map<std::pair<uint16_t, uint16_t>, Marks>& ahead = {});
-  // The same for dense parts (dense_importing = the part's primary): one copy of their chunks
-  // (under the hold: a dense part is small next to a table's slots), done, CAS.
+  // The same for dense parts: those whose backup is being filled (dense_importing = the part's
+  // primary) and those moving to a new primary (dense_importing = the old one): one copy of
+  // their chunks each (under the hold: a dense part is small next to a table's slots), done,
+  // CAS.
   Status SettleDenseFills();
+  // Moves the dense parts of servers not among `targets` to servers among them (the part's
+  // backup when it stays, else the one with the fewest parts): one CAS for all, then their
+  // copy (SettleDenseFills).
+  Status MoveDense(const std::vector<uint16_t>& targets);
   // The copy at the flip of the slots of `pair` (source, destination) at version `v`, as `how`
   // and since the marks of the pair's copy ahead (if any); every row again when the source
   // restarted since; nothing when the destination has them marked in already. Counts the rows.
@@ -137,9 +143,8 @@ class Controller {
   Status RebuildDense(const std::vector<bool>& live);
   // Waits after a batch that began at `start` so that moving takes `o_.pace` of the time.
   void Pace(SteadyClock::time_point start) const;
-  // The dense parts of a map whose servers will be `targets`: FailedPrecondition when a part's
-  // primary is not among them (dense parts do not move); with `backups`, the dense backups
-  // elsewhere are dropped and every part without one gets one among the targets.
+  // With `backups`, the dense backups of a map whose servers will be `targets` that are
+  // elsewhere are dropped, and every part without one gets one among the targets.
   Status KeepDense(const std::vector<uint16_t>& targets, bool backups);
   // Resharding of a replicated map: in batches of the slots whose primary or backup changes,
   // drops the backups that change (one CAS), moves the primaries (Batch; a backup that stays

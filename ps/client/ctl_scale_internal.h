@@ -50,8 +50,9 @@ struct ScaleReport {
   uint32_t slots_moved = 0;
   /// Slots given a (new) backup: a rebuild's, or a replicated map's resharding.
   uint32_t slots_backed = 0;
-  /// The dense parts given a backup.
+  /// The dense parts given a backup, and moved to another primary.
   uint32_t dense_parts_backed = 0;
+  uint32_t dense_parts_moved = 0;
   uint32_t batches = 0;
   /// Rows copied while their old owner still served them, and rows copied during the holds
   /// (updated after the copy ahead, or all of a move an interrupted run left flipped); bytes
@@ -86,8 +87,9 @@ bool Replicated(const ClusterMap& m);
 /// (stale rows of an earlier stay), copy the rows ahead from the old owners (still serving),
 /// CAS the map (new primaries, `importing` the old), copy the rows the old owners updated
 /// since, mark them in, CAS `importing` away, delete them from the old owners. Ends by
-/// retiring drained ids. FailedPrecondition, changing nothing, when any slot of the map has a
-/// backup (a replicated map: resharding one is not supported yet).
+/// retiring drained ids. The dense parts of a server it drains move first, all in one flip
+/// (MoveDense); a replicated map moves its backups too (MoveReplicated) and keeps a backup
+/// for every slot and dense part among the servers it keeps.
 Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
                           const ScaleOptions& options);
 

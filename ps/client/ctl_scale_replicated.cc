@@ -7,43 +7,57 @@
 namespace tessera::internal::reshard {
 
 Status Controller::SettleDenseFills() {
-  MovePairs fills;  // (primary, backup) -> parts
+  // (source, destination) -> parts, for fills of backups and for moves to new primaries.
+  MovePairs fills, moves;
   for (uint32_t part = 0; part < map_.dense_importing.size(); ++part) {
-    if (map_.dense_importing[part] == ClusterMap::kNoServer) continue;
-    fills[{map_.dense_importing[part], map_.dense_backup[part]}].push_back(part);
+    const uint16_t from = map_.dense_importing[part];
+    if (from == ClusterMap::kNoServer) continue;
+    const uint16_t primary = map_.dense_primary.empty() ? static_cast<uint16_t>(part)
+                                                        : map_.dense_primary[part];
+    if (from == primary) {
+      fills[{from, map_.dense_backup[part]}].push_back(part);
+    } else {
+      moves[{from, primary}].push_back(part);
+    }
   }
-  if (fills.empty()) return Status::OK();
+  if (fills.empty() && moves.empty()) return Status::OK();
   const auto flipped = SteadyClock::now();
   const uint64_t v = map_.version;
-  uint32_t count = 0;
-  for (auto& [pair, parts] : fills) {
-    TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
-    TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
-    Client::SlotExportRequest how;
-    how.backup_fill = true;
-    how.dense_parts = true;
-    Marks marks;
-    uint64_t n = 0;
-    Status copied = Copy(src, dst, v, parts, how, Client::SlotImportStep::kDenseRows, &marks, &n);
-    if (copied.code() != StatusCode::kAlreadyExists) {
-      TESSERA_RETURN_IF_ERROR(copied);
-      report_.rows_in_hold += n;
+  uint32_t filled = 0, moved = 0;
+  for (const MovePairs* pairs : {&fills, &moves}) {
+    for (auto& [pair, parts] : *pairs) {
+      TESSERA_ASSIGN_OR_RETURN(Client * src, Server(pair.first));
+      TESSERA_ASSIGN_OR_RETURN(Client * dst, Server(pair.second));
+      Client::SlotExportRequest how;
+      how.backup_fill = pairs == &fills;
+      how.dense_parts = true;
+      Marks marks;
+      uint64_t n = 0;
+      Status copied = Copy(src, dst, v, parts, how, Client::SlotImportStep::kDenseRows, &marks, &n);
+      // AlreadyExists: marked in by an earlier run that died before settling (the destination
+      // took pushes for the parts since, which a copy would overwrite).
+      if (copied.code() != StatusCode::kAlreadyExists) {
+        TESSERA_RETURN_IF_ERROR(copied);
+        report_.rows_in_hold += n;
+      }
+      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+        return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseDone, {},
+                                     o_.deadline));
+      }).status());
+      (how.backup_fill ? filled : moved) += static_cast<uint32_t>(parts.size());
     }
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
-      return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseDone, {},
-                                   o_.deadline));
-    }).status());
-    count += static_cast<uint32_t>(parts.size());
   }
   const double hold = MsSince(flipped);
   report_.max_hold_ms = std::max(report_.max_hold_ms, hold);
   ClusterMap next = map_;
   next.dense_importing.clear();
   TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
-  report_.dense_parts_backed += count;
+  report_.dense_parts_backed += filled;
+  report_.dense_parts_moved += moved;
   if (o_.log != nullptr) {
-    std::fprintf(o_.log, "gave %u dense parts a backup at map version %llu; held %.1f ms\n",
-                 count, static_cast<unsigned long long>(v), hold);
+    std::fprintf(o_.log,
+                 "gave %u dense parts a backup and moved %u at map version %llu; held %.1f ms\n",
+                 filled, moved, static_cast<unsigned long long>(v), hold);
   }
   return Status::OK();
 }
@@ -98,19 +112,58 @@ Status Controller::MayContinue() const {
   return Status::OK();
 }
 
+Status Controller::MoveDense(const std::vector<uint16_t>& targets) {
+  auto kept = [&](uint16_t id) {
+    return std::find(targets.begin(), targets.end(), id) != targets.end();
+  };
+  auto primary_of = [&](const ClusterMap& m, uint16_t part) {
+    return m.dense_primary.empty() ? part : m.dense_primary[part];
+  };
+  std::map<uint16_t, uint32_t> load;  // dense parts per kept server
+  for (uint16_t id : targets) load[id] = 0;
+  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
+    const uint16_t p = primary_of(map_, part);
+    if (kept(p)) ++load[p];
+  }
+  ClusterMap next = map_;
+  bool any = false;
+  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
+    const uint16_t p = primary_of(map_, part);
+    if (kept(p)) continue;
+    // To its backup when that stays (the copy then only confirms what it holds), else to the
+    // kept server with the fewest parts (the lowest id on a tie).
+    const uint16_t b = map_.dense_backup.empty() ? ClusterMap::kNoServer : map_.dense_backup[part];
+    uint16_t to = b;
+    if (b == ClusterMap::kNoServer || !kept(b)) {
+      to = targets.front();
+      for (uint16_t id : targets) {
+        if (load[id] < load[to]) to = id;
+      }
+    }
+    ++load[to];
+    if (next.dense_primary.empty()) {
+      for (uint16_t q = 0; q < map_.dense_servers; ++q) next.dense_primary.push_back(q);
+    }
+    if (next.dense_importing.empty()) {
+      next.dense_importing.assign(map_.dense_servers, ClusterMap::kNoServer);
+    }
+    next.dense_primary[part] = to;
+    next.dense_importing[part] = p;
+    // A part's backup is never its primary: it gets another one afterwards (KeepDense).
+    if (to == b) next.dense_backup[part] = ClusterMap::kNoServer;
+    any = true;
+  }
+  if (!any) return Status::OK();
+  // One flip for all of them: the new primaries hold the parts' requests, the old ones refuse
+  // them (fencing); the copy is taken once every push the old primaries took is in.
+  TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
+  return SettleDenseFills();
+}
+
 Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool backups) {
   auto kept = [&](uint16_t id) {
     return std::find(targets.begin(), targets.end(), id) != targets.end();
   };
-  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
-    const uint16_t p = map_.dense_primary.empty() ? part : map_.dense_primary[part];
-    if (!kept(p)) {
-      return Status::FailedPrecondition(
-          "server " + std::to_string(p) + " holds dense part " + std::to_string(part) +
-          " (dense_servers " + std::to_string(map_.dense_servers) +
-          "): dense parts do not move, so a cluster of this map keeps that server");
-    }
-  }
   if (!backups || map_.dense_backup.empty()) return Status::OK();
   ClusterMap next = map_;
   bool dropped = false;

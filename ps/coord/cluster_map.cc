@@ -133,10 +133,14 @@ Status CheckDensePart(const ClusterMap& m, uint32_t part) {
   const uint16_t b = m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
   const uint16_t from =
       m.dense_importing.empty() ? ClusterMap::kNoServer : m.dense_importing[part];
-  if (from != ClusterMap::kNoServer && (from != p || b == ClusterMap::kNoServer)) {
-    return Status::InvalidArgument(where + ": importing from " + std::to_string(from) +
-                                   ", not its primary " + std::to_string(p) +
-                                   " filling a backup");
+  if (from == p && b == ClusterMap::kNoServer) {
+    return Status::InvalidArgument(where + ": importing from its primary " + std::to_string(p) +
+                                   " without a backup to fill");
+  }
+  if (from != ClusterMap::kNoServer && from != p &&
+      (from >= m.servers.size() || m.servers[from].address.empty())) {
+    return Status::InvalidArgument(where + ": moving from " + std::to_string(from) +
+                                   ", which is not a server with an address");
   }
   if (b == ClusterMap::kNoServer) return Status::OK();
   if (b >= m.servers.size() || m.servers[b].address.empty() || b == p) {

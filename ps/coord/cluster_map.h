@@ -44,9 +44,9 @@ struct ClusterMap {
   /// ("Backup rebuild").
   std::vector<uint16_t> importing;
   /// Dense tables are split into dense_servers parts (the servers of the first map); part p is
-  /// served by dense_primary[p] (server p when that is empty). Resharding never moves a part
-  /// nor retires a server that serves one; a dense backup on a server it retires is given to
-  /// another.
+  /// served by dense_primary[p] (server p when that is empty). Resharding moves the parts of
+  /// a server it drains to the servers it keeps (dense_importing), and gives a dense backup on
+  /// a server it retires to another.
   uint32_t dense_servers = 0;
   /// Dense replication: empty (part p on server p, no backup: a map made without replication,
   /// or written before dense parts were replicated), or dense_servers server ids, the server of
@@ -55,9 +55,10 @@ struct ClusterMap {
   /// Empty (no part has a backup), or dense_servers entries: per part a server id, never the
   /// part's server, that receives its pushes before the primary answers them, or kNoServer.
   std::vector<uint16_t> dense_backup;
-  /// Empty (no dense backup being filled), or dense_servers entries: kNoServer, or the part's
-  /// primary while its backup is being filled from it (a backup rebuild, like `importing`).
-  /// Written only while some part has one; an empty list and all kNoServer mean the same.
+  /// Empty (no dense part being copied), or dense_servers entries: kNoServer, the part's
+  /// primary while its backup is being filled from it (a backup rebuild, like `importing`), or
+  /// another server: the one the part moves from to its (new) primary (resharding). Written
+  /// only while some part has one; an empty list and all kNoServer mean the same.
   std::vector<uint16_t> dense_importing;
 
   /// Version 1 of a cluster of `servers`: primaries as SlotMap::Uniform(servers.size()), no
@@ -75,8 +76,10 @@ struct ClusterMap {
   /// primary, an importing source the primary only when the slot has a backup (a rebuild),
   /// 1 <= dense_servers <= servers, dense_primary and dense_backup each empty or dense_servers
   /// entries, a dense primary a server with an address, a dense backup kNoServer or a server
-  /// with an address other than its part's primary. Without dense_primary a dense server may be retired (records written before
-  /// dense replication: a fail-over retired it).
+  /// with an address other than its part's primary, a dense importing source the part's
+  /// primary with a backup (a fill) or another server with an address (a move). Without
+  /// dense_primary a dense server may be retired (records written before dense replication:
+  /// a fail-over retired it).
   /// InvalidArgument naming the first slot, dense part or server that is wrong.
   Status Validate() const;
   /// The routing of the primaries (SlotMap::FromOwners).

@@ -207,13 +207,20 @@ TEST(ClusterMap, ValidateChecksDensePartsNamingThePart) {
   bad.dense_backup.push_back(0);
   refused(bad, "3 dense primaries, 4 dense backups");
   bad = m;
-  bad.dense_importing = {ClusterMap::kNoServer, 2, ClusterMap::kNoServer};  // not part 1's primary
-  refused(bad, "dense part 1: importing from 2, not its primary 1");
-  bad.dense_importing[1] = 1;  // a backup rebuild of part 1: valid, and it round-trips
+  bad.dense_importing = {ClusterMap::kNoServer, 2, ClusterMap::kNoServer};  // part 1 moves from 2
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
+  EXPECT_EQ(*DecodeClusterMap(*EncodeClusterMap(bad)), bad);
+  bad.dense_importing[1] = 3;  // from no such server
+  refused(bad, "dense part 1: moving from 3, which is not a server with an address");
+  bad.servers.push_back({"s3", ""});  // from a retired one
+  refused(bad, "dense part 1: moving from 3, which is not a server with an address");
+  bad = m;
+  bad.dense_importing = {ClusterMap::kNoServer, 1, ClusterMap::kNoServer};
+  // A backup rebuild of part 1: valid, and it round-trips.
   EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
   EXPECT_EQ(*DecodeClusterMap(*EncodeClusterMap(bad)), bad);
   bad.dense_backup[1] = ClusterMap::kNoServer;  // filling no backup
-  refused(bad, "dense part 1: importing from 1, not its primary 1 filling a backup");
+  refused(bad, "dense part 1: importing from its primary 1 without a backup to fill");
   bad = m;
   bad.dense_primary[1] = 3;  // no such server
   refused(bad, "dense part 1: primary 3 is not a server with an address");

@@ -38,8 +38,11 @@ bool PromoteDenseParts(const std::vector<bool>& dead, Promotion* p) {
   bool changed = false;
   for (uint32_t part = 0; part < m.dense_servers; ++part) {
     uint16_t backup = DenseBackup(m, part);
-    const bool filling =
-        !m.dense_importing.empty() && m.dense_importing[part] != ClusterMap::kNoServer;
+    const uint16_t from =
+        m.dense_importing.empty() ? ClusterMap::kNoServer : m.dense_importing[part];
+    // A fill of its backup (from its primary), or a move to its primary (from another server).
+    const bool filling = from != ClusterMap::kNoServer && from == DensePrimary(m, part);
+    const bool moving = from != ClusterMap::kNoServer && !filling;
     if (backup != ClusterMap::kNoServer && dead[backup]) {
       m.dense_backup[part] = backup = ClusterMap::kNoServer;
       if (filling) m.dense_importing[part] = ClusterMap::kNoServer;  // the fill ends with it
@@ -48,8 +51,9 @@ bool PromoteDenseParts(const std::vector<bool>& dead, Promotion* p) {
     }
     const uint16_t primary = DensePrimary(m, part);
     if (!dead[primary]) continue;
-    if (filling && backup != ClusterMap::kNoServer) {
-      // Its backup is still being filled: not a copy to promote.
+    if ((filling && backup != ClusterMap::kNoServer) || moving) {
+      // Its backup is still being filled, or the part is being copied into its primary: no
+      // complete copy to promote (a move is left to the controller, as moving slots are).
       ++p->dense_unavailable[primary];
       continue;
     }
@@ -86,6 +90,10 @@ void RetireUnnamed(const std::vector<bool>& dead, Promotion* p) {
   for (uint32_t part = 0; part < m.dense_servers; ++part) {
     named[DensePrimary(m, part)] = true;
     if (DenseBackup(m, part) != ClusterMap::kNoServer) named[DenseBackup(m, part)] = true;
+    // A move's source holds the part until its copy is in.
+    if (part < m.dense_importing.size() && m.dense_importing[part] != ClusterMap::kNoServer) {
+      named[m.dense_importing[part]] = true;
+    }
   }
   for (uint16_t id = 0; id < m.servers.size(); ++id) {
     if (!dead[id] || named[id]) continue;

@@ -65,9 +65,10 @@ struct Promotion {
 /// (dense_primary[p], server p when that is empty) is dead and whose backup is alive gets
 /// primary = backup, backup = none (`dense_promoted`; an empty dense_primary is filled in
 /// first); one whose primary is dead without a live backup keeps it (`dense_unavailable`); a
-/// dead dense backup is removed (`dense_backups_cleared`). A dead server that no slot (as
-/// primary, backup or importing source) and no dense part (as primary or backup) names any
-/// more is retired (its address emptied): the retired id tells clients to send what they had
+/// dead dense backup is removed (`dense_backups_cleared`); a part being moved to another
+/// primary (dense_importing another server) whose new primary is dead is left as it is
+/// (`dense_unavailable`). A dead server that no slot (as primary, backup or importing source)
+/// and no dense part (as primary, backup or importing source) names any more is retired (its address emptied): the retired id tells clients to send what they had
 /// in flight there to the promoted backups. So a dead server of a map without dense
 /// replication (no dense_primary) that holds dense part p (p < dense_servers) stays in the
 /// map, unavailable like a slot without a backup, until it comes back. Ids of `dead` that

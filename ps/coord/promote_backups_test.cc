@@ -181,7 +181,7 @@ TEST(PromoteBackups, ADeadServerOfAnUnreplicatedDensePartStaysInTheMap) {
   EXPECT_TRUE(p->retired.empty());
   EXPECT_EQ(p->dense_unavailable, (std::map<uint16_t, uint32_t>{{0, 1}}));
   EXPECT_TRUE(p->dense_promoted.empty());
-  EXPECT_TRUE(p->map.dense_primary.empty());  // dense parts do not move
+  EXPECT_TRUE(p->map.dense_primary.empty());  // no backup to move them to
   EXPECT_TRUE(p->map.dense_backup.empty());
   EXPECT_TRUE(p->map.Validate().ok()) << p->map.Validate().ToString();
   // Seen dead again (another watcher, the next poll): nothing more to do.
@@ -290,6 +290,33 @@ TEST(PromoteBackups, ABackupBeingFilledIsNeverPromotedAndItsDeathEndsTheFill) {
     ASSERT_EQ(primary_dead->map.primary[slot], 0);
     ASSERT_EQ(primary_dead->map.backup[slot], 2);
   }
+}
+
+TEST(PromoteBackups, ADensePartBeingMovedIsLeftAloneAndItsSourceKept) {
+  // Part 2 moves from server 2 to 0 (its old backup), with no backup meanwhile.
+  ClusterMap v1 = Replicated(3, /*dense=*/3);
+  v1.dense_primary[2] = 0;
+  v1.dense_backup[2] = kNone;
+  v1.dense_importing = {kNone, kNone, 2};
+  ASSERT_TRUE(v1.Validate().ok()) << v1.Validate().ToString();
+  // The source dies: the move stays (the next scale finishes or reports it), and server 2,
+  // still named by it, is not retired although nothing else names it after the promotion.
+  auto source_dead = PromoteBackups(v1, {2});
+  ASSERT_TRUE(source_dead.ok()) << source_dead.status().ToString();
+  EXPECT_EQ(source_dead->map.dense_importing, (std::vector<uint16_t>{kNone, kNone, 2}));
+  EXPECT_EQ(source_dead->map.dense_primary, (std::vector<uint16_t>{0, 1, 0}));
+  EXPECT_TRUE(source_dead->retired.empty());
+  EXPECT_FALSE(source_dead->map.servers[2].address.empty());
+  EXPECT_TRUE(source_dead->map.Validate().ok()) << source_dead->map.Validate().ToString();
+  // The new primary dies: not promoted anywhere (it holds no complete copy yet); its other
+  // part (0, backed up by 1) goes to 1; part 1 (on 1, backup 2) is unchanged.
+  auto target_dead = PromoteBackups(v1, {0});
+  ASSERT_TRUE(target_dead.ok()) << target_dead.status().ToString();
+  EXPECT_EQ(target_dead->map.dense_primary, (std::vector<uint16_t>{1, 1, 0}));
+  EXPECT_EQ(target_dead->map.dense_importing, (std::vector<uint16_t>{kNone, kNone, 2}));
+  EXPECT_EQ(target_dead->map.dense_backup, (std::vector<uint16_t>{kNone, 2, kNone}));
+  EXPECT_EQ(target_dead->dense_unavailable, (std::map<uint16_t, uint32_t>{{0, 1}}));
+  EXPECT_TRUE(target_dead->map.Validate().ok()) << target_dead->map.Validate().ToString();
 }
 
 TEST(PromoteBackups, RefusesABadMapOrAnUnknownServer) {

@@ -47,7 +47,18 @@ Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
   if (!options_.follow_cluster_map) return Status::OK();
   TESSERA_RETURN_IF_ERROR(CheckMapVersion(h, /*exempt_retries=*/false).WithContext(what));
   const ClusterMapState* map = CurrentMap();
-  if (map == nullptr || map->importing.empty()) return Status::OK();
+  if (map == nullptr) return Status::OK();
+  for (uint32_t part = 0; part < map->dense_moving_from.size(); ++part) {
+    if (map->dense_moving_from[part] != RoutingMap::kNoBackup &&
+        map->DenseOwner(part) == options_.rank && DenseHeldForFill(part)) {
+      return Status::FailedPrecondition(
+          what + " at cluster map version " + std::to_string(map->version) + ": dense part " +
+          std::to_string(part) + " is still being copied into server " +
+          std::to_string(options_.rank) +
+          " (a move left unfinished); finish it with tessera-ctl scale, then run it again");
+    }
+  }
+  if (map->importing.empty()) return Status::OK();
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
     if (map->importing[slot] && !import_filled_[slot]) {
       return Status::FailedPrecondition(

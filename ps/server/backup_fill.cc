@@ -112,13 +112,21 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> parts, RequestDenseParts(*p, map));
+  const bool move = h.count == kExportDenseMove;
   for (uint32_t part : parts) {
-    if (map == nullptr || map->DenseOwner(part) != options_.rank ||
-        map->DenseBackup(part) == RoutingMap::kNoBackup) {
+    const std::string at = " at map version " + std::to_string(map == nullptr ? 0 : map->version);
+    if (move && (map == nullptr || part >= map->dense_moving_from.size() ||
+                 map->dense_moving_from[part] != options_.rank)) {
+      return Status::FailedPrecondition("dense part " + std::to_string(part) +
+                                        " is not moving away from server " +
+                                        std::to_string(options_.rank) + at);
+    }
+    if (!move && (map == nullptr || map->DenseOwner(part) != options_.rank ||
+                  map->DenseBackup(part) == RoutingMap::kNoBackup)) {
       return Status::FailedPrecondition(
           "dense part " + std::to_string(part) + " is not server " +
-          std::to_string(options_.rank) + "'s with a backup at map version " +
-          std::to_string(map == nullptr ? 0 : map->version) + ": no backup fill to copy it for");
+          std::to_string(options_.rank) + "'s with a backup" + at +
+          ": no backup fill to copy it for");
     }
   }
   // The chunks of those parts, as rows of their dense tables (key: the chunk index): value,
@@ -208,7 +216,12 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   }
   if (h.count == kImportDenseDone) {
     for (uint32_t part : parts) dense_filled_[part] = true;
+    // Kept across a restart, as for slots: a moved part's new primary takes pushes from now on.
+    TESSERA_RETURN_IF_ERROR(PersistFilled());
     ReplyOk(std::move(p->identity), h);
+    std::vector<std::shared_ptr<Pending>> parked;
+    parked.swap(import_parked_);
+    Readmit(std::move(parked));  // a moved part's requests (those of other copies park again)
     ReadmitReplicas();  // the forwarded pushes held for the parts, in order
     return Status::OK();
   }

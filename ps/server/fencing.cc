@@ -5,6 +5,31 @@
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
+namespace {
+
+// The dense parts of `m` being copied (ClusterMapState::dense_filling, dense_moving_from), as
+// for slots: a source that is the part's primary fills its backup (a rebuild); another source
+// is the server the part moves from, and its new primary copies it in.
+template <typename State>
+void MarkDenseCopies(const RoutingMap& m, uint32_t dense, uint32_t rank, State* state) {
+  for (uint32_t part = 0; part < m.dense_importing.size() && part < dense; ++part) {
+    const uint16_t from = m.dense_importing[part];
+    if (from == RoutingMap::kNoBackup) continue;
+    const bool move = from != m.DenseOwner(part);
+    if (move) {
+      if (state->dense_moving_from.empty()) {
+        state->dense_moving_from.assign(dense, RoutingMap::kNoBackup);
+      }
+      state->dense_moving_from[part] = from;
+    }
+    if (move ? m.DenseOwner(part) == rank : m.DenseBackup(part) == rank) {
+      if (state->dense_filling.empty()) state->dense_filling.assign(dense, false);
+      state->dense_filling[part] = true;
+    }
+  }
+}
+
+}  // namespace
 
 Status ServerImpl::SetClusterMap(const RoutingMap& m) {
   const uint64_t version = m.version;
@@ -46,13 +71,7 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
                                    " dense backups for " + std::to_string(dense) + " dense parts");
   }
   state->dense_primary = m.dense_primary;
-  for (uint32_t part = 0; part < m.dense_importing.size() && part < dense; ++part) {
-    if (m.dense_importing[part] != RoutingMap::kNoBackup &&
-        m.DenseBackup(part) == options_.rank) {
-      if (state->dense_filling.empty()) state->dense_filling.assign(dense, false);
-      state->dense_filling[part] = true;
-    }
-  }
+  MarkDenseCopies(m, dense, options_.rank, state.get());
   if (!none(m.dense_backup)) state->dense_backup = m.dense_backup;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
     // Only the slots this server must fill matter to it: as their new primary (a move), or as

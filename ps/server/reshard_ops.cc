@@ -144,31 +144,45 @@ bool ServerImpl::CopyingIn(const ClusterMapState* map, uint32_t slot) {
                             (!map->filling.empty() && map->filling[slot]));
 }
 
-bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
-  const Header& h = p->header;
+bool ServerImpl::CopyingInRequest(const Pending& p) {
+  const Header& h = p.header;
+  const ClusterMapState* map = CurrentMap();
+  if (map == nullptr) return false;
+  if (h.op == Op::kDensePull || h.op == Op::kDensePush) {
+    // A client's request for a dense part moving here (a forwarded push for a part whose
+    // backup is being filled here waits in replica_parked_ instead: Dense).
+    if (map->dense_filling.empty() || h.replica_from != 0) return false;
+    auto t = tables_.find(h.table_id);
+    if (t == tables_.end()) return false;
+    auto part = DensePartOf(h, t->second.spec.length, t->second.spec.name);
+    return part.ok() && DenseHeldForFill(*part);
+  }
   if (h.op != Op::kSparsePull && h.op != Op::kSparsePush && h.op != Op::kSparsePushPull) {
     return false;
   }
-  const ClusterMapState* map = CurrentMap();
-  if (map == nullptr || map->importing.empty() || p->keys == nullptr) return false;
+  if (map->importing.empty() || p.keys == nullptr) return false;
   for (uint64_t i = 0; i < h.count; ++i) {
-    const uint32_t slot = SlotOfKey(p->keys[i]);
-    if (map->importing[slot] && !import_filled_[slot]) {
-      if (import_parked_.size() >= kMaxImportParked) {
-        GiveBackSeq(h);
-        ReplyError(std::move(p->identity), h,
-                   Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +
-                                       std::to_string(kMaxImportParked) +
-                                       " requests for slots being moved; nothing was applied, "
-                                       "retry"));
-        return true;
-      }
-      import_parked_.push_back(p);
-      ++import_parked_total_;
-      return true;
-    }
+    const uint32_t slot = SlotOfKey(p.keys[i]);
+    if (map->importing[slot] && !import_filled_[slot]) return true;
   }
   return false;
+}
+
+bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
+  if (!CopyingInRequest(*p)) return false;
+  const Header& h = p->header;
+  if (import_parked_.size() >= kMaxImportParked) {
+    GiveBackSeq(h);
+    ReplyError(std::move(p->identity), h,
+               Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +
+                                   std::to_string(kMaxImportParked) +
+                                   " requests for slots being moved; nothing was applied, "
+                                   "retry"));
+    return true;
+  }
+  import_parked_.push_back(p);
+  ++import_parked_total_;
+  return true;
 }
 
 void ServerImpl::OnMapChanged() {
@@ -185,8 +199,10 @@ void ServerImpl::OnMapChanged() {
     }
   }
   for (uint32_t part = 0; part < dense_filled_.size(); ++part) {
-    if (map == nullptr || part >= map->dense_filling.size() || !map->dense_filling[part]) {
+    if (dense_filled_[part] &&
+        (map == nullptr || part >= map->dense_filling.size() || !map->dense_filling[part])) {
       dense_filled_[part] = false;
+      cleared = true;
     }
   }
   if (cleared) {
@@ -264,12 +280,12 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   // it, taken while they are served); 2: slots owned whose backup is being filled (the copy at
   // the flip of a rebuild). An optional second frame: u64 per lane, the rows updated after
   // that lane step only (the marks of an earlier export).
-  if (h.count > kExportDenseFill) {
+  if (h.count > kExportDenseMove) {
     return Status::InvalidArgument("SlotExport count " + std::to_string(h.count) +
                                    " (0 given up, 1 still owned, 2 for a backup fill, 3 dense "
-                                   "parts for a backup fill)");
+                                   "parts for a backup fill, 4 dense parts moving away)");
   }
-  if (h.count == kExportDenseFill) return DenseFillExport(p);
+  if (h.count == kExportDenseFill || h.count == kExportDenseMove) return DenseFillExport(p);
   if (p->frames.size() != 2) TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
   TESSERA_RETURN_IF_ERROR(
@@ -382,14 +398,26 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
 Status ServerImpl::PersistFilled() {
   std::string bits(kNumSlots, '0');
   for (uint32_t s = 0; s < kNumSlots; ++s) bits[s] = import_filled_[s] ? '1' : '0';
-  return engine_->PutMeta("reshard/filled", bits);
+  std::string dense(dense_filled_.size(), '0');
+  for (size_t part = 0; part < dense_filled_.size(); ++part) {
+    dense[part] = dense_filled_[part] ? '1' : '0';
+  }
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("reshard/filled", bits));
+  return engine_->PutMeta("reshard/dense_filled", dense);
 }
 
 Status ServerImpl::LoadFilled() {
   TESSERA_ASSIGN_OR_RETURN(auto bits, engine_->GetMeta("reshard/filled"));
-  if (!bits) return Status::OK();
-  if (bits->size() != kNumSlots) return Status::Corruption("reshard/filled of the wrong size");
-  for (uint32_t s = 0; s < kNumSlots; ++s) import_filled_[s] = (*bits)[s] == '1';
+  if (bits) {
+    if (bits->size() != kNumSlots) return Status::Corruption("reshard/filled of the wrong size");
+    for (uint32_t s = 0; s < kNumSlots; ++s) import_filled_[s] = (*bits)[s] == '1';
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto dense, engine_->GetMeta("reshard/dense_filled"));
+  if (dense) {
+    if (dense->size() > 65535) return Status::Corruption("reshard/dense_filled too long");
+    dense_filled_.assign(dense->size(), false);
+    for (size_t part = 0; part < dense->size(); ++part) dense_filled_[part] = (*dense)[part] == '1';
+  }
   return Status::OK();
 }
 

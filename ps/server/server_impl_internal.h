@@ -164,8 +164,13 @@ class ServerImpl {
     // source), whose pushes forwarded before it gave the slot up are still taken (empty: none;
     // RoutingMap::kNoBackup: not moving).
     std::vector<uint16_t> moving_from;
-    // Per dense part: this server is its backup being filled from its primary (empty: none).
+    // Per dense part: this server is its backup being filled from its primary, or its new
+    // primary the part is moving to (empty: none). Either holds the part's requests until the
+    // copy is in.
     std::vector<bool> dense_filling;
+    // Per dense part: the server it is moving from (RoutingMap::kNoBackup: not moving; empty:
+    // none moves).
+    std::vector<uint16_t> dense_moving_from;
     // Replication: per slot, its backup server (RoutingMap::kNoBackup: none); empty: no slot
     // has one. The data endpoint of each server id, to reach backups.
     std::vector<uint16_t> backup;
@@ -202,8 +207,11 @@ class ServerImpl {
   uint32_t DenseServers();
 
   // ---- reshard_ops.cc: moving slots (docs/elasticity.md, "Online resharding")
-  /// True when sparse request `p` touches a slot whose rows are still being copied to this
-  /// server: it waits in import_parked_ until SlotImport says the copy is in (or the map moves).
+  /// True when client request `p` touches a slot or dense part whose rows are still being
+  /// copied to this server as its (new) primary.
+  bool CopyingInRequest(const Pending& p);
+  /// True when CopyingInRequest(p): it waits in import_parked_ until SlotImport says the copy
+  /// is in (or the map moves), or is refused when too many wait.
   bool ParkedByImport(const std::shared_ptr<Pending>& p);
   /// True when `map` has rows of `slot` copied to this server: as its importing primary (a
   /// move) or as its backup being filled (a rebuild).
@@ -224,8 +232,9 @@ class ServerImpl {
   /// MapAtLeast, then FailedPrecondition for a slot this server does not own in that map
   /// (`must_own`: the copy ahead) or owns (otherwise: slots given up, or not taken yet).
   Status CheckOwnership(const Header& h, const std::vector<uint32_t>& slots, bool must_own);
-  /// The slots marked in (import_filled_), stored in the engine's metadata and read back at
-  /// start: a restarted server that took pushes for them refuses a repeated copy.
+  /// The slots and dense parts marked in (import_filled_, dense_filled_), stored in the
+  /// engine's metadata and read back at start: a restarted server that took pushes for them
+  /// refuses a repeated copy.
   Status PersistFilled();
   Status LoadFilled();
   /// Answers the requests held longer than kImportHoldLimit for a copy (Maintain).
@@ -270,6 +279,7 @@ class ServerImpl {
   /// SlotExport's and SlotImport's `count` for dense parts (a backup rebuild): the chunks of
   /// [parts]; SlotImport 3: [parts][chunks], 4: [parts] done.
   static constexpr uint64_t kExportDenseFill = 3;
+  static constexpr uint64_t kExportDenseMove = 4;  // dense parts moving away from this server
   static constexpr uint64_t kImportDenseRows = 3;
   static constexpr uint64_t kImportDenseDone = 4;
   /// A SlotExport waiting for the requests sequenced by a map older than `version` to reach

@@ -368,8 +368,8 @@ void JoinNow(tessera::EtcdClient* etcd, const std::string& prefix,
 
 // --drain_on_stop, on SIGTERM: when this server is the highest live id of the map (a
 // StatefulSet scaled down stops its highest ordinal first), a scale to one server fewer moves
-// its slots (and the backups it holds) to the others and retires its id. Its member record
-// says it is leaving meanwhile, so no --auto_join watcher takes the retired but still
+// its slots, dense parts and the backups it holds to the others and retires its id. Its member
+// record says it is leaving meanwhile, so no --auto_join watcher takes the retired but still
 // registered id back (nor gives it a slot). Logs why when it does not drain.
 void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
                const tessera::ClientOptions& base, tessera::Membership* membership) {
@@ -392,16 +392,6 @@ void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
                                                      std::to_string(highest) + ")");
     return;
   }
-  // A dense part's primary cannot be drained (dense parts do not move): checked before a scale
-  // that would first settle moves other controllers left.
-  for (uint32_t part = 0; part < map->dense_servers; ++part) {
-    const uint32_t p = map->dense_primary.empty() ? part : map->dense_primary[part];
-    if (p == FLAGS_rank) {
-      LOG(INFO) << "--drain_on_stop: not draining: server " << FLAGS_rank << " holds dense part "
-                << part << " (dense parts do not move)";
-      return;
-    }
-  }
   // Marked leaving first: no --auto_join watcher takes the id back, no rebuild picks it.
   if (tessera::Status s = membership->MarkLeaving(); !s.ok()) {
     LOG(WARNING) << "--drain_on_stop: " << s.ToString() << "; draining anyway";
@@ -420,8 +410,9 @@ void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
                  << r.status().ToString();
     return;
   }
-  LOG(INFO) << "--drain_on_stop: drained: " << r->slots_moved << " slots moved and "
-            << r->slots_backed << " given a backup, map version " << r->from_version << " -> "
+  LOG(INFO) << "--drain_on_stop: drained: " << r->slots_moved << " slots and "
+            << r->dense_parts_moved << " dense parts moved, " << r->slots_backed
+            << " slots given a backup, map version " << r->from_version << " -> "
             << r->to_version << " in " << r->seconds << " s";
 }
 

@@ -210,9 +210,9 @@ TEST_F(PromotionTest, AnUnreplicatedMapIsLeftAlone) {
   EXPECT_EQ(w0->promotions(), 0);
 }
 
-// tessera-ctl map init --replication, map show, and scale refusing a replicated map (no
-// servers needed: map init does not contact them, scale refuses before it does).
-TEST_F(PromotionTest, CtlMapInitReplicationShowAndScaleRefusal) {
+// tessera-ctl map init --replication and map show (no servers needed: map init does not
+// contact them).
+TEST_F(PromotionTest, CtlMapInitReplicationAndShow) {
   const std::string url = etcd_.url(std::string(kPrefix).substr(1));
   const std::string servers = Address(0) + "," + Address(1) + "," + Address(2);
   std::string out;
@@ -251,13 +251,6 @@ TEST_F(PromotionTest, CtlMapInitReplicationShowAndScaleRefusal) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("slots_with_backup 16384 of 16384"), std::string::npos) << out;
-
-  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "scale", "2", "--coordinator=" + url}, &out), 1)
-      << out;
-  EXPECT_NE(out.find("FailedPrecondition"), std::string::npos) << out;
-  EXPECT_NE(out.find("server 2 holds dense part 2"), std::string::npos)
-      << out;
-  EXPECT_EQ(store.Load()->version, 1u);  // nothing changed
 }
 
 // A watcher calls on_unbacked while its server is the lowest live one and a slot of a live
