@@ -56,6 +56,14 @@ void AppendSlotMark(std::string* out, uint32_t lane, uint64_t instance, uint64_t
   Put<uint64_t>(out, step);
 }
 
+void AppendSlotMeta(std::string* out, std::string_view name, std::string_view value) {
+  out->push_back('M');
+  Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
+  out->append(name);
+  Put<uint32_t>(out, static_cast<uint32_t>(value.size()));
+  out->append(value);
+}
+
 Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor) {
   Reader r{data};
   while (r.pos < data.size()) {
@@ -93,6 +101,15 @@ Status ParseSlotRows(std::string_view data, const SlotRowsVisitor& visitor) {
       uint64_t instance, step;
       if (!r.Get(&lane) || !r.Get(&instance) || !r.Get(&step)) return bad("a lane mark cut short");
       if (visitor.mark) TESSERA_RETURN_IF_ERROR(visitor.mark(lane, instance, step));
+    } else if (tag == 'M') {
+      uint32_t name_len, value_len;
+      if (!r.Get(&name_len) || data.size() - r.pos < name_len) return bad("a record cut short");
+      const std::string_view name = data.substr(r.pos, name_len);
+      r.pos += name_len;
+      if (!r.Get(&value_len) || data.size() - r.pos < value_len) return bad("a record cut short");
+      const std::string_view value = data.substr(r.pos, value_len);
+      r.pos += value_len;
+      if (visitor.meta) TESSERA_RETURN_IF_ERROR(visitor.meta(name, value));
     } else {
       return bad("an entry of unknown type " + std::to_string(static_cast<int>(tag)));
     }
@@ -107,7 +124,11 @@ Result<SlotRowsPieces> SplitSlotRows(std::string_view data, size_t max_bytes) {
                AppendSlotTable(&tables, id, spec);
                return Status::OK();
              },
-             nullptr, nullptr}));
+             nullptr, nullptr,
+             [&](std::string_view name, std::string_view value) {
+               AppendSlotMeta(&tables, name, value);
+               return Status::OK();
+             }}));
   SlotRowsPieces out;
   std::string cur = tables;
   bool has_rows = false;

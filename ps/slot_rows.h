@@ -33,6 +33,11 @@ void AppendSlotRow(std::string* out, uint64_t table, uint64_t key, const SlotRow
 /// after it), and the instance of the server process (a restart resets the counters).
 void AppendSlotMark(std::string* out, uint32_t lane, uint64_t instance, uint64_t step);
 
+/// Appends a job metadata record (Client::PutMeta): 'M', u32 name length, the name, u32 value
+/// length, the value. A specs-only export carries them, so that a server joining the map
+/// learns the records written before it joined.
+void AppendSlotMeta(std::string* out, std::string_view name, std::string_view value);
+
 struct SlotRowsVisitor {
   std::function<Status(uint64_t id, const TableSpec& spec)> table;
   /// `row` points into the data: valid during the call only, maybe unaligned (copy it).
@@ -40,6 +45,8 @@ struct SlotRowsVisitor {
                        uint32_t n)>
       row;
   std::function<Status(uint32_t lane, uint64_t instance, uint64_t step)> mark;
+  /// Views into the data, valid during the call only.
+  std::function<Status(std::string_view name, std::string_view value)> meta;
 };
 /// Reads data written by the Append functions; Corruption naming the offset of the first entry
 /// that is cut short or unknown. Stops at the first error a visitor returns.
@@ -52,7 +59,8 @@ struct SlotMark {
   uint64_t step;
 };
 /// `data` cut into pieces of at most about `max_bytes` at entry boundaries, each piece
-/// starting with every table entry of `data` (so each imports on its own), without the marks;
+/// starting with every table and metadata entry of `data` (so each imports on its own),
+/// without the marks;
 /// and what the cut read on its way: the number of rows and the marks.
 struct SlotRowsPieces {
   std::vector<std::string> pieces;

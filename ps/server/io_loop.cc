@@ -412,6 +412,7 @@ Status ServerImpl::MetaOp(const std::shared_ptr<Pending>& p) {
       return Status::ResourceExhausted("meta records are limited to 1 MiB");
     }
     TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, p->frames[0].to_string_view()));
+    meta_written_.insert(key);  // newer than a copy a joining server may still get (SlotImport)
     ReplyOk(std::move(p->identity), h);
     return Status::OK();
   }

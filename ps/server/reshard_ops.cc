@@ -82,6 +82,8 @@ struct ImportPlan {
   std::vector<RowBatch> lanes;
   std::vector<std::pair<uint64_t, TableSpec>> added;
   uint64_t rows = 0;
+  // Job metadata records (engine keys under "user/", values).
+  std::vector<std::pair<std::string, std::string>> meta;
 };
 
 // Checks and sorts SlotImport's rows: each table entry a valid spec under its name's id that
@@ -129,7 +131,19 @@ Status DecodeImport(std::string_view data, const std::vector<bool>& want, uint32
     ++plan->rows;
     return Status::OK();
   };
-  return ParseSlotRows(data, {table, row, nullptr});
+  auto meta = [&](std::string_view name, std::string_view value) -> Status {
+    if (name.substr(0, 5) != "user/" || name.size() <= 5 || name.size() > 5 + 1024 ||
+        value.size() > (size_t{1} << 20)) {
+      return Status::InvalidArgument("slot rows: a metadata record '" +
+                                     std::string(name.substr(0, 64)) + "' of " +
+                                     std::to_string(value.size()) +
+                                     " bytes: not a job record (user/NAME, NAME of 1..1024 "
+                                     "bytes, at most 1 MiB)");
+    }
+    plan->meta.emplace_back(name, value);
+    return Status::OK();
+  };
+  return ParseSlotRows(data, {table, row, nullptr, meta});
 }
 
 }  // namespace
@@ -313,6 +327,12 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   p->text.assign(lanes_.size() + 1, std::string());
   p->text[0] = std::move(specs);
   if (slots.empty()) {
+    // A server joining the map learns the job's metadata records too (the coordinating server,
+    // and checkpoints, read them from the lowest live id, which may be a server that joined).
+    TESSERA_RETURN_IF_ERROR(
+        engine_->ScanMeta("user/", [&](std::string_view k, std::string_view v) {
+          AppendSlotMeta(&p->text[0], k, v);
+        }));
     ReplyOk(std::move(p->identity), h, Header(), &p->text[0]);
     return Status::OK();
   }
@@ -471,6 +491,13 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
   for (const auto& [id, spec] : plan->added) {
     AddTableInfo(id, spec);
     LOG(INFO) << "table '" << spec.name << "' created by moved slot rows";
+  }
+  // Job records replace what this server holds (a data dir from an earlier stay in the map)
+  // unless a client wrote the record here since this process started: that write is at least
+  // as new as the export (the server was in the map before the export was taken).
+  for (const auto& [key, value] : plan->meta) {
+    if (meta_written_.contains(key)) continue;
+    TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, value));
   }
   slot_rows_imported_.fetch_add(plan->rows, std::memory_order_relaxed);
   std::vector<LanePart> parts;

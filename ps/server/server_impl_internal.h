@@ -8,6 +8,7 @@
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include <atomic>
 #include <chrono>
@@ -496,6 +497,9 @@ class ServerImpl {
   // Dense parts whose fill is in (SlotImport dense done); not stored: a restarted backup
   // holds the part's forwarded pushes again, which a repeated copy then completes.
   std::vector<bool> dense_filled_;
+  // Job metadata keys ("user/NAME") clients wrote here since the process started: a copy of
+  // the records imported when the server joins the map does not replace them.
+  absl::flat_hash_set<std::string> meta_written_;
   std::vector<std::shared_ptr<Pending>> import_parked_;
   std::atomic<uint64_t> slot_rows_exported_{0}, slot_rows_imported_{0}, slot_rows_dropped_{0};
   uint64_t import_parked_total_ = 0;

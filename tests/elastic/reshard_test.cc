@@ -368,5 +368,60 @@ TEST_F(ReshardTest, ASlotMarkedInIsNeverCopiedOverAndAScaleSettlesIt) {
   EXPECT_EQ(settled->primary[slot], 1);
 }
 
+// The job's metadata records (Client::PutMeta goes to every server of the map) reach a server
+// a scale adds: the records written before it joined are copied to it with the table specs,
+// replacing what its data dir holds from an earlier stay, but not a record a client wrote to
+// this server process itself (newer than the copy).
+TEST_F(ReshardTest, AJoiningServerLearnsTheJobsRecords) {
+  auto client = TrainingClient();
+  ASSERT_NE(client, nullptr);
+  auto on = [&](uint32_t i, const std::string& name) -> std::string {
+    ClientOptions o;
+    o.servers = {cluster_->endpoints()[i]};
+    auto c = Client::Create(o);
+    if (!c.ok()) return c.status().ToString();
+    auto v = (*c)->GetMeta(name);
+    if (!v.ok()) return v.status().ToString();
+    return v->has_value() ? **v : "<absent>";
+  };
+  // Scales, then waits for the client to follow the map (its PutMeta goes to the servers of
+  // the map it has).
+  auto scale = [&](uint32_t n) {
+    std::string out;
+    ASSERT_EQ(Scale(n, &out), 0) << out;
+    const uint64_t v = LoadMap().version;
+    ASSERT_TRUE(WaitFor([&] { return client->cluster_map_version() >= v; }, seconds(30)));
+  };
+  ASSERT_TRUE(client->PutMeta("job/position", "v1").ok());
+  ASSERT_NO_FATAL_FAILURE(scale(3));
+  EXPECT_EQ(on(2, "job/position"), "v1");
+  ASSERT_TRUE(client->PutMeta("job/position", "v2").ok());
+  EXPECT_EQ(on(2, "job/position"), "v2");
+
+  // Retired, its data dir keeps v2; the job writes on.
+  ASSERT_NO_FATAL_FAILURE(scale(2));
+  ASSERT_TRUE(Retired(2));
+  ASSERT_TRUE(client->PutMeta("job/position", "v3").ok());
+  ASSERT_TRUE(client->PutMeta("job/other", "o1").ok());
+  EXPECT_EQ(on(2, "job/position"), "v2");
+  EXPECT_EQ(on(2, "job/other"), "<absent>");
+  // Restarted on its data dir (SIGTERM deregisters: it registers again at once), it takes a
+  // write of its own, then rejoins: v3 replaces its old v2, its own write stays.
+  EXPECT_EQ(cluster_->Stop(2, 60), 0);
+  ASSERT_TRUE(cluster_->Restart(2).ok());
+  {
+    ClientOptions o;
+    o.servers = {cluster_->endpoints()[2]};
+    auto direct = Client::Create(o);
+    ASSERT_TRUE(direct.ok());
+    ASSERT_TRUE((*direct)->PutMeta("job/other", "its own").ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(scale(3));
+  EXPECT_FALSE(Retired(2));
+  EXPECT_EQ(on(2, "job/position"), "v3");
+  EXPECT_EQ(on(2, "job/other"), "its own");
+  EXPECT_EQ(on(0, "job/other"), "o1");
+}
+
 }  // namespace
 }  // namespace tessera::testing
