@@ -75,8 +75,11 @@ Status LocalCluster::Start() {
     Status s;
     for (uint32_t i = 0; i < options_.num_servers && s.ok(); ++i) s = Spawn(i);
     if (s.ok()) return s;
+    // The servers that did start stop with SIGTERM: one that registered in an etcd
+    // (--coordinator) deregisters, so that it can register under its id again at the next
+    // attempt (after kill -9 its key would stay until its lease ran out).
     for (uint32_t i = 0; i < pids_.size(); ++i) {
-      if (pids_[i] > 0) Kill(i);
+      if (pids_[i] > 0) Stop(i, 10);
     }
     if (attempt == 2) return s;
   }

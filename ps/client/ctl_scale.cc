@@ -321,8 +321,8 @@ Result<ScaleReport> Controller::Run() {
         "map version " + std::to_string(map_.version) +
         " is replicated: each slot needs a backup on another server, so it keeps at least 2");
   }
-  TESSERA_RETURN_IF_ERROR(MoveDense(targets));
   TESSERA_RETURN_IF_ERROR(AddServers(&targets));
+  TESSERA_RETURN_IF_ERROR(MoveDense(targets));
   if (replicated) {
     TESSERA_RETURN_IF_ERROR(MoveReplicated(targets));
     // Dense backups among the servers kept, the added ones included (a part whose backup

@@ -120,9 +120,8 @@ class Controller {
   // their chunks each (under the hold: a dense part is small next to a table's slots), done,
   // CAS.
   Status SettleDenseFills();
-  // Moves the dense parts of servers not among `targets` to servers among them (the part's
-  // backup when it stays, else the one with the fewest parts): one CAS for all, then their
-  // copy (SettleDenseFills).
+  // Moves the dense parts as PlanDense says for `targets` (off servers not among them, then
+  // evenly over them): one CAS for all, then their copy (SettleDenseFills).
   Status MoveDense(const std::vector<uint16_t>& targets);
   // The copy at the flip of the slots of `pair` (source, destination) at version `v`, as `how`
   // and since the marks of the pair's copy ahead (if any); every row again when the source

@@ -77,6 +77,13 @@ std::vector<std::pair<uint32_t, uint16_t>> PlanMoves(const ClusterMap& m,
 std::vector<uint16_t> PlanBackups(const ClusterMap& m, const std::vector<uint16_t>& primary,
                                   const std::vector<uint16_t>& targets);
 
+/// The server of each dense part once the servers are `targets` (not empty): a part whose
+/// server stays keeps it; one of a server not among them goes to its backup when that stays,
+/// else to the target with the fewest parts (the lowest id on a tie); then, while two targets'
+/// counts differ by more than one, a part of the one with the most goes to the one with the
+/// fewest (a part that one backs up first, else the highest-numbered).
+std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>& targets);
+
 /// A map with replication: some slot has a backup, or its dense parts list backups (`map init
 /// --replication=2` writes that list, which stays when a fail-over empties it).
 bool Replicated(const ClusterMap& m);

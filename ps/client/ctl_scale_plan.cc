@@ -81,6 +81,60 @@ std::vector<uint16_t> PlanBackups(const ClusterMap& m, const std::vector<uint16_
   return backup;
 }
 
+std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>& targets) {
+  std::vector<uint16_t> primary(m.dense_servers);
+  std::map<uint16_t, uint32_t> load;  // parts per target
+  for (uint16_t t : targets) load[t] = 0;
+  auto least = [&] {
+    uint16_t to = targets.front();
+    for (uint16_t t : targets) {
+      if (load[t] < load[to]) to = t;
+    }
+    return to;
+  };
+  auto backup_of = [&](uint32_t part) {
+    return m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
+  };
+  std::vector<uint32_t> homeless;
+  for (uint32_t part = 0; part < m.dense_servers; ++part) {
+    primary[part] = m.dense_primary.empty() ? static_cast<uint16_t>(part) : m.dense_primary[part];
+    if (load.count(primary[part])) {
+      ++load[primary[part]];
+    } else {
+      homeless.push_back(part);
+    }
+  }
+  // A drained server's parts: to their backup when it stays, else to the least loaded target.
+  for (uint32_t part : homeless) {
+    const uint16_t b = backup_of(part);
+    primary[part] = load.count(b) ? b : least();
+    ++load[primary[part]];
+  }
+  // Then one part at a time from the most loaded target to the least loaded, until they differ
+  // by at most one: a part the receiver backs up first, else the highest-numbered one.
+  for (;;) {
+    const uint16_t to = least();
+    uint16_t from = targets.front();
+    for (uint16_t t : targets) {
+      if (load[t] > load[from]) from = t;
+    }
+    if (load[from] <= load[to] + 1) break;
+    int pick = -1;
+    for (uint32_t part = 0; part < m.dense_servers; ++part) {
+      if (primary[part] != from) continue;
+      if (pick < 0 || backup_of(part) == to ||
+          (backup_of(static_cast<uint32_t>(pick)) != to)) {
+        pick = static_cast<int>(part);
+      }
+      if (backup_of(part) == to) break;
+    }
+    primary[pick] = to;
+    --load[from];
+    ++load[to];
+  }
+  return primary;
+}
+
 bool Replicated(const ClusterMap& m) {
   return !m.dense_backup.empty() ||
          std::any_of(m.backup.begin(), m.backup.end(),

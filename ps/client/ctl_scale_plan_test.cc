@@ -95,5 +95,33 @@ TEST(Replicated, BackupsOrADenseBackupListMakeAMapReplicated) {
   EXPECT_TRUE(Replicated(*r));
 }
 
+TEST(PlanDense, ADrainedServersPartsGoToTheirBackupOrTheLeastLoadedAndGrowingSpreadsThem) {
+  // Unreplicated, parts on 0, 1, 2: draining 2 sends its part to 0 (a tie, the lowest id).
+  const ClusterMap plain = ClusterMap::Uniform(ServersOf(3));
+  EXPECT_EQ(PlanDense(plain, {0, 1, 2}), (std::vector<uint16_t>{0, 1, 2}));  // nothing moves
+  EXPECT_EQ(PlanDense(plain, {0, 1}), (std::vector<uint16_t>{0, 1, 0}));
+  EXPECT_EQ(PlanDense(plain, {1}), (std::vector<uint16_t>{1, 1, 1}));
+  // Grown back to three: one of server 0's two parts goes to 2 (the highest-numbered).
+  ClusterMap shrunk = plain;
+  shrunk.dense_primary = {0, 1, 0};
+  EXPECT_EQ(PlanDense(shrunk, {0, 1, 2}), (std::vector<uint16_t>{0, 1, 2}));
+  // Two parts (a map of two) over three servers: already within one of each other.
+  EXPECT_EQ(PlanDense(ClusterMap::Uniform(ServersOf(2)), {0, 1, 2}),
+            (std::vector<uint16_t>{0, 1}));
+  // Replicated (part p backed up by p + 1): draining 2 sends part 2 to its backup 0; draining
+  // 1 and 2 leaves everything on 0; growing 1 -> 3 prefers parts the receiver backs up.
+  auto r = ClusterMap::Replicated(ServersOf(3), 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(PlanDense(*r, {0, 1}), (std::vector<uint16_t>{0, 1, 0}));
+  r->dense_primary = {1, 1, 1};
+  r->dense_backup = {2, 0, 2};
+  EXPECT_EQ(PlanDense(*r, {1, 2}), (std::vector<uint16_t>{2, 1, 1}));
+  const std::vector<uint16_t> three = PlanDense(*r, {0, 1, 2});
+  std::map<uint16_t, int> count;
+  for (uint16_t s : three) ++count[s];
+  EXPECT_EQ(count, (std::map<uint16_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(three[1], 0);  // backed up by 0
+}
+
 }  // namespace
 }  // namespace tessera::internal

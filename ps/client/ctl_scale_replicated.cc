@@ -113,34 +113,13 @@ Status Controller::MayContinue() const {
 }
 
 Status Controller::MoveDense(const std::vector<uint16_t>& targets) {
-  auto kept = [&](uint16_t id) {
-    return std::find(targets.begin(), targets.end(), id) != targets.end();
-  };
-  auto primary_of = [&](const ClusterMap& m, uint16_t part) {
-    return m.dense_primary.empty() ? part : m.dense_primary[part];
-  };
-  std::map<uint16_t, uint32_t> load;  // dense parts per kept server
-  for (uint16_t id : targets) load[id] = 0;
-  for (uint16_t part = 0; part < map_.dense_servers; ++part) {
-    const uint16_t p = primary_of(map_, part);
-    if (kept(p)) ++load[p];
-  }
+  const std::vector<uint16_t> plan = PlanDense(map_, targets);
   ClusterMap next = map_;
   bool any = false;
   for (uint16_t part = 0; part < map_.dense_servers; ++part) {
-    const uint16_t p = primary_of(map_, part);
-    if (kept(p)) continue;
-    // To its backup when that stays (the copy then only confirms what it holds), else to the
-    // kept server with the fewest parts (the lowest id on a tie).
-    const uint16_t b = map_.dense_backup.empty() ? ClusterMap::kNoServer : map_.dense_backup[part];
-    uint16_t to = b;
-    if (b == ClusterMap::kNoServer || !kept(b)) {
-      to = targets.front();
-      for (uint16_t id : targets) {
-        if (load[id] < load[to]) to = id;
-      }
-    }
-    ++load[to];
+    const uint16_t p = map_.dense_primary.empty() ? part : map_.dense_primary[part];
+    const uint16_t to = plan[part];
+    if (to == p) continue;
     if (next.dense_primary.empty()) {
       for (uint16_t q = 0; q < map_.dense_servers; ++q) next.dense_primary.push_back(q);
     }
@@ -150,7 +129,9 @@ Status Controller::MoveDense(const std::vector<uint16_t>& targets) {
     next.dense_primary[part] = to;
     next.dense_importing[part] = p;
     // A part's backup is never its primary: it gets another one afterwards (KeepDense).
-    if (to == b) next.dense_backup[part] = ClusterMap::kNoServer;
+    if (!next.dense_backup.empty() && next.dense_backup[part] == to) {
+      next.dense_backup[part] = ClusterMap::kNoServer;
+    }
     any = true;
   }
   if (!any) return Status::OK();
