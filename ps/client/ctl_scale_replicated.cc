@@ -33,9 +33,16 @@ Status Controller::SettleDenseFills() {
       how.dense_parts = true;
       Marks marks;
       uint64_t n = 0;
-      Status copied = Copy(src, dst, v, parts, how, Client::SlotImportStep::kDenseRows, &marks, &n);
       // AlreadyExists: marked in by an earlier run that died before settling (the destination
-      // took pushes for the parts since, which a copy would overwrite).
+      // took pushes for the parts since, which a copy would overwrite). Asked first with no
+      // chunks, so that the source is not needed then (it may have died since).
+      Status copied = UntilSeen(o_.deadline, [&] {
+        return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseRows,
+                                     std::string(), o_.deadline));
+      }).status();
+      if (copied.ok()) {
+        copied = Copy(src, dst, v, parts, how, Client::SlotImportStep::kDenseRows, &marks, &n);
+      }
       if (copied.code() != StatusCode::kAlreadyExists) {
         TESSERA_RETURN_IF_ERROR(copied);
         report_.rows_in_hold += n;

@@ -111,17 +111,21 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  if (map == nullptr) {
+    return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
+                                      " has no cluster map yet: no dense part to copy");
+  }
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> parts, RequestDenseParts(*p, map));
   const bool move = h.count == kExportDenseMove;
   for (uint32_t part : parts) {
-    const std::string at = " at map version " + std::to_string(map == nullptr ? 0 : map->version);
-    if (move && (map == nullptr || part >= map->dense_moving_from.size() ||
+    const std::string at = " at map version " + std::to_string(map->version);
+    if (move && (part >= map->dense_moving_from.size() ||
                  map->dense_moving_from[part] != options_.rank)) {
       return Status::FailedPrecondition("dense part " + std::to_string(part) +
                                         " is not moving away from server " +
                                         std::to_string(options_.rank) + at);
     }
-    if (!move && (map == nullptr || map->DenseOwner(part) != options_.rank ||
+    if (!move && (map->DenseOwner(part) != options_.rank ||
                   map->DenseBackup(part) == RoutingMap::kNoBackup)) {
       return Status::FailedPrecondition(
           "dense part " + std::to_string(part) + " is not server " +
@@ -203,17 +207,21 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportDenseDone ? 1 : 2));
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
+  if (map == nullptr) {
+    return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
+                                      " has no cluster map yet: no dense part is copied to it");
+  }
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> parts, RequestDenseParts(*p, map));
-  const uint32_t n_parts = map != nullptr ? map->dense_servers : 0;
-  if (dense_filled_.size() != n_parts) dense_filled_.assign(n_parts, false);
   for (uint32_t part : parts) {
-    if (map == nullptr || map->dense_filling.empty() || !map->dense_filling[part]) {
+    if (map->dense_filling.empty() || !map->dense_filling[part]) {
       return Status::FailedPrecondition("dense part " + std::to_string(part) +
                                         " is not being copied to server " +
                                         std::to_string(options_.rank) + " at map version " +
-                                        std::to_string(map == nullptr ? 0 : map->version));
+                                        std::to_string(map->version));
     }
   }
+  // Grown, never shrunk: the marks read back at start stay (the map's dense_servers is fixed).
+  if (dense_filled_.size() < map->dense_servers) dense_filled_.resize(map->dense_servers, false);
   if (h.count == kImportDenseDone) {
     for (uint32_t part : parts) dense_filled_[part] = true;
     // Kept across a restart, as for slots: a moved part's new primary takes pushes from now on.

@@ -149,10 +149,9 @@ bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
 
 Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  if (h.op == Op::kDensePull || h.op == Op::kDensePush) return SubmitDense(p);
-  // Fenced again: the map it was admitted by may have moved its slots while it waited (the
-  // staleness gate parks pulls, a checkpoint cut pushes); nothing of it is logged or applied
-  // yet, so the client routes it anew.
+  // Fenced again: the map it was admitted by may have moved its slots or dense part while it
+  // waited (the staleness gate parks pulls, a checkpoint cut pushes, a copy in both); nothing
+  // of it is logged or applied yet, so the client routes it anew.
   if (!p->admitted_as_retry && h.replica_from == 0) {
     const Status fenced = CheckMapVersion(h, /*exempt_retries=*/false);
     if (!fenced.ok()) {
@@ -160,6 +159,7 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
       return fenced;
     }
   }
+  if (h.op == Op::kDensePull || h.op == Op::kDensePush) return SubmitDense(p);
   KeySplit split;  // cheap compared to waiting
   (void)SplitKeysByLane(p->keys, h.count, static_cast<uint32_t>(lanes_.size()), nullptr, 0, &split);
   return SubmitSparse(p, std::move(split));

@@ -494,8 +494,8 @@ class ServerImpl {
   // Resharding (I/O thread only): slots whose copy is in at the current map (SlotImport,
   // count=1), requests waiting for a copy, and counters for stats.
   std::vector<bool> import_filled_ = std::vector<bool>(kNumSlots, false);
-  // Dense parts whose fill is in (SlotImport dense done); not stored: a restarted backup
-  // holds the part's forwarded pushes again, which a repeated copy then completes.
+  // Dense parts whose copy is in (SlotImport dense done: a backup's fill or a moved part's new
+  // primary), stored like import_filled_ (PersistFilled).
   std::vector<bool> dense_filled_;
   // Job metadata keys ("user/NAME") clients wrote here since the process started: a copy of
   // the records imported when the server joins the map does not replace them.

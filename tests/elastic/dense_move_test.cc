@@ -6,8 +6,6 @@
 // bit with a fixed cluster of two.
 #include <atomic>
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <thread>
 
 #include "tests/elastic/reshard_fixture.h"
@@ -30,6 +28,22 @@ class DenseMoveTest : public ReshardTest {
     }
     return out;
   }
+  // Flips dense part 2 from server 2 to server 0 by hand (one CAS, as MoveDense writes it);
+  // the map written.
+  ClusterMap FlipPartTwoToServerZero() {
+    SlotMapStore store(client_.get(), "/" + std::string(kPrefix));
+    auto m = store.Load();
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return ClusterMap();
+    ClusterMap next = *m;
+    next.dense_primary = {0, 1, 0};
+    next.dense_importing = {ClusterMap::kNoServer, ClusterMap::kNoServer, 2};
+    next.version = m->version + 1;
+    Status s = store.CompareAndSwap(m->version, next);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return next;
+  }
+
   static bool NothingImporting(const ClusterMap& m) {
     return std::all_of(m.dense_importing.begin(), m.dense_importing.end(),
                        [](uint16_t s) { return s == ClusterMap::kNoServer; }) &&
@@ -55,15 +69,8 @@ TEST_F(DenseMoveTest, TheNewPrimaryHoldsThePartsRequestsUntilItsCopyIsIn) {
   const uint64_t n = part2.end - part2.begin;
   ASSERT_TRUE(client->Wait(client->DensePush(*dense, part2.begin, std::vector<float>(n, 1.0f))).ok());
 
-  SlotMapStore store(client_.get(), "/" + std::string(kPrefix));
-  auto m = store.Load();
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  ClusterMap next = *m;
-  next.dense_primary = {0, 1, 0};
-  next.dense_importing = {ClusterMap::kNoServer, ClusterMap::kNoServer, 2};
-  next.version = m->version + 1;
-  const uint64_t v = next.version;
-  ASSERT_TRUE(store.CompareAndSwap(m->version, next).ok());
+  const uint64_t v = FlipPartTwoToServerZero().version;
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(WaitFor(
       [&] {
         return Stat(0, "map_version") == static_cast<int64_t>(v) &&
@@ -146,6 +153,72 @@ TEST_F(DenseMoveTest, TheNewPrimaryHoldsThePartsRequestsUntilItsCopyIsIn) {
   EXPECT_EQ(w[n - 1], -1.0f);
 }
 
+// A dense pull that the staleness gate holds on the part's old primary while the part moves
+// is fenced again when the gate releases it: refused there (it is no longer the part's
+// server), and the client reads the new primary, pushes made there included.
+TEST_F(DenseMoveTest, APullParkedOnTheOldPrimaryIsFencedAgainWhenItRuns) {
+  auto client_of = [&](uint32_t worker) -> std::unique_ptr<Client> {
+    ClientOptions o = TrainingOptions();
+    o.consistency = {.num_workers = 2, .staleness = 0};
+    o.worker_id = worker;
+    auto source = EtcdClusterMapSource::Create(*CoordinatorUrl::Parse(url_));
+    if (!source.ok()) return nullptr;
+    auto c = Client::Create(o, std::move(*source));
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto fast = client_of(0), slow = client_of(1);
+  auto watching = TrainingClient();
+  ASSERT_TRUE(fast != nullptr && slow != nullptr && watching != nullptr);
+  OptimizerSpec sgd;
+  sgd.learning_rate = 1.0f;
+  constexpr uint64_t kLength = 3 * kDenseChunkFloats;
+  auto dense = watching->CreateTable(TableSpec::Dense("w", kLength, sgd));
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  const DenseRange part2 = DenseRangeOfServer(dense->id, kLength, 2, 3);
+  const uint64_t n = part2.end - part2.begin;
+  ASSERT_TRUE(
+      watching->Wait(watching->DensePush(*dense, part2.begin, std::vector<float>(n, 1.0f))).ok());
+  ASSERT_TRUE(fast->Wait(fast->SetClock(2)).ok());
+  ASSERT_TRUE(slow->Wait(slow->SetClock(0)).ok());
+  std::vector<float> out(n, -999.0f);
+  Handle pull = fast->DensePull(*dense, part2.begin, n, out.data());  // waits on server 2
+  ASSERT_EQ(fast->Wait(pull, DeadlineAfterMs(300)).code(), StatusCode::kDeadlineExceeded);
+
+  // Part 2 moves to server 0 (by hand: flip, copy, done, settle), which then takes a push.
+  ClusterMap next = FlipPartTwoToServerZero();
+  ASSERT_FALSE(HasFailure());
+  const uint64_t v = next.version;
+  const std::vector<uint32_t> parts = {2};
+  Client::SlotExportRequest how;
+  how.dense_parts = true;
+  Result<std::string> rows = Status::Unavailable("not asked yet");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        rows = admin_->ExportSlots(2, v, parts, how);
+        return rows.status().code() != StatusCode::kUnavailable;
+      },
+      seconds(30)));
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return Stat(0, "map_version") == static_cast<int64_t>(v); },
+                      seconds(30)));
+  ASSERT_TRUE(admin_->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseRows, *rows).ok());
+  ASSERT_TRUE(admin_->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseDone).ok());
+  next.dense_importing.clear();
+  next.version = v + 1;
+  SlotMapStore store(client_.get(), "/" + std::string(kPrefix));
+  ASSERT_TRUE(store.CompareAndSwap(v, next).ok());
+  ASSERT_TRUE(WaitFor([&] { return watching->cluster_map_version() == v + 1; }, seconds(30)));
+  ASSERT_TRUE(
+      watching->Wait(watching->DensePush(*dense, part2.begin, std::vector<float>(n, 3.0f))).ok());
+
+  // Worker 1 catches up: server 2 releases the pull and refuses it; server 0 answers it.
+  ASSERT_TRUE(slow->Wait(slow->SetClock(2)).ok());
+  Status s = fast->Wait(pull, DeadlineAfterMs(30000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], -4.0f) << "element " << part2.begin + i;
+  EXPECT_GE(fast->stale_map_retries(), 1u);
+}
+
 // SIGTERM of server 2 with --drain_on_stop while the loop trains: its slots and its dense part
 // move to servers 0 and 1, it exits 0 and its id is retired; the loop ends bit-identical to a
 // fixed cluster of two (dense tables are updated element by element, so the parts' layout does
@@ -160,21 +233,14 @@ TEST_F(DenseMoveTest, ADensePartsServerDrainsItselfWhileTraining) {
     EXPECT_TRUE(s.ok()) << "step " << step - 1 << ": " << s.ToString();
   };
   for (int i = 0; i < 10; ++i) train();
-  std::atomic<int> code{-2};
-  std::thread stopper([&] { code = cluster_->Stop(2, 180); });
-  while (code.load() == -2 && !HasFailure()) train();
-  stopper.join();
-  EXPECT_EQ(code.load(), 0);
+  EXPECT_EQ(TrainWhileStopping(trainer, &step, 2), 0);
   ASSERT_TRUE(Retired(2));
   const ClusterMap m = LoadMap();
   EXPECT_EQ(DensePrimaries(m), (std::vector<uint16_t>{0, 1, 0}));
   EXPECT_TRUE(NothingImporting(m));
   for (int i = 0; i < 5; ++i) train();
-  std::ifstream log(cluster_->log_path(2));
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  const size_t drained = text.find("--drain_on_stop: drained");
-  ASSERT_NE(drained, std::string::npos) << text;
-  const std::string line = text.substr(drained, text.find('\n', drained) - drained);
+  const std::string line = DrainedLine(2);
+  ASSERT_FALSE(line.empty());
   std::printf("%s\n  requests held for a copy on server 0: %lld\n", line.c_str(),
               static_cast<long long>(Stat(0, "import_parked_total")));
   EXPECT_NE(line.find("1 dense parts moved"), std::string::npos) << line;

@@ -21,6 +21,7 @@
 #include "ps/client/client.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/etcd_map_source.h"
+#include "ps/coord/membership.h"
 #include "ps/coord/slot_map_store.h"
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"
@@ -514,6 +515,11 @@ TEST_F(FailoverTest, StoppedOldPrimaryCannotApplyAfterTakeover) {
 // slot's primary never takes another's forwarded push, and once the move settled the old
 // primary is refused.
 TEST_F(FailoverTest, ABackupTakesTheOldPrimarysPushesWhileTheSlotMovesOrAfterItWasDropped) {
+  // The test writes the maps by hand: the controller lock keeps the lowest server's background
+  // rebuild (due once slots lose their backup below) from changing the map meanwhile.
+  auto lock = LockController(client_.get(), "/" + std::string(kPrefix), "this-test", 30,
+                             /*wait=*/false, std::chrono::steady_clock::now());
+  ASSERT_TRUE(lock.ok()) << lock.status().ToString();
   auto c = CoordinatorClient();
   ASSERT_NE(c, nullptr);
   const Table t = Sparse(*c, "emb");

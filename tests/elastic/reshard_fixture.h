@@ -205,6 +205,28 @@ class ReshardTest : public EtcdTest {
     return fixed;
   }
 
+  // Steps `trainer` (from *step on) while server `i` stops with SIGTERM, up to 180 s; its exit
+  // code.
+  int TrainWhileStopping(Trainer& trainer, uint64_t* step, uint32_t i) {
+    std::atomic<int> code{-2};
+    std::thread stopper([&] { code = cluster_->Stop(i, 180); });
+    while (code.load() == -2 && !HasFailure()) {
+      Status s = trainer.Step((*step)++);
+      EXPECT_TRUE(s.ok()) << "step " << *step - 1 << ": " << s.ToString();
+    }
+    stopper.join();
+    return code.load();
+  }
+
+  // The line of server `i`'s log that says it drained itself (--drain_on_stop); "" when none.
+  std::string DrainedLine(uint32_t i) {
+    std::ifstream log(cluster_->log_path(i));
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("--drain_on_stop: drained");
+    EXPECT_NE(at, std::string::npos) << text;
+    return at == std::string::npos ? "" : text.substr(at, text.find('\n', at) - at);
+  }
+
   // Whether the stored map has retired server `id`.
   bool Retired(uint32_t id) {
     const ClusterMap m = LoadMap();

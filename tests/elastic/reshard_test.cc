@@ -3,10 +3,7 @@
 // loop goes on. The loop's parameters must end bit-identical to the same loop on a fixed
 // 2-server cluster: no push lost, none applied twice, optimizer state and step counts moved
 // with the rows.
-#include <atomic>
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <thread>
 
 #include "tests/elastic/reshard_fixture.h"
@@ -211,18 +208,12 @@ TEST_F(DrainTest, ASigtermedHighestServerDrainsItselfWhileTraining) {
   for (int i = 0; i < 10; ++i) train();
   ASSERT_EQ(Scale(3, &out), 0) << out;
   for (int i = 0; i < 5; ++i) train();
-  std::atomic<int> code{-2};
-  std::thread stopper([&] { code = cluster_->Stop(2, 180); });
-  while (code.load() == -2 && !HasFailure()) train();
-  stopper.join();
-  EXPECT_EQ(code.load(), 0);
+  EXPECT_EQ(TrainWhileStopping(trainer, &step, 2), 0);
   ASSERT_TRUE(Retired(2));
   for (int i = 0; i < 5; ++i) train();
-  std::ifstream log(cluster_->log_path(2));
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  const size_t drained = text.find("--drain_on_stop: drained");
-  ASSERT_NE(drained, std::string::npos) << text;
-  std::printf("%s\n", text.substr(drained, text.find('\n', drained) - drained).c_str());
+  const std::string line = DrainedLine(2);
+  ASSERT_FALSE(line.empty());
+  std::printf("%s\n", line.c_str());
   ExpectSameAsFixedCluster(trainer, step, "through 2 -> 3 and a drain on SIGTERM");
 }
 
