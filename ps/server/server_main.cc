@@ -114,10 +114,9 @@ DEFINE_bool(auto_join, false,
             "take them in (so kubectl scale up needs no Job); off: they wait for a scale");
 DEFINE_bool(drain_on_stop, false,
             "With --coordinator: on SIGTERM, when this server is the highest live id of the map, "
-            "first move its slots to the others and retire its id (tessera-ctl scale N-1), so "
-            "that kubectl scale down of a StatefulSet (highest ordinal first) needs no Job and "
-            "fails nothing over; a server holding a dense part cannot be drained (it leaves as "
-            "without the flag)");
+            "first move its slots and dense parts to the others and retire its id "
+            "(tessera-ctl scale N-1), so that kubectl scale down of a StatefulSet (highest "
+            "ordinal first) needs no Job and fails nothing over");
 DEFINE_int32(drain_timeout_s, 600,
              "With --drain_on_stop: give up draining after this many seconds (the pod's "
              "terminationGracePeriodSeconds must be longer)");
