@@ -2,6 +2,7 @@
 #include <gflags/gflags.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -312,8 +313,10 @@ int MapInit(tessera::SlotMapStore& store, const std::vector<std::string>& eps) {
 }
 
 // map show: the version, then per server id its member id, address and how many slots it is
-// primary and backup of, then how many slots have a backup, then (a map with dense
-// replication) each dense part's primary and backup (-1: none).
+// primary and backup of, then how many slots have a backup, and how many are being copied (a
+// move or a fill under way, or left by a controller that died), then (a map with dense
+// replication or moved dense parts) each dense part's primary and backup (-1: none), and the
+// server each part is being copied from while any is.
 int MapShow(tessera::SlotMapStore& store) {
   auto map = store.Load();
   if (!map.ok()) {
@@ -336,18 +339,31 @@ int MapShow(tessera::SlotMapStore& store) {
                 slots[i], backups[i]);
   }
   std::printf("slots_with_backup %u of %u\n", backed, tessera::kNumSlots);
+  const auto copying = static_cast<uint32_t>(
+      std::count_if(map->importing.begin(), map->importing.end(),
+                    [](uint16_t s) { return s != tessera::ClusterMap::kNoServer; }));
+  if (copying > 0) {
+    std::printf("slots_being_copied %u (a move or backup fill; tessera-ctl scale finishes one "
+                "left unfinished)\n", copying);
+  }
   if (!map->dense_primary.empty() || !map->dense_backup.empty()) {
-    std::string primaries, backups;
-    for (uint32_t part = 0; part < map->dense_servers; ++part) {
-      const char* sep = part == 0 ? "" : ",";
-      primaries +=
-          sep + std::to_string(map->dense_primary.empty() ? part : map->dense_primary[part]);
-      const uint16_t b =
-          map->dense_backup.empty() ? tessera::ClusterMap::kNoServer : map->dense_backup[part];
-      backups +=
-          sep + (b == tessera::ClusterMap::kNoServer ? std::string("-1") : std::to_string(b));
-    }
-    std::printf("dense_parts primary %s backup %s\n", primaries.c_str(), backups.c_str());
+    auto ids = [&](const std::vector<uint16_t>& list, bool identity) {
+      std::string out;
+      for (uint32_t part = 0; part < map->dense_servers; ++part) {
+        const uint16_t id = list.empty() ? (identity ? static_cast<uint16_t>(part)
+                                                     : tessera::ClusterMap::kNoServer)
+                                         : list[part];
+        out += (part == 0 ? "" : ",") + (id == tessera::ClusterMap::kNoServer
+                                             ? std::string("-1")
+                                             : std::to_string(id));
+      }
+      return out;
+    };
+    std::printf("dense_parts primary %s backup %s%s\n", ids(map->dense_primary, true).c_str(),
+                ids(map->dense_backup, false).c_str(),
+                map->dense_importing.empty()
+                    ? ""
+                    : (" copying_from " + ids(map->dense_importing, false)).c_str());
   }
   return 0;
 }

@@ -99,6 +99,11 @@ TEST_F(DenseMoveTest, TheNewPrimaryHoldsThePartsRequestsUntilItsCopyIsIn) {
   };
   EXPECT_FALSE(answer(500).has_value()) << "a push for a dense part moving in was answered";
   EXPECT_GE(Stat(0, "import_parked_now"), 1);
+  std::string show;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
+  EXPECT_NE(show.find("dense_parts primary 0,1,0 backup -1,-1,-1 copying_from -1,-1,2\n"),
+            std::string::npos)
+      << show;
 
   // The old primary refuses the part at the new version.
   RawPeer at_old(cluster_->endpoints()[2]);
@@ -148,6 +153,8 @@ TEST_F(DenseMoveTest, TheNewPrimaryHoldsThePartsRequestsUntilItsCopyIsIn) {
   EXPECT_TRUE(NothingImporting(after));
   EXPECT_EQ(DensePrimaries(after), (std::vector<uint16_t>{0, 1, 0}));
   EXPECT_TRUE(Retired(2));
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "map", "show", "--coordinator=" + url_}, &show), 0);
+  EXPECT_NE(show.find("dense_parts primary 0,1,0 backup -1,-1,-1\n"), std::string::npos) << show;
   ASSERT_TRUE(client->Wait(client->DensePull(*dense, part2.begin, n, w.data())).ok());
   EXPECT_EQ(w[0], -4.0f);
   EXPECT_EQ(w[n - 1], -1.0f);
