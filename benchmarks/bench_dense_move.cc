@@ -5,7 +5,8 @@
 // controller of `tessera-ctl scale` (in this process) then drains server 2 (`scale 2`: its part
 // moves to server 0), and takes it back (`scale 3`: a part moves to it again).
 //
-// Figures, in the same run: the median and the longest push before any scale (the baseline),
+// Figures, in the same run (after 5 untimed pushes that create the chunks): the median and the
+// longest push before any scale (the baseline),
 // the longest push during each scale (it includes the part's hold: requests for a moving part
 // wait at its new primary until the copy is in), the push rate over each whole scale against
 // the rate before (caller floats: the whole table per push), and the controller's longest hold.
@@ -26,13 +27,6 @@
 #include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_etcd.h"
 #include "benchmarks/bench_stats.h"
-#include "ps/client/client.h"
-#include "ps/client/ctl_scale_internal.h"
-#include "ps/coord/cluster_map.h"
-#include "ps/coord/coordinator_url.h"
-#include "ps/coord/etcd_client.h"
-#include "ps/coord/etcd_map_source.h"
-#include "ps/coord/slot_map_store.h"
 
 DEFINE_uint64(floats, 3 << 20, "Floats in the dense table (each of the 3 parts a third)");
 DEFINE_double(phase_s, 2, "Seconds of pushing before, between and after the scales");
@@ -89,42 +83,25 @@ int main(int argc, char** argv) {
   tessera::bench::Etcd etcd;
   if (Status s = etcd.Start(root.path(), FLAGS_etcd); !s.ok()) return Fail(s);
   const std::string url = etcd.url("bench");
-  std::vector<std::string> endpoints;
-  std::string cluster_list;
-  for (int i = 0; i < 3; ++i) {
-    endpoints.push_back("tcp://127.0.0.1:" + std::to_string(tessera::bench::FreePort()));
-    cluster_list += (i ? "," : "") + endpoints.back();
-  }
-  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
-  for (int r = 0; r < 3; ++r) {
-    servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
-    auto started = servers.back()->Start({binary, "--listen=" + endpoints[r],
-                                          "--cluster=" + cluster_list,
-                                          "--rank=" + std::to_string(r), "--lanes=2",
-                                          "--coordinator=" + url});
-    if (!started.ok()) return Fail(started.status());
-  }
-  auto parsed = tessera::CoordinatorUrl::Parse(url);
-  auto etcd_client = tessera::EtcdClient::Create(parsed->etcd_options());
-  if (!etcd_client.ok()) return Fail(etcd_client.status());
-  tessera::SlotMapStore store(etcd_client->get(), parsed->prefix);
-  const auto first = tessera::ClusterMap::Uniform(
-      {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}, {"server-2", endpoints[2]}});
-  if (Status s = store.Create(first); !s.ok()) return Fail(s);
-  auto source = tessera::EtcdClusterMapSource::Create(*parsed);
-  if (!source.ok()) return Fail(source.status());
-  tessera::ClientOptions co;
-  co.request_timeout_ms = 60000;
-  co.retry_for_ms = 120000;
-  auto client = tessera::Client::Create(co, std::move(*source));
-  if (!client.ok()) return Fail(client.status());
-  tessera::Client& c = **client;
+  auto servers = tessera::bench::StartMapServers(binary, url, {});
+  if (!servers.ok()) return Fail(servers.status());
+  const std::vector<std::string>& endpoints = servers->endpoints;
+  auto map = tessera::bench::CreateMapAndClient(
+      url, tessera::ClusterMap::Uniform({{"server-0", endpoints[0]},
+                                         {"server-1", endpoints[1]},
+                                         {"server-2", endpoints[2]}}));
+  if (!map.ok()) return Fail(map.status());
+  tessera::Client& c = *map->client;
   tessera::OptimizerSpec adagrad;
   adagrad.kind = tessera::OptimizerKind::kAdagrad;
   auto table = c.CreateTable(tessera::TableSpec::Dense("mlp", FLAGS_floats, adagrad));
   if (!table.ok()) return Fail(table.status());
 
   const std::vector<float> grads(FLAGS_floats, 0.001f);
+  // Warm-up, not timed: the first pushes create the chunks and their optimizer state.
+  for (int i = 0; i < 5; ++i) {
+    if (Status s = c.Wait(c.DensePush(*table, 0, grads)); !s.ok()) return Fail(s);
+  }
   PushTimes pushes;
   std::thread pusher([&] {
     while (!pushes.stop.load()) {
@@ -139,30 +116,10 @@ int main(int argc, char** argv) {
     }
   });
   auto phase = [] { std::this_thread::sleep_for(std::chrono::duration<double>(FLAGS_phase_s)); };
-  struct Move {
-    const char* name;
-    uint32_t servers;
-    Clock::time_point begin, end;
-    tessera::internal::ScaleReport report;
-  } moves[2] = {{"scale_down", 2, {}, {}, {}}, {"scale_up", 3, {}, {}, {}}};
-  tessera::internal::ScaleOptions so;
-  tessera::ClientOptions base;
-  base.request_timeout_ms = 120000;
+  tessera::bench::ScaleRun moves[2] = {{"scale_down", 2}, {"scale_up", 3}};
   const auto t_before = Clock::now();
   phase();
-  Status error;
-  for (Move& m : moves) {
-    so.servers = m.servers;
-    m.begin = Clock::now();
-    auto r = tessera::internal::Scale(**etcd_client, parsed->prefix, base, so);
-    m.end = Clock::now();
-    if (!r.ok()) {
-      error = r.status().WithContext(m.name);
-      break;
-    }
-    m.report = *r;
-    phase();
-  }
+  const Status error = tessera::bench::RunScales(*map, {}, moves, phase);
   pushes.stop = true;
   pusher.join();
   if (!error.ok()) return Fail(error);
@@ -181,7 +138,7 @@ int main(int argc, char** argv) {
   std::string json = "{\"bench\":\"dense_move\",\"floats\":" + std::to_string(FLAGS_floats) +
                      ",\"push_median_ms_before\":" + std::to_string(median) +
                      ",\"push_max_ms_before\":" + std::to_string(Max(before));
-  for (const Move& m : moves) {
+  for (const tessera::bench::ScaleRun& m : moves) {
     const std::vector<double> during = pushes.Ms(m.begin, m.end);
     const double secs = std::chrono::duration<double>(m.end - m.begin).count();
     const double ratio = during.size() / std::max(1e-9, secs) / std::max(1e-9, rate_before);

@@ -327,7 +327,7 @@ int main(int argc, char** argv) {
   if (Status s = etcd.Start(root.path(), FLAGS_etcd); !s.ok()) return Fail(s);
   if (!FLAGS_scale) return FLAGS_failover ? Failover(binary, etcd, root.path(), rows, phase_s) : 0;
   const std::string url = etcd.url("bench");
-  std::vector<std::string> flags = {"--coordinator=" + url};
+  std::vector<std::string> flags;
   {
     std::stringstream extra(FLAGS_server_flags);
     for (std::string f; std::getline(extra, f, ',');) {
@@ -336,37 +336,15 @@ int main(int argc, char** argv) {
   }
   // Three servers on free ports named in --cluster (each registers its entry in etcd); the map
   // names the first two.
-  std::vector<std::string> endpoints;
-  std::string cluster_list;
-  for (int i = 0; i < 3; ++i) {
-    endpoints.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
-    cluster_list += (i ? "," : "") + endpoints.back();
-  }
-  std::vector<std::unique_ptr<tessera::bench::ServerProcess>> servers;
-  for (int r = 0; r < 3; ++r) {
-    std::vector<std::string> argv = {binary, "--listen=" + endpoints[r], "--cluster=" + cluster_list,
-                                     "--rank=" + std::to_string(r), "--lanes=2"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
-    auto started = servers.back()->Start(argv);
-    if (!started.ok()) return Fail(started.status());
-  }
-  auto parsed = tessera::CoordinatorUrl::Parse(url);
-  auto etcd_client = tessera::EtcdClient::Create(parsed->etcd_options());
-  if (!etcd_client.ok()) return Fail(etcd_client.status());
-  tessera::SlotMapStore store(etcd_client->get(), parsed->prefix);
+  auto servers = tessera::bench::StartMapServers(binary, url, flags);
+  if (!servers.ok()) return Fail(servers.status());
+  const std::vector<std::string>& endpoints = servers->endpoints;
   auto first = tessera::ClusterMap::Replicated(
       {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}}, FLAGS_replication);
   if (!first.ok()) return Fail(first.status());
-  if (Status s = store.Create(*first); !s.ok()) return Fail(s);
-  auto source = tessera::EtcdClusterMapSource::Create(*parsed);
-  if (!source.ok()) return Fail(source.status());
-  tessera::ClientOptions co;
-  co.request_timeout_ms = 60000;
-  co.retry_for_ms = 120000;
-  auto client = tessera::Client::Create(co, std::move(*source));
-  if (!client.ok()) return Fail(client.status());
-  tessera::Client& c = **client;
+  auto map = tessera::bench::CreateMapAndClient(url, *first);
+  if (!map.ok()) return Fail(map.status());
+  tessera::Client& c = *map->client;
   tessera::OptimizerSpec adagrad;
   adagrad.kind = tessera::OptimizerKind::kAdagrad;
   auto table = c.CreateTable(tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad));
@@ -407,29 +385,10 @@ int main(int argc, char** argv) {
   tessera::internal::ScaleOptions so;
   so.batch_slots = FLAGS_batch_slots;
   so.pace = FLAGS_pace;
-  tessera::ClientOptions base;
-  base.request_timeout_ms = 120000;
-  struct Move {
-    const char* name;
-    uint32_t servers;
-    Clock::time_point begin, end;
-    tessera::internal::ScaleReport report;
-  } moves[2] = {{"scale_up", 3, {}, {}, {}}, {"scale_down", 2, {}, {}, {}}};
+  tessera::bench::ScaleRun moves[2] = {{"scale_up", 3}, {"scale_down", 2}};
   const auto t_before = Clock::now();
   sleep_phase();
-  Status error;
-  for (Move& m : moves) {
-    so.servers = m.servers;
-    m.begin = Clock::now();
-    auto r = tessera::internal::Scale(**etcd_client, parsed->prefix, base, so);
-    m.end = Clock::now();
-    if (!r.ok()) {
-      error = r.status().WithContext(m.name);
-      break;
-    }
-    m.report = *r;
-    sleep_phase();
-  }
+  const Status error = tessera::bench::RunScales(*map, so, moves, sleep_phase);
   const auto t_after = Clock::now();
   pushes.stop = true;
   pusher.join();
@@ -451,7 +410,7 @@ int main(int argc, char** argv) {
                      std::to_string(FLAGS_replication) + ",\"rows\":" + std::to_string(rows) +
                      ",\"pace\":" + std::to_string(FLAGS_pace) +
                      ",\"push_keys_per_s_before\":" + std::to_string(before);
-  for (const Move& m : moves) {
+  for (const tessera::bench::ScaleRun& m : moves) {
     const double during = tessera::bench::Median(Windows(pushes, m.begin, m.end, window));
     const double overall = Rate(pushes, m.begin, m.end);
     const double secs = std::chrono::duration<double>(m.end - m.begin).count();
@@ -482,7 +441,8 @@ int main(int argc, char** argv) {
   json += ",\"push_keys_per_s_after\":" + std::to_string(after) + "}";
   std::printf("%s\n", json.c_str());
   if (FLAGS_failover) {
-    servers.clear();
+    map->client.reset();  // before its servers
+    servers->processes.clear();
     return Failover(binary, etcd, root.path(), rows, phase_s);
   }
   return 0;

@@ -1,5 +1,7 @@
 // What the benchmarks of the elastic tier share (bench_elastic, bench_dense_move): a real etcd
-// process on free loopback ports, and a log of timestamped push completions read as rates.
+// process on free loopback ports, three servers following a map in it, a client of that map,
+// the scales run by tessera-ctl scale's controller, and a log of timestamped push completions
+// read as rates.
 #pragma once
 
 #include <netinet/in.h>
@@ -19,7 +21,18 @@
 #include <utility>
 #include <vector>
 
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "benchmarks/bench_cluster.h"
+#include "ps/client/client.h"
+#include "ps/client/ctl_scale_internal.h"
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_client.h"
+#include "ps/coord/etcd_map_source.h"
+#include "ps/coord/slot_map_store.h"
 #include "ps/status.h"
 
 namespace tessera::bench {
@@ -125,6 +138,75 @@ inline double Rate(Pushes& p, Clock::time_point from, Clock::time_point to) {
     if (at >= from && at < to) keys += k;
   }
   return static_cast<double>(keys) / std::chrono::duration<double>(to - from).count();
+}
+
+// Three tessera-server processes (2 lanes; memory tier unless `flags` say otherwise) on free
+// loopback ports, all named in --cluster, each following the map at etcd `url`.
+struct MapServers {
+  std::vector<std::string> endpoints;
+  std::vector<std::unique_ptr<ServerProcess>> processes;
+};
+inline Result<MapServers> StartMapServers(const std::string& binary, const std::string& url,
+                                          const std::vector<std::string>& flags) {
+  MapServers out;
+  std::string cluster_list;
+  for (int i = 0; i < 3; ++i) {
+    out.endpoints.push_back("tcp://127.0.0.1:" + std::to_string(FreePort()));
+    cluster_list += (i ? "," : "") + out.endpoints.back();
+  }
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> argv = {binary, "--listen=" + out.endpoints[r],
+                                     "--cluster=" + cluster_list, "--rank=" + std::to_string(r),
+                                     "--lanes=2", "--coordinator=" + url};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    out.processes.push_back(std::make_unique<ServerProcess>());
+    TESSERA_RETURN_IF_ERROR(out.processes.back()->Start(argv).status());
+  }
+  return out;
+}
+
+// `first` stored as the map at `url`, and a client that follows it.
+struct MapClient {
+  CoordinatorUrl url;
+  std::unique_ptr<EtcdClient> etcd;
+  std::unique_ptr<Client> client;
+};
+inline Result<MapClient> CreateMapAndClient(const std::string& url, const ClusterMap& first) {
+  MapClient out;
+  TESSERA_ASSIGN_OR_RETURN(out.url, CoordinatorUrl::Parse(url));
+  TESSERA_ASSIGN_OR_RETURN(out.etcd, EtcdClient::Create(out.url.etcd_options()));
+  TESSERA_RETURN_IF_ERROR(SlotMapStore(out.etcd.get(), out.url.prefix).Create(first));
+  TESSERA_ASSIGN_OR_RETURN(auto source, EtcdClusterMapSource::Create(out.url));
+  ClientOptions co;
+  co.request_timeout_ms = 60000;
+  co.retry_for_ms = 120000;
+  TESSERA_ASSIGN_OR_RETURN(out.client, Client::Create(co, std::move(source)));
+  return out;
+}
+
+// One scale of a run: to `servers` live servers; its time and report.
+struct ScaleRun {
+  const char* name;
+  uint32_t servers;
+  Clock::time_point begin{}, end{};
+  internal::ScaleReport report{};
+};
+// Runs the scales of `runs` in turn with `so`, calling `pause` after each; the first error,
+// named after its scale.
+inline Status RunScales(MapClient& m, internal::ScaleOptions so, std::span<ScaleRun> runs,
+                        const std::function<void()>& pause) {
+  ClientOptions base;
+  base.request_timeout_ms = 120000;
+  for (ScaleRun& run : runs) {
+    so.servers = run.servers;
+    run.begin = Clock::now();
+    auto r = internal::Scale(*m.etcd, m.url.prefix, base, so);
+    run.end = Clock::now();
+    if (!r.ok()) return r.status().WithContext(run.name);
+    run.report = *r;
+    pause();
+  }
+  return Status::OK();
 }
 
 }  // namespace tessera::bench
