@@ -327,7 +327,7 @@ Result<ScaleReport> Controller::Run() {
     TESSERA_RETURN_IF_ERROR(MoveReplicated(targets));
     // Dense backups among the servers kept, the added ones included (a part whose backup
     // died has none until now).
-    TESSERA_RETURN_IF_ERROR(KeepDense(targets, /*backups=*/true));
+    TESSERA_RETURN_IF_ERROR(KeepDense(targets));
   } else {
     const auto moves = PlanMoves(map_, targets);
     for (size_t i = 0; i < moves.size(); i += o_.batch_slots) {

@@ -142,9 +142,9 @@ class Controller {
   Status RebuildDense(const std::vector<bool>& live);
   // Waits after a batch that began at `start` so that moving takes `o_.pace` of the time.
   void Pace(SteadyClock::time_point start) const;
-  // With `backups`, the dense backups of a map whose servers will be `targets` that are
-  // elsewhere are dropped, and every part without one gets one among the targets.
-  Status KeepDense(const std::vector<uint16_t>& targets, bool backups);
+  // The dense backups of a replicated map whose servers will be `targets` that are elsewhere
+  // are dropped, and every part without one gets one among the targets.
+  Status KeepDense(const std::vector<uint16_t>& targets);
   // Resharding of a replicated map: in batches of the slots whose primary or backup changes,
   // drops the backups that change (one CAS), moves the primaries (Batch; a backup that stays
   // keeps receiving the slot's pushes), gives the slots their new backups (a backup fill,

@@ -92,12 +92,9 @@ std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>
     }
     return to;
   };
-  auto backup_of = [&](uint32_t part) {
-    return m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
-  };
   std::vector<uint32_t> homeless;
   for (uint32_t part = 0; part < m.dense_servers; ++part) {
-    primary[part] = m.dense_primary.empty() ? static_cast<uint16_t>(part) : m.dense_primary[part];
+    primary[part] = m.DensePrimary(part);
     if (load.count(primary[part])) {
       ++load[primary[part]];
     } else {
@@ -106,7 +103,7 @@ std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>
   }
   // A drained server's parts: to their backup when it stays, else to the least loaded target.
   for (uint32_t part : homeless) {
-    const uint16_t b = backup_of(part);
+    const uint16_t b = m.DenseBackup(part);
     primary[part] = load.count(b) ? b : least();
     ++load[primary[part]];
   }
@@ -122,11 +119,11 @@ std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>
     int pick = -1;
     for (uint32_t part = 0; part < m.dense_servers; ++part) {
       if (primary[part] != from) continue;
-      if (pick < 0 || backup_of(part) == to ||
-          (backup_of(static_cast<uint32_t>(pick)) != to)) {
+      if (pick < 0 || m.DenseBackup(part) == to ||
+          m.DenseBackup(static_cast<uint32_t>(pick)) != to) {
         pick = static_cast<int>(part);
       }
-      if (backup_of(part) == to) break;
+      if (m.DenseBackup(part) == to) break;
     }
     primary[pick] = to;
     --load[from];

@@ -12,8 +12,7 @@ Status Controller::SettleDenseFills() {
   for (uint32_t part = 0; part < map_.dense_importing.size(); ++part) {
     const uint16_t from = map_.dense_importing[part];
     if (from == ClusterMap::kNoServer) continue;
-    const uint16_t primary = map_.dense_primary.empty() ? static_cast<uint16_t>(part)
-                                                        : map_.dense_primary[part];
+    const uint16_t primary = map_.DensePrimary(part);
     if (from == primary) {
       fills[{from, map_.dense_backup[part]}].push_back(part);
     } else {
@@ -75,8 +74,7 @@ Status Controller::RebuildDense(const std::vector<bool>& live) {
   ClusterMap next = map_;
   bool any = false;
   for (uint32_t part = 0; part < map_.dense_servers; ++part) {
-    const uint16_t p = map_.dense_primary.empty() ? static_cast<uint16_t>(part)
-                                                  : map_.dense_primary[part];
+    const uint16_t p = map_.DensePrimary(part);
     if (map_.dense_backup[part] != ClusterMap::kNoServer || !live[p]) continue;
     const uint16_t n = static_cast<uint16_t>(map_.servers.size());
     for (uint16_t k = 1; k < n; ++k) {
@@ -124,7 +122,7 @@ Status Controller::MoveDense(const std::vector<uint16_t>& targets) {
   ClusterMap next = map_;
   bool any = false;
   for (uint16_t part = 0; part < map_.dense_servers; ++part) {
-    const uint16_t p = map_.dense_primary.empty() ? part : map_.dense_primary[part];
+    const uint16_t p = map_.DensePrimary(part);
     const uint16_t to = plan[part];
     if (to == p) continue;
     if (next.dense_primary.empty()) {
@@ -148,11 +146,11 @@ Status Controller::MoveDense(const std::vector<uint16_t>& targets) {
   return SettleDenseFills();
 }
 
-Status Controller::KeepDense(const std::vector<uint16_t>& targets, bool backups) {
+Status Controller::KeepDense(const std::vector<uint16_t>& targets) {
   auto kept = [&](uint16_t id) {
     return std::find(targets.begin(), targets.end(), id) != targets.end();
   };
-  if (!backups || map_.dense_backup.empty()) return Status::OK();
+  if (map_.dense_backup.empty()) return Status::OK();
   ClusterMap next = map_;
   bool dropped = false;
   for (uint16_t part = 0; part < map_.dense_servers; ++part) {

@@ -125,12 +125,12 @@ Status CheckSlot(const ClusterMap& m, uint32_t slot) {
 Status CheckDensePart(const ClusterMap& m, uint32_t part) {
   const std::string where =
       "cluster map v" + std::to_string(m.version) + ": dense part " + std::to_string(part);
-  const uint16_t p = m.dense_primary.empty() ? static_cast<uint16_t>(part) : m.dense_primary[part];
+  const uint16_t p = m.DensePrimary(part);
   if (!m.dense_primary.empty() && (p >= m.servers.size() || m.servers[p].address.empty())) {
     return Status::InvalidArgument(where + ": primary " + std::to_string(p) +
                                    " is not a server with an address");
   }
-  const uint16_t b = m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
+  const uint16_t b = m.DenseBackup(part);
   const uint16_t from =
       m.dense_importing.empty() ? ClusterMap::kNoServer : m.dense_importing[part];
   if (from == p && b == ClusterMap::kNoServer) {

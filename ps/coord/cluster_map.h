@@ -61,6 +61,15 @@ struct ClusterMap {
   /// only while some part has one; an empty list and all kNoServer mean the same.
   std::vector<uint16_t> dense_importing;
 
+  /// The server of dense part `part` (server `part` without dense_primary), and its backup
+  /// (kNoServer: none, or no dense_backup list).
+  uint16_t DensePrimary(uint32_t part) const {
+    return dense_primary.empty() ? static_cast<uint16_t>(part) : dense_primary[part];
+  }
+  uint16_t DenseBackup(uint32_t part) const {
+    return dense_backup.empty() ? kNoServer : dense_backup[part];
+  }
+
   /// Version 1 of a cluster of `servers`: primaries as SlotMap::Uniform(servers.size()), no
   /// backups, nothing importing, dense tables over all of them.
   static ClusterMap Uniform(std::vector<MapServer> servers);

@@ -21,27 +21,17 @@ uint32_t Promotion::dense_parts_promoted() const {
 
 namespace {
 
-// The server of dense part `part` (server `part` without dense_primary).
-uint16_t DensePrimary(const ClusterMap& m, uint32_t part) {
-  return m.dense_primary.empty() ? static_cast<uint16_t>(part) : m.dense_primary[part];
-}
-
-// The backup of dense part `part` (kNoServer: none).
-uint16_t DenseBackup(const ClusterMap& m, uint32_t part) {
-  return m.dense_backup.empty() ? ClusterMap::kNoServer : m.dense_backup[part];
-}
-
 // PromoteBackups' rules for the dense parts of `p->map` (see failover.h); true when it changed
 // any. A map without dense_primary gets one (part p on server p) when a part is promoted.
 bool PromoteDenseParts(const std::vector<bool>& dead, Promotion* p) {
   ClusterMap& m = p->map;
   bool changed = false;
   for (uint32_t part = 0; part < m.dense_servers; ++part) {
-    uint16_t backup = DenseBackup(m, part);
+    uint16_t backup = m.DenseBackup(part);
     const uint16_t from =
         m.dense_importing.empty() ? ClusterMap::kNoServer : m.dense_importing[part];
     // A fill of its backup (from its primary), or a move to its primary (from another server).
-    const bool filling = from != ClusterMap::kNoServer && from == DensePrimary(m, part);
+    const bool filling = from != ClusterMap::kNoServer && from == m.DensePrimary(part);
     const bool moving = from != ClusterMap::kNoServer && !filling;
     if (backup != ClusterMap::kNoServer && dead[backup]) {
       m.dense_backup[part] = backup = ClusterMap::kNoServer;
@@ -49,7 +39,7 @@ bool PromoteDenseParts(const std::vector<bool>& dead, Promotion* p) {
       ++p->dense_backups_cleared;
       changed = true;
     }
-    const uint16_t primary = DensePrimary(m, part);
+    const uint16_t primary = m.DensePrimary(part);
     if (!dead[primary]) continue;
     if ((filling && backup != ClusterMap::kNoServer) || moving) {
       // Its backup is still being filled, or the part is being copied into its primary: no
@@ -88,8 +78,8 @@ void RetireUnnamed(const std::vector<bool>& dead, Promotion* p) {
     if (m.importing[slot] != ClusterMap::kNoServer) named[m.importing[slot]] = true;
   }
   for (uint32_t part = 0; part < m.dense_servers; ++part) {
-    named[DensePrimary(m, part)] = true;
-    if (DenseBackup(m, part) != ClusterMap::kNoServer) named[DenseBackup(m, part)] = true;
+    named[m.DensePrimary(part)] = true;
+    if (m.DenseBackup(part) != ClusterMap::kNoServer) named[m.DenseBackup(part)] = true;
     // A move's source holds the part until its copy is in.
     if (part < m.dense_importing.size() && m.dense_importing[part] != ClusterMap::kNoServer) {
       named[m.dense_importing[part]] = true;
@@ -229,8 +219,7 @@ void FailoverWatcher::CheckBackedUp(const ClusterMap& map, const std::set<std::s
           map.importing[slot] == ClusterMap::kNoServer && live[map.primary[slot]];
   }
   for (uint32_t part = 0; part < map.dense_backup.size() && !due; ++part) {
-    const uint16_t p =
-        map.dense_primary.empty() ? static_cast<uint16_t>(part) : map.dense_primary[part];
+    const uint16_t p = map.DensePrimary(part);
     const bool filling = part < map.dense_importing.size() &&
                          map.dense_importing[part] != ClusterMap::kNoServer;
     due = map.dense_backup[part] == ClusterMap::kNoServer && !filling && p < live.size() && live[p];

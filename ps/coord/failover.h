@@ -68,8 +68,9 @@ struct Promotion {
 /// dead dense backup is removed (`dense_backups_cleared`); a part being moved to another
 /// primary (dense_importing another server) whose new primary is dead is left as it is
 /// (`dense_unavailable`). A dead server that no slot (as primary, backup or importing source)
-/// and no dense part (as primary, backup or importing source) names any more is retired (its address emptied): the retired id tells clients to send what they had
-/// in flight there to the promoted backups. So a dead server of a map without dense
+/// and no dense part (as primary, backup or importing source) names any more is retired (its
+/// address emptied): the retired id tells clients to send what they had in flight there to
+/// the promoted backups. So a dead server of a map without dense
 /// replication (no dense_primary) that holds dense part p (p < dense_servers) stays in the
 /// map, unavailable like a slot without a backup, until it comes back. Ids of `dead` that
 /// are already retired are ignored. The result validates; `changed` is false (and the version

@@ -24,7 +24,7 @@ class DenseMoveTest : public ReshardTest {
   static std::vector<uint16_t> DensePrimaries(const ClusterMap& m) {
     std::vector<uint16_t> out;
     for (uint16_t part = 0; part < m.dense_servers; ++part) {
-      out.push_back(m.dense_primary.empty() ? part : m.dense_primary[part]);
+      out.push_back(m.DensePrimary(part));
     }
     return out;
   }
