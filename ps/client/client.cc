@@ -27,19 +27,12 @@ struct SparsePlan {
 
 // Dedupe: the unique index of every key, in first-seen order.
 std::shared_ptr<SparsePlan> DedupeKeys(std::span<const uint64_t> keys) {
-  const size_t n = keys.size();
   auto plan = std::make_shared<SparsePlan>();
-  plan->unique_of.resize(n);
-  plan->unique_keys.reserve(n);
-  // One table per calling thread, emptied in O(1) between calls: no allocation, no page
-  // faults on every request.
+  plan->unique_of.resize(keys.size());
+  // One table per calling thread, kept between calls: no allocation, no page faults on every
+  // request.
   thread_local KeyIndex index;
-  index.Reset(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto [u, inserted] = index.Insert(keys[i], static_cast<uint32_t>(plan->unique_keys.size()));
-    if (inserted) plan->unique_keys.push_back(keys[i]);
-    plan->unique_of[i] = u;
-  }
+  index.Dedupe(keys, &plan->unique_keys, plan->unique_of.data());
   return plan;
 }
 
