@@ -4,7 +4,9 @@
 // leaves of a 100k-key Zipf request in bench_sparse) drawn uniformly from tables of
 // --rows_small and --rows_large rows of dim 16. Each key costs a hash probe, then its row and
 // metadata: dependent cache misses once the table outgrows the caches. "off" runs the same
-// loop without the PrefetchAhead calls. Keys/s count unique keys, on one thread.
+// loop without the PrefetchAhead calls. The lookup cells do the same for the loop of
+// MemoryLaneStore::Lookup (Find, then the row's values copied out), which does not prefetch:
+// they show why (prefetching measured slower there). Keys/s count unique keys, on one thread.
 
 //
 //   bench_prefetch [--quick] [--reps=N]
@@ -14,6 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,17 @@ void Apply(tessera::internal::SparseRows& rows, const tessera::Optimizer& opt,
     float* row = rows.FindOrCreate(keys[i], &created, &meta);
     ++meta->update_count;
     opt.Apply(row, row + dim, grads.data() + i * dim, dim, 0, dim, meta->update_count, 1.0f);
+  }
+}
+
+// The server lane's lookup loop (MemoryLaneStore::Lookup): each key's row copied out.
+void Lookup(const tessera::internal::SparseRows& rows, const std::vector<uint64_t>& keys,
+            std::vector<float>& out, uint32_t dim, bool prefetch) {
+  const std::span<const uint64_t> span(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (prefetch) tessera::internal::PrefetchAhead(rows, span, i);
+    const float* row = rows.Find(keys[i]);
+    if (row != nullptr) std::memcpy(out.data() + i * dim, row, sizeof(float) * dim);
   }
 }
 
@@ -105,6 +119,15 @@ int main(int argc, char** argv) {
       double keys = 0;
       for (const auto& b : ids) {
         Apply(rows, *opt, b, grads, dim, p);
+        keys += static_cast<double>(b.size());
+      }
+      return keys;
+    }));
+    std::vector<float> out(37000 * dim);
+    cells.push_back(Measure("lookup/" + std::to_string(rows_n) + "_rows", reps, [&](bool p) {
+      double keys = 0;
+      for (const auto& b : ids) {
+        Lookup(rows, b, out, dim, p);
         keys += static_cast<double>(b.size());
       }
       return keys;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -30,8 +31,12 @@ class SparseRows {
   static constexpr uint32_t kRowsPerBlock = 16;
   /// kRowsPerBlock slots: key, floats, metadata and a live flag each, in one allocation (a
   /// copy-on-write copy is one allocation and one memcpy).
+  /// Frees a block's memory, which is aligned to a cache line.
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
   struct Block {
-    std::unique_ptr<std::byte[]> mem;
+    std::unique_ptr<std::byte[], AlignedDelete> mem;
     size_t bytes = 0;
     uint64_t* keys = nullptr;
     float* rows = nullptr;
@@ -88,9 +93,11 @@ class SparseRows {
     const std::byte* mem = mem_[it->second / kRowsPerBlock];
     const uint32_t i = it->second % kRowsPerBlock;
     const std::byte* row = mem + rows_offset_ + size_t{i} * stride_ * sizeof(float);
-    __builtin_prefetch(row);
-    __builtin_prefetch(row + stride_ * sizeof(float) - 1);
-    __builtin_prefetch(mem + metas_offset_ + size_t{i} * sizeof(RowMeta));
+    // A row of up to 3 cache lines (blocks are line-aligned: a 64- or 128-byte row takes 1 or 2).
+    __builtin_prefetch(row, 1);
+    __builtin_prefetch(row + 64, 1);
+    __builtin_prefetch(row + stride_ * sizeof(float) - 1, 1);
+    __builtin_prefetch(mem + metas_offset_ + size_t{i} * sizeof(RowMeta), 1);
   }
   const RowMeta& MetaOf(uint64_t key) const;
   /// Inserts or overwrites a row (value + state) with its metadata.
