@@ -10,6 +10,9 @@
 //            float array of its own before it acks, as a parameter server must (the fair
 //            baseline: an ack-only server never reads what it receives, *_vs_zmq_touch).
 //   tessera  Client::DensePush / DensePull of a dense SGD table of the same byte size.
+//   owned    pushes only: Client::DensePush of a shared_ptr'd buffer, which the client sends
+//            without copying it (the tessera side and both raw sides copy the payload into
+//            the message: that is the like-for-like comparison; *_owned_vs_zmq_touch).
 // With 2 servers both sides cut the payload into 64 KiB chunks and give each server a
 // contiguous half of the chunks, as Tessera's dense placement does.
 //
@@ -387,9 +390,11 @@ struct Row {
   double raw_mbps, tes_mbps, raw_lat_us, tes_lat_us, raw_rate, tes_rate;
   // Pushes: the touching raw server's figures (0 for pulls).
   double touch_mbps = 0, touch_lat_us = 0, touch_rate = 0;
+  double owned_mbps = 0;  // Tessera's zero-copy push (pushes only)
   double tput_ratio() const { return raw_mbps > 0 ? tes_mbps / raw_mbps : 0; }
   double lat_ratio() const { return raw_lat_us > 0 ? tes_lat_us / raw_lat_us : 0; }
   double touch_ratio() const { return touch_mbps > 0 ? tes_mbps / touch_mbps : 0; }
+  double owned_touch_ratio() const { return touch_mbps > 0 ? owned_mbps / touch_mbps : 0; }
 };
 
 std::string JsonNum(double v) {
@@ -458,10 +463,11 @@ int main(int argc, char** argv) {
       FLAGS_lanes, reps, rep_s);
   std::printf(
       "raw: the server acks pushes unread; touch: it adds each pushed payload into its own "
-      "floats first (pushes only); ratios are Tessera / raw, and Tessera / touch last\n");
-  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s %10s %6s\n", "cell", "raw MB/s",
-              "tes MB/s", "ratio", "raw us", "tes us", "ratio", "raw op/s", "tes op/s", "ratio",
-              "touch MB/s", "ratio");
+      "floats first (pushes only); ratios are Tessera / raw, and Tessera / touch; own: "
+      "Tessera's zero-copy push, and its ratio to touch\n");
+  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s %10s %6s %10s %6s\n", "cell",
+              "raw MB/s", "tes MB/s", "ratio", "raw us", "tes us", "ratio", "raw op/s",
+              "tes op/s", "ratio", "touch MB/s", "ratio", "own MB/s", "ratio");
   std::fflush(stdout);
 
   std::vector<Row> rows;
@@ -501,6 +507,8 @@ int main(int argc, char** argv) {
       const tessera::Table table = *table_or;
       const uint64_t nfloats = bytes / 4;
       const std::span<const float> grads(reinterpret_cast<const float*>(src.data()), nfloats);
+      const auto owned_grads = std::make_shared<const std::vector<float>>(grads.begin(),
+                                                                          grads.end());
       float* out = reinterpret_cast<float*>(dst.data());
       // Short runs for big payloads would be a handful of ops: ask for a few at least.
       const uint64_t min_ops = 8;
@@ -524,12 +532,13 @@ int main(int argc, char** argv) {
           auto run_raw = [&](double secs) {
             return run_raw_op(secs, push ? kRawPush : kRawPull);
           };
-          auto run_tessera = [&](double secs) {
+          auto run_tessera = [&](double secs, bool owned = false) {
             return RunWindow(
                 window, secs, min_ops,
                 [&](uint64_t id) {
-                  handles[id % window] = push ? client->DensePush(table, 0, grads)
-                                              : client->DensePull(table, 0, nfloats, out);
+                  handles[id % window] = !push  ? client->DensePull(table, 0, nfloats, out)
+                                         : owned ? client->DensePush(table, 0, owned_grads)
+                                                 : client->DensePush(table, 0, grads);
                 },
                 [&](uint64_t id) {
                   tessera::Status s = client->Wait(handles[id % window]);
@@ -540,15 +549,18 @@ int main(int argc, char** argv) {
           run_raw(rep_s / 4);
           if (push) run_raw_op(rep_s / 4, kRawPushTouch);
           run_tessera(rep_s / 4);
-          Side raw_side, tes_side, touch_side;
-          // Sides in turn, the order reversed on odd repetitions: raw, Tessera (, touch).
-          tessera::bench::ForEachAlternating(push ? 3 : 2, reps, [&](size_t side, int) {
+          if (push) run_tessera(rep_s / 4, true);
+          Side raw_side, tes_side, touch_side, owned_side;
+          // Sides in turn, the order reversed on odd repetitions: raw, Tessera (, touch, owned).
+          tessera::bench::ForEachAlternating(push ? 4 : 2, reps, [&](size_t side, int) {
             if (side == 0) {
               raw_side.Add(run_raw(rep_s), bytes);
             } else if (side == 1) {
               tes_side.Add(run_tessera(rep_s), bytes);
-            } else {
+            } else if (side == 2) {
               touch_side.Add(run_raw_op(rep_s, kRawPushTouch), bytes);
+            } else {
+              owned_side.Add(run_tessera(rep_s, true), bytes);
             }
             return true;
           });
@@ -568,13 +580,15 @@ int main(int argc, char** argv) {
             row.touch_mbps = Median(touch_side.mbps);
             row.touch_lat_us = Median(touch_side.latencies_us);
             row.touch_rate = Median(touch_side.ops_per_s);
+            row.owned_mbps = Median(owned_side.mbps);
           }
           std::printf(
-              "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f\n",
+              "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f "
+              "%10.1f %6.2f\n",
               cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(), row.raw_lat_us,
               row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
               row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0, row.touch_mbps,
-              row.touch_ratio());
+              row.touch_ratio(), row.owned_mbps, row.owned_touch_ratio());
           std::fflush(stdout);
           rows.push_back(row);
          }
@@ -603,6 +617,7 @@ int main(int argc, char** argv) {
       if (const Row* r = find(push, bytes, 1)) {
         put(base + "_vs_zmq", r->tput_ratio());
         if (push) put(base + "_vs_zmq_touch", r->touch_ratio());
+        if (push) put(base + "_owned_vs_zmq_touch", r->owned_touch_ratio());
       }
       if (const Row* r = find(push, bytes, 8)) {
         put(base + "_inflight8_vs_zmq", r->tput_ratio());
@@ -643,7 +658,8 @@ int main(int argc, char** argv) {
             ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) +
             (r.cell.push ? ",\"touch_MBps\":" + JsonNum(r.touch_mbps) +
                                ",\"touch_latency_us\":" + JsonNum(r.touch_lat_us) +
-                               ",\"touch_ops_per_s\":" + JsonNum(r.touch_rate)
+                               ",\"touch_ops_per_s\":" + JsonNum(r.touch_rate) +
+                               ",\"owned_MBps\":" + JsonNum(r.owned_mbps)
                          : std::string()) +
             "}";
   }

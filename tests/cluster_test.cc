@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -202,6 +204,38 @@ TEST(ClusterTest, TablesPullOrderAndInitializers) {
   auto none = c->GetMeta("worker/9");
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
+}
+
+TEST(ClusterTest, ZeroCopyDensePushAppliesAndLetsGoOfTheBuffer) {
+  LocalCluster cluster(testing::Servers(2));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  auto d = c->CreateTable(TableSpec::Dense("d", 40000, Sgd(1.0f)));
+  ASSERT_TRUE(d.ok());
+  // A range over both servers' parts: one message each, both pointing into the buffer.
+  auto grad = std::make_shared<std::vector<float>>(20000);
+  for (size_t i = 0; i < grad->size(); ++i) (*grad)[i] = 0.25f * static_cast<float>(i % 7);
+  ASSERT_TRUE(c->Wait(c->DensePush(*d, 10000, std::shared_ptr<const std::vector<float>>(grad)))
+                  .ok());
+  std::vector<float> out(40000);
+  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 40000, out.data())).ok());
+  for (int e = 0; e < 40000; ++e) {
+    const float want = (e >= 10000 && e < 30000) ? -(*grad)[e - 10000] : 0.0f;
+    ASSERT_EQ(out[e], want) << e;
+  }
+  // A refused push lets go of its buffer too.
+  EXPECT_EQ(c->Wait(c->DensePush(*d, 30000, std::shared_ptr<const std::vector<float>>(grad)))
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Wait(c->DensePush(*d, 0, std::shared_ptr<const std::vector<float>>())).code(),
+            StatusCode::kInvalidArgument);
+  // ZeroMQ frees a sent message on its I/O thread, possibly just after the reply is in.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (grad.use_count() > 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(grad.use_count(), 1) << "the client still holds the pushed buffer";
 }
 
 TEST(ClusterTest, BoundedStalenessBlocksFastWorker) {

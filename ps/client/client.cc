@@ -138,6 +138,17 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
   }
 }
 
+// A message of `n` floats at `p`: a copy, or, with an `owner` that keeps them alive, the
+// floats themselves (the message holds a reference to `owner` until ZeroMQ frees it).
+zmq::message_t GradientFrame(const float* p, uint64_t n, const std::shared_ptr<const void>& owner) {
+  if (owner == nullptr) return zmq::message_t(p, n * sizeof(float));
+  auto* ref = new std::shared_ptr<const void>(owner);
+  // ZeroMQ only reads a message's data; its free function takes a non-const pointer.
+  return zmq::message_t(
+      const_cast<float*>(p), n * sizeof(float),
+      [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, ref);
+}
+
 uint64_t RandomClientId() {
   std::random_device rd;
   uint64_t id = 0;
@@ -244,7 +255,8 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
 }
 
 Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t length,
-                             std::span<const float> grads, float* out) {
+                             std::span<const float> grads, float* out,
+                             std::shared_ptr<const void> owner) {
   if (t.spec.kind != TableKind::kDense || t.id == 0) {
     return Handle(
         CompletedCall(Status::InvalidArgument("table '" + t.spec.name + "' is not a dense table")));
@@ -277,7 +289,7 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     h.count = e - b;
     (*starts)[s] = b - offset;
     std::vector<zmq::message_t> data;
-    if (push) data.emplace_back(grads.data() + (b - offset), (e - b) * sizeof(float));
+    if (push) data.push_back(GradientFrame(grads.data() + (b - offset), e - b, owner));
     // Part s is served by its primary in the map (server s unless a fail-over moved it); the
     // reply is matched to the part.
     msgs.push_back(MakeOutgoing(map->DenseOwner(s), h, std::move(data), call, deadline));
@@ -444,6 +456,16 @@ Handle Client::DensePull(const Table& table, uint64_t offset, uint64_t length, f
 }
 Handle Client::DensePush(const Table& table, uint64_t offset, std::span<const float> grads) {
   return impl_->DenseCall(Op::kDensePush, table, offset, grads.size(), grads, nullptr);
+}
+
+Handle Client::DensePush(const Table& table, uint64_t offset,
+                         std::shared_ptr<const std::vector<float>> grads) {
+  if (grads == nullptr) {
+    return Handle(internal::CompletedCall(Status::InvalidArgument("null gradient buffer")));
+  }
+  const std::span<const float> view(*grads);
+  return impl_->DenseCall(Op::kDensePush, table, offset, view.size(), view, nullptr,
+                          std::move(grads));
 }
 
 Handle Client::Clock() { return impl_->ClockCall(impl_->clock_.load() + 1); }

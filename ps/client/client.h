@@ -144,8 +144,14 @@ class Client {
 
   /// Dense pull of elements [offset, offset + length) into `out`.
   Handle DensePull(const Table& table, uint64_t offset, uint64_t length, float* out);
-  /// Dense push of gradients for elements [offset, offset + grads.size()).
+  /// Dense push of gradients for elements [offset, offset + grads.size()). The gradients are
+  /// copied before the call returns.
   Handle DensePush(const Table& table, uint64_t offset, std::span<const float> grads);
+  /// The same without the copy: the messages point into `*grads`, which the client keeps alive
+  /// (a reference per message) until no server can need it again, after the last reply or
+  /// retry. Do not change the floats before the call completes. InvalidArgument for null.
+  Handle DensePush(const Table& table, uint64_t offset,
+                   std::shared_ptr<const std::vector<float>> grads);
 
   /// Ends this worker's current step: advances its clock on every server. Returns the handle
   /// of the notification; the new clock is clock().

@@ -157,8 +157,10 @@ class ClientImpl {
   Header BaseHeader(Op op) const;
   Handle SparseCall(Op op, const Table& t, std::span<const uint64_t> keys,
                     std::span<const float> grads, float* out);
+  // `owner`, when set, keeps `grads` alive: the push's messages point into it (no copy).
   Handle DenseCall(Op op, const Table& t, uint64_t offset, uint64_t length,
-                   std::span<const float> grads, float* out);
+                   std::span<const float> grads, float* out,
+                   std::shared_ptr<const void> owner = nullptr);
   // Sends `h` to `servers` and waits; returns the first error or the header of the last reply
   // to arrive (with its data frame, if any, in *data; a PutMeta sends *data instead).
   Result<Header> Blocking(Header h, std::vector<uint32_t> servers, Deadline deadline,
