@@ -11,6 +11,7 @@
 
 #include "ps/client/client_internal.h"
 #include "ps/client/key_index_internal.h"
+#include "ps/message_pool_internal.h"
 
 namespace tessera {
 namespace internal {
@@ -63,8 +64,8 @@ SparseFrames PackSparse(const SlotMap& slot_map, std::span<const float> grads, u
   for (uint32_t s = 0; s < S; ++s) {
     if (count[s] == 0) continue;
     plan->members[s].resize(count[s]);
-    key_msgs[s] = zmq::message_t(size_t{count[s]} * 8);
-    if (push) grad_msgs[s] = zmq::message_t(size_t{count[s]} * dim * 4);
+    key_msgs[s] = MessagePool::Shared().Message(size_t{count[s]} * 8);
+    if (push) grad_msgs[s] = MessagePool::Shared().Message(size_t{count[s]} * dim * 4);
   }
   for (size_t u = 0; u < U; ++u) {
     const uint32_t s = server_of[u];
@@ -138,10 +139,11 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
   }
 }
 
-// A message of `n` floats at `p`: a copy, or, with an `owner` that keeps them alive, the
-// floats themselves (the message holds a reference to `owner` until ZeroMQ frees it).
+// A message of `n` floats at `p`: a copy (in a pooled buffer), or, with an `owner` that keeps
+// them alive, the floats themselves (the message holds a reference to `owner` until ZeroMQ
+// frees it).
 zmq::message_t GradientFrame(const float* p, uint64_t n, const std::shared_ptr<const void>& owner) {
-  if (owner == nullptr) return zmq::message_t(p, n * sizeof(float));
+  if (owner == nullptr) return MessagePool::Shared().Copy(p, n * sizeof(float));
   auto* ref = new std::shared_ptr<const void>(owner);
   // ZeroMQ only reads a message's data; its free function takes a non-const pointer.
   return zmq::message_t(

@@ -2,6 +2,7 @@
 // answered once when every lane has done its part.
 #include <cstring>
 
+#include "ps/message_pool_internal.h"
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
@@ -242,7 +243,7 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
   const bool pull = h.op != Op::kSparsePush;
   const uint32_t dim = h.dim;
   if (pull) {
-    p->out = zmq::message_t(h.count * dim * sizeof(float));
+    p->out = MessagePool::Shared().Message(h.count * dim * sizeof(float));
     p->has_out = true;
     ++pulls_;
     pull_keys_ += h.count;
@@ -349,7 +350,7 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool push = h.op == Op::kDensePush;
   if (!push) {
-    p->out = zmq::message_t(h.count * sizeof(float));
+    p->out = MessagePool::Shared().Message(h.count * sizeof(float));
     p->has_out = true;
     ++pulls_;
   } else {

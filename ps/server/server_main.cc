@@ -25,6 +25,7 @@
 #include "ps/coord/membership.h"
 #include "ps/coord/slot_map_store.h"
 #include "ps/curve.h"
+#include "ps/message_pool_internal.h"
 #include "ps/metrics/http_endpoint.h"
 #include "ps/metrics/metrics.h"
 #include "ps/routing.h"
@@ -69,6 +70,9 @@ DEFINE_int32(malloc_arena_max, -1,
              "glibc malloc arenas at most (M_ARENA_MAX); -1: 1 with --memory_budget_mb (freed "
              "memory is reused by every thread, so the process stays near its budget), else "
              "glibc's default; 0: glibc's default");
+DEFINE_uint64(message_pool_mb, 64,
+              "MiB of pull-reply buffers (64 KiB and up) kept for reuse after ZeroMQ sends them: "
+              "no fresh pages per large reply. Part of the process's memory beside the budget");
 DEFINE_string(curve_secret_key_file, "",
               "File holding this server's CurveZMQ secret key (tessera-ctl keygen): every "
               "connection is then encrypted and authenticated. Empty: plain TCP");
@@ -182,6 +186,11 @@ bool StorageFromFlags(tessera::StorageOptions* s) {
 // there for that arena: rows, RocksDB blocks and requests freed on one thread and allocated on
 // another left a budgeted server at 1.3-1.5x its budget plus overhead (docs/storage.md, "Memory
 // bound"). Takes effect for arenas made later: call it before any thread starts.
+// --message_pool_mb: the largest reply buffers waiting for reuse at a time.
+void SizeMessagePool() {
+  tessera::internal::MessagePool::Shared().set_max_retained(FLAGS_message_pool_mb << 20);
+}
+
 void LimitMallocArenas() {
   const int arenas =
       FLAGS_malloc_arena_max >= 0 ? FLAGS_malloc_arena_max : (FLAGS_memory_budget_mb != 0 ? 1 : 0);
@@ -499,6 +508,7 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   LimitMallocArenas();  // before any thread exists
+  SizeMessagePool();
   auto cluster = tessera::ParseClusterList(FLAGS_cluster);
   if (!cluster.ok()) {
     std::cerr << "tessera-server: --cluster: " << cluster.status().ToString() << "\n";
