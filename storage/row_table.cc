@@ -78,10 +78,11 @@ float* SparseRows::FindOrCreate(uint64_t key, bool* created) {
 }
 
 float* SparseRows::FindOrCreate(uint64_t key, bool* created, RowMeta** meta) {
-  auto [it, inserted] = index_.try_emplace(key, 0);
-  *created = inserted;
-  if (inserted) it->second = Create(key);
-  const uint32_t slot = it->second;
+  // Create() before the insertion: the slot it allocates is the value (an entry pointer would
+  // not survive a rehash).
+  const uint32_t* found = index_.Find(key);
+  *created = found == nullptr;
+  const uint32_t slot = found != nullptr ? *found : *index_.TryEmplace(key, Create(key)).first;
   // Through mem_: the block's shared_ptr and Block would be two more dependent loads.
   if (frozen_[slot / kRowsPerBlock] != 0) Own(slot);
   std::byte* mem = mem_[slot / kRowsPerBlock];
@@ -91,15 +92,15 @@ float* SparseRows::FindOrCreate(uint64_t key, bool* created, RowMeta** meta) {
 }
 
 const RowMeta& SparseRows::MetaOf(uint64_t key) const {
-  const uint32_t slot = index_.at(key);
+  const uint32_t slot = *index_.Find(key);
   return blocks_[slot / kRowsPerBlock]->metas[slot % kRowsPerBlock];
 }
 
 void SparseRows::Put(uint64_t key, const float* row, const RowMeta& meta) {
-  auto [it, inserted] = index_.try_emplace(key, 0);
-  if (inserted) it->second = Allocate();
-  Block& b = Own(it->second);
-  const uint32_t i = it->second % kRowsPerBlock;
+  const uint32_t* found = index_.Find(key);
+  const uint32_t slot = found != nullptr ? *found : *index_.TryEmplace(key, Allocate()).first;
+  Block& b = Own(slot);
+  const uint32_t i = slot % kRowsPerBlock;
   std::memcpy(b.rows + size_t{i} * stride_, row, sizeof(float) * stride_);
   b.metas[i] = meta;
   b.keys[i] = key;
@@ -107,18 +108,19 @@ void SparseRows::Put(uint64_t key, const float* row, const RowMeta& meta) {
 }
 
 bool SparseRows::Erase(uint64_t key) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return false;
-  Own(it->second).live[it->second % kRowsPerBlock] = 0;
-  free_.push_back(it->second);
-  index_.erase(it);
+  const uint32_t* found = index_.Find(key);
+  if (found == nullptr) return false;
+  const uint32_t slot = *found;
+  Own(slot).live[slot % kRowsPerBlock] = 0;
+  free_.push_back(slot);
+  index_.Erase(key);
   return true;
 }
 
 uint64_t SparseRows::MemoryBytes() const {
   const uint64_t per_slot = stride_ * sizeof(float) + sizeof(RowMeta) + sizeof(uint64_t) + 1;
   const uint64_t arena = uint64_t{blocks_.size()} * kRowsPerBlock * per_slot;
-  const uint64_t map = index_.capacity() * (sizeof(std::pair<uint64_t, uint32_t>) + 1);
+  const uint64_t map = index_.capacity() * 16;  // SlotIndex entries
   return arena + map + free_.capacity() * sizeof(uint32_t);
 }
 

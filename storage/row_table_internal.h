@@ -14,6 +14,7 @@
 #include "ps/optimizer.h"
 #include "ps/routing.h"
 #include "ps/table_spec.h"
+#include "storage/slot_index_internal.h"
 #include "storage/storage.h"
 
 namespace tessera::internal {
@@ -74,8 +75,8 @@ class SparseRows {
 
   /// The row of `key` for reading, or nullptr.
   const float* Find(uint64_t key) const {
-    auto it = index_.find(key);
-    return it == index_.end() ? nullptr : RowAt(it->second);
+    const uint32_t* slot = index_.Find(key);
+    return slot == nullptr ? nullptr : RowAt(*slot);
   }
   /// The row of `key`, which the caller may change; created with the initializer and initial
   /// state if absent.
@@ -86,12 +87,12 @@ class SparseRows {
   /// caches can guess): PrefetchIndex(key) some keys ahead of its Find/FindOrCreate, then
   /// PrefetchRow(key) fewer keys ahead, when its index entry is cached. Each key then finds its
   /// hash probe, row and metadata in cache instead of a chain of dependent misses.
-  void PrefetchIndex(uint64_t key) const { index_.prefetch(key); }
+  void PrefetchIndex(uint64_t key) const { index_.Prefetch(key); }
   void PrefetchRow(uint64_t key) const {
-    auto it = index_.find(key);
-    if (it == index_.end()) return;
-    const std::byte* mem = mem_[it->second / kRowsPerBlock];
-    const uint32_t i = it->second % kRowsPerBlock;
+    const uint32_t* slot = index_.Find(key);
+    if (slot == nullptr) return;
+    const std::byte* mem = mem_[*slot / kRowsPerBlock];
+    const uint32_t i = *slot % kRowsPerBlock;
     const std::byte* row = mem + rows_offset_ + size_t{i} * stride_ * sizeof(float);
     // A row of up to 3 cache lines (blocks are line-aligned: a 64- or 128-byte row takes 1 or 2).
     __builtin_prefetch(row, 1);
@@ -99,6 +100,7 @@ class SparseRows {
     __builtin_prefetch(row + stride_ * sizeof(float) - 1, 1);
     __builtin_prefetch(mem + metas_offset_ + size_t{i} * sizeof(RowMeta), 1);
   }
+  /// The metadata of the row of `key`, which must exist.
   const RowMeta& MetaOf(uint64_t key) const;
   /// Inserts or overwrites a row (value + state) with its metadata.
   void Put(uint64_t key, const float* row, const RowMeta& meta);
@@ -109,10 +111,10 @@ class SparseRows {
 
   template <typename Fn>
   void ForEach(Fn&& fn) const {
-    for (auto& [key, slot] : index_) {
+    index_.ForEach([&](uint64_t key, uint32_t slot) {
       const Block& b = *blocks_[slot / kRowsPerBlock];
-      if (!fn(key, RowAt(slot), b.metas[slot % kRowsPerBlock])) return;
-    }
+      return fn(key, RowAt(slot), b.metas[slot % kRowsPerBlock]);
+    });
   }
 
   /// Shares every block with the returned view: later changes copy a shared block first.
@@ -134,7 +136,7 @@ class SparseRows {
   const Optimizer* opt_;
   uint32_t dim_;
   uint32_t stride_;
-  absl::flat_hash_map<uint64_t, uint32_t> index_;
+  SlotIndex index_;
   std::vector<std::shared_ptr<Block>> blocks_;
   // blocks_[b]->mem.get(), without the two dependent loads (PrefetchRow); kept by Allocate and
   // Own. Rows and metadata lie at these offsets of a block's memory.

@@ -1,0 +1,107 @@
+// The index of the memory tier's sparse rows: key -> slot in the row arena.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "ps/routing.h"
+
+namespace tessera::internal {
+
+/// A hash map from a 64-bit key to a 32-bit slot: open addressing with linear probing over
+/// 16-byte entries (key, slot, used), four to a cache line, so a lookup
+/// costs one line in the common case where absl::flat_hash_map costs two (its control bytes
+/// and its slot). The table doubles past 3/4 full; Erase shifts the entries after the erased one
+/// back (no tombstones), so probes stay short after many deletions. Positions come from the low
+/// bits of Mix64(key): the slot and lane of a key use the top bits, so the keys one lane holds
+/// still spread over the whole table. Not thread-safe.
+class SlotIndex {
+ public:
+  SlotIndex() { Rehash(16); }
+
+  size_t size() const { return size_; }
+  /// Entries allocated (for memory accounting).
+  size_t capacity() const { return entries_.size(); }
+
+  /// The slot of `key`, or nullptr.
+  const uint32_t* Find(uint64_t key) const {
+    for (size_t h = Home(key);; h = (h + 1) & mask_) {
+      const Entry& e = entries_[h];
+      if (e.used == 0) return nullptr;
+      if (e.key == key) return &e.slot;
+    }
+  }
+  /// The slot of `key`, inserting `slot` when absent; second: whether it was inserted. The
+  /// pointer is valid until the next insertion or erasure.
+  std::pair<uint32_t*, bool> TryEmplace(uint64_t key, uint32_t slot) {
+    if (4 * (size_ + 1) > 3 * entries_.size()) Rehash(2 * entries_.size());
+    for (size_t h = Home(key);; h = (h + 1) & mask_) {
+      Entry& e = entries_[h];
+      if (e.used == 0) {
+        e = Entry{key, slot, 1};
+        ++size_;
+        return {&e.slot, true};
+      }
+      if (e.key == key) return {&e.slot, false};
+    }
+  }
+  /// Removes `key`; returns whether it was there.
+  bool Erase(uint64_t key) {
+    size_t h = Home(key);
+    for (;; h = (h + 1) & mask_) {
+      if (entries_[h].used == 0) return false;
+      if (entries_[h].key == key) break;
+    }
+    // Backward shift: move each later entry of the run into the hole when the hole lies on its
+    // probe path (between its home and where it sits), until an empty entry ends the run.
+    size_t hole = h;
+    for (size_t j = (h + 1) & mask_; entries_[j].used != 0; j = (j + 1) & mask_) {
+      const size_t home = Home(entries_[j].key);
+      if (((j - home) & mask_) >= ((j - hole) & mask_)) {
+        entries_[hole] = entries_[j];
+        hole = j;
+      }
+    }
+    entries_[hole] = Entry{};
+    --size_;
+    return true;
+  }
+  /// Starts loading the line where `key`'s probe begins.
+  void Prefetch(uint64_t key) const { __builtin_prefetch(&entries_[Home(key)]); }
+  /// fn(key, slot) for every entry, in table order; false from fn stops.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const Entry& e : entries_) {
+      if (e.used != 0 && !fn(e.key, e.slot)) return;
+    }
+  }
+
+ private:
+  struct Entry {
+    uint64_t key = 0;
+    uint32_t slot = 0;
+    uint32_t used = 0;  // 0: empty
+  };
+  static_assert(sizeof(Entry) == 16);
+  size_t Home(uint64_t key) const { return Mix64(key) & mask_; }
+  void Rehash(size_t cap) {
+    std::vector<Entry> old = std::move(entries_);
+    entries_.assign(cap, Entry{});
+    mask_ = cap - 1;
+    for (const Entry& e : old) {
+      if (e.used == 0) continue;
+      size_t h = Home(e.key);
+      while (entries_[h].used != 0) h = (h + 1) & mask_;
+      entries_[h] = e;
+    }
+  }
+
+  std::vector<Entry> entries_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
+}  // namespace tessera::internal
