@@ -30,12 +30,12 @@ class SparseRows {
   // every block, so a block copies at most kRowsPerBlock rows per key pushed (4096-row blocks
   // made the first push after a snapshot copy the whole table: a 200 ms pause at 1M rows).
   static constexpr uint32_t kRowsPerBlock = 16;
-  /// kRowsPerBlock slots: key, floats, metadata and a live flag each, in one allocation (a
-  /// copy-on-write copy is one allocation and one memcpy).
   /// Frees a block's memory, which is aligned to a cache line.
   struct AlignedDelete {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
   };
+  /// kRowsPerBlock slots: key, floats, metadata and a live flag each, in one allocation (a
+  /// copy-on-write copy is one allocation and one memcpy).
   struct Block {
     std::unique_ptr<std::byte[], AlignedDelete> mem;
     size_t bytes = 0;
