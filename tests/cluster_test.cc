@@ -238,6 +238,35 @@ TEST(ClusterTest, ZeroCopyDensePushAppliesAndLetsGoOfTheBuffer) {
   EXPECT_EQ(grad.use_count(), 1) << "the client still holds the pushed buffer";
 }
 
+// Synchronous calls let the client's I/O thread stand down (their waiters read the replies);
+// replies nobody waits for are still read, and a burst of calls left in flight completes.
+TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  auto d = c->CreateTable(TableSpec::Dense("d", 1024, Sgd(1.0f)));
+  ASSERT_TRUE(d.ok());
+  std::vector<float> out(1024);
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 1024, out.data())).ok());
+  // A zero-copy push, not waited for: the client lets go of the buffer once it reads the reply.
+  auto grad = std::make_shared<std::vector<float>>(1024, -1.0f);
+  Handle unwaited = c->DensePush(*d, 0, std::shared_ptr<const std::vector<float>>(grad));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (grad.use_count() > 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(grad.use_count(), 1) << "nobody read the reply of a call nobody waits for";
+  ASSERT_TRUE(c->Wait(unwaited).ok());
+  // A burst left in flight, then waited for in reverse order.
+  const std::vector<float> minus_one(1024, -1.0f);
+  std::vector<Handle> burst;
+  for (int i = 0; i < 100; ++i) burst.push_back(c->DensePush(*d, 0, minus_one));
+  for (auto it = burst.rbegin(); it != burst.rend(); ++it) ASSERT_TRUE(c->Wait(*it).ok());
+  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 1024, out.data())).ok());
+  for (int e = 0; e < 1024; ++e) ASSERT_EQ(out[e], 101.0f) << e;
+}
+
 TEST(ClusterTest, BoundedStalenessBlocksFastWorker) {
   LocalCluster cluster(testing::Servers(2));
   ASSERT_TRUE(cluster.Start().ok());

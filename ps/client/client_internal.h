@@ -30,6 +30,9 @@
 namespace tessera {
 namespace internal {
 
+// The eventfd of the calling thread's WakeFd (below), the one WaitCall polls.
+int ThisThreadWakeFd();
+
 // One asynchronous call, possibly fanned out to several servers.
 struct Call {
   // Runs on the I/O side (under io_mu_) for each OK reply part; may write into the caller's
@@ -62,7 +65,8 @@ struct Call {
   std::atomic<int> waiter_fd{-1};
   void WakePoller() {
     const int fd = waiter_fd.load();
-    if (fd < 0) return;
+    // The waiter itself completing the call (its own receive) need not be woken.
+    if (fd < 0 || fd == ThisThreadWakeFd()) return;
     uint64_t one = 1;
     ssize_t r = write(fd, &one, sizeof(one));
     (void)r;
@@ -139,7 +143,7 @@ inline bool IsDataOp(Op op) {
 // The state behind a Client: one DEALER socket (and its monitor) per server, served by one I/O
 // thread that sends queued requests, matches replies to calls and expires late ones. Calls are
 // built on the caller's thread (client.cc) and handed over through Send(); the I/O side is in
-// client_io.cc. Thread-safe as Client is: public members may be used from any thread.
+// client_io.cc, the connections in client_conn.cc. Thread-safe as Client is: public members may be used from any thread.
 class ClientImpl {
  public:
   // `map`: with a cluster map source, the map Create loaded (its addresses are o.servers).
@@ -319,6 +323,13 @@ class ClientImpl {
   // (which read them without io_mu_): an entry is written before polled_n_ counts it.
   std::array<zmq::pollitem_t, kMaxPolledServers> polled_fds_{};
   std::atomic<size_t> polled_n_{0};
+  // The I/O thread's stand-down (IoLoop): set by WaitCall when it leaves nothing in flight,
+  // taken by the I/O thread at each round; io_standing_down_ while it polls standing down.
+  std::atomic<bool> settled_wait_{false};
+  std::atomic<bool> io_standing_down_{false};
+  // Requests in flight past which a caller that sends wakes the standing-down I/O thread
+  // (below it, their replies wait for a caller's Wait or the thread's next round, 20 ms).
+  static constexpr size_t kUnwatchedInFlight = 16;
   CurveKeyPair curve_mine_;  // this client's CurveZMQ key pair (when the servers use Curve)
   // Held while a clock is sent to every server and while new servers are connected (and
   // sent the clock): a clock never misses a server the map just added.

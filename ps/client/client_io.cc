@@ -1,5 +1,6 @@
-// The client's I/O side: connections to the servers, the I/O thread that sends requests,
-// matches replies to calls, notices lost connections and expires late requests.
+// The client's I/O side: the I/O thread that sends requests, matches replies to calls,
+// retries and expires late requests, and the callers' own sends and waits (client_conn.cc: the
+// connections).
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -27,128 +28,6 @@ constexpr int64_t kMinBackoffMs = 100;
 constexpr int64_t kMaxBackoffMs = 2000;
 
 }  // namespace
-
-Status ClientImpl::Start() {
-  if (options_.servers.empty()) return Status::InvalidArgument("no server endpoints");
-  if (source_ == nullptr && std::count(options_.servers.begin(), options_.servers.end(), "") > 0)
-    return Status::InvalidArgument("an empty server endpoint");
-  if (options_.servers.size() > 65535) return Status::InvalidArgument("too many servers");
-  if (options_.consistency.num_workers > 0 &&
-      options_.worker_id >= options_.consistency.num_workers) {
-    return Status::InvalidArgument("worker_id " + std::to_string(options_.worker_id) +
-                                   " is not below num_workers " +
-                                   std::to_string(options_.consistency.num_workers));
-  }
-  if (options_.consistency.num_workers > kMaxWorkers || options_.consistency.staleness < -1 ||
-      options_.consistency.staleness > kMaxStaleness) {
-    return Status::InvalidArgument("consistency: num_workers must be at most " +
-                                   std::to_string(kMaxWorkers) + " and staleness in [-1, " +
-                                   std::to_string(kMaxStaleness) + "], got " +
-                                   std::to_string(options_.consistency.num_workers) + " and " +
-                                   std::to_string(options_.consistency.staleness));
-  }
-  if (!options_.curve_server_key.empty()) {
-    if (options_.curve_server_key.size() != 40) {
-      return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
-                                     std::to_string(options_.curve_server_key.size()));
-    }
-    TESSERA_ASSIGN_OR_RETURN(curve_mine_, GenerateCurveKeyPair());
-  }
-  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (event_fd_ < 0) return Status::Internal("eventfd failed");
-  const size_t n = options_.servers.size();
-  {
-    std::lock_guard<std::mutex> io(io_mu_);
-    for (uint32_t i = 0; i < n; ++i) TESSERA_RETURN_IF_ERROR(ConnectServer(options_.servers[i]));
-    if (source_ != nullptr) {
-      // Ids the first map retired already: nothing is sent there (a dense range of one fails
-      // at once); later maps are compared with this one (RetireServers).
-      retired_map_ = Routing();
-      for (uint32_t i = 0; i < n; ++i) {
-        if (options_.servers[i].empty()) servers_[i].retired_by = retired_map_->version;
-      }
-      retired_version_ = retired_map_->version;
-    }
-  }
-  io_ = std::thread([this] { IoLoop(); });
-  // Wait until every server answers a ping.
-  const Deadline until = DeadlineAfterMs(options_.connect_timeout_ms);
-  for (uint32_t i = 0; i < n; ++i) {
-    if (options_.servers[i].empty()) continue;  // a retired id of a cluster map
-    Status last;
-    for (;;) {
-      Header h;
-      h.op = Op::kPing;
-      auto call = std::make_shared<Call>();
-      std::vector<Outgoing> ping;
-      ping.push_back(MakeOutgoing(i, h, {}, call, DeadlineAfterMs(1000)));
-      Send(call, std::move(ping));
-      last = WaitCall(*call, NoDeadline());
-      // Only "not there yet" is worth waiting for; a refusal or a key mismatch is final.
-      if (last.ok() || last.code() != StatusCode::kUnavailable || Clock::now() >= until) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (!last.ok() && last.code() != StatusCode::kUnavailable) return last;
-    if (!last.ok()) {
-      return Status::Unavailable(
-          "server " + std::to_string(i) + " (" + options_.servers[i] + ") did not answer within " +
-          std::to_string(options_.connect_timeout_ms) + " ms: " + last.ToString());
-    }
-  }
-  if (source_) {
-    refresher_ = std::thread([this] { RefreshLoop(); });
-    TESSERA_RETURN_IF_ERROR(source_->Watch([this](const Result<RoutingMap>& m) { InstallMap(m); }));
-  }
-  return Status::OK();
-}
-
-Status ClientImpl::ConnectServer(const std::string& address) {
-  // Appended only once it is set up: a failure leaves no half-made server id behind.
-  const uint32_t i = static_cast<uint32_t>(servers_.size());
-  ServerConn s;
-  s.address = address;
-  s.dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
-  s.dealer.set(zmq::sockopt::linger, 0);
-  s.dealer.set(zmq::sockopt::sndhwm, 0);
-  s.dealer.set(zmq::sockopt::rcvhwm, 0);
-  s.dealer.set(zmq::sockopt::immediate, 1);
-  s.dealer.set(zmq::sockopt::reconnect_ivl, 100);
-  s.dealer.set(zmq::sockopt::reconnect_ivl_max, 1000);
-  if (!options_.curve_server_key.empty()) {
-    try {
-      s.dealer.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
-      s.dealer.set(zmq::sockopt::curve_publickey, curve_mine_.public_key);
-      s.dealer.set(zmq::sockopt::curve_secretkey, curve_mine_.secret_key);
-    } catch (const zmq::error_t& e) {
-      return Status::InvalidArgument(std::string("CurveZMQ: ") + e.what());
-    }
-  }
-  const std::string mon = "inproc://tessera-client-mon-" +
-                          std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
-                          std::to_string(i);
-  if (zmq_socket_monitor(s.dealer.handle(), mon.c_str(),
-                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
-                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
-    return Status::Internal("zmq_socket_monitor failed");
-  }
-  s.monitor = zmq::socket_t(ctx_, zmq::socket_type::pair);
-  s.monitor.set(zmq::sockopt::linger, 0);
-  s.monitor.connect(mon);
-  try {
-    if (!address.empty()) s.dealer.connect(address);  // "": a retired id, never routed to
-  } catch (const zmq::error_t& e) {
-    return Status::InvalidArgument("bad endpoint '" + address + "': " + e.what());
-  }
-  const int fd = s.dealer.get(zmq::sockopt::fd);
-  servers_.push_back(std::move(s));
-  if (i < kMaxPolledServers) {
-    polled_fds_[i] = {nullptr, fd, ZMQ_POLLIN, 0};
-    polled_n_.store(i + 1, std::memory_order_release);
-  }
-  return Status::OK();
-}
 
 Outgoing ClientImpl::MakeOutgoing(uint32_t server, Header h, std::vector<zmq::message_t> data,
                                   std::shared_ptr<Call> call, Deadline deadline,
@@ -198,6 +77,11 @@ void ClientImpl::Send(const std::shared_ptr<Call>& call, std::vector<Outgoing> o
   // The sends may have taken the sockets' pending notifications (their file descriptors
   // signal once): receive what is there now, else nobody would be woken for it.
   ReceiveSentTo();
+  // Calls issued and not waited for: past a few, the I/O thread reads their replies (see
+  // IoLoop); a caller that waits next reads them itself.
+  if (io_standing_down_.load() && in_flight_.size() >= kUnwatchedInFlight) {
+    Wake();
+  }
 }
 
 void ClientImpl::ReceiveSentTo() {
@@ -224,6 +108,12 @@ void ClientImpl::ReceiveReady() {
   ReceiveSentTo();
 }
 
+namespace {
+thread_local WakeFd t_wake;  // this thread's, for WaitCall; closed when the thread ends
+}  // namespace
+
+int ThisThreadWakeFd() { return t_wake.fd; }
+
 Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   // While no other thread does socket I/O, the waiting thread receives the replies itself
   // (for every call, not only its own): the reply wakes the thread that waits for it, not
@@ -231,9 +121,10 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   // and under CPU contention a second wait for a core). It polls the sockets and its own
   // eventfd: whichever thread completes the call (the I/O thread, another waiter) signals
   // that eventfd, since it took the socket's notification.
-  static thread_local WakeFd me;
+  WakeFd& me = t_wake;
   if (me.fd < 0 || stop_.load()) return WaitCallBlocked(c, deadline);
-  WakeFd::Drain(me.fd);
+  // (A signal left from an earlier call, written after its last poll, costs one more round
+  // below; draining here would cost every call a read.)
   // One polling waiter per call; another thread waiting for the same call sleeps on its
   // condition variable.
   int none = -1;
@@ -243,11 +134,16 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   std::copy(polled_fds_.begin(), polled_fds_.begin() + n, items);
   items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
+  // Requests left in flight by this thread's last receive, if it completed the call (else
+  // unknown: SIZE_MAX). None left: the call was a synchronous one (IoLoop).
+  size_t in_flight_left = SIZE_MAX;
   while (!c.done_flag.load() && io.try_lock()) {
     if (stop_.load()) break;  // the I/O thread closes the sockets
     ReceiveReady();
+    in_flight_left = in_flight_.size();
     io.unlock();
     if (c.done_flag.load()) break;
+    in_flight_left = SIZE_MAX;
     const auto now = Clock::now();
     if (now >= deadline) break;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
@@ -258,6 +154,11 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
       break;  // EINTR or worse: the condition variable below waits instead
     }
     if (items[n].revents & ZMQ_POLLIN) WakeFd::Drain(me.fd);
+  }
+  if (in_flight_left == 0) {
+    settled_wait_.store(true);
+  } else if (io_standing_down_.load()) {
+    Wake();  // replies to read, or this call's own: the I/O thread polls the sockets again
   }
   {
     std::lock_guard<std::mutex> l(c.mu);  // see Call::waiter_fd
@@ -288,16 +189,30 @@ void ClientImpl::IoLoop() {
   // caller's thread may send meanwhile; every socket operation happens under io_mu_. A
   // descriptor signals only that the socket's state may have changed: each round checks the
   // sockets themselves (ReceiveReady, MonitorEvent read until nothing is left).
+  //
+  // While callers make synchronous calls (WaitCall left nothing in flight since the last
+  // round), this thread stands down until its next round: it polls only what callers do not
+  // (its eventfd, the monitors, the DEALERs past kMaxPolledServers), so a reply wakes one
+  // thread, not two that then contend for io_mu_ and, on a busy machine, for a core. A
+  // waiter that leaves requests in flight, or a caller that sends many without waiting, wakes
+  // it (WaitCall, Send); calls in flight with nobody waiting are read at its next round.
   size_t n = 0;
+  size_t n_standing_down = 0;  // the first this many items: what the thread polls standing down
   std::vector<zmq::pollitem_t> items;
-  // The descriptors of every server's DEALER and monitor (again when a map added servers).
+  // The descriptors of every server's monitor and DEALER (again when a map added servers).
   auto collect = [&] {
     n = servers_.size();
-    items.assign(1 + 2 * n, zmq::pollitem_t{});
-    items[0] = {nullptr, event_fd_, ZMQ_POLLIN, 0};
+    items.clear();
+    items.push_back({nullptr, event_fd_, ZMQ_POLLIN, 0});
     for (size_t i = 0; i < n; ++i) {
-      items[1 + i] = {nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
-      items[1 + n + i] = {nullptr, servers_[i].monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0};
+      items.push_back({nullptr, servers_[i].monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+    }
+    for (size_t i = kMaxPolledServers; i < n; ++i) {
+      items.push_back({nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+    }
+    n_standing_down = items.size();
+    for (size_t i = 0; i < std::min(n, kMaxPolledServers); ++i) {
+      items.push_back({nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
     }
   };
   {
@@ -307,12 +222,19 @@ void ClientImpl::IoLoop() {
   auto next_timeout_check = Clock::now();
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
   while (!stop_.load()) {
+    // A caller that polled since the last round likely waits again soon (a loop of calls):
+    // standing down until the next round covers the moments between its waits too.
+    const bool stand_down = settled_wait_.exchange(false);
+    io_standing_down_.store(stand_down);
     try {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(20));
+      zmq::poll(items.data(), stand_down ? n_standing_down : items.size(),
+                std::chrono::milliseconds(20));
     } catch (const zmq::error_t& e) {
+      io_standing_down_.store(false);
       if (e.num() == EINTR) continue;
       break;
     }
+    io_standing_down_.store(false);
     if (items[0].revents & ZMQ_POLLIN) {
       uint64_t v;
       ssize_t r = read(event_fd_, &v, sizeof(v));
@@ -529,120 +451,6 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
                                    : f.call->on_reply(f.part, f.rows.get(), h, parts);
     }
     PartDone(f.call, s);
-  }
-}
-
-void ClientImpl::MonitorEvent(uint32_t server) {
-  for (;;) {
-    std::vector<zmq::message_t> parts;
-    std::optional<size_t> got;
-    try {
-      got = zmq::recv_multipart(servers_[server].monitor, std::back_inserter(parts),
-                                zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (!got || parts.empty() || parts[0].size() < 6) return;
-    uint16_t event;
-    std::memcpy(&event, parts[0].data(), sizeof(event));
-    ServerConn& s = servers_[server];
-    if (event == ZMQ_EVENT_CONNECTED) {
-      const bool reconnect = s.ever_connected;
-      s.connected = s.ever_connected = true;
-      const int64_t c = clock_.load();
-      if (reconnect && c > 0) {
-        // A restarted server lost the clocks it held in memory: tell it ours again, after
-        // the requests waiting to be sent again (they are older: a retried Clock of an
-        // earlier value must not come last).
-        Header h = BaseHeader(Op::kClock);
-        h.clock = c;
-        Outgoing o = MakeOutgoing(server, h, {}, nullptr, Deadline::max());
-        SendOne(o);
-      }
-    } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      s.connected = false;
-      FailServer(server,
-                 Status::Unavailable("lost the connection to server " + std::to_string(server) +
-                                     " (" + Address(server) + ")"));
-    } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-      s.handshake_failures = 0;
-      s.handshake_error = Status::OK();
-    } else {
-      uint32_t value;
-      std::memcpy(&value, static_cast<const char*>(parts[0].data()) + 2, sizeof(value));
-      HandshakeFailed(server, event, value);
-    }
-  }
-}
-
-void ClientImpl::HandshakeFailed(uint32_t server, uint16_t event, uint32_t value) {
-  ServerConn& s = servers_[server];
-  ++s.handshake_failures;
-  const std::string who =
-      "server " + std::to_string(server) + " (" + Address(server) + ")";
-  const bool have_key = !options_.curve_server_key.empty();
-  std::string why;
-  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
-      value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH && have_key) {
-    why = who +
-          " does not use CurveZMQ encryption, but this client has a server key "
-          "(ClientOptions::curve_server_key / --curve_server_key_file): remove it, or start the "
-          "servers with --curve_secret_key_file";
-  } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
-             value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
-    why = who +
-          " requires CurveZMQ encryption: set ClientOptions::curve_server_key "
-          "(--curve_server_key_file) to the servers' public key";
-  } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-             event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-    why = "the CurveZMQ encryption handshake with " + who + " failed (" +
-          (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "authentication" : "protocol error") +
-          "): check that ClientOptions::curve_server_key (--curve_server_key_file) is the "
-          "public key of the servers' --curve_secret_key_file";
-  } else if (s.handshake_failures >= 2 && have_key) {
-    // The server closed the connection during the handshake, twice in a row: with CurveZMQ
-    // that is what a server does with a HELLO sealed for another key (or, sometimes, what a
-    // server without encryption does before this side saw the mechanism mismatch).
-    why = who +
-          " closed the connection during the CurveZMQ encryption handshake: "
-          "ClientOptions::curve_server_key (--curve_server_key_file) is not the public key of "
-          "the servers' --curve_secret_key_file, or the servers do not use encryption";
-  } else if (s.handshake_failures >= 2) {
-    why = who +
-          " closed the connection during the handshake: if the servers use CurveZMQ "
-          "encryption, set ClientOptions::curve_server_key (--curve_server_key_file) to their "
-          "public key; else check that it is a Tessera server";
-  }
-  if (why.empty() || !s.handshake_error.ok()) return;
-  s.handshake_error = Status::FailedPrecondition(why);
-  // What waits to be sent there again would only wait for the retry limit.
-  std::deque<Outgoing> waiting = std::move(s.retry);
-  s.retry.clear();
-  for (auto& o : waiting) {
-    if (o.call) PartDone(o.call, s.handshake_error);
-  }
-}
-
-std::vector<InFlight> ClientImpl::TakeInFlight(uint32_t server) {
-  std::vector<InFlight> taken;
-  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-    if (it->second.server == server) {
-      taken.push_back(std::move(it->second));
-      in_flight_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
-  return taken;
-}
-
-void ClientImpl::FailServer(uint32_t server, const Status& st) {
-  for (auto& f : TakeInFlight(server)) {
-    if (f.retained) {
-      RetryOrFail(std::move(*f.retained), st, /*server_down=*/true);
-    } else {
-      PartDone(f.call, st);
-    }
   }
 }
 

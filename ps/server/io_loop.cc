@@ -29,12 +29,31 @@ bool TryReceive(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
   }
 }
 
+// Whether `socket` has a message to read (this also resets its descriptor's signal).
+bool Readable(zmq::socket_t& socket) {
+  try {
+    return (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  } catch (const zmq::error_t&) {
+    return true;  // EINTR: look again
+  }
+}
+
 }  // namespace
 
 void ServerImpl::IoLoop() {
-  // The ROUTER, the lanes' replies, the ROUTER's monitor, then the links to backups
-  // (replication.cc), rebuilt when those change.
+  // Polls the sockets' ZMQ_FD descriptors: the ROUTER's, the lanes' replies', the ROUTER
+  // monitor's, then the links' to backups (replication.cc), rebuilt when those change. (Not
+  // zmq::poll, which asks every socket for its events before and after each wait: two
+  // syscalls a socket on every wake-up.) A descriptor signals a change of its socket's state
+  // and is reset once the socket is read until it has nothing, as each handler below does.
+  // The ROUTER and the links are also written to, and a send may take the signal of a
+  // message that arrived meanwhile: their events are asked for after each round instead, and
+  // the next wait is skipped while they have something. Nor does a message signal that
+  // reaches a pipe the socket has never found empty (ZeroMQ signals a reader it saw asleep):
+  // every socket is read once whenever the list is built.
   std::vector<zmq::pollitem_t> items;
+  bool more = false;  // the ROUTER or a link has messages that no descriptor may signal
+  bool look_at_all = false;  // read every socket this round
   auto next_maintenance = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     const auto now = std::chrono::steady_clock::now();
@@ -44,22 +63,28 @@ void ServerImpl::IoLoop() {
     }
     if (poll_items_dirty_) {
       poll_items_dirty_ = false;
-      items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-               {replies_.handle(), 0, ZMQ_POLLIN, 0},
-               {router_monitor_.handle(), 0, ZMQ_POLLIN, 0}};
-      for (auto& [server, link] : backup_links_) {
-        items.push_back({link.dealer.handle(), 0, ZMQ_POLLIN, 0});
+      items.clear();
+      for (zmq::socket_t* s : {&router_, &replies_, &router_monitor_}) {
+        items.push_back({nullptr, s->get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
       }
+      for (auto& [server, link] : backup_links_) {
+        items.push_back({nullptr, link.dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+      }
+      look_at_all = true;
     }
     // While pushes wait for backups, poll often enough to send again what was not answered.
-    const auto wait = repl_waiting_.empty() ? std::chrono::milliseconds(100)
-                                            : std::chrono::milliseconds(20);
+    const auto wait = more || look_at_all    ? std::chrono::milliseconds(0)
+                      : repl_waiting_.empty() ? std::chrono::milliseconds(100)
+                                              : std::chrono::milliseconds(20);
     try {
       zmq::poll(items.data(), items.size(), wait);
     } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      LOG(ERROR) << "poll failed: " << e.what();
-      continue;
+      if (e.num() != EINTR) LOG(ERROR) << "poll failed: " << e.what();
+      look_at_all = true;
+    }
+    if (look_at_all) {
+      look_at_all = false;
+      for (auto& item : items) item.revents = ZMQ_POLLIN;
     }
     if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
     if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
@@ -67,9 +92,11 @@ void ServerImpl::IoLoop() {
       DrainBackupReplies();  // answers free the queue before new requests join it
       ResendReplication();
     }
-    if (items[0].revents & ZMQ_POLLIN) ReceiveBurst();
+    if (more || (items[0].revents & ZMQ_POLLIN)) ReceiveBurst();
     if (map_changed_) OnMapChanged();
     FlushStaged();  // pushes readmitted outside a burst
+    more = Readable(router_);
+    for (auto& [server, link] : backup_links_) more = more || Readable(link.dealer);
   }
 }
 
