@@ -238,6 +238,35 @@ TEST(ClusterTest, ZeroCopyDensePushAppliesAndLetsGoOfTheBuffer) {
   EXPECT_EQ(grad.use_count(), 1) << "the client still holds the pushed buffer";
 }
 
+// One server: a pull with repeated keys reads the caller's rows from the reply itself (no
+// copy in unique order first), in the caller's order, also for PushPull.
+TEST(ClusterTest, OneServerPullWithRepeatedKeysKeepsTheCallersOrder) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  const InitializerSpec init{InitializerKind::kNormal, 0.0f, 0.5f, 7};
+  auto t = c->CreateTable(TableSpec::Sparse("emb", 3, Sgd(0.5f), init));
+  ASSERT_TRUE(t.ok());
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back((uint64_t(i) * 7919) % 1000);
+  std::vector<float> out(keys.size() * 3);
+  ASSERT_TRUE(c->Wait(c->Pull(*t, keys, out.data())).ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float want[3];
+    InitializeValues(init, keys[i], 0, 3, want);
+    for (int j = 0; j < 3; ++j) ASSERT_EQ(out[i * 3 + j], want[j]) << "key " << keys[i];
+  }
+  // Every key appears three times with gradient 1: each row moves by -0.5 * 3.
+  std::vector<float> g(keys.size() * 3, 1.0f);
+  ASSERT_TRUE(c->Wait(c->PushPull(*t, keys, g, out.data())).ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float want[3];
+    InitializeValues(init, keys[i], 0, 3, want);
+    for (int j = 0; j < 3; ++j) ASSERT_NEAR(out[i * 3 + j], want[j] - 1.5f, 1e-6) << keys[i];
+  }
+}
+
 // Synchronous calls let the client's I/O thread stand down (their waiters read the replies);
 // replies nobody waits for are still read, and a burst of calls left in flight completes.
 TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {

@@ -23,7 +23,11 @@ struct SparsePlan {
   std::vector<uint32_t> unique_of;  // caller index -> unique index
   std::vector<uint64_t> unique_keys;
   std::vector<std::vector<uint32_t>> members;  // per server: unique indices in sent order
-  std::vector<float> unique_values;            // pulls with duplicates only
+  // Pulls with repeated keys: the rows in unique order, read into the caller's order once
+  // every part is in; for a call to one server, its reply itself (no copy), else copied
+  // into unique_values.
+  zmq::message_t reply;
+  std::vector<float> unique_values;
 };
 
 // Dedupe: the unique index of every key, in first-seen order.
@@ -94,21 +98,14 @@ SparseFrames PackSparse(const SlotMap& slot_map, std::span<const float> grads, u
 }
 
 // Makes `call` write each server's reply rows of table `name` into `out`, in the caller's key
-// order (through plan->unique_values when keys repeat).
+// order (through the rows in unique order when keys repeat).
 void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* out, uint32_t dim,
                   const std::string& name) {
   const size_t n = plan->unique_of.size();
-  const size_t U = plan->unique_keys.size();
-  const bool has_dups = U != n;
-  // Without duplicates unique index == caller index: write straight into `out`.
-  float* dst = out;
-  if (has_dups) {
-    plan->unique_values.resize(U * dim);
-    dst = plan->unique_values.data();
-  }
-  call->on_reply = [plan, dst, dim, name](uint32_t s, const std::vector<uint32_t>* rows,
-                                          const Header& h,
-                                          std::vector<zmq::message_t>& frames) -> Status {
+  const bool has_dups = plan->unique_keys.size() != n;
+  call->on_reply = [plan, out, dim, name, has_dups](uint32_t s, const std::vector<uint32_t>* rows,
+                                                    const Header& h,
+                                                    std::vector<zmq::message_t>& frames) -> Status {
     const auto& m = plan->members[s];
     const size_t count = rows != nullptr ? rows->size() : m.size();
     if (frames.size() != 1 || frames[0].size() != count * dim * sizeof(float) ||
@@ -116,12 +113,23 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
       return Status::Internal("malformed pull reply from server " + std::to_string(s) +
                               " for table '" + name + "'");
     }
+    const bool aligned = reinterpret_cast<uintptr_t>(frames[0].data()) % alignof(float) == 0;
+    if (has_dups && plan->members.size() == 1 && rows == nullptr && aligned) {
+      plan->reply = std::move(frames[0]);  // the whole call's rows, in unique order
+      return Status::OK();
+    }
     const float* src = static_cast<const float*>(frames[0].data());
-    std::vector<float> aligned;
-    if (reinterpret_cast<uintptr_t>(src) % alignof(float) != 0) {
-      aligned.resize(count * dim);
-      std::memcpy(aligned.data(), frames[0].data(), frames[0].size());
-      src = aligned.data();
+    std::vector<float> copy;
+    if (!aligned) {
+      copy.resize(count * dim);
+      std::memcpy(copy.data(), frames[0].data(), frames[0].size());
+      src = copy.data();
+    }
+    // Without repeated keys a unique index is a caller index: straight into `out`.
+    float* dst = out;
+    if (has_dups) {
+      plan->unique_values.resize(plan->unique_keys.size() * dim);
+      dst = plan->unique_values.data();
     }
     for (size_t k = 0; k < count; ++k) {
       const uint32_t u = m[rows != nullptr ? (*rows)[k] : k];
@@ -131,10 +139,12 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
   };
   if (has_dups) {
     call->on_done = [plan, out, dim, n] {
+      const float* rows = plan->reply.size() != 0 ? static_cast<const float*>(plan->reply.data())
+                                                  : plan->unique_values.data();
       for (size_t i = 0; i < n; ++i) {
-        std::memcpy(out + i * dim, plan->unique_values.data() + size_t{plan->unique_of[i]} * dim,
-                    sizeof(float) * dim);
+        std::memcpy(out + i * dim, rows + size_t{plan->unique_of[i]} * dim, sizeof(float) * dim);
       }
+      plan->reply = zmq::message_t();
     };
   }
 }
