@@ -136,14 +136,7 @@ Status ClientImpl::ConnectServer(const std::string& address) {
 void ClientImpl::MonitorEvent(uint32_t server) {
   for (;;) {
     std::vector<zmq::message_t> parts;
-    std::optional<size_t> got;
-    try {
-      got = zmq::recv_multipart(servers_[server].monitor, std::back_inserter(parts),
-                                zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (!got || parts.empty() || parts[0].size() < 6) return;
+    if (!TryRecv(servers_[server].monitor, &parts) || parts.empty() || parts[0].size() < 6) return;
     uint16_t event;
     std::memcpy(&event, parts[0].data(), sizeof(event));
     ServerConn& s = servers_[server];

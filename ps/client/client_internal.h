@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "ps/client/client.h"
 #include "ps/codec.h"
@@ -135,6 +136,16 @@ inline zmq::message_t EnvelopeFrame(const Header& h) {
   EncodeHeader(h, &env);
   return zmq::message_t(env.data(), env.size());
 }
+// One message from `socket` without waiting into `parts`; false when none is there, or on an
+// error (EINTR, a closed socket): the caller's next round looks again.
+inline bool TryRecv(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
+  try {
+    return zmq::recv_multipart(socket, std::back_inserter(*parts), zmq::recv_flags::dontwait)
+        .has_value();
+  } catch (const zmq::error_t&) {
+    return false;
+  }
+}
 // Ops that carry the cluster map version (and are fenced by it).
 inline bool IsDataOp(Op op) {
   return op == Op::kSparsePull || op == Op::kDensePull || IsPush(op);
@@ -143,7 +154,8 @@ inline bool IsDataOp(Op op) {
 // The state behind a Client: one DEALER socket (and its monitor) per server, served by one I/O
 // thread that sends queued requests, matches replies to calls and expires late ones. Calls are
 // built on the caller's thread (client.cc) and handed over through Send(); the I/O side is in
-// client_io.cc, the connections in client_conn.cc. Thread-safe as Client is: public members may be used from any thread.
+// client_io.cc, the connections in client_conn.cc. Thread-safe as Client is: public members
+// may be used from any thread.
 class ClientImpl {
  public:
   // `map`: with a cluster map source, the map Create loaded (its addresses are o.servers).

@@ -412,14 +412,7 @@ void ClientImpl::DrainRetries(uint32_t server, Clock::time_point now) {
 void ClientImpl::ReceiveFrom(uint32_t server) {
   for (;;) {
     std::vector<zmq::message_t> parts;
-    std::optional<size_t> got;
-    try {
-      got = zmq::recv_multipart(servers_[server].dealer, std::back_inserter(parts),
-                                zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (!got) return;
+    if (!TryRecv(servers_[server].dealer, &parts)) return;
     if (parts.empty()) continue;
     Header h;
     Status s = DecodeHeader(parts[0].data(), parts[0].size(), &h);
