@@ -267,6 +267,24 @@ TEST(ClusterTest, OneServerPullWithRepeatedKeysKeepsTheCallersOrder) {
   }
 }
 
+// Many small requests at once: the server reads at most 256 a round, and the rest, which no
+// descriptor signals again, are read in the next rounds (io_loop.cc); every call completes.
+TEST(ClusterTest, ABurstOfSmallRequestsLargerThanAServerRoundCompletes) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  auto d = c->CreateTable(TableSpec::Dense("d", 16, Sgd(1.0f)));
+  ASSERT_TRUE(d.ok());
+  const std::vector<float> minus_one(16, -1.0f);
+  std::vector<Handle> burst;
+  for (int i = 0; i < 1000; ++i) burst.push_back(c->DensePush(*d, 0, minus_one));
+  for (const Handle& h : burst) ASSERT_TRUE(c->Wait(h, DeadlineAfterMs(30000)).ok());
+  std::vector<float> out(16);
+  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 16, out.data())).ok());
+  for (float v : out) ASSERT_EQ(v, 1000.0f);
+}
+
 // Synchronous calls let the client's I/O thread stand down (their waiters read the replies);
 // replies nobody waits for are still read, and a burst of calls left in flight completes.
 TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {

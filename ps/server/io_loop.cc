@@ -77,7 +77,9 @@ void ServerImpl::IoLoop() {
                       : repl_waiting_.empty() ? std::chrono::milliseconds(100)
                                               : std::chrono::milliseconds(20);
     try {
-      zmq::poll(items.data(), items.size(), wait);
+      // A wait that times out reads every socket too: were a signal ever missed, a message
+      // would wait one timeout, not until the next one arrives.
+      if (zmq::poll(items.data(), items.size(), wait) == 0 && wait.count() > 0) look_at_all = true;
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) LOG(ERROR) << "poll failed: " << e.what();
       look_at_all = true;
