@@ -34,6 +34,40 @@ OptimizerSpec Sgd(float lr) {
   return o;
 }
 
+// Starts `cluster` and connects `*c` to it. Call under ASSERT_NO_FATAL_FAILURE, as the next.
+void StartAndConnect(LocalCluster& cluster, std::unique_ptr<Client>* c) {
+  ASSERT_TRUE(cluster.Start().ok());
+  *c = Connect(cluster);
+  ASSERT_NE(*c, nullptr);
+}
+
+// StartAndConnect, then a dense table "d" of `length` floats (SGD, learning rate 1).
+void StartWithDenseTable(LocalCluster& cluster, uint64_t length, std::unique_ptr<Client>* c,
+                         Table* d) {
+  ASSERT_NO_FATAL_FAILURE(StartAndConnect(cluster, c));
+  auto t = (*c)->CreateTable(TableSpec::Dense("d", length, Sgd(1.0f)));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  *d = *t;
+}
+
+// Expects each row of `out` (`dim` floats a key of `keys`) to hold the initializer's values of
+// its key, less `moved` (exactly when `moved` is 0); reports the first row that does not.
+void ExpectInitialRows(const InitializerSpec& init, const std::vector<uint64_t>& keys,
+                       const std::vector<float>& out, uint32_t dim, float moved = 0) {
+  std::vector<float> want(dim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    InitializeValues(init, keys[i], 0, dim, want.data());
+    for (uint32_t j = 0; j < dim; ++j) {
+      const float got = out[i * dim + j];
+      if (moved == 0 ? got != want[j] : std::fabs(got - (want[j] - moved)) > 1e-6f) {
+        ADD_FAILURE() << "key " << keys[i] << " element " << j << ": " << got << ", want "
+                      << want[j] - moved;
+        return;
+      }
+    }
+  }
+}
+
 // Deterministic gradient of (client, step, key, element).
 float GradOf(int client, int step, uint64_t key, uint32_t j) {
   const uint64_t h = uint64_t(client) * 131 + uint64_t(step) * 31 + key * 7 + j;
@@ -161,11 +195,7 @@ TEST(ClusterTest, TablesPullOrderAndInitializers) {
   std::vector<uint64_t> keys = {5, 1ull << 60, 5, 99, 123456789, 99, 0, 5};
   std::vector<float> out(keys.size() * 4);
   ASSERT_TRUE(c->Wait(c->Pull(*t, keys, out.data())).ok());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    float want[4];
-    InitializeValues(init, keys[i], 0, 4, want);
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(out[i * 4 + j], want[j]) << "key " << keys[i];
-  }
+  ExpectInitialRows(init, keys, out, 4);
   // PushPull: duplicates summed, values after the push returned.
   std::vector<uint64_t> pk = {7, 7, 8};
   std::vector<float> g = {1, 1, 1, 1, 2, 2, 2, 2, -1, -1, -1, -1};
@@ -208,27 +238,25 @@ TEST(ClusterTest, TablesPullOrderAndInitializers) {
 
 TEST(ClusterTest, ZeroCopyDensePushAppliesAndLetsGoOfTheBuffer) {
   LocalCluster cluster(testing::Servers(2));
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
-  auto d = c->CreateTable(TableSpec::Dense("d", 40000, Sgd(1.0f)));
-  ASSERT_TRUE(d.ok());
+  std::unique_ptr<Client> c;
+  Table d;
+  ASSERT_NO_FATAL_FAILURE(StartWithDenseTable(cluster, 40000, &c, &d));
   // A range over both servers' parts: one message each, both pointing into the buffer.
   auto grad = std::make_shared<std::vector<float>>(20000);
   for (size_t i = 0; i < grad->size(); ++i) (*grad)[i] = 0.25f * static_cast<float>(i % 7);
-  ASSERT_TRUE(c->Wait(c->DensePush(*d, 10000, std::shared_ptr<const std::vector<float>>(grad)))
+  ASSERT_TRUE(c->Wait(c->DensePush(d, 10000, std::shared_ptr<const std::vector<float>>(grad)))
                   .ok());
   std::vector<float> out(40000);
-  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 40000, out.data())).ok());
+  ASSERT_TRUE(c->Wait(c->DensePull(d, 0, 40000, out.data())).ok());
   for (int e = 0; e < 40000; ++e) {
     const float want = (e >= 10000 && e < 30000) ? -(*grad)[e - 10000] : 0.0f;
     ASSERT_EQ(out[e], want) << e;
   }
   // A refused push lets go of its buffer too.
-  EXPECT_EQ(c->Wait(c->DensePush(*d, 30000, std::shared_ptr<const std::vector<float>>(grad)))
+  EXPECT_EQ(c->Wait(c->DensePush(d, 30000, std::shared_ptr<const std::vector<float>>(grad)))
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->Wait(c->DensePush(*d, 0, std::shared_ptr<const std::vector<float>>())).code(),
+  EXPECT_EQ(c->Wait(c->DensePush(d, 0, std::shared_ptr<const std::vector<float>>())).code(),
             StatusCode::kInvalidArgument);
   // ZeroMQ frees a sent message on its I/O thread, possibly just after the reply is in.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -242,9 +270,8 @@ TEST(ClusterTest, ZeroCopyDensePushAppliesAndLetsGoOfTheBuffer) {
 // copy in unique order first), in the caller's order, also for PushPull.
 TEST(ClusterTest, OneServerPullWithRepeatedKeysKeepsTheCallersOrder) {
   LocalCluster cluster(testing::Servers(1));
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
+  std::unique_ptr<Client> c;
+  ASSERT_NO_FATAL_FAILURE(StartAndConnect(cluster, &c));
   const InitializerSpec init{InitializerKind::kNormal, 0.0f, 0.5f, 7};
   auto t = c->CreateTable(TableSpec::Sparse("emb", 3, Sgd(0.5f), init));
   ASSERT_TRUE(t.ok());
@@ -252,36 +279,26 @@ TEST(ClusterTest, OneServerPullWithRepeatedKeysKeepsTheCallersOrder) {
   for (int i = 0; i < 3000; ++i) keys.push_back((uint64_t(i) * 7919) % 1000);
   std::vector<float> out(keys.size() * 3);
   ASSERT_TRUE(c->Wait(c->Pull(*t, keys, out.data())).ok());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    float want[3];
-    InitializeValues(init, keys[i], 0, 3, want);
-    for (int j = 0; j < 3; ++j) ASSERT_EQ(out[i * 3 + j], want[j]) << "key " << keys[i];
-  }
+  ExpectInitialRows(init, keys, out, 3);
   // Every key appears three times with gradient 1: each row moves by -0.5 * 3.
   std::vector<float> g(keys.size() * 3, 1.0f);
   ASSERT_TRUE(c->Wait(c->PushPull(*t, keys, g, out.data())).ok());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    float want[3];
-    InitializeValues(init, keys[i], 0, 3, want);
-    for (int j = 0; j < 3; ++j) ASSERT_NEAR(out[i * 3 + j], want[j] - 1.5f, 1e-6) << keys[i];
-  }
+  ExpectInitialRows(init, keys, out, 3, 1.5f);
 }
 
 // Many small requests at once: the server reads at most 256 a round, and the rest, which no
 // descriptor signals again, are read in the next rounds (io_loop.cc); every call completes.
 TEST(ClusterTest, ABurstOfSmallRequestsLargerThanAServerRoundCompletes) {
   LocalCluster cluster(testing::Servers(1));
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
-  auto d = c->CreateTable(TableSpec::Dense("d", 16, Sgd(1.0f)));
-  ASSERT_TRUE(d.ok());
+  std::unique_ptr<Client> c;
+  Table d;
+  ASSERT_NO_FATAL_FAILURE(StartWithDenseTable(cluster, 16, &c, &d));
   const std::vector<float> minus_one(16, -1.0f);
   std::vector<Handle> burst;
-  for (int i = 0; i < 1000; ++i) burst.push_back(c->DensePush(*d, 0, minus_one));
+  for (int i = 0; i < 1000; ++i) burst.push_back(c->DensePush(d, 0, minus_one));
   for (const Handle& h : burst) ASSERT_TRUE(c->Wait(h, DeadlineAfterMs(30000)).ok());
   std::vector<float> out(16);
-  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 16, out.data())).ok());
+  ASSERT_TRUE(c->Wait(c->DensePull(d, 0, 16, out.data())).ok());
   for (float v : out) ASSERT_EQ(v, 1000.0f);
 }
 
@@ -289,16 +306,14 @@ TEST(ClusterTest, ABurstOfSmallRequestsLargerThanAServerRoundCompletes) {
 // replies nobody waits for are still read, and a burst of calls left in flight completes.
 TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {
   LocalCluster cluster(testing::Servers(1));
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
-  auto d = c->CreateTable(TableSpec::Dense("d", 1024, Sgd(1.0f)));
-  ASSERT_TRUE(d.ok());
+  std::unique_ptr<Client> c;
+  Table d;
+  ASSERT_NO_FATAL_FAILURE(StartWithDenseTable(cluster, 1024, &c, &d));
   std::vector<float> out(1024);
-  for (int i = 0; i < 50; ++i) ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 1024, out.data())).ok());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(c->Wait(c->DensePull(d, 0, 1024, out.data())).ok());
   // A zero-copy push, not waited for: the client lets go of the buffer once it reads the reply.
   auto grad = std::make_shared<std::vector<float>>(1024, -1.0f);
-  Handle unwaited = c->DensePush(*d, 0, std::shared_ptr<const std::vector<float>>(grad));
+  Handle unwaited = c->DensePush(d, 0, std::shared_ptr<const std::vector<float>>(grad));
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (grad.use_count() > 1 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -308,9 +323,9 @@ TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {
   // A burst left in flight, then waited for in reverse order.
   const std::vector<float> minus_one(1024, -1.0f);
   std::vector<Handle> burst;
-  for (int i = 0; i < 100; ++i) burst.push_back(c->DensePush(*d, 0, minus_one));
+  for (int i = 0; i < 100; ++i) burst.push_back(c->DensePush(d, 0, minus_one));
   for (auto it = burst.rbegin(); it != burst.rend(); ++it) ASSERT_TRUE(c->Wait(*it).ok());
-  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 1024, out.data())).ok());
+  ASSERT_TRUE(c->Wait(c->DensePull(d, 0, 1024, out.data())).ok());
   for (int e = 0; e < 1024; ++e) ASSERT_EQ(out[e], 101.0f) << e;
 }
 
