@@ -1,6 +1,7 @@
 // Multi-process tests: real tessera-server processes on 127.0.0.1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -302,8 +303,8 @@ TEST(ClusterTest, ABurstOfSmallRequestsLargerThanAServerRoundCompletes) {
   for (float v : out) ASSERT_EQ(v, 1000.0f);
 }
 
-// Synchronous calls let the client's I/O thread stand down (their waiters read the replies);
-// replies nobody waits for are still read, and a burst of calls left in flight completes.
+// Waiting callers let the client's I/O thread stand down (they read the replies); replies
+// nobody waits for are still read, and a burst of calls left in flight completes.
 TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {
   LocalCluster cluster(testing::Servers(1));
   std::unique_ptr<Client> c;
@@ -325,8 +326,29 @@ TEST(ClusterTest, RepliesNobodyWaitsForAreReadAfterSynchronousCalls) {
   std::vector<Handle> burst;
   for (int i = 0; i < 100; ++i) burst.push_back(c->DensePush(d, 0, minus_one));
   for (auto it = burst.rbegin(); it != burst.rend(); ++it) ASSERT_TRUE(c->Wait(*it).ok());
+  // A window of eight zero-copy pushes of which only the first is waited for: that waiter
+  // leaves seven in flight (fewer than make the I/O thread watch), and still their replies are
+  // read and their buffers let go.
+  std::vector<std::shared_ptr<std::vector<float>>> grads;
+  std::vector<Handle> window;
+  for (int i = 0; i < 8; ++i) {
+    grads.push_back(std::make_shared<std::vector<float>>(1024, -1.0f));
+    window.push_back(c->DensePush(d, 0, std::shared_ptr<const std::vector<float>>(grads.back())));
+  }
+  ASSERT_TRUE(c->Wait(window[0]).ok());
+  auto held = [&] {
+    return std::count_if(grads.begin(), grads.end(), [](const auto& g) {
+      return g.use_count() > 1;
+    });
+  };
+  const auto window_until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (held() > 0 && std::chrono::steady_clock::now() < window_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(held(), 0) << "replies of calls left in flight by a waiter were not read";
+  for (const Handle& h : window) ASSERT_TRUE(c->Wait(h).ok());
   ASSERT_TRUE(c->Wait(c->DensePull(d, 0, 1024, out.data())).ok());
-  for (int e = 0; e < 1024; ++e) ASSERT_EQ(out[e], 101.0f) << e;
+  for (int e = 0; e < 1024; ++e) ASSERT_EQ(out[e], 109.0f) << e;
 }
 
 TEST(ClusterTest, BoundedStalenessBlocksFastWorker) {

@@ -335,8 +335,9 @@ class ClientImpl {
   // (which read them without io_mu_): an entry is written before polled_n_ counts it.
   std::array<zmq::pollitem_t, kMaxPolledServers> polled_fds_{};
   std::atomic<size_t> polled_n_{0};
-  // The I/O thread's stand-down (IoLoop): set by WaitCall when it leaves nothing in flight,
-  // taken by the I/O thread at each round; io_standing_down_ while it polls standing down.
+  // The I/O thread's stand-down (IoLoop): set by WaitCall when it leaves fewer than
+  // kUnwatchedInFlight requests in flight, taken by the I/O thread at each round;
+  // io_standing_down_ while it polls standing down.
   std::atomic<bool> settled_wait_{false};
   std::atomic<bool> io_standing_down_{false};
   // Requests in flight past which a caller that sends wakes the standing-down I/O thread

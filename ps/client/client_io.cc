@@ -115,12 +115,13 @@ thread_local WakeFd t_wake;  // this thread's, for WaitCall; closed when the thr
 int ThisThreadWakeFd() { return t_wake.fd; }
 
 Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
-  // While no other thread does socket I/O, the waiting thread receives the replies itself
-  // (for every call, not only its own): the reply wakes the thread that waits for it, not
-  // the I/O thread that would then wake this one (a second wake-up on the critical path,
-  // and under CPU contention a second wait for a core). It polls the sockets and its own
-  // eventfd: whichever thread completes the call (the I/O thread, another waiter) signals
-  // that eventfd, since it took the socket's notification.
+  // The waiting thread receives the replies itself (for every call, not only its own): the
+  // reply wakes the thread that waits for it, not the I/O thread that would then wake this
+  // one (a second wake-up on the critical path, and under CPU contention a second wait for a
+  // core). It polls the sockets and its own eventfd: whichever thread completes the call (the
+  // I/O thread, another waiter) signals that eventfd, since it took the socket's
+  // notification. It waits for another thread's receive in progress rather than leave the
+  // sockets to the I/O thread, which may be standing down (IoLoop).
   WakeFd& me = t_wake;
   if (me.fd < 0 || stop_.load()) return WaitCallBlocked(c, deadline);
   // (A signal left from an earlier call, written after its last poll, costs one more round
@@ -135,10 +136,14 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
   // Requests left in flight by this thread's last receive, if it completed the call (else
-  // unknown: SIZE_MAX). None left: the call was a synchronous one (IoLoop).
+  // unknown: SIZE_MAX).
   size_t in_flight_left = SIZE_MAX;
-  while (!c.done_flag.load() && io.try_lock()) {
-    if (stop_.load()) break;  // the I/O thread closes the sockets
+  while (!c.done_flag.load()) {
+    io.lock();
+    if (stop_.load()) {
+      io.unlock();
+      break;  // the I/O thread closes the sockets
+    }
     ReceiveReady();
     in_flight_left = in_flight_.size();
     io.unlock();
@@ -155,10 +160,12 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
     }
     if (items[n].revents & ZMQ_POLLIN) WakeFd::Drain(me.fd);
   }
-  if (in_flight_left == 0) {
+  if (in_flight_left < kUnwatchedInFlight) {
+    // A caller that waits likely waits again soon (a loop of synchronous calls, or a window
+    // of N in flight): it reads the replies then, and the I/O thread stands down meanwhile.
     settled_wait_.store(true);
-  } else if (io_standing_down_.load()) {
-    Wake();  // replies to read, or this call's own: the I/O thread polls the sockets again
+  } else if ((in_flight_left != SIZE_MAX || !c.done_flag.load()) && io_standing_down_.load()) {
+    Wake();  // many replies to read, or this call's own: the I/O thread polls the sockets
   }
   {
     std::lock_guard<std::mutex> l(c.mu);  // see Call::waiter_fd
@@ -190,12 +197,12 @@ void ClientImpl::IoLoop() {
   // descriptor signals only that the socket's state may have changed: each round checks the
   // sockets themselves (ReceiveReady, MonitorEvent read until nothing is left).
   //
-  // While callers make synchronous calls (WaitCall left nothing in flight since the last
-  // round), this thread stands down until its next round: it polls only what callers do not
+  // While callers wait (a WaitCall since the last round left under kUnwatchedInFlight in
+  // flight), this thread stands down until its next round: it polls only what callers do not
   // (its eventfd, the monitors, the DEALERs past kMaxPolledServers), so a reply wakes one
-  // thread, not two that then contend for io_mu_ and, on a busy machine, for a core. A
-  // waiter that leaves requests in flight, or a caller that sends many without waiting, wakes
-  // it (WaitCall, Send); calls in flight with nobody waiting are read at its next round.
+  // thread, not two that then contend for io_mu_ and, on a busy machine, for a core. A waiter
+  // that leaves many in flight, or a caller that sends many without waiting, wakes it
+  // (WaitCall, Send); calls in flight with nobody waiting are read at its next round.
   size_t n = 0;
   size_t n_standing_down = 0;  // the first this many items: what the thread polls standing down
   std::vector<zmq::pollitem_t> items;
