@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "ps/vector_clones_internal.h"
+
 namespace tessera {
 
 void Optimizer::InitState(float* state, uint32_t dim) const {
@@ -11,14 +13,50 @@ void Optimizer::InitState(float* state, uint32_t dim) const {
 
 namespace {
 
+// The element-wise optimizers' loops, as functions of their own: one clone per instruction
+// set (ps/vector_clones_internal.h; a virtual function cannot be cloned itself).
+TESSERA_VECTOR_CLONES
+void SgdLoop(float* w, const float* g, uint32_t begin, uint32_t end, float lr, float l2) {
+  for (uint32_t j = begin; j < end; ++j) w[j] -= lr * (g[j - begin] + l2 * w[j]);
+}
+
+TESSERA_VECTOR_CLONES
+void MomentumLoop(float* w, float* m, const float* g, uint32_t begin, uint32_t end, float lr,
+                  float mu, float l2) {
+  for (uint32_t j = begin; j < end; ++j) {
+    m[j] = mu * m[j] + g[j - begin] + l2 * w[j];
+    w[j] -= lr * m[j];
+  }
+}
+
+TESSERA_VECTOR_CLONES
+void AdagradLoop(float* w, float* a, const float* g, uint32_t begin, uint32_t end, float lr,
+                 float eps, float l2) {
+  for (uint32_t j = begin; j < end; ++j) {
+    const float gj = g[j - begin] + l2 * w[j];
+    a[j] += gj * gj;
+    w[j] -= lr * gj / (std::sqrt(a[j]) + eps);
+  }
+}
+
+TESSERA_VECTOR_CLONES
+void AdamLoop(float* w, float* m, float* v, const float* g, uint32_t begin, uint32_t end,
+              float lr_t, float b1, float b2, float eps, float l2) {
+  for (uint32_t j = begin; j < end; ++j) {
+    const float gj = g[j - begin] + l2 * w[j];
+    m[j] = b1 * m[j] + (1 - b1) * gj;
+    v[j] = b2 * v[j] + (1 - b2) * gj * gj;
+    w[j] -= lr_t * m[j] / (std::sqrt(v[j]) + eps);
+  }
+}
+
 class Sgd final : public Optimizer {
  public:
   using Optimizer::Optimizer;
   uint32_t StateFloats(uint32_t) const override { return 0; }
   void Apply(float* w, float*, const float* g, uint32_t, uint32_t begin, uint32_t end,
              uint64_t, float lr_scale) const override {
-    const float lr = spec_.learning_rate * lr_scale, l2 = spec_.l2;
-    for (uint32_t j = begin; j < end; ++j) w[j] -= lr * (g[j - begin] + l2 * w[j]);
+    SgdLoop(w, g, begin, end, spec_.learning_rate * lr_scale, spec_.l2);
   }
 };
 
@@ -28,11 +66,7 @@ class Momentum final : public Optimizer {
   uint32_t StateFloats(uint32_t dim) const override { return dim; }
   void Apply(float* w, float* m, const float* g, uint32_t, uint32_t begin, uint32_t end,
              uint64_t, float lr_scale) const override {
-    const float lr = spec_.learning_rate * lr_scale, mu = spec_.momentum, l2 = spec_.l2;
-    for (uint32_t j = begin; j < end; ++j) {
-      m[j] = mu * m[j] + g[j - begin] + l2 * w[j];
-      w[j] -= lr * m[j];
-    }
+    MomentumLoop(w, m, g, begin, end, spec_.learning_rate * lr_scale, spec_.momentum, spec_.l2);
   }
 };
 
@@ -45,12 +79,7 @@ class Adagrad final : public Optimizer {
   }
   void Apply(float* w, float* a, const float* g, uint32_t, uint32_t begin, uint32_t end,
              uint64_t, float lr_scale) const override {
-    const float lr = spec_.learning_rate * lr_scale, eps = spec_.epsilon, l2 = spec_.l2;
-    for (uint32_t j = begin; j < end; ++j) {
-      const float gj = g[j - begin] + l2 * w[j];
-      a[j] += gj * gj;
-      w[j] -= lr * gj / (std::sqrt(a[j]) + eps);
-    }
+    AdagradLoop(w, a, g, begin, end, spec_.learning_rate * lr_scale, spec_.epsilon, spec_.l2);
   }
 };
 
@@ -80,19 +109,12 @@ class Adam final : public Optimizer {
   uint32_t StateFloats(uint32_t dim) const override { return 2 * dim; }
   void Apply(float* w, float* s, const float* g, uint32_t dim, uint32_t begin, uint32_t end,
              uint64_t step, float lr_scale) const override {
-    float* m = s;
-    float* v = s + dim;
-    const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.epsilon, l2 = spec_.l2;
+    const float b1 = spec_.beta1, b2 = spec_.beta2;
     const double t = static_cast<double>(step == 0 ? 1 : step);
     const float lr_t = static_cast<float>(double{spec_.learning_rate} * lr_scale *
                                           std::sqrt(1.0 - std::pow(double{b2}, t)) /
                                           (1.0 - std::pow(double{b1}, t)));
-    for (uint32_t j = begin; j < end; ++j) {
-      const float gj = g[j - begin] + l2 * w[j];
-      m[j] = b1 * m[j] + (1 - b1) * gj;
-      v[j] = b2 * v[j] + (1 - b2) * gj * gj;
-      w[j] -= lr_t * m[j] / (std::sqrt(v[j]) + eps);
-    }
+    AdamLoop(w, s, s + dim, g, begin, end, lr_t, b1, b2, spec_.epsilon, spec_.l2);
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include "ps/server/request_internal.h"
 #include "ps/server/server_metrics_internal.h"
+#include "ps/vector_clones_internal.h"
 
 namespace tessera::internal {
 
@@ -71,6 +72,7 @@ void FinishPart(Pending& p, const Status& s, zmq::socket_t& sock) {
   if (p.parts.Done() && !p.silent) SendReply(sock, p);
 }
 
+TESSERA_VECTOR_CLONES
 uint64_t FirstNonFinite(const float* v, uint64_t n) {
   // Checks the exponent bits in blocks so that the compiler vectorizes the scan.
   const uint32_t* bits = reinterpret_cast<const uint32_t*>(v);
