@@ -218,9 +218,11 @@ bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const St
 
 void ServerImpl::NoteInlineReply(const Header& req, bool ok, size_t bytes) {
   metrics_->Sent(bytes);
-  if (inline_answer_.active && req.request_id == inline_answer_.request_id) {
+  if (inline_answer_.active && !inline_answer_.answered &&
+      req.request_id == inline_answer_.request_id) {
     inline_answer_.answered = true;
-    inline_answer_.ok = inline_answer_.ok && ok;
+    metrics_->Completed(inline_answer_.decoded ? req.op : Op::kInvalid, ok,
+                        inline_answer_.received);
   }
 }
 
@@ -245,12 +247,10 @@ void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
   if (parts.size() < 2) return;  // ROUTER always adds the identity; nothing to answer.
   auto p = std::make_shared<Pending>();
   p->received = std::chrono::steady_clock::now();
-  inline_answer_ = {.active = true};
-  const bool decoded = Receive(p, parts);
-  // A request answered here, on the I/O thread (the lanes count the replies they send).
-  if (inline_answer_.answered) {
-    metrics_->Completed(decoded ? p->header.op : Op::kInvalid, inline_answer_.ok, p->received);
-  }
+  // A reply sent here, on the I/O thread, completes the request in the metrics
+  // (NoteInlineReply; the lanes count the replies they send).
+  inline_answer_ = {.active = true, .received = p->received};
+  Receive(p, parts);
   inline_answer_.active = false;
 }
 
@@ -263,6 +263,7 @@ bool ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
   Status s = DecodeHeader(parts[1].data(), parts[1].size(), &p->header);
   metrics_->Received(s.ok() ? &p->header.op : nullptr, bytes);
   inline_answer_.request_id = p->header.request_id;
+  inline_answer_.decoded = s.ok();
   if (!s.ok()) {
     ReplyError(std::move(p->identity), p->header, s);
     return false;

@@ -540,12 +540,16 @@ class ServerImpl {
   std::unique_ptr<metrics::Registry> own_registry_;
   std::unique_ptr<ServerMetrics> metrics_;
   // The request HandleMessage is dispatching, for replies sent on the I/O thread (ReplyOk,
-  // ReplyError): whether one answered it, and how. I/O thread only.
+  // ReplyError): whether one answered it, whether its header decoded, when it arrived. I/O
+  // thread only.
   struct InlineAnswer {
-    bool active = false, answered = false, ok = true;
+    bool active = false, answered = false, decoded = false;
     uint64_t request_id = 0;
+    ServerMetrics::TimePoint received{};
   } inline_answer_;
-  // Counts a reply sent by ReplyOk/ReplyError (`bytes` in all) to request `req`.
+  // Counts a reply sent by ReplyOk/ReplyError (`bytes` in all) to request `req`; the first
+  // reply to the request being dispatched completes it in the metrics, before it is sent (a
+  // client that reads the reply and then the metrics finds it counted).
   void NoteInlineReply(const Header& req, bool ok, size_t bytes);
   // The I/O thread's state into metrics_ (each maintenance pass).
   void PublishIoMetrics();
