@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
       }
       for (bool push : {true, false}) {
         for (uint32_t window : windows) {
-          Row row{"", static_cast<uint32_t>(nservers), push, shape, window, 0, 0, 0, 0};
+          Row row{"", static_cast<uint32_t>(nservers), push, shape, window, 0, 0, 0, 0, 0};
           row.name = std::string(push ? "push" : "pull") + "/" + shape.Name() + "/s" +
                      std::to_string(nservers) + "/w" + std::to_string(window);
           std::vector<double> rates, unique_rates, lat_ms, call_ms;

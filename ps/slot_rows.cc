@@ -151,7 +151,8 @@ Result<SlotRowsPieces> SplitSlotRows(std::string_view data, size_t max_bytes) {
              [&](uint32_t lane, uint64_t instance, uint64_t step) {
                out.marks.push_back({lane, instance, step});
                return Status::OK();
-             }}));
+             },
+             nullptr}));
   out.pieces.push_back(std::move(cur));
   return out;
 }

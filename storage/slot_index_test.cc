@@ -20,7 +20,9 @@ void ExpectSameAs(const SlotIndex& index, const std::unordered_map<uint64_t, uin
     ASSERT_EQ(*found, slot) << "key " << key;
   }
   for (uint64_t key : absent) {
-    if (model.count(key) == 0) ASSERT_EQ(index.Find(key), nullptr) << "key " << key;
+    if (model.count(key) == 0) {
+      ASSERT_EQ(index.Find(key), nullptr) << "key " << key;
+    }
   }
   size_t visited = 0;
   index.ForEach([&](uint64_t key, uint32_t slot) {

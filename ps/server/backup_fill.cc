@@ -73,7 +73,7 @@ Status DecodeDenseChunks(std::string_view data, const std::vector<DenseChunkRang
     ++*rows;
     return Status::OK();
   };
-  return ParseSlotRows(data, {table, row, nullptr});
+  return ParseSlotRows(data, {table, row, nullptr, nullptr});
 }
 
 }  // namespace

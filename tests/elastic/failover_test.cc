@@ -50,7 +50,7 @@ class FailoverTest : public ReplicatedClusterTest {
    public:
     static constexpr size_t kInFlight = 4;
     Training(Client& c, const Table& t, const Table& dense, uint64_t seed, int salt)
-        : c_(c), t_(t), dense_(dense), rng_(seed), salt_(salt), dense_expected(3000, 0.0) {
+        : dense_expected(3000, 0.0), c_(c), t_(t), dense_(dense), rng_(seed), salt_(salt) {
       for (uint64_t k = 1; k <= 3000; ++k) universe.push_back(k * 7919);
     }
     // Sends step `step`'s pushes.

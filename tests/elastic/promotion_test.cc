@@ -186,10 +186,11 @@ TEST_F(PromotionTest, NothingIsPromotedWhileMembersComeUpOrWhenTheWatcherIsNotAM
   EXPECT_TRUE(w0->last_error().ok()) << w0->last_error().ToString();
 
   // A poll period of 0 is refused (tessera-server's --failover_poll_ms=0 starts no watcher).
-  EXPECT_EQ(FailoverWatcher::Start(client_.get(), {.prefix = kPrefix, .self_id = "server-0",
-                                                   .poll_ms = 0})
-                .status()
-                .code(),
+  FailoverOptions no_period;
+  no_period.prefix = kPrefix;
+  no_period.self_id = "server-0";
+  no_period.poll_ms = 0;
+  EXPECT_EQ(FailoverWatcher::Start(client_.get(), no_period).status().code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -84,7 +84,9 @@ std::map<std::string, double> RunJob(const std::vector<std::string>& flags, uint
     }
   }
   // The report's totals are the job's: every worker's samples.
-  if (report.count("train_samples")) EXPECT_EQ(report.at("train_samples"), trained);
+  if (report.count("train_samples")) {
+    EXPECT_EQ(report.at("train_samples"), trained);
+  }
   return report;
 }
 
