@@ -207,6 +207,11 @@ class ClientImpl {
   Status WaitCall(Call& c, Deadline deadline);
   // Waits for `c` on its condition variable.
   static Status WaitCallBlocked(Call& c, Deadline deadline);
+  // WaitCall's end: a polling waiter leaves (to sleep on its call when `sleep`), waking the
+  // I/O thread when it must read for others.
+  Status LeavePolling(Call& c, Deadline deadline, size_t in_flight_left, bool sleep);
+  // IoLoop: whether to stand down this round (sets io_standing_down_).
+  bool StandDown();
   // A waiting caller polls the sockets of the first this many servers (the I/O thread polls
   // all of them).
   static constexpr size_t kMaxPolledServers = 64;
@@ -340,6 +345,12 @@ class ClientImpl {
   // io_standing_down_ while it polls standing down.
   std::atomic<bool> settled_wait_{false};
   std::atomic<bool> io_standing_down_{false};
+  // Callers in WaitCall's polling loop, and callers asleep on their call's condition variable
+  // because the sockets were taken and enough others polled (WaitCall). While some sleep and
+  // none polls, the I/O thread does not stand down.
+  std::atomic<uint32_t> polling_waiters_{0};
+  std::atomic<uint32_t> sleeping_waiters_{0};
+  static constexpr uint32_t kMaxPollingWaiters = 2;
   // Requests in flight past which a caller that sends wakes the standing-down I/O thread
   // (below it, their replies wait for a caller's Wait or the thread's next round, 20 ms).
   static constexpr size_t kUnwatchedInFlight = 16;

@@ -120,8 +120,10 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   // one (a second wake-up on the critical path, and under CPU contention a second wait for a
   // core). It polls the sockets and its own eventfd: whichever thread completes the call (the
   // I/O thread, another waiter) signals that eventfd, since it took the socket's
-  // notification. It waits for another thread's receive in progress rather than leave the
-  // sockets to the I/O thread, which may be standing down (IoLoop).
+  // notification. Up to kMaxPollingWaiters threads poll; another one that finds the sockets
+  // taken sleeps on its call, and the pollers read for it: with many threads waiting, a reply
+  // wakes the pollers and the thread it completes, not every waiter. The last poller to leave
+  // while some sleep hands the sockets to the I/O thread (IoLoop does not stand down then).
   WakeFd& me = t_wake;
   if (me.fd < 0 || stop_.load()) return WaitCallBlocked(c, deadline);
   // (A signal left from an earlier call, written after its last poll, costs one more round
@@ -138,8 +140,16 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   // Requests left in flight by this thread's last receive, if it completed the call (else
   // unknown: SIZE_MAX).
   size_t in_flight_left = SIZE_MAX;
+  bool sleep = false;
+  polling_waiters_.fetch_add(1);
   while (!c.done_flag.load()) {
-    io.lock();
+    if (!io.try_lock()) {
+      if (polling_waiters_.load() > kMaxPollingWaiters) {
+        sleep = true;
+        break;
+      }
+      io.lock();  // another thread's receive in progress: it may complete this call too
+    }
     if (stop_.load()) {
       io.unlock();
       break;  // the I/O thread closes the sockets
@@ -156,22 +166,39 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
       zmq::poll(items, n + 1,
                 std::min(left + std::chrono::milliseconds(1), std::chrono::milliseconds(20)));
     } catch (const zmq::error_t&) {
-      break;  // EINTR or worse: the condition variable below waits instead
+      sleep = true;  // EINTR or worse: the condition variable below waits instead
+      break;
     }
     if (items[n].revents & ZMQ_POLLIN) WakeFd::Drain(me.fd);
   }
+  return LeavePolling(c, deadline, in_flight_left, sleep);
+}
+
+Status ClientImpl::LeavePolling(Call& c, Deadline deadline, size_t in_flight_left, bool sleep) {
   if (in_flight_left < kUnwatchedInFlight) {
     // A caller that waits likely waits again soon (a loop of synchronous calls, or a window
     // of N in flight): it reads the replies then, and the I/O thread stands down meanwhile.
     settled_wait_.store(true);
-  } else if ((in_flight_left != SIZE_MAX || !c.done_flag.load()) && io_standing_down_.load()) {
+  } else if (!sleep && (in_flight_left != SIZE_MAX || !c.done_flag.load()) &&
+             io_standing_down_.load()) {
     Wake();  // many replies to read, or this call's own: the I/O thread polls the sockets
   }
   {
     std::lock_guard<std::mutex> l(c.mu);  // see Call::waiter_fd
     c.waiter_fd.store(-1);
   }
-  return WaitCallBlocked(c, deadline);
+  sleep = sleep && !c.done_flag.load();
+  if (sleep) sleeping_waiters_.fetch_add(1);
+  // Each count changes before the other is read, and IoLoop sets io_standing_down_ before it
+  // reads them: a handover is seen by this thread (which wakes the I/O thread) or by IoLoop.
+  if (polling_waiters_.fetch_sub(1) == 1 && sleeping_waiters_.load() > 0 &&
+      io_standing_down_.load()) {
+    Wake();
+  }
+  if (!sleep) return WaitCallBlocked(c, deadline);
+  const Status s = WaitCallBlocked(c, deadline);
+  sleeping_waiters_.fetch_sub(1);
+  return s;
 }
 
 Status ClientImpl::WaitCallBlocked(Call& c, Deadline deadline) {
@@ -201,8 +228,9 @@ void ClientImpl::IoLoop() {
   // flight), this thread stands down until its next round: it polls only what callers do not
   // (its eventfd, the monitors, the DEALERs past kMaxPolledServers), so a reply wakes one
   // thread, not two that then contend for io_mu_ and, on a busy machine, for a core. A waiter
-  // that leaves many in flight, or a caller that sends many without waiting, wakes it
-  // (WaitCall, Send); calls in flight with nobody waiting are read at its next round.
+  // that leaves many in flight, a caller that sends many without waiting, or the last poller
+  // leaving while waiters sleep on their calls wakes it (WaitCall, Send, StandDown). Calls
+  // nobody waits for are read at its next round.
   size_t n = 0;
   size_t n_standing_down = 0;  // the first this many items: what the thread polls standing down
   std::vector<zmq::pollitem_t> items;
@@ -231,8 +259,7 @@ void ClientImpl::IoLoop() {
   while (!stop_.load()) {
     // A caller that polled since the last round likely waits again soon (a loop of calls):
     // standing down until the next round covers the moments between its waits too.
-    const bool stand_down = settled_wait_.exchange(false);
-    io_standing_down_.store(stand_down);
+    const bool stand_down = StandDown();
     try {
       zmq::poll(items.data(), stand_down ? n_standing_down : items.size(),
                 std::chrono::milliseconds(20));
@@ -270,6 +297,20 @@ void ClientImpl::IoLoop() {
   }
   io.lock();
   CancelEverything();
+}
+
+bool ClientImpl::StandDown() {
+  if (!settled_wait_.exchange(false)) {
+    io_standing_down_.store(false);
+    return false;
+  }
+  // Set before the waiter counts are read (see LeavePolling).
+  io_standing_down_.store(true);
+  if (sleeping_waiters_.load() > 0 && polling_waiters_.load() == 0) {
+    io_standing_down_.store(false);
+    return false;
+  }
+  return true;
 }
 
 void ClientImpl::CancelEverything() {
