@@ -68,20 +68,21 @@ TEST(SlotRows, RoundTripSplitAndDamage) {
   EXPECT_EQ(joined, want);
 
   // Cut short, or an unknown entry: Corruption naming where, and nothing crashes.
+  const SlotRowsVisitor kNoVisitor{nullptr, nullptr, nullptr, nullptr};
   for (size_t cut : {data.size() - 1, data.size() - 30, size_t{5}}) {
-    Status s = ParseSlotRows(std::string_view(data).substr(0, cut), {nullptr, nullptr, nullptr, nullptr});
+    Status s = ParseSlotRows(std::string_view(data).substr(0, cut), kNoVisitor);
     EXPECT_EQ(s.code(), StatusCode::kCorruption) << cut;
     EXPECT_NE(s.message().find("cut short"), std::string::npos) << s.ToString();
   }
   std::string junk = data + "X";
-  EXPECT_NE(ParseSlotRows(junk, {nullptr, nullptr, nullptr, nullptr}).message().find("unknown type"),
+  EXPECT_NE(ParseSlotRows(junk, kNoVisitor).message().find("unknown type"),
             std::string::npos);
   // A row claiming more floats than there are bytes.
   std::string huge;
   float f = 1;
   AppendSlotRow(&huge, 1, 2, {}, &f, 1);
   huge[huge.size() - 8] = '\xff';  // n's low byte
-  EXPECT_EQ(ParseSlotRows(huge, {nullptr, nullptr, nullptr, nullptr}).code(), StatusCode::kCorruption);
+  EXPECT_EQ(ParseSlotRows(huge, kNoVisitor).code(), StatusCode::kCorruption);
 }
 
 // Metadata records travel with the table entries: in every piece, read back byte for byte

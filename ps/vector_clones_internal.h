@@ -8,8 +8,8 @@
 // AVX2 without FMA: GCC contracts a * b + c into a fused multiply-add when the target has one
 // (-ffp-contract=fast is its default), which rounds once instead of twice. Neither clone has
 // FMA, so each element goes through the same IEEE operations in the same order, and both
-// clones give bit-identical results (tests/vector_clones_test.cc compares them with the
-// scalar reference).
+// clones give bit-identical results (OptimizerTest.VectorLoopsMatchTheScalarUpdateBitForBit
+// in ps/optimizer_test.cc compares the clone in use with the scalar update).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 #define TESSERA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else

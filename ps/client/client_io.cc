@@ -195,9 +195,8 @@ Status ClientImpl::LeavePolling(Call& c, Deadline deadline, size_t in_flight_lef
       io_standing_down_.load()) {
     Wake();
   }
-  if (!sleep) return WaitCallBlocked(c, deadline);
   const Status s = WaitCallBlocked(c, deadline);
-  sleeping_waiters_.fetch_sub(1);
+  if (sleep) sleeping_waiters_.fetch_sub(1);
   return s;
 }
 

@@ -254,7 +254,7 @@ void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
   inline_answer_.active = false;
 }
 
-bool ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts) {
+void ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts) {
   size_t bytes = 0;
   for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size();
   // The connection it came on (the identity frame does not always carry it).
@@ -266,10 +266,10 @@ bool ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
   inline_answer_.decoded = s.ok();
   if (!s.ok()) {
     ReplyError(std::move(p->identity), p->header, s);
-    return false;
+    return;
   }
   p->metrics = metrics_.get();
-  if (!Admitted(p, fd)) return true;  // refused (connections, limits, in flight) or throttled
+  if (!Admitted(p, fd)) return;  // refused (connections, limits, in flight) or throttled
   const std::string peer = p->identity.to_string();
   for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
   s = Dispatch(p);
@@ -279,7 +279,6 @@ bool ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
     ++dropped_replies_;
     peers_.MarkStalled(peer, std::chrono::steady_clock::now());
   }
-  return true;
 }
 
 Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {

@@ -113,8 +113,8 @@ class ServerImpl {
   void ReplyOk(zmq::message_t identity, const Header& req, Header h = Header(),
                const std::string* data = nullptr);
   void HandleMessage(std::vector<zmq::message_t> parts);
-  // HandleMessage's work: decode, admit, dispatch. False when the envelope did not decode.
-  bool Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts);
+  // HandleMessage's work: decode, admit, dispatch.
+  void Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts);
   Status Dispatch(const std::shared_ptr<Pending>& p);
   /// Dispatch of the data ops (sparse and dense pulls and pushes): the origin key, then a
   /// primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
