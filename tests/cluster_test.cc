@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ps/client/client.h"
+#include "ps/client/client_internal.h"
 #include "ps/curve.h"
 #include "ps/initializer.h"
 #include "tests/cluster_fixture.h"
@@ -389,6 +390,50 @@ TEST(ClusterTest, BoundedStalenessBlocksFastWorker) {
     // The slow worker itself is never blocked (it is behind).
     EXPECT_TRUE(slow->Wait(slow->Pull(*t, keys, out.data()), DeadlineAfterMs(5000)).ok());
   }
+}
+
+// Two threads waiting for one call: the first polls the sockets, the second sleeps on the
+// call and is counted as a sleeper (client_io.cc, WaitCall), so that the client's I/O thread
+// does not stand down while nobody polls once the first leaves. Uncounted, its reply could
+// wait for the I/O thread's next round (20 ms).
+TEST(ClusterTest, ASecondThreadWaitingForTheSameCallIsCountedAsSleeping) {
+  using Access = internal::ClientTestAccess;
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions o;
+  o.consistency = {.num_workers = 2, .staleness = 0};
+  o.worker_id = 0;
+  auto fast = Connect(cluster, o);
+  o.worker_id = 1;
+  auto slow = Connect(cluster, o);
+  ASSERT_TRUE(fast && slow);
+  auto t = fast->CreateTable(TableSpec::Sparse("s", 2, Sgd(0.1f)));
+  ASSERT_TRUE(t.ok());
+  // A step ahead of the other worker at staleness 0: the pull waits until it catches up.
+  ASSERT_TRUE(fast->Wait(fast->Clock()).ok());
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> out(6);
+  Handle h = fast->Pull(*t, keys, out.data());
+  // Waits (up to 20 s, only if broken) until `what` holds.
+  auto eventually = [](auto what) {
+    const Deadline end = DeadlineAfterMs(20000);
+    while (!what() && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return what();
+  };
+  Status first, second;
+  std::thread a([&] { first = fast->Wait(h); });
+  ASSERT_TRUE(eventually([&] { return Access::PollingWaiters(*fast) == 1; }));
+  std::thread b([&] { second = fast->Wait(h); });
+  EXPECT_TRUE(eventually([&] { return Access::SleepingWaiters(*fast) == 1; }))
+      << "the second waiter is not counted as sleeping";
+  EXPECT_EQ(Access::PollingWaiters(*fast), 1u);
+  ASSERT_TRUE(slow->Wait(slow->Clock()).ok());  // releases the pull
+  a.join();
+  b.join();
+  EXPECT_TRUE(first.ok()) << first.ToString();
+  EXPECT_TRUE(second.ok()) << second.ToString();
+  EXPECT_EQ(Access::PollingWaiters(*fast), 0u);
+  EXPECT_EQ(Access::SleepingWaiters(*fast), 0u);
 }
 
 // One client shared by several threads: each thread's calls are sent from its own thread when

@@ -18,6 +18,7 @@ namespace tessera {
 namespace internal {
 struct Call;
 class ClientImpl;
+struct ClientTestAccess;
 }  // namespace internal
 
 using Clock = std::chrono::steady_clock;
@@ -277,6 +278,7 @@ class Client {
   uint64_t stale_map_retries() const;
 
  private:
+  friend struct internal::ClientTestAccess;
   explicit Client(std::unique_ptr<internal::ClientImpl> impl);
   std::unique_ptr<internal::ClientImpl> impl_;
 };

@@ -210,6 +210,10 @@ class ClientImpl {
   // WaitCall's end: a polling waiter leaves (to sleep on its call when `sleep`), waking the
   // I/O thread when it must read for others.
   Status LeavePolling(Call& c, Deadline deadline, size_t in_flight_left, bool sleep);
+  // LeavePolling's end, also for a thread that counted itself a poller and then did not poll:
+  // stops counting it a poller and, with `sleep`, counts it a sleeper while it waits on its
+  // call's condition variable (the last poller leaving wakes the I/O thread if needed).
+  Status StopPolling(Call& c, Deadline deadline, bool sleep);
   // IoLoop: whether to stand down this round (sets io_standing_down_).
   bool StandDown();
   // A waiting caller polls the sockets of the first this many servers (the I/O thread polls
@@ -221,6 +225,7 @@ class ClientImpl {
   std::atomic<float> lr_scale_{1.0f};  // Header::lr_scale of pushes
 
  private:
+  friend struct ClientTestAccess;
   struct ServerConn {
     std::string address;
     zmq::socket_t dealer;
@@ -388,6 +393,12 @@ class ClientImpl {
   // I/O side: the map RetireServers last handled (the previous map of the next one).
   std::shared_ptr<const RoutingMap> retired_map_;
   std::atomic<uint64_t> stale_map_retries_{0};
+};
+
+// What tests read of a client's internals: its waiting threads (cluster_test).
+struct ClientTestAccess {
+  static uint32_t PollingWaiters(const Client& c) { return c.impl_->polling_waiters_.load(); }
+  static uint32_t SleepingWaiters(const Client& c) { return c.impl_->sleeping_waiters_.load(); }
 };
 
 }  // namespace internal

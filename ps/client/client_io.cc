@@ -125,23 +125,30 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
   // wakes the pollers and the thread it completes, not every waiter. The last poller to leave
   // while some sleep hands the sockets to the I/O thread (IoLoop does not stand down then).
   WakeFd& me = t_wake;
-  if (me.fd < 0 || stop_.load()) return WaitCallBlocked(c, deadline);
+  if (stop_.load()) return WaitCallBlocked(c, deadline);
   // (A signal left from an earlier call, written after its last poll, costs one more round
   // below; draining here would cost every call a read.)
   // One polling waiter per call; another thread waiting for the same call sleeps on its
-  // condition variable.
+  // condition variable, counted as a sleeper (so is a thread without an eventfd).
   int none = -1;
-  if (!c.waiter_fd.compare_exchange_strong(none, me.fd)) return WaitCallBlocked(c, deadline);
+  polling_waiters_.fetch_add(1);
+  if (me.fd < 0 || !c.waiter_fd.compare_exchange_strong(none, me.fd)) {
+    return StopPolling(c, deadline, /*sleep=*/true);
+  }
   zmq::pollitem_t items[kMaxPolledServers + 1];
-  const size_t n = polled_n_.load(std::memory_order_acquire);
-  std::copy(polled_fds_.begin(), polled_fds_.begin() + n, items);
-  items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
+  size_t n = 0;
+  // The DEALERs' descriptors (again when a map added servers while this thread waits).
+  auto collect = [&] {
+    n = polled_n_.load(std::memory_order_acquire);
+    std::copy(polled_fds_.begin(), polled_fds_.begin() + n, items);
+    items[n] = {nullptr, me.fd, ZMQ_POLLIN, 0};
+  };
+  collect();
   std::unique_lock<std::mutex> io(io_mu_, std::defer_lock);
   // Requests left in flight by this thread's last receive, if it completed the call (else
   // unknown: SIZE_MAX).
   size_t in_flight_left = SIZE_MAX;
   bool sleep = false;
-  polling_waiters_.fetch_add(1);
   while (!c.done_flag.load()) {
     if (!io.try_lock()) {
       if (polling_waiters_.load() > kMaxPollingWaiters) {
@@ -161,6 +168,7 @@ Status ClientImpl::WaitCall(Call& c, Deadline deadline) {
     in_flight_left = SIZE_MAX;
     const auto now = Clock::now();
     if (now >= deadline) break;
+    if (polled_n_.load(std::memory_order_acquire) != n) collect();
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
     try {
       zmq::poll(items, n + 1,
@@ -187,6 +195,10 @@ Status ClientImpl::LeavePolling(Call& c, Deadline deadline, size_t in_flight_lef
     std::lock_guard<std::mutex> l(c.mu);  // see Call::waiter_fd
     c.waiter_fd.store(-1);
   }
+  return StopPolling(c, deadline, sleep);
+}
+
+Status ClientImpl::StopPolling(Call& c, Deadline deadline, bool sleep) {
   sleep = sleep && !c.done_flag.load();
   if (sleep) sleeping_waiters_.fetch_add(1);
   // Each count changes before the other is read, and IoLoop sets io_standing_down_ before it

@@ -173,6 +173,9 @@ void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status
     }
     refresh_cv_.notify_all();
     o.not_before = now;
+    // The map may be here already (the refusal read by a waiting caller's thread): only the
+    // I/O thread routes it again (DrainMapWaiters), and it may be standing down.
+    Wake();
   } else {
     // The server is behind the client's map: give its watch a moment.
     o.not_before = now + std::chrono::milliseconds(kServerBehindWaitMs);
