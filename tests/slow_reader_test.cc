@@ -22,6 +22,7 @@ namespace tessera {
 namespace {
 
 using testing::LocalCluster;
+using testing::LocalClusterOptions;
 using testing::MsSince;
 
 // VmRSS of process `pid`, in bytes (0 if unreadable).
@@ -132,6 +133,90 @@ TEST(SlowReaderTest, AClientThatNeverReadsIsThrottledAndMemoryStaysBounded) {
   EXPECT_GT(StatValue(*stats, "dropped_replies"), 0) << *stats;
   EXPECT_GT(StatValue(*stats, "throttled_requests"), 0) << *stats;
   EXPECT_EQ(StatValue(*stats, "stalled_peers"), 1) << *stats;
+}
+
+// The same for push replies of a server with a data dir: a push is logged at the end of the
+// burst and then applied, and its reply sent, on the I/O thread (an idle lane runs it inline).
+// Every request gets one reply, queued for the client or counted as dropped; a dropped one
+// marks the client stalled, so that its later requests are refused instead of applied with
+// their replies dropped unseen. (Dropped there, a reply was not counted at all, and the
+// client went on being served until a lane's reply was dropped.)
+TEST(SlowReaderTest, EveryPushReplyIsQueuedOrCountedAsDropped) {
+  constexpr uint32_t kDim = 64, kKeys = 64;
+  LocalClusterOptions options = testing::Servers(1);
+  options.lanes = 1;  // a request of one lane, run inline when the lane is idle
+  options.with_data_dirs = true;
+  options.extra_flags = {"--send_hwm=64"};
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions o;
+  o.servers = cluster.endpoints();
+  o.retry_for_ms = 0;
+  auto created = Client::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Client& normal = **created;
+  auto t = normal.CreateTable(TableSpec::Sparse("emb", kDim));
+  ASSERT_TRUE(t.ok());
+  std::vector<uint64_t> keys(kKeys);
+  for (uint64_t k = 0; k < kKeys; ++k) keys[k] = k * 1000003;
+  auto stat = [&](const std::string& name) {
+    auto stats = normal.ServerStats(0);
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+    return stats.ok() ? StatValue(*stats, name) : -1;
+  };
+
+  // Push-pulls (a 16 KiB reply each) from a raw DEALER that does not read, one at a time (each
+  // its own burst, so that the idle lane runs it inline), until the server marks the DEALER
+  // stalled (at most 30 s: only when broken), then 50 more, which it refuses unserved.
+  zmq::context_t ctx;
+  zmq::socket_t hog(ctx, zmq::socket_type::dealer);
+  hog.set(zmq::sockopt::linger, 0);
+  hog.set(zmq::sockopt::rcvhwm, 16);
+  hog.set(zmq::sockopt::rcvbuf, 64 << 10);
+  hog.connect(cluster.endpoints()[0]);
+  std::string env;
+  EncodeHeader(testing::SparseHeader(Op::kSparsePushPull, t->id, kKeys, kDim), &env);
+  const std::string key_bytes = testing::Bytes(keys);
+  const std::string grad_bytes = testing::Bytes(std::vector<float>(kKeys * kDim, 0.001f));
+  int64_t sent = 0;
+  auto send = [&] {
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(env.data(), env.size());
+    parts.emplace_back(key_bytes.data(), key_bytes.size());
+    parts.emplace_back(grad_bytes.data(), grad_bytes.size());
+    if (zmq::send_multipart(hog, parts, zmq::send_flags::dontwait)) ++sent;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  while (stat("stalled_peers") != 1 && MsSince(t0) < 30000) {
+    for (int i = 0; i < 20; ++i) send();
+  }
+  EXPECT_EQ(stat("stalled_peers"), 1) << "no reply to the client was noticed dropped";
+  for (int i = 0; i < 50; ++i) send();
+  std::vector<float> out(kKeys * kDim);
+  EXPECT_TRUE(normal.Wait(normal.Pull(*t, keys, out.data()), DeadlineAfterMs(10000)).ok());
+
+  // Now it reads: the replies it gets and those the server counts as dropped add up to its
+  // requests (waiting up to 30 s for them: only when broken).
+  int64_t replies = 0;
+  const auto t1 = std::chrono::steady_clock::now();
+  while (replies + stat("dropped_replies") < sent && MsSince(t1) < 30000) {
+    std::vector<zmq::message_t> reply;
+    while (zmq::recv_multipart(hog, std::back_inserter(reply), zmq::recv_flags::dontwait)) {
+      ++replies;
+      reply.clear();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int64_t dropped = stat("dropped_replies");
+  std::printf("non-reading client sent %lld push-pulls in %.1f s: %lld replies read, %lld "
+              "dropped, %lld requests refused unserved\n",
+              static_cast<long long>(sent), MsSince(t0) / 1000, static_cast<long long>(replies),
+              static_cast<long long>(dropped),
+              static_cast<long long>(stat("throttled_requests")));
+  EXPECT_EQ(replies + dropped, sent) << "replies neither queued nor counted as dropped";
+  EXPECT_GT(dropped, 0);
+  EXPECT_GT(stat("throttled_requests"), 0);
 }
 
 }  // namespace

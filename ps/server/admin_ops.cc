@@ -275,6 +275,7 @@ Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
   LOG(INFO) << "restored " << loaded << " rows/chunks from " << dir << " ("
             << marker->server_ids.size() << " servers)";
   FinishPart(*p, Status::OK(), router_);  // the guard
+  NoteDroppedReply(*p);
   return Status::OK();
 }
 

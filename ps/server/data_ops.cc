@@ -54,6 +54,7 @@ void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePar
     lanes_[part.lane]->Submit(std::move(t));
   }
   FinishPart(*p, Status::OK(), router_);  // the guard
+  NoteDroppedReply(*p);  // a reply sent here (inline, or the guard's) found the queue full
 }
 
 void ServerImpl::RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<Status(Lane&)> fn,

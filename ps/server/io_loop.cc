@@ -60,6 +60,9 @@ void ServerImpl::IoLoop() {
     if (now >= next_maintenance) {
       next_maintenance = now + std::chrono::milliseconds(options_.maintenance_interval_ms);
       Maintain();
+      // Its sends (answers to parked requests, readmitted pushes, pieces to backups) may have
+      // taken the signal of a message that arrived since the last round's checks.
+      look_at_all = true;
     }
     if (poll_items_dirty_) {
       poll_items_dirty_ = false;
@@ -92,8 +95,9 @@ void ServerImpl::IoLoop() {
     if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
     if (!backup_links_.empty()) {
       DrainBackupReplies();  // answers free the queue before new requests join it
-      ResendReplication();
     }
+    // Also without links: a piece no link took is sent again, or failed once orphaned.
+    ResendReplication();
     if (more || (items[0].revents & ZMQ_POLLIN)) ReceiveBurst();
     if (map_changed_) OnMapChanged();
     FlushStaged();  // pushes readmitted outside a burst
@@ -270,15 +274,16 @@ void ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
   }
   p->metrics = metrics_.get();
   if (!Admitted(p, fd)) return;  // refused (connections, limits, in flight) or throttled
-  const std::string peer = p->identity.to_string();
   for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
   s = Dispatch(p);
   if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
-  // An inline reply found the peer's queue full (replies via SendToPeer are noted there).
-  if (p->reply_dropped.load(std::memory_order_relaxed)) {
-    ++dropped_replies_;
-    peers_.MarkStalled(peer, std::chrono::steady_clock::now());
-  }
+}
+
+void ServerImpl::NoteDroppedReply(Pending& p) {
+  // Replies via SendToPeer (errors, lanes' replies) are noted there.
+  if (!p.reply_dropped.exchange(false, std::memory_order_relaxed)) return;
+  ++dropped_replies_;
+  peers_.MarkStalled(p.identity.to_string_view(), std::chrono::steady_clock::now());
 }
 
 Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {

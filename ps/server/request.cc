@@ -60,7 +60,10 @@ void SendReply(zmq::socket_t& sock, Pending& p) {
   }
   try {
     if (!zmq::send_multipart(sock, parts, zmq::send_flags::dontwait)) {
-      p.reply_dropped.store(true, std::memory_order_relaxed);  // the peer's queue is full
+      // The peer's queue is full. The send took nothing (the first frame failed): the
+      // identity goes back to `p`, so that the I/O thread can mark the peer stalled.
+      p.identity = std::move(parts[0]);
+      p.reply_dropped.store(true, std::memory_order_relaxed);
     }
   } catch (const zmq::error_t&) {
     // The peer is gone: nothing else to tell it.

@@ -115,6 +115,9 @@ class ServerImpl {
   void HandleMessage(std::vector<zmq::message_t> parts);
   // HandleMessage's work: decode, admit, dispatch.
   void Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts);
+  // A reply this thread sent for `p` (SendReply) found the peer's queue full: counts it and
+  // marks the peer stalled (edge_ops.cc).
+  void NoteDroppedReply(Pending& p);
   Status Dispatch(const std::shared_ptr<Pending>& p);
   /// Dispatch of the data ops (sparse and dense pulls and pushes): the origin key, then a
   /// primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
