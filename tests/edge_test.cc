@@ -504,5 +504,44 @@ TEST(EdgeTest, CancelLeavesTheCallersBufferAlone) {
   EXPECT_GE(done[0], 1.0f);
 }
 
+// A push cancelled while it waits to be sent again (its server is down) is dropped, never
+// sent: after the restart the table holds nothing of it, and the client lets go of a
+// zero-copy push's floats. (It was sent once the server was back.)
+TEST(EdgeTest, ACancelledPushWaitingForItsServerIsNeverSent) {
+  LocalClusterOptions options = testing::Servers(1);
+  options.with_data_dirs = true;  // the table survives the restart
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions o;
+  o.retry_for_ms = 60000;
+  auto c = Connect(cluster, o);
+  ASSERT_NE(c, nullptr);
+  auto d = c->CreateTable(
+      TableSpec::Dense("d", 1000, {.kind = OptimizerKind::kSgd, .learning_rate = 1.0f}));
+  ASSERT_TRUE(d.ok());
+  cluster.Kill(0);
+  // Once the client's connection is gone, a send fails and the push waits in the retry queue
+  // (sooner, it waits in flight; either way the cancel must keep it from the server).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto grads = std::make_shared<std::vector<float>>(1000, 1.0f);
+  Handle zero_copy = c->DensePush(*d, 0, std::shared_ptr<const std::vector<float>>(grads));
+  Handle copied = c->DensePush(*d, 0, std::vector<float>(1000, 10.0f));
+  c->Cancel(zero_copy);
+  c->Cancel(copied);
+  EXPECT_EQ(c->Wait(zero_copy).code(), StatusCode::kCancelled);
+  EXPECT_EQ(c->Wait(copied).code(), StatusCode::kCancelled);
+  ASSERT_TRUE(cluster.Restart(0).ok());
+  // Sent after the retries queued before it: it reads what they did.
+  std::vector<float> out(1000, kSentinel);
+  ASSERT_TRUE(c->Wait(c->DensePull(*d, 0, 1000, out.data()), DeadlineAfterMs(60000)).ok());
+  EXPECT_EQ(out[0], 0.0f) << "a cancelled push was applied";
+  EXPECT_EQ(out[999], 0.0f);
+  const auto until = Steady::now() + std::chrono::seconds(30);
+  while (grads.use_count() > 1 && Steady::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(grads.use_count(), 1) << "the client still holds the cancelled push's floats";
+}
+
 }  // namespace
 }  // namespace tessera

@@ -150,7 +150,10 @@ class Client {
   Handle DensePush(const Table& table, uint64_t offset, std::span<const float> grads);
   /// The same without the copy: the messages point into `*grads`, which the client keeps alive
   /// (a reference per message) until no server can need it again, after the last reply or
-  /// retry. Do not change the floats before the call completes. InvalidArgument for null.
+  /// retry. Do not change the floats while the client holds a reference (`grads.use_count()`
+  /// above the caller's own): after a reply that is when the call completes, but a call that
+  /// failed, timed out or was cancelled may leave a message ZeroMQ still sends (a cancelled
+  /// push not sent yet is dropped, never sent). InvalidArgument for null.
   Handle DensePush(const Table& table, uint64_t offset,
                    std::shared_ptr<const std::vector<float>> grads);
 
