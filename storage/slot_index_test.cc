@@ -65,7 +65,7 @@ TEST(SlotIndexTest, MatchesAMapThroughInsertsErasesAndGrowth) {
 }
 
 TEST(SlotIndexTest, ErasingFromTheMiddleOfACollidingRunKeepsTheRestFindable) {
-  SlotIndex index;  // 16 entries: 8 keys whose probes start at the same entry
+  SlotIndex index(0);  // 16 entries: 8 keys whose probes start at the same entry
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; keys.size() < 8; ++k) {
     if ((Mix64(k) & 15) == 14) keys.push_back(k);  // the run wraps around the table's end
@@ -81,6 +81,26 @@ TEST(SlotIndexTest, ErasingFromTheMiddleOfACollidingRunKeepsTheRestFindable) {
     ExpectSameAs(index, model, keys);
   }
   EXPECT_FALSE(index.Erase(keys[3]));
+}
+
+// Keys inserted in another table's order (a slot move, a restore: rows scanned from one table
+// fill another) probe no further than random ones. With one hash for every table they arrive
+// sorted by home entry; while the filling table is smaller than the scanned one, the second
+// half of its entries gets a second round of keys on top of the first, and they pile up into
+// one run that every later insert walks (quadratic time to fill).
+TEST(SlotIndexTest, FillingInAnotherTablesOrderKeepsProbesShort) {
+  SlotIndex source;
+  std::mt19937_64 rng(11);
+  while (source.size() < 183500) source.TryEmplace(rng(), 0);  // 0.7 of 2^18 entries
+  SlotIndex target;
+  // 98,000 keys: the target stays at 2^17 entries.
+  source.ForEach([&](uint64_t key, uint32_t) {
+    target.TryEmplace(key, 0);
+    return target.size() < 98000;
+  });
+  ASSERT_EQ(target.capacity(), size_t{1} << 17);
+  EXPECT_LT(target.MaxDisplacement(), 1000u);
+  EXPECT_LT(source.MaxDisplacement(), 1000u);
 }
 
 }  // namespace
