@@ -214,5 +214,52 @@ TEST(OptimizerTest, VectorLoopsMatchTheScalarUpdateBitForBit) {
   }
 }
 
+// Every spec ValidateTableSpec accepts keeps a row finite through pushes with zero and
+// non-zero gradient elements and a zero learning-rate scale (with epsilon 0 and no initial
+// accumulator, Adagrad and Adam divided 0 by 0; FTRL divided by a zero learning rate).
+TEST(OptimizerTest, EverySpecThatValidatesKeepsRowsFinite) {
+  int accepted = 0, refused = 0;
+  for (OptimizerKind kind :
+       {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdagrad,
+        OptimizerKind::kRowwiseAdagrad, OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
+    for (float lr : {0.0f, 0.01f}) {
+      for (float eps : {0.0f, 1e-8f}) {
+        for (float acc : {0.0f, 0.1f}) {
+          for (float beta : {-1.0f, 0.0f, 1.0f}) {
+            TableSpec t = TableSpec::Sparse("t", 4);
+            t.optimizer.kind = kind;
+            t.optimizer.learning_rate = lr;
+            t.optimizer.epsilon = eps;
+            t.optimizer.initial_accumulator = acc;
+            t.optimizer.ftrl_beta = beta;
+            if (!ValidateTableSpec(t).ok()) {
+              ++refused;
+              continue;
+            }
+            ++accepted;
+            auto opt = Optimizer::Make(t.optimizer);
+            std::vector<float> w(4, 0.5f), st(opt->StateFloats(4));
+            opt->InitState(st.data(), 4);
+            const std::vector<float> grads[] = {{0, 1, 0, -1}, {0, 0, 0, 0}, {2, 0, -2, 0}};
+            uint64_t step = 0;
+            for (const auto& g : grads) {
+              for (float scale : {1.0f, 0.0f}) {
+                opt->Apply(w.data(), st.data(), g.data(), 4, 0, 4, ++step, scale);
+              }
+            }
+            for (float x : w) {
+              ASSERT_TRUE(std::isfinite(x)) << "optimizer " << static_cast<int>(kind) << " lr "
+                                            << lr << " eps " << eps << " acc " << acc
+                                            << " beta " << beta;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(refused, 0);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -89,6 +89,22 @@ Status ValidateTableSpec(const TableSpec& s) {
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) {
     return Status::InvalidArgument(where + "Adam betas must be in [0, 1)");
   }
+  // Values that would turn a row into NaN or infinity on its first push of a zero gradient
+  // element (0 / 0), or on any push (FTRL divides by the learning rate).
+  const bool adagrad =
+      o.kind == OptimizerKind::kAdagrad || o.kind == OptimizerKind::kRowwiseAdagrad;
+  if (adagrad && o.epsilon == 0 && o.initial_accumulator == 0) {
+    return Status::InvalidArgument(where + "Adagrad needs epsilon > 0 or initial_accumulator > 0"
+                                   " (a zero gradient would divide 0 by 0)");
+  }
+  if (o.kind == OptimizerKind::kAdam && o.epsilon == 0) {
+    return Status::InvalidArgument(where + "Adam needs epsilon > 0 (a zero gradient would "
+                                   "divide 0 by 0)");
+  }
+  if (o.kind == OptimizerKind::kFtrl && (o.learning_rate == 0 || o.ftrl_beta < 0)) {
+    return Status::InvalidArgument(where + "FTRL needs learning_rate (alpha) > 0 and "
+                                   "ftrl_beta >= 0");
+  }
   if (s.admission.probability <= 0 || s.admission.probability > 1) {
     return Status::InvalidArgument(where + "admission probability must be in (0, 1]");
   }

@@ -325,5 +325,25 @@ TEST_F(BadInputTest, OversizedFrameDropsOnlyThatPeer) {
   EXPECT_TRUE(client_->Wait(client_->Pull(table_, keys, out.data()), DeadlineAfterMs(10000)).ok());
 }
 
+// replica_from marks a primary's forwarded push, which skips the per-client limits: any other
+// op carrying it is refused (it was served, skipping them).
+TEST_F(BadInputTest, ReplicaFromOnAnythingButAPushIsRefused) {
+  RawPeer peer(cluster_->endpoints()[0]);
+  for (Op op : {Op::kStats, Op::kPing, Op::kGetMeta, Op::kSparsePull}) {
+    Header h = op == Op::kSparsePull ? PullHeader(1) : Request(op);
+    h.replica_from = 1;
+    h.name = "m";
+    std::string env;
+    EncodeHeader(h, &env);
+    std::vector<std::string> frames = {env};
+    if (op == Op::kSparsePull) frames.push_back(testing::Bytes(std::vector<uint64_t>{own_key_}));
+    std::vector<zmq::message_t> data;
+    const Header r = peer.Call(std::move(frames), &data);
+    EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << OpName(op) << ": " << r.message;
+    EXPECT_NE(r.message.find("replicated request must be"), std::string::npos) << r.message;
+  }
+  EXPECT_TRUE(client_->ServerStats(0).ok());
+}
+
 }  // namespace
 }  // namespace tessera

@@ -431,5 +431,23 @@ TEST_F(ClientFailover, DenseRequestsOfARetiredServerFailAtOnce) {
   EXPECT_EQ(servers_[0]->Of(Op::kDensePull).size(), 1u);
 }
 
+// A server that answers a dense pull with more floats than the part asked for (a bug, or not
+// a Tessera server) gets the call failed: the reply is not copied past the caller's range.
+TEST_F(ClientFailover, ADensePullReplyOfTheWrongLengthIsRefusedNotCopied) {
+  Start(1);
+  servers_[0]->SetPolicy([](const Received& req, Header* reply,
+                            std::vector<std::string>* frames) {
+    reply->count = req.h.count + 1024;
+    frames->emplace_back(std::string(reply->count * sizeof(float), '\x7f'));
+    return true;
+  });
+  const Table t{TableIdForName("w"), TableSpec::Dense("w", 64)};
+  std::vector<float> buf(16 + 2048, -1.0f);  // 16 asked for, then guard floats
+  Status s = client_->Wait(client_->DensePull(t, 0, 16, buf.data()), DeadlineAfterMs(5000));
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
+  EXPECT_NE(s.message().find("malformed dense reply"), std::string::npos) << s.ToString();
+  for (size_t i = 16; i < buf.size(); ++i) ASSERT_EQ(buf[i], -1.0f) << "written at " << i;
+}
+
 }  // namespace
 }  // namespace tessera

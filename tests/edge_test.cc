@@ -543,5 +543,25 @@ TEST(EdgeTest, ACancelledPushWaitingForItsServerIsNeverSent) {
   EXPECT_EQ(grads.use_count(), 1) << "the client still holds the cancelled push's floats";
 }
 
+// A name too long for a request is refused by the client at once, as the server would refuse
+// it. (Past the envelope's 64 KiB the server's refusal carried no request id, and the call
+// waited out its retries, then failed as Unavailable.)
+TEST(EdgeTest, ANameTooLongIsRefusedByTheClient) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  ClientOptions o;
+  o.request_timeout_ms = 500;
+  o.retry_for_ms = 1000;
+  auto c = Connect(cluster, o);
+  ASSERT_NE(c, nullptr);
+  for (size_t n : {size_t{2000}, size_t{70000}}) {
+    auto got = c->GetMeta(std::string(n, 'm'));
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument) << n << ": "
+                                                                 << got.status().ToString();
+    EXPECT_NE(got.status().message().find("1024"), std::string::npos)
+        << got.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace tessera

@@ -11,6 +11,7 @@
 
 #include "ps/client/client_internal.h"
 #include "ps/client/key_index_internal.h"
+#include "ps/limits.h"
 #include "ps/message_pool_internal.h"
 
 namespace tessera {
@@ -287,7 +288,8 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
   const uint64_t map_version = map->version;
   const uint32_t S = dense_servers_;
   std::vector<Outgoing> msgs;
-  auto starts = std::make_shared<std::vector<uint64_t>>(S, 0);
+  // Per part: where it starts in `out`, and how many floats it asked for.
+  auto starts = std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>(S);
   const Deadline deadline = RequestDeadline();
   for (uint32_t s = 0; s < S; ++s) {
     const DenseRange r = DenseRangeOfServer(t.id, t.spec.length, s, S);
@@ -299,7 +301,7 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     h.elem_type = ElemType::kF32;
     h.offset = b;
     h.count = e - b;
-    (*starts)[s] = b - offset;
+    (*starts)[s] = {b - offset, e - b};
     std::vector<zmq::message_t> data;
     if (push) data.push_back(GradientFrame(grads.data() + (b - offset), e - b, owner));
     // Part s is served by its primary in the map (server s unless a fail-over moved it); the
@@ -311,11 +313,15 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     call->on_reply = [starts, out, name = t.spec.name](
                          uint32_t s, const std::vector<uint32_t>*, const Header& h,
                          std::vector<zmq::message_t>& frames) -> Status {
-      if (frames.size() != 1 || frames[0].size() != h.count * sizeof(float)) {
+      const auto [start, count] = (*starts)[s];
+      // The reply's own count is checked against what the part asked for: a reply of another
+      // length would write outside the caller's range.
+      if (frames.size() != 1 || h.count != count || frames[0].size() != count * sizeof(float)) {
         return Status::Internal("malformed dense reply from server " + std::to_string(s) +
-                                " for table '" + name + "'");
+                                " for table '" + name + "': " + std::to_string(h.count) +
+                                " floats, asked for " + std::to_string(count));
       }
-      std::memcpy(out + (*starts)[s], frames[0].data(), frames[0].size());
+      std::memcpy(out + start, frames[0].data(), frames[0].size());
       return Status::OK();
     };
   }
@@ -335,6 +341,9 @@ Result<Header> ClientImpl::SendAndWait(Header h, const std::vector<uint32_t>& se
                                        const std::vector<std::string_view>& frames,
                                        Deadline deadline, std::string* data,
                                        Deadline request_deadline) {
+  // Refused here as the server would refuse it: a name over the envelope's size limit would
+  // make the server's refusal unreadable (no request id), and the call would time out.
+  TESSERA_RETURN_IF_ERROR(ValidateRequestLimits(h));
   auto call = std::make_shared<Call>();
   auto reply = std::make_shared<std::pair<Header, std::string>>();
   call->on_reply = [reply](uint32_t, const std::vector<uint32_t>*, const Header& rh,

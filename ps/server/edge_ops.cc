@@ -82,7 +82,15 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
   }
   // A primary's forwarded pushes are bounded by its own queue, and a refusal here would let a
   // later one of the same client in first (the dedup takes numbers in order): not throttled.
-  if (p->header.replica_from != 0) return true;
+  // Only pushes are forwarded: any other op with replica_from would skip the limits.
+  if (p->header.replica_from != 0) {
+    const Op op = p->header.op;
+    if (op == Op::kSparsePush || op == Op::kDensePush) return true;
+    ReplyError(std::move(p->identity), p->header,
+               Status::InvalidArgument("a replicated request must be a SparsePush or a "
+                                       "DensePush, got " + std::string(OpName(op))));
+    return false;
+  }
   const std::string_view peer(static_cast<const char*>(p->identity.data()), p->identity.size());
   const auto now = std::chrono::steady_clock::now();
   if (peers_.stalled(peer)) {

@@ -338,13 +338,8 @@ Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   const bool dense = h.op == Op::kDensePull || h.op == Op::kDensePush;
   KeyByOrigin(*p);
   if (h.replica_from != 0) {
-    // A primary's forwarded push: fenced by the primary and backup of its slots or dense part
-    // (CheckReplica, CheckDenseReplica).
-    if (h.op != (dense ? Op::kDensePush : Op::kSparsePush)) {
-      return Status::InvalidArgument(std::string("a replicated request must be a ") +
-                                     (dense ? "push" : "sparse push") + ", got " +
-                                     std::string(OpName(h.op)));
-    }
+    // A primary's forwarded push (Admitted refused other ops with replica_from): fenced by the
+    // primary and backup of its slots or dense part (CheckReplica, CheckDenseReplica).
     if (ParkedReplica(p)) return Status::OK();
   } else {
     // Fencing first: a refused request is neither validated further, logged nor applied.
