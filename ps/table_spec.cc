@@ -47,7 +47,7 @@ std::string_view OptimizerKindName(OptimizerKind kind) {
   return "unknown";
 }
 
-Status ValidateTableSpec(const TableSpec& s) {
+Status ValidateStoredTableSpec(const TableSpec& s) {
   if (s.name.empty()) return Status::InvalidArgument("table name is empty");
   if (s.name.size() > kMaxTableNameLength) {
     return Status::InvalidArgument("table name longer than " + std::to_string(kMaxTableNameLength) +
@@ -89,6 +89,21 @@ Status ValidateTableSpec(const TableSpec& s) {
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) {
     return Status::InvalidArgument(where + "Adam betas must be in [0, 1)");
   }
+  if (s.admission.probability <= 0 || s.admission.probability > 1) {
+    return Status::InvalidArgument(where + "admission probability must be in (0, 1]");
+  }
+  if (s.kind == TableKind::kDense &&
+      (s.admission.min_count > 1 || s.admission.probability < 1 || s.eviction.max_idle_steps != 0 ||
+       s.eviction.max_idle_seconds != 0)) {
+    return Status::InvalidArgument(where + "admission and eviction apply to sparse tables only");
+  }
+  return Status::OK();
+}
+
+Status ValidateTableSpec(const TableSpec& s) {
+  TESSERA_RETURN_IF_ERROR(ValidateStoredTableSpec(s));
+  const std::string where = "table '" + s.name + "': ";
+  const auto& o = s.optimizer;
   // Values that would turn a row into NaN or infinity on its first push of a zero gradient
   // element (0 / 0), or on any push (FTRL divides by the learning rate).
   const bool adagrad =
@@ -104,14 +119,6 @@ Status ValidateTableSpec(const TableSpec& s) {
   if (o.kind == OptimizerKind::kFtrl && (o.learning_rate == 0 || o.ftrl_beta < 0)) {
     return Status::InvalidArgument(where + "FTRL needs learning_rate (alpha) > 0 and "
                                    "ftrl_beta >= 0");
-  }
-  if (s.admission.probability <= 0 || s.admission.probability > 1) {
-    return Status::InvalidArgument(where + "admission probability must be in (0, 1]");
-  }
-  if (s.kind == TableKind::kDense &&
-      (s.admission.min_count > 1 || s.admission.probability < 1 || s.eviction.max_idle_steps != 0 ||
-       s.eviction.max_idle_seconds != 0)) {
-    return Status::InvalidArgument(where + "admission and eviction apply to sparse tables only");
   }
   return Status::OK();
 }

@@ -103,8 +103,13 @@ inline constexpr uint32_t kMaxSparseDim = 65536;
 inline constexpr uint64_t kMaxDenseLength = uint64_t{1} << 34;
 inline constexpr size_t kMaxTableNameLength = 256;
 
-/// Checks that a spec is well-formed (name, sizes, finite hyper-parameters).
+/// Checks that a spec is well-formed (name, sizes, finite hyper-parameters) and that no push can
+/// make its optimizer write NaN or infinity (Adagrad, Adam: epsilon or an initial accumulator
+/// above 0; FTRL: learning rate above 0, beta not negative). For a table being created.
 Status ValidateTableSpec(const TableSpec& spec);
+/// The well-formedness part only: what a table already stored must satisfy to be opened (a
+/// data dir written before a rule of ValidateTableSpec existed still opens).
+Status ValidateStoredTableSpec(const TableSpec& spec);
 
 /// Empty when equal; otherwise a human-readable list of differences, e.g.
 /// "dim: 16 vs 32; optimizer.learning_rate: 0.01 vs 0.1".

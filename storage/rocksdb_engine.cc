@@ -881,7 +881,7 @@ Result<RocksDbLaneStore::Table*> RocksDbLaneStore::Get(uint64_t table_id, TableK
 
 Status RocksDbLaneStore::AddTable(uint64_t table_id, const TableSpec& spec) {
   if (tables_.contains(table_id)) return Status::OK();
-  TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
+  TESSERA_RETURN_IF_ERROR(ValidateStoredTableSpec(spec));  // a stored table opens as it was
   auto t = std::make_unique<Table>();
   t->id = table_id;
   t->spec = spec;
