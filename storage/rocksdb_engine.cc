@@ -648,6 +648,11 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
       s = FromRocks(r, "resuming '" + options_.data_dir + "' after a failed write");
     }
   }
+  // Write-ahead: the rows carry their lanes' applied marks, so every log entry up to them must
+  // be in the log file first. In relaxed mode entries wait in the log's buffer; a mark stored
+  // ahead of the file, then a kill -9, left the next entry after a gap that made every later
+  // start fail (Corruption: record N follows M).
+  if (s.ok() && log_file_ != nullptr) s = log_file_->Flush();
   for (auto& job : round) {
     if (s.ok()) s = job->AppendSortedRows();
     if (s.ok()) s = WriteRows(&job->batch);
