@@ -139,6 +139,35 @@ TEST(CheckpointTest, CorruptCheckpointIsRefused) {
   EXPECT_EQ(cb->Restore("nothing-here").code(), StatusCode::kNotFound);
 }
 
+// A restore refused for one table's spec adds none of the others: they stayed half-added (in
+// the server's list, in no lane), so pulls failed "not in this lane" and creating them again
+// answered OK without repairing them.
+TEST(CheckpointTest, ARefusedRestoreAddsNoTable) {
+  LocalCluster a(testing::Servers(1));
+  ASSERT_TRUE(a.Start().ok());
+  auto c = Connect(a);
+  const std::vector<std::string> names = {"t1", "t2", "t3", "t4", "t5", "conflict"};
+  for (const auto& n : names) ASSERT_TRUE(c->CreateTable(TableSpec::Sparse(n, 4)).ok());
+  ASSERT_TRUE(c->Checkpoint("ck").ok());
+  testing::LocalClusterOptions b_opts = testing::Servers(1);
+  b_opts.admin_root = a.admin_root();
+  LocalCluster b(b_opts);
+  ASSERT_TRUE(b.Start().ok());
+  auto cb = Connect(b);
+  ASSERT_TRUE(cb->CreateTable(TableSpec::Sparse("conflict", 8)).ok());
+  Status s = cb->Restore("ck");
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
+  for (const auto& n : names) {
+    if (n == "conflict") continue;
+    EXPECT_EQ(cb->GetTable(n).status().code(), StatusCode::kNotFound) << n;
+    auto t = cb->CreateTable(TableSpec::Sparse(n, 4));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    std::vector<float> out(4);
+    const std::vector<uint64_t> key = {7};
+    EXPECT_TRUE(cb->Wait(cb->Pull(*t, key, out.data())).ok()) << n;
+  }
+}
+
 // Two asynchronous workers push known gradients while a checkpoint is taken: the checkpoint
 // holds exactly the pushes of steps <= the cut clock, from both workers. The workers go on
 // until the checkpoint is taken (at least 200 steps): a cut the client proposes again after

@@ -155,16 +155,23 @@ Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
   // Every old server holds every spec: read one's.
   TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(server_dir + "/tables"));
   std::vector<std::pair<uint64_t, TableSpec>> restored;
+  std::vector<bool> known;
+  // Every spec is checked before any table is added: a refused restore adds none (it added
+  // the tables before the one refused, to this thread's list but to no lane).
   for (const auto& b : specs) {
     TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
+    TESSERA_RETURN_IF_ERROR(ValidateStoredTableSpec(spec));
     const uint64_t id = TableIdForName(spec.name);
-    TESSERA_ASSIGN_OR_RETURN(bool known, SameTableExists(id, spec, "than the checkpoint's"));
-    if (!known) {
-      TESSERA_RETURN_IF_ERROR(
-          engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
-      AddTableInfo(id, spec);
-    }
+    TESSERA_ASSIGN_OR_RETURN(bool exists, SameTableExists(id, spec, "than the checkpoint's"));
+    known.push_back(exists);
     restored.emplace_back(id, spec);
+  }
+  for (size_t i = 0; i < restored.size(); ++i) {
+    if (known[i]) continue;
+    const auto& [id, spec] = restored[i];
+    TESSERA_RETURN_IF_ERROR(
+        engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+    AddTableInfo(id, spec);
   }
   return restored;
 }
