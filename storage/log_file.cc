@@ -204,7 +204,16 @@ Status LogFile::StartSegment(uint64_t first_seq) {
   if (fd_ < 0) return Errno("creating '" + path + "'");
   // Blocks reserved up front: appends do not allocate (the size still grows with the data).
   (void)::fallocate(fd_, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(options_.segment_bytes));
-  if (options_.fsync) TESSERA_RETURN_IF_ERROR(SyncDir(options_.dir));
+  if (options_.fsync) {
+    if (Status s = SyncDir(options_.dir); !s.ok()) {
+      // No segment without its directory entry durable: the next append starts one again
+      // (with fd_ open and no segment listed, it wrote through segments_.back() of an empty
+      // list).
+      ::close(fd_);
+      fd_ = -1;
+      return s;
+    }
+  }
   segments_.push_back(Segment{first_seq, 0, path});
   return Status::OK();
 }
