@@ -1,6 +1,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <thread>
 
@@ -131,6 +132,30 @@ Result<std::vector<uint64_t>> RequestLog::ReadMarks(
     }
     marks[l] = seq;
   }
+  other_layouts_.clear();
+  TESSERA_RETURN_IF_ERROR(engine_->ScanMeta(
+      "storage/lane/", [&](std::string_view key, std::string_view value) {
+        // "storage/lane/<lanes>/<lane>": an 8-byte big-endian mark.
+        const std::string_view rest = key.substr(std::string_view("storage/lane/").size());
+        const size_t slash = rest.find('/');
+        if (slash == std::string_view::npos || value.size() != 8) return;
+        uint32_t n = 0, l = 0;
+        if (std::from_chars(rest.data(), rest.data() + slash, n).ec != std::errc() ||
+            std::from_chars(rest.data() + slash + 1, rest.data() + rest.size(), l).ec !=
+                std::errc() ||
+            n == 0 || n > 256 || l >= n || n == old_lanes) {
+          return;
+        }
+        uint64_t seq = 0;
+        for (char ch : value) seq = (seq << 8) | static_cast<uint8_t>(ch);
+        auto it = std::find_if(other_layouts_.begin(), other_layouts_.end(),
+                               [&](const auto& layout) { return layout.first == n; });
+        if (it == other_layouts_.end()) {
+          other_layouts_.emplace_back(n, std::vector<uint64_t>(n, 0));
+          it = other_layouts_.end() - 1;
+        }
+        it->second[l] = seq;
+      }));
   return marks;
 }
 
@@ -218,7 +243,10 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
     for (uint32_t l = 0; l < nl; ++l) {
       if (!mine[l]) continue;
       for (const DenseSegment& s : split[l]) {
-        if (seq <= marks[LaneOfChunk(table, s.chunk, old_lanes)]) continue;
+        if (seq <= marks[LaneOfChunk(table, s.chunk, old_lanes)] ||
+            OtherLayoutHas(seq, [&](uint32_t n) { return LaneOfChunk(table, s.chunk, n); })) {
+          continue;
+        }
         TESSERA_RETURN_IF_ERROR(
             stores[l]->DenseApply(table, s.chunk, s.begin, s.end, grads + s.pos, ctx));
       }
@@ -234,7 +262,11 @@ Status RequestLog::ApplyEntry(uint64_t seq, std::string_view e, const std::vecto
     k.clear();
     g.clear();
     for (uint32_t i : thread.split[l]) {
-      if (seq <= marks[LaneOfSlot(SlotOfKey(keys[i]), old_lanes)]) continue;
+      const uint32_t slot = SlotOfKey(keys[i]);
+      if (seq <= marks[LaneOfSlot(slot, old_lanes)] ||
+          OtherLayoutHas(seq, [&](uint32_t n) { return LaneOfSlot(slot, n); })) {
+        continue;
+      }
       k.push_back(keys[i]);
       g.push_back(grads + size_t{i} * dim);
     }

@@ -82,8 +82,17 @@ class RequestLog {
   // `mark`.
   Status StoreMarksAndTruncate(uint64_t mark, const std::string& marks);
   void TruncateLoop();
-  // The mark of each lane of the layout the marks were written under.
+  // The mark of each lane of the layout the marks were written under; also fills
+  // other_layouts_.
   Result<std::vector<uint64_t>> ReadMarks(const std::vector<std::unique_ptr<LaneStore>>& stores);
+  // Whether lane `lane_of(n)` of any other stored layout of n lanes has applied entry `seq`.
+  template <typename LaneOf>
+  bool OtherLayoutHas(uint64_t seq, LaneOf lane_of) const {
+    for (const auto& [n, marks] : other_layouts_) {
+      if (seq <= marks[lane_of(n)]) return true;
+    }
+    return false;
+  }
   // One thread of a parallel replay: the lanes it applies to, whether it notes the clients'
   // marks (one thread does), and buffers reused from entry to entry (allocated per entry, the
   // fresh pages, zero-filling and copies were a fifth of a replay's CPU in `perf`).
@@ -103,6 +112,12 @@ class RequestLog {
 
   StorageEngine* const engine_;
   PushDedup* const dedup_;
+  // Replay: the marks of stored lane layouts other than "server/lanes"'s (lanes, mark per
+  // lane). A replay into a new layout commits the new lanes' rows and marks, then records the
+  // layout; a crash between the two leaves rows that hold entries "server/lanes"'s marks do
+  // not cover, and only the new layout's marks tell. Rows only move forward, so a layout's
+  // marks never claim an entry its rows lack.
+  std::vector<std::pair<uint32_t, std::vector<uint64_t>>> other_layouts_;
   struct Staged {
     std::shared_ptr<Pending> p;
     std::array<char, kHeaderBytes> header;

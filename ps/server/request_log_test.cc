@@ -7,6 +7,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,14 +23,54 @@ constexpr uint64_t kTable = 1;
 uint64_t g_key = 12345;
 float g_grad = -1.0f;  // SGD, learning rate 1: each push adds 1
 
-// A server's storage without the server: the RocksDB engine, one lane, the request log.
+// The engine it wraps, except that recording the lane layout ("server/lanes") fails when
+// asked: a crash right before that write.
+class LayoutFailingEngine final : public StorageEngine {
+ public:
+  LayoutFailingEngine(std::unique_ptr<StorageEngine> e, bool fail)
+      : e_(std::move(e)), fail_(fail) {}
+  Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t lane, uint32_t n) override {
+    return e_->OpenLane(lane, n);
+  }
+  Status PutMeta(std::string_view k, std::string_view v) override {
+    if (fail_ && k == "server/lanes") return Status::IOError("killed before server/lanes");
+    return e_->PutMeta(k, v);
+  }
+  Result<std::optional<std::string>> GetMeta(std::string_view k) override {
+    return e_->GetMeta(k);
+  }
+  Status ScanMeta(std::string_view prefix,
+                  const std::function<void(std::string_view, std::string_view)>& fn) override {
+    return e_->ScanMeta(prefix, fn);
+  }
+  bool durable() const override { return e_->durable(); }
+  Status AppendLog(uint64_t seq, std::string_view entry) override {
+    return e_->AppendLog(seq, entry);
+  }
+  Status AppendLogGroup(std::span<const LogEntry> entries) override {
+    return e_->AppendLogGroup(entries);
+  }
+  Status ScanLog(uint64_t after,
+                 const std::function<Status(uint64_t, std::string_view)>& fn) override {
+    return e_->ScanLog(after, fn);
+  }
+  Status TruncateLog(uint64_t upto) override { return e_->TruncateLog(upto); }
+
+ private:
+  std::unique_ptr<StorageEngine> e_;
+  const bool fail_;
+};
+
+// A server's storage without the server: the RocksDB engine, its lanes, the request log.
 struct Storage {
   std::unique_ptr<StorageEngine> engine;
   PushDedup dedup;
   std::unique_ptr<RequestLog> log;
   std::vector<std::unique_ptr<LaneStore>> stores;
+  Status replayed;
 
-  Storage(const std::string& dir, Durability durability) {
+  Storage(const std::string& dir, Durability durability, uint32_t lanes = 1,
+          bool fail_layout = false) {
     StorageOptions o;
     o.data_dir = dir;
     o.durability = durability;
@@ -35,23 +78,44 @@ struct Storage {
     auto e = OpenStorageEngine(o);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     if (!e.ok()) return;
-    engine = std::move(*e);
-    auto lane = engine->OpenLane(0, 1);
-    EXPECT_TRUE(lane.ok()) << lane.status().ToString();
-    stores.push_back(std::move(*lane));
+    engine = std::make_unique<LayoutFailingEngine>(std::move(*e), fail_layout);
     const TableSpec spec = TableSpec::Sparse(
         "t", 1, OptimizerSpec{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f});
-    EXPECT_TRUE(stores[0]->AddTable(kTable, spec).ok());
+    for (uint32_t l = 0; l < lanes; ++l) {
+      auto lane = engine->OpenLane(l, lanes);
+      EXPECT_TRUE(lane.ok()) << lane.status().ToString();
+      if (!lane.ok()) return;
+      stores.push_back(std::move(*lane));
+      EXPECT_TRUE(stores.back()->AddTable(kTable, spec).ok());
+    }
     log = std::make_unique<RequestLog>(engine.get(), &dedup);
-    const Status s = log->Replay(stores, [](uint64_t) { return true; });
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    replayed = log->Replay(stores, [](uint64_t) { return true; });
+    if (!fail_layout) {
+      EXPECT_TRUE(replayed.ok()) << replayed.ToString();
+    }
   }
   ~Storage() {
     log.reset();
     stores.clear();
     engine.reset();
   }
-  bool ok() const { return log != nullptr; }
+  bool ok() const { return log != nullptr && replayed.ok(); }
+  LaneStore& Owner() { return *stores[LaneOfSlot(SlotOfKey(g_key), stores.size())]; }
+  // Logs a push of client 7 (as the I/O thread does); its sequence number.
+  uint64_t Log(uint64_t client_seq) {
+    auto p = std::make_shared<Pending>();
+    p->header.op = Op::kSparsePush;
+    p->header.table_id = kTable;
+    p->header.count = 1;
+    p->header.dim = 1;
+    p->header.client_id = 7;
+    p->header.client_seq = client_seq;
+    p->keys = &g_key;
+    p->values = &g_grad;
+    const uint64_t seq = log->Stage(p);
+    EXPECT_TRUE(log->WriteStaged().ok());
+    return seq;
+  }
   // Logs a push of client 7 and applies it, as the I/O thread and the lane do.
   void PushAndApply(uint64_t client_seq) {
     auto p = std::make_shared<Pending>();
@@ -66,18 +130,18 @@ struct Storage {
     const uint64_t seq = log->Stage(p);
     ASSERT_TRUE(log->WriteStaged().ok());
     const float* g = &g_grad;
-    ASSERT_TRUE(stores[0]
-                    ->Apply(kTable, std::span<const uint64_t>(&g_key, 1),
-                            std::span<const float* const>(&g, 1), ApplyContext{1, 0, 1.0f})
+    ASSERT_TRUE(Owner()
+                    .Apply(kTable, std::span<const uint64_t>(&g_key, 1),
+                           std::span<const float* const>(&g, 1), ApplyContext{1, 0, 1.0f})
                     .ok());
-    stores[0]->SetAppliedSeq(seq);
+    for (auto& st : stores) st->SetAppliedSeq(seq);
   }
   float Value() {
     float v = 0;
     float* out = &v;
-    EXPECT_TRUE(stores[0]
-                    ->Lookup(kTable, std::span<const uint64_t>(&g_key, 1),
-                             std::span<float* const>(&out, 1))
+    EXPECT_TRUE(Owner()
+                    .Lookup(kTable, std::span<const uint64_t>(&g_key, 1),
+                            std::span<float* const>(&out, 1))
                     .ok());
     return v;
   }
@@ -138,6 +202,33 @@ TEST(RequestLogTest, AWriteBackNeverStoresAMarkAheadOfTheLogFile) {
     EXPECT_EQ(s.Value(), 6.0f);
   }
   std::filesystem::remove_all(dir);
+}
+
+// A replay into a new lane layout commits the new lanes' rows and marks, then records the
+// layout. Killed between the two, the next start must not apply the replayed entries again:
+// the old layout's marks do not cover them, the new layout's do. (Applied twice: 2.)
+TEST(RequestLogTest, AReplayIntoNewLanesKilledBeforeItRecordsThemAppliesNothingTwice) {
+  for (uint32_t third : {2u, 1u}) {
+    SCOPED_TRACE("restarted with " + std::to_string(third) + " lanes");
+    const std::string dir =
+        ::testing::TempDir() + "request_log_lanes_test_" + std::to_string(getpid());
+    std::filesystem::remove_all(dir);
+    {
+      Storage s(dir, Durability::kStrict, 1);  // a push logged; killed before its lane runs
+      ASSERT_TRUE(s.ok());
+      s.Log(1);
+    }
+    {
+      Storage s(dir, Durability::kStrict, 2, /*fail_layout=*/true);
+      EXPECT_FALSE(s.replayed.ok());
+    }
+    {
+      Storage s(dir, Durability::kStrict, third);
+      ASSERT_TRUE(s.ok());
+      EXPECT_EQ(s.Value(), 1.0f) << "a logged push applied twice";
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace
