@@ -45,6 +45,17 @@ int64_t StatValue(const std::string& text, const std::string& name) {
   return pos == std::string::npos ? -1 : std::stoll(text.substr(pos + name.size() + 2));
 }
 
+// A raw DEALER for a client that does not read: its own receive queue and kernel buffer are
+// small, so the replies back up into the server quickly.
+zmq::socket_t NonReadingDealer(zmq::context_t& ctx, const std::string& endpoint) {
+  zmq::socket_t hog(ctx, zmq::socket_type::dealer);
+  hog.set(zmq::sockopt::linger, 0);
+  hog.set(zmq::sockopt::rcvhwm, 16);
+  hog.set(zmq::sockopt::rcvbuf, 64 << 10);
+  hog.connect(endpoint);
+  return hog;
+}
+
 TEST(SlowReaderTest, AClientThatNeverReadsIsThrottledAndMemoryStaysBounded) {
   constexpr uint32_t kDim = 64, kKeys = 64;
   constexpr uint64_t kReplyBytes = uint64_t{kDim} * kKeys * sizeof(float);  // 16 KiB
@@ -73,14 +84,9 @@ TEST(SlowReaderTest, AClientThatNeverReadsIsThrottledAndMemoryStaysBounded) {
   const uint64_t baseline = ResidentBytes(pid);
   ASSERT_GT(baseline, 0u);
 
-  // The client that never reads: a raw DEALER whose own receive queue and kernel buffer are
-  // small, so the replies back up into the server quickly. It sends up to 4000 pulls a second.
+  // The client that never reads. It sends up to 4000 pulls a second.
   zmq::context_t ctx;
-  zmq::socket_t hog(ctx, zmq::socket_type::dealer);
-  hog.set(zmq::sockopt::linger, 0);
-  hog.set(zmq::sockopt::rcvhwm, 16);
-  hog.set(zmq::sockopt::rcvbuf, 64 << 10);
-  hog.connect(cluster.endpoints()[0]);
+  zmq::socket_t hog = NonReadingDealer(ctx, cluster.endpoints()[0]);
   std::string env;
   EncodeHeader(testing::SparseHeader(Op::kSparsePull, t->id, kKeys, kDim), &env);
   const std::string key_bytes = testing::Bytes(keys);
@@ -169,11 +175,7 @@ TEST(SlowReaderTest, EveryPushReplyIsQueuedOrCountedAsDropped) {
   // its own burst, so that the idle lane runs it inline), until the server marks the DEALER
   // stalled (at most 30 s: only when broken), then 50 more, which it refuses unserved.
   zmq::context_t ctx;
-  zmq::socket_t hog(ctx, zmq::socket_type::dealer);
-  hog.set(zmq::sockopt::linger, 0);
-  hog.set(zmq::sockopt::rcvhwm, 16);
-  hog.set(zmq::sockopt::rcvbuf, 64 << 10);
-  hog.connect(cluster.endpoints()[0]);
+  zmq::socket_t hog = NonReadingDealer(ctx, cluster.endpoints()[0]);
   std::string env;
   EncodeHeader(testing::SparseHeader(Op::kSparsePushPull, t->id, kKeys, kDim), &env);
   const std::string key_bytes = testing::Bytes(keys);

@@ -118,17 +118,7 @@ struct Storage {
   }
   // Logs a push of client 7 and applies it, as the I/O thread and the lane do.
   void PushAndApply(uint64_t client_seq) {
-    auto p = std::make_shared<Pending>();
-    p->header.op = Op::kSparsePush;
-    p->header.table_id = kTable;
-    p->header.count = 1;
-    p->header.dim = 1;
-    p->header.client_id = 7;
-    p->header.client_seq = client_seq;
-    p->keys = &g_key;
-    p->values = &g_grad;
-    const uint64_t seq = log->Stage(p);
-    ASSERT_TRUE(log->WriteStaged().ok());
+    const uint64_t seq = Log(client_seq);
     const float* g = &g_grad;
     ASSERT_TRUE(Owner()
                     .Apply(kTable, std::span<const uint64_t>(&g_key, 1),
