@@ -449,5 +449,31 @@ TEST_F(ClientFailover, ADensePullReplyOfTheWrongLengthIsRefusedNotCopied) {
   for (size_t i = 16; i < buf.size(); ++i) ASSERT_EQ(buf[i], -1.0f) << "written at " << i;
 }
 
+// A Clock that timed out is sent again with the worker's clock now, not its own old value:
+// sent after the next Clock, the old value moved the server's clock back (a pull at the new
+// clock then waited for nothing to release it).
+TEST(ClientClock, AClockSentAgainCarriesTheCurrentClock) {
+  FakeServer server(0);
+  std::atomic<int> clocks{0};
+  server.SetPolicy([&](const Received& req, Header*, std::vector<std::string>*) {
+    return !(req.h.op == Op::kClock && clocks.fetch_add(1) == 0);  // the first: no answer
+  });
+  ClientOptions o;
+  o.servers = {server.endpoint()};
+  o.request_timeout_ms = 200;
+  o.retry_for_ms = 10000;
+  auto c = Client::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Handle first = (*c)->Clock();
+  Handle second = (*c)->Clock();
+  EXPECT_TRUE((*c)->Wait(second, DeadlineAfterMs(5000)).ok());
+  EXPECT_TRUE((*c)->Wait(first, DeadlineAfterMs(5000)).ok());
+  const std::vector<Received> got = server.Of(Op::kClock);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].h.clock, 1);
+  EXPECT_EQ(got[1].h.clock, 2);
+  EXPECT_EQ(got[2].h.clock, 2) << "the first Clock, sent again, carried its old value";
+}
+
 }  // namespace
 }  // namespace tessera

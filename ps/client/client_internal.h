@@ -103,7 +103,7 @@ struct Outgoing {
   // Pushes: the envelope is encoded again with this client's id and the server's next push
   // sequence number when the request is first sent (on the I/O side, in send order).
   bool needs_seq = false;
-  Header header;                 // data requests: the header, to encode again
+  Header header;                 // data requests and clocks: the header, to encode again
   uint32_t part = 0;             // the server index the call's reply callback knows it by
   // Null: the whole part; else the positions (in the part's key order) of the keys this
   // request carries, after Reroute split the part among servers.

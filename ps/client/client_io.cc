@@ -39,7 +39,9 @@ Outgoing ClientImpl::MakeOutgoing(uint32_t server, Header h, std::vector<zmq::me
   o.parts.reserve(data.size() + 1);
   o.part = server;
   o.op = h.op;
-  if (IsDataOp(h.op)) o.header = h;  // to be routed again after a stale-map refusal
+  // Data requests: to be routed again after a stale-map refusal; clocks: sent again with the
+  // clock of the moment (Transmit).
+  if (IsDataOp(h.op) || h.op == Op::kClock) o.header = h;
   if (IsPush(h.op)) {
     // Encoded when first sent, with its sequence number.
     o.needs_seq = true;
@@ -391,6 +393,12 @@ void ClientImpl::SendOne(Outgoing& o) {
 
 bool ClientImpl::Transmit(Outgoing& o) {
   ServerConn& s = servers_[o.server];
+  if (o.op == Op::kClock && o.header.clock != clock_.load()) {
+    // A clock sent again (after a timeout or a reconnect) carries the worker's clock now: its
+    // old value, arriving after a newer one, would move the server's clock back.
+    o.header.clock = clock_.load();
+    o.parts[0] = EnvelopeFrame(o.header);
+  }
   bool sent = false;
   // A retryable request keeps its frames to send them again: the wire gets copies that share
   // the buffers (zmq_msg_copy counts references; nothing is copied for large frames).
