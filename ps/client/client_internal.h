@@ -210,6 +210,10 @@ class ClientImpl {
   // WaitCall's end: a polling waiter leaves (to sleep on its call when `sleep`), waking the
   // I/O thread when it must read for others.
   Status LeavePolling(Call& c, Deadline deadline, size_t in_flight_left, bool sleep);
+  // A request of a call Client::Cancel ended, not sent (again): completes its part as
+  // Cancelled and returns true. Nobody waits for it, and a zero-copy push's caller may be
+  // writing its floats again.
+  bool DroppedAsCancelled(const Outgoing& o);
   // LeavePolling's end, also for a thread that counted itself a poller and then did not poll:
   // stops counting it a poller and, with `sleep`, counts it a sleeper while it waits on its
   // call's condition variable (the last poller leaving wakes the I/O thread if needed).

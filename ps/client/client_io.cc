@@ -354,13 +354,14 @@ void ClientImpl::CancelEverything() {
   }
 }
 
+bool ClientImpl::DroppedAsCancelled(const Outgoing& o) {
+  if (!o.call || !o.call->cancelled.load()) return false;
+  PartDone(o.call, Status::Cancelled("call cancelled"));
+  return true;
+}
+
 void ClientImpl::SendOne(Outgoing& o) {
-  if (o.call && o.call->cancelled.load()) {
-    // Client::Cancel: nobody waits for it, and a zero-copy push's caller may be writing its
-    // floats again.
-    PartDone(o.call, Status::Cancelled("call cancelled"));
-    return;
-  }
+  if (DroppedAsCancelled(o)) return;
   ServerConn& s = servers_[o.server];
   if (s.retired_by != 0) {  // built by an older map, or a clock: never queued for a gone id
     SendToRetired(std::move(o));
@@ -428,10 +429,7 @@ bool ClientImpl::Transmit(Outgoing& o) {
 }
 
 void ClientImpl::RetryOrFail(Outgoing o, const Status& why, bool server_down) {
-  if (o.call && o.call->cancelled.load()) {  // Client::Cancel: nobody waits for it
-    PartDone(o.call, Status::Cancelled("call cancelled"));
-    return;
-  }
+  if (DroppedAsCancelled(o)) return;
   const auto now = Clock::now();
   if (!o.retryable() || now >= o.give_up) {
     if (o.call) {
@@ -471,10 +469,7 @@ void ClientImpl::DrainRetries(uint32_t server, Clock::time_point now) {
   while (!s.retry.empty()) {
     Outgoing o = std::move(s.retry.front());
     s.retry.pop_front();
-    if (o.call && o.call->cancelled.load()) {  // as in SendOne
-      PartDone(o.call, Status::Cancelled("call cancelled"));
-      continue;
-    }
+    if (DroppedAsCancelled(o)) continue;
     o.deadline = std::min(o.give_up, now + std::chrono::milliseconds(options_.request_timeout_ms));
     if (!Transmit(o)) {
       s.retry.push_front(std::move(o));

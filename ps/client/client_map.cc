@@ -144,10 +144,7 @@ void ClientImpl::RefreshLoop() {
 
 void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why) {
   const auto now = Clock::now();
-  if (o.call && o.call->cancelled.load()) {
-    PartDone(o.call, Status::Cancelled("call cancelled"));
-    return;
-  }
+  if (DroppedAsCancelled(o)) return;
   // A server behind the request's version catches up by itself (its watch, or its poll for a
   // first map): waiting for it is bounded by the retry limit only. Refusals that make the
   // client load a newer map are counted.
@@ -388,10 +385,7 @@ void ClientImpl::RetireServers() {
 void ClientImpl::SendToRetired(Outgoing o) {
   const uint32_t server = o.server;
   const uint64_t version = servers_[server].retired_by;
-  if (o.call && o.call->cancelled.load()) {  // Client::Cancel: nobody waits for it
-    PartDone(o.call, Status::Cancelled("call cancelled"));
-    return;
-  }
+  if (DroppedAsCancelled(o)) return;
   if (o.op == Op::kClock) {
     // A clock gates reads on the server it goes to, and a retired server serves none: failing
     // it would fail a worker's Clock() for a server the job no longer uses.
