@@ -35,7 +35,7 @@ DEFINE_bool(quick, false, "Short run: fewer repetitions and smaller sizes");
 DEFINE_int32(reps, 0, "Repetitions of each measurement (0: 5 with --quick, else 20)");
 DEFINE_uint64(table_rows, 4000000, "Embedding-bag benchmark: table rows (not L2-resident)");
 DEFINE_uint32(bags, 26 * 65536, "Embedding-bag benchmark: bags per call (samples x fields)");
-DEFINE_string(dims, "8,16,64", "Embedding-bag benchmark: widths, comma-separated");
+DEFINE_string(dims, "8,16,64,128", "Embedding-bag benchmark: widths, comma-separated");
 DEFINE_uint32(batch_size, 4096, "Backend comparison: samples per ForwardBackward");
 DEFINE_uint32(embedding_dim, 8, "Backend comparison: embedding width (tessera-worker's)");
 DEFINE_string(bottom_mlp, "64", "Backend comparison: bottom MLP hidden widths");

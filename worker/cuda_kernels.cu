@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "worker/cuda_kernels_internal.h"
 
@@ -20,16 +21,67 @@ __device__ __forceinline__ float WeightOf(const float* weights, uint32_t e) {
   return weights != nullptr ? weights[e] : 1.0f;
 }
 
+// Rows are read and gradients added V floats at a time: V = 4 (float4, one 16-byte access per
+// lane) when the width is a multiple of 4 and every pointer 16-byte aligned, else V = 1.
+template <int V>
+struct VecOf {
+  using T = float;
+};
+template <>
+struct VecOf<4> {
+  using T = float4;
+};
+
+__device__ __forceinline__ float4 operator*(float w, float4 v) {
+  return make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+}
+__device__ __forceinline__ float4 operator*(float4 v, float w) { return w * v; }
+__device__ __forceinline__ float4& operator+=(float4& a, float4 b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+  return a;
+}
+template <typename T>
+__device__ __forceinline__ T Zero();
+template <>
+__device__ __forceinline__ float Zero<float>() {
+  return 0.0f;
+}
+template <>
+__device__ __forceinline__ float4 Zero<float4>() {
+  return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// grad += v, element by element (Hopper has a 16-byte float atomic; older chips add 4 floats).
+__device__ __forceinline__ void AddTo(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void AddTo(float4* p, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(p, v);
+#else
+  float* f = reinterpret_cast<float*>(p);
+  atomicAdd(f, v.x);
+  atomicAdd(f + 1, v.y);
+  atomicAdd(f + 2, v.z);
+  atomicAdd(f + 3, v.w);
+#endif
+}
+
 // Thread layout of the bag kernels: `lanes` consecutive threads per bag (a power of two <= 32,
-// so a bag never straddles a warp); lane q handles elements q, q + lanes, ... of the row.
-// Four entries are loaded per iteration so that several row reads are in flight per lane.
+// so a bag never straddles a warp); lane q handles vectors q, q + lanes, ... of the row, which
+// is d = dim / V vectors of V floats. Four entries are loaded per iteration so that several row
+// reads are in flight per lane. The sums run over the bag's entries in order, as on the CPU.
+template <int V>
 __global__ void EmbeddingBagForwardKernel(EmbeddingBagLaunch a, uint32_t lane_bits,
-                                          const float* __restrict__ table,
-                                          float* __restrict__ out) {
+                                          const float* __restrict__ table_f,
+                                          float* __restrict__ out_f) {
+  using T = typename VecOf<V>::T;
   const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t bag = tid >> lane_bits, lane = tid & ((1u << lane_bits) - 1);
   if (bag >= a.num_bags) return;
-  const uint32_t lanes = 1u << lane_bits, d = a.dim;
+  const uint32_t lanes = 1u << lane_bits, d = a.dim / V;
+  const T* __restrict__ table = reinterpret_cast<const T*>(table_f);
   const uint32_t b = a.offsets[bag], e = a.offsets[bag + 1];
   float inv = 1.0f;
   if (a.mean) {
@@ -39,14 +91,14 @@ __global__ void EmbeddingBagForwardKernel(EmbeddingBagLaunch a, uint32_t lane_bi
   }
   if (lane == 0 && a.inv_denom != nullptr) a.inv_denom[bag] = inv;
   const uint32_t s = bag / a.num_fields, f = bag - s * a.num_fields;
-  float* o = out + (size_t(s) * a.num_vectors + a.vec0 + f) * d;
+  T* o = reinterpret_cast<T*>(out_f + (size_t(s) * a.num_vectors + a.vec0 + f) * a.dim);
   for (uint32_t q = lane; q < d; q += lanes) {
-    float acc = 0.0f;
+    T acc = Zero<T>();
     uint32_t k = b;
     for (; k + 4 <= e; k += 4) {
       const uint32_t r0 = a.rows[k], r1 = a.rows[k + 1], r2 = a.rows[k + 2], r3 = a.rows[k + 3];
-      const float v0 = table[size_t(r0) * d + q], v1 = table[size_t(r1) * d + q];
-      const float v2 = table[size_t(r2) * d + q], v3 = table[size_t(r3) * d + q];
+      const T v0 = table[size_t(r0) * d + q], v1 = table[size_t(r1) * d + q];
+      const T v2 = table[size_t(r2) * d + q], v3 = table[size_t(r3) * d + q];
       acc += WeightOf(a.weights, k) * v0;
       acc += WeightOf(a.weights, k + 1) * v1;
       acc += WeightOf(a.weights, k + 2) * v2;
@@ -57,21 +109,25 @@ __global__ void EmbeddingBagForwardKernel(EmbeddingBagLaunch a, uint32_t lane_bi
   }
 }
 
+template <int V>
 __global__ void EmbeddingBagBackwardKernel(EmbeddingBagLaunch a, uint32_t lane_bits,
-                                           const float* __restrict__ d_out,
-                                           float* __restrict__ grad) {
+                                           const float* __restrict__ d_out_f,
+                                           float* __restrict__ grad_f) {
+  using T = typename VecOf<V>::T;
   const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t bag = tid >> lane_bits, lane = tid & ((1u << lane_bits) - 1);
   if (bag >= a.num_bags) return;
-  const uint32_t lanes = 1u << lane_bits, d = a.dim;
+  const uint32_t lanes = 1u << lane_bits, d = a.dim / V;
+  T* grad = reinterpret_cast<T*>(grad_f);
   const uint32_t b = a.offsets[bag], e = a.offsets[bag + 1];
   const float inv = a.inv_denom != nullptr ? a.inv_denom[bag] : 1.0f;
   const uint32_t s = bag / a.num_fields, f = bag - s * a.num_fields;
-  const float* dp = d_out + (size_t(s) * a.num_vectors + a.vec0 + f) * d;
+  const T* dp =
+      reinterpret_cast<const T*>(d_out_f + (size_t(s) * a.num_vectors + a.vec0 + f) * a.dim);
   for (uint32_t q = lane; q < d; q += lanes) {
-    const float g = dp[q] * inv;
+    const T g = dp[q] * inv;
     for (uint32_t k = b; k < e; ++k) {
-      atomicAdd(&grad[size_t(a.rows[k]) * d + q], WeightOf(a.weights, k) * g);
+      AddTo(&grad[size_t(a.rows[k]) * d + q], WeightOf(a.weights, k) * g);
     }
   }
 }
@@ -263,33 +319,51 @@ __global__ void LossKernel(const float* logit, const float* top, const float* la
 
 }  // namespace
 
-uint32_t EmbeddingBagLanes(uint32_t dim) {
+uint32_t EmbeddingBagVectorWidth(uint32_t dim, std::initializer_list<const void*> pointers) {
+  if (dim % 4 != 0) return 1;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  }
+  return 4;
+}
+
+uint32_t EmbeddingBagLanes(uint32_t dim, uint32_t width) {
   uint32_t lanes = 1;
-  while (lanes < dim && lanes < 32) lanes <<= 1;
+  while (lanes < dim / width && lanes < 32) lanes <<= 1;
   return lanes;
 }
 
-static uint32_t LaneBits(uint32_t dim) {
+static uint32_t LaneBits(uint32_t dim, uint32_t width) {
   uint32_t bits = 0;
-  while ((1u << bits) < EmbeddingBagLanes(dim)) ++bits;
+  while ((1u << bits) < EmbeddingBagLanes(dim, width)) ++bits;
   return bits;
 }
 
 cudaError_t LaunchEmbeddingBagForward(const EmbeddingBagLaunch& a, const float* table, float* out,
                                       cudaStream_t stream) {
   if (a.num_bags == 0 || a.dim == 0) return cudaGetLastError();
-  const uint32_t bits = LaneBits(a.dim);
-  EmbeddingBagForwardKernel<<<Blocks(size_t(a.num_bags) << bits, kBlock), kBlock, 0, stream>>>(
-      a, bits, table, out);
+  const uint32_t width = EmbeddingBagVectorWidth(a.dim, {table, out});
+  const uint32_t bits = LaneBits(a.dim, width);
+  const unsigned blocks = Blocks(size_t(a.num_bags) << bits, kBlock);
+  if (width == 4) {
+    EmbeddingBagForwardKernel<4><<<blocks, kBlock, 0, stream>>>(a, bits, table, out);
+  } else {
+    EmbeddingBagForwardKernel<1><<<blocks, kBlock, 0, stream>>>(a, bits, table, out);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t LaunchEmbeddingBagBackward(const EmbeddingBagLaunch& a, const float* d_out,
                                        float* grad_table, cudaStream_t stream) {
   if (a.num_bags == 0 || a.dim == 0) return cudaGetLastError();
-  const uint32_t bits = LaneBits(a.dim);
-  EmbeddingBagBackwardKernel<<<Blocks(size_t(a.num_bags) << bits, kBlock), kBlock, 0, stream>>>(
-      a, bits, d_out, grad_table);
+  const uint32_t width = EmbeddingBagVectorWidth(a.dim, {d_out, grad_table});
+  const uint32_t bits = LaneBits(a.dim, width);
+  const unsigned blocks = Blocks(size_t(a.num_bags) << bits, kBlock);
+  if (width == 4) {
+    EmbeddingBagBackwardKernel<4><<<blocks, kBlock, 0, stream>>>(a, bits, d_out, grad_table);
+  } else {
+    EmbeddingBagBackwardKernel<1><<<blocks, kBlock, 0, stream>>>(a, bits, d_out, grad_table);
+  }
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 namespace tessera::worker::internal {
 
@@ -30,9 +31,13 @@ struct EmbeddingBagLaunch {
   float* inv_denom = nullptr;
 };
 
-/// Lanes (threads) per bag: the power of two >= dim, at most 32, so that a warp holds
+/// Floats per access of the bag kernels: 4 (float4) when dim is a multiple of 4 and every
+/// pointer is 16-byte aligned, else 1.
+uint32_t EmbeddingBagVectorWidth(uint32_t dim, std::initializer_list<const void*> pointers);
+
+/// Lanes (threads) per bag: the power of two >= dim / width, at most 32, so that a warp holds
 /// 32 / lanes bags and no lane idles at small widths.
-uint32_t EmbeddingBagLanes(uint32_t dim);
+uint32_t EmbeddingBagLanes(uint32_t dim, uint32_t width);
 
 /// out (as in EmbeddingBagLaunch) = pooled rows of `table` (rows x dim).
 cudaError_t LaunchEmbeddingBagForward(const EmbeddingBagLaunch& a, const float* table, float* out,

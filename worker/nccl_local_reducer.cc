@@ -82,6 +82,7 @@ class NcclMember final : public LocalReducer {
   NcclMember(const NcclMember&) = delete;
   NcclMember& operator=(const NcclMember&) = delete;
   ~NcclMember() override {
+    if (aborter_.joinable()) aborter_.join();
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
       if (!healthy_ || group_->aborted() || !Finalize()) {
@@ -256,10 +257,20 @@ class NcclMember final : public LocalReducer {
     if (e == cudaSuccess) return Status::OK();
     return Fail(internal::CudaError(e, what));
   }
+  // The communicator is aborted on a thread of its own: ncclCommAbort frees device memory,
+  // which waits for the whole device, so a rank whose stream is busy (its own kernels, a host
+  // function) would otherwise learn of another rank's failure only once the device is idle.
+  // The member no longer uses the communicator; its destructor joins the thread.
   void AbortComm() {
     healthy_ = false;
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (comm_ == nullptr) return;
+    ncclComm_t comm = comm_;
     comm_ = nullptr;
+    const int device = device_;
+    aborter_ = std::thread([comm, device] {
+      cudaSetDevice(device);
+      ncclCommAbort(comm);
+    });
   }
 
   // The result of a non-blocking NCCL call: in progress means it is still being enqueued.
@@ -351,6 +362,7 @@ class NcclMember final : public LocalReducer {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool healthy_ = true;
+  std::thread aborter_;  // the communicator's abort (AbortComm)
   PinnedBuffer<char> host_;
   DeviceBuffer<char> dev_;
 };
