@@ -4,9 +4,13 @@
 // push-pull returns the values without applying the push twice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <iterator>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ps/client/client.h"
@@ -213,6 +217,110 @@ TEST(ExactlyOnceTest, ClientRidesThroughARestartWithoutDoubleApplying) {
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
   EXPECT_EQ(Value(c, *table, key), -static_cast<float>(kPushes));
+}
+
+// Push `seq` of kClient from worker 0 of 2 at clock 1, staleness 0: a push-pull waits at the
+// staleness gate until worker 1 reaches clock 1.
+Header GatedPush(const Table& t, uint64_t seq, Op op) {
+  Header h = testing::SparseHeader(op, t.id, 1, kDim);
+  h.client_id = kClient;
+  h.client_seq = seq;
+  h.worker_id = 0;
+  h.num_workers = 2;
+  h.clock = 1;
+  h.staleness = 0;
+  return h;
+}
+
+std::vector<std::string> KeyAndGrad(uint64_t key) {
+  return {testing::Bytes(std::vector<uint64_t>{key}),
+          testing::Bytes(std::vector<float>(kDim, 1.0f))};
+}
+
+// Sends the gated push-pull (seq 1, key 1) and a push (seq 2, key 2) of kClient; returns once
+// the server has taken both in (held or, as before the fix, logged).
+void SendPushPullThenPush(testing::RawPeer& peer, Client* c, const Table& t) {
+  const int64_t requests = Stat(c, "requests"), logged = Stat(c, "log_last_seq");
+  ASSERT_TRUE(peer.Send(GatedPush(t, 1, Op::kSparsePushPull), KeyAndGrad(1)));
+  ASSERT_TRUE(peer.Send(GatedPush(t, 2, Op::kSparsePush), KeyAndGrad(2)));
+  ASSERT_TRUE(WaitForStat(c, "requests", requests + 3));  // + this Stats call
+  ASSERT_TRUE(WaitForStat(c, "parked_now", 1));
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (Stat(c, "held_behind_parked_now") < 1 && Stat(c, "log_last_seq") <= logged) {
+    ASSERT_LT(std::chrono::steady_clock::now(), end);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// A client's pushes are logged in its order. Its push-pull parked by the staleness gate (worker
+// 0 at clock 1, worker 1 not yet there) holds its next push behind it: both are answered when
+// the gate opens, push-pull first; and if the server dies meanwhile, neither is logged, so
+// their resends apply. (The next push used to be logged at once; the dedup's mark then covered
+// the parked push-pull, whose resend after a crash was answered "already applied" and lost.)
+TEST(ExactlyOnceTest, APushBehindAParkedPushPullOfItsClientIsLoggedAfterIt) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.with_data_dirs = true;
+  DurableServer server(o);
+  ASSERT_TRUE(server.Start());
+  Client* c = server.client.get();
+  const Table& t = server.table;
+  testing::RawPeer peer(server.cluster.endpoints()[0]);
+  SendPushPullThenPush(peer, c, t);
+  EXPECT_EQ(Stat(c, "held_behind_parked_now"), 1);
+  // Both workers reach clock 1: the gate opens.
+  testing::RawPeer other(server.cluster.endpoints()[0]);
+  for (uint32_t w : {0u, 1u}) {
+    Header clock;
+    clock.op = Op::kClock;
+    clock.worker_id = w;
+    clock.num_workers = 2;
+    clock.clock = 1;
+    EXPECT_EQ(other.Call(clock).status, StatusCode::kOk);
+  }
+  std::vector<uint64_t> order;
+  std::vector<float> pulled;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<zmq::message_t> reply;
+    ASSERT_TRUE(zmq::recv_multipart(peer.socket(), std::back_inserter(reply)));
+    Header r;
+    ASSERT_TRUE(DecodeHeader(reply[0].data(), reply[0].size(), &r).ok());
+    EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+    order.push_back(r.request_id);
+    if (r.request_id == 1 && reply.size() == 2) {
+      pulled.resize(kDim);
+      std::memcpy(pulled.data(), reply[1].data(), std::min(reply[1].size(), kDim * sizeof(float)));
+    }
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(pulled, std::vector<float>(kDim, -1.0f));
+  EXPECT_EQ(Value(c, t, 1), -1.0f);
+  EXPECT_EQ(Value(c, t, 2), -1.0f);
+  EXPECT_EQ(Stat(c, "held_behind_parked_now"), 0);
+  EXPECT_EQ(Stat(c, "held_behind_parked_total"), 1);
+}
+
+TEST(ExactlyOnceTest, AParkedPushPullAndThePushBehindItBothApplyAfterACrash) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.with_data_dirs = true;
+  DurableServer server(o);
+  ASSERT_TRUE(server.Start());
+  Client* c = server.client.get();
+  const Table& t = server.table;
+  {
+    testing::RawPeer peer(server.cluster.endpoints()[0]);
+    SendPushPullThenPush(peer, c, t);
+    server.cluster.Kill(0);
+  }
+  ASSERT_TRUE(server.cluster.Restart(0).ok());
+  // The client's resends (here without the gate: the restarted server knows no clocks yet).
+  testing::RawPeer again(server.cluster.endpoints()[0]);
+  std::vector<float> values;
+  EXPECT_EQ(PushRaw(again, t, 1, 1.0f, 1, Op::kSparsePushPull, &values).status, StatusCode::kOk);
+  EXPECT_EQ(values, std::vector<float>(kDim, -1.0f));
+  EXPECT_EQ(PushRaw(again, t, 2, 1.0f, 2).status, StatusCode::kOk);
+  EXPECT_EQ(Value(c, t, 1), -1.0f);
+  EXPECT_EQ(Value(c, t, 2), -1.0f);
+  EXPECT_EQ(Stat(c, "retried_pushes"), 0);
 }
 
 TEST(ExactlyOnceTest, WithoutRetriesADeadServerFailsFast) {

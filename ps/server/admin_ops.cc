@@ -76,6 +76,7 @@ bool ServerImpl::ParkedByCut(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (!cut_ || !IsPush(h.op) || h.num_workers == 0 || h.clock <= cut_->cut) return false;
   cut_parked_.push_back(p);
+  NoteParked(*p);
   return true;
 }
 

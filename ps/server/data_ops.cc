@@ -1,6 +1,8 @@
 // Sparse and dense pulls and pushes: validated on the I/O thread, logged, split by lane and
 // answered once when every lane has done its part.
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "ps/message_pool_internal.h"
 #include "ps/server/server_impl_internal.h"
@@ -146,7 +148,82 @@ void ServerImpl::GiveBackSeq(const Header& h) {
 }
 
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
-  return ParkedByCut(p) || ParkedByImport(p) || !consistency_.AdmitOrPark(p);
+  if (HeldBehindClient(p)) return true;
+  if (ParkedByCut(p) || ParkedByImport(p)) return true;
+  if (consistency_.AdmitOrPark(p)) return false;
+  NoteParked(*p);
+  return true;
+}
+
+namespace {
+// A push whose place in its client's sequence counts (PushDedup): not a primary's forwarded
+// copy (its primary orders those), not the pull left of a push-pull applied already.
+bool OrderedPush(const Pending& p) {
+  const Header& h = p.header;
+  return IsPush(h.op) && h.client_id != 0 && h.replica_from == 0 && !p.admitted_as_retry;
+}
+}  // namespace
+
+void ServerImpl::NoteParked(Pending& p) {
+  if (!OrderedPush(p) || p.order_parked) return;
+  p.order_parked = true;
+  ++client_order_[p.header.client_id].parked;
+}
+
+bool ServerImpl::Unpark(Pending& p) {
+  if (!p.order_parked) return false;
+  p.order_parked = false;
+  auto it = client_order_.find(p.header.client_id);
+  return it != client_order_.end() && --it->second.parked == 0;
+}
+
+bool ServerImpl::HeldBehindClient(const std::shared_ptr<Pending>& p) {
+  if (!OrderedPush(*p)) return false;
+  const Header& h = p->header;
+  auto it = client_order_.find(h.client_id);
+  if (it == client_order_.end() || it->second.parked == 0) return false;
+  std::deque<std::shared_ptr<Pending>>& held = it->second.held;
+  if (held.size() >= kMaxHeldPerClient) {
+    GiveBackSeq(h);  // the client's latest push: its number is the accepted mark
+    ReplyError(std::move(p->identity), h,
+               Status::Unavailable("push " + std::to_string(h.client_seq) + " is behind " +
+                                   std::to_string(held.size()) +
+                                   " pushes of this client waiting for a parked one; nothing "
+                                   "was applied, retry"));
+    return true;
+  }
+  // In sequence order (a readmitted push may come back behind later ones).
+  auto at = std::upper_bound(held.begin(), held.end(), h.client_seq,
+                             [](uint64_t seq, const std::shared_ptr<Pending>& q) {
+                               return seq < q->header.client_seq;
+                             });
+  held.insert(at, p);
+  ++held_behind_now_;
+  ++held_behind_total_;
+  return true;
+}
+
+void ServerImpl::ReleaseHeld(uint64_t client, const Status* refused) {
+  auto it = client_order_.find(client);
+  if (it == client_order_.end() || it->second.parked > 0) return;
+  std::deque<std::shared_ptr<Pending>> held = std::move(it->second.held);
+  client_order_.erase(it);
+  held_behind_now_ -= held.size();
+  if (refused == nullptr) {
+    Readmit(std::vector<std::shared_ptr<Pending>>(std::make_move_iterator(held.begin()),
+                                                  std::make_move_iterator(held.end())));
+    return;
+  }
+  // Latest first: each number given back is then the client's accepted mark (Abandon).
+  for (auto q = held.rbegin(); q != held.rend(); ++q) {
+    const Header& h = (*q)->header;
+    GiveBackSeq(h);
+    ReplyError(std::move((*q)->identity), h,
+               Status::Unavailable("push " + std::to_string(h.client_seq) +
+                                   " waited behind an earlier push of this client, which was "
+                                   "refused (" + refused->ToString() +
+                                   "); nothing of it was applied, retry"));
+  }
 }
 
 Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
@@ -156,10 +233,7 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   // of it is logged or applied yet, so the client routes it anew.
   if (!p->admitted_as_retry && h.replica_from == 0) {
     const Status fenced = CheckMapVersion(h, /*exempt_retries=*/false);
-    if (!fenced.ok()) {
-      GiveBackSeq(h);
-      return fenced;
-    }
+    if (!fenced.ok()) return fenced;  // the caller gives the number back (Readmit)
   }
   if (h.op == Op::kDensePull || h.op == Op::kDensePush) return SubmitDense(p);
   KeySplit split;  // cheap compared to waiting

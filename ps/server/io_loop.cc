@@ -453,6 +453,21 @@ Status ServerImpl::MetaOp(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
+namespace {
+// One "table NAME id=... kind=... dim=|length=... optimizer=... lr=..." line per table (Stats).
+template <typename Tables>  // ServerImpl::tables_
+void AppendTableLines(const Tables& tables, std::ostream& s) {
+  for (auto& [id, t] : tables) {
+    s << "table " << t.spec.name << " id=" << id
+      << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
+      << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
+      << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
+      << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
+      << " lr=" << t.spec.optimizer.learning_rate << "\n";
+  }
+}
+}  // namespace
+
 Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
   const uint32_t job_workers = consistency_.job_workers();
   std::ostringstream s;
@@ -471,6 +486,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "slot_rows_deleted " << slot_rows_dropped_.load() << "\n"
     << "import_parked_now " << import_parked_.size() << "\n"
     << "import_parked_total " << import_parked_total_ << "\n"
+    << "held_behind_parked_now " << held_behind_now_ << "\n"
+    << "held_behind_parked_total " << held_behind_total_ << "\n"
     << "replicated_pushes " << replicated_pushes_ << "\n"
     << "replication_waiting " << repl_waiting_.size() << "\n"
     << "failed_replications " << failed_replications_ << "\n"
@@ -497,14 +514,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "throttled_requests " << throttled_requests_ << "\n";
   for (const auto& [name, value] : engine_->EngineStats()) s << name << " " << value << "\n";
   s << metrics_->StatsLines();
-  for (auto& [id, t] : tables_) {
-    s << "table " << t.spec.name << " id=" << id
-      << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
-      << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
-      << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
-      << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
-      << " lr=" << t.spec.optimizer.learning_rate << "\n";
-  }
+  AppendTableLines(tables_, s);
   p->text.assign(lanes_.size() + 1, std::string());
   p->text[0] = s.str();
   Pending* raw = p.get();
@@ -561,9 +571,18 @@ Status ServerImpl::BarrierOp(const std::shared_ptr<Pending>& p) {
 
 void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
   for (auto& p : parked) {
+    const uint64_t client = p->header.client_id;
+    const bool last_of_client = Unpark(*p);
     if (Parked(p)) continue;
-    Status s = Resubmit(p);
-    if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+    const Status s = Resubmit(p);
+    if (!s.ok()) {
+      // Nothing of it was logged: its number goes back, and so do those held behind it.
+      if (last_of_client) ReleaseHeld(client, &s);
+      GiveBackSeq(p->header);
+      ReplyError(std::move(p->identity), p->header, s);
+      continue;
+    }
+    if (last_of_client) ReleaseHeld(client, nullptr);  // logged (staged) first: they follow
   }
 }
 

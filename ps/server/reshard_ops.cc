@@ -195,6 +195,7 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
     return true;
   }
   import_parked_.push_back(p);
+  NoteParked(*p);
   ++import_parked_total_;
   return true;
 }
@@ -453,13 +454,14 @@ void ServerImpl::ExpireImportParked() {
       continue;
     }
     const Header& h = p->header;
+    const Status why = Status::Unavailable(
+        "server " + std::to_string(options_.rank) +
+        " holds this request's slots for a move whose copy has not arrived in " +
+        std::to_string(kImportHoldLimit.count()) +
+        " s (is tessera-ctl scale running?); nothing was applied");
+    if (Unpark(*p)) ReleaseHeld(h.client_id, &why);  // its later pushes go back first
     GiveBackSeq(h);
-    ReplyError(std::move(p->identity), h,
-               Status::Unavailable("server " + std::to_string(options_.rank) +
-                                   " holds this request's slots for a move whose copy has not "
-                                   "arrived in " +
-                                   std::to_string(kImportHoldLimit.count()) +
-                                   " s (is tessera-ctl scale running?); nothing was applied"));
+    ReplyError(std::move(p->identity), h, why);
   }
   import_parked_.swap(keep);
 }

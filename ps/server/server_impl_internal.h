@@ -404,8 +404,21 @@ class ServerImpl {
   void SubmitParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool push,
                    bool may_inline);
   /// True when the checkpoint cut, a slot copy (ParkedByImport) or the staleness gate parked
-  /// `p` (to be readmitted later).
+  /// `p` (to be readmitted later), or when `p` is a push held behind a parked push of its
+  /// client (HeldBehindClient).
   bool Parked(const std::shared_ptr<Pending>& p);
+  /// A client's pushes are logged in its order, so that the dedup's logged mark never passes
+  /// one that waits: while a push of client C is parked, C's later pushes are held behind it
+  /// (client_order_). True when `p` is held (or refused: too many held).
+  bool HeldBehindClient(const std::shared_ptr<Pending>& p);
+  /// Counts `p`, just parked, as its client's parked push when it is one (OrderedPush).
+  void NoteParked(Pending& p);
+  /// `p` leaves its park: true when it was its client's last parked push (the held ones may go).
+  bool Unpark(Pending& p);
+  /// The pushes held behind `client`'s parked one, once none is parked: readmitted in order,
+  /// or, when the parked push was refused (`refused`), refused too (their numbers given back,
+  /// latest first), since logging them would put the mark above the refused one.
+  void ReleaseHeld(uint64_t client, const Status* refused);
   /// A push that waited and is answered without being applied gives its sequence number back
   /// (PushDedup::Abandon), so the client's resend is taken as new. No-op for reads.
   void GiveBackSeq(const Header& h);
@@ -535,6 +548,15 @@ class ServerImpl {
   int64_t max_push_clock_ = -1;
   std::optional<CutState> cut_;
   std::vector<std::shared_ptr<Pending>> cut_parked_;
+  // Per client id with a parked push (HeldBehindClient): how many are parked, and its later
+  // pushes held behind them, in sequence order.
+  struct ClientOrder {
+    uint32_t parked = 0;
+    std::deque<std::shared_ptr<Pending>> held;
+  };
+  absl::flat_hash_map<uint64_t, ClientOrder> client_order_;
+  uint64_t held_behind_now_ = 0, held_behind_total_ = 0;
+  static constexpr size_t kMaxHeldPerClient = 4096;
   ConnectionTable connections_{options_.max_connections};
   PeerTable peers_{options_.max_in_flight_per_peer};
   uint64_t refused_connections_ = 0, dropped_replies_ = 0, throttled_requests_ = 0;

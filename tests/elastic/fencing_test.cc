@@ -384,6 +384,47 @@ TEST_F(FencingTest, AParkedPullIsFencedAgainWhenItRuns) {
   EXPECT_GE(fast->stale_map_retries(), 1u);
 }
 
+// A client's push held behind its push-pull parked by the staleness gate (its pushes are logged
+// in its order) goes back with it when the push-pull, released after its slots moved, is
+// refused as stale: the push is refused Unavailable with its number given back, the client
+// sends both again, and each applies once (the push-pull on the slots' new owner).
+TEST_F(FencingTest, APushHeldBehindAFencedPushPullIsRefusedWithItAndBothApplyOnce) {
+  InitMap();
+  auto watching = CoordinatorClient();
+  ASSERT_NE(watching, nullptr);
+  ClientOptions o;
+  o.consistency = {.num_workers = 2, .staleness = 0};
+  o.worker_id = 0;
+  auto fast = CoordinatorClient(/*watch=*/true, o);
+  o.worker_id = 1;
+  auto slow = CoordinatorClient(/*watch=*/true, o);
+  ASSERT_TRUE(fast != nullptr && slow != nullptr);
+  const Table t = Sparse(*watching, "held");
+  const std::vector<uint64_t> moved = KeysInSlots(0, kNumSlots / 4, 50);  // server 0, then 1
+  const std::vector<uint64_t> kept = KeysInSlots(kNumSlots / 4, kNumSlots / 2, 50);  // server 0
+  const std::vector<float> g = Grads(moved), gk = Grads(kept);
+  ASSERT_TRUE(fast->Wait(fast->SetClock(2)).ok());
+  ASSERT_TRUE(slow->Wait(slow->SetClock(0)).ok());
+  std::vector<float> out(moved.size() * kDim, -999.0f);
+  Handle push_pull = fast->PushPull(t, moved, g, out.data());  // waits for worker 1
+  ASSERT_EQ(fast->Wait(push_pull, DeadlineAfterMs(300)).code(), StatusCode::kDeadlineExceeded);
+  Handle push = fast->Push(t, kept, gk);
+  ASSERT_TRUE(WaitFor([&] { return ServerStat(0, "held_behind_parked_now") == 1; }, seconds(30)));
+  Bump(1, 0, kNumSlots / 4, 1);
+  WaitForServers(2);
+  ASSERT_TRUE(slow->Wait(slow->SetClock(2)).ok());
+  Status s = fast->Wait(push_pull, DeadlineAfterMs(30000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = fast->Wait(push, DeadlineAfterMs(30000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], -g[i]) << "element " << i;
+  ASSERT_TRUE(WaitFor([&] { return watching->cluster_map_version() == 2; }, seconds(30)));
+  ExpectValues(*watching, t, moved, g, 1.0f);
+  ExpectValues(*watching, t, kept, gk, 1.0f);
+  EXPECT_EQ(ServerStat(0, "held_behind_parked_now"), 0);
+  EXPECT_EQ(ServerStat(0, "held_behind_parked_total"), 1);
+}
+
 // tessera-worker --coordinator: the map names the servers; before a map exists the worker says
 // how to make one; with one it trains, following a move of a quarter of the slots made while
 // it runs (its pushes to the old owner are refused and sent again to the new one).
