@@ -26,7 +26,13 @@ class RawPeer {
   /// Sends `h` (request id assigned here) and `data` frames without waiting; false when the
   /// socket's queue is full.
   bool Send(Header h, const std::vector<std::string>& data = {}) {
-    h.request_id = ++next_id_;
+    return Resend(h, ++next_id_, data);
+  }
+
+  /// Sends `h` as request `request_id` again, byte for byte what Send sent (a resend after a
+  /// lost answer, as a primary resends a forwarded push); false when the queue is full.
+  bool Resend(Header h, uint64_t request_id, const std::vector<std::string>& data = {}) {
+    h.request_id = request_id;
     std::string env;
     EncodeHeader(h, &env);
     std::vector<zmq::message_t> parts;

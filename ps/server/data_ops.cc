@@ -272,13 +272,9 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   const bool retried = IsRetriedPush(h);
   if (h.replica_from != 0 && !retried) {
     TESSERA_RETURN_IF_ERROR(CheckReplica(*p));
-    if (HeldForFill(*p)) {
-      // This backup is being filled with the rows of a slot it touches: the push waits for the
-      // copy, at the head of the forwarded pushes (it came from there, or they were none).
-      replica_parked_.push_front(p);
-      ++fill_held_total_;
-      return Status::OK();
-    }
+    // This backup is being filled with the rows of a slot it touches: the push waits for the
+    // copy, at the head of the forwarded pushes (it came from there, or they were none).
+    if (HeldForFill(*p)) return HoldForFill(p);
   }
   if (map != nullptr && (retried || h.replica_from != 0)) owners = nullptr;
   KeySplit split;
@@ -384,11 +380,7 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
     // applies nothing: AnsweredAsRetry answers it).
     if (!IsRetriedPush(h)) {
       TESSERA_RETURN_IF_ERROR(CheckDenseReplica(h, part));
-      if (DenseHeldForFill(part)) {
-        replica_parked_.push_front(p);  // as a sparse one held for a fill (Sparse)
-        ++fill_held_total_;
-        return Status::OK();
-      }
+      if (DenseHeldForFill(part)) return HoldForFill(p);  // as a sparse one (Sparse)
     }
   } else {
     const ClusterMapState* map = CurrentMap();

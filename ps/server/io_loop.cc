@@ -493,6 +493,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "failed_replications " << failed_replications_ << "\n"
     << "fenced_replicas " << fenced_replicas_ << "\n"
     << "fill_held_total " << fill_held_total_ << "\n"
+    << "replica_parked_now " << replica_parked_.size() << "\n"
+    << "replica_resends_dropped " << replica_resends_dropped_ << "\n"
     << "fill_exports_waiting " << waiting_exports_.size() << "\n"
     << "barrier_waiters " << consistency_.barrier_waiters() << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"

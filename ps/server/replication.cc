@@ -139,17 +139,43 @@ Status ServerImpl::CheckReplica(const Pending& p) {
   return Status::OK();
 }
 
+namespace {
+// A forwarded push as its primary sends it, and again each kReplicaResend: the primary, the
+// piece's request id, the client and its number.
+std::tuple<uint64_t, uint64_t, uint64_t, uint64_t> ReplicaKey(const Header& h) {
+  return {h.replica_from, h.request_id, h.client_id, h.client_seq};
+}
+}  // namespace
+
 bool ServerImpl::ParkedReplica(const std::shared_ptr<Pending>& p) {
   if (!options_.follow_cluster_map) return false;
   const ClusterMapState* map = CurrentMap();
   const uint64_t mine = map != nullptr ? map->version : 0;
   if (replica_parked_.empty() && p->header.map_version <= mine) return false;
+  if (replica_parked_keys_.contains(ReplicaKey(p->header))) {
+    ++replica_resends_dropped_;  // waits here already (its answer answers this copy)
+    return true;
+  }
   // Behind the primary's map (or behind one that is): wait for it here, in arrival order,
   // rather than refuse (a refused push resent after a later one of the same client was
   // taken would be taken for a retry). Past the bound, CheckReplica refuses it.
   if (replica_parked_.size() >= kMaxReplicaParked) return false;
   replica_parked_.push_back(p);
+  replica_parked_keys_.insert(ReplicaKey(p->header));
   return true;
+}
+
+Status ServerImpl::HoldForFill(const std::shared_ptr<Pending>& p) {
+  if (p.get() != readmitting_replica_ && !replica_parked_.empty()) {
+    return Status::Unavailable("backup server " + std::to_string(options_.rank) + " holds " +
+                               std::to_string(replica_parked_.size()) +
+                               " forwarded pushes (a backup fill is in progress); nothing of "
+                               "this one was applied, send it again");
+  }
+  replica_parked_.push_front(p);
+  replica_parked_keys_.insert(ReplicaKey(p->header));
+  ++fill_held_total_;
+  return Status::OK();
 }
 
 void ServerImpl::ReadmitReplicas() {
@@ -158,9 +184,12 @@ void ServerImpl::ReadmitReplicas() {
   while (!replica_parked_.empty() && replica_parked_.front()->header.map_version <= mine) {
     std::shared_ptr<Pending> p = std::move(replica_parked_.front());
     replica_parked_.pop_front();
+    replica_parked_keys_.erase(ReplicaKey(p->header));
+    readmitting_replica_ = p.get();
     const Status s = p->header.op == Op::kDensePush ? Dense(p) : Sparse(p);
+    readmitting_replica_ = nullptr;
     if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
-    // Held again for a backup fill (HeldForFill): it and everything after it wait on.
+    // Held again for a backup fill (HoldForFill): it and everything after it wait on.
     if (!replica_parked_.empty() && replica_parked_.front() == p) break;
   }
 }

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include <zmq.hpp>
 
@@ -367,8 +368,16 @@ class ServerImpl {
   /// A forwarded push of a newer map version than this server's (or arriving while others
   /// wait) waits in replica_parked_, in order, until the map is here (ReadmitReplicas, on a
   /// map change and at each maintenance pass). False when it may be served now.
+  /// True also for a resend of a forwarded push parked already (the same primary, request id,
+  /// client and number: the primary sends unanswered pieces again every kReplicaResend): it is
+  /// dropped, the parked one's answer answers it.
   bool ParkedReplica(const std::shared_ptr<Pending>& p);
   void ReadmitReplicas();
+  /// Holds forwarded push `p` for a backup fill (HeldForFill, DenseHeldForFill): at the head of
+  /// replica_parked_, where it came from (ReadmitReplicas) or where nothing waits. Unavailable
+  /// (the primary sends it again soon) for a new one while others wait: only past
+  /// kMaxReplicaParked (else ParkedReplica took it), and never ahead of older ones.
+  Status HoldForFill(const std::shared_ptr<Pending>& p);
   static constexpr size_t kMaxReplicaParked = 65536;
   /// Closes the links to servers that back up none of this server's slots and dense parts and
   /// that no waiting piece names (after a map change, and at each maintenance pass).
@@ -530,6 +539,10 @@ class ServerImpl {
   // Replication (replication.cc), I/O thread only.
   std::deque<ReplEntry> repl_queue_;
   std::deque<std::shared_ptr<Pending>> replica_parked_;
+  // What identifies each of replica_parked_ (ReplicaKey), to drop the primary's resends.
+  absl::flat_hash_set<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>> replica_parked_keys_;
+  const Pending* readmitting_replica_ = nullptr;  // the one ReadmitReplicas is serving
+  uint64_t replica_resends_dropped_ = 0;
   absl::flat_hash_map<uint64_t, std::pair<ReplEntry*, size_t>> repl_waiting_;
   absl::flat_hash_map<uint16_t, BackupLink> backup_links_;
   bool poll_items_dirty_ = true;

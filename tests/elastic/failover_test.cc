@@ -363,7 +363,8 @@ TEST_F(FailoverTest, ABackupBehindThePrimarysMapHoldsForwardedPushesInOrder) {
 
 // A backup being filled (a rebuild: the map names it the backup of server 1's slots and dense
 // part 1, importing from server 1) holds the pushes server 1 forwards for them until the copy
-// is marked in, slots and dense part each on their own, and then applies them in order.
+// is marked in, slots and dense part each on their own, and then applies them in order. The
+// primary's resends of a held push (every 500 ms while unanswered) are dropped, not held again.
 TEST_F(FailoverTest, ABackupBeingFilledHoldsForwardedPushesUntilTheCopyIsIn) {
   auto c = CoordinatorClient();
   ASSERT_NE(c, nullptr);
@@ -420,6 +421,12 @@ TEST_F(FailoverTest, ABackupBeingFilledHoldsForwardedPushesUntilTheCopyIsIn) {
     return r;
   };
   EXPECT_FALSE(answer(500).has_value()) << "a push for a slot being filled was answered";
+  const std::vector<std::string> frames = {Bytes(keys),
+                                           Bytes(std::vector<float>(keys.size() * kDim, 1.0f))};
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(as_primary.Resend(h, /*request_id=*/1, frames));
+  ASSERT_TRUE(WaitFor([&] { return ServerStat(0, "replica_resends_dropped") == 5; }, seconds(30)))
+      << "replica_resends_dropped " << ServerStat(0, "replica_resends_dropped");
+  EXPECT_EQ(ServerStat(0, "replica_parked_now"), 2);
   // The slots' copy is in (no rows: the backup starts from nothing): the sparse push is applied
   // and answered; the dense one still waits for its part.
   ASSERT_TRUE(admin_->ImportSlots(0, 2, slots, Client::SlotImportStep::kDone).ok());
