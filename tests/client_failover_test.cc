@@ -475,5 +475,24 @@ TEST(ClientClock, AClockSentAgainCarriesTheCurrentClock) {
   EXPECT_EQ(got[2].h.clock, 2) << "the first Clock, sent again, carried its old value";
 }
 
+// A barrier carries the client's id: with the request id (the same in a resend after a lost
+// connection) it lets the server answer a resend of an arrival it released already instead of
+// opening a round for it alone (Consistency.AResentArrivalAtAReleasedBarrierIsAnsweredAtOnce).
+TEST(ClientBarrier, ABarrierCarriesTheClientIdAndANewRequestIdPerCall) {
+  FakeServer server(0);
+  ClientOptions o;
+  o.servers = {server.endpoint()};
+  o.consistency.num_workers = 1;
+  auto c = Client::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->Barrier("b", DeadlineAfterMs(5000)).ok());
+  ASSERT_TRUE((*c)->Barrier("b", DeadlineAfterMs(5000)).ok());
+  const std::vector<Received> got = server.Of(Op::kBarrier);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NE(got[0].h.client_id, 0u);
+  EXPECT_EQ(got[0].h.client_id, got[1].h.client_id);
+  EXPECT_NE(got[0].h.request_id, got[1].h.request_id);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -512,6 +512,9 @@ Status Client::Barrier(const std::string& name, Deadline deadline) {
   }
   Header h = impl_->BaseHeader(Op::kBarrier);
   h.name = name;
+  // With the request id, what tells a resend after a lost answer from the next barrier call
+  // of the same name (Consistency::Arrive).
+  h.client_id = impl_->client_id();
   // The barrier waits as long as the caller allows, not the per-request timeout.
   return impl_->Blocking(h, {impl_->CoordServer()}, deadline, nullptr, deadline).status();
 }

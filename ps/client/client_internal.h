@@ -171,6 +171,7 @@ class ClientImpl {
 
   // ---------------------------------------------------------------- calls (client.cc)
   Header BaseHeader(Op op) const;
+  uint64_t client_id() const { return client_id_; }
   Handle SparseCall(Op op, const Table& t, std::span<const uint64_t> keys,
                     std::span<const float> grads, float* out);
   // `owner`, when set, keeps `grads` alive: the push's messages point into it (no copy).

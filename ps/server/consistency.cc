@@ -54,6 +54,15 @@ void Consistency::SetClock(uint32_t worker, int64_t clock, uint32_t num_workers)
 
 std::vector<Consistency::BarrierWait> Consistency::Arrive(zmq::message_t identity,
                                                           const Header& h) {
+  if (h.client_id != 0) {
+    auto r = released_.find(h.worker_id);
+    if (r != released_.end() && r->second.client_id == h.client_id &&
+        r->second.request_id == h.request_id && r->second.name == h.name) {
+      std::vector<BarrierWait> again;
+      again.push_back(BarrierWait{std::move(identity), h});
+      return again;
+    }
+  }
   auto& waiting = barriers_[h.name];
   for (auto it = waiting.begin(); it != waiting.end(); ++it) {
     if (it->header.worker_id == h.worker_id) {
@@ -68,6 +77,11 @@ std::vector<Consistency::BarrierWait> Consistency::Arrive(zmq::message_t identit
   auto all = std::move(waiting);
   barriers_.erase(h.name);
   barrier_waiters_ -= all.size();
+  if (released_.size() + all.size() > kMaxReleased) released_.clear();  // a bound, never met
+  for (const BarrierWait& w : all) {
+    if (w.header.client_id == 0) continue;
+    released_[w.header.worker_id] = Released{w.header.client_id, w.header.request_id, h.name};
+  }
   return all;
 }
 

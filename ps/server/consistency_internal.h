@@ -42,7 +42,9 @@ class Consistency {
 
   /// Worker `h.worker_id` arrives at barrier `h.name` of `h.num_workers` workers. Returns the
   /// waiters to answer: all of them when this one was the last, none otherwise. A worker that
-  /// arrives again (it retried after reconnecting) replaces its earlier request.
+  /// arrives again (it retried after reconnecting) replaces its earlier request. A resend of
+  /// an arrival that was released already (its answer was lost: the same worker, name, client
+  /// id and request id as the worker's last released arrival) is answered at once, alone.
   std::vector<BarrierWait> Arrive(zmq::message_t identity, const Header& h);
 
   uint32_t job_workers() const { return job_workers_; }
@@ -55,6 +57,13 @@ class Consistency {
   absl::flat_hash_map<uint32_t, int64_t> clocks_;
   std::vector<std::shared_ptr<Pending>> parked_;
   std::map<std::string, std::vector<BarrierWait>> barriers_;
+  // Per worker, its arrival at the last barrier that released it (client id != 0 only).
+  struct Released {
+    uint64_t client_id = 0, request_id = 0;
+    std::string name;
+  };
+  absl::flat_hash_map<uint32_t, Released> released_;
+  static constexpr size_t kMaxReleased = size_t{1} << 16;
   uint32_t job_workers_ = 0;
   uint64_t parked_total_ = 0;
   size_t barrier_waiters_ = 0;

@@ -59,5 +59,41 @@ TEST(Consistency, BarrierAnswersEveryoneWhenTheLastArrives) {
   EXPECT_TRUE(c.Arrive(zmq::message_t(), h).empty());  // a new round
 }
 
+// A worker whose answer from a released barrier was lost sends the same request again (same
+// client id and request id): it is answered at once instead of opening a round of its own
+// that nobody else joins. Its next barrier call of the same name (a new request id) waits.
+TEST(Consistency, AResentArrivalAtAReleasedBarrierIsAnsweredAtOnce) {
+  Consistency c;
+  Header h;
+  h.name = "epoch";
+  h.num_workers = 2;
+  h.worker_id = 0;
+  h.client_id = 0xabc;
+  h.request_id = 7;
+  EXPECT_TRUE(c.Arrive(zmq::message_t(), h).empty());
+  Header other = h;
+  other.worker_id = 1;
+  other.client_id = 0xdef;
+  other.request_id = 3;
+  ASSERT_EQ(c.Arrive(zmq::message_t(), other).size(), 2u);
+  auto again = c.Arrive(zmq::message_t(), h);  // the lost answer's resend
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].header.worker_id, 0u);
+  EXPECT_EQ(again[0].header.request_id, 7u);
+  EXPECT_EQ(c.barrier_waiters(), 0u);
+  h.request_id = 8;  // the worker's next barrier of the same name
+  EXPECT_TRUE(c.Arrive(zmq::message_t(), h).empty());
+  EXPECT_EQ(c.barrier_waiters(), 1u);
+  // Another client (a restarted worker) with the same request id is a new arrival too.
+  other.client_id = 0x123;
+  other.request_id = 3;
+  ASSERT_EQ(c.Arrive(zmq::message_t(), other).size(), 2u);
+  // Without a client id (an older client) every arrival counts.
+  Header old = h;
+  old.client_id = 0;
+  EXPECT_TRUE(c.Arrive(zmq::message_t(), old).empty());
+  EXPECT_TRUE(c.Arrive(zmq::message_t(), old).empty());
+}
+
 }  // namespace
 }  // namespace tessera::internal
