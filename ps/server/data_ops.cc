@@ -105,13 +105,17 @@ void ServerImpl::FlushStaged() {
   std::vector<StagedRun> staged;
   staged.swap(staged_);
   const Status s = log_->WriteStaged();
+  if (!s.ok()) {
+    // Latest first: each number given back is then its client's accepted mark (Abandon).
+    for (auto r = staged.rbegin(); r != staged.rend(); ++r) {
+      const Header& h = r->p->header;
+      dedup_.Abandon(h.client_id, h.client_seq);
+      ReplyError(std::move(r->p->identity), h, s);
+    }
+    return;
+  }
   for (StagedRun& r : staged) {
     const Header& h = r.p->header;
-    if (!s.ok()) {
-      dedup_.Abandon(h.client_id, h.client_seq);
-      ReplyError(std::move(r.p->identity), h, s);
-      continue;
-    }
     dedup_.Logged(h.client_id, h.client_seq);
     if (h.replica_from != 0) {
       // A backup answers its primary as soon as the forwarded push is durable here (it is
@@ -182,16 +186,9 @@ bool ServerImpl::HeldBehindClient(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   auto it = client_order_.find(h.client_id);
   if (it == client_order_.end() || it->second.parked == 0) return false;
+  // No bound of its own: a held push keeps its admission slot, so --max_in_flight_per_peer
+  // bounds them (a refusal here would give back a number below others taken since).
   std::deque<std::shared_ptr<Pending>>& held = it->second.held;
-  if (held.size() >= kMaxHeldPerClient) {
-    GiveBackSeq(h);  // the client's latest push: its number is the accepted mark
-    ReplyError(std::move(p->identity), h,
-               Status::Unavailable("push " + std::to_string(h.client_seq) + " is behind " +
-                                   std::to_string(held.size()) +
-                                   " pushes of this client waiting for a parked one; nothing "
-                                   "was applied, retry"));
-    return true;
-  }
   // In sequence order (a readmitted push may come back behind later ones).
   auto at = std::upper_bound(held.begin(), held.end(), h.client_seq,
                              [](uint64_t seq, const std::shared_ptr<Pending>& q) {

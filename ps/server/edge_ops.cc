@@ -107,6 +107,10 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
     }
     return false;
   }
+  // A Clock is answered at once and is what releases the requests the staleness gate parked
+  // (and the pushes of their clients held behind them), which keep their slots meanwhile: it
+  // takes no slot, so that a peer at its limit can still move the gate.
+  if (p->header.op == Op::kClock) return true;
   auto slot = peers_.Admit(peer, now);
   if (!slot.ok()) {
     ReplyError(std::move(p->identity), p->header, slot.status());

@@ -572,6 +572,8 @@ Status ServerImpl::BarrierOp(const std::shared_ptr<Pending>& p) {
 }
 
 void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
+  const bool outer = !readmitting_;
+  readmitting_ = true;
   for (auto& p : parked) {
     const uint64_t client = p->header.client_id;
     const bool last_of_client = Unpark(*p);
@@ -586,6 +588,7 @@ void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
     }
     if (last_of_client) ReleaseHeld(client, nullptr);  // logged (staged) first: they follow
   }
+  if (outer) readmitting_ = false;
 }
 
 }  // namespace tessera::internal

@@ -185,7 +185,9 @@ bool ServerImpl::CopyingInRequest(const Pending& p) {
 bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   if (!CopyingInRequest(*p)) return false;
   const Header& h = p->header;
-  if (import_parked_.size() >= kMaxImportParked) {
+  // The bound applies to new requests: one readmitted (it waited already) parks again, since
+  // refusing it would strand the pushes of its client held behind it (HeldBehindClient).
+  if (import_parked_.size() >= kMaxImportParked && !readmitting_) {
     GiveBackSeq(h);
     ReplyError(std::move(p->identity), h,
                Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +

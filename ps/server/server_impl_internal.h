@@ -569,7 +569,8 @@ class ServerImpl {
   };
   absl::flat_hash_map<uint64_t, ClientOrder> client_order_;
   uint64_t held_behind_now_ = 0, held_behind_total_ = 0;
-  static constexpr size_t kMaxHeldPerClient = 4096;
+  // True while Readmit runs: a request that waited already is not refused by a park's bound.
+  bool readmitting_ = false;
   ConnectionTable connections_{options_.max_connections};
   PeerTable peers_{options_.max_in_flight_per_peer};
   uint64_t refused_connections_ = 0, dropped_replies_ = 0, throttled_requests_ = 0;
