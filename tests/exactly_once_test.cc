@@ -237,6 +237,13 @@ std::vector<std::string> KeyAndGrad(uint64_t key) {
           testing::Bytes(std::vector<float>(kDim, 1.0f))};
 }
 
+testing::LocalClusterOptions GatedServerOptions(std::vector<std::string> flags) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.with_data_dirs = true;
+  o.extra_flags = std::move(flags);
+  return o;
+}
+
 // Sends the gated push-pull (seq 1, key 1) and a push (seq 2, key 2) of kClient; returns once
 // the server has taken both in (held or, as before the fix, logged).
 void SendPushPullThenPush(testing::RawPeer& peer, Client* c, const Table& t) {
@@ -258,11 +265,8 @@ void SendPushPullThenPush(testing::RawPeer& peer, Client* c, const Table& t) {
 // their resends apply. (The next push used to be logged at once; the dedup's mark then covered
 // the parked push-pull, whose resend after a crash was answered "already applied" and lost.)
 TEST(ExactlyOnceTest, APushBehindAParkedPushPullOfItsClientIsLoggedAfterIt) {
-  testing::LocalClusterOptions o = testing::Servers(1);
-  o.with_data_dirs = true;
   // The two waiting requests fill the peer's slots: its Clocks, which take none, still go in.
-  o.extra_flags = {"--max_in_flight_per_peer=2"};
-  DurableServer server(o);
+  DurableServer server(GatedServerOptions({"--max_in_flight_per_peer=2"}));
   ASSERT_TRUE(server.Start());
   Client* c = server.client.get();
   const Table& t = server.table;
@@ -301,9 +305,7 @@ TEST(ExactlyOnceTest, APushBehindAParkedPushPullOfItsClientIsLoggedAfterIt) {
 }
 
 TEST(ExactlyOnceTest, AParkedPushPullAndThePushBehindItBothApplyAfterACrash) {
-  testing::LocalClusterOptions o = testing::Servers(1);
-  o.with_data_dirs = true;
-  DurableServer server(o);
+  DurableServer server(GatedServerOptions({}));
   ASSERT_TRUE(server.Start());
   Client* c = server.client.get();
   const Table& t = server.table;

@@ -107,6 +107,23 @@ class FencingTest : public EtcdTest {
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
+  // The map at version 1, a watching client, and workers 0 ("fast") and 1 ("slow") of a job of
+  // 2 with staleness 0: a read of fast's waits for slow's clock.
+  struct GatedClients {
+    std::unique_ptr<Client> watching, fast, slow;
+  };
+  void StartGatedClients(GatedClients* c) {
+    InitMap();
+    c->watching = CoordinatorClient();
+    ClientOptions o;
+    o.consistency = {.num_workers = 2, .staleness = 0};
+    o.worker_id = 0;
+    c->fast = CoordinatorClient(/*watch=*/true, o);
+    o.worker_id = 1;
+    c->slow = CoordinatorClient(/*watch=*/true, o);
+    ASSERT_TRUE(c->watching != nullptr && c->fast != nullptr && c->slow != nullptr);
+  }
+
   static Table Sparse(Client& c, const std::string& name) {
     OptimizerSpec sgd;
     sgd.learning_rate = 1.0f;  // zeros initializer: a pushed gradient g reads back as -g
@@ -347,16 +364,9 @@ TEST_F(FencingTest, ARequestSpanningAMovedAndAKeptSlotIsSplit) {
 // (c) continued: a pull parked by the staleness gate at version 1 is fenced again when it is
 // released after its slots moved: refused by the old owner, it reads the new owner's rows.
 TEST_F(FencingTest, AParkedPullIsFencedAgainWhenItRuns) {
-  InitMap();
-  auto watching = CoordinatorClient();
-  ASSERT_NE(watching, nullptr);
-  ClientOptions o;
-  o.consistency = {.num_workers = 2, .staleness = 0};
-  o.worker_id = 0;
-  auto fast = CoordinatorClient(/*watch=*/true, o);
-  o.worker_id = 1;
-  auto slow = CoordinatorClient(/*watch=*/true, o);
-  ASSERT_TRUE(fast != nullptr && slow != nullptr);
+  GatedClients clients;
+  ASSERT_NO_FATAL_FAILURE(StartGatedClients(&clients));
+  auto& [watching, fast, slow] = clients;
   const Table t = Sparse(*watching, "parked");
   const std::vector<uint64_t> moved = KeysInSlots(0, kNumSlots / 4, 50);  // server 0's at v1
   const std::vector<float> g = Grads(moved);
@@ -389,16 +399,9 @@ TEST_F(FencingTest, AParkedPullIsFencedAgainWhenItRuns) {
 // refused as stale: the push is refused Unavailable with its number given back, the client
 // sends both again, and each applies once (the push-pull on the slots' new owner).
 TEST_F(FencingTest, APushHeldBehindAFencedPushPullIsRefusedWithItAndBothApplyOnce) {
-  InitMap();
-  auto watching = CoordinatorClient();
-  ASSERT_NE(watching, nullptr);
-  ClientOptions o;
-  o.consistency = {.num_workers = 2, .staleness = 0};
-  o.worker_id = 0;
-  auto fast = CoordinatorClient(/*watch=*/true, o);
-  o.worker_id = 1;
-  auto slow = CoordinatorClient(/*watch=*/true, o);
-  ASSERT_TRUE(fast != nullptr && slow != nullptr);
+  GatedClients clients;
+  ASSERT_NO_FATAL_FAILURE(StartGatedClients(&clients));
+  auto& [watching, fast, slow] = clients;
   const Table t = Sparse(*watching, "held");
   const std::vector<uint64_t> moved = KeysInSlots(0, kNumSlots / 4, 50);  // server 0, then 1
   const std::vector<uint64_t> kept = KeysInSlots(kNumSlots / 4, kNumSlots / 2, 50);  // server 0
