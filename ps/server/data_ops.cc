@@ -75,6 +75,10 @@ Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
     case PushDedup::Verdict::kPending:
       return Status::Unavailable("push " + std::to_string(h.client_seq) +
                                  " of this client is still waiting to be applied; retry later");
+    case PushDedup::Verdict::kBlocked:
+      return Status::Unavailable("an earlier push of this client was refused and has not been "
+                                 "sent again yet; nothing of push " +
+                                 std::to_string(h.client_seq) + " was applied, retry");
     case PushDedup::Verdict::kApplied:
       break;
   }
@@ -109,7 +113,7 @@ void ServerImpl::FlushStaged() {
     // Latest first: each number given back is then its client's accepted mark (Abandon).
     for (auto r = staged.rbegin(); r != staged.rend(); ++r) {
       const Header& h = r->p->header;
-      dedup_.Abandon(h.client_id, h.client_seq);
+      dedup_.Abandon(h.client_id, h.client_seq, /*resend=*/false);  // an error, not a retry
       ReplyError(std::move(r->p->identity), h, s);
     }
     return;
@@ -145,9 +149,9 @@ void ServerImpl::SubmitParts(const std::shared_ptr<Pending>& p, std::vector<Lane
   Sequence(p, [submit, parts = std::move(parts)]() mutable { submit(std::move(parts)); });
 }
 
-void ServerImpl::GiveBackSeq(const Header& h) {
+void ServerImpl::GiveBackSeq(const Header& h, bool resend) {
   if (h.op != Op::kSparsePull && h.op != Op::kDensePull && h.client_id != 0) {
-    dedup_.Abandon(h.client_id, h.client_seq);
+    dedup_.Abandon(h.client_id, h.client_seq, resend);
   }
 }
 
@@ -214,7 +218,7 @@ void ServerImpl::ReleaseHeld(uint64_t client, const Status* refused) {
   // Latest first: each number given back is then the client's accepted mark (Abandon).
   for (auto q = held.rbegin(); q != held.rend(); ++q) {
     const Header& h = (*q)->header;
-    GiveBackSeq(h);
+    GiveBackSeq(h, /*resend=*/true);
     ReplyError(std::move((*q)->identity), h,
                Status::Unavailable("push " + std::to_string(h.client_seq) +
                                    " waited behind an earlier push of this client, which was "
@@ -225,6 +229,13 @@ void ServerImpl::ReleaseHeld(uint64_t client, const Status* refused) {
 
 Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
+  // Taken before an earlier push of its client was refused for a resend: it waits for that
+  // one (PushDedup::kBlocked), or its logging would hide the refused one.
+  if (OrderedPush(*p) && dedup_.Check(h.client_id, h.client_seq) == PushDedup::Verdict::kBlocked) {
+    return Status::Unavailable("an earlier push of this client was refused and has not been "
+                               "sent again yet; nothing of push " +
+                               std::to_string(h.client_seq) + " was applied, retry");
+  }
   // Fenced again: the map it was admitted by may have moved its slots or dense part while it
   // waited (the staleness gate parks pulls, a checkpoint cut pushes, a copy in both); nothing
   // of it is logged or applied yet, so the client routes it anew.

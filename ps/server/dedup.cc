@@ -10,8 +10,16 @@ PushDedup::Verdict PushDedup::Check(uint64_t client, uint64_t seq) const {
   if (client == 0) return Verdict::kNew;
   auto it = clients_.find(client);
   if (it == clients_.end()) return Verdict::kNew;
-  if (seq <= it->second.logged) return Verdict::kApplied;
-  if (seq <= it->second.accepted) return Verdict::kPending;
+  const Entry& e = it->second;
+  if (seq <= e.logged) return Verdict::kApplied;
+  if (e.returned != 0) {
+    if (seq == e.returned) return Verdict::kNew;
+    if (seq > e.returned &&
+        std::chrono::steady_clock::now() - e.returned_at < resend_window_) {
+      return Verdict::kBlocked;
+    }
+  }
+  if (seq <= e.accepted) return Verdict::kPending;
   return Verdict::kNew;
 }
 
@@ -35,6 +43,7 @@ void PushDedup::Accept(uint64_t client, uint64_t seq) {
   if (client == 0) return;
   Entry& e = Touch(client);
   e.accepted = std::max(e.accepted, seq);
+  if (seq == e.returned) e.returned = 0;  // the refused one is back: the gap is closed
 }
 
 void PushDedup::Logged(uint64_t client, uint64_t seq) {
@@ -42,12 +51,26 @@ void PushDedup::Logged(uint64_t client, uint64_t seq) {
   Entry& e = Touch(client);
   e.logged = std::max(e.logged, seq);
   e.accepted = std::max(e.accepted, seq);
+  if (e.returned != 0 && e.returned <= e.logged) e.returned = 0;
 }
 
-void PushDedup::Abandon(uint64_t client, uint64_t seq) {
+void PushDedup::Abandon(uint64_t client, uint64_t seq, bool resend) {
   auto it = clients_.find(client);
   if (client == 0 || it == clients_.end()) return;
-  if (it->second.accepted == seq) it->second.accepted = std::max(it->second.logged, seq - 1);
+  Entry& e = it->second;
+  if (e.accepted == seq) e.accepted = std::max(e.logged, seq - 1);
+  if (!resend && seq == e.returned) e.returned = 0;
+  if (resend && seq > e.logged) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool open = e.returned != 0 && now - e.returned_at < resend_window_;
+    if (!open || seq < e.returned) e.returned = open ? std::min(e.returned, seq) : seq;
+    e.returned_at = now;
+  }
+}
+
+void PushDedup::ClearGap(uint64_t client, uint64_t seq) {
+  auto it = clients_.find(client);
+  if (client != 0 && it != clients_.end() && it->second.returned == seq) it->second.returned = 0;
 }
 
 std::string PushDedup::Encode() const {

@@ -3,6 +3,7 @@
 
 #include <absl/container/flat_hash_map.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,10 +21,20 @@ namespace tessera::internal {
 /// marks travel with the request log (RequestLog stores them before it truncates), so they
 /// survive a crash. Holds at most kMaxClients clients; past that the least recently seen
 /// quarter is forgotten. Not thread-safe: the server's I/O thread owns it.
+///
+/// A push refused after its number was taken, that the client will send again under the same
+/// number (refused Unavailable: Abandon with `resend`), leaves a gap: until that number comes
+/// again, or for at most `resend_window`, the client's pushes above it are kBlocked (refused
+/// Unavailable, not taken), since one of them logged would put the mark above the refused
+/// one, whose resend would then be taken for a retry and never applied. The client sends its
+/// pushes again in their order, so the refused one comes first.
 class PushDedup {
  public:
-  enum class Verdict { kNew, kApplied, kPending };
+  enum class Verdict { kNew, kApplied, kPending, kBlocked };
   static constexpr size_t kMaxClients = size_t{1} << 16;
+
+  explicit PushDedup(std::chrono::milliseconds resend_window = std::chrono::seconds(10))
+      : resend_window_(resend_window) {}
 
   /// What to do with push `seq` of `client`. Client 0 (no id) is always kNew.
   Verdict Check(uint64_t client, uint64_t seq) const;
@@ -31,8 +42,12 @@ class PushDedup {
   void Accept(uint64_t client, uint64_t seq);
   /// Push `seq` is logged (or applied, on a server without a log).
   void Logged(uint64_t client, uint64_t seq);
-  /// Push `seq` failed before it was logged: a retry of it may apply.
-  void Abandon(uint64_t client, uint64_t seq);
+  /// Push `seq` failed before it was logged: a retry of it may apply. `resend`: the client
+  /// was told to send it again as it is (Unavailable), so its later pushes wait for it.
+  void Abandon(uint64_t client, uint64_t seq, bool resend);
+  /// Push `seq` was refused in a way the client does not send it again under its number (a
+  /// stale map: it gets a new one; an error): the gap it left, if any, is closed.
+  void ClearGap(uint64_t client, uint64_t seq);
 
   /// The logged marks as bytes (u32 count, then u64 client, u64 mark each; little-endian).
   std::string Encode() const;
@@ -45,11 +60,14 @@ class PushDedup {
     uint64_t accepted = 0;
     uint64_t logged = 0;
     uint64_t touched = 0;
+    uint64_t returned = 0;  // the lowest number refused for a resend not seen yet; 0: none
+    std::chrono::steady_clock::time_point returned_at;
   };
   Entry& Touch(uint64_t client);
 
   absl::flat_hash_map<uint64_t, Entry> clients_;
   uint64_t tick_ = 0;
+  const std::chrono::milliseconds resend_window_;
 };
 
 }  // namespace tessera::internal

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "ps/server/dedup_internal.h"
 
 namespace tessera::internal {
@@ -26,9 +29,46 @@ TEST(PushDedup, AbandonedPushMayBeRetried) {
   PushDedup d;
   d.Logged(3, 4);
   d.Accept(3, 5);
-  d.Abandon(3, 5);  // e.g. the log write failed
+  d.Abandon(3, 5, /*resend=*/false);  // e.g. the log write failed
   EXPECT_EQ(d.Check(3, 5), V::kNew);
   EXPECT_EQ(d.Check(3, 4), V::kApplied);
+}
+
+// A push refused for a resend under its number (Unavailable) leaves a gap: the client's later
+// pushes are blocked until it comes again, or the window ends; a refusal the client answers
+// with a new number (stale map) closes it.
+TEST(PushDedup, LaterPushesWaitForOneRefusedForAResend) {
+  PushDedup d(std::chrono::milliseconds(50));
+  d.Logged(3, 4);
+  d.Accept(3, 5);
+  d.Accept(3, 6);  // taken behind it (held, queued for backups)
+  d.Abandon(3, 6, /*resend=*/true);  // refused latest first
+  d.Abandon(3, 5, /*resend=*/true);
+  EXPECT_EQ(d.Check(3, 7), V::kBlocked);  // in flight when 5 was refused
+  EXPECT_EQ(d.Check(3, 6), V::kBlocked);
+  EXPECT_EQ(d.Check(3, 4), V::kApplied);
+  EXPECT_EQ(d.Check(3, 5), V::kNew);  // the resend
+  d.Accept(3, 5);
+  EXPECT_EQ(d.Check(3, 6), V::kNew);
+  d.Accept(3, 6);
+  d.Logged(3, 6);
+  EXPECT_EQ(d.Check(3, 5), V::kApplied);
+  // A gap closed by a refusal the client answers with a new number.
+  d.Accept(3, 7);
+  d.Abandon(3, 7, /*resend=*/true);
+  EXPECT_EQ(d.Check(3, 8), V::kBlocked);
+  d.ClearGap(3, 7);
+  EXPECT_EQ(d.Check(3, 8), V::kNew);
+  // ... or left open: it lasts the window, not longer.
+  d.Accept(3, 8);
+  d.Abandon(3, 8, /*resend=*/true);
+  EXPECT_EQ(d.Check(3, 9), V::kBlocked);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(d.Check(3, 9), V::kNew);
+  // A give-back without a resend (an error reply) leaves no gap.
+  d.Accept(3, 9);
+  d.Abandon(3, 9, /*resend=*/false);
+  EXPECT_EQ(d.Check(3, 10), V::kNew);
 }
 
 TEST(PushDedup, MarksSurviveEncodeAndMerge) {

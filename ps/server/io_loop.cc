@@ -337,15 +337,22 @@ Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool dense = h.op == Op::kDensePull || h.op == Op::kDensePush;
   KeyByOrigin(*p);
+  Status s;
   if (h.replica_from != 0) {
     // A primary's forwarded push (Admitted refused other ops with replica_from): fenced by the
     // primary and backup of its slots or dense part (CheckReplica, CheckDenseReplica).
     if (ParkedReplica(p)) return Status::OK();
   } else {
     // Fencing first: a refused request is neither validated further, logged nor applied.
-    TESSERA_RETURN_IF_ERROR(CheckMapVersion(h));
+    s = CheckMapVersion(h);
   }
-  return dense ? Dense(p) : Sparse(p);
+  if (s.ok()) s = dense ? Dense(p) : Sparse(p);
+  // A push refused other than Unavailable is not sent again under its number (a stale map
+  // gets it a new one): a gap its earlier refusal left is closed (PushDedup::kBlocked).
+  if (!s.ok() && IsPush(h.op) && s.code() != StatusCode::kUnavailable) {
+    dedup_.ClearGap(h.client_id, h.client_seq);
+  }
+  return s;
 }
 
 Result<const ServerImpl::TableInfo*> ServerImpl::FindTable(const Header& h, TableKind kind) {
@@ -582,7 +589,7 @@ void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
     if (!s.ok()) {
       // Nothing of it was logged: its number goes back, and so do those held behind it.
       if (last_of_client) ReleaseHeld(client, &s);
-      GiveBackSeq(p->header);
+      GiveBackSeq(p->header, /*resend=*/s.code() == StatusCode::kUnavailable);
       ReplyError(std::move(p->identity), p->header, s);
       continue;
     }

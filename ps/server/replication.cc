@@ -445,14 +445,14 @@ void ServerImpl::FailEntry(ReplEntry& e, const Status& why) {
     for (size_t i = 0; i < f.pieces.size(); ++i) PieceDone(f, i);
     f.waiting = 0;
     // Nothing of it is logged or applied here: the client may send it again (anywhere).
-    GiveBackSeq(f.p->header);
+    const Status reply = &f == &e ? s
+                                  : Status::Unavailable("an earlier push of this client to server " +
+                                                        std::to_string(options_.rank) + " failed (" +
+                                                        s.message() +
+                                                        "); nothing of this one was applied either");
+    GiveBackSeq(f.p->header, /*resend=*/reply.code() == StatusCode::kUnavailable);
     ++failed_replications_;
-    ReplyError(std::move(f.p->identity), f.p->header,
-               &f == &e ? s
-                        : Status::Unavailable("an earlier push of this client to server " +
-                                              std::to_string(options_.rank) +
-                                              " failed (" + s.message() +
-                                              "); nothing of this one was applied either"));
+    ReplyError(std::move(f.p->identity), f.p->header, reply);
   }
 }
 

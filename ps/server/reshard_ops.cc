@@ -188,7 +188,7 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   // The bound applies to new requests: one readmitted (it waited already) parks again, since
   // refusing it would strand the pushes of its client held behind it (HeldBehindClient).
   if (import_parked_.size() >= kMaxImportParked && !readmitting_) {
-    GiveBackSeq(h);
+    GiveBackSeq(h, /*resend=*/true);
     ReplyError(std::move(p->identity), h,
                Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +
                                    std::to_string(kMaxImportParked) +
@@ -462,7 +462,7 @@ void ServerImpl::ExpireImportParked() {
         std::to_string(kImportHoldLimit.count()) +
         " s (is tessera-ctl scale running?); nothing was applied");
     if (Unpark(*p)) ReleaseHeld(h.client_id, &why);  // its later pushes go back first
-    GiveBackSeq(h);
+    GiveBackSeq(h, /*resend=*/true);
     ReplyError(std::move(p->identity), h, why);
   }
   import_parked_.swap(keep);

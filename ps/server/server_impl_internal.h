@@ -429,8 +429,10 @@ class ServerImpl {
   /// latest first), since logging them would put the mark above the refused one.
   void ReleaseHeld(uint64_t client, const Status* refused);
   /// A push that waited and is answered without being applied gives its sequence number back
-  /// (PushDedup::Abandon), so the client's resend is taken as new. No-op for reads.
-  void GiveBackSeq(const Header& h);
+  /// (PushDedup::Abandon), so the client's resend is taken as new; `resend`: it is answered
+  /// Unavailable, so the client sends it again as it is and its later pushes wait for it
+  /// (PushDedup::kBlocked). No-op for reads.
+  void GiveBackSeq(const Header& h, bool resend);
   /// Submits a validated request that was parked.
   Status Resubmit(const std::shared_ptr<Pending>& p);
 

@@ -4,6 +4,7 @@
 // no longer owns, are refused and apply nothing; the client reloads the map and retries.
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "ps/client/client.h"
@@ -426,6 +427,71 @@ TEST_F(FencingTest, APushHeldBehindAFencedPushPullIsRefusedWithItAndBothApplyOnc
   ExpectValues(*watching, t, kept, gk, 1.0f);
   EXPECT_EQ(ServerStat(0, "held_behind_parked_now"), 0);
   EXPECT_EQ(ServerStat(0, "held_behind_parked_total"), 1);
+}
+
+// The pushes of a client behind one of its pushes refused for a resend (here the push held
+// behind a push-pull that was fenced when the gate released it) wait for that resend: a later
+// push in flight is refused Unavailable (PushDedup kBlocked) rather than taken, whose logging
+// would make the refused one's resend look applied. A resend the server fences again (its map
+// is old: the client sends it under a new number) closes the gap. Raw requests of one client.
+TEST_F(FencingTest, PushesBehindOneRefusedForAResendWaitForIt) {
+  GatedClients clients;
+  ASSERT_NO_FATAL_FAILURE(StartGatedClients(&clients));
+  Client& watching = *clients.watching;
+  const Table t = Sparse(watching, "gap");
+  const uint64_t moved = KeysInSlots(0, kNumSlots / 4, 1)[0];                // server 0, then 1
+  const uint64_t kept = KeysInSlots(kNumSlots / 4, kNumSlots / 2, 1)[0];  // server 0
+  RawPeer peer(cluster_->endpoints()[0]);
+  auto push = [&](uint64_t seq, uint64_t version, Op op = Op::kSparsePush) {
+    Header h = SparseHeader(op, t.id, 1, kDim);
+    h.client_id = 0x9a9;
+    h.client_seq = seq;
+    h.map_version = version;
+    h.worker_id = 0;
+    h.num_workers = 2;
+    h.clock = 1;
+    h.staleness = 0;
+    return h;
+  };
+  const auto frames = [](uint64_t key) {
+    return std::vector<std::string>{Bytes(std::vector<uint64_t>{key}),
+                                    Bytes(std::vector<float>(kDim, 1.0f))};
+  };
+  ASSERT_TRUE(peer.Send(push(1, 1, Op::kSparsePushPull), frames(moved)));  // the gate
+  const Header second = push(2, 1);
+  ASSERT_TRUE(peer.Send(second, frames(kept)));  // held behind it
+  ASSERT_TRUE(WaitFor([&] { return ServerStat(0, "held_behind_parked_now") == 1; }, seconds(30)));
+  Bump(1, 0, kNumSlots / 4, 1);
+  WaitForServers(2);
+  RawPeer clocks(cluster_->endpoints()[0]);
+  for (uint32_t w : {0u, 1u}) {
+    Header c;
+    c.op = Op::kClock;
+    c.worker_id = w;
+    c.num_workers = 2;
+    c.clock = 1;
+    ASSERT_EQ(clocks.Call(c).status, StatusCode::kOk);
+  }
+  std::map<uint64_t, StatusCode> first;  // request id -> status
+  for (int i = 0; i < 2; ++i) {
+    std::vector<zmq::message_t> reply;
+    ASSERT_TRUE(zmq::recv_multipart(peer.socket(), std::back_inserter(reply)));
+    Header r;
+    ASSERT_TRUE(DecodeHeader(reply[0].data(), reply[0].size(), &r).ok());
+    first[r.request_id] = r.status;
+  }
+  EXPECT_EQ(first[1], StatusCode::kFailedPrecondition);  // fenced: the client renumbers it
+  EXPECT_EQ(first[2], StatusCode::kUnavailable);         // held: sent again as it is
+  Header third = peer.Call(push(3, 2), frames(kept));
+  EXPECT_EQ(third.status, StatusCode::kUnavailable) << third.message;  // waits for push 2
+  // Push 2 sent again as it was (map version 1): fenced, so it will get a new number.
+  EXPECT_EQ(peer.Call(second, frames(kept)).status, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(peer.Call(push(3, 2), frames(kept)).status, StatusCode::kOk);
+  EXPECT_EQ(peer.Call(push(4, 2), frames(kept)).status, StatusCode::kOk);  // push 2 anew
+  std::vector<float> out(kDim);
+  ASSERT_TRUE(watching.Wait(watching.Pull(t, std::vector<uint64_t>{kept}, out.data())).ok());
+  EXPECT_EQ(out, std::vector<float>(kDim, -2.0f));  // pushes 3 and 4, once each
+  EXPECT_EQ(ServerStat(0, "retried_pushes"), 0);
 }
 
 // tessera-worker --coordinator: the map names the servers; before a map exists the worker says
