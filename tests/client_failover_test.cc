@@ -468,11 +468,15 @@ TEST(ClientClock, AClockSentAgainCarriesTheCurrentClock) {
   Handle second = (*c)->Clock();
   EXPECT_TRUE((*c)->Wait(second, DeadlineAfterMs(5000)).ok());
   EXPECT_TRUE((*c)->Wait(first, DeadlineAfterMs(5000)).ok());
+  // The first is sent with 1, or already with 2 when the second Clock() came before the I/O
+  // thread sent it; either way no clock the server receives is below one it received before.
   const std::vector<Received> got = server.Of(Op::kClock);
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_EQ(got[0].h.clock, 1);
-  EXPECT_EQ(got[1].h.clock, 2);
-  EXPECT_EQ(got[2].h.clock, 2) << "the first Clock, sent again, carried its old value";
+  ASSERT_GE(got.size(), 3u);
+  for (size_t i = 1; i < got.size(); ++i) {
+    EXPECT_GE(got[i].h.clock, got[i - 1].h.clock)
+        << "clock " << i << " went back: the first Clock, sent again, carried its old value";
+  }
+  EXPECT_EQ(got.back().h.clock, 2);
 }
 
 // A barrier carries the client's id: with the request id (the same in a resend after a lost
