@@ -71,15 +71,6 @@ std::string ServerImpl::ServerDir(const std::string& dir, uint32_t rank) const {
   return dir + "/server-" + std::to_string(rank);
 }
 
-bool ServerImpl::ParkedByCut(const std::shared_ptr<Pending>& p) {
-  // While a checkpoint at cut C is pending, pushes of steps after C wait until it is taken.
-  const Header& h = p->header;
-  if (!cut_ || !IsPush(h.op) || h.num_workers == 0 || h.clock <= cut_->cut) return false;
-  cut_parked_.push_back(p);
-  NoteParked(*p);
-  return true;
-}
-
 Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.count == 1) {  // abort
@@ -89,21 +80,17 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
   }
   if (h.name.empty()) return Status::InvalidArgument("checkpoint without a directory");
   TESSERA_ASSIGN_OR_RETURN(const std::string ckpt_dir, AdminPath(h.name));
-  if (cut_) return Status::FailedPrecondition("a checkpoint is already in progress");
+  TESSERA_RETURN_IF_ERROR(cut_.CheckIdle());
   TESSERA_RETURN_IF_ERROR(CheckAdminMap(h, "checkpoint"));
-  if (h.num_workers > 0 && max_push_clock_ > h.clock) {
-    return Status::FailedPrecondition("cut at clock " + std::to_string(h.clock) +
-                                      " already passed: a push of clock " +
-                                      std::to_string(max_push_clock_) + " was applied");
-  }
+  TESSERA_RETURN_IF_ERROR(cut_.CheckNotPassed(h));
   std::error_code ec;
   std::filesystem::create_directories(ServerDir(ckpt_dir, options_.rank), ec);
   if (ec) {
     return Status::IOError("cannot create '" + ServerDir(ckpt_dir, options_.rank) +
                            "': " + ec.message());
   }
-  cut_ = CutState{h.clock, h.num_workers, ckpt_dir, p,
-                  options_.follow_cluster_map ? h.map_version : 0};
+  cut_.Begin(CutState{h.clock, h.num_workers, ckpt_dir, p,
+                      options_.follow_cluster_map ? h.map_version : 0});
   TakeSnapshotIfReady();
   return Status::OK();
 }
@@ -131,11 +118,14 @@ Result<std::function<Status()>> ServerImpl::CheckpointHeader(const std::string& 
 
 void ServerImpl::TakeSnapshotIfReady() {
   // Taken once every worker has finished the steps up to the cut.
-  if (!cut_) return;
-  if (cut_->num_workers > 0 && consistency_.MinClock(cut_->num_workers) < cut_->cut + 1) return;
-  if (cut_->num_workers > 0 && CutWaitsForBackups(cut_->cut)) return;  // ReleaseReady calls again
-  CutState cut = std::move(*cut_);
-  cut_.reset();
+  const CutState* pending = cut_.state();
+  if (pending == nullptr) return;
+  if (pending->num_workers > 0 && consistency_.MinClock(pending->num_workers) < pending->cut + 1) {
+    return;
+  }
+  // ReleaseReady calls again.
+  if (pending->num_workers > 0 && repl_.queue.WaitsForPushUpTo(pending->cut)) return;
+  CutState cut = std::move(*cut_.Take());
   const std::string dir = ServerDir(cut.dir, options_.rank);
   auto header = CheckpointHeader(dir, cut.cut, cut.map_version);
   if (!header.ok()) {
@@ -147,8 +137,7 @@ void ServerImpl::TakeSnapshotIfReady() {
     so.filter = PrimaryRowsFilter();
     WriteLaneSnapshots(cut.request, dir, so, std::move(*header));
   }
-  Readmit(std::move(cut_parked_));
-  cut_parked_.clear();
+  Readmit(cut_.TakeParked());
 }
 
 Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
@@ -163,7 +152,7 @@ Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
     TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(b));
     TESSERA_RETURN_IF_ERROR(ValidateStoredTableSpec(spec));
     const uint64_t id = TableIdForName(spec.name);
-    TESSERA_ASSIGN_OR_RETURN(bool exists, SameTableExists(id, spec, "than the checkpoint's"));
+    TESSERA_ASSIGN_OR_RETURN(bool exists, tables_.SameExists(id, spec, "than the checkpoint's"));
     known.push_back(exists);
     restored.emplace_back(id, spec);
   }
@@ -172,7 +161,7 @@ Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
     const auto& [id, spec] = restored[i];
     TESSERA_RETURN_IF_ERROR(
         engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
-    AddTableInfo(id, spec);
+    tables_.Add(id, spec);
   }
   return restored;
 }
@@ -311,7 +300,7 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create '" + dir + "': " + ec.message());
   std::vector<std::string> specs;
-  for (auto& [id, spec] : TableList()) specs.push_back(EncodeTableSpec(spec));
+  for (auto& [id, spec] : tables_.List()) specs.push_back(EncodeTableSpec(spec));
   std::vector<std::string> manifest = {std::to_string(options_.rank),
                                        std::to_string(ClusterSize()), std::to_string(since),
                                        std::to_string(lanes_.size()), std::to_string(now)};
@@ -350,7 +339,7 @@ void ServerImpl::WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std
   // rows not yet written back); the file writer thread writes and fsyncs the files, one more
   // part of the request per lane, and the header files (lane 0 hands them over: an fsync on
   // the I/O thread stalled every request, 10-70 ms while the disk was busy).
-  auto tables = TableList();
+  auto tables = tables_.List();
   FileWriter* writer = writer_.get();
   Pending* raw = p.get();
   auto shared_header = std::make_shared<std::function<Status()>>(std::move(header));

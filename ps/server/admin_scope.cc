@@ -16,14 +16,14 @@ namespace tessera::internal {
 RowFilter ServerImpl::HeldRows(bool with_backups) {
   RowFilter f;
   f.slots.assign(kNumSlots, false);
-  const ClusterMapState* map = options_.follow_cluster_map ? CurrentMap() : nullptr;
+  const ClusterMapState* map = options_.follow_cluster_map ? fence_.Current() : nullptr;
   const uint32_t me = options_.rank;
-  const SlotMap& owners = Owners();
+  const SlotMap& owners = fence_.Owners();
   const bool backups = with_backups && map != nullptr && !map->backup.empty();
   for (uint32_t s = 0; s < kNumSlots; ++s) {
     f.slots[s] = owners.ServerOfSlot(s) == me || (backups && map->backup[s] == me);
   }
-  const uint32_t parts = DenseServers();
+  const uint32_t parts = fence_.DenseServers();
   for (const auto& [id, t] : tables_) {
     if (t.spec.kind != TableKind::kDense) continue;
     for (uint32_t part = 0; part < parts; ++part) {
@@ -39,14 +39,14 @@ RowFilter ServerImpl::HeldRows(bool with_backups) {
 }
 
 std::shared_ptr<const RowFilter> ServerImpl::PrimaryRowsFilter() {
-  if (!options_.follow_cluster_map || CurrentMap() == nullptr) return nullptr;
+  if (!options_.follow_cluster_map || fence_.Current() == nullptr) return nullptr;
   return std::make_shared<const RowFilter>(HeldRows(false));
 }
 
 Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
   if (!options_.follow_cluster_map) return Status::OK();
   TESSERA_RETURN_IF_ERROR(CheckMapVersion(h, /*exempt_retries=*/false).WithContext(what));
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr) return Status::OK();
   for (uint32_t part = 0; part < map->dense_moving_from.size(); ++part) {
     if (map->dense_moving_from[part] != RoutingMap::kNoBackup &&
@@ -60,7 +60,7 @@ Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
   }
   if (map->importing.empty()) return Status::OK();
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    if (map->importing[slot] && !import_filled_[slot]) {
+    if (map->importing[slot] && !migration_.slot_filled(slot)) {
       return Status::FailedPrecondition(
           what + " at cluster map version " + std::to_string(map->version) + ": slot " +
           std::to_string(slot) + " is still being copied into server " +
@@ -72,7 +72,7 @@ Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
 }
 
 uint32_t ServerImpl::ClusterSize() {
-  const ClusterMapState* map = options_.follow_cluster_map ? CurrentMap() : nullptr;
+  const ClusterMapState* map = options_.follow_cluster_map ? fence_.Current() : nullptr;
   if (map == nullptr) return options_.num_servers;
   uint32_t n = 0;
   for (const std::string& a : map->addresses) n += a.empty() ? 0 : 1;
@@ -80,22 +80,22 @@ uint32_t ServerImpl::ClusterSize() {
 }
 
 void ServerImpl::AbortCut(const Status& why) {
-  if (!cut_) return;
-  ReplyError(std::move(cut_->request->identity), cut_->request->header, why);
-  cut_.reset();
-  Readmit(std::move(cut_parked_));
-  cut_parked_.clear();
+  std::optional<CutState> cut = cut_.Take();
+  if (!cut) return;
+  ReplyError(std::move(cut->request->identity), cut->request->header, why);
+  Readmit(cut_.TakeParked());
 }
 
 void ServerImpl::AbortCutOnMapChange() {
-  if (!cut_ || !options_.follow_cluster_map) return;
-  const ClusterMapState* map = CurrentMap();
+  const CutState* cut = cut_.state();
+  if (cut == nullptr || !options_.follow_cluster_map) return;
+  const ClusterMapState* map = fence_.Current();
   const uint64_t now = map == nullptr ? 0 : map->version;
-  if (now == cut_->map_version) return;
-  LOG(INFO) << "checkpoint at clock " << cut_->cut << " aborted: the cluster map changed from "
-            << cut_->map_version << " to " << now;
+  if (now == cut->map_version) return;
+  LOG(INFO) << "checkpoint at clock " << cut->cut << " aborted: the cluster map changed from "
+            << cut->map_version << " to " << now;
   AbortCut(Status::FailedPrecondition(
-      "the cluster map changed from version " + std::to_string(cut_->map_version) + " to " +
+      "the cluster map changed from version " + std::to_string(cut->map_version) + " to " +
       std::to_string(now) + " on server " + std::to_string(options_.rank) +
       " while the checkpoint waited for its cut; nothing was written: take it again"));
 }
@@ -103,8 +103,9 @@ void ServerImpl::AbortCutOnMapChange() {
 void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
   // The client sends a push refused by map version again once it has the right map, maybe
   // after the Clock that ends its step has arrived here: the cut could be taken without it.
-  if (!cut_ || !IsPush(h.op) || h.num_workers == 0 || h.clock > cut_->cut) return;
-  LOG(INFO) << "checkpoint at clock " << cut_->cut << " aborted: a push of clock " << h.clock
+  if (!cut_.Covers(h)) return;
+  LOG(INFO) << "checkpoint at clock " << cut_.state()->cut << " aborted: a push of clock "
+            << h.clock
             << " was refused by map version (" << h.map_version << ", server at " << version
             << ")";
   AbortCut(Status::FailedPrecondition(
@@ -112,17 +113,6 @@ void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
       " refused a push of clock " + std::to_string(h.clock) + " (map version " +
       std::to_string(h.map_version) + ", the server's " + std::to_string(version) +
       "), which its client sends again later; nothing was written: take it again"));
-}
-
-bool ServerImpl::CutWaitsForBackups(int64_t cut) const {
-  // A primary logs and applies a push only once its backups answered: a push of a step up to
-  // the cut still waiting for them is not in the lanes yet, though its worker may have moved
-  // its clock past the cut (Clock does not wait for the push's answer).
-  for (const ReplEntry& e : repl_queue_) {
-    const Header& h = e.p->header;
-    if (!e.failed && IsPush(h.op) && h.num_workers > 0 && h.clock <= cut) return true;
-  }
-  return false;
 }
 
 }  // namespace tessera::internal

@@ -79,25 +79,25 @@ Status DecodeDenseChunks(std::string_view data, const std::vector<DenseChunkRang
 }  // namespace
 
 bool ServerImpl::HeldForFill(const Pending& p) {
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr || map->filling.empty() || p.keys == nullptr) return false;
   for (uint64_t i = 0; i < p.header.count; ++i) {
     const uint32_t slot = SlotOfKey(p.keys[i]);
-    if (map->filling[slot] && !import_filled_[slot]) return true;
+    if (map->filling[slot] && !migration_.slot_filled(slot)) return true;
   }
   return false;
 }
 
 bool ServerImpl::DenseHeldForFill(uint32_t part) {
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   return map != nullptr && part < map->dense_filling.size() && map->dense_filling[part] &&
-         !(part < dense_filled_.size() && dense_filled_[part]);
+         !migration_.dense_filled(part);
 }
 
 Result<std::vector<uint32_t>> ServerImpl::RequestDenseParts(const Pending& p,
                                                             const ClusterMapState* map) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<uint32_t> parts, RequestSlots(p));
-  const uint32_t n = map != nullptr ? map->dense_servers : DenseServers();
+  const uint32_t n = map != nullptr ? map->dense_servers : fence_.DenseServers();
   for (uint32_t part : parts) {
     if (part >= n) {
       return Status::InvalidArgument("dense part " + std::to_string(part) + " is not below " +
@@ -135,7 +135,7 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   }
   // The chunks of those parts, as rows of their dense tables (key: the chunk index): value,
   // then optimizer state.
-  const auto list = TableList();
+  const auto list = tables_.List();
   std::string specs;
   for (const auto& [id, spec] : list) AppendSlotTable(&specs, id, spec);
   auto ranges = std::make_shared<const std::vector<DenseChunkRange>>(
@@ -165,7 +165,7 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
 }
 
 Status ServerImpl::CheckFillSlots(const std::vector<uint32_t>& slots) {
-  const ClusterMapState* map = CurrentMap();  // at least the request's version (CheckOwnership)
+  const ClusterMapState* map = fence_.Current();  // at least the request's version (CheckOwnership)
   for (uint32_t slot : slots) {
     if (map == nullptr || map->backup.empty() || map->backup[slot] == RoutingMap::kNoBackup) {
       return Status::FailedPrecondition(
@@ -186,7 +186,7 @@ void ServerImpl::ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version
   // the flip waits the same way: a push of a replicated map taken before the slots were given
   // up may still wait for a backup (of another of its slots), and reaches the lanes only then.
   Pending* raw = p.get();
-  std::atomic<uint64_t>* exported = &slot_rows_exported_;
+  std::atomic<uint64_t>* exported = &migration_.rows_exported;
   auto lane_scan = [raw, exported, scan = std::move(scan)](Lane& lane) -> Status {
     std::string out;
     uint64_t n = 0;
@@ -196,10 +196,9 @@ void ServerImpl::ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version
     raw->text[lane.index() + 1] = std::move(out);
     return Status::OK();
   };
-  waiting_exports_.push_back(
-      WaitingExport{version, [this, p, lane_scan = std::move(lane_scan)]() mutable {
-                      RunOnAllLanes(p, std::move(lane_scan), false);
-                    }});
+  migration_.WaitExport(version, [this, p, lane_scan = std::move(lane_scan)]() mutable {
+    RunOnAllLanes(p, std::move(lane_scan), false);
+  });
   RunWaitingExports();
 }
 
@@ -221,26 +220,24 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
     }
   }
   // Grown, never shrunk: the marks read back at start stay (the map's dense_servers is fixed).
-  if (dense_filled_.size() < map->dense_servers) dense_filled_.resize(map->dense_servers, false);
+  migration_.GrowDense(map->dense_servers);
   if (h.count == kImportDenseDone) {
-    for (uint32_t part : parts) dense_filled_[part] = true;
+    migration_.MarkDenseFilled(parts);
     // Kept across a restart, as for slots: a moved part's new primary takes pushes from now on.
     TESSERA_RETURN_IF_ERROR(PersistFilled());
     ReplyOk(std::move(p->identity), h);
-    std::vector<std::shared_ptr<Pending>> parked;
-    parked.swap(import_parked_);
-    Readmit(std::move(parked));  // a moved part's requests (those of other copies park again)
+    Readmit(migration_.TakeParked());  // a moved part's requests (those of other copies park again)
     ReadmitReplicas();  // the forwarded pushes held for the parts, in order
     return Status::OK();
   }
   for (uint32_t part : parts) {
-    if (dense_filled_[part]) {
+    if (migration_.dense_filled(part)) {
       return Status::AlreadyExists("dense part " + std::to_string(part) +
                                    " was marked in on server " + std::to_string(options_.rank) +
                                    " already (it applies pushes): its chunks are not replaced");
     }
   }
-  const auto ranges = DensePartChunks(TableList(), parts, map->dense_servers);
+  const auto ranges = DensePartChunks(tables_.List(), parts, map->dense_servers);
   const uint32_t nl = static_cast<uint32_t>(lanes_.size());
   auto plan = std::make_shared<std::vector<RowBatch>>(nl);
   uint64_t rows = 0;
@@ -248,7 +245,8 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   TESSERA_RETURN_IF_ERROR(DecodeDenseChunks(
       std::string_view(static_cast<const char*>(frame.data()), frame.size()), ranges, nl,
       [&](uint64_t id, const TableSpec& spec) -> Status {
-        TESSERA_ASSIGN_OR_RETURN(bool exists, SameTableExists(id, spec, "than the copied chunks'"));
+        TESSERA_ASSIGN_OR_RETURN(bool exists,
+                                 tables_.SameExists(id, spec, "than the copied chunks'"));
         if (!exists && spec.kind == TableKind::kDense) {
           return Status::FailedPrecondition("dense table '" + spec.name +
                                             "' of the copied chunks is not on server " +
@@ -261,7 +259,7 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
         return t == tables_.end() ? nullptr : &t->second.spec;
       },
       plan.get(), &rows));
-  slot_rows_imported_.fetch_add(rows, std::memory_order_relaxed);
+  migration_.rows_imported.fetch_add(rows, std::memory_order_relaxed);
   std::vector<LanePart> lane_parts;
   for (uint32_t l = 0; l < nl; ++l) {
     lane_parts.push_back(LanePart{l, [plan, l](Lane& lane) -> Status {
@@ -280,12 +278,7 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
 }
 
 void ServerImpl::RunWaitingExports() {
-  while (!waiting_exports_.empty() &&
-         (repl_queue_.empty() || repl_queue_.front().version >= waiting_exports_.front().version)) {
-    WaitingExport e = std::move(waiting_exports_.front());
-    waiting_exports_.pop_front();
-    e.run();
-  }
+  migration_.RunExports([this](uint64_t version) { return repl_.queue.HoldsOlderThan(version); });
 }
 
 }  // namespace tessera::internal

@@ -39,6 +39,23 @@ Status CheckLrScale(float scale) {
 
 }  // namespace
 
+bool ServerImpl::IsRetriedPush(const Header& h) const {
+  return IsPush(h.op) && h.client_id != 0 &&
+         dedup_.Check(h.client_id, h.client_seq) != PushDedup::Verdict::kNew;
+}
+
+Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
+  uint64_t mine = 0;
+  if (fence_.Matches(h, &mine)) return Status::OK();
+  // A retry of a push this server already took applies nothing again: it is answered as a
+  // retry (AnsweredAsRetry) at any version, so that a client resending it after a lost reply
+  // does not send it again elsewhere under a new sequence number.
+  if (exempt_retries && IsRetriedPush(h)) return Status::OK();
+  Status refused = fence_.Refuse(h, mine);
+  AbortCutForRefusedPush(h, mine);
+  return refused;
+}
+
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                           bool writes, uint64_t seq, bool may_inline) {
   FlushStaged();  // pushes staged earlier reach the lanes first
@@ -82,7 +99,7 @@ Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
     case PushDedup::Verdict::kApplied:
       break;
   }
-  ++retried_pushes_;
+  ++counts_.retried_pushes;
   if (h.op != Op::kSparsePushPull) {
     ReplyOk(std::move(p->identity), h);
     return true;
@@ -156,60 +173,40 @@ void ServerImpl::GiveBackSeq(const Header& h, bool resend) {
 }
 
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
-  if (HeldBehindClient(p)) return true;
-  if (ParkedByCut(p) || ParkedByImport(p)) return true;
-  if (consistency_.AdmitOrPark(p)) return false;
-  NoteParked(*p);
+  // The gates in order, each asking one component; the first that keeps `p` parks or holds
+  // it, and Readmit sends it through all of them again.
+  using Gate = bool (ServerImpl::*)(const std::shared_ptr<Pending>&);
+  static constexpr Gate kGates[] = {
+      &ServerImpl::HeldBehindClient,   // PushOrder: behind a parked push of its client
+      &ServerImpl::ParkedByCut,        // CheckpointCut: a push of a step after the cut
+      &ServerImpl::ParkedByImport,     // a slot or dense part whose rows are being copied in
+      &ServerImpl::ParkedByStaleness,  // Consistency: a read ahead of the staleness bound
+  };
+  for (Gate gate : kGates) {
+    if ((this->*gate)(p)) return true;
+  }
+  return false;
+}
+
+bool ServerImpl::ParkedByCut(const std::shared_ptr<Pending>& p) {
+  if (!cut_.Park(p)) return false;
+  push_order_.NoteParked(*p);
   return true;
 }
 
-namespace {
-// A push whose place in its client's sequence counts (PushDedup): not a primary's forwarded
-// copy (its primary orders those), not the pull left of a push-pull applied already.
-bool OrderedPush(const Pending& p) {
-  const Header& h = p.header;
-  return IsPush(h.op) && h.client_id != 0 && h.replica_from == 0 && !p.admitted_as_retry;
-}
-}  // namespace
-
-void ServerImpl::NoteParked(Pending& p) {
-  if (!OrderedPush(p) || p.order_parked) return;
-  p.order_parked = true;
-  ++client_order_[p.header.client_id].parked;
-}
-
-bool ServerImpl::Unpark(Pending& p) {
-  if (!p.order_parked) return false;
-  p.order_parked = false;
-  auto it = client_order_.find(p.header.client_id);
-  return it != client_order_.end() && --it->second.parked == 0;
+bool ServerImpl::ParkedByStaleness(const std::shared_ptr<Pending>& p) {
+  if (consistency_.AdmitOrPark(p)) return false;
+  push_order_.NoteParked(*p);
+  return true;
 }
 
 bool ServerImpl::HeldBehindClient(const std::shared_ptr<Pending>& p) {
-  if (!OrderedPush(*p)) return false;
-  const Header& h = p->header;
-  auto it = client_order_.find(h.client_id);
-  if (it == client_order_.end() || it->second.parked == 0) return false;
-  // No bound of its own: a held push keeps its admission slot, so --max_in_flight_per_peer
-  // bounds them (a refusal here would give back a number below others taken since).
-  std::deque<std::shared_ptr<Pending>>& held = it->second.held;
-  // In sequence order (a readmitted push may come back behind later ones).
-  auto at = std::upper_bound(held.begin(), held.end(), h.client_seq,
-                             [](uint64_t seq, const std::shared_ptr<Pending>& q) {
-                               return seq < q->header.client_seq;
-                             });
-  held.insert(at, p);
-  ++held_behind_now_;
-  ++held_behind_total_;
-  return true;
+  return push_order_.Hold(p);
 }
 
 void ServerImpl::ReleaseHeld(uint64_t client, const Status* refused) {
-  auto it = client_order_.find(client);
-  if (it == client_order_.end() || it->second.parked > 0) return;
-  std::deque<std::shared_ptr<Pending>> held = std::move(it->second.held);
-  client_order_.erase(it);
-  held_behind_now_ -= held.size();
+  std::deque<std::shared_ptr<Pending>> held = push_order_.Release(client);
+  if (held.empty()) return;
   if (refused == nullptr) {
     Readmit(std::vector<std::shared_ptr<Pending>>(std::make_move_iterator(held.begin()),
                                                   std::make_move_iterator(held.end())));
@@ -231,7 +228,8 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   // Taken before an earlier push of its client was refused for a resend: it waits for that
   // one (PushDedup::kBlocked), or its logging would hide the refused one.
-  if (OrderedPush(*p) && dedup_.Check(h.client_id, h.client_seq) == PushDedup::Verdict::kBlocked) {
+  if (PushOrder::Ordered(*p) &&
+      dedup_.Check(h.client_id, h.client_seq) == PushDedup::Verdict::kBlocked) {
     return Status::Unavailable("an earlier push of this client was refused and has not been "
                                "sent again yet; nothing of push " +
                                std::to_string(h.client_seq) + " was applied, retry");
@@ -251,7 +249,7 @@ Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
 
 Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kSparse));
+  TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, tables_.Find(h, TableKind::kSparse, options_.rank));
   const uint32_t dim = t->spec.dim;
   if (h.dim != dim) {
     return Status::InvalidArgument("table '" + t->spec.name + "' has dim " + std::to_string(dim) +
@@ -273,8 +271,8 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   // Split by lane; refuse keys this server does not own (a stale slot map): under the cluster
   // map it follows, else the static one. A retry of a push taken already is not checked: it
   // is answered as a retry (AnsweredAsRetry) and applies nothing.
-  const ClusterMapState* map = CurrentMap();
-  const SlotMap* owners = &Owners();
+  const ClusterMapState* map = fence_.Current();
+  const SlotMap* owners = &fence_.Owners();
   // A push its primary forwards is checked against the slots' primary and backup instead
   // (a retry of one applies nothing: AnsweredAsRetry answers it).
   const bool retried = IsRetriedPush(h);
@@ -296,7 +294,7 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
     if (map == nullptr) {
       return Status::FailedPrecondition(what + ", not server " + std::to_string(options_.rank));
     }
-    ++stale_map_refusals_;
+    fence_.CountRefusal();
     return Status::FailedPrecondition("stale cluster map: " + what + " at map version " +
                                       std::to_string(map->version) + ", not server " +
                                       std::to_string(options_.rank) +
@@ -324,13 +322,13 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
   if (pull) {
     p->out = MessagePool::Shared().Message(h.count * dim * sizeof(float));
     p->has_out = true;
-    ++pulls_;
-    pull_keys_ += h.count;
+    ++counts_.pulls;
+    counts_.pull_keys += h.count;
   }
   if (push) {
-    ++pushes_;
-    push_keys_ += h.count;
-    if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
+    ++counts_.pushes;
+    counts_.push_keys += h.count;
+    cut_.NotePush(h);
   }
   const uint64_t table_id = h.table_id;
   const float lr_scale = h.lr_scale;
@@ -339,32 +337,9 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
   for (uint32_t l = 0; l < by_lane.size(); ++l) {
     if (by_lane[l].empty()) continue;
     auto idx = std::make_shared<std::vector<uint32_t>>(std::move(by_lane[l]));
-    parts.push_back(LanePart{l, [raw, idx, table_id, dim, push, pull,
-                                 lr_scale](Lane& lane) -> Status {
-                               const size_t n = idx->size();
-                               std::vector<uint64_t>& keys = lane.scratch_keys;
-                               keys.resize(n);
-                               for (size_t i = 0; i < n; ++i) keys[i] = raw->keys[(*idx)[i]];
-                               if (push) {
-                                 std::vector<const float*>& grads = lane.scratch_grads;
-                                 grads.resize(n);
-                                 for (size_t i = 0; i < n; ++i) {
-                                   grads[i] = raw->values + size_t{(*idx)[i]} * dim;
-                                 }
-                                 ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
-                                 TESSERA_RETURN_IF_ERROR(
-                                     lane.store().Apply(table_id, keys, grads, ctx));
-                               }
-                               if (pull) {
-                                 std::vector<float*>& outs = lane.scratch_outs;
-                                 outs.resize(n);
-                                 float* base = static_cast<float*>(raw->out.data());
-                                 for (size_t i = 0; i < n; ++i) {
-                                   outs[i] = base + size_t{(*idx)[i]} * dim;
-                                 }
-                                 TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
-                               }
-                               return Status::OK();
+    parts.push_back(LanePart{l, [raw, idx, table_id, dim, push, pull, lr_scale](Lane& lane) {
+                               return RunSparsePart(lane, *raw, *idx, table_id, dim, push, pull,
+                                                    lr_scale);
                              }});
   }
   SubmitParts(p, std::move(parts), push, h.count * dim <= kInlineMaxFloats);
@@ -373,7 +348,7 @@ Status ServerImpl::SubmitSparse(const std::shared_ptr<Pending>& p, KeySplit by_l
 
 Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, FindTable(h, TableKind::kDense));
+  TESSERA_ASSIGN_OR_RETURN(const TableInfo* t, tables_.Find(h, TableKind::kDense, options_.rank));
   const bool push = h.op == Op::kDensePush;
   TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, 1, false));
   if (h.count == 0) return Status::InvalidArgument("dense range of zero elements");
@@ -391,10 +366,11 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
       if (DenseHeldForFill(part)) return HoldForFill(p);  // as a sparse one (Sparse)
     }
   } else {
-    const ClusterMapState* map = CurrentMap();
+    const ClusterMapState* map = fence_.Current();
     const uint32_t owner = map != nullptr ? map->DenseOwner(part) : part;
     if (owner != options_.rank && !IsRetriedPush(h)) {
-      const DenseRange r = DenseRangeOfServer(h.table_id, t->spec.length, part, DenseServers());
+      const DenseRange r =
+          DenseRangeOfServer(h.table_id, t->spec.length, part, fence_.DenseServers());
       return Status::FailedPrecondition(
           std::string(map != nullptr ? "stale cluster map: " : "") + "dense range [" +
           std::to_string(h.offset) + ", " + std::to_string(h.offset + h.count) + ") of table '" +
@@ -427,10 +403,10 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   if (!push) {
     p->out = MessagePool::Shared().Message(h.count * sizeof(float));
     p->has_out = true;
-    ++pulls_;
+    ++counts_.pulls;
   } else {
-    ++pushes_;
-    if (h.num_workers > 0) max_push_clock_ = std::max(max_push_clock_, h.clock);
+    ++counts_.pushes;
+    cut_.NotePush(h);
   }
   DenseSplit by_lane =
       SplitDenseByLane(h.table_id, h.offset, h.count, static_cast<uint32_t>(lanes_.size()));
@@ -441,21 +417,9 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   for (uint32_t l = 0; l < by_lane.size(); ++l) {
     if (by_lane[l].empty()) continue;
     auto segs = std::make_shared<std::vector<DenseSegment>>(std::move(by_lane[l]));
-    parts.push_back(
-        LanePart{l, [raw, segs, table_id, push, lr_scale](Lane& lane) -> Status {
-                   ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
-                   for (const DenseSegment& s : *segs) {
-                     if (push) {
-                       TESSERA_RETURN_IF_ERROR(lane.store().DenseApply(
-                           table_id, s.chunk, s.begin, s.end, raw->values + s.pos, ctx));
-                     } else {
-                       float* out = static_cast<float*>(raw->out.data()) + s.pos;
-                       TESSERA_RETURN_IF_ERROR(
-                           lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));
-                     }
-                   }
-                   return Status::OK();
-                 }});
+    parts.push_back(LanePart{l, [raw, segs, table_id, push, lr_scale](Lane& lane) {
+                               return RunDensePart(lane, *raw, *segs, table_id, push, lr_scale);
+                             }});
   }
   SubmitParts(p, std::move(parts), push, h.count <= kInlineMaxDenseFloats);
   return Status::OK();

@@ -26,10 +26,10 @@ Status ServerImpl::ConfigureRouterBounds() {
                          ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
     return Status::Internal("zmq_socket_monitor on the server socket failed");
   }
-  router_monitor_.set(zmq::sockopt::linger, 0);
-  router_monitor_.connect(mon);
+  edge_.monitor.set(zmq::sockopt::linger, 0);
+  edge_.monitor.connect(mon);
   if (!options_.admin_root.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(admin_root_, CanonicalAdminRoot(options_.admin_root));
+    TESSERA_ASSIGN_OR_RETURN(edge_.admin_root, CanonicalAdminRoot(options_.admin_root));
   }
   return Status::OK();
 }
@@ -39,7 +39,7 @@ void ServerImpl::DrainRouterEvents() {
     std::vector<zmq::message_t> parts;
     std::optional<size_t> got;
     try {
-      got = zmq::recv_multipart(router_monitor_, std::back_inserter(parts),
+      got = zmq::recv_multipart(edge_.monitor, std::back_inserter(parts),
                                 zmq::recv_flags::dontwait);
     } catch (const zmq::error_t&) {
       return;
@@ -51,28 +51,28 @@ void ServerImpl::DrainRouterEvents() {
     std::memcpy(&event, parts[0].data(), sizeof(event));
     std::memcpy(&fd, static_cast<const char*>(parts[0].data()) + 2, sizeof(fd));
     if (event == ZMQ_EVENT_ACCEPTED) {
-      connections_.Accepted(static_cast<int>(fd));
-      if (!connections_.admitted(static_cast<int>(fd))) {
-        ++refused_connections_;
-        LOG_EVERY_N(WARNING, 100) << "connection refused: " << connections_.open()
-                                  << " open, --max_connections=" << connections_.max_connections();
+      edge_.connections.Accepted(static_cast<int>(fd));
+      if (!edge_.connections.admitted(static_cast<int>(fd))) {
+        ++counts_.refused_connections;
+        LOG_EVERY_N(WARNING, 100) << "connection refused: " << edge_.connections.open()
+                                  << " open, --max_connections=" << edge_.connections.max_connections();
       }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      connections_.Closed(static_cast<int>(fd));
+      edge_.connections.Closed(static_cast<int>(fd));
     }
   }
 }
 
 bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
-  if (fd >= 0 && !connections_.admitted(fd)) {
+  if (fd >= 0 && !edge_.connections.admitted(fd)) {
     DrainRouterEvents();  // the monitor may not have told us about closed ones yet
   }
-  if (fd >= 0 && !connections_.admitted(fd)) {
+  if (fd >= 0 && !edge_.connections.admitted(fd)) {
     ReplyError(std::move(p->identity), p->header,
                Status::ResourceExhausted(
                    "server " + std::to_string(options_.rank) + " refuses the connection: " +
-                   std::to_string(connections_.open()) + " connections are open and its limit " +
-                   "(--max_connections) is " + std::to_string(connections_.max_connections())));
+                   std::to_string(edge_.connections.open()) + " connections are open and its limit " +
+                   "(--max_connections) is " + std::to_string(edge_.connections.max_connections())));
     return false;
   }
   Status s = ValidateRequestLimits(p->header);
@@ -93,7 +93,7 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
   }
   const std::string_view peer(static_cast<const char*>(p->identity.data()), p->identity.size());
   const auto now = std::chrono::steady_clock::now();
-  if (peers_.stalled(peer)) {
+  if (edge_.peers.stalled(peer)) {
     // Its replies were not read: refuse without serving. Queuing the refusal succeeds once
     // the client reads again; until then its requests are dropped unanswered.
     const std::string id(peer);
@@ -101,9 +101,9 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
                    Status::ResourceExhausted(
                        "replies to this client were not read (the server's send queue for it "
                        "reached --send_hwm): request refused, read the replies"))) {
-      peers_.ClearStalled(id);
+      edge_.peers.ClearStalled(id);
     } else {
-      ++throttled_requests_;
+      ++counts_.throttled_requests;
     }
     return false;
   }
@@ -111,7 +111,7 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
   // (and the pushes of their clients held behind them), which keep their slots meanwhile: it
   // takes no slot, so that a peer at its limit can still move the gate.
   if (p->header.op == Op::kClock) return true;
-  auto slot = peers_.Admit(peer, now);
+  auto slot = edge_.peers.Admit(peer, now);
   if (!slot.ok()) {
     ReplyError(std::move(p->identity), p->header, slot.status());
     return false;
@@ -121,12 +121,12 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
 }
 
 Result<std::string> ServerImpl::AdminPath(std::string_view name) const {
-  if (admin_root_.empty()) {
+  if (edge_.admin_root.empty()) {
     return Status::FailedPrecondition(
         "checkpoint, restore and export are disabled on server " + std::to_string(options_.rank) +
         ": start it with --admin_root=DIR (directories are then named relative to DIR)");
   }
-  return ResolveAdminPath(admin_root_, name);
+  return ResolveAdminPath(edge_.admin_root, name);
 }
 
 }  // namespace tessera::internal

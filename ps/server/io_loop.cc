@@ -1,15 +1,12 @@
 // The I/O thread: receives requests, validates their envelopes, dispatches them by op,
-// forwards the lanes' replies; the small ops that need no lane split (tables, meta, stats,
-// clocks, barriers).
+// forwards the lanes' replies, and sends parked requests through the gates again (Readmit).
+// The small control ops (tables, meta, stats, clocks, barriers) are in control_ops.cc.
 #include <glog/logging.h>
 
 #include <cerrno>
-#include <sstream>
 #include <vector>
 #include <zmq_addon.hpp>
 
-#include "ps/limits.h"
-#include "ps/optimizer.h"
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
@@ -55,7 +52,7 @@ void ServerImpl::IoLoop() {
   bool more = false;  // the ROUTER or a link has messages that no descriptor may signal
   bool look_at_all = false;  // read every socket this round
   auto next_maintenance = std::chrono::steady_clock::now();
-  while (!stop_.load(std::memory_order_relaxed)) {
+  while (!io_.stop.load(std::memory_order_relaxed)) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_maintenance) {
       next_maintenance = now + std::chrono::milliseconds(options_.maintenance_interval_ms);
@@ -64,20 +61,19 @@ void ServerImpl::IoLoop() {
       // taken the signal of a message that arrived since the last round's checks.
       look_at_all = true;
     }
-    if (poll_items_dirty_) {
-      poll_items_dirty_ = false;
+    if (repl_.links.TakeChanged()) {
       items.clear();
-      for (zmq::socket_t* s : {&router_, &replies_, &router_monitor_}) {
+      for (zmq::socket_t* s : {&router_, &replies_, &edge_.monitor}) {
         items.push_back({nullptr, s->get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
       }
-      for (auto& [server, link] : backup_links_) {
+      for (auto& [server, link] : repl_.links.links()) {
         items.push_back({nullptr, link.dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
       }
       look_at_all = true;
     }
     // While pushes wait for backups, poll often enough to send again what was not answered.
     const auto wait = more || look_at_all    ? std::chrono::milliseconds(0)
-                      : repl_waiting_.empty() ? std::chrono::milliseconds(100)
+                      : repl_.queue.waiting() == 0 ? std::chrono::milliseconds(100)
                                               : std::chrono::milliseconds(20);
     try {
       // A wait that times out reads every socket too: were a signal ever missed, a message
@@ -93,16 +89,16 @@ void ServerImpl::IoLoop() {
     }
     if (items[1].revents & ZMQ_POLLIN) ForwardReplies();
     if (items[2].revents & ZMQ_POLLIN) DrainRouterEvents();  // before the requests they admit
-    if (!backup_links_.empty()) {
+    if (!repl_.links.empty()) {
       DrainBackupReplies();  // answers free the queue before new requests join it
     }
     // Also without links: a piece no link took is sent again, or failed once orphaned.
     ResendReplication();
     if (more || (items[0].revents & ZMQ_POLLIN)) ReceiveBurst();
-    if (map_changed_) OnMapChanged();
+    if (fence_.changed()) OnMapChanged();
     FlushStaged();  // pushes readmitted outside a burst
     more = Readable(router_);
-    for (auto& [server, link] : backup_links_) more = more || Readable(link.dealer);
+    for (auto& [server, link] : repl_.links.links()) more = more || Readable(link.dealer);
   }
 }
 
@@ -117,17 +113,17 @@ void ServerImpl::ReceiveBurst() {
 }
 
 void ServerImpl::Maintain() {
-  (void)CurrentMap();  // notices a new map while no request comes (OnMapChanged)
-  if (map_changed_) OnMapChanged();
-  if (!import_parked_.empty()) ExpireImportParked();
-  if (!replica_parked_.empty()) ReadmitReplicas();
+  (void)fence_.Current();  // notices a new map while no request comes (OnMapChanged)
+  if (fence_.changed()) OnMapChanged();
+  if (migration_.parked_now() > 0) ExpireImportParked();
+  if (!repl_.park.empty()) ReadmitReplicas();
   CloseUnusedLinks();
   FlushStaged();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
   uint64_t upto = log_->last_seq();
   for (auto& l : lanes_) upto = std::min(upto, l->committed_seq());
   log_->TruncateTo(upto);
-  peers_.Sweep(std::chrono::steady_clock::now() - std::chrono::seconds(60));
+  edge_.peers.Sweep(std::chrono::steady_clock::now() - std::chrono::seconds(60));
   auto p = std::make_shared<Pending>();
   p->silent = true;
   // Every push logged so far is queued ahead of this task on each lane (lanes run in order),
@@ -151,33 +147,26 @@ void ServerImpl::Maintain() {
   PublishIoMetrics();
 }
 
-std::vector<std::pair<uint64_t, std::string>> ServerImpl::TableNames() const {
-  std::vector<std::pair<uint64_t, std::string>> out;
-  out.reserve(tables_.size());
-  for (const auto& [id, t] : tables_) out.emplace_back(id, t.spec.name);
-  return out;
-}
-
 void ServerImpl::PublishIoMetrics() {
   const uint32_t job_workers = consistency_.job_workers();
   metrics_->PublishIo({
       .tables = tables_.size(),
-      .connections = connections_.open(),
+      .connections = edge_.connections.open(),
       .parked = consistency_.parked_now(),
-      .stalled_peers = peers_.stalled_count(),
+      .stalled_peers = edge_.peers.stalled_count(),
       .min_clock = job_workers ? consistency_.MinClock(job_workers) : 0,
       .max_clock = consistency_.MaxClock(),
-      .max_push_clock = max_push_clock_,
+      .max_push_clock = cut_.max_push_clock(),
       .log_last_seq = log_->last_seq(),
       .log_truncated_to = log_->truncated(),
-      .refused_connections = refused_connections_,
-      .dropped_replies = dropped_replies_,
-      .throttled_requests = throttled_requests_,
-      .retried_pushes = retried_pushes_,
-      .push_keys = push_keys_,
-      .pull_keys = pull_keys_,
-      .checkpoint_pending = cut_.has_value(),
-      .table_names = TableNames(),
+      .refused_connections = counts_.refused_connections,
+      .dropped_replies = counts_.dropped_replies,
+      .throttled_requests = counts_.throttled_requests,
+      .retried_pushes = counts_.retried_pushes,
+      .push_keys = counts_.push_keys,
+      .pull_keys = counts_.pull_keys,
+      .checkpoint_pending = cut_.pending(),
+      .table_names = tables_.Names(),
       .engine = engine_->EngineStats(),
   });
 }
@@ -192,8 +181,8 @@ bool ServerImpl::SendToPeer(std::vector<zmq::message_t>& parts) {
   try {
     if (zmq::send_multipart(router_, parts, zmq::send_flags::dontwait)) return true;
     // Its send queue is at --send_hwm: the peer does not read its replies (edge_ops.cc).
-    ++dropped_replies_;
-    peers_.MarkStalled(parts[0].to_string_view(), std::chrono::steady_clock::now());
+    ++counts_.dropped_replies;
+    edge_.peers.MarkStalled(parts[0].to_string_view(), std::chrono::steady_clock::now());
   } catch (const zmq::error_t& e) {
     // The peer is gone: nothing else to tell it.
     VLOG(1) << "dropping reply: " << e.what();
@@ -202,7 +191,7 @@ bool ServerImpl::SendToPeer(std::vector<zmq::message_t>& parts) {
 }
 
 bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const Status& s) {
-  ++errors_;
+  ++counts_.errors;
   Header h;
   h.request_id = req.request_id;
   // Echo the op only when it is one this build knows (the reply must decode on the peer).
@@ -210,7 +199,7 @@ bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const St
   h.table_id = req.table_id;
   h.status = s.code() == StatusCode::kOk ? StatusCode::kInternal : s.code();
   h.message = s.message();
-  h.map_version = ReplyMapVersion();  // a client told its map is stale learns the server's
+  h.map_version = fence_.ReplyVersion();  // a client told its map is stale learns the server's
   std::string env;
   EncodeHeader(h, &env);
   NoteInlineReply(req, false, env.size());
@@ -247,7 +236,7 @@ void ServerImpl::ReplyOk(zmq::message_t identity, const Header& req, Header h,
 }
 
 void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
-  ++requests_;
+  ++counts_.requests;
   if (parts.size() < 2) return;  // ROUTER always adds the identity; nothing to answer.
   auto p = std::make_shared<Pending>();
   p->received = std::chrono::steady_clock::now();
@@ -282,8 +271,8 @@ void ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
 void ServerImpl::NoteDroppedReply(Pending& p) {
   // Replies via SendToPeer (errors, lanes' replies) are noted there.
   if (!p.reply_dropped.exchange(false, std::memory_order_relaxed)) return;
-  ++dropped_replies_;
-  peers_.MarkStalled(p.identity.to_string_view(), std::chrono::steady_clock::now());
+  ++counts_.dropped_replies;
+  edge_.peers.MarkStalled(p.identity.to_string_view(), std::chrono::steady_clock::now());
 }
 
 Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
@@ -355,22 +344,6 @@ Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   return s;
 }
 
-Result<const ServerImpl::TableInfo*> ServerImpl::FindTable(const Header& h, TableKind kind) {
-  auto it = tables_.find(h.table_id);
-  if (it == tables_.end()) {
-    return Status::NotFound("unknown table id " + std::to_string(h.table_id) + " on server " +
-                            std::to_string(options_.rank));
-  }
-  if (it->second.spec.kind != kind) {
-    return Status::InvalidArgument(
-        "table '" + it->second.spec.name + "' is " +
-        (it->second.spec.kind == TableKind::kSparse ? "sparse" : "dense") + ", op " +
-        std::string(OpName(h.op)) + " needs a " +
-        (kind == TableKind::kSparse ? "sparse" : "dense") + " table");
-  }
-  return &it->second;
-}
-
 Status ServerImpl::ExpectFrames(const Pending& p, size_t n) {
   if (p.frames.size() != n) {
     return Status::InvalidArgument(std::string(OpName(p.header.op)) + " expects " +
@@ -391,199 +364,12 @@ Status ServerImpl::CheckBudget(uint64_t count, uint64_t floats_per_item, bool wi
   return Status::OK();
 }
 
-Status ServerImpl::CreateTable(const std::shared_ptr<Pending>& p) {
-  if (!p->header.spec) return Status::InvalidArgument("CreateTable without a spec");
-  const TableSpec& spec = *p->header.spec;
-  TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
-  const uint64_t id = TableIdForName(spec.name);
-  TESSERA_ASSIGN_OR_RETURN(bool known, SameTableExists(id, spec, "(existing vs requested)"));
-  if (known) {
-    Header r;
-    r.table_id = id;
-    r.spec = spec;
-    ReplyOk(std::move(p->identity), p->header, r);
-    return Status::OK();
-  }
-  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
-  AddTableInfo(id, spec);
-  p->header.table_id = id;
-  RunOnAllLanes(
-      p, [id, spec](Lane& lane) { return lane.store().AddTable(id, spec); }, false);
-  return Status::OK();
-}
-
-Result<bool> ServerImpl::SameTableExists(uint64_t id, const TableSpec& spec,
-                                         const char* compared) {
-  auto it = tables_.find(id);
-  if (it == tables_.end()) return false;
-  std::string diff = DescribeSpecDifference(it->second.spec, spec);
-  if (!diff.empty()) {
-    return Status::AlreadyExists("table '" + spec.name + "' exists with another spec " +
-                                 compared + ": " + diff);
-  }
-  return true;
-}
-
-Status ServerImpl::GetTable(const std::shared_ptr<Pending>& p) {
-  auto it = names_.find(p->header.name);
-  if (it == names_.end()) return Status::NotFound("no table named '" + p->header.name + "'");
-  Header r;
-  r.table_id = it->second;
-  r.spec = tables_.at(it->second).spec;
-  Header req = p->header;
-  req.table_id = it->second;
-  ReplyOk(std::move(p->identity), req, r);
-  return Status::OK();
-}
-
-Status ServerImpl::MetaOp(const std::shared_ptr<Pending>& p) {
-  const Header& h = p->header;
-  if (h.name.empty() || h.name.size() > 1024) {
-    return Status::InvalidArgument("meta name must have 1..1024 bytes");
-  }
-  const std::string key = "user/" + h.name;
-  if (h.op == Op::kPutMeta) {
-    TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
-    if (p->frames[0].size() > (1 << 20)) {
-      return Status::ResourceExhausted("meta records are limited to 1 MiB");
-    }
-    TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, p->frames[0].to_string_view()));
-    meta_written_.insert(key);  // newer than a copy a joining server may still get (SlotImport)
-    ReplyOk(std::move(p->identity), h);
-    return Status::OK();
-  }
-  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> v, engine_->GetMeta(key));
-  Header r;
-  r.elem_type = ElemType::kBytes;
-  r.count = v ? 1 : 0;
-  ReplyOk(std::move(p->identity), h, r, v ? &*v : nullptr);
-  return Status::OK();
-}
-
-namespace {
-// One "table NAME id=... kind=... dim=|length=... optimizer=... lr=..." line per table (Stats).
-template <typename Tables>  // ServerImpl::tables_
-void AppendTableLines(const Tables& tables, std::ostream& s) {
-  for (auto& [id, t] : tables) {
-    s << "table " << t.spec.name << " id=" << id
-      << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
-      << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
-      << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
-      << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
-      << " lr=" << t.spec.optimizer.learning_rate << "\n";
-  }
-}
-}  // namespace
-
-Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
-  const uint32_t job_workers = consistency_.job_workers();
-  std::ostringstream s;
-  s << "rank " << options_.rank << "\n"
-    << "num_servers " << options_.num_servers << "\n"
-    << "lanes " << lanes_.size() << "\n"
-    << "tables " << tables_.size() << "\n"
-    << "requests " << requests_ << "\n"
-    << "errors " << errors_ << "\n"
-    << "pushes " << pushes_ << "\n"
-    << "retried_pushes " << retried_pushes_ << "\n"
-    << "map_version " << ReplyMapVersion() << "\n"
-    << "stale_map_refusals " << stale_map_refusals_ << "\n"
-    << "slot_rows_exported " << slot_rows_exported_.load() << "\n"
-    << "slot_rows_imported " << slot_rows_imported_.load() << "\n"
-    << "slot_rows_deleted " << slot_rows_dropped_.load() << "\n"
-    << "import_parked_now " << import_parked_.size() << "\n"
-    << "import_parked_total " << import_parked_total_ << "\n"
-    << "held_behind_parked_now " << held_behind_now_ << "\n"
-    << "held_behind_parked_total " << held_behind_total_ << "\n"
-    << "replicated_pushes " << replicated_pushes_ << "\n"
-    << "replication_waiting " << repl_waiting_.size() << "\n"
-    << "failed_replications " << failed_replications_ << "\n"
-    << "fenced_replicas " << fenced_replicas_ << "\n"
-    << "fill_held_total " << fill_held_total_ << "\n"
-    << "replica_parked_now " << replica_parked_.size() << "\n"
-    << "replica_resends_dropped " << replica_resends_dropped_ << "\n"
-    << "fill_exports_waiting " << waiting_exports_.size() << "\n"
-    << "barrier_waiters " << consistency_.barrier_waiters() << "\n"
-    << "log_last_seq " << log_->last_seq() << "\n"
-    << "log_truncated_to " << log_->truncated() << "\n"
-    << "push_keys " << push_keys_ << "\n"
-    << "pulls " << pulls_ << "\n"
-    << "pull_keys " << pull_keys_ << "\n"
-    << "parked_now " << consistency_.parked_now() << "\n"
-    << "parked_total " << consistency_.parked_total() << "\n"
-    << "job_workers " << job_workers << "\n"
-    << "min_clock " << (job_workers ? consistency_.MinClock(job_workers) : 0) << "\n"
-    << "max_clock " << consistency_.MaxClock() << "\n"
-    << "max_push_clock " << max_push_clock_ << "\n"
-    << "checkpoint_pending " << (cut_ ? 1 : 0) << "\n"
-    << "connections " << connections_.open() << "\n"
-    << "refused_connections " << refused_connections_ << "\n"
-    << "stalled_peers " << peers_.stalled_count() << "\n"
-    << "dropped_replies " << dropped_replies_ << "\n"
-    << "throttled_requests " << throttled_requests_ << "\n";
-  for (const auto& [name, value] : engine_->EngineStats()) s << name << " " << value << "\n";
-  s << metrics_->StatsLines();
-  AppendTableLines(tables_, s);
-  p->text.assign(lanes_.size() + 1, std::string());
-  p->text[0] = s.str();
-  Pending* raw = p.get();
-  RunOnAllLanes(
-      p,
-      [raw](Lane& lane) {
-        StoreStats st = lane.store().stats();
-        std::ostringstream o;
-        const std::string l = "lane" + std::to_string(lane.index()) + "_";
-        o << l << "rows_in_memory " << st.rows_in_memory << "\n"
-          << l << "bytes_in_memory " << st.bytes_in_memory << "\n"
-          << l << "lookups " << st.lookups << "\n"
-          << l << "memory_hits " << st.memory_hits << "\n"
-          << l << "applies " << st.applies << "\n"
-          << l << "evicted_rows " << st.evicted_rows << "\n"
-          << l << "disk_reads " << st.disk_reads << "\n"
-          << l << "write_backs " << st.commits << "\n"
-          << l << "rows_written " << st.rows_written << "\n"
-          << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"
-          << l << "back_pressure_waits " << lane.back_pressure_waits() << "\n"
-          << l << "durable_log_mark " << lane.committed_seq() << "\n";
-        std::lock_guard<std::mutex> g(raw->mu);
-        raw->text[lane.index() + 1] = o.str();
-        return Status::OK();
-      },
-      false);
-  return Status::OK();
-}
-
-Status ServerImpl::ClockOp(const std::shared_ptr<Pending>& p) {
-  const Header& h = p->header;
-  if (h.clock < 0) return Status::InvalidArgument("negative clock");
-  consistency_.SetClock(h.worker_id, h.clock, h.num_workers);
-  ReplyOk(std::move(p->identity), h);
-  Readmit(consistency_.TakeParked());
-  TakeSnapshotIfReady();
-  return Status::OK();
-}
-
-Status ServerImpl::BarrierOp(const std::shared_ptr<Pending>& p) {
-  const Header& h = p->header;
-  if (h.num_workers == 0) return Status::InvalidArgument("barrier with zero workers");
-  if (h.name.empty()) return Status::InvalidArgument("barrier without a name");
-  if (consistency_.barrier_waiters() >= kMaxBarrierWaiters) {
-    return Status::ResourceExhausted("server " + std::to_string(options_.rank) + " holds " +
-                                     std::to_string(kMaxBarrierWaiters) +
-                                     " barrier waits, its limit");
-  }
-  for (auto& w : consistency_.Arrive(std::move(p->identity), h)) {
-    ReplyOk(std::move(w.identity), w.header);
-  }
-  return Status::OK();
-}
-
 void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
   const bool outer = !readmitting_;
   readmitting_ = true;
   for (auto& p : parked) {
     const uint64_t client = p->header.client_id;
-    const bool last_of_client = Unpark(*p);
+    const bool last_of_client = push_order_.Unpark(*p);
     if (Parked(p)) continue;
     const Status s = Resubmit(p);
     if (!s.ok()) {

@@ -187,4 +187,42 @@ void FileWriter::Loop() {
   }
 }
 
+Status RunSparsePart(Lane& lane, Pending& p, const std::vector<uint32_t>& idx, uint64_t table_id,
+                     uint32_t dim, bool push, bool pull, float lr_scale) {
+  const size_t n = idx.size();
+  std::vector<uint64_t>& keys = lane.scratch_keys;
+  keys.resize(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = p.keys[idx[i]];
+  if (push) {
+    std::vector<const float*>& grads = lane.scratch_grads;
+    grads.resize(n);
+    for (size_t i = 0; i < n; ++i) grads[i] = p.values + size_t{idx[i]} * dim;
+    ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
+    TESSERA_RETURN_IF_ERROR(lane.store().Apply(table_id, keys, grads, ctx));
+  }
+  if (pull) {
+    std::vector<float*>& outs = lane.scratch_outs;
+    outs.resize(n);
+    float* base = static_cast<float*>(p.out.data());
+    for (size_t i = 0; i < n; ++i) outs[i] = base + size_t{idx[i]} * dim;
+    TESSERA_RETURN_IF_ERROR(lane.store().Lookup(table_id, keys, outs));
+  }
+  return Status::OK();
+}
+
+Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& segs,
+                    uint64_t table_id, bool push, float lr_scale) {
+  ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
+  for (const DenseSegment& s : segs) {
+    if (push) {
+      TESSERA_RETURN_IF_ERROR(
+          lane.store().DenseApply(table_id, s.chunk, s.begin, s.end, p.values + s.pos, ctx));
+    } else {
+      float* out = static_cast<float*>(p.out.data()) + s.pos;
+      TESSERA_RETURN_IF_ERROR(lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace tessera::internal

@@ -100,6 +100,16 @@ class Lane {
   std::atomic<uint64_t> waits_{0};
 };
 
+/// A lane's part of a sparse pull, push or push-pull `p`: the keys at `idx` of p's keys
+/// (those of this lane); a push applies their gradients (p.values), a pull writes their rows
+/// into p.out, at each key's place in the request.
+Status RunSparsePart(Lane& lane, Pending& p, const std::vector<uint32_t>& idx, uint64_t table_id,
+                     uint32_t dim, bool push, bool pull, float lr_scale);
+/// A lane's part of a dense pull or push `p`: its segments `segs` of the range; a push applies
+/// p.values at each segment's place, a pull writes p.out.
+Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& segs,
+                    uint64_t table_id, bool push, float lr_scale);
+
 /// Runs file work off the lanes (writing checkpoint and export snapshots), one job at a time,
 /// then finishes one part of the job's request. Submit() is thread-safe.
 class FileWriter {

@@ -4,7 +4,7 @@
 // once every backup answered it. So an acknowledged push is durable on two servers, and when
 // the primary dies the backup promoted in its place holds every push the primary acknowledged.
 //
-// Order: requests wait in one queue (repl_queue_) and are handed to the log and the lanes in
+// Order: requests wait in one queue (ReplicationQueue) and are handed to the log and the lanes in
 // arrival order, the head first, once its backups answered; pulls and pushes that need no
 // backup wait behind earlier pushes too, so a client still reads its own writes. A backup
 // applies a primary's pushes in the order it receives them, which is the primary's order.
@@ -51,13 +51,13 @@ void ServerImpl::KeyByOrigin(Pending& p) {
 }
 
 bool ServerImpl::ReplicationActive() {
-  const ClusterMapState* map = CurrentMap();
-  return !repl_queue_.empty() ||
+  const ClusterMapState* map = fence_.Current();
+  return !repl_.queue.empty() ||
          (map != nullptr && (!map->backup.empty() || !map->dense_backup.empty()));
 }
 
-Result<const ServerImpl::ClusterMapState*> ServerImpl::ReplicaMap(const Header& h) {
-  const ClusterMapState* map = CurrentMap();
+Result<const ClusterMapState*> ServerImpl::ReplicaMap(const Header& h) {
+  const ClusterMapState* map = fence_.Current();
   if (!options_.follow_cluster_map || map == nullptr) {
     return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
                                       " follows no cluster map: it backs up nothing");
@@ -73,7 +73,7 @@ Result<const ServerImpl::ClusterMapState*> ServerImpl::ReplicaMap(const Header& 
 
 Result<uint32_t> ServerImpl::DensePartOf(const Header& h, uint64_t length,
                                          const std::string& name) {
-  const uint32_t parts = DenseServers();
+  const uint32_t parts = fence_.DenseServers();
   for (uint32_t part = 0; part < parts; ++part) {
     const DenseRange r = DenseRangeOfServer(h.table_id, length, part, parts);
     if (h.offset < r.begin || h.offset >= r.end) continue;
@@ -94,7 +94,7 @@ Status ServerImpl::CheckDenseReplica(const Header& h, uint32_t part) {
   const uint32_t from = h.replica_from - 1;
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, ReplicaMap(h));
   if (map->DenseBackup(part) != options_.rank || map->DenseOwner(part) != from) {
-    ++fenced_replicas_;
+    ++counts_.fenced_replicas;
     const uint16_t b = map->DenseBackup(part);
     return Status::FailedPrecondition(
         "replication refused: at cluster map version " + std::to_string(map->version) +
@@ -125,7 +125,7 @@ Status ServerImpl::CheckReplica(const Pending& p) {
     // (Never a slot primaried here: moving_from leaves those out, their rows come by a copy.)
     const uint16_t primary = map->primary.ServerOfSlot(slot);
     if (primary != from && !moving) {
-      ++fenced_replicas_;
+      ++counts_.fenced_replicas;
       return Status::FailedPrecondition(
           "replication refused: at cluster map version " + std::to_string(map->version) +
           " slot " + std::to_string(slot) + " has primary " +
@@ -139,94 +139,32 @@ Status ServerImpl::CheckReplica(const Pending& p) {
   return Status::OK();
 }
 
-namespace {
-// A forwarded push as its primary sends it, and again each kReplicaResend: the primary, the
-// piece's request id, the client and its number.
-std::tuple<uint64_t, uint64_t, uint64_t, uint64_t> ReplicaKey(const Header& h) {
-  return {h.replica_from, h.request_id, h.client_id, h.client_seq};
-}
-}  // namespace
-
 bool ServerImpl::ParkedReplica(const std::shared_ptr<Pending>& p) {
   if (!options_.follow_cluster_map) return false;
-  const ClusterMapState* map = CurrentMap();
-  const uint64_t mine = map != nullptr ? map->version : 0;
-  if (replica_parked_.empty() && p->header.map_version <= mine) return false;
-  if (replica_parked_keys_.contains(ReplicaKey(p->header))) {
-    ++replica_resends_dropped_;  // waits here already (its answer answers this copy)
-    return true;
-  }
-  // Behind the primary's map (or behind one that is): wait for it here, in arrival order,
-  // rather than refuse (a refused push resent after a later one of the same client was
-  // taken would be taken for a retry). Past the bound, CheckReplica refuses it.
-  if (replica_parked_.size() >= kMaxReplicaParked) return false;
-  replica_parked_.push_back(p);
-  replica_parked_keys_.insert(ReplicaKey(p->header));
-  return true;
+  const ClusterMapState* map = fence_.Current();
+  return repl_.park.Admit(p, map != nullptr ? map->version : 0) !=
+         ReplicaPark::Verdict::kServe;
 }
 
 Status ServerImpl::HoldForFill(const std::shared_ptr<Pending>& p) {
-  if (p.get() != readmitting_replica_ && !replica_parked_.empty()) {
-    return Status::Unavailable("backup server " + std::to_string(options_.rank) + " holds " +
-                               std::to_string(replica_parked_.size()) +
-                               " forwarded pushes (a backup fill is in progress); nothing of "
-                               "this one was applied, send it again");
-  }
-  replica_parked_.push_front(p);
-  replica_parked_keys_.insert(ReplicaKey(p->header));
-  ++fill_held_total_;
-  return Status::OK();
+  return repl_.park.HoldForFill(p, options_.rank);
 }
 
 void ServerImpl::ReadmitReplicas() {
-  const ClusterMapState* map = CurrentMap();
-  const uint64_t mine = map != nullptr ? map->version : 0;
-  while (!replica_parked_.empty() && replica_parked_.front()->header.map_version <= mine) {
-    std::shared_ptr<Pending> p = std::move(replica_parked_.front());
-    replica_parked_.pop_front();
-    replica_parked_keys_.erase(ReplicaKey(p->header));
-    readmitting_replica_ = p.get();
-    const Status s = p->header.op == Op::kDensePush ? Dense(p) : Sparse(p);
-    readmitting_replica_ = nullptr;
-    if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
-    // Held again for a backup fill (HoldForFill): it and everything after it wait on.
-    if (!replica_parked_.empty() && replica_parked_.front() == p) break;
-  }
+  const ClusterMapState* map = fence_.Current();
+  repl_.park.Readmit(map != nullptr ? map->version : 0,
+                        [this](const std::shared_ptr<Pending>& p) {
+                          const Status s = p->header.op == Op::kDensePush ? Dense(p) : Sparse(p);
+                          if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+                        });
 }
 
 zmq::socket_t* ServerImpl::BackupSocket(uint16_t server) {
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr || server >= map->addresses.size() || map->addresses[server].empty()) {
     return nullptr;
   }
-  const std::string& address = map->addresses[server];
-  auto it = backup_links_.find(server);
-  if (it != backup_links_.end() && it->second.address == address) return &it->second.dealer;
-  BackupLink link{address, zmq::socket_t(ctx_, zmq::socket_type::dealer)};
-  link.dealer.set(zmq::sockopt::linger, 0);
-  // Pushes waiting for a backup that does not read are bounded by the queue's resends, not by
-  // ZeroMQ's buffers.
-  link.dealer.set(zmq::sockopt::sndhwm, 0);
-  if (!options_.curve_secret_key.empty()) {
-    // The servers share one key pair (--curve_secret_key_file): the link presents it.
-    char public_key[41] = {};
-    if (zmq_curve_public(public_key, options_.curve_secret_key.c_str()) == 0) {
-      link.dealer.set(zmq::sockopt::curve_serverkey, std::string(public_key, 40));
-      link.dealer.set(zmq::sockopt::curve_publickey, std::string(public_key, 40));
-      link.dealer.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-    }
-  }
-  try {
-    link.dealer.connect(address);
-  } catch (const zmq::error_t& e) {
-    LOG(ERROR) << "replication: cannot connect to backup server " << server << " at " << address
-               << ": " << e.what();
-    return nullptr;
-  }
-  backup_links_.erase(server);
-  auto [pos, inserted] = backup_links_.emplace(server, std::move(link));
-  poll_items_dirty_ = true;
-  return &pos->second.dealer;
+  return repl_.links.Get(server, map->addresses[server]);
 }
 
 void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void()> release) {
@@ -238,43 +176,15 @@ void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void(
     release();
     return;
   }
-  repl_queue_.push_back(ReplEntry{p, std::move(release), {}, 0, false});
-  ReplEntry& e = repl_queue_.back();
-  const ClusterMapState* map = CurrentMap();
-  e.version = map != nullptr ? map->version : 0;
+  const ClusterMapState* map = fence_.Current();
+  ReplEntry& e = repl_.queue.Enqueue(p, std::move(release), map != nullptr ? map->version : 0);
   if (h.op == Op::kSparsePush || h.op == Op::kSparsePushPull) ForwardToBackups(e);
   if (h.op == Op::kDensePush) ForwardDenseToBackup(e);
   ReleaseReady();
 }
 
-// The forwarded request's header: op, table, and the client's numbering (or this primary's).
-Header ServerImpl::ForwardedHeader(const Pending& p, Op op, uint64_t map_version) {
-  const Header& h = p.header;
-  Header r;
-  r.op = op;
-  r.table_id = h.table_id;
-  r.elem_type = ElemType::kF32;
-  r.lr_scale = h.lr_scale;
-  r.map_version = map_version;
-  r.replica_from = options_.rank + 1;
-  if (p.origin_client != 0) {
-    // The client's own numbering, in the sequence of the server it counts in: a client that
-    // sends the push again to the backup after a fail-over sends these numbers.
-    r.client_id = p.origin_client;
-    r.client_seq = h.client_seq;
-    r.client_origin = h.client_origin != 0 ? h.client_origin : options_.rank + 1;
-  } else {
-    // A push without a client id: numbered in this primary's own stream, so that a resend
-    // after a lost answer applies once.
-    r.client_id = replication_stream_;
-    r.client_seq = ++replication_seq_;
-  }
-  r.request_id = ++replication_ids_;
-  return r;
-}
-
 void ServerImpl::ForwardDenseToBackup(ReplEntry& e) {
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr || map->dense_backup.empty()) return;
   Pending& p = *e.p;
   const Header& h = p.header;
@@ -284,7 +194,7 @@ void ServerImpl::ForwardDenseToBackup(ReplEntry& e) {
   if (!part.ok()) return;  // checked by Dense() already
   const uint16_t backup = map->DenseBackup(*part);
   if (backup == RoutingMap::kNoBackup) return;
-  Header r = ForwardedHeader(p, Op::kDensePush, map->version);
+  Header r = repl_.queue.ForwardedHeader(p, Op::kDensePush, map->version, options_.rank);
   r.offset = h.offset;
   r.count = h.count;
   ReplPiece piece;
@@ -294,14 +204,12 @@ void ServerImpl::ForwardDenseToBackup(ReplEntry& e) {
   piece.parts.push_back(EnvelopeOf(r));
   piece.parts.emplace_back().copy(p.frames[0]);  // shared, not copied
   e.pieces.push_back(std::move(piece));
-  e.waiting = 1;
-  repl_waiting_.emplace(e.pieces[0].request_id, std::make_pair(&e, size_t{0}));
+  repl_.queue.Track(e);
   SendPiece(e.pieces[0]);
-  ++replicated_pushes_;
 }
 
 void ServerImpl::ForwardToBackups(ReplEntry& e) {
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr || map->backup.empty()) return;
   Pending& p = *e.p;
   const Header& h = p.header;
@@ -314,7 +222,7 @@ void ServerImpl::ForwardToBackups(ReplEntry& e) {
   if (by_backup.empty()) return;
   const uint32_t dim = h.dim;
   for (auto& [backup, idx] : by_backup) {
-    Header r = ForwardedHeader(p, Op::kSparsePush, map->version);
+    Header r = repl_.queue.ForwardedHeader(p, Op::kSparsePush, map->version, options_.rank);
     r.count = idx.size();
     r.dim = dim;
     ReplPiece piece;
@@ -342,12 +250,8 @@ void ServerImpl::ForwardToBackups(ReplEntry& e) {
     piece.slots.erase(std::unique(piece.slots.begin(), piece.slots.end()), piece.slots.end());
     e.pieces.push_back(std::move(piece));
   }
-  e.waiting = static_cast<uint32_t>(e.pieces.size());
-  for (size_t i = 0; i < e.pieces.size(); ++i) {
-    repl_waiting_.emplace(e.pieces[i].request_id, std::make_pair(&e, i));
-    SendPiece(e.pieces[i]);
-  }
-  ++replicated_pushes_;
+  repl_.queue.Track(e);
+  for (ReplPiece& piece : e.pieces) SendPiece(piece);
 }
 
 zmq::message_t ServerImpl::EnvelopeOf(const Header& h) {
@@ -359,7 +263,8 @@ zmq::message_t ServerImpl::EnvelopeOf(const Header& h) {
 void ServerImpl::SendPiece(ReplPiece& piece) {
   piece.sent_at = std::chrono::steady_clock::now();
   zmq::socket_t* sock = BackupSocket(piece.backup);
-  if (sock == nullptr) return;  // sent again after kReplicaResend, or dropped by a new map
+  // Sent again after kReplicaResend, or dropped by a new map.
+  if (sock == nullptr) return;
   std::vector<zmq::message_t> wire(piece.parts.size());
   for (size_t i = 0; i < wire.size(); ++i) wire[i].copy(piece.parts[i]);
   try {
@@ -370,7 +275,7 @@ void ServerImpl::SendPiece(ReplPiece& piece) {
 }
 
 void ServerImpl::DrainBackupReplies() {
-  for (auto& [server, link] : backup_links_) {
+  for (auto& [server, link] : repl_.links.links()) {
     for (;;) {
       std::vector<zmq::message_t> parts;
       std::optional<size_t> got;
@@ -384,18 +289,17 @@ void ServerImpl::DrainBackupReplies() {
       if (parts.empty()) continue;
       Header h;
       if (!DecodeHeader(parts[0].data(), parts[0].size(), &h).ok()) continue;
-      auto it = repl_waiting_.find(h.request_id);
-      if (it == repl_waiting_.end()) continue;  // an answer to a resend already counted
-      auto [entry, index] = it->second;
+      auto [entry, index] = repl_.queue.Find(h.request_id);
+      if (entry == nullptr) continue;  // an answer to a resend already counted
       ReplPiece& piece = entry->pieces[index];
       if (h.status == StatusCode::kOk) {
         piece.acked = true;
-        PieceDone(*entry, index);
+        repl_.queue.PieceDone(*entry, index);
       } else if (h.status == StatusCode::kUnavailable ||
                  h.status == StatusCode::kResourceExhausted) {
         // The backup is behind the map, the push is still waiting there, or this primary has
         // more requests in flight there than the backup takes from one peer: ask again soon.
-        piece.sent_at = std::chrono::steady_clock::now() - kReplicaResend +
+        piece.sent_at = std::chrono::steady_clock::now() - ReplicationQueue::kReplicaResend +
                         std::chrono::milliseconds(20);
       } else {
         FailEntry(*entry, Status(h.status, h.message)
@@ -406,153 +310,69 @@ void ServerImpl::DrainBackupReplies() {
   ReleaseReady();
 }
 
-void ServerImpl::PieceDone(ReplEntry& e, size_t index) {
-  ReplPiece& piece = e.pieces[index];
-  if (piece.done) return;
-  piece.done = true;
-  repl_waiting_.erase(piece.request_id);
-  if (e.waiting > 0) --e.waiting;
-}
-
 void ServerImpl::FailEntry(ReplEntry& e, const Status& why) {
-  if (e.failed) return;
-  // The pushes of the same client queued behind it fail too: one of them logged would move
-  // the client's logged mark past this one, and its resend would then be taken as a retry
-  // of something applied nowhere. Failed last-first, so that each gives its number back.
-  std::vector<ReplEntry*> failing = {&e};
-  const uint64_t client = e.p->header.client_id;
-  bool behind = false;
-  for (ReplEntry& q : repl_queue_) {
-    if (&q == &e) {
-      behind = true;
-    } else if (behind && client != 0 && !q.failed && q.p->header.client_id == client &&
-               q.p->header.op != Op::kSparsePull && q.p->header.op != Op::kDensePull) {
-      // One a backup took already is applied there: it goes on (a narrow case: a backup
-      // refusing one push of a client and taking the next).
-      bool taken = false;
-      for (const ReplPiece& piece : q.pieces) taken = taken || piece.acked;
-      if (!taken) failing.push_back(&q);
-    }
-  }
   const Status s = why.code() == StatusCode::kFailedPrecondition
                        ? Status::Unavailable(why.message() +
                                              " (this server may no longer be the primary; "
                                              "nothing was applied: retry by the current map)")
                        : why;
-  for (auto it = failing.rbegin(); it != failing.rend(); ++it) {
-    ReplEntry& f = **it;
-    f.failed = true;
-    for (size_t i = 0; i < f.pieces.size(); ++i) PieceDone(f, i);
-    f.waiting = 0;
+  for (ReplEntry* f : repl_.queue.Fail(e)) {
     // Nothing of it is logged or applied here: the client may send it again (anywhere).
-    const Status reply = &f == &e ? s
-                                  : Status::Unavailable("an earlier push of this client to server " +
-                                                        std::to_string(options_.rank) + " failed (" +
-                                                        s.message() +
-                                                        "); nothing of this one was applied either");
-    GiveBackSeq(f.p->header, /*resend=*/reply.code() == StatusCode::kUnavailable);
-    ++failed_replications_;
-    ReplyError(std::move(f.p->identity), f.p->header, reply);
+    const Status reply =
+        f == &e ? s
+                : Status::Unavailable("an earlier push of this client to server " +
+                                      std::to_string(options_.rank) + " failed (" + s.message() +
+                                      "); nothing of this one was applied either");
+    GiveBackSeq(f->p->header, /*resend=*/reply.code() == StatusCode::kUnavailable);
+    ReplyError(std::move(f->p->identity), f->p->header, reply);
   }
 }
 
 void ServerImpl::ReleaseReady() {
-  while (!repl_queue_.empty() && repl_queue_.front().waiting == 0) {
-    ReplEntry e = std::move(repl_queue_.front());
-    repl_queue_.pop_front();
-    if (!e.failed) e.release();
-  }
+  repl_.queue.ReleaseReady();
   RunWaitingExports();
   TakeSnapshotIfReady();  // a checkpoint cut may have waited for these pushes' backups
 }
 
 void ServerImpl::ResendReplication() {
-  if (repl_waiting_.empty()) return;
-  const auto now = std::chrono::steady_clock::now();
-  std::vector<ReplEntry*> orphans;
-  for (auto& [id, where] : repl_waiting_) {
-    ReplEntry& e = *where.first;
-    if (e.orphaned != std::chrono::steady_clock::time_point{} &&
-        now - e.orphaned >= kOrphanLimit) {
-      orphans.push_back(&e);
-      continue;
-    }
-    ReplPiece& piece = e.pieces[where.second];
-    if (now - piece.sent_at >= kReplicaResend) SendPiece(piece);
-  }
+  if (repl_.queue.waiting() == 0) return;
+  std::vector<ReplPiece*> due;
+  const std::vector<ReplEntry*> orphans = repl_.queue.Due(std::chrono::steady_clock::now(), &due);
+  for (ReplPiece* piece : due) SendPiece(*piece);
   for (ReplEntry* e : orphans) {
     FailEntry(*e, Status::Unavailable(
                       "the push's slots moved away from server " + std::to_string(options_.rank) +
                       " and its backup did not answer within " +
-                      std::to_string(kOrphanLimit.count()) +
+                      std::to_string(ReplicationQueue::kOrphanLimit.count()) +
                       " s: it may or may not be applied on the new primary"));
   }
   if (!orphans.empty()) ReleaseReady();
 }
 
 void ServerImpl::ReplicationMapChanged() {
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr) return;
-  for (ReplEntry& e : repl_queue_) {
-    if (e.failed) continue;
-    for (size_t i = 0; i < e.pieces.size() && !e.failed; ++i) {
-      ReplPiece& piece = e.pieces[i];
-      if (piece.done) continue;
-      bool still_backup = false, still_primary = true;
-      for (uint32_t slot : piece.slots) {
-        if (map->primary.ServerOfSlot(slot) != options_.rank) still_primary = false;
-        if (!map->backup.empty() && map->backup[slot] == piece.backup) still_backup = true;
-      }
-      if (piece.dense_part >= 0) {
-        const auto part = static_cast<uint32_t>(piece.dense_part);
-        still_primary = map->DenseOwner(part) == options_.rank;
-        still_backup = map->DenseBackup(part) == piece.backup;
-      }
-      if (!still_primary) {
-        // The push was sent to the backup, which may be the new primary now: its answer is
-        // definitive (OK: it holds the push; a refusal: nothing was applied anywhere), so the
-        // entry waits for it rather than telling the client now that nothing was applied
-        // (the client would send it again under a new number, and the new primary would apply
-        // it twice). Given up after kOrphanLimit without an answer.
-        if (e.orphaned == std::chrono::steady_clock::time_point{}) {
-          e.orphaned = std::chrono::steady_clock::now();
-        }
-      } else if (!still_backup) {
-        // The backup was dropped from these slots (it died; the map no longer names it): the
-        // push no longer waits for it. A replacement backup starts from a copy of the rows.
-        PieceDone(e, i);
-      }
-    }
-  }
+  repl_.queue.MapChanged(*map, options_.rank);
   CloseUnusedLinks();
   ReleaseReady();
 }
 
 void ServerImpl::CloseUnusedLinks() {
-  if (backup_links_.empty()) return;
-  const ClusterMapState* map = CurrentMap();
-  absl::flat_hash_map<uint16_t, bool> used;
-  for (const auto& [id, where] : repl_waiting_) {
-    used[where.first->pieces[where.second].backup] = true;
-  }
+  if (repl_.links.empty()) return;
+  const ClusterMapState* map = fence_.Current();
+  absl::flat_hash_set<uint16_t> used;
+  repl_.queue.AddWaitingBackups(&used);
   if (map != nullptr) {
     // The backups of this server's own slots and dense parts.
     const std::vector<uint16_t>& owners = map->primary.owners();
     for (size_t slot = 0; slot < map->backup.size() && slot < owners.size(); ++slot) {
-      if (owners[slot] == options_.rank) used[map->backup[slot]] = true;
+      if (owners[slot] == options_.rank) used.insert(map->backup[slot]);
     }
     for (uint32_t part = 0; part < map->dense_backup.size(); ++part) {
-      if (map->DenseOwner(part) == options_.rank) used[map->dense_backup[part]] = true;
+      if (map->DenseOwner(part) == options_.rank) used.insert(map->dense_backup[part]);
     }
   }
-  for (auto it = backup_links_.begin(); it != backup_links_.end();) {
-    if (!used.contains(it->first)) {
-      backup_links_.erase(it++);
-      poll_items_dirty_ = true;
-    } else {
-      ++it;
-    }
-  }
+  repl_.links.CloseUnused(used);
 }
 
 }  // namespace tessera::internal

@@ -62,7 +62,7 @@ struct Pending {
   // The pull part of a push-pull whose push this server applied already (AnsweredAsRetry): it
   // was admitted at any map version and is not fenced again when it runs after waiting.
   bool admitted_as_retry = false;
-  // A client's push counted as parked in ServerImpl::client_order_ (NoteParked): the client's
+  // A client's push counted as parked in PushOrder (NoteParked): the client's
   // later pushes wait behind it.
   bool order_parked = false;
   // Pushes: the client's own id when header.client_id was rewritten to the key of another

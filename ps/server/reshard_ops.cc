@@ -153,18 +153,13 @@ uint64_t ServerImpl::RandomInstance() {
   return (uint64_t{rd()} << 32) ^ rd();
 }
 
-bool ServerImpl::CopyingIn(const ClusterMapState* map, uint32_t slot) {
-  return map != nullptr && ((!map->importing.empty() && map->importing[slot]) ||
-                            (!map->filling.empty() && map->filling[slot]));
-}
-
 bool ServerImpl::CopyingInRequest(const Pending& p) {
   const Header& h = p.header;
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   if (map == nullptr) return false;
   if (h.op == Op::kDensePull || h.op == Op::kDensePush) {
     // A client's request for a dense part moving here (a forwarded push for a part whose
-    // backup is being filled here waits in replica_parked_ instead: Dense).
+    // backup is being filled here waits in the ReplicaPark instead: Dense).
     if (map->dense_filling.empty() || h.replica_from != 0) return false;
     auto t = tables_.find(h.table_id);
     if (t == tables_.end()) return false;
@@ -177,7 +172,7 @@ bool ServerImpl::CopyingInRequest(const Pending& p) {
   if (map->importing.empty() || p.keys == nullptr) return false;
   for (uint64_t i = 0; i < h.count; ++i) {
     const uint32_t slot = SlotOfKey(p.keys[i]);
-    if (map->importing[slot] && !import_filled_[slot]) return true;
+    if (map->importing[slot] && !migration_.slot_filled(slot)) return true;
   }
   return false;
 }
@@ -187,50 +182,31 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   // The bound applies to new requests: one readmitted (it waited already) parks again, since
   // refusing it would strand the pushes of its client held behind it (HeldBehindClient).
-  if (import_parked_.size() >= kMaxImportParked && !readmitting_) {
+  if (!migration_.Park(p, readmitting_)) {
     GiveBackSeq(h, /*resend=*/true);
     ReplyError(std::move(p->identity), h,
                Status::Unavailable("server " + std::to_string(options_.rank) + " holds " +
-                                   std::to_string(kMaxImportParked) +
+                                   std::to_string(SlotMigration::kMaxParked) +
                                    " requests for slots being moved; nothing was applied, "
                                    "retry"));
     return true;
   }
-  import_parked_.push_back(p);
-  NoteParked(*p);
-  ++import_parked_total_;
+  push_order_.NoteParked(*p);
   return true;
 }
 
 void ServerImpl::OnMapChanged() {
-  map_changed_ = false;
+  (void)fence_.TakeChanged();
   AbortCutOnMapChange();
   ReplicationMapChanged();
   ReadmitReplicas();
-  const ClusterMapState* map = CurrentMap();
-  bool cleared = false;
-  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    if (import_filled_[slot] && !CopyingIn(map, slot)) {
-      import_filled_[slot] = false;
-      cleared = true;
-    }
-  }
-  for (uint32_t part = 0; part < dense_filled_.size(); ++part) {
-    if (dense_filled_[part] &&
-        (map == nullptr || part >= map->dense_filling.size() || !map->dense_filling[part])) {
-      dense_filled_[part] = false;
-      cleared = true;
-    }
-  }
-  if (cleared) {
+  if (migration_.ForgetSettled(fence_.Current())) {
     Status s = PersistFilled();
     if (!s.ok()) LOG(ERROR) << "resharding: cannot store the slots marked in: " << s.ToString();
   }
   // Fenced again by the new version when they run (Resubmit): a request of the old version
   // is refused and its client routes it by the new map.
-  std::vector<std::shared_ptr<Pending>> parked;
-  parked.swap(import_parked_);
-  Readmit(std::move(parked));
+  Readmit(migration_.TakeParked());
 }
 
 Result<std::vector<uint32_t>> ServerImpl::RequestSlots(const Pending& p) {
@@ -254,13 +230,13 @@ Result<std::vector<uint32_t>> ServerImpl::RequestSlots(const Pending& p) {
   return slots;
 }
 
-Result<const ServerImpl::ClusterMapState*> ServerImpl::MapAtLeast(const Header& h) {
+Result<const ClusterMapState*> ServerImpl::MapAtLeast(const Header& h) {
   if (!options_.follow_cluster_map) {
     return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
                                       " follows no cluster map: slots move only with "
                                       "--coordinator");
   }
-  const ClusterMapState* map = CurrentMap();
+  const ClusterMapState* map = fence_.Current();
   const uint64_t mine = map == nullptr ? 0 : map->version;
   if (mine < h.map_version) {
     return Status::Unavailable("server " + std::to_string(options_.rank) +
@@ -323,7 +299,7 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
   // slots were given up at a version this server serves by, so every push to them it accepted
   // is ahead of this task in its lane (RunParts flushes staged pushes first).
   auto want = std::make_shared<const std::vector<uint32_t>>(slots);
-  const auto list = TableList();
+  const auto list = tables_.List();
   auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(list));
   std::string specs;
   for (const auto& [id, spec] : list) AppendSlotTable(&specs, id, spec);
@@ -339,7 +315,7 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
     ReplyOk(std::move(p->identity), h, Header(), &p->text[0]);
     return Status::OK();
   }
-  const uint64_t instance = instance_;
+  const uint64_t instance = migration_.instance();
   auto scan = [want, tables, since, instance](Lane& lane, std::string* out,
                                               uint64_t* n) -> Status {
     AppendSlotMark(out, lane.index(), instance, lane.step());
@@ -389,7 +365,7 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   // owns anything).
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
   for (uint32_t slot : slots) {
-    if (!CopyingIn(map, slot)) {
+    if (!SlotMigration::CopyingIn(map, slot)) {
       return Status::FailedPrecondition(
           "slot " + std::to_string(slot) + " is not being copied to server " +
           std::to_string(options_.rank) + " at map version " +
@@ -397,19 +373,17 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
     }
   }
   if (h.count == kImportDone) {
-    for (uint32_t s : slots) import_filled_[s] = true;
+    migration_.MarkSlotsFilled(slots);
     // Kept across a restart: the server takes pushes for these slots from now on, and a
     // controller that runs the move again must not copy the old owner's rows over them.
     TESSERA_RETURN_IF_ERROR(PersistFilled());
     ReplyOk(std::move(p->identity), h);
-    std::vector<std::shared_ptr<Pending>> parked;
-    parked.swap(import_parked_);
-    Readmit(std::move(parked));  // those still waiting for another slot park again
+    Readmit(migration_.TakeParked());  // those still waiting for another slot park again
     ReadmitReplicas();  // a filled backup applies the forwarded pushes it held, in order
     return Status::OK();
   }
   for (uint32_t slot : slots) {
-    if (import_filled_[slot]) {
+    if (migration_.slot_filled(slot)) {
       return Status::AlreadyExists("slot " + std::to_string(slot) + " was marked in on server " +
                                    std::to_string(options_.rank) +
                                    " already (it takes pushes): its rows are not replaced");
@@ -419,53 +393,32 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
 }
 
 Status ServerImpl::PersistFilled() {
-  std::string bits(kNumSlots, '0');
-  for (uint32_t s = 0; s < kNumSlots; ++s) bits[s] = import_filled_[s] ? '1' : '0';
-  std::string dense(dense_filled_.size(), '0');
-  for (size_t part = 0; part < dense_filled_.size(); ++part) {
-    dense[part] = dense_filled_[part] ? '1' : '0';
-  }
-  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("reshard/filled", bits));
-  return engine_->PutMeta("reshard/dense_filled", dense);
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("reshard/filled", migration_.EncodeSlots()));
+  return engine_->PutMeta("reshard/dense_filled", migration_.EncodeDense());
 }
 
 Status ServerImpl::LoadFilled() {
   TESSERA_ASSIGN_OR_RETURN(auto bits, engine_->GetMeta("reshard/filled"));
-  if (bits) {
-    if (bits->size() != kNumSlots) return Status::Corruption("reshard/filled of the wrong size");
-    for (uint32_t s = 0; s < kNumSlots; ++s) import_filled_[s] = (*bits)[s] == '1';
-  }
   TESSERA_ASSIGN_OR_RETURN(auto dense, engine_->GetMeta("reshard/dense_filled"));
-  if (dense) {
-    if (dense->size() > 65535) return Status::Corruption("reshard/dense_filled too long");
-    dense_filled_.assign(dense->size(), false);
-    for (size_t part = 0; part < dense->size(); ++part) dense_filled_[part] = (*dense)[part] == '1';
-  }
-  return Status::OK();
+  return migration_.Decode(bits, dense);
 }
 
 void ServerImpl::ExpireImportParked() {
   // A request held for a copy that does not come (the controller died) is answered
-  // Unavailable after kImportHoldLimit instead of waiting without bound; a push gives its
-  // sequence number back (nothing of it was applied) so the client's retry is taken anew.
-  const auto now = std::chrono::steady_clock::now();
-  std::vector<std::shared_ptr<Pending>> keep;
-  for (auto& p : import_parked_) {
-    if (now - p->received < kImportHoldLimit) {
-      keep.push_back(std::move(p));
-      continue;
-    }
+  // Unavailable after SlotMigration::kHoldLimit instead of waiting without bound; a push gives
+  // its sequence number back (nothing of it was applied) so the client's retry is taken anew.
+  for (auto& p : migration_.TakeExpired(std::chrono::steady_clock::now())) {
     const Header& h = p->header;
     const Status why = Status::Unavailable(
         "server " + std::to_string(options_.rank) +
         " holds this request's slots for a move whose copy has not arrived in " +
-        std::to_string(kImportHoldLimit.count()) +
+        std::to_string(SlotMigration::kHoldLimit.count()) +
         " s (is tessera-ctl scale running?); nothing was applied");
-    if (Unpark(*p)) ReleaseHeld(h.client_id, &why);  // its later pushes go back first
+    // Its later pushes go back first.
+    if (push_order_.Unpark(*p)) ReleaseHeld(h.client_id, &why);
     GiveBackSeq(h, /*resend=*/true);
     ReplyError(std::move(p->identity), h, why);
   }
-  import_parked_.swap(keep);
 }
 
 Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
@@ -481,7 +434,7 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
   TESSERA_RETURN_IF_ERROR(DecodeImport(
       std::string_view(static_cast<const char*>(frame.data()), frame.size()), want, nl,
       [&](uint64_t id, const TableSpec& spec) -> Result<bool> {
-        return SameTableExists(id, spec, "than the moved rows'");
+        return tables_.SameExists(id, spec, "than the moved rows'");
       },
       [&](uint64_t id) -> const TableSpec* {
         auto t = tables_.find(id);
@@ -493,17 +446,17 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
         engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
   }
   for (const auto& [id, spec] : plan->added) {
-    AddTableInfo(id, spec);
+    tables_.Add(id, spec);
     LOG(INFO) << "table '" << spec.name << "' created by moved slot rows";
   }
   // Job records replace what this server holds (a data dir from an earlier stay in the map)
   // unless a client wrote the record here since this process started: that write is at least
   // as new as the export (the server was in the map before the export was taken).
   for (const auto& [key, value] : plan->meta) {
-    if (meta_written_.contains(key)) continue;
+    if (migration_.MetaWritten(key)) continue;
     TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, value));
   }
-  slot_rows_imported_.fetch_add(plan->rows, std::memory_order_relaxed);
+  migration_.rows_imported.fetch_add(plan->rows, std::memory_order_relaxed);
   std::vector<LanePart> parts;
   for (uint32_t l = 0; l < nl; ++l) {
     parts.push_back(LanePart{l, [plan, l](Lane& lane) -> Status {
@@ -534,7 +487,7 @@ Status ServerImpl::SlotDropOp(const std::shared_ptr<Pending>& p) {
   TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> slots, RequestSlots(*p));
   TESSERA_RETURN_IF_ERROR(CheckOwnership(p->header, slots, /*must_own=*/false));
   // A backup's rows are the slot's other copy: never dropped while the map names it.
-  const ClusterMapState* map = CurrentMap();  // at least the request's version
+  const ClusterMapState* map = fence_.Current();  // at least the request's version
   for (uint32_t slot : slots) {
     if (map != nullptr && !map->backup.empty() && map->backup[slot] == options_.rank) {
       return Status::FailedPrecondition(
@@ -544,8 +497,8 @@ Status ServerImpl::SlotDropOp(const std::shared_ptr<Pending>& p) {
     }
   }
   auto want = std::make_shared<const std::vector<uint32_t>>(slots);
-  auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(TableList()));
-  std::atomic<uint64_t>* dropped = &slot_rows_dropped_;
+  auto tables = std::make_shared<std::vector<SparseTable>>(SparseTables(tables_.List()));
+  std::atomic<uint64_t>* dropped = &migration_.rows_dropped;
   RunOnAllLanes(
       p, [want, tables, dropped](Lane& lane) { return DeleteSlotRows(lane, *tables, *want, dropped); },
       false);

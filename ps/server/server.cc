@@ -14,7 +14,7 @@ ServerImpl::ServerImpl(const ServerOptions& o)
     : options_(o),
       router_(ctx_, zmq::socket_type::router),
       replies_(ctx_, zmq::socket_type::pull),
-      slot_map_(SlotMap::Uniform(o.num_servers)) {}
+      fence_(o.rank, o.num_servers, o.follow_cluster_map, SlotMap::Uniform(o.num_servers)) {}
 
 ServerImpl::~ServerImpl() { Shutdown(); }
 
@@ -70,7 +70,7 @@ Status ServerImpl::Start() {
   // right after the ready line finds every series (the thread may not have run yet on a
   // loaded machine: the storage engine's were missing in a CI run).
   PublishIoMetrics();
-  io_ = std::thread([this] { IoLoop(); });
+  io_.thread = std::thread([this] { IoLoop(); });
   LOG(INFO) << "tessera-server rank " << options_.rank << "/" << options_.num_servers
             << " listening on " << endpoint_ << " with " << options_.lanes << " lanes, "
             << (options_.storage.data_dir.empty() ? std::string("memory-only storage")
@@ -108,15 +108,15 @@ Status ServerImpl::BindSocket() {
 }
 
 void ServerImpl::Shutdown() {
-  if (stopped_.exchange(true)) return;
-  stop_.store(true);
-  if (io_.joinable()) io_.join();
+  if (io_.stopped.exchange(true)) return;
+  io_.stop.store(true);
+  if (io_.thread.joinable()) io_.thread.join();
   for (auto& l : lanes_) l->Stop();
   if (writer_) writer_->Stop();
   lanes_.clear();
   writer_.reset();
   router_.close();
-  router_monitor_.close();
+  edge_.monitor.close();
   replies_.close();
   log_.reset();
   engine_.reset();
@@ -153,20 +153,9 @@ Status ServerImpl::RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores
     TESSERA_ASSIGN_OR_RETURN(TableSpec spec, DecodeTableSpec(r));
     const uint64_t id = TableIdForName(spec.name);
     for (auto& store : stores) TESSERA_RETURN_IF_ERROR(store->AddTable(id, spec));
-    AddTableInfo(id, spec);
+    tables_.Add(id, spec);
   }
   return Status::OK();
-}
-
-void ServerImpl::AddTableInfo(uint64_t id, const TableSpec& spec) {
-  tables_[id] = TableInfo{id, spec};
-  names_[spec.name] = id;
-}
-
-std::vector<std::pair<uint64_t, TableSpec>> ServerImpl::TableList() const {
-  std::vector<std::pair<uint64_t, TableSpec>> tables;
-  for (auto& [id, t] : tables_) tables.emplace_back(id, t.spec);
-  return tables;
 }
 
 }  // namespace internal

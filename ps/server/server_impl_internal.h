@@ -26,13 +26,20 @@
 
 #include "ps/admin_marker.h"
 #include "ps/routing.h"
+#include "ps/server/backup_links_internal.h"
+#include "ps/server/checkpoint_cut_internal.h"
 #include "ps/server/consistency_internal.h"
 #include "ps/server/dedup_internal.h"
 #include "ps/server/lane_internal.h"
+#include "ps/server/map_fence_internal.h"
 #include "ps/server/peers_internal.h"
+#include "ps/server/push_order_internal.h"
+#include "ps/server/replication_queue_internal.h"
 #include "ps/server/request_internal.h"
 #include "ps/server/request_log_internal.h"
+#include "ps/server/slot_migration_internal.h"
 #include "ps/server/snapshot_internal.h"
+#include "ps/server/table_registry_internal.h"
 #include "ps/server/server.h"
 #include "ps/server/server_metrics_internal.h"
 #include "ps/slot_rows.h"
@@ -71,24 +78,11 @@ class ServerImpl {
   Status Start();
   void Shutdown();
   const std::string& endpoint() const { return endpoint_; }
-  // Server::SetClusterMap / cluster_map_version (fencing.cc).
-  Status SetClusterMap(const RoutingMap& map);
-  uint64_t cluster_map_version() const { return map_version_.load(std::memory_order_acquire); }
+  // Server::SetClusterMap / cluster_map_version (MapFence).
+  Status SetClusterMap(const RoutingMap& map) { return fence_.Set(map); }
+  uint64_t cluster_map_version() const { return fence_.version(); }
 
  private:
-  struct TableInfo {
-    uint64_t id;
-    TableSpec spec;
-  };
-  // A checkpoint waiting for every worker to finish the steps up to its cut.
-  struct CutState {
-    int64_t cut;
-    uint32_t num_workers;
-    std::string dir;
-    std::shared_ptr<Pending> request;
-    // The map version every server takes it at (0: the server follows no map).
-    uint64_t map_version = 0;
-  };
   // One lane's part of a request: the lane and the body it runs there.
   struct LanePart {
     uint32_t lane;
@@ -100,7 +94,6 @@ class ServerImpl {
   // Refuses a data_dir written by a server of another rank or cluster size.
   Status CheckDataDirLayout();
   Status RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores);
-  void AddTableInfo(uint64_t id, const TableSpec& spec);
 
   // ---- io_loop.cc: the I/O thread
   void IoLoop();
@@ -124,14 +117,9 @@ class ServerImpl {
   /// primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
   /// request to the map version check; then Sparse or Dense.
   Status DataOp(const std::shared_ptr<Pending>& p);
-  Result<const TableInfo*> FindTable(const Header& h, TableKind kind);
   Status ExpectFrames(const Pending& p, size_t n);
   Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys);
   Status CreateTable(const std::shared_ptr<Pending>& p);
-  /// True when table `id` exists with `spec`, false when it does not exist; AlreadyExists
-  /// naming the difference when it exists with another spec (`compared`: how the message
-  /// names the two specs).
-  Result<bool> SameTableExists(uint64_t id, const TableSpec& spec, const char* compared);
   Status GetTable(const std::shared_ptr<Pending>& p);
   Status MetaOp(const std::shared_ptr<Pending>& p);
   Status StatsOp(const std::shared_ptr<Pending>& p);
@@ -154,76 +142,25 @@ class ServerImpl {
   Result<std::string> AdminPath(std::string_view name) const;
 
   // ---- fencing.cc: the cluster map version of data requests
-  struct ClusterMapState {
-    uint64_t version = 0;
-    SlotMap primary;
-    // The servers dense tables are spread over.
-    uint32_t dense_servers = 0;
-    // Per slot: this server is its primary and its rows are being copied here (empty: none).
-    std::vector<bool> importing;
-    // Per slot: this server is its backup and is being filled from its primary (a backup
-    // rebuild); it holds the primary's forwarded pushes for it until the copy is in (empty:
-    // none).
-    std::vector<bool> filling;
-    // Per slot not primaried here: the server its primary is moving from (the importing
-    // source), whose pushes forwarded before it gave the slot up are still taken (empty: none;
-    // RoutingMap::kNoBackup: not moving).
-    std::vector<uint16_t> moving_from;
-    // Per dense part: this server is its backup being filled from its primary, or its new
-    // primary the part is moving to (empty: none). Either holds the part's requests until the
-    // copy is in.
-    std::vector<bool> dense_filling;
-    // Per dense part: the server it is moving from (RoutingMap::kNoBackup: not moving; empty:
-    // none moves).
-    std::vector<uint16_t> dense_moving_from;
-    // Replication: per slot, its backup server (RoutingMap::kNoBackup: none); empty: no slot
-    // has one. The data endpoint of each server id, to reach backups.
-    std::vector<uint16_t> backup;
-    std::vector<std::string> addresses;
-    // Dense part p: served by dense_primary[p], backed up by dense_backup[p] (empty: part p on
-    // server p, no backup; RoutingMap).
-    std::vector<uint16_t> dense_primary, dense_backup;
-    uint32_t DenseOwner(uint32_t p) const {
-      return p < dense_primary.size() ? dense_primary[p] : p;
-    }
-    uint16_t DenseBackup(uint32_t p) const {
-      return p < dense_backup.size() ? dense_backup[p] : RoutingMap::kNoBackup;
-    }
-  };
-  /// The map the I/O thread serves by; null when the server follows no map or has none yet.
-  const ClusterMapState* CurrentMap();
   /// With follow_cluster_map: FailedPrecondition, naming both versions, when data request `h`
   /// carries another map version than the server's. Skipped, when `exempt_retries`, for a
   /// retried push that is already logged or accepted (it applies nothing again;
   /// AnsweredAsRetry answers it). A request checked again after waiting (Resubmit) was
   /// accepted by this server itself, so it is not exempt.
   Status CheckMapVersion(const Header& h, bool exempt_retries = true);
-  /// The map version an error reply carries (0: the server follows no map).
-  uint64_t ReplyMapVersion() const {
-    return options_.follow_cluster_map ? cluster_map_version() : 0;
-  }
   /// True when `h` retries a push this server accepted already (PushDedup).
   bool IsRetriedPush(const Header& h) const;
-
-  /// The owner of each slot: the followed map's primaries, else the static cluster's.
-  const SlotMap& Owners();
-  /// The number of servers dense tables are spread over (the followed map's, else the static
-  /// cluster's).
-  uint32_t DenseServers();
 
   // ---- reshard_ops.cc: moving slots (docs/elasticity.md, "Online resharding")
   /// True when client request `p` touches a slot or dense part whose rows are still being
   /// copied to this server as its (new) primary.
   bool CopyingInRequest(const Pending& p);
-  /// True when CopyingInRequest(p): it waits in import_parked_ until SlotImport says the copy
+  /// True when CopyingInRequest(p): it waits in SlotMigration until SlotImport says the copy
   /// is in (or the map moves), or is refused when too many wait.
   bool ParkedByImport(const std::shared_ptr<Pending>& p);
-  /// True when `map` has rows of `slot` copied to this server: as its importing primary (a
-  /// move) or as its backup being filled (a rebuild).
-  static bool CopyingIn(const ClusterMapState* map, uint32_t slot);
   /// True when forwarded push `p` (keys read) touches a slot this server is the backup being
   /// filled of and whose copy is not in yet: it waits, in order with every forwarded push after
-  /// it, at the head of replica_parked_ (ReadmitReplicas, once SlotImport says it is in).
+  /// it, at the head of the ReplicaPark (ReadmitReplicas, once SlotImport says it is in).
   bool HeldForFill(const Pending& p);
   /// After the I/O thread's map moved: forgets copies of slots no longer importing and sends
   /// what waited for a copy through the gates again (fenced by the new version).
@@ -237,17 +174,13 @@ class ServerImpl {
   /// MapAtLeast, then FailedPrecondition for a slot this server does not own in that map
   /// (`must_own`: the copy ahead) or owns (otherwise: slots given up, or not taken yet).
   Status CheckOwnership(const Header& h, const std::vector<uint32_t>& slots, bool must_own);
-  /// The slots and dense parts marked in (import_filled_, dense_filled_), stored in the
+  /// The slots and dense parts marked in (SlotMigration), stored in the
   /// engine's metadata and read back at start: a restarted server that took pushes for them
   /// refuses a repeated copy.
   Status PersistFilled();
   Status LoadFilled();
-  /// Answers the requests held longer than kImportHoldLimit for a copy (Maintain).
+  /// Answers the requests held longer than SlotMigration::kHoldLimit for a copy (Maintain).
   void ExpireImportParked();
-  static constexpr std::chrono::seconds kImportHoldLimit{60};
-  /// Requests held for copies at most; beyond it a request for a moving slot is refused
-  /// (Unavailable) instead of held.
-  static constexpr size_t kMaxImportParked = 65536;
   /// SlotImport's rows step: checks them (DecodeImport), creates the tables they bring, and
   /// writes them in their lanes, durably, before the reply.
   Status ImportSlotRows(const std::shared_ptr<Pending>& p, const std::vector<uint32_t>& slots);
@@ -256,43 +189,12 @@ class ServerImpl {
   Status SlotDropOp(const std::shared_ptr<Pending>& p);
 
   // ---- replication.cc: primary-backup replication (docs/elasticity.md)
-  // One backup's part of a push: the request sent to it, until it answers.
-  struct ReplPiece {
-    uint16_t backup = 0;
-    uint64_t request_id = 0;
-    std::vector<zmq::message_t> parts;  // envelope, keys, values (kept to send again)
-    std::vector<uint32_t> slots;        // the slots it touches, sorted (sparse)
-    int64_t dense_part = -1;            // the dense part it writes (dense; -1: sparse)
-    std::chrono::steady_clock::time_point sent_at;
-    bool done = false;
-    bool acked = false;  // the backup answered OK (it holds the push)
-  };
-  // A data request waiting, in arrival order, for the backups of the pushes ahead of it and
-  // its own; `release` hands it to the log and the lanes.
-  struct ReplEntry {
-    std::shared_ptr<Pending> p;
-    std::function<void()> release;
-    std::vector<ReplPiece> pieces;
-    uint32_t waiting = 0;  // pieces not answered yet
-    bool failed = false;   // answered with an error; released without running
-    // When a map moved what it writes away from this server while its backup had not
-    // answered (it waits for that answer up to kOrphanLimit); zero: not orphaned.
-    std::chrono::steady_clock::time_point orphaned{};
-    // The map version it was sequenced (and forwarded) by.
-    uint64_t version = 0;
-  };
   /// SlotExport's and SlotImport's `count` for dense parts (a backup rebuild): the chunks of
   /// [parts]; SlotImport 3: [parts][chunks], 4: [parts] done.
   static constexpr uint64_t kExportDenseFill = 3;
   static constexpr uint64_t kExportDenseMove = 4;  // dense parts moving away from this server
   static constexpr uint64_t kImportDenseRows = 3;
   static constexpr uint64_t kImportDenseDone = 4;
-  /// A SlotExport waiting for the requests sequenced by a map older than `version` to reach
-  /// the lanes.
-  struct WaitingExport {
-    uint64_t version;
-    std::function<void()> run;
-  };
   /// Runs the exports no older request waits ahead of (after the queue moved).
   void RunWaitingExports();
   /// The lanes' part of SlotExport `p` of map `version`, once no request sequenced by an
@@ -312,10 +214,6 @@ class ServerImpl {
   Status DenseFillImport(const std::shared_ptr<Pending>& p);
   /// True when forwarded dense push of part `part` waits for that part's fill.
   bool DenseHeldForFill(uint32_t part);
-  struct BackupLink {
-    std::string address;
-    zmq::socket_t dealer;
-  };
   /// A push that counts in another server's sequence (Header::client_origin) is deduplicated
   /// under the client's id mixed with that server: rewrites header.client_id to that key and
   /// keeps the client's own id in p.origin_client. Every push passes here before anything else.
@@ -345,40 +243,26 @@ class ServerImpl {
   void ForwardToBackups(ReplEntry& e);
   /// Sends the dense push of `e` to the backup of its dense part, if it has one.
   void ForwardDenseToBackup(ReplEntry& e);
-  /// The header of a push forwarded to a backup (Header::replica_from), numbered as the
-  /// client numbered it (client_origin) or, without a client id, in this primary's stream.
-  Header ForwardedHeader(const Pending& p, Op op, uint64_t map_version);
   static zmq::message_t EnvelopeOf(const Header& h);
   void SendPiece(ReplPiece& piece);
   /// Counts the backups' answers: OK completes a piece, Unavailable sends it again soon, any
   /// other error fails the entry (nothing applied; the client is told to retry).
   void DrainBackupReplies();
-  void PieceDone(ReplEntry& e, size_t index);
   void FailEntry(ReplEntry& e, const Status& why);
   /// Runs the entries at the head of the queue whose backups all answered.
   void ReleaseReady();
-  /// Sends again each piece unanswered for kReplicaResend (a backup that restarted or lost
-  /// it; the backup applies a piece once: its dedup knows the numbers).
+  /// Sends again the pieces due (ReplicationQueue::Due) and fails the orphans past the limit.
   void ResendReplication();
   /// After a map change: a piece whose backup the map dropped no longer waits for it; an entry
   /// whose slots this server no longer owns waits for its backup's answer (orphaned).
   void ReplicationMapChanged();
-  static constexpr std::chrono::milliseconds kReplicaResend{500};
-  static constexpr std::chrono::seconds kOrphanLimit{30};
-  /// A forwarded push of a newer map version than this server's (or arriving while others
-  /// wait) waits in replica_parked_, in order, until the map is here (ReadmitReplicas, on a
-  /// map change and at each maintenance pass). False when it may be served now.
-  /// True also for a resend of a forwarded push parked already (the same primary, request id,
-  /// client and number: the primary sends unanswered pieces again every kReplicaResend): it is
-  /// dropped, the parked one's answer answers it.
+  /// True when forwarded push `p` waits (or, a resend of one that waits, is dropped) in
+  /// ReplicaPark until this server's map catches up (ReadmitReplicas, on a map change and at
+  /// each maintenance pass); false when it may be served now.
   bool ParkedReplica(const std::shared_ptr<Pending>& p);
   void ReadmitReplicas();
-  /// Holds forwarded push `p` for a backup fill (HeldForFill, DenseHeldForFill): at the head of
-  /// replica_parked_, where it came from (ReadmitReplicas) or where nothing waits. Unavailable
-  /// (the primary sends it again soon) for a new one while others wait: only past
-  /// kMaxReplicaParked (else ParkedReplica took it), and never ahead of older ones.
+  /// Holds forwarded push `p` for a backup fill (HeldForFill, DenseHeldForFill): ReplicaPark.
   Status HoldForFill(const std::shared_ptr<Pending>& p);
-  static constexpr size_t kMaxReplicaParked = 65536;
   /// Closes the links to servers that back up none of this server's slots and dense parts and
   /// that no waiting piece names (after a map change, and at each maintenance pass).
   void CloseUnusedLinks();
@@ -412,18 +296,15 @@ class ServerImpl {
   /// except a push a primary forwarded here.
   void SubmitParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool push,
                    bool may_inline);
-  /// True when the checkpoint cut, a slot copy (ParkedByImport) or the staleness gate parked
-  /// `p` (to be readmitted later), or when `p` is a push held behind a parked push of its
-  /// client (HeldBehindClient).
+  /// True when a gate kept `p`: held behind a parked push of its client (HeldBehindClient),
+  /// parked by the checkpoint cut (ParkedByCut), a slot copy (ParkedByImport) or the
+  /// staleness bound (ParkedByStaleness), to be readmitted later.
   bool Parked(const std::shared_ptr<Pending>& p);
-  /// A client's pushes are logged in its order, so that the dedup's logged mark never passes
-  /// one that waits: while a push of client C is parked, C's later pushes are held behind it
-  /// (client_order_). True when `p` is held (or refused: too many held).
+  bool ParkedByCut(const std::shared_ptr<Pending>& p);
+  bool ParkedByStaleness(const std::shared_ptr<Pending>& p);
+  /// The gate of a client's order: true when `p` is held behind a parked push of its client
+  /// (PushOrder).
   bool HeldBehindClient(const std::shared_ptr<Pending>& p);
-  /// Counts `p`, just parked, as its client's parked push when it is one (OrderedPush).
-  void NoteParked(Pending& p);
-  /// `p` leaves its park: true when it was its client's last parked push (the held ones may go).
-  bool Unpark(Pending& p);
   /// The pushes held behind `client`'s parked one, once none is parked: readmitted in order,
   /// or, when the parked push was refused (`refused`), refused too (their numbers given back,
   /// latest first), since logging them would put the mark above the refused one.
@@ -454,11 +335,8 @@ class ServerImpl {
   // Aborts the pending checkpoint when `h`, refused by map version (the server at `version`),
   // is a push of a step up to its cut.
   void AbortCutForRefusedPush(const Header& h, uint64_t version);
-  // True while a push of a step up to `cut` waits for its backups (not in the lanes yet).
-  bool CutWaitsForBackups(int64_t cut) const;
 
   // ---- admin_ops.cc: checkpoints, restore, export
-  bool ParkedByCut(const std::shared_ptr<Pending>& p);
   Status CheckpointOp(const std::shared_ptr<Pending>& p);
   void TakeSnapshotIfReady();
   // Every lane freezes its rows; the file writer writes them to `dir`/lane-<i>, and runs
@@ -479,7 +357,6 @@ class ServerImpl {
   // its servers' (a row may have moved from one to another since).
   Result<uint32_t> DeltaSince(const std::string& base);
   std::string ServerDir(const std::string& dir, uint32_t rank) const;
-  std::vector<std::pair<uint64_t, TableSpec>> TableList() const;
 
   // Requests of at most this many floats that touch one lane may run on the I/O thread.
   static constexpr uint64_t kInlineMaxFloats = 16384;
@@ -490,7 +367,6 @@ class ServerImpl {
   zmq::context_t ctx_;
   zmq::socket_t router_;   // I/O thread only (after Start)
   zmq::socket_t replies_;  // I/O thread only
-  SlotMap slot_map_;
   std::string endpoint_;
   std::unique_ptr<StorageEngine> engine_;
   std::unique_ptr<RequestLog> log_;
@@ -504,78 +380,54 @@ class ServerImpl {
   std::vector<StagedRun> staged_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::unique_ptr<FileWriter> writer_;
-  std::thread io_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> stopped_{false};
-  zmq::socket_t router_monitor_{ctx_, zmq::socket_type::pair};  // I/O thread only
-  std::string admin_root_;  // canonical; empty: admin ops disabled
+  struct IoThread {
+    std::thread thread;
+    std::atomic<bool> stop{false}, stopped{false};
+  } io_;
 
-  // The cluster map (fencing.cc): written by SetClusterMap on any thread, read by the I/O
-  // thread through its own copy of the pointer, refreshed when map_version_ moves.
-  mutable std::mutex map_mu_;
-  std::shared_ptr<const ClusterMapState> map_;  // guarded by map_mu_
-  std::atomic<uint64_t> map_version_{0};
-  std::shared_ptr<const ClusterMapState> io_map_;  // I/O thread only
-  uint64_t stale_map_refusals_ = 0;                // I/O thread only
-  bool map_changed_ = false;                       // I/O thread only: CurrentMap saw a new one
-  // Resharding (I/O thread only): slots whose copy is in at the current map (SlotImport,
-  // count=1), requests waiting for a copy, and counters for stats.
-  std::vector<bool> import_filled_ = std::vector<bool>(kNumSlots, false);
-  // Dense parts whose copy is in (SlotImport dense done: a backup's fill or a moved part's new
-  // primary), stored like import_filled_ (PersistFilled).
-  std::vector<bool> dense_filled_;
-  // Job metadata keys ("user/NAME") clients wrote here since the process started: a copy of
-  // the records imported when the server joins the map does not replace them.
-  absl::flat_hash_set<std::string> meta_written_;
-  std::vector<std::shared_ptr<Pending>> import_parked_;
-  std::atomic<uint64_t> slot_rows_exported_{0}, slot_rows_imported_{0}, slot_rows_dropped_{0};
-  uint64_t import_parked_total_ = 0;
-  // Forwarded pushes held for a backup fill (HeldForFill), counted each time one is held.
-  uint64_t fill_held_total_ = 0;
-  std::deque<WaitingExport> waiting_exports_;
-  // This process among restarts of the server (random): a mark of SlotExport, since a
-  // restart resets the lanes' step counters.
-  const uint64_t instance_ = RandomInstance();
+  // The cluster map (map_fence_internal.h): set on any thread, read by the I/O thread.
+  MapFence fence_;
+  // Resharding and backup fills, the copy-in side (slot_migration_internal.h).
+  SlotMigration migration_{RandomInstance()};
   static uint64_t RandomInstance();
 
-  // Replication (replication.cc), I/O thread only.
-  std::deque<ReplEntry> repl_queue_;
-  std::deque<std::shared_ptr<Pending>> replica_parked_;
-  // What identifies each of replica_parked_ (ReplicaKey), to drop the primary's resends.
-  absl::flat_hash_set<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>> replica_parked_keys_;
-  const Pending* readmitting_replica_ = nullptr;  // the one ReadmitReplicas is serving
-  uint64_t replica_resends_dropped_ = 0;
-  absl::flat_hash_map<uint64_t, std::pair<ReplEntry*, size_t>> repl_waiting_;
-  absl::flat_hash_map<uint16_t, BackupLink> backup_links_;
-  bool poll_items_dirty_ = true;
-  // The numbering of forwarded pushes that have no client id (a stream of this process).
-  const uint64_t replication_stream_ = instance_ | 1;
-  uint64_t replication_seq_ = 0, replication_ids_ = 0;
-  uint64_t replicated_pushes_ = 0, failed_replications_ = 0, fenced_replicas_ = 0;
+  // Replication (replication_queue_internal.h): the primary's queue, the backup's held
+  // pushes; the links to backups (I/O thread only).
+  struct Replication {
+    ReplicationQueue queue;
+    ReplicaPark park;
+    BackupLinks links;
+  } repl_{ReplicationQueue(migration_.instance() | 1), {},
+          BackupLinks(ctx_, options_.curve_secret_key)};
 
   // State below is owned by the I/O thread.
-  absl::flat_hash_map<uint64_t, TableInfo> tables_;
-  absl::flat_hash_map<std::string, uint64_t> names_;
+  TableRegistry tables_;
   Consistency consistency_;
   PushDedup dedup_;
-  uint64_t requests_ = 0, errors_ = 0, pushes_ = 0, push_keys_ = 0, pulls_ = 0, pull_keys_ = 0,
-           retried_pushes_ = 0;
-  int64_t max_push_clock_ = -1;
-  std::optional<CutState> cut_;
-  std::vector<std::shared_ptr<Pending>> cut_parked_;
-  // Per client id with a parked push (HeldBehindClient): how many are parked, and its later
-  // pushes held behind them, in sequence order.
-  struct ClientOrder {
-    uint32_t parked = 0;
-    std::deque<std::shared_ptr<Pending>> held;
-  };
-  absl::flat_hash_map<uint64_t, ClientOrder> client_order_;
-  uint64_t held_behind_now_ = 0, held_behind_total_ = 0;
+  // What the I/O thread counted, for stats and metrics.
+  struct IoCounts {
+    uint64_t requests = 0, errors = 0, pushes = 0, push_keys = 0, pulls = 0, pull_keys = 0,
+             retried_pushes = 0;
+    // Admission (edge_ops.cc), and forwarded pushes a backup refused by its map.
+    uint64_t refused_connections = 0, dropped_replies = 0, throttled_requests = 0,
+             fenced_replicas = 0;
+  } counts_;
+  // The checkpoint cut and the pushes it parks (checkpoint_cut_internal.h).
+  CheckpointCut cut_;
+  // Pushes held behind a parked push of their client (push_order_internal.h).
+  PushOrder push_order_;
   // True while Readmit runs: a request that waited already is not refused by a park's bound.
   bool readmitting_ = false;
-  ConnectionTable connections_{options_.max_connections};
-  PeerTable peers_{options_.max_in_flight_per_peer};
-  uint64_t refused_connections_ = 0, dropped_replies_ = 0, throttled_requests_ = 0;
+  // The edge (edge_ops.cc): the ROUTER's monitor and the connections it counts, the peers in
+  // flight, and the root admin ops resolve their directories under.
+  struct Edge {
+    zmq::socket_t monitor;  // I/O thread only
+    ConnectionTable connections;
+    PeerTable peers;
+    std::string admin_root;  // canonical; empty: admin ops disabled
+  } edge_{zmq::socket_t(ctx_, zmq::socket_type::pair),
+          ConnectionTable(options_.max_connections), PeerTable(options_.max_in_flight_per_peer),
+          std::string()};
 
   // Metrics (server_metrics_internal.h): the registry the options name, else this one.
   std::unique_ptr<metrics::Registry> own_registry_;
@@ -594,7 +446,6 @@ class ServerImpl {
   void NoteInlineReply(const Header& req, bool ok, size_t bytes);
   // The I/O thread's state into metrics_ (each maintenance pass).
   void PublishIoMetrics();
-  std::vector<std::pair<uint64_t, std::string>> TableNames() const;
 };
 
 }  // namespace tessera::internal

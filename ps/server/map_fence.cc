@@ -2,7 +2,7 @@
 // every data request passes before anything of it is logged or applied.
 #include <algorithm>
 
-#include "ps/server/server_impl_internal.h"
+#include "ps/server/map_fence_internal.h"
 
 namespace tessera::internal {
 namespace {
@@ -31,11 +31,11 @@ void MarkDenseCopies(const RoutingMap& m, uint32_t dense, uint32_t rank, State* 
 
 }  // namespace
 
-Status ServerImpl::SetClusterMap(const RoutingMap& m) {
+Status MapFence::Set(const RoutingMap& m) {
   const uint64_t version = m.version;
-  if (!options_.follow_cluster_map) {
+  if (!follow_) {
     return Status::FailedPrecondition(
-        "server " + std::to_string(options_.rank) +
+        "server " + std::to_string(rank_) +
         " follows no cluster map (ServerOptions::follow_cluster_map is off)");
   }
   if (version == 0) return Status::InvalidArgument("cluster map version 0 is the static cluster");
@@ -50,7 +50,7 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
   auto state = std::make_shared<ClusterMapState>();
   state->version = version;
   state->primary = m.primary;
-  state->dense_servers = m.dense_servers != 0 ? m.dense_servers : options_.num_servers;
+  state->dense_servers = m.dense_servers != 0 ? m.dense_servers : num_servers_;
   if (!m.backup.empty() && m.backup.size() != kNumSlots) {
     return Status::InvalidArgument("cluster map version " + std::to_string(version) + ": " +
                                    std::to_string(m.backup.size()) + " backup entries");
@@ -71,7 +71,7 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
                                    " dense backups for " + std::to_string(dense) + " dense parts");
   }
   state->dense_primary = m.dense_primary;
-  MarkDenseCopies(m, dense, options_.rank, state.get());
+  MarkDenseCopies(m, dense, rank_, state.get());
   if (!none(m.dense_backup)) state->dense_backup = m.dense_backup;
   for (uint32_t slot = 0; slot < m.importing.size(); ++slot) {
     // Only the slots this server must fill matter to it: as their new primary (a move), or as
@@ -79,71 +79,64 @@ Status ServerImpl::SetClusterMap(const RoutingMap& m) {
     const uint16_t from = m.importing[slot];
     if (from == RoutingMap::kNotImporting) continue;
     const uint32_t primary = m.primary.ServerOfSlot(slot);
-    if (from != primary && primary == options_.rank) {
+    if (from != primary && primary == rank_) {
       if (state->importing.empty()) state->importing.assign(kNumSlots, false);
       state->importing[slot] = true;
-    } else if (from == primary && !m.backup.empty() && m.backup[slot] == options_.rank) {
+    } else if (from == primary && !m.backup.empty() && m.backup[slot] == rank_) {
       if (state->filling.empty()) state->filling.assign(kNumSlots, false);
       state->filling[slot] = true;
-    } else if (from != primary && primary != options_.rank) {
+    } else if (from != primary && primary != rank_) {
       if (state->moving_from.empty()) state->moving_from.assign(kNumSlots, RoutingMap::kNoBackup);
       state->moving_from[slot] = from;
     }
   }
   std::shared_ptr<const ClusterMapState> next = std::move(state);
-  std::lock_guard<std::mutex> l(map_mu_);
+  std::lock_guard<std::mutex> l(mu_);
   if (map_ != nullptr && map_->version >= version) return Status::OK();
   map_ = std::move(next);
-  map_version_.store(version, std::memory_order_release);
+  version_.store(version, std::memory_order_release);
   return Status::OK();
 }
 
-const ServerImpl::ClusterMapState* ServerImpl::CurrentMap() {
-  const uint64_t v = map_version_.load(std::memory_order_acquire);
+const ClusterMapState* MapFence::Current() {
+  const uint64_t v = version_.load(std::memory_order_acquire);
   if (v == 0) return nullptr;
   if (io_map_ == nullptr || io_map_->version != v) {
-    std::lock_guard<std::mutex> l(map_mu_);
+    std::lock_guard<std::mutex> l(mu_);
     io_map_ = map_;
-    map_changed_ = true;  // OnMapChanged, once the request at hand is done
+    changed_ = true;  // OnMapChanged, once the request at hand is done
   }
   return io_map_.get();
 }
 
-const SlotMap& ServerImpl::Owners() {
-  const ClusterMapState* map = CurrentMap();
-  return map != nullptr ? map->primary : slot_map_;
+const SlotMap& MapFence::Owners() {
+  const ClusterMapState* map = Current();
+  return map != nullptr ? map->primary : static_owners_;
 }
 
-uint32_t ServerImpl::DenseServers() {
-  const ClusterMapState* map = CurrentMap();
-  return map != nullptr ? map->dense_servers : options_.num_servers;
+uint32_t MapFence::DenseServers() {
+  const ClusterMapState* map = Current();
+  return map != nullptr ? map->dense_servers : num_servers_;
 }
 
-bool ServerImpl::IsRetriedPush(const Header& h) const {
-  return IsPush(h.op) && h.client_id != 0 &&
-         dedup_.Check(h.client_id, h.client_seq) != PushDedup::Verdict::kNew;
+bool MapFence::Matches(const Header& h, uint64_t* mine) {
+  if (!follow_) return true;
+  const ClusterMapState* map = Current();
+  *mine = map == nullptr ? 0 : map->version;
+  return h.map_version == *mine;
 }
 
-Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
-  if (!options_.follow_cluster_map) return Status::OK();
-  const ClusterMapState* map = CurrentMap();
-  const uint64_t mine = map == nullptr ? 0 : map->version;
-  if (h.map_version == mine) return Status::OK();
-  // A retry of a push this server already took applies nothing again: it is answered as a
-  // retry (AnsweredAsRetry) at any version, so that a client resending it after a lost reply
-  // does not send it again elsewhere under a new sequence number.
-  if (exempt_retries && IsRetriedPush(h)) return Status::OK();
-  ++stale_map_refusals_;
-  AbortCutForRefusedPush(h, mine);
+Status MapFence::Refuse(const Header& h, uint64_t mine) {
+  ++refusals_;
   if (h.map_version < mine) {
     return Status::FailedPrecondition(
         "stale cluster map: request has version " + std::to_string(h.map_version) +
-        ", server " + std::to_string(options_.rank) + " is at " + std::to_string(mine) +
+        ", server " + std::to_string(rank_) + " is at " + std::to_string(mine) +
         "; nothing of it was applied");
   }
   return Status::FailedPrecondition(
       "stale cluster map on the server: request has version " + std::to_string(h.map_version) +
-      ", server " + std::to_string(options_.rank) + " is still at " + std::to_string(mine) +
+      ", server " + std::to_string(rank_) + " is still at " + std::to_string(mine) +
       " (it has not seen the newer map yet); nothing of it was applied");
 }
 

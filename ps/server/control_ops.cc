@@ -1,0 +1,185 @@
+// The small ops that need no lane split, or the same body on every lane: tables, job
+// metadata, stats, clocks and barriers.
+#include <sstream>
+
+#include "ps/limits.h"
+#include "ps/optimizer.h"
+#include "ps/server/server_impl_internal.h"
+
+namespace tessera::internal {
+
+Status ServerImpl::CreateTable(const std::shared_ptr<Pending>& p) {
+  if (!p->header.spec) return Status::InvalidArgument("CreateTable without a spec");
+  const TableSpec& spec = *p->header.spec;
+  TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
+  const uint64_t id = TableIdForName(spec.name);
+  TESSERA_ASSIGN_OR_RETURN(bool known, tables_.SameExists(id, spec, "(existing vs requested)"));
+  if (known) {
+    Header r;
+    r.table_id = id;
+    r.spec = spec;
+    ReplyOk(std::move(p->identity), p->header, r);
+    return Status::OK();
+  }
+  TESSERA_RETURN_IF_ERROR(engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
+  tables_.Add(id, spec);
+  p->header.table_id = id;
+  RunOnAllLanes(
+      p, [id, spec](Lane& lane) { return lane.store().AddTable(id, spec); }, false);
+  return Status::OK();
+}
+
+Status ServerImpl::GetTable(const std::shared_ptr<Pending>& p) {
+  const std::optional<uint64_t> id = tables_.IdOf(p->header.name);
+  if (!id) return Status::NotFound("no table named '" + p->header.name + "'");
+  Header r;
+  r.table_id = *id;
+  r.spec = tables_.find(*id)->second.spec;
+  Header req = p->header;
+  req.table_id = *id;
+  ReplyOk(std::move(p->identity), req, r);
+  return Status::OK();
+}
+
+Status ServerImpl::MetaOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.name.empty() || h.name.size() > 1024) {
+    return Status::InvalidArgument("meta name must have 1..1024 bytes");
+  }
+  const std::string key = "user/" + h.name;
+  if (h.op == Op::kPutMeta) {
+    TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
+    if (p->frames[0].size() > (1 << 20)) {
+      return Status::ResourceExhausted("meta records are limited to 1 MiB");
+    }
+    TESSERA_RETURN_IF_ERROR(engine_->PutMeta(key, p->frames[0].to_string_view()));
+    migration_.NoteMetaWritten(key);  // newer than a copy a joining server may get (SlotImport)
+    ReplyOk(std::move(p->identity), h);
+    return Status::OK();
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> v, engine_->GetMeta(key));
+  Header r;
+  r.elem_type = ElemType::kBytes;
+  r.count = v ? 1 : 0;
+  ReplyOk(std::move(p->identity), h, r, v ? &*v : nullptr);
+  return Status::OK();
+}
+
+namespace {
+// One "table NAME id=... kind=... dim=|length=... optimizer=... lr=..." line per table (Stats).
+void AppendTableLines(const TableRegistry& tables, std::ostream& s) {
+  for (auto& [id, t] : tables) {
+    s << "table " << t.spec.name << " id=" << id
+      << " kind=" << (t.spec.kind == TableKind::kSparse ? "sparse" : "dense")
+      << (t.spec.kind == TableKind::kSparse ? " dim=" : " length=")
+      << (t.spec.kind == TableKind::kSparse ? t.spec.dim : t.spec.length)
+      << " optimizer=" << OptimizerKindName(t.spec.optimizer.kind)
+      << " lr=" << t.spec.optimizer.learning_rate << "\n";
+  }
+}
+}  // namespace
+
+Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
+  const uint32_t job_workers = consistency_.job_workers();
+  std::ostringstream s;
+  s << "rank " << options_.rank << "\n"
+    << "num_servers " << options_.num_servers << "\n"
+    << "lanes " << lanes_.size() << "\n"
+    << "tables " << tables_.size() << "\n"
+    << "requests " << counts_.requests << "\n"
+    << "errors " << counts_.errors << "\n"
+    << "pushes " << counts_.pushes << "\n"
+    << "retried_pushes " << counts_.retried_pushes << "\n"
+    << "map_version " << fence_.ReplyVersion() << "\n"
+    << "stale_map_refusals " << fence_.refusals() << "\n"
+    << "slot_rows_exported " << migration_.rows_exported.load() << "\n"
+    << "slot_rows_imported " << migration_.rows_imported.load() << "\n"
+    << "slot_rows_deleted " << migration_.rows_dropped.load() << "\n"
+    << "import_parked_now " << migration_.parked_now() << "\n"
+    << "import_parked_total " << migration_.parked_total() << "\n"
+    << "held_behind_parked_now " << push_order_.held_now() << "\n"
+    << "held_behind_parked_total " << push_order_.held_total() << "\n"
+    << "replicated_pushes " << repl_.queue.replicated() << "\n"
+    << "replication_waiting " << repl_.queue.waiting() << "\n"
+    << "failed_replications " << repl_.queue.failed() << "\n"
+    << "fenced_replicas " << counts_.fenced_replicas << "\n"
+    << "fill_held_total " << repl_.park.fill_held_total() << "\n"
+    << "replica_parked_now " << repl_.park.size() << "\n"
+    << "replica_resends_dropped " << repl_.park.resends_dropped() << "\n"
+    << "fill_exports_waiting " << migration_.exports_waiting() << "\n"
+    << "barrier_waiters " << consistency_.barrier_waiters() << "\n"
+    << "log_last_seq " << log_->last_seq() << "\n"
+    << "log_truncated_to " << log_->truncated() << "\n"
+    << "push_keys " << counts_.push_keys << "\n"
+    << "pulls " << counts_.pulls << "\n"
+    << "pull_keys " << counts_.pull_keys << "\n"
+    << "parked_now " << consistency_.parked_now() << "\n"
+    << "parked_total " << consistency_.parked_total() << "\n"
+    << "job_workers " << job_workers << "\n"
+    << "min_clock " << (job_workers ? consistency_.MinClock(job_workers) : 0) << "\n"
+    << "max_clock " << consistency_.MaxClock() << "\n"
+    << "max_push_clock " << cut_.max_push_clock() << "\n"
+    << "checkpoint_pending " << (cut_.pending() ? 1 : 0) << "\n"
+    << "connections " << edge_.connections.open() << "\n"
+    << "refused_connections " << counts_.refused_connections << "\n"
+    << "stalled_peers " << edge_.peers.stalled_count() << "\n"
+    << "dropped_replies " << counts_.dropped_replies << "\n"
+    << "throttled_requests " << counts_.throttled_requests << "\n";
+  for (const auto& [name, value] : engine_->EngineStats()) s << name << " " << value << "\n";
+  s << metrics_->StatsLines();
+  AppendTableLines(tables_, s);
+  p->text.assign(lanes_.size() + 1, std::string());
+  p->text[0] = s.str();
+  Pending* raw = p.get();
+  RunOnAllLanes(
+      p,
+      [raw](Lane& lane) {
+        StoreStats st = lane.store().stats();
+        std::ostringstream o;
+        const std::string l = "lane" + std::to_string(lane.index()) + "_";
+        o << l << "rows_in_memory " << st.rows_in_memory << "\n"
+          << l << "bytes_in_memory " << st.bytes_in_memory << "\n"
+          << l << "lookups " << st.lookups << "\n"
+          << l << "memory_hits " << st.memory_hits << "\n"
+          << l << "applies " << st.applies << "\n"
+          << l << "evicted_rows " << st.evicted_rows << "\n"
+          << l << "disk_reads " << st.disk_reads << "\n"
+          << l << "write_backs " << st.commits << "\n"
+          << l << "rows_written " << st.rows_written << "\n"
+          << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"
+          << l << "back_pressure_waits " << lane.back_pressure_waits() << "\n"
+          << l << "durable_log_mark " << lane.committed_seq() << "\n";
+        std::lock_guard<std::mutex> g(raw->mu);
+        raw->text[lane.index() + 1] = o.str();
+        return Status::OK();
+      },
+      false);
+  return Status::OK();
+}
+
+Status ServerImpl::ClockOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.clock < 0) return Status::InvalidArgument("negative clock");
+  consistency_.SetClock(h.worker_id, h.clock, h.num_workers);
+  ReplyOk(std::move(p->identity), h);
+  Readmit(consistency_.TakeParked());
+  TakeSnapshotIfReady();
+  return Status::OK();
+}
+
+Status ServerImpl::BarrierOp(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (h.num_workers == 0) return Status::InvalidArgument("barrier with zero workers");
+  if (h.name.empty()) return Status::InvalidArgument("barrier without a name");
+  if (consistency_.barrier_waiters() >= kMaxBarrierWaiters) {
+    return Status::ResourceExhausted("server " + std::to_string(options_.rank) + " holds " +
+                                     std::to_string(kMaxBarrierWaiters) +
+                                     " barrier waits, its limit");
+  }
+  for (auto& w : consistency_.Arrive(std::move(p->identity), h)) {
+    ReplyOk(std::move(w.identity), w.header);
+  }
+  return Status::OK();
+}
+
+}  // namespace tessera::internal
