@@ -136,6 +136,35 @@ void ExpectClose(double want, float got, const std::string& what) {
   EXPECT_NEAR(got, want, 2e-4 + 2e-4 * std::fabs(want)) << what;
 }
 
+// A sparse row the lane scanned (key number k) against its reference: update count, value and
+// the optimizer's state.
+void ExpectRowMatches(const Case& c, int k, const RefRow& r, const float* v, const float* state,
+                      const RowMeta& meta) {
+  EXPECT_EQ(meta.update_count, r.t);
+  for (uint32_t j = 0; j < kDim; ++j) {
+    ExpectClose(r.w[j], v[j],
+                c.name + " key " + std::to_string(k) + " w[" + std::to_string(j) + "]");
+  }
+  switch (c.spec.kind) {
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kAdagrad:
+      for (uint32_t j = 0; j < kDim; ++j) ExpectClose(r.a[j], state[j], c.name + " state");
+      break;
+    case OptimizerKind::kRowwiseAdagrad:
+      ExpectClose(r.row_acc, state[0], c.name + " accumulator");
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kFtrl:
+      for (uint32_t j = 0; j < kDim; ++j) {
+        ExpectClose(r.a[j], state[j], c.name + " state plane 0");
+        ExpectClose(r.b[j], state[kDim + j], c.name + " state plane 1");
+      }
+      break;
+    case OptimizerKind::kSgd:
+      break;
+  }
+}
+
 class OptimizerReferenceTest : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(OptimizerReferenceTest, SparseRowsMatchTheReferenceOverManySteps) {
@@ -185,32 +214,7 @@ TEST_P(OptimizerReferenceTest, SparseRowsMatchTheReferenceOverManySteps) {
                    while (k < kKeys && Mix64(k + 1) != key) ++k;
                    EXPECT_LT(k, kKeys);
                    if (k == kKeys) return false;
-                   const RefRow& r = ref[k];
-                   EXPECT_EQ(meta.update_count, r.t);
-                   for (uint32_t j = 0; j < kDim; ++j) {
-                     ExpectClose(
-                         r.w[j], v[j],
-                         c.name + " key " + std::to_string(k) + " w[" + std::to_string(j) + "]");
-                   }
-                   switch (c.spec.kind) {
-                     case OptimizerKind::kMomentum:
-                     case OptimizerKind::kAdagrad:
-                       for (uint32_t j = 0; j < kDim; ++j)
-                         ExpectClose(r.a[j], state[j], c.name + " state");
-                       break;
-                     case OptimizerKind::kRowwiseAdagrad:
-                       ExpectClose(r.row_acc, state[0], c.name + " accumulator");
-                       break;
-                     case OptimizerKind::kAdam:
-                     case OptimizerKind::kFtrl:
-                       for (uint32_t j = 0; j < kDim; ++j) {
-                         ExpectClose(r.a[j], state[j], c.name + " state plane 0");
-                         ExpectClose(r.b[j], state[kDim + j], c.name + " state plane 1");
-                       }
-                       break;
-                     case OptimizerKind::kSgd:
-                       break;
-                   }
+                   ExpectRowMatches(c, k, ref[k], v, state, meta);
                    ++checked;
                    return true;
                  })

@@ -1,0 +1,120 @@
+// The RocksDB storage engine's class: one RocksDB per server, a column family per table, the
+// request log, and the writer thread of the lanes' write-backs. Defined in rocksdb_engine.cc,
+// except the writer thread (Submit, WriterLoop, WriteRound) in rocksdb_write_back.cc. Lanes are
+// RocksDbLaneStore (rocksdb_lane_store_internal.h). Opened through OpenRocksDbStorageEngine.
+#pragma once
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ps/status.h"
+#include "storage/log_file_internal.h"
+#include "storage/rocksdb_engine_internal.h"
+#include "storage/storage.h"
+
+namespace tessera::internal {
+
+struct WriteBackJob;
+
+class RocksDbEngine final : public StorageEngine {
+ public:
+  static Result<std::unique_ptr<RocksDbEngine>> Open(const StorageOptions& options,
+                                                     const internal::RocksDbHooks& hooks);
+  ~RocksDbEngine() override;
+
+  Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t lane, uint32_t num_lanes) override;
+  Status PutMeta(std::string_view key, std::string_view value) override;
+  Result<std::optional<std::string>> GetMeta(std::string_view key) override;
+  Status ScanMeta(std::string_view prefix,
+                  const std::function<void(std::string_view, std::string_view)>& fn) override;
+  Status CreateCheckpoint(const std::string& dir) override;
+  bool durable() const override { return true; }
+  Status AppendLog(uint64_t seq, std::string_view entry) override;
+  Status AppendLogGroup(std::span<const LogEntry> entries) override;
+  Status ScanLog(uint64_t after,
+                 const std::function<Status(uint64_t, std::string_view)>& fn) override;
+  Status TruncateLog(uint64_t upto) override;
+  std::vector<std::pair<std::string, uint64_t>> EngineStats() const override;
+
+  // For lanes.
+  rocksdb::ColumnFamilyHandle* meta_cf() const { return meta_cf_; }
+  rocksdb::DB* db() const { return db_; }
+  const std::string& dir() const { return options_.data_dir; }
+  // The column family of a table, created on first use; checks the stored layout.
+  Result<rocksdb::ColumnFamilyHandle*> TableFamily(uint64_t table_id, const std::string& layout);
+  // Writes a batch with the WAL, as durably as the mode asks.
+  Status Write(rocksdb::WriteBatch* batch);
+  // Writes rows without the WAL: durable at the next memtable flush (atomic across families).
+  Status WriteRows(rocksdb::WriteBatch* batch);
+  // Queues a lane's hand-off for the writer thread.
+  void Submit(std::shared_ptr<WriteBackJob> job);
+  void ReleaseLane(uint32_t lane) {
+    std::lock_guard<std::mutex> l(mu_);
+    open_lanes_.erase(lane);
+  }
+  Status FlushMemtables();
+
+ private:
+  RocksDbEngine(const StorageOptions& options) : options_(options) {}
+  Status DurableMetaWrite(rocksdb::WriteBatch* batch);
+  void FlusherLoop();
+  void WriterLoop();
+  // Writes a round of hand-offs, then flushes every memtable: their rows and marks are on disk
+  // together or not at all.
+  void WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round);
+  Status BackgroundError() {
+    if (!has_bg_error_.load(std::memory_order_acquire)) return Status::OK();
+    std::lock_guard<std::mutex> l(mu_);
+    return bg_error_;
+  }
+
+  const StorageOptions options_;
+  rocksdb::ColumnFamilyOptions table_cf_options_;
+  rocksdb::DB* db_ = nullptr;
+  rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* log_cf_ = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned; every family opened
+
+  mutable std::mutex mu_;
+  std::map<uint64_t, rocksdb::ColumnFamilyHandle*> families_;  // guarded by mu_
+  std::set<uint32_t> open_lanes_;                              // guarded by mu_
+  Status bg_error_;                                            // guarded by mu_
+  std::atomic<bool> has_bg_error_{false};
+
+  // The request log (docs/storage.md); the "log" family holds entries of older versions only.
+  std::unique_ptr<internal::LogFile> log_file_;
+  bool legacy_log_ = false;
+
+  // The writer thread of write-back hand-offs.
+  std::thread writer_;
+  std::mutex writer_mu_;
+  std::condition_variable writer_cv_;
+  std::vector<std::shared_ptr<WriteBackJob>> jobs_;  // guarded by writer_mu_
+  bool writer_stop_ = false;                         // guarded by writer_mu_
+  bool resume_ = false;                              // writer thread: the last round failed
+
+  // Relaxed mode: a thread flushes the log buffer (and the WAL) every relaxed_window_ms / 2.
+  std::thread flusher_;
+  std::mutex flusher_mu_;
+  std::condition_variable flusher_cv_;
+  bool stop_ = false;  // guarded by flusher_mu_
+};
+
+}  // namespace tessera::internal
