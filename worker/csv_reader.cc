@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "worker/keys.h"
+#include "ps/feature_keys.h"
 #include "worker/line_reader_internal.h"
 
 namespace tessera::worker {

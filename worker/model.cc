@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "worker/keys.h"
+#include "ps/feature_keys.h"
 
 namespace tessera::worker {
 
