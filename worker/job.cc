@@ -24,8 +24,7 @@ namespace tessera::worker {
 namespace {
 
 double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // What one worker trained in this run: its record "<job>/trained/<worker>" for the job's totals.
@@ -77,8 +76,7 @@ CurveRow TrainingRow(const TrainProgress& p, uint64_t global_batch) {
 class Job {
  public:
   explicit Job(const JobOptions& o)
-      : o_(o), out_(o.out), nl_(std::max<uint32_t>(o.local_ranks, 1)),
-        batch_size_(o.batch_size) {}
+      : o_(o), out_(o.out), nl_(std::max<uint32_t>(o.local_ranks, 1)), batch_size_(o.batch_size) {}
 
   Status SetUpLocalRanks();
   Status Connect();
@@ -102,8 +100,8 @@ class Job {
 
   const JobOptions& o_;
   std::FILE* out_;
-  const uint32_t nl_;       // local ranks
-  uint32_t batch_size_;     // the option's, or chosen from the data
+  const uint32_t nl_;    // local ranks
+  uint32_t batch_size_;  // the option's, or chosen from the data
   int gpus_ = 0;
   std::shared_ptr<ReduceGroup> group_;
   std::unique_ptr<Client> client_;
@@ -192,8 +190,7 @@ Status Job::SetUpData() {
   if (batch_size_ == 0) {
     // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
     TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
-    batch_size_ =
-        static_cast<uint32_t>(std::clamp<uint64_t>(shard / kMinStepsPerEpoch, 32, 1024));
+    batch_size_ = static_cast<uint32_t>(std::clamp<uint64_t>(shard / kMinStepsPerEpoch, 32, 1024));
     std::fprintf(out_, "worker %u batch size %u (chosen: %llu training samples a rank)\n",
                  o_.worker_id, batch_size_, static_cast<unsigned long long>(shard));
   }
@@ -239,10 +236,10 @@ void Job::SetUpTrainer() {
   topt_.progress_interval_s = o_.progress_interval_s;
   topt_.on_progress = [this](const TrainProgress& p) {
     if (o_.observer) o_.observer->OnProgress(p);
-    std::fprintf(out_, "worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
-                 o_.worker_id, static_cast<unsigned long long>(p.step),
-                 static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss,
-                 p.running_auc);
+    std::fprintf(
+        out_, "worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
+        o_.worker_id, static_cast<unsigned long long>(p.step),
+        static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss, p.running_auc);
     std::fflush(out_);
   };
 }
@@ -252,9 +249,9 @@ Status Job::ReadValidationSamples(Batch* samples) {
   TESSERA_ASSIGN_OR_RETURN(auto reader, OpenValidationData(dopt_));
   samples->Clear(reader->schema());
   while (samples->size < o_.validation_samples) {
-    auto n = reader->Read(static_cast<uint32_t>(std::min<uint64_t>(
-                              o_.validation_samples - samples->size, 1u << 16)),
-                          samples);
+    auto n = reader->Read(
+        static_cast<uint32_t>(std::min<uint64_t>(o_.validation_samples - samples->size, 1u << 16)),
+        samples);
     if (!n.ok()) return n.status().WithContext("reading the validation part");
     if (*n == 0) break;
   }
@@ -288,8 +285,9 @@ Status Job::SetUpValidation() {
     TESSERA_ASSIGN_OR_RETURN(validation_backend_,
                              CreateCpuBackend(*layout_, {std::max(o_.threads, 2)}));
     if (o_.admin_root.empty()) {
-      std::fprintf(out_, "worker 0: no --admin_root: the best validated state is not kept; the "
-                         "test scores the final state\n");
+      std::fprintf(out_,
+                   "worker 0: no --admin_root: the best validated state is not kept; the "
+                   "test scores the final state\n");
     }
   }
   TESSERA_ASSIGN_OR_RETURN(validator_,
@@ -306,16 +304,16 @@ Result<bool> Job::ValidationPause(const TrainProgress& p) {
   if (o_.worker_id != 0) return stop;
   const ValidationPoint& v = validator_->history().back();
   std::fprintf(out_, "worker 0 validate step %llu samples %llu auc %.4f logloss %.4f%s\n",
-               static_cast<unsigned long long>(v.step),
-               static_cast<unsigned long long>(v.samples), v.auc, v.logloss,
-               validator_->rounds_without_improvement() == 0 ? " (best)" : "");
+               static_cast<unsigned long long>(v.step), static_cast<unsigned long long>(v.samples),
+               v.auc, v.logloss, validator_->rounds_without_improvement() == 0 ? " (best)" : "");
   if (stop) {
-    std::fprintf(out_, "worker 0 early stop after step %llu: no better validation %s for %u "
-                       "rounds (best: step %llu auc %.4f logloss %.4f)\n",
+    std::fprintf(out_,
+                 "worker 0 early stop after step %llu: no better validation %s for %u "
+                 "rounds (best: step %llu auc %.4f logloss %.4f)\n",
                  static_cast<unsigned long long>(p.step),
                  o_.early_stopping_by_auc ? "auc" : "logloss", o_.early_stopping_patience,
-                 static_cast<unsigned long long>(validator_->best()->step),
-                 validator_->best()->auc, validator_->best()->logloss);
+                 static_cast<unsigned long long>(validator_->best()->step), validator_->best()->auc,
+                 validator_->best()->logloss);
   }
   std::fflush(out_);
   if (curve_) {
@@ -412,7 +410,8 @@ Status Job::Train() {
 Status Job::RestoreBest(JobReport* report) {
   report->tested_step = trained_.steps;
   if (!validator_) return Status::OK();
-  TESSERA_ASSIGN_OR_RETURN(std::optional<uint64_t> restored, validator_->RestoreBest(trained_.steps));
+  TESSERA_ASSIGN_OR_RETURN(std::optional<uint64_t> restored,
+                           validator_->RestoreBest(trained_.steps));
   if (!restored) return Status::OK();
   // The state the test scores: scored on the validation part again, it must give the best
   // round's figures.
@@ -420,8 +419,9 @@ Status Job::RestoreBest(JobReport* report) {
   report->restored = true;
   report->tested_step = *restored;
   report->restored_validation_auc = again.auc;
-  std::fprintf(out_, "worker 0 restored the best validated state (step %llu, checkpoint %s) for "
-                     "the test\n",
+  std::fprintf(out_,
+               "worker 0 restored the best validated state (step %llu, checkpoint %s) for "
+               "the test\n",
                static_cast<unsigned long long>(*restored), validator_->best_checkpoint().c_str());
   return Status::OK();
 }
@@ -463,10 +463,10 @@ Result<JobReport> Job::Test() {
   report.skipped_lines = skipped_lines_.count();
   if (!o_.evaluate) return report;
   const TrainResult& tr = trained_;
-  TESSERA_RETURN_IF_ERROR(store_->PutMeta(
-      o_.job + "/trained/" + std::to_string(o_.worker_id),
-      FormatTrained({tr.samples, tr.train_loss * static_cast<double>(tr.samples), train_start_s_,
-                     train_end_s_})));
+  TESSERA_RETURN_IF_ERROR(
+      store_->PutMeta(o_.job + "/trained/" + std::to_string(o_.worker_id),
+                      FormatTrained({tr.samples, tr.train_loss * static_cast<double>(tr.samples),
+                                     train_start_s_, train_end_s_})));
   TESSERA_RETURN_IF_ERROR(store_->Barrier(o_.job + "/train_done"));
   if (o_.worker_id != 0) return report;
   TESSERA_ASSIGN_OR_RETURN(const Trained job, JobTotals(store_.get(), o_.job, o_.num_workers));
@@ -477,7 +477,8 @@ Result<JobReport> Job::Test() {
   TESSERA_RETURN_IF_ERROR(RestoreBest(&report));
   TESSERA_ASSIGN_OR_RETURN(auto test, OpenTestData(dopt_));
   TESSERA_ASSIGN_OR_RETURN(auto backend, CreateCpuBackend(*layout_, {std::max(o_.threads, 2)}));
-  TESSERA_ASSIGN_OR_RETURN(report.test, Evaluate(*layout_, store_.get(), backend.get(), test.get()));
+  TESSERA_ASSIGN_OR_RETURN(report.test,
+                           Evaluate(*layout_, store_.get(), backend.get(), test.get()));
   if (validator_) report.best_validation = validator_->best();
   const EvalResult& ev = report.test;
   if (o_.observer) o_.observer->OnTest(ev.auc, ev.logloss);

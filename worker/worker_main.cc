@@ -195,7 +195,9 @@ std::optional<int> ClusterFromFlags(tw::JobOptions* o) {
                                              "--coordinator the cluster map names the servers)");
     }
     auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
-    if (!url.ok()) return tessera::cli::UsageError(kTool, "--coordinator: " + url.status().ToString());
+    if (!url.ok()) {
+      return tessera::cli::UsageError(kTool, "--coordinator: " + url.status().ToString());
+    }
     o->cluster_map = [coordinator = *url]()
         -> tessera::Result<std::unique_ptr<tessera::ClusterMapSource>> {
       TESSERA_ASSIGN_OR_RETURN(auto source, tessera::EtcdClusterMapSource::Create(coordinator));
@@ -299,7 +301,9 @@ std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
                                            "--max_steps too");
   }
   auto decay = tw::ParseLrDecay(FLAGS_lr_decay);
-  if (!decay.ok()) return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
+  if (!decay.ok()) {
+    return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
+  }
   if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
     return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
   }
@@ -375,7 +379,8 @@ void PrintReport(const tw::JobReport& r) {
   if (!r.report_html.empty()) report["report_html"] = r.report_html;
   if (FLAGS_skip_bad_lines) report["skipped_lines"] = r.skipped_lines;
   // A --data path need not be UTF-8; replace what is not rather than throw.
-  std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::printf("%s\n",
+              report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 }  // namespace
