@@ -135,9 +135,10 @@ struct JobOptions {
   // ---- the model (ModelConfig; the data gives the number of fields and dense features)
   /// Embedding width (--embedding_dim). Default: 8.
   uint32_t embedding_dim = 8;
-  /// Bottom and top MLP hidden widths, comma-separated, may be empty (--bottom_mlp, --top_mlp);
-  /// read by ParseLayerWidths once the data is open. Default: "64".
+  /// Bottom MLP hidden widths, comma-separated, may be empty (--bottom_mlp); read by
+  /// ParseLayerWidths once the data is open (an error fails the job). Default: "64".
   std::string bottom_mlp = "64";
+  /// Top MLP hidden widths, as bottom_mlp (--top_mlp). Default: "64".
   std::string top_mlp = "64";
   /// Embedding bag pooling (--pooling). Default: sum.
   Pooling pooling = Pooling::kSum;
@@ -145,18 +146,23 @@ struct JobOptions {
   ModelKind model = ModelKind::kDlrm;
   /// dcn: DCN-v2 cross layers before the top MLP (--cross_layers). Default: 3.
   uint32_t cross_layers = 3;
-  /// Train the deep part, the wide part (FTRL) (--deep, --wide). Default: both.
+  /// Train the deep part (embeddings and MLPs) (--deep). Default: true.
   bool deep = true;
+  /// Train the wide part (FTRL) (--wide). Default: true.
   bool wide = true;
-  /// Learning rates: embeddings (Adagrad), MLP (Adam), wide (FTRL alpha) (--emb_lr, --dense_lr,
-  /// --wide_lr). Default: 0.05, 0.003, 0.05.
+  /// Embedding Adagrad learning rate (--emb_lr). Default: 0.05.
   double emb_lr = 0.05;
+  /// MLP Adam learning rate (--dense_lr). Default: 0.003.
   double dense_lr = 0.003;
+  /// Wide FTRL alpha (--wide_lr). Default: 0.05.
   double wide_lr = 0.05;
-  /// L2 strengths, applied by the servers (--emb_l2, --dense_l2, --wide_l2). Default: 0, 0,
-  /// 0.1.
+  /// L2 regularization of the embeddings, applied by the servers to the rows a push updates
+  /// (--emb_l2). Default: 0.
   double emb_l2 = 0;
+  /// L2 regularization of the MLP weights and biases, applied by the servers (--dense_l2).
+  /// Default: 0.
   double dense_l2 = 0;
+  /// Wide FTRL L2 strength (--wide_l2). Default: 0.1.
   double wide_l2 = 0.1;
   /// Embedding Adagrad initial accumulator (--emb_init_acc). Default: ModelConfig's.
   double emb_init_acc = ModelConfig::DefaultEmbeddingOptimizer().initial_accumulator;
@@ -200,10 +206,12 @@ struct JobReport {
   TrainResult train;
   /// Whether this node tested the model (worker 0 with `evaluate`): the fields below are set.
   bool tested = false;
-  /// Every worker's samples of this run, their summed training loss, and the first start and
-  /// the last end of training (Unix seconds, the workers' clocks).
+  /// Every worker's samples of this run (from their records "<job>/trained/<worker>").
   uint64_t job_samples = 0;
+  /// Their summed training loss.
   double job_loss_sum = 0;
+  /// The first worker's start and the last one's end of training, in Unix seconds (the
+  /// workers' clocks: one machine, or synchronized).
   double job_start_s = 0;
   double job_end_s = 0;
   /// The test figures.
@@ -212,12 +220,13 @@ struct JobReport {
   std::optional<ValidationPoint> best_validation;
   /// The step whose state the test scored: the best round's, restored, or the last step.
   uint64_t tested_step = 0;
-  /// Whether the best validated state was restored for the test, and its validation AUC
-  /// scored again after the restore (NaN when not restored).
+  /// Whether the best validated state was restored for the test.
   bool restored = false;
+  /// The restored state's validation AUC, scored again after the restore (NaN: not restored).
   double restored_validation_auc = std::numeric_limits<double>::quiet_NaN();
-  /// Path of metrics.csv, and of report.html (empty: not written; stderr says why).
+  /// Path of metrics.csv.
   std::string metrics_csv;
+  /// Path of report.html; empty when it could not be written (stderr says why).
   std::string report_html;
   /// Malformed lines skipped (skip_bad_lines).
   uint64_t skipped_lines = 0;
