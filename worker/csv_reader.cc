@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "worker/keys.h"
+#include "ps/feature_keys.h"
 #include "worker/line_reader_internal.h"
 
 namespace tessera::worker {
@@ -209,91 +209,86 @@ void SkippedLines::NoteError(const std::string& error) {
   if (first_error_.empty()) first_error_ = error;
 }
 
-Result<CsvSchema> ParseCsvSchema(std::string_view text) {
-  CsvSchema s;
-  bool has_label = false, has_categorical = false;
-  std::set<std::string> seen_keys;
-  std::vector<std::string_view> clauses;
-  Split(text, ';', &clauses);
-  for (std::string_view raw : clauses) {
-    if (Trim(raw).empty()) continue;
-    // Trailing spaces stay for the delimiter clause ("delimiter= " is a space).
-    std::string_view clause = raw;
-    while (!clause.empty() && clause.front() == ' ') clause.remove_prefix(1);
-    const size_t eq = clause.find('=');
-    if (eq == std::string_view::npos) {
+namespace {
+
+// "numeric=A:log,B,...": the numeric columns of a schema and their transforms.
+Status ParseNumericColumns(std::string_view value, std::string_view clause,
+                           std::vector<CsvNumericColumn>* out) {
+  if (value.empty()) return Status::OK();  // "numeric=": no dense features
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> items, ListItems(value, clause));
+  for (const std::string& item : items) {
+    CsvNumericColumn col;
+    const size_t colon = item.rfind(':');
+    col.column = Trim(std::string_view(item).substr(0, colon));
+    if (colon != std::string::npos) {
+      const std::string_view t = Trim(std::string_view(item).substr(colon + 1));
+      if (t == "log") {
+        col.transform = NumericTransform::kLog;
+      } else if (t != "none") {
+        return Status::InvalidArgument("numeric column '" + col.column +
+                                       "': unknown transform '" + std::string(t) +
+                                       "' (want none or log)");
+      }
+    }
+    if (col.column.empty()) {
       return Status::InvalidArgument("schema clause '" + std::string(clause) +
-                                     "' is not key=value");
+                                     "' has an empty column name");
     }
-    const std::string key(Trim(clause.substr(0, eq)));
-    const std::string_view raw_value = clause.substr(eq + 1);
-    const std::string_view value = Trim(raw_value);
-    if (!seen_keys.insert(key).second) {
-      return Status::InvalidArgument("schema key '" + key + "' given twice");
+    out->push_back(std::move(col));
+  }
+  return Status::OK();
+}
+
+// One "key=value" clause of a schema into `s`; `seen_keys` are the keys of the clauses before.
+Status ParseSchemaClause(std::string_view clause, std::set<std::string>* seen_keys,
+                         CsvSchema* s) {
+  const size_t eq = clause.find('=');
+  if (eq == std::string_view::npos) {
+    return Status::InvalidArgument("schema clause '" + std::string(clause) +
+                                   "' is not key=value");
+  }
+  const std::string key(Trim(clause.substr(0, eq)));
+  const std::string_view raw_value = clause.substr(eq + 1);
+  const std::string_view value = Trim(raw_value);
+  if (!seen_keys->insert(key).second) {
+    return Status::InvalidArgument("schema key '" + key + "' given twice");
+  }
+  if (key == "label") {
+    if (value.empty() || value.find(',') != std::string_view::npos) {
+      return Status::InvalidArgument("schema clause '" + std::string(clause) +
+                                     "' must name one column");
     }
-    if (key == "label") {
-      if (value.empty() || value.find(',') != std::string_view::npos) {
-        return Status::InvalidArgument("schema clause '" + std::string(clause) +
-                                       "' must name one column");
-      }
-      s.label = std::string(value);
-      has_label = true;
-    } else if (key == "categorical") {
-      TESSERA_ASSIGN_OR_RETURN(s.categorical, ListItems(value, clause));
-      has_categorical = true;
-    } else if (key == "numeric") {
-      if (value.empty()) continue;  // "numeric=": no dense features
-      TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> items, ListItems(value, clause));
-      for (const std::string& item : items) {
-        CsvNumericColumn col;
-        const size_t colon = item.rfind(':');
-        col.column = Trim(std::string_view(item).substr(0, colon));
-        if (colon != std::string::npos) {
-          const std::string_view t = Trim(std::string_view(item).substr(colon + 1));
-          if (t == "log") {
-            col.transform = NumericTransform::kLog;
-          } else if (t != "none") {
-            return Status::InvalidArgument("numeric column '" + col.column +
-                                           "': unknown transform '" + std::string(t) +
-                                           "' (want none or log)");
-          }
-        }
-        if (col.column.empty()) {
-          return Status::InvalidArgument("schema clause '" + std::string(clause) +
-                                         "' has an empty column name");
-        }
-        s.numeric.push_back(std::move(col));
-      }
-    } else if (key == "delimiter") {
-      if (raw_value.empty()) {
-        return Status::InvalidArgument(
-            "schema delimiter is empty (a ';' delimiter is written delimiter=semicolon)");
-      }
-      TESSERA_ASSIGN_OR_RETURN(s.delimiter,
-                               ParseDelimiter(raw_value.size() == 1 ? raw_value : value));
-    } else if (key == "header") {
-      if (value == "true") {
-        s.header = true;
-      } else if (value == "false") {
-        s.header = false;
-      } else {
-        return Status::InvalidArgument("schema header must be true or false, not '" +
-                                       std::string(value) + "'");
-      }
+    s->label = std::string(value);
+  } else if (key == "categorical") {
+    TESSERA_ASSIGN_OR_RETURN(s->categorical, ListItems(value, clause));
+  } else if (key == "numeric") {
+    return ParseNumericColumns(value, clause, &s->numeric);
+  } else if (key == "delimiter") {
+    if (raw_value.empty()) {
+      return Status::InvalidArgument(
+          "schema delimiter is empty (a ';' delimiter is written delimiter=semicolon)");
+    }
+    TESSERA_ASSIGN_OR_RETURN(s->delimiter,
+                             ParseDelimiter(raw_value.size() == 1 ? raw_value : value));
+  } else if (key == "header") {
+    if (value == "true") {
+      s->header = true;
+    } else if (value == "false") {
+      s->header = false;
     } else {
-      return Status::InvalidArgument("unknown schema key '" + key +
-                                     "' (want label, numeric, categorical, delimiter, header)");
+      return Status::InvalidArgument("schema header must be true or false, not '" +
+                                     std::string(value) + "'");
     }
+  } else {
+    return Status::InvalidArgument("unknown schema key '" + key +
+                                   "' (want label, numeric, categorical, delimiter, header)");
   }
-  if (!has_label) return Status::InvalidArgument("schema has no label=COLUMN");
-  if (!has_categorical || s.categorical.empty()) {
-    return Status::InvalidArgument("schema has no categorical=COLUMN,... (at least one)");
-  }
-  if (s.categorical.size() > kMaxFields) {
-    return Status::InvalidArgument("schema has " + std::to_string(s.categorical.size()) +
-                                   " categorical columns, at most " + std::to_string(kMaxFields));
-  }
-  // Roles: each list names a column once, and the label is no feature.
+  return Status::OK();
+}
+
+// Roles: each list names a column once, and the label is no feature; without a header every
+// column is an index.
+Status CheckSchemaColumns(const CsvSchema& s) {
   std::set<std::string> numeric_cols, categorical_cols;
   for (const auto& n : s.numeric) {
     if (!numeric_cols.insert(n.column).second) {
@@ -318,6 +313,32 @@ Result<CsvSchema> ParseCsvSchema(std::string_view text) {
     for (const auto& n : s.numeric) TESSERA_RETURN_IF_ERROR(check(n.column));
     for (const auto& c : s.categorical) TESSERA_RETURN_IF_ERROR(check(c));
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<CsvSchema> ParseCsvSchema(std::string_view text) {
+  CsvSchema s;
+  std::set<std::string> seen_keys;
+  std::vector<std::string_view> clauses;
+  Split(text, ';', &clauses);
+  for (std::string_view raw : clauses) {
+    if (Trim(raw).empty()) continue;
+    // Trailing spaces stay for the delimiter clause ("delimiter= " is a space).
+    std::string_view clause = raw;
+    while (!clause.empty() && clause.front() == ' ') clause.remove_prefix(1);
+    TESSERA_RETURN_IF_ERROR(ParseSchemaClause(clause, &seen_keys, &s));
+  }
+  if (!seen_keys.count("label")) return Status::InvalidArgument("schema has no label=COLUMN");
+  if (!seen_keys.count("categorical") || s.categorical.empty()) {
+    return Status::InvalidArgument("schema has no categorical=COLUMN,... (at least one)");
+  }
+  if (s.categorical.size() > kMaxFields) {
+    return Status::InvalidArgument("schema has " + std::to_string(s.categorical.size()) +
+                                   " categorical columns, at most " + std::to_string(kMaxFields));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckSchemaColumns(s));
   return s;
 }
 

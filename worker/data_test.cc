@@ -9,11 +9,11 @@
 #include <random>
 #include <set>
 
+#include "ps/feature_keys.h"
 #include "worker/batch.h"
 #include "worker/csv_reader.h"
 #include "worker/data_reader.h"
 #include "worker/data_source.h"
-#include "worker/keys.h"
 #include "worker/metrics.h"
 #include "worker/readers.h"
 #include "worker/synthetic_data.h"

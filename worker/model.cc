@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "worker/keys.h"
+#include "ps/feature_keys.h"
 
 namespace tessera::worker {
 
@@ -74,7 +74,11 @@ std::string_view ModelKindName(ModelKind kind) {
   return "unknown";
 }
 
-Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
+namespace {
+
+// What ModelLayout::Create refuses: field counts, empty parts, 0-wide layers, kinds without
+// their deep part.
+Status CheckModelConfig(const ModelConfig& c) {
   if (c.num_fields == 0 || c.num_fields > kMaxFields) {
     return Status::InvalidArgument("num_fields must be in [1, " + std::to_string(kMaxFields) + "]");
   }
@@ -95,8 +99,22 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
     return Status::InvalidArgument("num_cross_layers " + std::to_string(c.num_cross_layers) +
                                    " is above 64");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(CheckModelConfig(c));
   ModelLayout l;
   l.config_ = c;
+  TESSERA_RETURN_IF_ERROR(l.PlaceLayers());
+  l.AddTables();
+  return l;
+}
+
+Status ModelLayout::PlaceLayers() {
+  const ModelConfig& c = config_;
   uint64_t offset = 1;  // the global bias
   auto add = [&](std::vector<LayerShape>* v, uint32_t in, uint32_t out, bool relu) {
     LayerShape s;
@@ -112,36 +130,40 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
     if (c.num_dense > 0) {
       uint32_t in = c.num_dense;
       for (uint32_t w : c.bottom_mlp) {
-        add(&l.bottom_, in, w, true);
+        add(&bottom_, in, w, true);
         in = w;
       }
-      add(&l.bottom_, in, d, true);
+      add(&bottom_, in, d, true);
     }
-    l.num_vectors_ = c.num_fields + (c.num_dense > 0 ? 1 : 0);
+    num_vectors_ = c.num_fields + (c.num_dense > 0 ? 1 : 0);
     if (c.kind == ModelKind::kDlrm) {
-      l.top_input_ = (c.num_dense > 0 ? d : 0) + l.num_vectors_ * (l.num_vectors_ - 1) / 2;
+      top_input_ = (c.num_dense > 0 ? d : 0) + num_vectors_ * (num_vectors_ - 1) / 2;
     } else {
       // DeepFM's DNN and DCN-v2's cross layers read the concatenated vectors x0.
-      l.top_input_ = l.num_vectors_ * d;
+      top_input_ = num_vectors_ * d;
     }
-    if (l.top_input_ == 0) return Status::InvalidArgument("the top MLP would have no input");
+    if (top_input_ == 0) return Status::InvalidArgument("the top MLP would have no input");
     if (c.kind == ModelKind::kDcn) {
       for (uint32_t i = 0; i < c.num_cross_layers; ++i) {
-        add(&l.cross_, l.top_input_, l.top_input_, false);
+        add(&cross_, top_input_, top_input_, false);
       }
     }
-    uint32_t in = l.top_input_;
+    uint32_t in = top_input_;
     for (uint32_t w : c.top_mlp) {
-      add(&l.top_, in, w, true);
+      add(&top_, in, w, true);
       in = w;
     }
-    add(&l.top_, in, 1, false);
+    add(&top_, in, 1, false);
   }
-  l.num_params_ = offset;
+  num_params_ = offset;
+  return Status::OK();
+}
 
+void ModelLayout::AddTables() {
+  const ModelConfig& c = config_;
   const std::string& p = c.table_prefix;
   InitializerSpec zeros;
-  l.dense_tables_.push_back({TableSpec::Dense(p + "/bias", 1, c.dense_optimizer, zeros), 0});
+  dense_tables_.push_back({TableSpec::Dense(p + "/bias", 1, c.dense_optimizer, zeros), 0});
   auto layer_tables = [&](const std::vector<LayerShape>& layers, const std::string& name) {
     for (size_t i = 0; i < layers.size(); ++i) {
       // PyTorch's nn.Linear default: W and b uniform in +-1/sqrt(fan_in).
@@ -152,25 +174,24 @@ Result<ModelLayout> ModelLayout::Create(const ModelConfig& c) {
       init.b = bound;
       init.seed = c.init_seed + 101 * (i + 1) + (name == "top" ? 7919 : 0) +
                   (name == "cross" ? 15485863 : 0);
-      l.dense_tables_.push_back({TableSpec::Dense(p + "/" + name + std::to_string(i),
-                                                  layers[i].size(), c.dense_optimizer, init),
-                                 layers[i].offset});
+      dense_tables_.push_back({TableSpec::Dense(p + "/" + name + std::to_string(i),
+                                                layers[i].size(), c.dense_optimizer, init),
+                               layers[i].offset});
     }
   };
-  layer_tables(l.bottom_, "bottom");
-  layer_tables(l.cross_, "cross");
-  layer_tables(l.top_, "top");
+  layer_tables(bottom_, "bottom");
+  layer_tables(cross_, "cross");
+  layer_tables(top_, "top");
   if (c.deep) {
     InitializerSpec init;
     init.kind = InitializerKind::kUniform;
     init.a = -c.embedding_init_scale;
     init.b = c.embedding_init_scale;
     init.seed = c.init_seed;
-    l.embedding_table_ =
+    embedding_table_ =
         TableSpec::Sparse(p + "/emb", c.embedding_dim, c.embedding_optimizer, init);
   }
-  if (c.wide) l.wide_table_ = TableSpec::Sparse(p + "/wide", 1, c.wide_optimizer, zeros);
-  return l;
+  if (c.wide) wide_table_ = TableSpec::Sparse(p + "/wide", 1, c.wide_optimizer, zeros);
 }
 
 }  // namespace tessera::worker

@@ -128,6 +128,11 @@ class ModelLayout {
   const TableSpec& wide_table() const { return wide_table_; }
 
  private:
+  // The layers' shapes and places in the flat vector, from config_ (checked).
+  Status PlaceLayers();
+  // The server tables of the placed layers, the embeddings and the wide part.
+  void AddTables();
+
   ModelConfig config_;
   std::vector<LayerShape> bottom_, top_, cross_;
   uint64_t num_params_ = 0;

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "worker/keys.h"
+#include "ps/feature_keys.h"
 #include "worker/line_reader_internal.h"
 
 namespace tessera::worker {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "ps/feature_keys.h"
 #include "ps/routing.h"
-#include "worker/keys.h"
 
 namespace tessera::worker {
 namespace {

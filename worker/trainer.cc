@@ -104,6 +104,50 @@ double SecondsSince(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
+// The progress since the previous report (leader; other ranks, with no running metrics, get
+// zeros in the figures they do not track). Each report starts the next report's window.
+class ProgressWindow {
+ public:
+  explicit ProgressWindow(SteadyClock::time_point start) : start_(start), last_report_(start) {}
+
+  // `result` holds the run's sums so far (samples, summed loss).
+  TrainProgress Next(uint64_t step, const TrainResult& result, const RunningMetrics* running) {
+    TrainProgress p;
+    p.step = step;
+    p.samples = result.samples;
+    p.seconds = SecondsSince(start_);
+    const double dt = SecondsSince(last_report_);
+    p.samples_per_s = dt > 0 ? static_cast<double>(result.samples - last_samples_) / dt : 0;
+    p.loss = result.samples > last_samples_
+                 ? (result.train_loss - last_loss_) /
+                       static_cast<double>(result.samples - last_samples_)
+                 : 0;
+    if (running != nullptr) {
+      p.running_auc = running->Auc();
+      p.running_logloss = running->LogLoss();
+    }
+    last_report_ = SteadyClock::now();
+    last_samples_ = result.samples;
+    last_loss_ = result.train_loss;
+    return p;
+  }
+  double SecondsSinceReport() const { return SecondsSince(last_report_); }
+
+ private:
+  const SteadyClock::time_point start_;
+  SteadyClock::time_point last_report_;
+  uint64_t last_samples_ = 0;
+  double last_loss_ = 0;
+};
+
+// The run's sums (samples, summed loss) into its figures, after `seconds` of training.
+void FinishResult(double seconds, TrainResult* result) {
+  result->seconds = seconds;
+  result->samples_per_s = seconds > 0 ? static_cast<double>(result->samples) / seconds : 0;
+  result->train_loss =
+      result->samples > 0 ? result->train_loss / static_cast<double>(result->samples) : 0;
+}
+
 struct Position {
   uint64_t step = 0;
   int64_t clock = 0;
@@ -430,9 +474,7 @@ Result<TrainResult> Trainer::Train() {
   result.resumed_steps = step_;
   running_ = std::make_unique<RunningMetrics>(options_.running_window);
   const auto start = SteadyClock::now();
-  auto last_report = start;
-  uint64_t last_samples = 0;
-  double last_loss = 0;
+  ProgressWindow window(start);
   Step a, b;
   Step* cur = &a;
   Step* next = &b;
@@ -444,28 +486,7 @@ Result<TrainResult> Trainer::Train() {
   };
   auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };
   const bool pull_early = options_.prefetch && options_.staleness != 0;
-  // The progress since the previous report (leader; other ranks get zeros in the figures they
-  // do not track). Starts the next report's window.
-  auto report = [&]() -> TrainProgress {
-    TrainProgress p;
-    p.step = step_;
-    p.samples = result.samples;
-    p.seconds = SecondsSince(start);
-    const double dt = SecondsSince(last_report);
-    p.samples_per_s = dt > 0 ? static_cast<double>(result.samples - last_samples) / dt : 0;
-    p.loss =
-        result.samples > last_samples
-            ? (result.train_loss - last_loss) / static_cast<double>(result.samples - last_samples)
-            : 0;
-    if (leader_) {
-      p.running_auc = running_->Auc();
-      p.running_logloss = running_->LogLoss();
-    }
-    last_report = SteadyClock::now();
-    last_samples = result.samples;
-    last_loss = result.train_loss;
-    return p;
-  };
+  auto report = [&] { return window.Next(step_, result, leader_ ? running_.get() : nullptr); };
 
   if (!limit_reached()) {
     Status s = Prepare(cur);
@@ -506,7 +527,7 @@ Result<TrainResult> Trainer::Train() {
     }
     if (!s.ok()) return fail(s);
     if (leader_ && options_.progress_interval_s > 0 &&
-        SecondsSince(last_report) >= options_.progress_interval_s) {
+        window.SecondsSinceReport() >= options_.progress_interval_s) {
       const TrainProgress p = report();
       if (options_.on_progress) options_.on_progress(p);
     }
@@ -517,11 +538,7 @@ Result<TrainResult> Trainer::Train() {
     if (!s.ok()) return fail(s);
   }
   result.steps = step_;
-  result.seconds = SecondsSince(start);
-  result.samples_per_s =
-      result.seconds > 0 ? static_cast<double>(result.samples) / result.seconds : 0;
-  result.train_loss =
-      result.samples > 0 ? result.train_loss / static_cast<double>(result.samples) : 0;
+  FinishResult(SecondsSince(start), &result);
   result.running_auc = leader_ ? running_->Auc() : 0.5;
   return result;
 }

@@ -1,34 +1,26 @@
 // tessera-worker: trains the click model on a Tessera cluster and reports its test quality.
+// This file reads the flags into worker::JobOptions (worker/job.h), serves the worker's metrics
+// and prints the JSON report line; worker::RunJob does the job.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <filesystem>
+#include <cstdlib>
 #include <memory>
 #include <optional>
-#include <sstream>
+#include <string>
 #include <vector>
 
 #include "ps/cli.h"
-#include "ps/client/client.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
-#include "ps/curve.h"
 #include "ps/metrics/http_endpoint.h"
+#include "ps/metrics/metrics.h"
 #include "ps/routing.h"
-#include "worker/backend.h"
-#include "worker/data_source.h"
-#include "worker/local_ranks.h"
-#include "worker/local_reducer.h"
-#include "worker/param_store.h"
-#include "worker/report.h"
-#include "worker/trainer.h"
-#include "worker/validation.h"
+#include "worker/job.h"
 
 DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or @FILE");
 DEFINE_string(coordinator, "",
@@ -141,8 +133,9 @@ constexpr tessera::cli::ToolInfo kTool{
              "Trains a click model on a Tessera cluster and reports its test quality.",
     .flags_file = __FILE__};
 
-// The worker's training figures as metrics (tessera_worker_*), set from each progress report.
-class WorkerMetrics {
+// The worker's training figures as metrics (tessera_worker_*), set from each progress report,
+// and its readiness on the HTTP endpoint (where there is one).
+class WorkerMetrics final : public tw::JobObserver {
  public:
   explicit WorkerMetrics(tessera::metrics::Registry& r)
       : step_(r.AddGauge("tessera_worker_step", "Steps done by this node (resumed included).")),
@@ -166,7 +159,9 @@ class WorkerMetrics {
                 {"version", std::string(tessera::cli::Version())}})
         .Set(1);
   }
-  void Progress(const tw::TrainProgress& p) {
+  // Readiness goes to `http` from now on (null: nowhere). Borrowed.
+  void set_http(tessera::metrics::HttpEndpoint* http) { http_ = http; }
+  void OnProgress(const tw::TrainProgress& p) override {
     step_.Set(static_cast<double>(p.step));
     if (p.samples > samples_seen_) samples_.Inc(p.samples - samples_seen_);
     samples_seen_ = std::max(samples_seen_, p.samples);
@@ -175,67 +170,153 @@ class WorkerMetrics {
     auc_.Set(p.running_auc);
     logloss_.Set(p.running_logloss);
   }
-  void Test(double auc, double logloss) {
+  void OnReady(bool ready, std::string_view why) override {
+    if (http_) http_->SetReady(ready, std::string(why));
+  }
+  void OnTest(double auc, double logloss) override {
     test_auc_.Set(auc);
     test_logloss_.Set(logloss);
   }
 
  private:
+  tessera::metrics::HttpEndpoint* http_ = nullptr;
   tessera::metrics::Gauge& step_;
   tessera::metrics::Counter& samples_;
   tessera::metrics::Gauge &rate_, &loss_, &auc_, &logloss_, &test_auc_, &test_logloss_;
   uint64_t samples_seen_ = 0;  // progress reports come from one thread
 };
 
-double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// What one worker trained in this run: its record "<job>/trained/<worker>" for the job's totals.
-struct Trained {
-  uint64_t samples = 0;
-  double loss_sum = 0;
-  double start_s = 0, end_s = 0;  // Unix seconds
-};
-
-std::string FormatTrained(const Trained& t) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "samples=%llu loss_sum=%.17g start=%.6f end=%.6f",
-                static_cast<unsigned long long>(t.samples), t.loss_sum, t.start_s, t.end_s);
-  return buf;
-}
-
-// The job's totals from every worker's record (called after the barrier that follows them).
-tessera::Result<Trained> JobTotals(tw::ParamStore* store) {
-  Trained total;
-  total.start_s = 1e300;
-  for (uint32_t w = 0; w < FLAGS_num_workers; ++w) {
-    const std::string key = FLAGS_job + "/trained/" + std::to_string(w);
-    TESSERA_ASSIGN_OR_RETURN(auto v, store->GetMeta(key));
-    unsigned long long samples = 0;
-    double loss = 0, start = 0, end = 0;
-    if (!v || std::sscanf(v->c_str(), "samples=%llu loss_sum=%lf start=%lf end=%lf", &samples,
-                          &loss, &start, &end) != 4) {
-      return tessera::Status::Corruption("no valid training record " + key);
+// The cluster: --servers, or the cluster map of --coordinator. Returns the exit status of a bad
+// command line, or nothing.
+std::optional<int> ClusterFromFlags(tw::JobOptions* o) {
+  if (!FLAGS_coordinator.empty()) {
+    if (!FLAGS_servers.empty()) {
+      return tessera::cli::UsageError(kTool, "give --servers or --coordinator, not both (with "
+                                             "--coordinator the cluster map names the servers)");
     }
-    total.samples += samples;
-    total.loss_sum += loss;
-    total.start_s = std::min(total.start_s, start);
-    total.end_s = std::max(total.end_s, end);
+    auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
+    if (!url.ok()) {
+      return tessera::cli::UsageError(kTool, "--coordinator: " + url.status().ToString());
+    }
+    o->cluster_map = [coordinator = *url]()
+        -> tessera::Result<std::unique_ptr<tessera::ClusterMapSource>> {
+      TESSERA_ASSIGN_OR_RETURN(auto source, tessera::EtcdClusterMapSource::Create(coordinator));
+      return std::unique_ptr<tessera::ClusterMapSource>(std::move(source));
+    };
+  } else {
+    auto servers = tessera::ParseClusterList(FLAGS_servers);
+    if (!servers.ok()) {
+      return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
+    }
+    o->servers = *servers;
   }
-  return total;
+  o->curve_server_key_file = FLAGS_curve_server_key_file;
+  o->request_timeout_ms = FLAGS_request_timeout_ms;
+  o->retry_for_ms = FLAGS_retry_for_ms;
+  o->admin_root = FLAGS_admin_root;
+  return std::nullopt;
 }
 
-int Fail(const tessera::Status& s) {
-  std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id, s.ToString().c_str());
-  return 1;
+// The node, the data and the training loop: flags without checks of their own here.
+void NodeAndDataFromFlags(tw::JobOptions* o) {
+  o->worker_id = FLAGS_worker_id;
+  o->num_workers = FLAGS_num_workers;
+  o->local_ranks = FLAGS_local_ranks;
+  o->backend = FLAGS_backend;
+  o->threads = FLAGS_threads;
+  o->data = FLAGS_data;
+  o->schema = FLAGS_schema;
+  o->skip_bad_lines = FLAGS_skip_bad_lines;
+  o->train_samples = FLAGS_train_samples;
+  o->test_samples = FLAGS_test_samples;
+  o->seed = FLAGS_seed;
+  o->synthetic_max_cardinality = FLAGS_synthetic_max_cardinality;
+  o->zipf = FLAGS_zipf;
+  o->interaction_std = FLAGS_interaction_std;
+  o->bias_std = FLAGS_bias_std;
+  o->planted_dim = FLAGS_planted_dim;
+  o->epochs = FLAGS_epochs;
+  o->shuffle_buffer = FLAGS_shuffle_buffer;
+  o->holdout_mod = FLAGS_holdout_mod;
+  o->batch_size = FLAGS_batch_size;
+  o->max_steps = FLAGS_max_steps;
+  o->prefetch = FLAGS_prefetch;
+  o->staleness = -1;  // async
+  if (FLAGS_consistency == "bsp") {
+    o->staleness = 0;
+  } else if (FLAGS_consistency == "ssp") {
+    o->staleness = std::max(FLAGS_staleness, 1);
+  }
+  o->job = FLAGS_job;
+  o->resume = FLAGS_resume;
+  o->progress_interval_s = FLAGS_progress_interval_s;
+  o->evaluate = FLAGS_evaluate;
+  o->out_dir = FLAGS_out_dir;
 }
 
-}  // namespace
+// The model (--model was checked before).
+void ModelFromFlags(tw::ModelKind kind, tw::JobOptions* o) {
+  o->embedding_dim = FLAGS_embedding_dim;
+  o->bottom_mlp = FLAGS_bottom_mlp;
+  o->top_mlp = FLAGS_top_mlp;
+  o->pooling = FLAGS_pooling == "mean" ? tw::Pooling::kMean : tw::Pooling::kSum;
+  o->model = kind;
+  o->cross_layers = FLAGS_cross_layers;
+  o->deep = FLAGS_deep;
+  o->wide = FLAGS_wide;
+  o->emb_lr = FLAGS_emb_lr;
+  o->dense_lr = FLAGS_dense_lr;
+  o->wide_lr = FLAGS_wide_lr;
+  o->emb_l2 = FLAGS_emb_l2;
+  o->dense_l2 = FLAGS_dense_l2;
+  o->wide_l2 = FLAGS_wide_l2;
+  o->emb_init_acc = FLAGS_emb_init_acc;
+}
 
-int main(int argc, char** argv) {
-  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
+// Validation, early stopping and the learning-rate schedule. Returns the exit status of a bad
+// command line, or nothing.
+std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
+  o->validate = FLAGS_validate_every != "0";
+  if (o->validate && FLAGS_validate_every != "epoch") {
+    char* end = nullptr;
+    o->validate_every_steps = std::strtoull(FLAGS_validate_every.c_str(), &end, 10);
+    if (end == FLAGS_validate_every.c_str() || *end != '\0' || FLAGS_validate_every[0] == '-') {
+      return tessera::cli::UsageError(kTool, "--validate_every must be a number of steps, "
+                                             "'epoch' or 0, not '" + FLAGS_validate_every + "'");
+    }
+  }
+  if (FLAGS_early_stopping_metric != "auc" && FLAGS_early_stopping_metric != "logloss") {
+    return tessera::cli::UsageError(kTool, "--early_stopping_metric must be auc or logloss, "
+                                           "not '" + FLAGS_early_stopping_metric + "'");
+  }
+  if (o->validate && FLAGS_validation_mod < 2) {
+    return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
+  }
+  o->validation_mod = FLAGS_validation_mod;
+  o->validation_samples = FLAGS_validation_samples;
+  o->early_stopping_by_auc = FLAGS_early_stopping_metric == "auc";
+  o->early_stopping_patience = FLAGS_early_stopping_patience;
+  if (FLAGS_epochs == 0 && FLAGS_max_steps == 0) {
+    return tessera::cli::UsageError(kTool, "--epochs=0 repeats the data without end: give "
+                                           "--max_steps too");
+  }
+  auto decay = tw::ParseLrDecay(FLAGS_lr_decay);
+  if (!decay.ok()) {
+    return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
+  }
+  if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
+    return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
+  }
+  o->lr_schedule.warmup_steps = FLAGS_lr_warmup_steps;
+  o->lr_schedule.decay = *decay;
+  o->lr_schedule.final_scale = static_cast<float>(FLAGS_lr_final_scale);
+  o->lr_schedule.decay_steps = FLAGS_lr_decay_steps;
+  return std::nullopt;
+}
+
+// The flags as JobOptions, with the checks of a bad command line (the message printed; the
+// exit status returned instead). The job's observer and output are set by main.
+std::optional<int> OptionsFromFlags(tw::JobOptions* o) {
   if (!tessera::cli::CheckOneOf(kTool, "backend", FLAGS_backend, {"cpu", "cuda"}) ||
       !tessera::cli::CheckOneOf(kTool, "pooling", FLAGS_pooling, {"sum", "mean"}) ||
       !tessera::cli::CheckOneOf(kTool, "consistency", FLAGS_consistency,
@@ -246,23 +327,68 @@ int main(int argc, char** argv) {
   if (!model_kind.ok()) {
     return tessera::cli::UsageError(kTool, "--model: " + model_kind.status().message());
   }
-  std::vector<std::string> server_list;
-  std::optional<tessera::CoordinatorUrl> coordinator;
-  if (!FLAGS_coordinator.empty()) {
-    if (!FLAGS_servers.empty()) {
-      return tessera::cli::UsageError(kTool, "give --servers or --coordinator, not both (with "
-                                             "--coordinator the cluster map names the servers)");
-    }
-    auto url = tessera::CoordinatorUrl::Parse(FLAGS_coordinator);
-    if (!url.ok()) return tessera::cli::UsageError(kTool, "--coordinator: " + url.status().ToString());
-    coordinator = *url;
-  } else {
-    auto servers = tessera::ParseClusterList(FLAGS_servers);
-    if (!servers.ok()) {
-      return tessera::cli::UsageError(kTool, "--servers: " + servers.status().ToString());
-    }
-    server_list = *servers;
+  if (auto bad = ClusterFromFlags(o)) return bad;
+  NodeAndDataFromFlags(o);
+  ModelFromFlags(*model_kind, o);
+  return ScheduleFromFlags(o);
+}
+
+// The report line (examples/ctr/README.md lists its keys). The training figures are worker 0's
+// own (its node's local ranks together, this run only): this process does not see the other
+// workers' counts. "data" stays the first key (scripts find the line by it); NaN (no oracle) is
+// written as null.
+void PrintReport(const tw::JobReport& r) {
+  const tw::TrainResult& tr = r.train;
+  nlohmann::ordered_json report;
+  report["data"] = FLAGS_data;
+  report["workers"] = FLAGS_num_workers;
+  report["local_ranks"] = std::max<uint32_t>(FLAGS_local_ranks, 1);
+  report["consistency"] = FLAGS_consistency;
+  report["prefetch"] = FLAGS_prefetch;
+  report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
+  report["train_samples_worker0"] = tr.samples;
+  report["train_seconds"] = tr.seconds;
+  report["samples_per_s_worker0"] = tr.samples_per_s;
+  report["train_loss"] =
+      r.job_samples > 0 ? r.job_loss_sum / static_cast<double>(r.job_samples) : 0;
+  report["train_loss_worker0"] = tr.train_loss;
+  // Every worker's samples of this run, over the wall time from the first worker's start of
+  // training to the last one's end (the workers' clocks: one machine, or synchronized).
+  report["train_samples"] = r.job_samples;
+  report["train_seconds_cluster"] = r.job_end_s - r.job_start_s;
+  report["samples_per_s_cluster"] =
+      r.job_end_s > r.job_start_s
+          ? static_cast<double>(r.job_samples) / (r.job_end_s - r.job_start_s)
+          : 0;
+  report["test_samples"] = r.test.samples;
+  report["test_auc"] = r.test.auc;
+  report["test_logloss"] = r.test.logloss;
+  report["oracle_auc"] = r.test.oracle_auc;
+  report["oracle_logloss"] = r.test.oracle_logloss;
+  report["steps"] = tr.steps;
+  report["early_stopped"] = tr.stopped;
+  if (r.best_validation) {
+    report["best_validation_step"] = r.best_validation->step;
+    report["best_validation_auc"] = r.best_validation->auc;
+    report["best_validation_logloss"] = r.best_validation->logloss;
+    report["early_stopping_metric"] = FLAGS_early_stopping_metric;
+    report["tested_step"] = r.tested_step;
+    if (r.restored) report["restored_validation_auc"] = r.restored_validation_auc;
   }
+  report["metrics_csv"] = r.metrics_csv;
+  if (!r.report_html.empty()) report["report_html"] = r.report_html;
+  if (FLAGS_skip_bad_lines) report["skipped_lines"] = r.skipped_lines;
+  // A --data path need not be UTF-8; replace what is not rather than throw.
+  std::printf("%s\n",
+              report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::cli::ParseCommandLine(kTool, &argc, &argv);
+  tw::JobOptions options;
+  if (auto bad = OptionsFromFlags(&options)) return *bad;
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   tessera::metrics::Registry registry;
@@ -275,430 +401,19 @@ int main(int argc, char** argv) {
     http = std::move(*e);
     http->SetReady(false, "connecting to the servers");
   }
+  worker_metrics.set_http(http.get());
+  options.observer = &worker_metrics;
 
-  // The compute set-up is checked before anything connects: a node without the GPUs it was
-  // asked for is refused at once.
-  const uint32_t nl = std::max<uint32_t>(FLAGS_local_ranks, 1);
-  int gpus = 0;
-  if (FLAGS_backend == "cuda") {
-    auto n = tw::CudaDeviceCount();
-    if (!n.ok()) return Fail(n.status().WithContext("--backend=cuda"));
-    gpus = *n;
+  bool options_error = false;
+  auto report = tw::RunJob(options, &options_error);
+  if (!report.ok() && options_error) {
+    return tessera::cli::UsageError(kTool, report.status().message());
   }
-  const tw::ReducerKind reducer_kind = tw::ChooseReducer(FLAGS_backend, nl);
-  auto group_or = tw::CreateReduceGroup(reducer_kind, nl);
-  if (!group_or.ok()) {
-    return Fail(group_or.status().WithContext("--backend=" + FLAGS_backend +
-                                              " --local_ranks=" + std::to_string(nl)));
+  if (!report.ok()) {
+    std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id,
+                 report.status().ToString().c_str());
+    return 1;
   }
-  std::shared_ptr<tw::ReduceGroup> group = *group_or;
-  std::printf("worker %u %s\n", FLAGS_worker_id, tw::DescribeReducer(reducer_kind, nl).c_str());
-  std::fflush(stdout);
-
-  int32_t staleness = -1;  // async
-  if (FLAGS_consistency == "bsp") {
-    staleness = 0;
-  } else if (FLAGS_consistency == "ssp") {
-    staleness = std::max(FLAGS_staleness, 1);
-  }
-
-  tessera::ClientOptions copt;
-  copt.servers = server_list;
-  copt.worker_id = FLAGS_worker_id;
-  copt.consistency.num_workers = FLAGS_num_workers;
-  copt.consistency.staleness = staleness;
-  copt.request_timeout_ms = FLAGS_request_timeout_ms;
-  copt.retry_for_ms = FLAGS_retry_for_ms;
-  copt.admin_root = FLAGS_admin_root;
-  if (!FLAGS_curve_server_key_file.empty()) {
-    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_server_key_file);
-    if (!key.ok()) return Fail(key.status());
-    copt.curve_server_key = *key;
-  }
-  uint64_t validate_every = 0;
-  const bool validate = FLAGS_validate_every != "0";
-  if (validate && FLAGS_validate_every != "epoch") {
-    char* end = nullptr;
-    validate_every = std::strtoull(FLAGS_validate_every.c_str(), &end, 10);
-    if (end == FLAGS_validate_every.c_str() || *end != '\0' || FLAGS_validate_every[0] == '-') {
-      return tessera::cli::UsageError(kTool, "--validate_every must be a number of steps, "
-                                             "'epoch' or 0, not '" + FLAGS_validate_every + "'");
-    }
-  }
-  if (FLAGS_early_stopping_metric != "auc" && FLAGS_early_stopping_metric != "logloss") {
-    return tessera::cli::UsageError(kTool, "--early_stopping_metric must be auc or logloss, "
-                                           "not '" + FLAGS_early_stopping_metric + "'");
-  }
-  if (validate && FLAGS_validation_mod < 2) {
-    return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
-  }
-  auto client = [&]() -> tessera::Result<std::unique_ptr<tessera::Client>> {
-    if (!coordinator) return tessera::Client::Create(copt);
-    auto source = tessera::EtcdClusterMapSource::Create(*coordinator);
-    if (!source.ok()) return source.status().WithContext("--coordinator");
-    return tessera::Client::Create(copt, std::move(*source));
-  }();
-  if (!client.ok()) return Fail(client.status());
-  auto store = tw::CreateClusterStore(client->get());
-
-  tw::SkippedLines skipped_lines;  // outlives every reader opened from dopt
-  tw::DataSourceOptions dopt;
-  dopt.spec = FLAGS_data;
-  dopt.schema = FLAGS_schema;
-  dopt.skip_bad_lines = FLAGS_skip_bad_lines;
-  dopt.skipped_lines = &skipped_lines;
-  dopt.world = FLAGS_num_workers * FLAGS_local_ranks;
-  dopt.epochs = FLAGS_epochs;
-  dopt.shuffle_buffer = FLAGS_shuffle_buffer;
-  dopt.holdout_mod = FLAGS_holdout_mod;
-  dopt.train_samples = FLAGS_train_samples;
-  dopt.test_samples = FLAGS_test_samples;
-  dopt.synthetic.seed = FLAGS_seed;
-  dopt.synthetic.zipf_exponent = FLAGS_zipf;
-  dopt.synthetic.interaction_std = FLAGS_interaction_std;
-  dopt.synthetic.bias_std = FLAGS_bias_std;
-  dopt.synthetic.planted_dim = FLAGS_planted_dim;
-  dopt.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
-  dopt.validation_mod = validate ? FLAGS_validation_mod : 0;
-  dopt.validation_samples = FLAGS_validation_samples;
-  if (FLAGS_epochs == 0 && FLAGS_max_steps == 0) {
-    return tessera::cli::UsageError(kTool, "--epochs=0 repeats the data without end: give "
-                                           "--max_steps too");
-  }
-  if (FLAGS_batch_size == 0) {
-    // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
-    auto shard = tw::SmallestTrainShard(dopt);
-    if (!shard.ok()) return Fail(shard.status().WithContext("counting the training part"));
-    FLAGS_batch_size = static_cast<uint32_t>(
-        std::clamp<uint64_t>(*shard / tw::kMinStepsPerEpoch, 32, 1024));
-    std::printf("worker %u batch size %u (chosen: %llu training samples a rank)\n",
-                FLAGS_worker_id, FLAGS_batch_size, static_cast<unsigned long long>(*shard));
-  }
-
-  // The model's shape follows the data's.
-  auto probe = tw::OpenTestData(dopt);
-  if (!probe.ok()) return Fail(probe.status());
-  tw::ModelConfig mc;
-  mc.num_dense = (*probe)->schema().num_dense;
-  mc.num_fields = (*probe)->schema().num_fields;
-  mc.embedding_dim = FLAGS_embedding_dim;
-  auto bottom = tw::ParseLayerWidths(FLAGS_bottom_mlp);
-  if (!bottom.ok()) return Fail(bottom.status());
-  auto top = tw::ParseLayerWidths(FLAGS_top_mlp);
-  if (!top.ok()) return Fail(top.status());
-  mc.bottom_mlp = *bottom;
-  mc.top_mlp = *top;
-  mc.pooling = FLAGS_pooling == "mean" ? tw::Pooling::kMean : tw::Pooling::kSum;
-  mc.kind = *model_kind;
-  mc.num_cross_layers = FLAGS_cross_layers;
-  mc.deep = FLAGS_deep;
-  mc.wide = FLAGS_wide;
-  mc.table_prefix = FLAGS_job;
-  mc.embedding_optimizer.learning_rate = static_cast<float>(FLAGS_emb_lr);
-  mc.embedding_optimizer.initial_accumulator = static_cast<float>(FLAGS_emb_init_acc);
-  mc.dense_optimizer.learning_rate = static_cast<float>(FLAGS_dense_lr);
-  mc.wide_optimizer.learning_rate = static_cast<float>(FLAGS_wide_lr);
-  mc.embedding_optimizer.l2 = static_cast<float>(FLAGS_emb_l2);
-  mc.dense_optimizer.l2 = static_cast<float>(FLAGS_dense_l2);
-  mc.wide_optimizer.l2 = static_cast<float>(FLAGS_wide_l2);
-  auto layout = tw::ModelLayout::Create(mc);
-  if (!layout.ok()) return Fail(layout.status());
-
-  tw::TrainerOptions topt;
-  topt.batch_size = FLAGS_batch_size;
-  topt.max_steps = FLAGS_max_steps;
-  topt.prefetch = FLAGS_prefetch;
-  topt.staleness = staleness;
-  topt.worker_id = FLAGS_worker_id;
-  topt.job = FLAGS_job;
-  topt.resume = FLAGS_resume;
-  topt.progress_interval_s = FLAGS_progress_interval_s;
-  topt.on_progress = [&worker_metrics](const tw::TrainProgress& p) {
-    worker_metrics.Progress(p);
-    std::printf("worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
-                FLAGS_worker_id, static_cast<unsigned long long>(p.step),
-                static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss, p.running_auc);
-    std::fflush(stdout);
-  };
-
-  // Validation: every node trains the same number of steps (the last step that every rank
-  // still has data for), so that every node takes part in every round.
-  tw::ValidationSchedule schedule;
-  std::unique_ptr<tw::Validator> validator;
-  std::unique_ptr<tw::Backend> validation_backend;
-  std::unique_ptr<tw::CurveFile> curve;
-  const uint64_t global_batch =
-      static_cast<uint64_t>(FLAGS_batch_size) * nl * FLAGS_num_workers;
-  if (validate) {
-    auto shard = tw::SmallestTrainShard(dopt);
-    if (!shard.ok()) return Fail(shard.status().WithContext("counting the training part"));
-    const uint64_t planned = tw::PlannedSteps(*shard, FLAGS_epochs, FLAGS_batch_size);
-    if (planned != 0 && (topt.max_steps == 0 || planned < topt.max_steps)) {
-      topt.max_steps = planned;
-    }
-    schedule.every_steps = validate_every;
-    schedule.epoch_samples = *shard;
-    schedule.batch_size = FLAGS_batch_size;
-    schedule.last_step = topt.max_steps;
-    tw::ValidationOptions vopt;
-    vopt.job = FLAGS_job;
-    vopt.worker_id = FLAGS_worker_id;
-    vopt.num_workers = FLAGS_num_workers;
-    vopt.patience = FLAGS_early_stopping_patience;
-    vopt.by_auc = FLAGS_early_stopping_metric == "auc";
-    vopt.last_step = topt.max_steps;
-    if (!FLAGS_admin_root.empty()) vopt.best_dir = FLAGS_job + "-best";
-    tw::Batch samples;
-    if (FLAGS_worker_id == 0) {
-      auto vr = tw::OpenValidationData(dopt);
-      if (!vr.ok()) return Fail(vr.status());
-      samples.Clear((*vr)->schema());
-      while (samples.size < FLAGS_validation_samples) {
-        auto n = (*vr)->Read(static_cast<uint32_t>(std::min<uint64_t>(
-                                 FLAGS_validation_samples - samples.size, 1u << 16)),
-                             &samples);
-        if (!n.ok()) return Fail(n.status().WithContext("reading the validation part"));
-        if (*n == 0) break;
-      }
-      auto b = tw::CreateCpuBackend(*layout, {std::max(FLAGS_threads, 2)});
-      if (!b.ok()) return Fail(b.status());
-      validation_backend = std::move(*b);
-      if (FLAGS_admin_root.empty()) {
-        std::printf("worker 0: no --admin_root: the best validated state is not kept; the test "
-                    "scores the final state\n");
-      }
-    }
-    auto v = tw::Validator::Create(vopt, *layout, store.get(), client->get(),
-                                   validation_backend.get(), std::move(samples));
-    if (!v.ok()) return Fail(v.status());
-    validator = std::move(*v);
-    topt.pause_at = [&schedule](uint64_t step) { return schedule.Due(step); };
-    topt.on_pause = [&](const tw::TrainProgress& p) -> tessera::Result<bool> {
-      TESSERA_ASSIGN_OR_RETURN(bool stop, validator->Round(p.step));
-      if (FLAGS_worker_id != 0) return stop;
-      const tw::ValidationPoint& v = validator->history().back();
-      std::printf("worker 0 validate step %llu samples %llu auc %.4f logloss %.4f%s\n",
-                  static_cast<unsigned long long>(v.step),
-                  static_cast<unsigned long long>(v.samples), v.auc, v.logloss,
-                  validator->rounds_without_improvement() == 0 ? " (best)" : "");
-      if (stop) {
-        std::printf("worker 0 early stop after step %llu: no better validation %s for %u "
-                    "rounds (best: step %llu auc %.4f logloss %.4f)\n",
-                    static_cast<unsigned long long>(p.step), FLAGS_early_stopping_metric.c_str(),
-                    FLAGS_early_stopping_patience,
-                    static_cast<unsigned long long>(validator->best()->step),
-                    validator->best()->auc, validator->best()->logloss);
-      }
-      std::fflush(stdout);
-      if (curve) {
-        tw::CurveRow row;
-        row.step = p.step;
-        row.samples = p.step * global_batch;
-        row.train_loss = p.loss;
-        row.samples_per_s = p.samples_per_s;
-        row.validation_auc = v.auc;
-        row.validation_logloss = v.logloss;
-        TESSERA_RETURN_IF_ERROR(curve->Append(row));
-      }
-      return stop;
-    };
-  }
-  // The learning-rate schedule; a decay without --lr_decay_steps lasts until the planned end.
-  {
-    auto decay = tw::ParseLrDecay(FLAGS_lr_decay);
-    if (!decay.ok()) return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
-    if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
-      return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
-    }
-    topt.lr_schedule.warmup_steps = FLAGS_lr_warmup_steps;
-    topt.lr_schedule.decay = *decay;
-    topt.lr_schedule.final_scale = static_cast<float>(FLAGS_lr_final_scale);
-    topt.lr_schedule.decay_steps = FLAGS_lr_decay_steps;
-    if (*decay != tw::LrSchedule::Decay::kNone && FLAGS_lr_decay_steps == 0) {
-      uint64_t end = topt.max_steps;
-      if (end == 0) {
-        auto shard = tw::SmallestTrainShard(dopt);
-        if (!shard.ok()) return Fail(shard.status().WithContext("counting the training part"));
-        end = tw::PlannedSteps(*shard, FLAGS_epochs, FLAGS_batch_size);
-      }
-      if (end <= FLAGS_lr_warmup_steps) {
-        return tessera::cli::UsageError(
-            kTool, "--lr_decay needs --lr_decay_steps: no planned last step after the warm-up");
-      }
-      topt.lr_schedule.decay_steps = end - FLAGS_lr_warmup_steps;
-    }
-  }
-  if (FLAGS_worker_id == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(FLAGS_out_dir, ec);
-    auto c = tw::CurveFile::Create((std::filesystem::path(FLAGS_out_dir) / "metrics.csv").string());
-    if (!c.ok()) return Fail(c.status().WithContext("--out_dir"));
-    curve = std::move(*c);
-    auto on_progress = topt.on_progress;
-    topt.on_progress = [on_progress, &curve, global_batch](const tw::TrainProgress& p) {
-      on_progress(p);
-      tw::CurveRow row;
-      row.step = p.step;
-      row.samples = p.step * global_batch;
-      row.train_loss = p.loss;
-      row.samples_per_s = p.samples_per_s;
-      tessera::Status s = curve->Append(row);
-      if (!s.ok()) std::fprintf(stderr, "tessera-worker 0: %s\n", s.ToString().c_str());
-    };
-  }
-
-  // Every rank's set-up and training; a rank that fails aborts the group (RunLocalRanks), so
-  // that no other rank waits for it forever.
-  tw::TrainResult tr;
-  auto run_rank = [&](uint32_t local) -> tessera::Status {
-    std::unique_ptr<tw::LocalReducer> reducer;
-    if (group) {
-      TESSERA_ASSIGN_OR_RETURN(reducer, group->Join(local));
-    }
-    tw::DataSourceOptions mine = dopt;
-    mine.rank = FLAGS_worker_id * nl + local;
-    TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(mine));
-    std::unique_ptr<tw::Backend> backend;
-    if (FLAGS_backend == "cuda") {
-      TESSERA_ASSIGN_OR_RETURN(backend,
-                               tw::CreateCudaBackend(*layout, tw::DeviceOfLocalRank(local, gpus)));
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCpuBackend(*layout, {FLAGS_threads}));
-    }
-    TESSERA_ASSIGN_OR_RETURN(auto trainer,
-                             tw::Trainer::Create(topt, *layout, local == 0 ? store.get() : nullptr,
-                                                 backend.get(), reader.get(), reducer.get()));
-    TESSERA_RETURN_IF_ERROR(trainer->Init());
-    if (http && local == 0) http->SetReady(true);
-    TESSERA_ASSIGN_OR_RETURN(tw::TrainResult r, trainer->Train());
-    if (local == 0) tr = r;
-    return tessera::Status::OK();
-  };
-  const double train_start_s = UnixSeconds();
-  tessera::Status trained = tw::RunLocalRanks(nl, group.get(), run_rank);
-  if (!trained.ok()) return Fail(trained);
-  const double train_end_s = UnixSeconds();
-  if (http) http->SetReady(false, "training finished");
-  std::printf(
-      "worker %u trained %llu samples in %.1f s (%.0f samples/s), %llu steps "
-      "(%llu resumed), train loss %.4f\n",
-      FLAGS_worker_id, static_cast<unsigned long long>(tr.samples), tr.seconds, tr.samples_per_s,
-      static_cast<unsigned long long>(tr.steps), static_cast<unsigned long long>(tr.resumed_steps),
-      tr.train_loss);
-  std::fflush(stdout);
-  if (!FLAGS_evaluate) return 0;
-
-  // Each worker records what it trained; worker 0 reports the job's totals from the records.
-  tessera::Status s = store->PutMeta(
-      FLAGS_job + "/trained/" + std::to_string(FLAGS_worker_id),
-      FormatTrained({tr.samples, tr.train_loss * static_cast<double>(tr.samples), train_start_s,
-                     train_end_s}));
-  if (!s.ok()) return Fail(s);
-  s = store->Barrier(FLAGS_job + "/train_done");
-  if (!s.ok()) return Fail(s);
-  if (FLAGS_worker_id != 0) return 0;
-  auto job = JobTotals(store.get());
-  if (!job.ok()) return Fail(job.status());
-  std::optional<uint64_t> restored;
-  double restored_validation_auc = std::nan("");
-  if (validator) {
-    auto r = validator->RestoreBest(tr.steps);
-    if (!r.ok()) return Fail(r.status());
-    restored = *r;
-    if (restored) {
-      // The state the test scores: scored on the validation part again, it must give the best
-      // round's figures.
-      auto again = validator->Score();
-      if (!again.ok()) return Fail(again.status());
-      restored_validation_auc = again->auc;
-      std::printf("worker 0 restored the best validated state (step %llu, checkpoint %s) for "
-                  "the test\n",
-                  static_cast<unsigned long long>(*restored),
-                  validator->best_checkpoint().c_str());
-    }
-  }
-  auto test = tw::OpenTestData(dopt);
-  if (!test.ok()) return Fail(test.status());
-  auto backend = tw::CreateCpuBackend(*layout, {std::max(FLAGS_threads, 2)});
-  if (!backend.ok()) return Fail(backend.status());
-  auto ev = tw::Evaluate(*layout, store.get(), backend->get(), test->get());
-  if (!ev.ok()) return Fail(ev.status());
-  worker_metrics.Test(ev->auc, ev->logloss);
-  std::printf("test samples %llu auc %.4f logloss %.4f",
-              static_cast<unsigned long long>(ev->samples), ev->auc, ev->logloss);
-  if (std::isfinite(ev->oracle_auc)) {
-    std::printf(" oracle_auc %.4f oracle_logloss %.4f (gap %.4f)", ev->oracle_auc,
-                ev->oracle_logloss, ev->oracle_auc - ev->auc);
-  }
-  std::printf("\n");
-  // The report line (examples/ctr/README.md lists its keys). The training figures are worker
-  // 0's own (its node's local ranks together, this run only): this process does not see the
-  // other workers' counts. "data" stays the first key (scripts find the line by it); NaN
-  // (no oracle) is written as null.
-  nlohmann::ordered_json report;
-  report["data"] = FLAGS_data;
-  report["workers"] = FLAGS_num_workers;
-  report["local_ranks"] = nl;
-  report["consistency"] = FLAGS_consistency;
-  report["prefetch"] = FLAGS_prefetch;
-  report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
-  report["train_samples_worker0"] = tr.samples;
-  report["train_seconds"] = tr.seconds;
-  report["samples_per_s_worker0"] = tr.samples_per_s;
-  report["train_loss"] = job->samples > 0 ? job->loss_sum / static_cast<double>(job->samples) : 0;
-  report["train_loss_worker0"] = tr.train_loss;
-  // Every worker's samples of this run, over the wall time from the first worker's start of
-  // training to the last one's end (the workers' clocks: one machine, or synchronized).
-  report["train_samples"] = job->samples;
-  report["train_seconds_cluster"] = job->end_s - job->start_s;
-  report["samples_per_s_cluster"] =
-      job->end_s > job->start_s ? static_cast<double>(job->samples) / (job->end_s - job->start_s)
-                                : 0;
-  report["test_samples"] = ev->samples;
-  report["test_auc"] = ev->auc;
-  report["test_logloss"] = ev->logloss;
-  report["oracle_auc"] = ev->oracle_auc;
-  report["oracle_logloss"] = ev->oracle_logloss;
-  report["steps"] = tr.steps;
-  report["early_stopped"] = tr.stopped;
-  if (validator && validator->best()) {
-    report["best_validation_step"] = validator->best()->step;
-    report["best_validation_auc"] = validator->best()->auc;
-    report["best_validation_logloss"] = validator->best()->logloss;
-    report["early_stopping_metric"] = FLAGS_early_stopping_metric;
-    report["tested_step"] = restored ? *restored : tr.steps;
-    if (restored) report["restored_validation_auc"] = restored_validation_auc;
-  }
-  if (curve) {
-    report["metrics_csv"] = curve->path();
-    tw::ReportSummary summary;
-    summary.data = FLAGS_data;
-    summary.steps = tr.steps;
-    summary.test_samples = ev->samples;
-    summary.test_auc = ev->auc;
-    summary.test_logloss = ev->logloss;
-    summary.oracle_auc = ev->oracle_auc;
-    summary.oracle_logloss = ev->oracle_logloss;
-    summary.train_seconds = tr.seconds;
-    summary.train_loss = tr.train_loss;
-    summary.early_stopped = tr.stopped;
-    if (validator && validator->best()) {
-      summary.best_validation_step = validator->best()->step;
-      summary.best_validation_auc = validator->best()->auc;
-      summary.best_validation_logloss = validator->best()->logloss;
-      summary.tested_step = restored ? *restored : tr.steps;
-    }
-    const std::string html =
-        (std::filesystem::path(curve->path()).parent_path() / "report.html").string();
-    tessera::Status written = tw::WriteReport(curve->path(), summary, html);
-    if (written.ok()) {
-      report["report_html"] = html;
-    } else {
-      std::fprintf(stderr, "tessera-worker 0: report.html: %s\n", written.ToString().c_str());
-    }
-  }
-  if (FLAGS_skip_bad_lines) report["skipped_lines"] = skipped_lines.count();
-  // A --data path need not be UTF-8; replace what is not rather than throw.
-  std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  if (report->tested) PrintReport(*report);
   return 0;
 }

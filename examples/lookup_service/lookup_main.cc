@@ -28,10 +28,10 @@
 #include "ps/cli.h"
 #include "ps/client/client.h"
 #include "ps/client/export_reader.h"
+#include "ps/feature_keys.h"  // Header-only: MakeKey for --field; no link dependency.
 #include "ps/routing.h"
 #include "ps/status.h"
 #include "ps/table_spec.h"
-#include "worker/keys.h"  // Header-only: MakeKey for --field; no link dependency.
 
 DEFINE_string(cluster, "", "Server endpoints in rank order, comma-separated, or @FILE");
 DEFINE_string(export_dir, "", "Answer from the serving export under this directory (no server)");
@@ -95,9 +95,9 @@ Result<Flags> FlagsFromGflags() {
   f.keys = FLAGS_keys;
   f.from_stdin = FLAGS_stdin;
   if (FLAGS_field >= 0) {
-    if (FLAGS_field >= static_cast<int64_t>(tessera::worker::kMaxFields)) {
+    if (FLAGS_field >= static_cast<int64_t>(tessera::kMaxFields)) {
       return Status::InvalidArgument("--field must be < " +
-                                     std::to_string(tessera::worker::kMaxFields));
+                                     std::to_string(tessera::kMaxFields));
     }
     f.field = static_cast<uint32_t>(FLAGS_field);
   }
@@ -129,7 +129,7 @@ Result<std::vector<uint64_t>> ParseKeys(std::string_view list, std::optional<uin
     const std::string_view item = list.substr(i, j == std::string_view::npos ? j : j - i);
     if (!item.empty()) {
       TESSERA_ASSIGN_OR_RETURN(uint64_t k, ParseUint(item, "key"));
-      keys.push_back(field ? tessera::worker::MakeKey(*field, k) : k);
+      keys.push_back(field ? tessera::MakeKey(*field, k) : k);
     }
     if (j == std::string_view::npos) break;
     i = j + 1;

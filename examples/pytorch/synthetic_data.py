@@ -50,7 +50,7 @@ def normal(h1, h2):
 
 
 def make_key(field, value):
-    """worker/keys.h MakeKey: the field in the top 8 bits, a 56-bit hash of the value below."""
+    """ps/feature_keys.h MakeKey: the field in the top 8 bits, a 56-bit hash of the value below."""
     f = U64(field)
     with np.errstate(over="ignore"):
         return (f << U64(64 - FIELD_BITS)) | (mix64(value ^ (f * GOLDEN)) & VALUE_MASK)

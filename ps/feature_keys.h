@@ -1,4 +1,7 @@
-// Feature keys: categorical values as unbounded 64-bit keys with the field in the key.
+// Feature keys: categorical values as unbounded 64-bit keys with the field in the key. The hash
+// that training (worker/) and online serving (examples/lookup_service) share: a key made here
+// at serving time is the key the job trained. Header-only; part of the ps core (no link
+// dependency).
 #pragma once
 
 #include <cstdint>
@@ -6,7 +9,7 @@
 
 #include "ps/routing.h"
 
-namespace tessera::worker {
+namespace tessera {
 
 /// Bits of a key that hold the field id (the top bits). Fields are 0..kMaxFields-1.
 inline constexpr uint32_t kFieldBits = 8;
@@ -40,4 +43,4 @@ constexpr uint64_t MakeStringKey(uint32_t field, std::string_view value) {
   return MakeKey(field, HashBytes(value));
 }
 
-}  // namespace tessera::worker
+}  // namespace tessera

@@ -1,0 +1,516 @@
+#include "worker/job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "ps/client/client.h"
+#include "ps/curve.h"
+#include "worker/backend.h"
+#include "worker/csv_reader.h"
+#include "worker/data_source.h"
+#include "worker/local_ranks.h"
+#include "worker/local_reducer.h"
+#include "worker/metrics.h"
+#include "worker/param_store.h"
+#include "worker/report.h"
+
+namespace tessera::worker {
+namespace {
+
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// What one worker trained in this run: its record "<job>/trained/<worker>" for the job's totals.
+struct Trained {
+  uint64_t samples = 0;
+  double loss_sum = 0;
+  double start_s = 0, end_s = 0;  // Unix seconds
+};
+
+std::string FormatTrained(const Trained& t) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "samples=%llu loss_sum=%.17g start=%.6f end=%.6f",
+                static_cast<unsigned long long>(t.samples), t.loss_sum, t.start_s, t.end_s);
+  return buf;
+}
+
+// The job's totals from every worker's record (called after the barrier that follows them).
+Result<Trained> JobTotals(ParamStore* store, const std::string& job, uint32_t num_workers) {
+  Trained total;
+  total.start_s = 1e300;
+  for (uint32_t w = 0; w < num_workers; ++w) {
+    const std::string key = job + "/trained/" + std::to_string(w);
+    TESSERA_ASSIGN_OR_RETURN(auto v, store->GetMeta(key));
+    unsigned long long samples = 0;
+    double loss = 0, start = 0, end = 0;
+    if (!v || std::sscanf(v->c_str(), "samples=%llu loss_sum=%lf start=%lf end=%lf", &samples,
+                          &loss, &start, &end) != 4) {
+      return Status::Corruption("no valid training record " + key);
+    }
+    total.samples += samples;
+    total.loss_sum += loss;
+    total.start_s = std::min(total.start_s, start);
+    total.end_s = std::max(total.end_s, end);
+  }
+  return total;
+}
+
+CurveRow TrainingRow(const TrainProgress& p, uint64_t global_batch) {
+  CurveRow row;
+  row.step = p.step;
+  row.samples = p.step * global_batch;
+  row.train_loss = p.loss;
+  row.samples_per_s = p.samples_per_s;
+  return row;
+}
+
+// One node's job, step by step in the order RunJob calls them; each step's state stays here for
+// the next. The steps print what tessera-worker always printed, in the same order.
+class Job {
+ public:
+  explicit Job(const JobOptions& o)
+      : o_(o), out_(o.out), nl_(std::max<uint32_t>(o.local_ranks, 1)), batch_size_(o.batch_size) {}
+
+  Status SetUpLocalRanks();
+  Status Connect();
+  Status SetUpData();
+  Status CreateModel();
+  void SetUpTrainer();
+  Status SetUpValidation();
+  // Sets *options_error when the schedule cannot be resolved from the options and the data.
+  Status SetUpLrSchedule(bool* options_error);
+  Status OpenCurve();
+  Status Train();
+  Result<JobReport> Test();
+
+ private:
+  Result<bool> ValidationPause(const TrainProgress& p);
+  Status ReadValidationSamples(Batch* samples);
+  Status RunRank(uint32_t local);
+  Status RestoreBest(JobReport* report);
+  void WriteHtml(JobReport* report);
+  Result<uint64_t> CountTrainingShard() const;
+
+  const JobOptions& o_;
+  std::FILE* out_;
+  const uint32_t nl_;    // local ranks
+  uint32_t batch_size_;  // the option's, or chosen from the data
+  int gpus_ = 0;
+  std::shared_ptr<ReduceGroup> group_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<ParamStore> store_;
+  SkippedLines skipped_lines_;  // outlives every reader opened from dopt_
+  DataSourceOptions dopt_;
+  std::optional<ModelLayout> layout_;
+  TrainerOptions topt_;
+  ValidationSchedule schedule_;
+  std::unique_ptr<Backend> validation_backend_;
+  std::unique_ptr<Validator> validator_;
+  std::unique_ptr<CurveFile> curve_;
+  uint64_t global_batch_ = 0;
+  TrainResult trained_;
+  double train_start_s_ = 0, train_end_s_ = 0;
+};
+
+// The compute set-up is checked before anything connects: a node without the GPUs it was asked
+// for is refused at once.
+Status Job::SetUpLocalRanks() {
+  if (o_.backend == "cuda") {
+    auto n = CudaDeviceCount();
+    if (!n.ok()) return n.status().WithContext("--backend=cuda");
+    gpus_ = *n;
+  }
+  const ReducerKind reducer_kind = ChooseReducer(o_.backend, nl_);
+  auto group = CreateReduceGroup(reducer_kind, nl_);
+  if (!group.ok()) {
+    return group.status().WithContext("--backend=" + o_.backend +
+                                      " --local_ranks=" + std::to_string(nl_));
+  }
+  group_ = *group;
+  std::fprintf(out_, "worker %u %s\n", o_.worker_id, DescribeReducer(reducer_kind, nl_).c_str());
+  std::fflush(out_);
+  return Status::OK();
+}
+
+Status Job::Connect() {
+  ClientOptions copt;
+  copt.servers = o_.servers;
+  copt.worker_id = o_.worker_id;
+  copt.consistency.num_workers = o_.num_workers;
+  copt.consistency.staleness = o_.staleness;
+  copt.request_timeout_ms = o_.request_timeout_ms;
+  copt.retry_for_ms = o_.retry_for_ms;
+  copt.admin_root = o_.admin_root;
+  if (!o_.curve_server_key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(copt.curve_server_key, ReadCurveKeyFile(o_.curve_server_key_file));
+  }
+  if (o_.cluster_map) {
+    auto source = o_.cluster_map();
+    if (!source.ok()) return source.status().WithContext("--coordinator");
+    TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt, std::move(*source)));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt));
+  }
+  store_ = CreateClusterStore(client_.get());
+  return Status::OK();
+}
+
+Result<uint64_t> Job::CountTrainingShard() const {
+  auto shard = SmallestTrainShard(dopt_);
+  if (!shard.ok()) return shard.status().WithContext("counting the training part");
+  return *shard;
+}
+
+Status Job::SetUpData() {
+  dopt_.spec = o_.data;
+  dopt_.schema = o_.schema;
+  dopt_.skip_bad_lines = o_.skip_bad_lines;
+  dopt_.skipped_lines = &skipped_lines_;
+  dopt_.world = o_.num_workers * o_.local_ranks;
+  dopt_.epochs = o_.epochs;
+  dopt_.shuffle_buffer = o_.shuffle_buffer;
+  dopt_.holdout_mod = o_.holdout_mod;
+  dopt_.train_samples = o_.train_samples;
+  dopt_.test_samples = o_.test_samples;
+  dopt_.synthetic.seed = o_.seed;
+  dopt_.synthetic.zipf_exponent = o_.zipf;
+  dopt_.synthetic.interaction_std = o_.interaction_std;
+  dopt_.synthetic.bias_std = o_.bias_std;
+  dopt_.synthetic.planted_dim = o_.planted_dim;
+  dopt_.synthetic.cardinalities = CriteoLikeCardinalities(o_.synthetic_max_cardinality);
+  dopt_.validation_mod = o_.validate ? o_.validation_mod : 0;
+  dopt_.validation_samples = o_.validation_samples;
+  if (batch_size_ == 0) {
+    // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
+    batch_size_ = static_cast<uint32_t>(std::clamp<uint64_t>(shard / kMinStepsPerEpoch, 32, 1024));
+    std::fprintf(out_, "worker %u batch size %u (chosen: %llu training samples a rank)\n",
+                 o_.worker_id, batch_size_, static_cast<unsigned long long>(shard));
+  }
+  global_batch_ = static_cast<uint64_t>(batch_size_) * nl_ * o_.num_workers;
+  return Status::OK();
+}
+
+// The model's shape follows the data's.
+Status Job::CreateModel() {
+  TESSERA_ASSIGN_OR_RETURN(auto probe, OpenTestData(dopt_));
+  ModelConfig mc;
+  mc.num_dense = probe->schema().num_dense;
+  mc.num_fields = probe->schema().num_fields;
+  mc.embedding_dim = o_.embedding_dim;
+  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, ParseLayerWidths(o_.bottom_mlp));
+  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, ParseLayerWidths(o_.top_mlp));
+  mc.pooling = o_.pooling;
+  mc.kind = o_.model;
+  mc.num_cross_layers = o_.cross_layers;
+  mc.deep = o_.deep;
+  mc.wide = o_.wide;
+  mc.table_prefix = o_.job;
+  mc.embedding_optimizer.learning_rate = static_cast<float>(o_.emb_lr);
+  mc.embedding_optimizer.initial_accumulator = static_cast<float>(o_.emb_init_acc);
+  mc.dense_optimizer.learning_rate = static_cast<float>(o_.dense_lr);
+  mc.wide_optimizer.learning_rate = static_cast<float>(o_.wide_lr);
+  mc.embedding_optimizer.l2 = static_cast<float>(o_.emb_l2);
+  mc.dense_optimizer.l2 = static_cast<float>(o_.dense_l2);
+  mc.wide_optimizer.l2 = static_cast<float>(o_.wide_l2);
+  TESSERA_ASSIGN_OR_RETURN(auto layout, ModelLayout::Create(mc));
+  layout_.emplace(std::move(layout));
+  return Status::OK();
+}
+
+void Job::SetUpTrainer() {
+  topt_.batch_size = batch_size_;
+  topt_.max_steps = o_.max_steps;
+  topt_.prefetch = o_.prefetch;
+  topt_.staleness = o_.staleness;
+  topt_.worker_id = o_.worker_id;
+  topt_.job = o_.job;
+  topt_.resume = o_.resume;
+  topt_.progress_interval_s = o_.progress_interval_s;
+  topt_.on_progress = [this](const TrainProgress& p) {
+    if (o_.observer) o_.observer->OnProgress(p);
+    std::fprintf(
+        out_, "worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
+        o_.worker_id, static_cast<unsigned long long>(p.step),
+        static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss, p.running_auc);
+    std::fflush(out_);
+  };
+}
+
+// Worker 0 scores up to validation_samples samples of the validation part each round.
+Status Job::ReadValidationSamples(Batch* samples) {
+  TESSERA_ASSIGN_OR_RETURN(auto reader, OpenValidationData(dopt_));
+  samples->Clear(reader->schema());
+  while (samples->size < o_.validation_samples) {
+    auto n = reader->Read(
+        static_cast<uint32_t>(std::min<uint64_t>(o_.validation_samples - samples->size, 1u << 16)),
+        samples);
+    if (!n.ok()) return n.status().WithContext("reading the validation part");
+    if (*n == 0) break;
+  }
+  return Status::OK();
+}
+
+// Validation: every node trains the same number of steps (the last step that every rank still
+// has data for), so that every node takes part in every round.
+Status Job::SetUpValidation() {
+  if (!o_.validate) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
+  const uint64_t planned = PlannedSteps(shard, o_.epochs, batch_size_);
+  if (planned != 0 && (topt_.max_steps == 0 || planned < topt_.max_steps)) {
+    topt_.max_steps = planned;
+  }
+  schedule_.every_steps = o_.validate_every_steps;
+  schedule_.epoch_samples = shard;
+  schedule_.batch_size = batch_size_;
+  schedule_.last_step = topt_.max_steps;
+  ValidationOptions vopt;
+  vopt.job = o_.job;
+  vopt.worker_id = o_.worker_id;
+  vopt.num_workers = o_.num_workers;
+  vopt.patience = o_.early_stopping_patience;
+  vopt.by_auc = o_.early_stopping_by_auc;
+  vopt.last_step = topt_.max_steps;
+  if (!o_.admin_root.empty()) vopt.best_dir = o_.job + "-best";
+  Batch samples;
+  if (o_.worker_id == 0) {
+    TESSERA_RETURN_IF_ERROR(ReadValidationSamples(&samples));
+    TESSERA_ASSIGN_OR_RETURN(validation_backend_,
+                             CreateCpuBackend(*layout_, {std::max(o_.threads, 2)}));
+    if (o_.admin_root.empty()) {
+      std::fprintf(out_,
+                   "worker 0: no --admin_root: the best validated state is not kept; the "
+                   "test scores the final state\n");
+    }
+  }
+  TESSERA_ASSIGN_OR_RETURN(validator_,
+                           Validator::Create(vopt, *layout_, store_.get(), client_.get(),
+                                             validation_backend_.get(), std::move(samples)));
+  topt_.pause_at = [this](uint64_t step) { return schedule_.Due(step); };
+  topt_.on_pause = [this](const TrainProgress& p) { return ValidationPause(p); };
+  return Status::OK();
+}
+
+// A validation round after step p.step; worker 0 prints it and adds it to the curve.
+Result<bool> Job::ValidationPause(const TrainProgress& p) {
+  TESSERA_ASSIGN_OR_RETURN(bool stop, validator_->Round(p.step));
+  if (o_.worker_id != 0) return stop;
+  const ValidationPoint& v = validator_->history().back();
+  std::fprintf(out_, "worker 0 validate step %llu samples %llu auc %.4f logloss %.4f%s\n",
+               static_cast<unsigned long long>(v.step), static_cast<unsigned long long>(v.samples),
+               v.auc, v.logloss, validator_->rounds_without_improvement() == 0 ? " (best)" : "");
+  if (stop) {
+    std::fprintf(out_,
+                 "worker 0 early stop after step %llu: no better validation %s for %u "
+                 "rounds (best: step %llu auc %.4f logloss %.4f)\n",
+                 static_cast<unsigned long long>(p.step),
+                 o_.early_stopping_by_auc ? "auc" : "logloss", o_.early_stopping_patience,
+                 static_cast<unsigned long long>(validator_->best()->step), validator_->best()->auc,
+                 validator_->best()->logloss);
+  }
+  std::fflush(out_);
+  if (curve_) {
+    CurveRow row = TrainingRow(p, global_batch_);
+    row.validation_auc = v.auc;
+    row.validation_logloss = v.logloss;
+    TESSERA_RETURN_IF_ERROR(curve_->Append(row));
+  }
+  return stop;
+}
+
+// The learning-rate schedule; a decay without decay_steps lasts until the planned end.
+Status Job::SetUpLrSchedule(bool* options_error) {
+  topt_.lr_schedule = o_.lr_schedule;
+  if (o_.lr_schedule.decay == LrSchedule::Decay::kNone || o_.lr_schedule.decay_steps != 0) {
+    return Status::OK();
+  }
+  uint64_t end = topt_.max_steps;
+  if (end == 0) {
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
+    end = PlannedSteps(shard, o_.epochs, batch_size_);
+  }
+  if (end <= o_.lr_schedule.warmup_steps) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument(
+        "--lr_decay needs --lr_decay_steps: no planned last step after the warm-up");
+  }
+  topt_.lr_schedule.decay_steps = end - o_.lr_schedule.warmup_steps;
+  return Status::OK();
+}
+
+// Worker 0 writes the training curve: a row per progress report and per validation round.
+Status Job::OpenCurve() {
+  if (o_.worker_id != 0) return Status::OK();
+  std::error_code ec;
+  std::filesystem::create_directories(o_.out_dir, ec);
+  auto c = CurveFile::Create((std::filesystem::path(o_.out_dir) / "metrics.csv").string());
+  if (!c.ok()) return c.status().WithContext("--out_dir");
+  curve_ = std::move(*c);
+  auto on_progress = topt_.on_progress;
+  topt_.on_progress = [this, on_progress](const TrainProgress& p) {
+    on_progress(p);
+    Status s = curve_->Append(TrainingRow(p, global_batch_));
+    if (!s.ok()) std::fprintf(stderr, "tessera-worker 0: %s\n", s.ToString().c_str());
+  };
+  return Status::OK();
+}
+
+// One local rank's set-up and training; local rank 0 talks to the servers and reports.
+Status Job::RunRank(uint32_t local) {
+  std::unique_ptr<LocalReducer> reducer;
+  if (group_) {
+    TESSERA_ASSIGN_OR_RETURN(reducer, group_->Join(local));
+  }
+  DataSourceOptions mine = dopt_;
+  mine.rank = o_.worker_id * nl_ + local;
+  TESSERA_ASSIGN_OR_RETURN(auto reader, OpenTrainData(mine));
+  std::unique_ptr<Backend> backend;
+  if (o_.backend == "cuda") {
+    TESSERA_ASSIGN_OR_RETURN(backend, CreateCudaBackend(*layout_, DeviceOfLocalRank(local, gpus_)));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(backend, CreateCpuBackend(*layout_, {o_.threads}));
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto trainer,
+                           Trainer::Create(topt_, *layout_, local == 0 ? store_.get() : nullptr,
+                                           backend.get(), reader.get(), reducer.get()));
+  TESSERA_RETURN_IF_ERROR(trainer->Init());
+  if (o_.observer && local == 0) o_.observer->OnReady(true, "");
+  TESSERA_ASSIGN_OR_RETURN(TrainResult r, trainer->Train());
+  if (local == 0) trained_ = r;
+  return Status::OK();
+}
+
+// Every rank's set-up and training; a rank that fails aborts the group (RunLocalRanks), so that
+// no other rank waits for it forever.
+Status Job::Train() {
+  train_start_s_ = UnixSeconds();
+  TESSERA_RETURN_IF_ERROR(
+      RunLocalRanks(nl_, group_.get(), [this](uint32_t local) { return RunRank(local); }));
+  train_end_s_ = UnixSeconds();
+  if (o_.observer) o_.observer->OnReady(false, "training finished");
+  const TrainResult& tr = trained_;
+  std::fprintf(out_,
+               "worker %u trained %llu samples in %.1f s (%.0f samples/s), %llu steps "
+               "(%llu resumed), train loss %.4f\n",
+               o_.worker_id, static_cast<unsigned long long>(tr.samples), tr.seconds,
+               tr.samples_per_s, static_cast<unsigned long long>(tr.steps),
+               static_cast<unsigned long long>(tr.resumed_steps), tr.train_loss);
+  std::fflush(out_);
+  return Status::OK();
+}
+
+// Worker 0 restores the best validated state, where one was kept, for the test.
+Status Job::RestoreBest(JobReport* report) {
+  report->tested_step = trained_.steps;
+  if (!validator_) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(std::optional<uint64_t> restored,
+                           validator_->RestoreBest(trained_.steps));
+  if (!restored) return Status::OK();
+  // The state the test scores: scored on the validation part again, it must give the best
+  // round's figures.
+  TESSERA_ASSIGN_OR_RETURN(ValidationPoint again, validator_->Score());
+  report->restored = true;
+  report->tested_step = *restored;
+  report->restored_validation_auc = again.auc;
+  std::fprintf(out_,
+               "worker 0 restored the best validated state (step %llu, checkpoint %s) for "
+               "the test\n",
+               static_cast<unsigned long long>(*restored), validator_->best_checkpoint().c_str());
+  return Status::OK();
+}
+
+// report.html beside metrics.csv; a failure is printed and does not fail the job.
+void Job::WriteHtml(JobReport* report) {
+  ReportSummary summary;
+  summary.data = o_.data;
+  summary.steps = trained_.steps;
+  summary.test_samples = report->test.samples;
+  summary.test_auc = report->test.auc;
+  summary.test_logloss = report->test.logloss;
+  summary.oracle_auc = report->test.oracle_auc;
+  summary.oracle_logloss = report->test.oracle_logloss;
+  summary.train_seconds = trained_.seconds;
+  summary.train_loss = trained_.train_loss;
+  summary.early_stopped = trained_.stopped;
+  if (report->best_validation) {
+    summary.best_validation_step = report->best_validation->step;
+    summary.best_validation_auc = report->best_validation->auc;
+    summary.best_validation_logloss = report->best_validation->logloss;
+    summary.tested_step = report->tested_step;
+  }
+  const std::string html =
+      (std::filesystem::path(curve_->path()).parent_path() / "report.html").string();
+  Status written = WriteReport(curve_->path(), summary, html);
+  if (written.ok()) {
+    report->report_html = html;
+  } else {
+    std::fprintf(stderr, "tessera-worker 0: report.html: %s\n", written.ToString().c_str());
+  }
+}
+
+// Each worker records what it trained; worker 0 tests the model and reports the job's totals
+// from the records.
+Result<JobReport> Job::Test() {
+  JobReport report;
+  report.train = trained_;
+  report.skipped_lines = skipped_lines_.count();
+  if (!o_.evaluate) return report;
+  const TrainResult& tr = trained_;
+  TESSERA_RETURN_IF_ERROR(
+      store_->PutMeta(o_.job + "/trained/" + std::to_string(o_.worker_id),
+                      FormatTrained({tr.samples, tr.train_loss * static_cast<double>(tr.samples),
+                                     train_start_s_, train_end_s_})));
+  TESSERA_RETURN_IF_ERROR(store_->Barrier(o_.job + "/train_done"));
+  if (o_.worker_id != 0) return report;
+  TESSERA_ASSIGN_OR_RETURN(const Trained job, JobTotals(store_.get(), o_.job, o_.num_workers));
+  report.job_samples = job.samples;
+  report.job_loss_sum = job.loss_sum;
+  report.job_start_s = job.start_s;
+  report.job_end_s = job.end_s;
+  TESSERA_RETURN_IF_ERROR(RestoreBest(&report));
+  TESSERA_ASSIGN_OR_RETURN(auto test, OpenTestData(dopt_));
+  TESSERA_ASSIGN_OR_RETURN(auto backend, CreateCpuBackend(*layout_, {std::max(o_.threads, 2)}));
+  TESSERA_ASSIGN_OR_RETURN(report.test,
+                           Evaluate(*layout_, store_.get(), backend.get(), test.get()));
+  if (validator_) report.best_validation = validator_->best();
+  const EvalResult& ev = report.test;
+  if (o_.observer) o_.observer->OnTest(ev.auc, ev.logloss);
+  std::fprintf(out_, "test samples %llu auc %.4f logloss %.4f",
+               static_cast<unsigned long long>(ev.samples), ev.auc, ev.logloss);
+  if (std::isfinite(ev.oracle_auc)) {
+    std::fprintf(out_, " oracle_auc %.4f oracle_logloss %.4f (gap %.4f)", ev.oracle_auc,
+                 ev.oracle_logloss, ev.oracle_auc - ev.auc);
+  }
+  std::fprintf(out_, "\n");
+  report.tested = true;
+  report.metrics_csv = curve_->path();
+  WriteHtml(&report);
+  report.skipped_lines = skipped_lines_.count();
+  return report;
+}
+
+}  // namespace
+
+Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
+  if (options_error) *options_error = false;
+  Job job(options);
+  TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());
+  TESSERA_RETURN_IF_ERROR(job.Connect());
+  TESSERA_RETURN_IF_ERROR(job.SetUpData());
+  TESSERA_RETURN_IF_ERROR(job.CreateModel());
+  job.SetUpTrainer();
+  TESSERA_RETURN_IF_ERROR(job.SetUpValidation());
+  TESSERA_RETURN_IF_ERROR(job.SetUpLrSchedule(options_error));
+  TESSERA_RETURN_IF_ERROR(job.OpenCurve());
+  TESSERA_RETURN_IF_ERROR(job.Train());
+  return job.Test();
+}
+
+}  // namespace tessera::worker
