@@ -67,6 +67,42 @@ double Max(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
 }
 
+// Prints the figures of the run: the pushes before the scales (from `t_before`) and during
+// each of `moves`, and the JSON line.
+void PrintFigures(PushTimes& pushes, Clock::time_point t_before,
+                  const tessera::bench::ScaleRun (&moves)[2]) {
+  const std::vector<double> before = pushes.Ms(t_before, moves[0].begin);
+  const double median = tessera::bench::Median(before);
+  const double rate_before =
+      before.size() / std::chrono::duration<double>(moves[0].begin - t_before).count();
+  std::printf(
+      "dense table of %llu floats (+%llu Adagrad state) in 3 parts; one client pushing "
+      "the whole table back to back\n",
+      static_cast<unsigned long long>(FLAGS_floats), static_cast<unsigned long long>(FLAGS_floats));
+  std::printf("  before: %zu pushes, median %.2f ms, longest %.2f ms\n", before.size(), median,
+              Max(before));
+  std::string json = "{\"bench\":\"dense_move\",\"floats\":" + std::to_string(FLAGS_floats) +
+                     ",\"push_median_ms_before\":" + std::to_string(median) +
+                     ",\"push_max_ms_before\":" + std::to_string(Max(before));
+  for (const tessera::bench::ScaleRun& m : moves) {
+    const std::vector<double> during = pushes.Ms(m.begin, m.end);
+    const double secs = std::chrono::duration<double>(m.end - m.begin).count();
+    const double ratio = during.size() / std::max(1e-9, secs) / std::max(1e-9, rate_before);
+    std::printf(
+        "  %-10s %.3f s, %u dense parts moved, longest hold %.1f ms: %zu pushes, the "
+        "longest %.2f ms (%.1fx the median before); push rate %.2fx of before\n",
+        m.name, secs, m.report.dense_parts_moved, m.report.max_hold_ms, during.size(), Max(during),
+        Max(during) / std::max(1e-9, median), ratio);
+    const std::string n = m.name;
+    json += ",\"" + n + "_seconds\":" + std::to_string(secs) + ",\"" + n +
+            "_dense_parts_moved\":" + std::to_string(m.report.dense_parts_moved) + ",\"" + n +
+            "_max_hold_ms\":" + std::to_string(m.report.max_hold_ms) + ",\"" + n +
+            "_push_max_ms\":" + std::to_string(Max(during)) + ",\"" + n +
+            "_push_rate_ratio\":" + std::to_string(ratio);
+  }
+  std::printf("%s}\n", json.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,34 +161,6 @@ int main(int argc, char** argv) {
   if (!error.ok()) return Fail(error);
   if (!pushes.error.ok()) return Fail(pushes.error.WithContext("pushes"));
 
-  const std::vector<double> before = pushes.Ms(t_before, moves[0].begin);
-  const double median = tessera::bench::Median(before);
-  const double rate_before = before.size() / std::chrono::duration<double>(
-                                                 moves[0].begin - t_before).count();
-  std::printf("dense table of %llu floats (+%llu Adagrad state) in 3 parts; one client pushing "
-              "the whole table back to back\n",
-              static_cast<unsigned long long>(FLAGS_floats),
-              static_cast<unsigned long long>(FLAGS_floats));
-  std::printf("  before: %zu pushes, median %.2f ms, longest %.2f ms\n", before.size(), median,
-              Max(before));
-  std::string json = "{\"bench\":\"dense_move\",\"floats\":" + std::to_string(FLAGS_floats) +
-                     ",\"push_median_ms_before\":" + std::to_string(median) +
-                     ",\"push_max_ms_before\":" + std::to_string(Max(before));
-  for (const tessera::bench::ScaleRun& m : moves) {
-    const std::vector<double> during = pushes.Ms(m.begin, m.end);
-    const double secs = std::chrono::duration<double>(m.end - m.begin).count();
-    const double ratio = during.size() / std::max(1e-9, secs) / std::max(1e-9, rate_before);
-    std::printf("  %-10s %.3f s, %u dense parts moved, longest hold %.1f ms: %zu pushes, the "
-                "longest %.2f ms (%.1fx the median before); push rate %.2fx of before\n",
-                m.name, secs, m.report.dense_parts_moved, m.report.max_hold_ms, during.size(),
-                Max(during), Max(during) / std::max(1e-9, median), ratio);
-    const std::string n = m.name;
-    json += ",\"" + n + "_seconds\":" + std::to_string(secs) + ",\"" + n +
-            "_dense_parts_moved\":" + std::to_string(m.report.dense_parts_moved) + ",\"" + n +
-            "_max_hold_ms\":" + std::to_string(m.report.max_hold_ms) + ",\"" + n +
-            "_push_max_ms\":" + std::to_string(Max(during)) + ",\"" + n +
-            "_push_rate_ratio\":" + std::to_string(ratio);
-  }
-  std::printf("%s}\n", json.c_str());
+  PrintFigures(pushes, t_before, moves);
   return 0;
 }

@@ -391,6 +391,31 @@ void PrintServing(const std::vector<Config*>& configs,
   std::fflush(stdout);
 }
 
+// Prints the JSON line: the push rates `r` (the variants of main), the serving latencies `s`
+// (memory, strict) and the recovery.
+void PrintJson(const std::vector<std::vector<double>>& r,
+               const std::vector<std::vector<ServingRep>>& s, const Recovery& rec, int reps) {
+  const double mem_u = Median(r[0]), relaxed_u = Median(r[1]), strict_u = Median(r[2]);
+  const double mem_z = Median(r[3]), strict_z = Median(r[4]);
+  const double mem_p99 = MedianOf(s[0], &ServingRep::training, &ReadSummary::p99_ms);
+  const double strict_p99 = MedianOf(s[1], &ServingRep::training, &ReadSummary::p99_ms);
+  std::printf(
+      "{\"bench\":\"durability\",\"keys\":%u,\"dim\":%u,\"key_space\":%llu,\"zipf_s\":%.2f,"
+      "\"reps\":%d,\"min_rep_s\":%.1f,\"memory_keys_per_s\":%.0f,\"relaxed_keys_per_s\":%.0f,"
+      "\"strict_keys_per_s\":%.0f,\"memory_zipf_keys_per_s\":%.0f,\"strict_zipf_keys_per_s\":%.0f,"
+      "\"server_strict_vs_relaxed_push\":%.3f,\"server_strict_vs_memory_push\":%.3f,"
+      "\"server_strict_vs_memory_push_zipf\":%.3f,\"serving_idle_p99_ms_memory\":%.3f,"
+      "\"serving_idle_p99_ms_strict\":%.3f,\"serving_p99_under_training_ms_memory\":%.3f,"
+      "\"serving_p99_under_training_ms_strict\":%.3f,"
+      "\"serving_p99_under_training_vs_memory\":%.2f,\"recovery_ready_s\":%.3f,"
+      "\"recovery_s\":%.3f}\n",
+      FLAGS_keys, FLAGS_dim, static_cast<unsigned long long>(FLAGS_key_space), FLAGS_zipf_s, reps,
+      MinRepSeconds(), mem_u, relaxed_u, strict_u, mem_z, strict_z, strict_u / relaxed_u,
+      strict_u / mem_u, strict_z / mem_z, MedianOf(s[0], &ServingRep::idle, &ReadSummary::p99_ms),
+      MedianOf(s[1], &ServingRep::idle, &ReadSummary::p99_ms), mem_p99, strict_p99,
+      strict_p99 / mem_p99, rec.ready_s, rec.recovery_s);
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "bench_durability: FAILED: %s\n", s.ToString().c_str());
   return 1;
@@ -462,26 +487,6 @@ int main(int argc, char** argv) {
     std::printf("recovery: the server: %s\n", rec->server_line.c_str());
   }
 
-  const auto& r = *rates;
-  const double mem_u = Median(r[0]), relaxed_u = Median(r[1]), strict_u = Median(r[2]);
-  const double mem_z = Median(r[3]), strict_z = Median(r[4]);
-  const auto& s = *serving;
-  const double mem_p99 = MedianOf(s[0], &ServingRep::training, &ReadSummary::p99_ms);
-  const double strict_p99 = MedianOf(s[1], &ServingRep::training, &ReadSummary::p99_ms);
-  std::printf(
-      "{\"bench\":\"durability\",\"keys\":%u,\"dim\":%u,\"key_space\":%llu,\"zipf_s\":%.2f,"
-      "\"reps\":%d,\"min_rep_s\":%.1f,\"memory_keys_per_s\":%.0f,\"relaxed_keys_per_s\":%.0f,"
-      "\"strict_keys_per_s\":%.0f,\"memory_zipf_keys_per_s\":%.0f,\"strict_zipf_keys_per_s\":%.0f,"
-      "\"server_strict_vs_relaxed_push\":%.3f,\"server_strict_vs_memory_push\":%.3f,"
-      "\"server_strict_vs_memory_push_zipf\":%.3f,\"serving_idle_p99_ms_memory\":%.3f,"
-      "\"serving_idle_p99_ms_strict\":%.3f,\"serving_p99_under_training_ms_memory\":%.3f,"
-      "\"serving_p99_under_training_ms_strict\":%.3f,"
-      "\"serving_p99_under_training_vs_memory\":%.2f,\"recovery_ready_s\":%.3f,"
-      "\"recovery_s\":%.3f}\n",
-      FLAGS_keys, FLAGS_dim, static_cast<unsigned long long>(FLAGS_key_space), FLAGS_zipf_s, reps,
-      MinRepSeconds(), mem_u, relaxed_u, strict_u, mem_z, strict_z, strict_u / relaxed_u,
-      strict_u / mem_u, strict_z / mem_z, MedianOf(s[0], &ServingRep::idle, &ReadSummary::p99_ms),
-      MedianOf(s[1], &ServingRep::idle, &ReadSummary::p99_ms), mem_p99, strict_p99,
-      strict_p99 / mem_p99, rec->ready_s, rec->recovery_s);
+  PrintJson(*rates, *serving, *rec, reps);
   return 0;
 }

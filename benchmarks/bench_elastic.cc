@@ -200,6 +200,60 @@ tessera::Result<double> Measure(Tier& tier, uint64_t rows, double seconds, uint6
   return tessera::bench::Median(Windows(pushes, from, to, std::min(0.25, seconds / 4)));
 }
 
+// Kills server 1 of `tier` while pushing to it: the fail-over time (the longest gap between
+// push completions after the kill) and the push keys/s over the last phase after it.
+tessera::Result<std::pair<double, double>> KillAndTimeFailover(Tier& tier, uint64_t rows,
+                                                               double phase_s) {
+  Pushes pushes;
+  std::thread pusher = Pusher(tier, rows, pushes, 99);
+  std::this_thread::sleep_for(std::chrono::duration<double>(phase_s / 2));
+  const auto t_kill = Clock::now();
+  tier.servers[1]->Kill();
+  // Until the client follows the fail-over's map, and then a phase has passed after the first
+  // push completed past that (or 120 s).
+  Clock::time_point switched{};
+  for (;;) {
+    if (switched == Clock::time_point{} && tier.client->cluster_map_version() > 1) {
+      switched = Clock::now();
+    }
+    Clock::time_point resumed{};
+    {
+      std::lock_guard<std::mutex> l(pushes.mu);
+      if (!pushes.error.ok()) break;
+      for (auto it = pushes.done.rbegin();
+           switched != Clock::time_point{} && it != pushes.done.rend() && it->first > switched;
+           ++it) {
+        resumed = it->first;
+      }
+    }
+    if (resumed != Clock::time_point{} &&
+        Clock::now() - resumed > std::chrono::duration<double>(phase_s)) {
+      break;
+    }
+    if (Clock::now() - t_kill > std::chrono::seconds(120)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto t_end = Clock::now();
+  pushes.stop = true;
+  pusher.join();
+  if (!pushes.error.ok()) return pushes.error.WithContext("pushes across the kill");
+  double failover_s = 0;
+  {
+    std::lock_guard<std::mutex> l(pushes.mu);
+    Clock::time_point last = t_kill;
+    for (auto& [at, k] : pushes.done) {
+      if (at <= t_kill) continue;
+      failover_s = std::max(failover_s, std::chrono::duration<double>(at - last).count());
+      last = at;
+    }
+  }
+  if (failover_s == 0) return Status::Unavailable("no push completed after the kill");
+  const double after = tessera::bench::Median(Windows(
+      pushes, t_end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(phase_s)),
+      t_end, std::min(0.25, phase_s / 4)));
+  return std::pair<double, double>{failover_s, after};
+}
+
 int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uint64_t rows,
              double phase_s) {
   auto plain = StartTier(binary, etcd.url("plain"), root + "/plain", rows, false);
@@ -235,54 +289,9 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   const double plain_rate = tessera::bench::Median(plain_rates);
   const double repl_rate = tessera::bench::Median(repl_rates);
   // kill -9 of server 1 while pushing on the replicated tier.
-  Tier& tier = **repl;
-  Pushes pushes;
-  std::thread pusher = Pusher(tier, rows, pushes, 99);
-  std::this_thread::sleep_for(std::chrono::duration<double>(phase_s / 2));
-  const auto t_kill = Clock::now();
-  tier.servers[1]->Kill();
-  // Until the client follows the fail-over's map, and then a phase has passed after the first
-  // push completed past that (or 120 s).
-  Clock::time_point switched{};
-  for (;;) {
-    if (switched == Clock::time_point{} && tier.client->cluster_map_version() > 1) {
-      switched = Clock::now();
-    }
-    Clock::time_point resumed{};
-    {
-      std::lock_guard<std::mutex> l(pushes.mu);
-      if (!pushes.error.ok()) break;
-      for (auto it = pushes.done.rbegin();
-           switched != Clock::time_point{} && it != pushes.done.rend() && it->first > switched;
-           ++it) {
-        resumed = it->first;
-      }
-    }
-    if (resumed != Clock::time_point{} &&
-        Clock::now() - resumed > std::chrono::duration<double>(phase_s)) {
-      break;
-    }
-    if (Clock::now() - t_kill > std::chrono::seconds(120)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  const auto t_end = Clock::now();
-  pushes.stop = true;
-  pusher.join();
-  if (!pushes.error.ok()) return Fail(pushes.error.WithContext("pushes across the kill"));
-  double failover_s = 0;
-  {
-    std::lock_guard<std::mutex> l(pushes.mu);
-    Clock::time_point last = t_kill;
-    for (auto& [at, k] : pushes.done) {
-      if (at <= t_kill) continue;
-      failover_s = std::max(failover_s, std::chrono::duration<double>(at - last).count());
-      last = at;
-    }
-  }
-  if (failover_s == 0) return Fail(Status::Unavailable("no push completed after the kill"));
-  const double after = tessera::bench::Median(Windows(
-      pushes, t_end - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(phase_s)),
-      t_end, std::min(0.25, phase_s / 4)));
+  auto killed = KillAndTimeFailover(**repl, rows, phase_s);
+  if (!killed.ok()) return Fail(killed.status());
+  const auto [failover_s, after] = *killed;
   std::printf("replication (3 servers with data directories, one client, %u keys per push; "
               "median of 0.25 s windows, tiers alternated 4 times):\n", FLAGS_keys);
   std::printf("  push keys/s without backups  %12.0f\n", plain_rate);
@@ -308,68 +317,42 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  tessera::bench::CleanUpOnStopSignals();
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  const uint64_t rows = FLAGS_rows != 0 ? FLAGS_rows : (FLAGS_quick ? 300000 : 3000000);
-  const double phase_s = FLAGS_phase_s > 0 ? FLAGS_phase_s : (FLAGS_quick ? 1.0 : 3.0);
-  const std::string binary = FLAGS_server_binary.empty()
-                                 ? tessera::bench::DefaultServerBinary(argv[0])
-                                 : FLAGS_server_binary;
-  if (access(FLAGS_etcd.c_str(), X_OK) != 0) {
-    return Fail(Status::NotFound("no etcd at " + FLAGS_etcd +
-                                 " (Debian: apt-get install etcd-server; or --etcd)"));
-  }
-  const tessera::bench::TempDir root("tessera-bench-elastic-");
-  Etcd etcd;
-  if (Status s = etcd.Start(root.path(), FLAGS_etcd); !s.ok()) return Fail(s);
-  if (!FLAGS_scale) return FLAGS_failover ? Failover(binary, etcd, root.path(), rows, phase_s) : 0;
-  const std::string url = etcd.url("bench");
+// The server flags of --server_flags.
+std::vector<std::string> ServerFlags() {
   std::vector<std::string> flags;
-  {
-    std::stringstream extra(FLAGS_server_flags);
-    for (std::string f; std::getline(extra, f, ',');) {
-      if (!f.empty()) flags.push_back(f);
-    }
+  std::stringstream extra(FLAGS_server_flags);
+  for (std::string f; std::getline(extra, f, ',');) {
+    if (!f.empty()) flags.push_back(f);
   }
-  // Three servers on free ports named in --cluster (each registers its entry in etcd); the map
-  // names the first two.
-  auto servers = tessera::bench::StartMapServers(binary, url, flags);
-  if (!servers.ok()) return Fail(servers.status());
-  const std::vector<std::string>& endpoints = servers->endpoints;
-  auto first = tessera::ClusterMap::Replicated(
-      {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}}, FLAGS_replication);
-  if (!first.ok()) return Fail(first.status());
-  auto map = tessera::bench::CreateMapAndClient(url, *first);
-  if (!map.ok()) return Fail(map.status());
-  tessera::Client& c = *map->client;
-  tessera::OptimizerSpec adagrad;
-  adagrad.kind = tessera::OptimizerKind::kAdagrad;
-  auto table = c.CreateTable(tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad));
-  if (!table.ok()) return Fail(table.status());
+  return flags;
+}
 
-  // Fill: every row pushed once.
-  std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
+// Pushes every row of `table` (`rows` rows) once, --keys at a time.
+Status Fill(tessera::Client& c, const tessera::Table& table, uint64_t rows,
+            const std::vector<float>& grads) {
   for (uint64_t at = 0; at < rows; at += FLAGS_keys) {
     std::vector<uint64_t> keys;
     for (uint64_t k = at; k < std::min(rows, at + FLAGS_keys); ++k) keys.push_back(k + 1);
-    Status s = c.Wait(c.Push(*table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
-    if (!s.ok()) return Fail(s.WithContext("fill"));
+    Status s =
+        c.Wait(c.Push(table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
+    if (!s.ok()) return s;
   }
-  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers, replication %u\n",
-              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim, FLAGS_replication);
+  return Status::OK();
+}
 
-  Pushes pushes;
-  std::thread pusher([&] {
+// Pushes batches of random keys of `table` back to back from a thread until `pushes.stop`,
+// recording each completion in `pushes`.
+std::thread ScalePusher(tessera::Client& c, const tessera::Table& table, uint64_t rows,
+                        const std::vector<float>& grads, Pushes& pushes) {
+  return std::thread([&c, &table, rows, &grads, &pushes] {
     std::mt19937_64 rng(7);
     std::vector<uint64_t> keys(FLAGS_keys);
     while (!pushes.stop.load()) {
       for (auto& k : keys) k = 1 + rng() % rows;
       std::sort(keys.begin(), keys.end());
       keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-      Status s = c.Wait(c.Push(*table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
+      Status s = c.Wait(
+          c.Push(table, keys, std::span<const float>(grads.data(), keys.size() * FLAGS_dim)));
       if (!s.ok()) {
         pushes.error = s;
         return;
@@ -379,22 +362,12 @@ int main(int argc, char** argv) {
       keys.resize(FLAGS_keys);
     }
   });
-  auto sleep_phase = [&] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(phase_s));
-  };
-  tessera::internal::ScaleOptions so;
-  so.batch_slots = FLAGS_batch_slots;
-  so.pace = FLAGS_pace;
-  tessera::bench::ScaleRun moves[2] = {{"scale_up", 3}, {"scale_down", 2}};
-  const auto t_before = Clock::now();
-  sleep_phase();
-  const Status error = tessera::bench::RunScales(*map, so, moves, sleep_phase);
-  const auto t_after = Clock::now();
-  pushes.stop = true;
-  pusher.join();
-  if (!error.ok()) return Fail(error);
-  if (!pushes.error.ok()) return Fail(pushes.error.WithContext("pushes"));
+}
 
+// Prints the push rates before (from `t_before`), during and after (to `t_after`) the `moves`,
+// what each moved, and the JSON line.
+void PrintScaleFigures(Pushes& pushes, Clock::time_point t_before, Clock::time_point t_after,
+                       const tessera::bench::ScaleRun (&moves)[2], uint64_t rows, double phase_s) {
   const double window = std::min(0.25, phase_s / 4);
   const double before =
       tessera::bench::Median(Windows(pushes, t_before, moves[0].begin, window));
@@ -440,6 +413,67 @@ int main(int argc, char** argv) {
   std::printf("  after the moves       %12.0f\n", after);
   json += ",\"push_keys_per_s_after\":" + std::to_string(after) + "}";
   std::printf("%s\n", json.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::bench::CleanUpOnStopSignals();
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  const uint64_t rows = FLAGS_rows != 0 ? FLAGS_rows : (FLAGS_quick ? 300000 : 3000000);
+  const double phase_s = FLAGS_phase_s > 0 ? FLAGS_phase_s : (FLAGS_quick ? 1.0 : 3.0);
+  const std::string binary = FLAGS_server_binary.empty()
+                                 ? tessera::bench::DefaultServerBinary(argv[0])
+                                 : FLAGS_server_binary;
+  if (access(FLAGS_etcd.c_str(), X_OK) != 0) {
+    return Fail(Status::NotFound("no etcd at " + FLAGS_etcd +
+                                 " (Debian: apt-get install etcd-server; or --etcd)"));
+  }
+  const tessera::bench::TempDir root("tessera-bench-elastic-");
+  Etcd etcd;
+  if (Status s = etcd.Start(root.path(), FLAGS_etcd); !s.ok()) return Fail(s);
+  if (!FLAGS_scale) return FLAGS_failover ? Failover(binary, etcd, root.path(), rows, phase_s) : 0;
+  const std::string url = etcd.url("bench");
+  const std::vector<std::string> flags = ServerFlags();
+  // Three servers on free ports named in --cluster (each registers its entry in etcd); the map
+  // names the first two.
+  auto servers = tessera::bench::StartMapServers(binary, url, flags);
+  if (!servers.ok()) return Fail(servers.status());
+  const std::vector<std::string>& endpoints = servers->endpoints;
+  auto first = tessera::ClusterMap::Replicated(
+      {{"server-0", endpoints[0]}, {"server-1", endpoints[1]}}, FLAGS_replication);
+  if (!first.ok()) return Fail(first.status());
+  auto map = tessera::bench::CreateMapAndClient(url, *first);
+  if (!map.ok()) return Fail(map.status());
+  tessera::Client& c = *map->client;
+  tessera::OptimizerSpec adagrad;
+  adagrad.kind = tessera::OptimizerKind::kAdagrad;
+  auto table = c.CreateTable(tessera::TableSpec::Sparse("emb", FLAGS_dim, adagrad));
+  if (!table.ok()) return Fail(table.status());
+
+  // Fill: every row pushed once.
+  const std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
+  if (Status s = Fill(c, *table, rows, grads); !s.ok()) return Fail(s.WithContext("fill"));
+  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers, replication %u\n",
+              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim, FLAGS_replication);
+
+  Pushes pushes;
+  std::thread pusher = ScalePusher(c, *table, rows, grads, pushes);
+  auto sleep_phase = [&] { std::this_thread::sleep_for(std::chrono::duration<double>(phase_s)); };
+  tessera::internal::ScaleOptions so;
+  so.batch_slots = FLAGS_batch_slots;
+  so.pace = FLAGS_pace;
+  tessera::bench::ScaleRun moves[2] = {{"scale_up", 3}, {"scale_down", 2}};
+  const auto t_before = Clock::now();
+  sleep_phase();
+  const Status error = tessera::bench::RunScales(*map, so, moves, sleep_phase);
+  const auto t_after = Clock::now();
+  pushes.stop = true;
+  pusher.join();
+  if (!error.ok()) return Fail(error);
+  if (!pushes.error.ok()) return Fail(pushes.error.WithContext("pushes"));
+
+  PrintScaleFigures(pushes, t_before, t_after, moves, rows, phase_s);
   if (FLAGS_failover) {
     map->client.reset();  // before its servers
     servers->processes.clear();

@@ -111,59 +111,25 @@ std::string JsonNum(double v) {
   return buf;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  gflags::SetUsageMessage("bench_sparse [--quick]\nTessera sparse push (Adagrad) and pull.");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
-    std::fprintf(stderr, "bench_sparse: --server_mode must be process or thread\n");
-    return 2;
-  }
-  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
-  const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.2 : 1.0);
-  const std::string server_binary = !FLAGS_server_binary.empty()
-                                        ? FLAGS_server_binary
-                                        : tessera::bench::DefaultServerBinary(argv[0]);
-  if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
-    std::fprintf(stderr, "bench_sparse: no tessera-server at %s (see --server_binary)\n",
-                 server_binary.c_str());
-    return 2;
-  }
-  std::vector<Shape> shapes;
-  {
-    std::stringstream in(FLAGS_shapes);
-    std::string item;
-    while (std::getline(in, item, ',')) {
-      const size_t x = item.find('x');
-      if (x == std::string::npos) {
-        std::fprintf(stderr, "bench_sparse: bad shape '%s' (want KEYSxDIM)\n", item.c_str());
-        return 2;
-      }
-      shapes.push_back(
-          {std::stoull(item.substr(0, x)), static_cast<uint32_t>(std::stoul(item.substr(x + 1)))});
+// Parses --shapes into `shapes`; false after printing what was wrong.
+bool ParseShapes(std::vector<Shape>& shapes) {
+  std::stringstream in(FLAGS_shapes);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t x = item.find('x');
+    if (x == std::string::npos) {
+      std::fprintf(stderr, "bench_sparse: bad shape '%s' (want KEYSxDIM)\n", item.c_str());
+      return false;
     }
+    shapes.push_back(
+        {std::stoull(item.substr(0, x)), static_cast<uint32_t>(std::stoul(item.substr(x + 1)))});
   }
-  const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
-  if (FLAGS_window == 0 || FLAGS_batches == 0) {
-    std::fprintf(stderr, "bench_sparse: --window and --batches must be positive\n");
-    return 2;
-  }
+  return true;
+}
 
-  // Requests per repetition at least (1M-key requests take a large part of a second).
-  const uint64_t min_ops = FLAGS_quick ? 2 : 3;
-  const uint32_t num_batches =
-      gflags::GetCommandLineFlagInfoOrDie("batches").is_default && FLAGS_quick ? 4 : FLAGS_batches;
-  // --quick measures 1 in flight only, unless --window is given.
-  std::vector<uint32_t> windows = {1};
-  const bool window_set = !gflags::GetCommandLineFlagInfoOrDie("window").is_default;
-  if (FLAGS_window > 1 && (!FLAGS_quick || window_set)) windows.push_back(FLAGS_window);
-
-  // Generate every request before timing anything.
-  std::vector<std::vector<Batch>> batches;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    batches.push_back(MakeBatches(shapes[i], num_batches, FLAGS_seed + i));
-  }
+// The first lines of the output: the workload and the table's header.
+void PrintHeader(const std::vector<Shape>& shapes, const std::vector<std::vector<Batch>>& batches,
+                 int reps, double rep_s) {
   std::printf(
       "bench_sparse: servers as %s, %u lanes per server, Zipf s=%.2f over %llu ids, "
       "Adagrad; %d reps x %.2f s per cell, medians; keys/s counts the caller's keys "
@@ -179,134 +145,127 @@ int main(int argc, char** argv) {
   std::printf("%-22s %14s %14s %10s %10s %10s\n", "cell", "keys/s/server", "uniq/s/server",
               "med ms", "p99 ms", "call ms");
   std::fflush(stdout);
+}
 
-  std::vector<Row> rows;
-  for (uint64_t nservers : counts) {
-    if (nservers < 1 || nservers > 64) {
-      std::fprintf(stderr, "bench_sparse: server counts must be 1..64\n");
-      return 2;
-    }
-    tessera::bench::BenchCluster cluster;
-    if (const tessera::Status st = cluster.Start(static_cast<uint32_t>(nservers), FLAGS_server_mode,
-                                                 server_binary, FLAGS_lanes);
-        !st.ok()) {
-      if (FLAGS_server_mode == "thread") {
-        std::fprintf(stderr, "bench_sparse: server: %s\n", st.ToString().c_str());
-      } else {
-        std::fprintf(stderr, "bench_sparse: %s\n", st.message().c_str());
+// How long each cell runs.
+struct Timing {
+  int reps;
+  double rep_s;
+  uint64_t min_ops;  // requests per repetition at least
+};
+
+// Runs the cell of `row` (push or pull of the batches `bs` to `table`, row.window requests in
+// flight): a warm-up, then timing.reps repetitions; fills the figures of `row`. The first error
+// of a request.
+tessera::Status MeasureCell(tessera::Client& client, const tessera::Table& table,
+                            const std::vector<Batch>& bs, std::vector<std::vector<float>>& outs,
+                            const Timing& timing, Row& row) {
+  const bool push = row.push;
+  const uint32_t window = row.window;
+  const double nservers = row.servers;
+  std::vector<double> rates, unique_rates, lat_ms, call_ms;
+  tessera::Status error;
+  uint64_t seq = 0;
+  for (int r = -1; r < timing.reps; ++r) {  // r == -1: warm-up
+    std::deque<std::pair<tessera::Handle, BenchClock::time_point>> q;
+    uint64_t ops = 0, keys = 0, unique = 0;
+    const auto start = BenchClock::now();
+    const auto until =
+        start + std::chrono::duration_cast<BenchClock::duration>(
+                    std::chrono::duration<double>(r < 0 ? timing.rep_s / 4 : timing.rep_s));
+    bool issuing = true;
+    while (issuing || !q.empty()) {
+      while (issuing && q.size() < window) {
+        const Batch& b = bs[seq % bs.size()];
+        float* out = outs[seq % window].data();
+        ++seq;
+        const auto t0 = BenchClock::now();
+        q.emplace_back(push ? client.Push(table, b.keys, b.grads) : client.Pull(table, b.keys, out),
+                       t0);
+        if (r >= 0) {
+          call_ms.push_back(
+              std::chrono::duration<double, std::milli>(BenchClock::now() - t0).count());
+        }
+        keys += b.keys.size();
+        unique += b.unique;
       }
-      return 1;
+      tessera::Status s = client.Wait(q.front().first);
+      if (!s.ok() && error.ok()) error = s;
+      const auto now = BenchClock::now();
+      if (r >= 0) {
+        lat_ms.push_back(std::chrono::duration<double, std::milli>(now - q.front().second).count());
+      }
+      q.pop_front();
+      ++ops;
+      if (now >= until && ops >= (r < 0 ? 1 : timing.min_ops)) issuing = false;
     }
-    tessera::ClientOptions co;
-    co.servers = cluster.endpoints();
-    auto client_or = tessera::Client::Create(co);
-    if (!client_or.ok()) {
-      std::fprintf(stderr, "bench_sparse: client: %s\n", client_or.status().ToString().c_str());
-      return 1;
+    const double secs = std::chrono::duration<double>(BenchClock::now() - start).count();
+    if (r >= 0) {
+      rates.push_back(static_cast<double>(keys) / secs / nservers);
+      unique_rates.push_back(static_cast<double>(unique) / secs / nservers);
     }
-    std::unique_ptr<tessera::Client> client = std::move(*client_or);
+  }
+  if (!error.ok()) return error;
+  row.keys_per_s_per_server = Median(rates);
+  row.unique_keys_per_s_per_server = Median(unique_rates);
+  row.lat_median_ms = Median(lat_ms);
+  row.lat_p99_ms = Percentile(lat_ms, 0.99);
+  row.call_median_ms = Median(call_ms);
+  return tessera::Status::OK();
+}
 
-    for (size_t si = 0; si < shapes.size(); ++si) {
-      const Shape& shape = shapes[si];
-      const std::vector<Batch>& bs = batches[si];
-      tessera::OptimizerSpec opt;
-      opt.kind = tessera::OptimizerKind::kAdagrad;
-      opt.learning_rate = 0.05f;
-      opt.initial_accumulator = 0.1f;
-      tessera::InitializerSpec init;
-      init.kind = tessera::InitializerKind::kUniform;
-      init.a = -0.01f;
-      init.b = 0.01f;
-      auto table_or = client->CreateTable(
-          tessera::TableSpec::Sparse("bench_sparse_" + shape.Name(), shape.dim, opt, init));
-      if (!table_or.ok()) {
-        std::fprintf(stderr, "bench_sparse: CreateTable: %s\n",
-                     table_or.status().ToString().c_str());
+// Creates the table of `shape` through `client` (a cluster of `nservers`), the rows its batches
+// `bs` touch, and measures its cells (push and pull, each of `windows`), printing each and
+// adding it to `rows`. 0, or 1 after printing an error.
+int MeasureShape(tessera::Client& client, uint64_t nservers, const Shape& shape,
+                 const std::vector<Batch>& bs, const std::vector<uint32_t>& windows,
+                 const Timing& timing, std::vector<Row>& rows) {
+  tessera::OptimizerSpec opt;
+  opt.kind = tessera::OptimizerKind::kAdagrad;
+  opt.learning_rate = 0.05f;
+  opt.initial_accumulator = 0.1f;
+  tessera::InitializerSpec init;
+  init.kind = tessera::InitializerKind::kUniform;
+  init.a = -0.01f;
+  init.b = 0.01f;
+  auto table_or = client.CreateTable(
+      tessera::TableSpec::Sparse("bench_sparse_" + shape.Name(), shape.dim, opt, init));
+  if (!table_or.ok()) {
+    std::fprintf(stderr, "bench_sparse: CreateTable: %s\n", table_or.status().ToString().c_str());
+    return 1;
+  }
+  const tessera::Table table = *table_or;
+  std::vector<std::vector<float>> outs(FLAGS_window, std::vector<float>(shape.keys * shape.dim));
+  // Create every row the batches touch, so timing sees the steady state.
+  for (const Batch& b : bs) {
+    tessera::Status s = client.Wait(client.Pull(table, b.keys, outs[0].data()));
+    if (!s.ok()) {
+      std::fprintf(stderr, "bench_sparse: warm-up pull: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  for (bool push : {true, false}) {
+    for (uint32_t window : windows) {
+      Row row{"", static_cast<uint32_t>(nservers), push, shape, window, 0, 0, 0, 0, 0};
+      row.name = std::string(push ? "push" : "pull") + "/" + shape.Name() + "/s" +
+                 std::to_string(nservers) + "/w" + std::to_string(window);
+      if (tessera::Status error = MeasureCell(client, table, bs, outs, timing, row); !error.ok()) {
+        std::fprintf(stderr, "bench_sparse: %s: %s\n", row.name.c_str(), error.ToString().c_str());
         return 1;
       }
-      const tessera::Table table = *table_or;
-      std::vector<std::vector<float>> outs(FLAGS_window,
-                                           std::vector<float>(shape.keys * shape.dim));
-      // Create every row the batches touch, so timing sees the steady state.
-      for (const Batch& b : bs) {
-        tessera::Status s = client->Wait(client->Pull(table, b.keys, outs[0].data()));
-        if (!s.ok()) {
-          std::fprintf(stderr, "bench_sparse: warm-up pull: %s\n", s.ToString().c_str());
-          return 1;
-        }
-      }
-      for (bool push : {true, false}) {
-        for (uint32_t window : windows) {
-          Row row{"", static_cast<uint32_t>(nservers), push, shape, window, 0, 0, 0, 0, 0};
-          row.name = std::string(push ? "push" : "pull") + "/" + shape.Name() + "/s" +
-                     std::to_string(nservers) + "/w" + std::to_string(window);
-          std::vector<double> rates, unique_rates, lat_ms, call_ms;
-          tessera::Status error;
-          std::vector<tessera::Handle> handles(window);
-          uint64_t seq = 0;
-          for (int r = -1; r < reps; ++r) {  // r == -1: warm-up
-            std::deque<std::pair<tessera::Handle, BenchClock::time_point>> q;
-            uint64_t ops = 0, keys = 0, unique = 0;
-            const auto start = BenchClock::now();
-            const auto until =
-                start + std::chrono::duration_cast<BenchClock::duration>(
-                            std::chrono::duration<double>(r < 0 ? rep_s / 4 : rep_s));
-            bool issuing = true;
-            while (issuing || !q.empty()) {
-              while (issuing && q.size() < window) {
-                const Batch& b = bs[seq % bs.size()];
-                float* out = outs[seq % window].data();
-                ++seq;
-                const auto t0 = BenchClock::now();
-                q.emplace_back(
-                    push ? client->Push(table, b.keys, b.grads) : client->Pull(table, b.keys, out),
-                    t0);
-                if (r >= 0) {
-                  call_ms.push_back(
-                      std::chrono::duration<double, std::milli>(BenchClock::now() - t0).count());
-                }
-                keys += b.keys.size();
-                unique += b.unique;
-              }
-              tessera::Status s = client->Wait(q.front().first);
-              if (!s.ok() && error.ok()) error = s;
-              const auto now = BenchClock::now();
-              if (r >= 0) {
-                lat_ms.push_back(
-                    std::chrono::duration<double, std::milli>(now - q.front().second).count());
-              }
-              q.pop_front();
-              ++ops;
-              if (now >= until && ops >= (r < 0 ? 1 : min_ops)) issuing = false;
-            }
-            const double secs = std::chrono::duration<double>(BenchClock::now() - start).count();
-            if (r >= 0) {
-              rates.push_back(static_cast<double>(keys) / secs / static_cast<double>(nservers));
-              unique_rates.push_back(static_cast<double>(unique) / secs /
-                                     static_cast<double>(nservers));
-            }
-          }
-          if (!error.ok()) {
-            std::fprintf(stderr, "bench_sparse: %s: %s\n", row.name.c_str(),
-                         error.ToString().c_str());
-            return 1;
-          }
-          row.keys_per_s_per_server = Median(rates);
-          row.unique_keys_per_s_per_server = Median(unique_rates);
-          row.lat_median_ms = Median(lat_ms);
-          row.lat_p99_ms = Percentile(lat_ms, 0.99);
-          row.call_median_ms = Median(call_ms);
-          std::printf("%-22s %14.3e %14.3e %10.2f %10.2f %10.2f\n", row.name.c_str(),
-                      row.keys_per_s_per_server, row.unique_keys_per_s_per_server,
-                      row.lat_median_ms, row.lat_p99_ms, row.call_median_ms);
-          std::fflush(stdout);
-          rows.push_back(row);
-        }
-      }
+      std::printf("%-22s %14.3e %14.3e %10.2f %10.2f %10.2f\n", row.name.c_str(),
+                  row.keys_per_s_per_server, row.unique_keys_per_s_per_server, row.lat_median_ms,
+                  row.lat_p99_ms, row.call_median_ms);
+      std::fflush(stdout);
+      rows.push_back(row);
     }
-    client.reset();
   }
+  return 0;
+}
 
+// The last line of the output: the headline figures (1 server, 1 request in flight) and every
+// row.
+std::string Json(const std::vector<Row>& rows) {
   std::string json = "{\"bench\":\"sparse\",\"server_mode\":\"" + FLAGS_server_mode +
                      "\",\"zipf_s\":" + JsonNum(FLAGS_zipf_s) +
                      ",\"key_space\":" + std::to_string(FLAGS_key_space);
@@ -335,6 +294,85 @@ int main(int argc, char** argv) {
             ",\"call_median_ms\":" + JsonNum(r.call_median_ms) + "}";
   }
   json += "]}";
-  std::printf("%s\n", json.c_str());
+  return json;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("bench_sparse [--quick]\nTessera sparse push (Adagrad) and pull.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
+    std::fprintf(stderr, "bench_sparse: --server_mode must be process or thread\n");
+    return 2;
+  }
+  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
+  const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.2 : 1.0);
+  const std::string server_binary = !FLAGS_server_binary.empty()
+                                        ? FLAGS_server_binary
+                                        : tessera::bench::DefaultServerBinary(argv[0]);
+  if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "bench_sparse: no tessera-server at %s (see --server_binary)\n",
+                 server_binary.c_str());
+    return 2;
+  }
+  std::vector<Shape> shapes;
+  if (!ParseShapes(shapes)) return 2;
+  const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
+  if (FLAGS_window == 0 || FLAGS_batches == 0) {
+    std::fprintf(stderr, "bench_sparse: --window and --batches must be positive\n");
+    return 2;
+  }
+
+  // Requests per repetition at least (1M-key requests take a large part of a second).
+  const Timing timing{reps, rep_s, FLAGS_quick ? 2u : 3u};
+  const uint32_t num_batches =
+      gflags::GetCommandLineFlagInfoOrDie("batches").is_default && FLAGS_quick ? 4 : FLAGS_batches;
+  // --quick measures 1 in flight only, unless --window is given.
+  std::vector<uint32_t> windows = {1};
+  const bool window_set = !gflags::GetCommandLineFlagInfoOrDie("window").is_default;
+  if (FLAGS_window > 1 && (!FLAGS_quick || window_set)) windows.push_back(FLAGS_window);
+
+  // Generate every request before timing anything.
+  std::vector<std::vector<Batch>> batches;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    batches.push_back(MakeBatches(shapes[i], num_batches, FLAGS_seed + i));
+  }
+  PrintHeader(shapes, batches, reps, rep_s);
+
+  std::vector<Row> rows;
+  for (uint64_t nservers : counts) {
+    if (nservers < 1 || nservers > 64) {
+      std::fprintf(stderr, "bench_sparse: server counts must be 1..64\n");
+      return 2;
+    }
+    tessera::bench::BenchCluster cluster;
+    if (const tessera::Status st = cluster.Start(static_cast<uint32_t>(nservers), FLAGS_server_mode,
+                                                 server_binary, FLAGS_lanes);
+        !st.ok()) {
+      if (FLAGS_server_mode == "thread") {
+        std::fprintf(stderr, "bench_sparse: server: %s\n", st.ToString().c_str());
+      } else {
+        std::fprintf(stderr, "bench_sparse: %s\n", st.message().c_str());
+      }
+      return 1;
+    }
+    tessera::ClientOptions co;
+    co.servers = cluster.endpoints();
+    auto client_or = tessera::Client::Create(co);
+    if (!client_or.ok()) {
+      std::fprintf(stderr, "bench_sparse: client: %s\n", client_or.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<tessera::Client> client = std::move(*client_or);
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      if (int rc = MeasureShape(*client, nservers, shapes[si], batches[si], windows, timing, rows);
+          rc != 0) {
+        return rc;
+      }
+    }
+    client.reset();
+  }
+  std::printf("%s\n", Json(rows).c_str());
   return 0;
 }

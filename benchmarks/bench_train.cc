@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "benchmarks/bench_cluster.h"
+#include "benchmarks/bench_process.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 #include "ps/status.h"
@@ -114,7 +115,14 @@ using tessera::Status;
 namespace {
 
 using BenchClock = std::chrono::steady_clock;
+using tessera::bench::JsonNumberField;
+using tessera::bench::JsonStringField;
+using tessera::bench::LastJsonLine;
+using tessera::bench::LoadAverage;
 using tessera::bench::Median;
+using tessera::bench::ProcessCpuSeconds;
+using tessera::bench::RunCapture;
+using tessera::bench::SelfCpuSeconds;
 
 // ------------------------------------------------------------------ training runs
 
@@ -140,33 +148,76 @@ struct RunResult {
   std::string blas;  // PyTorch cell: the BLAS its process loaded
 };
 
+// What a worker of RunOnce did.
+struct PerWorker {
+  Status status;
+  tw::TrainResult result;
+  BenchClock::time_point start, end;
+};
+
+// A worker's data reader, backend and trainer.
+struct WorkerParts {
+  std::unique_ptr<tw::DataReader> reader;
+  std::unique_ptr<tw::Backend> backend;
+  std::unique_ptr<tw::Trainer> trainer;
+};
+
+// Opens worker `w`'s data shard (`samples` samples over the workers of `cfg`), backend and
+// trainer on `store` into `parts`, and runs the trainer's Init.
+Status SetUpWorker(const Config& cfg, const tw::ModelLayout& layout,
+                   const tw::DataSourceOptions& data, uint64_t samples, uint32_t w,
+                   tw::ParamStore* store, WorkerParts& parts) {
+  tw::DataSourceOptions mine = data;
+  mine.rank = w;
+  mine.world = cfg.workers;
+  mine.train_samples = samples;
+  TESSERA_ASSIGN_OR_RETURN(parts.reader, tw::OpenTrainData(mine));
+  if (FLAGS_pregenerate) {
+    // The shard's samples generated now, not while timed (the PyTorch cell does the same).
+    tw::Batch all;
+    all.Clear(parts.reader->schema());
+    TESSERA_RETURN_IF_ERROR(tw::ReadAll(parts.reader.get(), &all));
+    parts.reader = tw::InMemoryReader(std::move(all));
+  }
+  TESSERA_ASSIGN_OR_RETURN(parts.backend, tw::CreateCpuBackend(layout, {FLAGS_threads}));
+  tw::TrainerOptions o;
+  o.batch_size = FLAGS_batch_size;
+  o.prefetch = cfg.prefetch;
+  o.staleness = -1;
+  o.worker_id = w;
+  o.job = "bench";
+  o.resume = false;
+  o.progress_interval_s = 0;
+  TESSERA_ASSIGN_OR_RETURN(parts.trainer, tw::Trainer::Create(o, layout, store, parts.backend.get(),
+                                                              parts.reader.get()));
+  return parts.trainer->Init();
+}
+
+// The workers' results `per` summed up (`cpu_s`: the CPU seconds of the cell while training);
+// the first worker's error.
+Result<RunResult> Aggregate(const Config& cfg, const std::vector<PerWorker>& per, double cpu_s) {
+  RunResult r;
+  BenchClock::time_point start = BenchClock::time_point::max(), end{};
+  double loss = 0;
+  for (const PerWorker& p : per) {
+    if (!p.status.ok()) return p.status.WithContext(cfg.name);
+    r.samples += p.result.samples;
+    loss += p.result.train_loss * static_cast<double>(p.result.samples);
+    start = std::min(start, p.start);
+    end = std::max(end, p.end);
+  }
+  r.seconds = std::chrono::duration<double>(end - start).count();
+  r.samples_per_s = r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0;
+  r.train_loss = r.samples > 0 ? loss / static_cast<double>(r.samples) : 0;
+  if (r.samples > 0) {
+    r.cpu_us_per_sample = 1e6 * cpu_s / static_cast<double>(r.samples);
+  }
+  return r;
+}
+
 // Trains `samples` samples with `workers` trainers and returns the aggregate throughput, timed
 // from the first trainer's start of Train() to the last one's end (Init, table creation and
 // server start are not timed).
-// CPU seconds (user + system) of this process, all threads.
-double SelfCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// CPU seconds (user + system) of process `pid` from /proc/<pid>/stat; 0 when unreadable.
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close_paren = stat.rfind(')');  // the command name may hold spaces
-  if (close_paren == std::string::npos) return 0;
-  std::istringstream fields(stat.substr(close_paren + 2));
-  std::string f;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {  // field 3 is the state; 14, 15 the times
-    if (i == 14) utime = std::strtod(f.c_str(), nullptr);
-    if (i == 15) stime = std::strtod(f.c_str(), nullptr);
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 // After training (not timed), worker 0's view of the parameters is scored on the test stream.
 Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
                           const tw::DataSourceOptions& data, uint64_t samples,
@@ -192,11 +243,6 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
     clients.push_back(std::move(c));
   }
 
-  struct PerWorker {
-    Status status;
-    tw::TrainResult result;
-    BenchClock::time_point start, end;
-  };
   std::vector<PerWorker> per(cfg.workers);
   std::barrier sync(static_cast<std::ptrdiff_t>(cfg.workers));
   // This process's CPU time and that of its server processes (thread servers count in it).
@@ -210,42 +256,14 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
   double cpu_start = 0;
   auto body = [&](uint32_t w) {
     PerWorker& me = per[w];
-    std::unique_ptr<tw::DataReader> reader;
-    std::unique_ptr<tw::Backend> backend;
-    std::unique_ptr<tw::Trainer> trainer;
-    auto setup = [&]() -> Status {
-      tw::DataSourceOptions mine = data;
-      mine.rank = w;
-      mine.world = cfg.workers;
-      mine.train_samples = samples;
-      TESSERA_ASSIGN_OR_RETURN(reader, tw::OpenTrainData(mine));
-      if (FLAGS_pregenerate) {
-        // The shard's samples generated now, not while timed (the PyTorch cell does the same).
-        tw::Batch all;
-        all.Clear(reader->schema());
-        TESSERA_RETURN_IF_ERROR(tw::ReadAll(reader.get(), &all));
-        reader = tw::InMemoryReader(std::move(all));
-      }
-      TESSERA_ASSIGN_OR_RETURN(backend, tw::CreateCpuBackend(layout, {FLAGS_threads}));
-      tw::TrainerOptions o;
-      o.batch_size = FLAGS_batch_size;
-      o.prefetch = cfg.prefetch;
-      o.staleness = -1;
-      o.worker_id = w;
-      o.job = "bench";
-      o.resume = false;
-      o.progress_interval_s = 0;
-      tw::ParamStore* store = cfg.tessera ? stores[w].get() : local.get();
-      TESSERA_ASSIGN_OR_RETURN(trainer,
-                               tw::Trainer::Create(o, layout, store, backend.get(), reader.get()));
-      return trainer->Init();
-    };
-    me.status = setup();
+    WorkerParts parts;
+    tw::ParamStore* store = cfg.tessera ? stores[w].get() : local.get();
+    me.status = SetUpWorker(cfg, layout, data, samples, w, store, parts);
     sync.arrive_and_wait();  // every trainer is ready (or failed): start together
     if (w == 0) cpu_start = cpu_now();
     if (!me.status.ok()) return;
     me.start = BenchClock::now();
-    auto r = trainer->Train();
+    auto r = parts.trainer->Train();
     me.end = BenchClock::now();
     if (r.ok()) {
       me.result = *r;
@@ -259,22 +277,7 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
   for (auto& t : threads) t.join();
   const double cpu_end = cpu_now();
 
-  RunResult r;
-  BenchClock::time_point start = BenchClock::time_point::max(), end{};
-  double loss = 0;
-  for (const PerWorker& p : per) {
-    if (!p.status.ok()) return p.status.WithContext(cfg.name);
-    r.samples += p.result.samples;
-    loss += p.result.train_loss * static_cast<double>(p.result.samples);
-    start = std::min(start, p.start);
-    end = std::max(end, p.end);
-  }
-  r.seconds = std::chrono::duration<double>(end - start).count();
-  r.samples_per_s = r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0;
-  r.train_loss = r.samples > 0 ? loss / static_cast<double>(r.samples) : 0;
-  if (r.samples > 0) {
-    r.cpu_us_per_sample = 1e6 * (cpu_end - cpu_start) / static_cast<double>(r.samples);
-  }
+  TESSERA_ASSIGN_OR_RETURN(RunResult r, Aggregate(cfg, per, cpu_end - cpu_start));
 
   if (data.test_samples > 0) {
     TESSERA_ASSIGN_OR_RETURN(auto test, tw::OpenTestData(data));
@@ -290,78 +293,6 @@ Result<RunResult> RunOnce(const Config& cfg, const tw::ModelLayout& layout,
 }
 
 // ------------------------------------------------------------------ the PyTorch cell
-
-// Runs `argv` (argv[0] a path) with stdout into a pipe (stderr passes through) and returns its
-// exit status (-1: not started or killed by a signal) with what it printed.
-int RunCapture(const std::vector<std::string>& argv, std::string* out) {
-  out->clear();
-  // Built before fork: the child of a multi-threaded program may only make async-signal-safe
-  // calls until it execs (no malloc).
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with this program
-    dup2(fds[1], STDOUT_FILENO);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) != 0) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    out->append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-// The last line of `text` that starts with '{' (the script's JSON line), or "".
-std::string LastJsonLine(const std::string& text) {
-  std::istringstream in(text);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] == '{') last = line;
-  }
-  return last;
-}
-
-// The value of "key" in a flat JSON object line: a number (NaN when absent or not a number) or a
-// string without escapes ("" when absent).
-double JsonNumberField(const std::string& json, const std::string& key) {
-  const std::string k = "\"" + key + "\":";
-  const size_t p = json.find(k);
-  if (p == std::string::npos) return std::nan("");
-  const char* s = json.c_str() + p + k.size();
-  while (*s == ' ') ++s;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  return end == s ? std::nan("") : v;
-}
-std::string JsonStringField(const std::string& json, const std::string& key) {
-  const std::string k = "\"" + key + "\":";
-  size_t p = json.find(k);
-  if (p == std::string::npos) return "";
-  p = json.find('"', p + k.size());
-  if (p == std::string::npos) return "";
-  const size_t e = json.find('"', p + 1);
-  return e == std::string::npos ? "" : json.substr(p + 1, e - p - 1);
-}
 
 struct PyTorchCell {
   std::string python, script;
@@ -451,63 +382,20 @@ std::string FindServerBinary(const char* argv0, std::string* note) {
   return "";
 }
 
-// The 1-minute load average (the benchmark shares the machine with whatever else runs).
-double LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  double l = std::nan("");
-  in >> l;
-  return l;
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "Training-loop samples/s with parameters on Tessera vs in local memory (same run)");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
-    std::fprintf(stderr, "bench_train: --server_mode must be process or thread\n");
-    return 2;
-  }
-  signal(SIGPIPE, SIG_IGN);
-  const uint64_t samples = FLAGS_train_samples ? FLAGS_train_samples : FLAGS_quick ? 48000 : 300000;
-  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 5);
-  std::string server_note;
-  const std::string server_binary = FindServerBinary(argv[0], &server_note);
-
-  const uint64_t test_samples = FLAGS_test_samples ? FLAGS_test_samples
-                                : FLAGS_quick      ? 20000
-                                                   : 100000;
-  tw::DataSourceOptions data;
-  data.spec = "synthetic";
-  data.test_samples = test_samples;
-  data.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
+// The model of --embedding_dim, --bottom_mlp, --top_mlp and --wide.
+Result<tw::ModelConfig> ModelConfigFromFlags() {
   tw::ModelConfig mc;
   mc.embedding_dim = FLAGS_embedding_dim;
-  auto bottom = tw::ParseLayerWidths(FLAGS_bottom_mlp);
-  auto top = tw::ParseLayerWidths(FLAGS_top_mlp);
-  if (!bottom.ok() || !top.ok()) {
-    std::fprintf(stderr, "bench_train: %s\n",
-                 (bottom.ok() ? top.status() : bottom.status()).ToString().c_str());
-    return 2;
-  }
-  mc.bottom_mlp = *bottom;
-  mc.top_mlp = *top;
+  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, tw::ParseLayerWidths(FLAGS_bottom_mlp));
+  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, tw::ParseLayerWidths(FLAGS_top_mlp));
   mc.wide = FLAGS_wide;
   mc.table_prefix = "bench";
-  auto layout = tw::ModelLayout::Create(mc);
-  if (!layout.ok()) {
-    std::fprintf(stderr, "bench_train: %s\n", layout.status().ToString().c_str());
-    return 1;
-  }
+  return mc;
+}
 
-  std::vector<Config> configs = {
-      {"inprocess_1w", false, 1, true}, {"inprocess_1w", false, 1, false},
-      {"tessera_1s1w", true, 1, true},  {"tessera_1s1w", true, 1, false},
-      {"inprocess_2w", false, 2, true}, {"inprocess_2w", false, 2, false},
-      {"tessera_2s2w", true, 2, true},  {"tessera_2s2w", true, 2, false},
-  };
-  // The PyTorch baseline: the same model, optimizers, samples, batch and threads.
+// The PyTorch baseline: the same model, optimizers, samples (`samples` to train, `test_samples`
+// to score, the generator's `seed`), batch and threads.
+PyTorchCell MakePyTorchCell(uint64_t samples, uint64_t test_samples, uint64_t seed) {
   PyTorchCell pt;
   pt.python = FLAGS_python.empty() ? TESSERA_BENCH_PYTHON : FLAGS_python;
   pt.script = FLAGS_pytorch_script.empty()
@@ -522,16 +410,34 @@ int main(int argc, char** argv) {
              "--top_mlp=" + FLAGS_top_mlp,
              std::string("--wide=") + (FLAGS_wide ? "1" : "0"),
              "--max_cardinality=" + std::to_string(FLAGS_synthetic_max_cardinality),
-             "--seed=" + std::to_string(data.synthetic.seed)};
-  std::string pytorch_skipped, pytorch_blas;
-  if (!FLAGS_pytorch) {
-    pytorch_skipped = "--pytorch=false";
-  } else if (!PyTorchAvailable(pt, &pytorch_skipped, &pytorch_blas)) {
-    pytorch_skipped += "; install with: bash scripts/install_bench_deps.sh";
-  } else {
-    configs.push_back({"pytorch_1w", false, 1, false, /*pytorch=*/true});
-  }
-  const bool have_pytorch = pytorch_skipped.empty();
+             "--seed=" + std::to_string(seed)};
+  return pt;
+}
+
+// The settings of the whole run.
+struct RunSettings {
+  uint64_t samples = 0, test_samples = 0;  // per run
+  int reps = 0;
+  std::string server_binary;    // empty: servers in this process
+  std::string pytorch_skipped;  // why the PyTorch cell does not run; empty when it does
+  double load_start = std::nan(""), load_end = std::nan("");
+};
+
+// What the configurations measured: per configuration, the samples/s of every run and the
+// medians over runs.
+struct Figures {
+  std::vector<std::vector<double>> sps;  // samples/s per run
+  std::vector<double> med, auc, cpu, loss;
+  double oracle_auc = std::nan("");
+  std::string pytorch_blas_kind;  // as the PyTorch cell's runs report it
+  double total_s = 0;
+  double vs_pt_1s1w = std::nan(""), vs_pt_inproc = std::nan("");
+};
+
+// The first lines of the output: the servers (`server_note`), the model, data and runs, and the
+// PyTorch cell (`pytorch_blas`: the BLAS it loads).
+void PrintSetup(const RunSettings& run, const std::string& server_note, const PyTorchCell& pt,
+                const std::string& pytorch_blas) {
   std::printf("%s\n", server_note.c_str());
   std::printf(
       "model: DLRM emb %u, bottom [%s], top [%s]%s; generated Criteo-shaped data (cardinality "
@@ -541,75 +447,87 @@ int main(int argc, char** argv) {
       FLAGS_wide ? " + wide (FTRL)" : "",
       static_cast<unsigned long long>(FLAGS_synthetic_max_cardinality),
       FLAGS_pregenerate ? ", generated before timing" : ", generated while timed", FLAGS_batch_size,
-      static_cast<unsigned long long>(samples), static_cast<unsigned long long>(test_samples),
-      std::max(FLAGS_threads, 1), reps, std::thread::hardware_concurrency());
-  if (have_pytorch) {
+      static_cast<unsigned long long>(run.samples),
+      static_cast<unsigned long long>(run.test_samples), std::max(FLAGS_threads, 1), run.reps,
+      std::thread::hardware_concurrency());
+  if (run.pytorch_skipped.empty()) {
     std::printf("pytorch: %s %s, %d thread(s), BLAS %s\n", pt.python.c_str(), pt.script.c_str(),
                 std::max(FLAGS_threads, 1), pytorch_blas.c_str());
   } else {
-    std::printf("pytorch: skipped: %s\n", pytorch_skipped.c_str());
+    std::printf("pytorch: skipped: %s\n", run.pytorch_skipped.c_str());
   }
   std::fflush(stdout);
+}
 
-  const double load_start = LoadAverage();
-  std::vector<double> loss(configs.size());
+// Runs every configuration run.reps times, alternating; nothing when a run failed (its error
+// printed).
+std::optional<Figures> Measure(const std::vector<Config>& configs, const RunSettings& run,
+                               const PyTorchCell& pt, const tw::ModelLayout& layout,
+                               const tw::DataSourceOptions& data) {
+  Figures f;
+  f.loss.resize(configs.size());
   std::vector<std::vector<double>> aucs(configs.size()), cpus(configs.size());
-  double oracle_auc = std::nan("");
-  std::string pytorch_blas_kind;  // as the PyTorch cell's runs report it
   const auto t0 = BenchClock::now();
   // Odd repetitions run the list backwards, so no configuration always follows another.
   auto measured = tessera::bench::AlternateRepetitions(
-      configs.size(), reps, [&](size_t c, int) -> std::optional<double> {
-        auto r = configs[c].pytorch ? RunPyTorch(pt)
-                                    : RunOnce(configs[c], *layout, data, samples, server_binary);
+      configs.size(), run.reps, [&](size_t c, int) -> std::optional<double> {
+        auto r = configs[c].pytorch
+                     ? RunPyTorch(pt)
+                     : RunOnce(configs[c], layout, data, run.samples, run.server_binary);
         if (!r.ok()) {
           std::fprintf(stderr, "bench_train: %s\n", r.status().ToString().c_str());
           return std::nullopt;
         }
-        loss[c] = r->train_loss;
+        f.loss[c] = r->train_loss;
         if (std::isfinite(r->test_auc)) aucs[c].push_back(r->test_auc);
         if (std::isfinite(r->cpu_us_per_sample)) cpus[c].push_back(r->cpu_us_per_sample);
-        if (!configs[c].pytorch && std::isfinite(r->oracle_auc)) oracle_auc = r->oracle_auc;
-        if (configs[c].pytorch) pytorch_blas_kind = r->blas;
+        if (!configs[c].pytorch && std::isfinite(r->oracle_auc)) f.oracle_auc = r->oracle_auc;
+        if (configs[c].pytorch) f.pytorch_blas_kind = r->blas;
         return r->samples_per_s;
       });
-  if (!measured) return 1;
-  const std::vector<std::vector<double>> sps = std::move(*measured);  // samples/s per run
-  const double total_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
-
-  std::vector<double> med(configs.size()), auc(configs.size()), cpu(configs.size());
+  if (!measured) return std::nullopt;
+  f.sps = std::move(*measured);
+  f.total_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
+  f.med.resize(configs.size());
+  f.auc.resize(configs.size());
+  f.cpu.resize(configs.size());
   for (size_t c = 0; c < configs.size(); ++c) {
-    med[c] = Median(sps[c]);
-    auc[c] = aucs[c].empty() ? std::nan("") : Median(aucs[c]);
-    cpu[c] = cpus[c].empty() ? std::nan("") : Median(cpus[c]);
+    f.med[c] = Median(f.sps[c]);
+    f.auc[c] = aucs[c].empty() ? std::nan("") : Median(aucs[c]);
+    f.cpu[c] = cpus[c].empty() ? std::nan("") : Median(cpus[c]);
   }
-  // The in-process configuration with the same workers and prefetch setting.
-  auto baseline = [&](size_t c) {
-    for (size_t b = 0; b < configs.size(); ++b) {
-      if (!configs[b].tessera && !configs[b].pytorch && configs[b].workers == configs[c].workers &&
-          configs[b].prefetch == configs[c].prefetch) {
-        return b;
-      }
+  return f;
+}
+
+// The in-process configuration with the same workers and prefetch setting as configs[c].
+size_t Baseline(const std::vector<Config>& configs, size_t c) {
+  for (size_t b = 0; b < configs.size(); ++b) {
+    if (!configs[b].tessera && !configs[b].pytorch && configs[b].workers == configs[c].workers &&
+        configs[b].prefetch == configs[c].prefetch) {
+      return b;
     }
-    return c;
-  };
+  }
+  return c;
+}
+
+// The table of the configurations' figures and what its columns mean.
+void PrintTable(const std::vector<Config>& configs, const Figures& f, const RunSettings& run) {
   std::printf("\n%-14s %7s %7s %8s %12s %12s %12s %9s %10s %9s %10s\n", "config", "servers",
               "workers", "prefetch", "samples/s", "min", "max", "vs inproc", "train loss",
               "test AUC", "cpu us/smp");
   for (size_t c = 0; c < configs.size(); ++c) {
     const Config& k = configs[c];
     char vs[32];
-    std::snprintf(vs, sizeof(vs), "%9.3f", med[c] / med[baseline(c)]);
+    std::snprintf(vs, sizeof(vs), "%9.3f", f.med[c] / f.med[Baseline(configs, c)]);
     std::printf("%-14s %7s %7u %8s %12.0f %12.0f %12.0f %9s %10.4f %9.4f %10.1f\n", k.name.c_str(),
                 k.pytorch ? "-" : std::to_string(k.tessera ? k.workers : 0).c_str(), k.workers,
                 k.pytorch    ? "-"
                 : k.prefetch ? "on"
                              : "off",
-                med[c], *std::min_element(sps[c].begin(), sps[c].end()),
-                *std::max_element(sps[c].begin(), sps[c].end()), k.pytorch ? "-" : vs, loss[c],
-                auc[c], cpu[c]);
+                f.med[c], *std::min_element(f.sps[c].begin(), f.sps[c].end()),
+                *std::max_element(f.sps[c].begin(), f.sps[c].end()), k.pytorch ? "-" : vs,
+                f.loss[c], f.auc[c], f.cpu[c]);
   }
-  auto ratio = [&](size_t c) { return med[c] / med[baseline(c)]; };
   std::printf(
       "\nvs inproc: median samples/s of the configuration / that of the in-process one with the "
       "same workers and prefetch. samples/s: all the configuration's workers together, training "
@@ -617,70 +535,128 @@ int main(int argc, char** argv) {
       "repetitions, %llu test samples (oracle AUC %.4f). cpu us/smp: CPU time of every process of "
       "the configuration (its server processes included) while it trained, per sample, median. "
       "Total time %.1f s.\n",
-      static_cast<unsigned long long>(test_samples), oracle_auc, total_s);
-  // Against PyTorch: Tessera's default (prefetch on), 1 worker, over the PyTorch cell.
-  const size_t kInproc1 = 0, kTessera1 = 2, kPyTorch = configs.size() - 1;
-  double vs_pt_1s1w = std::nan(""), vs_pt_inproc = std::nan("");
-  if (have_pytorch) {
-    vs_pt_1s1w = med[kTessera1] / med[kPyTorch];
-    vs_pt_inproc = med[kInproc1] / med[kPyTorch];
-    std::printf(
-        "tessera_1s1w_vs_pytorch: %.3f (median samples/s, 1 server + 1 worker, prefetch on / "
-        "PyTorch)\ntessera_inprocess_vs_pytorch: %.3f (1 in-process trainer, prefetch on / "
-        "PyTorch)\ntest AUC: tessera_1s1w %.4f, inprocess_1w %.4f, pytorch %.4f\n",
-        vs_pt_1s1w, vs_pt_inproc, auc[kTessera1], auc[kInproc1], auc[kPyTorch]);
-  }
+      static_cast<unsigned long long>(run.test_samples), f.oracle_auc, f.total_s);
+}
 
-  const double load_end = LoadAverage();
-  std::printf("1-minute load average: %.2f at the start, %.2f at the end (%u cores)\n", load_start,
-              load_end, std::thread::hardware_concurrency());
+// The last line of the output.
+std::string Json(const std::vector<Config>& configs, const Figures& f, const RunSettings& run) {
+  auto ratio = [&](size_t c) { return f.med[c] / f.med[Baseline(configs, c)]; };
   std::string json = "{\"bench\":\"train\",\"quick\":";
   json += FLAGS_quick ? "true" : "false";
   json += ",\"server_mode\":\"";
-  json += server_binary.empty() ? "thread" : "process";
-  json += "\",\"samples_per_run\":" + std::to_string(samples) +
-          ",\"test_samples\":" + std::to_string(test_samples) +
-          ",\"reps\":" + std::to_string(reps) +
+  json += run.server_binary.empty() ? "thread" : "process";
+  json += "\",\"samples_per_run\":" + std::to_string(run.samples) +
+          ",\"test_samples\":" + std::to_string(run.test_samples) +
+          ",\"reps\":" + std::to_string(run.reps) +
           ",\"batch_size\":" + std::to_string(FLAGS_batch_size) +
           ",\"threads\":" + std::to_string(std::max(FLAGS_threads, 1)) +
           ",\"pregenerate\":" + (FLAGS_pregenerate ? "true" : "false") +
           ",\"cores\":" + std::to_string(std::thread::hardware_concurrency());
-  json += ",\"loadavg_start\":" + JsonNum(load_start) + ",\"loadavg_end\":" + JsonNum(load_end);
+  json +=
+      ",\"loadavg_start\":" + JsonNum(run.load_start) + ",\"loadavg_end\":" + JsonNum(run.load_end);
   json += ",\"ps_vs_inprocess_prefetch\":" + JsonNum(ratio(2));
   json += ",\"ps_vs_inprocess_no_prefetch\":" + JsonNum(ratio(3));
   json += ",\"ps2x2_vs_inprocess2_prefetch\":" + JsonNum(ratio(6));
   json += ",\"ps2x2_vs_inprocess2_no_prefetch\":" + JsonNum(ratio(7));
-  if (have_pytorch) {
-    json += ",\"tessera_1s1w_vs_pytorch\":" + JsonNum(vs_pt_1s1w);
-    json += ",\"tessera_inprocess_vs_pytorch\":" + JsonNum(vs_pt_inproc);
-    json += ",\"pytorch_blas\":\"" + pytorch_blas_kind + "\"";
+  if (run.pytorch_skipped.empty()) {
+    json += ",\"tessera_1s1w_vs_pytorch\":" + JsonNum(f.vs_pt_1s1w);
+    json += ",\"tessera_inprocess_vs_pytorch\":" + JsonNum(f.vs_pt_inproc);
+    json += ",\"pytorch_blas\":\"" + f.pytorch_blas_kind + "\"";
   } else {
-    std::string why = pytorch_skipped;
+    std::string why = run.pytorch_skipped;
     std::replace(why.begin(), why.end(), '"', '\'');
     json += ",\"pytorch_skipped\":\"" + why + "\"";
   }
-  json += ",\"oracle_auc\":" + JsonNum(oracle_auc);
-  json += ",\"samples_per_s\":{";
+  json += ",\"oracle_auc\":" + JsonNum(f.oracle_auc);
   auto key = [&](size_t c) {
     return configs[c].name + (configs[c].pytorch    ? ""
                               : configs[c].prefetch ? "_prefetch"
                                                     : "_no_prefetch");
   };
-  for (size_t c = 0; c < configs.size(); ++c) {
-    if (c) json += ",";
-    json += "\"" + key(c) + "\":" + JsonNum(med[c]);
+  auto per_config = [&](const char* name, const std::vector<double>& v) {
+    json += std::string(",\"") + name + "\":{";
+    for (size_t c = 0; c < configs.size(); ++c) {
+      if (c) json += ",";
+      json += "\"" + key(c) + "\":" + JsonNum(v[c]);
+    }
+    json += "}";
+  };
+  per_config("samples_per_s", f.med);
+  per_config("test_auc", f.auc);
+  per_config("cpu_us_per_sample", f.cpu);
+  json += "}";
+  return json;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "Training-loop samples/s with parameters on Tessera vs in local memory (same run)");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
+    std::fprintf(stderr, "bench_train: --server_mode must be process or thread\n");
+    return 2;
   }
-  json += "},\"test_auc\":{";
-  for (size_t c = 0; c < configs.size(); ++c) {
-    if (c) json += ",";
-    json += "\"" + key(c) + "\":" + JsonNum(auc[c]);
+  signal(SIGPIPE, SIG_IGN);
+  RunSettings run;
+  run.samples = FLAGS_train_samples ? FLAGS_train_samples : FLAGS_quick ? 48000 : 300000;
+  run.reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 5);
+  std::string server_note;
+  run.server_binary = FindServerBinary(argv[0], &server_note);
+
+  run.test_samples = FLAGS_test_samples ? FLAGS_test_samples : FLAGS_quick ? 20000 : 100000;
+  tw::DataSourceOptions data;
+  data.spec = "synthetic";
+  data.test_samples = run.test_samples;
+  data.synthetic.cardinalities = tw::CriteoLikeCardinalities(FLAGS_synthetic_max_cardinality);
+  auto mc = ModelConfigFromFlags();
+  if (!mc.ok()) {
+    std::fprintf(stderr, "bench_train: %s\n", mc.status().ToString().c_str());
+    return 2;
   }
-  json += "},\"cpu_us_per_sample\":{";
-  for (size_t c = 0; c < configs.size(); ++c) {
-    if (c) json += ",";
-    json += "\"" + key(c) + "\":" + JsonNum(cpu[c]);
+  auto layout = tw::ModelLayout::Create(*mc);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "bench_train: %s\n", layout.status().ToString().c_str());
+    return 1;
   }
-  json += "}}";
-  std::printf("%s\n", json.c_str());
+
+  std::vector<Config> configs = {
+      {"inprocess_1w", false, 1, true}, {"inprocess_1w", false, 1, false},
+      {"tessera_1s1w", true, 1, true},  {"tessera_1s1w", true, 1, false},
+      {"inprocess_2w", false, 2, true}, {"inprocess_2w", false, 2, false},
+      {"tessera_2s2w", true, 2, true},  {"tessera_2s2w", true, 2, false},
+  };
+  const PyTorchCell pt = MakePyTorchCell(run.samples, run.test_samples, data.synthetic.seed);
+  std::string pytorch_blas;
+  if (!FLAGS_pytorch) {
+    run.pytorch_skipped = "--pytorch=false";
+  } else if (!PyTorchAvailable(pt, &run.pytorch_skipped, &pytorch_blas)) {
+    run.pytorch_skipped += "; install with: bash scripts/install_bench_deps.sh";
+  } else {
+    configs.push_back({"pytorch_1w", false, 1, false, /*pytorch=*/true});
+  }
+  PrintSetup(run, server_note, pt, pytorch_blas);
+
+  run.load_start = LoadAverage();
+  std::optional<Figures> f = Measure(configs, run, pt, *layout, data);
+  if (!f) return 1;
+  PrintTable(configs, *f, run);
+  // Against PyTorch: Tessera's default (prefetch on), 1 worker, over the PyTorch cell.
+  const size_t kInproc1 = 0, kTessera1 = 2, kPyTorch = configs.size() - 1;
+  if (run.pytorch_skipped.empty()) {
+    f->vs_pt_1s1w = f->med[kTessera1] / f->med[kPyTorch];
+    f->vs_pt_inproc = f->med[kInproc1] / f->med[kPyTorch];
+    std::printf(
+        "tessera_1s1w_vs_pytorch: %.3f (median samples/s, 1 server + 1 worker, prefetch on / "
+        "PyTorch)\ntessera_inprocess_vs_pytorch: %.3f (1 in-process trainer, prefetch on / "
+        "PyTorch)\ntest AUC: tessera_1s1w %.4f, inprocess_1w %.4f, pytorch %.4f\n",
+        f->vs_pt_1s1w, f->vs_pt_inproc, f->auc[kTessera1], f->auc[kInproc1], f->auc[kPyTorch]);
+  }
+
+  run.load_end = LoadAverage();
+  std::printf("1-minute load average: %.2f at the start, %.2f at the end (%u cores)\n",
+              run.load_start, run.load_end, std::thread::hardware_concurrency());
+  std::printf("%s\n", Json(configs, *f, run).c_str());
   return 0;
 }

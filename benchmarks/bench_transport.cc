@@ -46,6 +46,7 @@
 #include <zmq_addon.hpp>
 
 #include "benchmarks/bench_cluster.h"
+#include "benchmarks/bench_process.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 #include "ps/routing.h"
@@ -72,6 +73,7 @@ DEFINE_string(echo_server, "",
 namespace {
 
 using BenchClock = std::chrono::steady_clock;
+using tessera::bench::CpuBurners;
 using tessera::bench::Median;
 
 double Seconds(BenchClock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -348,32 +350,6 @@ struct Cell {
   }
 };
 
-// One busy-looping child process per core while it lives: the "loaded" cells measure how the
-// client and server keep up when other processes compete for the CPUs.
-class CpuBurners {
- public:
-  CpuBurners() {
-    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    for (long i = 0; i < cores; ++i) {
-      const pid_t pid = fork();
-      if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        for (;;) asm volatile("" ::: "memory");  // spin: a loop the compiler keeps
-      }
-      if (pid > 0) pids_.push_back(pid);
-    }
-  }
-  ~CpuBurners() {
-    for (pid_t pid : pids_) kill(pid, SIGKILL);
-    for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
-  }
-  CpuBurners(const CpuBurners&) = delete;
-  CpuBurners& operator=(const CpuBurners&) = delete;
-
- private:
-  std::vector<pid_t> pids_;
-};
-
 struct Side {
   std::vector<double> mbps;  // per repetition
   std::vector<double> ops_per_s;
@@ -420,42 +396,25 @@ int EchoServerMain() {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "bench_transport [--quick]\nRaw ZeroMQ DEALER/ROUTER vs Tessera dense push/pull.");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (!FLAGS_echo_server.empty()) return EchoServerMain();
-  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
-    std::fprintf(stderr, "bench_transport: --server_mode must be process or thread\n");
-    return 2;
-  }
-  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
-  const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.12 : 0.4);
-  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
-  const std::string server_binary = !FLAGS_server_binary.empty()
-                                        ? FLAGS_server_binary
-                                        : tessera::bench::DefaultServerBinary(argv[0]);
-  if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
-    std::fprintf(stderr, "bench_transport: no tessera-server at %s (see --server_binary)\n",
-                 server_binary.c_str());
-    return 2;
-  }
-  const std::vector<uint64_t> sizes = tessera::bench::ParseList(FLAGS_sizes);
-  const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
+// Whether every size of --sizes and count of --server_counts is valid; prints what is not.
+bool ValidSizesAndCounts(const std::vector<uint64_t>& sizes, const std::vector<uint64_t>& counts) {
   for (uint64_t s : sizes) {
     if (s == 0 || s % 4 != 0 || s > (uint64_t{1} << 30)) {
       std::fprintf(stderr, "bench_transport: sizes must be multiples of 4 up to 1 GiB\n");
-      return 2;
+      return false;
     }
   }
   for (uint64_t c : counts) {
     if (c < 1 || c > 8) {
       std::fprintf(stderr, "bench_transport: server counts must be 1..8\n");
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+// The first lines of the output: the setup and the table's header.
+void PrintHeader(int reps, double rep_s) {
   std::printf(
       "bench_transport: servers as %s, %u lanes per Tessera server, %d reps x %.2f s "
       "per side and cell (alternating raw / Tessera), medians; MB = 1e6 bytes\n",
@@ -469,136 +428,164 @@ int main(int argc, char** argv) {
               "raw MB/s", "tes MB/s", "ratio", "raw us", "tes us", "ratio", "raw op/s",
               "tes op/s", "ratio", "touch MB/s", "ratio", "own MB/s", "ratio");
   std::fflush(stdout);
+}
 
-  std::vector<Row> rows;
-  uint64_t max_bytes = 0;
-  for (uint64_t s : sizes) max_bytes = std::max(max_bytes, s);
-  std::vector<char> src(max_bytes), dst(max_bytes);
-  {
-    // Small finite gradients: SGD keeps the table finite for any number of pushes.
-    float* f = reinterpret_cast<float*>(src.data());
-    for (uint64_t i = 0; i < max_bytes / 4; ++i) f[i] = 1e-6f * static_cast<float>(i % 7);
+// What the cells of one payload size run against: the clients, the dense table, and the
+// payloads.
+struct Target {
+  tessera::Client& client;
+  RawClient& raw;
+  const tessera::Table table;
+  const char* src;
+  char* dst;
+  std::span<const float> grads;                           // src as floats
+  std::shared_ptr<const std::vector<float>> owned_grads;  // a copy, for the zero-copy push
+};
+
+// Measures `cell` against `t`: a warm-up of every path, then `reps` repetitions of `rep_s` per
+// side, alternating; prints its line. The first error of a Tessera request.
+tessera::Result<Row> MeasureCell(const Cell& cell, Target& t, int reps, double rep_s) {
+  const bool push = cell.push;
+  const uint32_t window = cell.window;
+  const uint64_t bytes = cell.bytes, nfloats = bytes / 4;
+  float* out = reinterpret_cast<float*>(t.dst);
+  // Short runs for big payloads would be a handful of ops: ask for a few at least.
+  const uint64_t min_ops = 8;
+  std::optional<CpuBurners> burners;
+  if (cell.loaded) burners.emplace();
+  std::vector<tessera::Handle> handles(window);
+  tessera::Status error;
+  auto run_raw_op = [&](double secs, uint32_t op) {
+    return RunWindow(
+        window, secs, min_ops,
+        [&](uint64_t id) { t.raw.Issue(id, op, t.src, t.dst, bytes, t.table.id); },
+        [&](uint64_t id) { t.raw.Complete(id); });
+  };
+  auto run_raw = [&](double secs) { return run_raw_op(secs, push ? kRawPush : kRawPull); };
+  auto run_tessera = [&](double secs, bool owned = false) {
+    return RunWindow(
+        window, secs, min_ops,
+        [&](uint64_t id) {
+          handles[id % window] = !push   ? t.client.DensePull(t.table, 0, nfloats, out)
+                                 : owned ? t.client.DensePush(t.table, 0, t.owned_grads)
+                                         : t.client.DensePush(t.table, 0, t.grads);
+        },
+        [&](uint64_t id) {
+          tessera::Status s = t.client.Wait(handles[id % window]);
+          if (!s.ok() && error.ok()) error = s;
+        });
+  };
+  // Warm up every path (connections, lazily created chunks, page faults).
+  run_raw(rep_s / 4);
+  if (push) run_raw_op(rep_s / 4, kRawPushTouch);
+  run_tessera(rep_s / 4);
+  if (push) run_tessera(rep_s / 4, true);
+  Side raw_side, tes_side, touch_side, owned_side;
+  // Sides in turn, the order reversed on odd repetitions: raw, Tessera (, touch, owned).
+  tessera::bench::ForEachAlternating(push ? 4 : 2, reps, [&](size_t side, int) {
+    if (side == 0) {
+      raw_side.Add(run_raw(rep_s), bytes);
+    } else if (side == 1) {
+      tes_side.Add(run_tessera(rep_s), bytes);
+    } else if (side == 2) {
+      touch_side.Add(run_raw_op(rep_s, kRawPushTouch), bytes);
+    } else {
+      owned_side.Add(run_tessera(rep_s, true), bytes);
+    }
+    return true;
+  });
+  if (!error.ok()) return error;
+  Row row{cell,
+          Median(raw_side.mbps),
+          Median(tes_side.mbps),
+          Median(raw_side.latencies_us),
+          Median(tes_side.latencies_us),
+          Median(raw_side.ops_per_s),
+          Median(tes_side.ops_per_s)};
+  if (push) {
+    row.touch_mbps = Median(touch_side.mbps);
+    row.touch_lat_us = Median(touch_side.latencies_us);
+    row.touch_rate = Median(touch_side.ops_per_s);
+    row.owned_mbps = Median(owned_side.mbps);
   }
+  std::printf(
+      "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f "
+      "%10.1f %6.2f\n",
+      cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(), row.raw_lat_us,
+      row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
+      row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0, row.touch_mbps, row.touch_ratio(),
+      row.owned_mbps, row.owned_touch_ratio());
+  std::fflush(stdout);
+  return row;
+}
 
-  for (uint64_t nservers : counts) {
-    Cluster cluster;
-    if (!cluster.Start(static_cast<uint32_t>(nservers), self, server_binary)) return 1;
-    tessera::ClientOptions co;
-    co.servers = cluster.tessera_endpoints();
-    auto client_or = tessera::Client::Create(co);
-    if (!client_or.ok()) {
-      std::fprintf(stderr, "bench_transport: client: %s\n", client_or.status().ToString().c_str());
+// Creates the dense table of each size of `sizes` on the cluster of `client` (`nservers`
+// servers) and measures its cells into `rows`. 0, or 1 after printing an error.
+int MeasureSizes(tessera::Client& client, RawClient& raw, uint32_t nservers,
+                 const std::vector<uint64_t>& sizes, std::vector<char>& src, std::vector<char>& dst,
+                 int reps, double rep_s, std::vector<Row>& rows) {
+  for (uint64_t bytes : sizes) {
+    tessera::OptimizerSpec opt;
+    opt.kind = tessera::OptimizerKind::kSgd;
+    opt.learning_rate = 0.01f;
+    auto table_or = client.CreateTable(tessera::TableSpec::Dense(TableName(bytes), bytes / 4, opt));
+    if (!table_or.ok()) {
+      std::fprintf(stderr, "bench_transport: CreateTable: %s\n",
+                   table_or.status().ToString().c_str());
       return 1;
     }
-    std::unique_ptr<tessera::Client> client = std::move(*client_or);
-    RawClient raw(cluster.echo_endpoints);
-
-    for (uint64_t bytes : sizes) {
-      tessera::OptimizerSpec opt;
-      opt.kind = tessera::OptimizerKind::kSgd;
-      opt.learning_rate = 0.01f;
-      auto table_or =
-          client->CreateTable(tessera::TableSpec::Dense(TableName(bytes), bytes / 4, opt));
-      if (!table_or.ok()) {
-        std::fprintf(stderr, "bench_transport: CreateTable: %s\n",
-                     table_or.status().ToString().c_str());
-        return 1;
-      }
-      const tessera::Table table = *table_or;
-      const uint64_t nfloats = bytes / 4;
-      const std::span<const float> grads(reinterpret_cast<const float*>(src.data()), nfloats);
-      const auto owned_grads = std::make_shared<const std::vector<float>>(grads.begin(),
-                                                                          grads.end());
-      float* out = reinterpret_cast<float*>(dst.data());
-      // Short runs for big payloads would be a handful of ops: ask for a few at least.
-      const uint64_t min_ops = 8;
-
-      for (bool push : {true, false}) {
-        for (uint32_t window : {1u, 8u}) {
-         for (bool loaded : {false, true}) {
+    const std::span<const float> grads(reinterpret_cast<const float*>(src.data()), bytes / 4);
+    Target target{client,
+                  raw,
+                  *table_or,
+                  src.data(),
+                  dst.data(),
+                  grads,
+                  std::make_shared<const std::vector<float>>(grads.begin(), grads.end())};
+    for (bool push : {true, false}) {
+      for (uint32_t window : {1u, 8u}) {
+        for (bool loaded : {false, true}) {
           if (loaded && (!FLAGS_loaded || bytes != 4096 || nservers != 1)) continue;
-          const Cell cell{static_cast<uint32_t>(nservers), push, bytes, window, loaded};
+          const Cell cell{nservers, push, bytes, window, loaded};
           if (!FLAGS_only.empty() && cell.Name().find(FLAGS_only) == std::string::npos) continue;
-          std::optional<CpuBurners> burners;
-          if (loaded) burners.emplace();
-          std::vector<tessera::Handle> handles(window);
-          tessera::Status error;
-          auto run_raw_op = [&](double secs, uint32_t op) {
-            return RunWindow(
-                window, secs, min_ops,
-                [&](uint64_t id) { raw.Issue(id, op, src.data(), dst.data(), bytes, table.id); },
-                [&](uint64_t id) { raw.Complete(id); });
-          };
-          auto run_raw = [&](double secs) {
-            return run_raw_op(secs, push ? kRawPush : kRawPull);
-          };
-          auto run_tessera = [&](double secs, bool owned = false) {
-            return RunWindow(
-                window, secs, min_ops,
-                [&](uint64_t id) {
-                  handles[id % window] = !push  ? client->DensePull(table, 0, nfloats, out)
-                                         : owned ? client->DensePush(table, 0, owned_grads)
-                                                 : client->DensePush(table, 0, grads);
-                },
-                [&](uint64_t id) {
-                  tessera::Status s = client->Wait(handles[id % window]);
-                  if (!s.ok() && error.ok()) error = s;
-                });
-          };
-          // Warm up every path (connections, lazily created chunks, page faults).
-          run_raw(rep_s / 4);
-          if (push) run_raw_op(rep_s / 4, kRawPushTouch);
-          run_tessera(rep_s / 4);
-          if (push) run_tessera(rep_s / 4, true);
-          Side raw_side, tes_side, touch_side, owned_side;
-          // Sides in turn, the order reversed on odd repetitions: raw, Tessera (, touch, owned).
-          tessera::bench::ForEachAlternating(push ? 4 : 2, reps, [&](size_t side, int) {
-            if (side == 0) {
-              raw_side.Add(run_raw(rep_s), bytes);
-            } else if (side == 1) {
-              tes_side.Add(run_tessera(rep_s), bytes);
-            } else if (side == 2) {
-              touch_side.Add(run_raw_op(rep_s, kRawPushTouch), bytes);
-            } else {
-              owned_side.Add(run_tessera(rep_s, true), bytes);
-            }
-            return true;
-          });
-          if (!error.ok()) {
+          auto row = MeasureCell(cell, target, reps, rep_s);
+          if (!row.ok()) {
             std::fprintf(stderr, "bench_transport: %s: %s\n", cell.Name().c_str(),
-                         error.ToString().c_str());
+                         row.status().ToString().c_str());
             return 1;
           }
-          Row row{cell,
-                  Median(raw_side.mbps),
-                  Median(tes_side.mbps),
-                  Median(raw_side.latencies_us),
-                  Median(tes_side.latencies_us),
-                  Median(raw_side.ops_per_s),
-                  Median(tes_side.ops_per_s)};
-          if (push) {
-            row.touch_mbps = Median(touch_side.mbps);
-            row.touch_lat_us = Median(touch_side.latencies_us);
-            row.touch_rate = Median(touch_side.ops_per_s);
-            row.owned_mbps = Median(owned_side.mbps);
-          }
-          std::printf(
-              "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f "
-              "%10.1f %6.2f\n",
-              cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(), row.raw_lat_us,
-              row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
-              row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0, row.touch_mbps,
-              row.touch_ratio(), row.owned_mbps, row.owned_touch_ratio());
-          std::fflush(stdout);
-          rows.push_back(row);
-         }
+          rows.push_back(*row);
         }
       }
     }
-    client.reset();
   }
+  return 0;
+}
 
-  // Headline figures (1 server). Sync/8-in-flight figures take the worse of push and pull.
+// The "rows" array of the JSON line.
+std::string JsonRows(const std::vector<Row>& rows) {
+  std::string json = "[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    json += std::string(i ? "," : "") + "{\"cell\":\"" + r.cell.Name() +
+            "\",\"raw_MBps\":" + JsonNum(r.raw_mbps) + ",\"tessera_MBps\":" + JsonNum(r.tes_mbps) +
+            ",\"raw_latency_us\":" + JsonNum(r.raw_lat_us) +
+            ",\"tessera_latency_us\":" + JsonNum(r.tes_lat_us) +
+            ",\"raw_ops_per_s\":" + JsonNum(r.raw_rate) +
+            ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) +
+            (r.cell.push ? ",\"touch_MBps\":" + JsonNum(r.touch_mbps) +
+                               ",\"touch_latency_us\":" + JsonNum(r.touch_lat_us) +
+                               ",\"touch_ops_per_s\":" + JsonNum(r.touch_rate) +
+                               ",\"owned_MBps\":" + JsonNum(r.owned_mbps)
+                         : std::string()) +
+            "}";
+  }
+  return json + "]";
+}
+
+// The last line of the output: the headline figures (1 server) and every row.
+std::string Json(const std::vector<Row>& rows, int reps) {
+  // Sync/8-in-flight figures take the worse of push and pull.
   auto find = [&](bool push, uint64_t bytes, uint32_t window, bool loaded = false) -> const Row* {
     for (const Row& r : rows) {
       if (r.cell.servers == 1 && r.cell.push == push && r.cell.bytes == bytes &&
@@ -647,23 +634,65 @@ int main(int argc, char** argv) {
     const Row* ll = find(false, 4096, 1, true);
     if (lp && ll) put("sync_4KiB_latency_vs_zmq_loaded", std::max(lp->lat_ratio(), ll->lat_ratio()));
   }
-  json += ",\"rows\":[";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    json += std::string(i ? "," : "") + "{\"cell\":\"" + r.cell.Name() +
-            "\",\"raw_MBps\":" + JsonNum(r.raw_mbps) + ",\"tessera_MBps\":" + JsonNum(r.tes_mbps) +
-            ",\"raw_latency_us\":" + JsonNum(r.raw_lat_us) +
-            ",\"tessera_latency_us\":" + JsonNum(r.tes_lat_us) +
-            ",\"raw_ops_per_s\":" + JsonNum(r.raw_rate) +
-            ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) +
-            (r.cell.push ? ",\"touch_MBps\":" + JsonNum(r.touch_mbps) +
-                               ",\"touch_latency_us\":" + JsonNum(r.touch_lat_us) +
-                               ",\"touch_ops_per_s\":" + JsonNum(r.touch_rate) +
-                               ",\"owned_MBps\":" + JsonNum(r.owned_mbps)
-                         : std::string()) +
-            "}";
+  return json + ",\"rows\":" + JsonRows(rows) + "}";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "bench_transport [--quick]\nRaw ZeroMQ DEALER/ROUTER vs Tessera dense push/pull.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (!FLAGS_echo_server.empty()) return EchoServerMain();
+  if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
+    std::fprintf(stderr, "bench_transport: --server_mode must be process or thread\n");
+    return 2;
   }
-  json += "]}";
-  std::printf("%s\n", json.c_str());
+  const int reps = FLAGS_reps > 0 ? FLAGS_reps : (FLAGS_quick ? 3 : 7);
+  const double rep_s = FLAGS_rep_seconds > 0 ? FLAGS_rep_seconds : (FLAGS_quick ? 0.12 : 0.4);
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const std::string server_binary = !FLAGS_server_binary.empty()
+                                        ? FLAGS_server_binary
+                                        : tessera::bench::DefaultServerBinary(argv[0]);
+  if (FLAGS_server_mode == "process" && access(server_binary.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "bench_transport: no tessera-server at %s (see --server_binary)\n",
+                 server_binary.c_str());
+    return 2;
+  }
+  const std::vector<uint64_t> sizes = tessera::bench::ParseList(FLAGS_sizes);
+  const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
+  if (!ValidSizesAndCounts(sizes, counts)) return 2;
+  PrintHeader(reps, rep_s);
+
+  std::vector<Row> rows;
+  uint64_t max_bytes = 0;
+  for (uint64_t s : sizes) max_bytes = std::max(max_bytes, s);
+  std::vector<char> src(max_bytes), dst(max_bytes);
+  {
+    // Small finite gradients: SGD keeps the table finite for any number of pushes.
+    float* f = reinterpret_cast<float*>(src.data());
+    for (uint64_t i = 0; i < max_bytes / 4; ++i) f[i] = 1e-6f * static_cast<float>(i % 7);
+  }
+
+  for (uint64_t nservers : counts) {
+    Cluster cluster;
+    if (!cluster.Start(static_cast<uint32_t>(nservers), self, server_binary)) return 1;
+    tessera::ClientOptions co;
+    co.servers = cluster.tessera_endpoints();
+    auto client_or = tessera::Client::Create(co);
+    if (!client_or.ok()) {
+      std::fprintf(stderr, "bench_transport: client: %s\n", client_or.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<tessera::Client> client = std::move(*client_or);
+    RawClient raw(cluster.echo_endpoints);
+    if (int rc = MeasureSizes(*client, raw, static_cast<uint32_t>(nservers), sizes, src, dst, reps,
+                              rep_s, rows);
+        rc != 0) {
+      return rc;
+    }
+    client.reset();
+  }
+  std::printf("%s\n", Json(rows, reps).c_str());
   return 0;
 }

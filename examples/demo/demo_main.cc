@@ -27,6 +27,16 @@ constexpr tessera::cli::ToolInfo kTool{
              "pushes and pulls\nfor --steps rounds and prints what it did.",
     .flags_file = __FILE__};
 
+// Prints each server's stats (those that answer).
+void PrintServerStats(tessera::Client& c) {
+  for (uint32_t r = 0; r < c.num_servers(); ++r) {
+    auto st = c.ServerStats(r);
+    if (st.ok()) {
+      std::printf("--- server %u\n%s", r, st->c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,11 +114,6 @@ int main(int argc, char** argv) {
   std::printf("sparse |w|^2 of a batch: first step %.4f, last step %.4f (adagrad shrinks it)\n",
               first_norm, last_norm);
   std::printf("dense[0] after %u pushes of 0.001: %.6f\n", FLAGS_steps, dense[0]);
-  for (uint32_t r = 0; r < c.num_servers(); ++r) {
-    auto st = c.ServerStats(r);
-    if (st.ok()) {
-      std::printf("--- server %u\n%s", r, st->c_str());
-    }
-  }
+  PrintServerStats(c);
   return last_norm < first_norm ? 0 : 1;
 }

@@ -53,6 +53,36 @@ Result<ExportInfo> ReadInfo(const std::string& dir) {
   return info;
 }
 
+// Applies one record of the lane file `path` to its table in `by_id`.
+Status ApplyExportRecord(const absl::flat_hash_map<uint64_t, internal::ExportTable*>& by_id,
+                         const std::string& path, const internal::Record& rec) {
+  auto f = by_id.find(rec.table_id);
+  if (f == by_id.end()) return Status::Corruption("unknown table in " + path);
+  internal::ExportTable& t = *f->second;
+  if (rec.kind == internal::Record::kSparseRow) {
+    if (t.spec.kind != TableKind::kSparse || rec.row.size() != t.spec.dim) {
+      return Status::Corruption("row of the wrong width in " + path);
+    }
+    auto [pos, inserted] = t.index.try_emplace(rec.key, static_cast<uint32_t>(t.index.size()));
+    if (inserted) t.rows.resize(t.rows.size() + t.spec.dim);
+    std::memcpy(t.rows.data() + size_t{pos->second} * t.spec.dim, rec.row.data(),
+                sizeof(float) * t.spec.dim);
+  } else {
+    // The chunk index is checked before it is scaled (no wrap-around).
+    if (t.spec.kind != TableKind::kDense ||
+        rec.key >= (t.spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats) {
+      return Status::Corruption("dense chunk out of range in " + path);
+    }
+    const uint64_t first = rec.key * kDenseChunkFloats;
+    if (first >= t.spec.length ||
+        rec.row.size() != std::min<uint64_t>(kDenseChunkFloats, t.spec.length - first)) {
+      return Status::Corruption("dense chunk out of range in " + path);
+    }
+    std::memcpy(t.dense.data() + first, rec.row.data(), sizeof(float) * rec.row.size());
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<uint64_t> LatestExportVersion(const std::string& root) {
@@ -117,36 +147,9 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& root
                                ParseStoredNumber(manifest[3], "lanes in " + sdir, 256));
       for (uint32_t l = 0; l < lanes; ++l) {
         const std::string path = sdir + "/lane-" + std::to_string(l);
-        TESSERA_RETURN_IF_ERROR(
-            internal::ReadRecordFile(path, [&](const internal::Record& rec) -> Status {
-              auto f = by_id.find(rec.table_id);
-              if (f == by_id.end()) return Status::Corruption("unknown table in " + path);
-              internal::ExportTable& t = *f->second;
-              if (rec.kind == internal::Record::kSparseRow) {
-                if (t.spec.kind != TableKind::kSparse || rec.row.size() != t.spec.dim) {
-                  return Status::Corruption("row of the wrong width in " + path);
-                }
-                auto [pos, inserted] =
-                    t.index.try_emplace(rec.key, static_cast<uint32_t>(t.index.size()));
-                if (inserted) t.rows.resize(t.rows.size() + t.spec.dim);
-                std::memcpy(t.rows.data() + size_t{pos->second} * t.spec.dim, rec.row.data(),
-                            sizeof(float) * t.spec.dim);
-              } else {
-                // The chunk index is checked before it is scaled (no wrap-around).
-                if (t.spec.kind != TableKind::kDense ||
-                    rec.key >= (t.spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats) {
-                  return Status::Corruption("dense chunk out of range in " + path);
-                }
-                const uint64_t first = rec.key * kDenseChunkFloats;
-                if (first >= t.spec.length ||
-                    rec.row.size() !=
-                        std::min<uint64_t>(kDenseChunkFloats, t.spec.length - first)) {
-                  return Status::Corruption("dense chunk out of range in " + path);
-                }
-                std::memcpy(t.dense.data() + first, rec.row.data(), sizeof(float) * rec.row.size());
-              }
-              return Status::OK();
-            }));
+        TESSERA_RETURN_IF_ERROR(internal::ReadRecordFile(path, [&](const internal::Record& rec) {
+          return ApplyExportRecord(by_id, path, rec);
+        }));
       }
     }
   }
