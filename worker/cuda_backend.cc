@@ -208,6 +208,24 @@ class CudaBackend final : public Backend {
     return reinterpret_cast<T*>(out_.get() + at);
   }
 
+  // The embedding-bag launch of a batch of `b` samples: one bag per sample and field, written
+  // after the bottom MLP's vector when there is one (`hb`).
+  internal::EmbeddingBagLaunch Bags(const uint32_t* offsets, const uint32_t* rows,
+                                    const float* weights, uint32_t b, bool hb) const {
+    const ModelConfig& c = layout_.config();
+    internal::EmbeddingBagLaunch bags;
+    bags.offsets = offsets;
+    bags.rows = rows;
+    bags.weights = weights;
+    bags.num_bags = b * c.num_fields;
+    bags.num_fields = c.num_fields;
+    bags.dim = c.embedding_dim;
+    bags.vec0 = hb ? 1 : 0;
+    bags.num_vectors = layout_.num_vectors();
+    bags.mean = c.pooling == Pooling::kMean;
+    return bags;
+  }
+
   Status Compute(const ModelInput& in, float scale, bool train) {
     const ModelConfig& c = layout_.config();
     const uint32_t b = in.batch_size, nf = c.num_fields, nd = c.num_dense, d = c.embedding_dim;
@@ -231,16 +249,7 @@ class CudaBackend final : public Backend {
     TESSERA_CUDA(internal::LaunchWideForward(
         offsets, rows, weights, c.wide ? InPtr<const float>(lay_.wide) : nullptr,
         params + layout_.bias_offset(), b, nf, logit_.get(), stream_));
-    internal::EmbeddingBagLaunch bags;
-    bags.offsets = offsets;
-    bags.rows = rows;
-    bags.weights = weights;
-    bags.num_bags = b * nf;
-    bags.num_fields = nf;
-    bags.dim = d;
-    bags.vec0 = hb ? 1 : 0;
-    bags.num_vectors = nvec;
-    bags.mean = c.pooling == Pooling::kMean;
+    internal::EmbeddingBagLaunch bags = Bags(offsets, rows, weights, b, hb);
     const float* top_out = nullptr;
     if (c.deep) {
       TESSERA_RETURN_IF_ERROR(t_.Reserve(size_t{b} * nvec * d));

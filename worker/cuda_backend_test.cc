@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "worker/backend.h"
@@ -287,6 +288,87 @@ TEST_P(CpuBackendCase, ExercisesEveryTensor) {
   EXPECT_EQ(o.grads.wide.empty(), !c.config.wide);
 }
 
+// A wrong kernel as the CPU backend can imitate it: the step's inputs altered (`change`) and
+// the model run with `config`, as the broken kernel would see them.
+struct InputMutation {
+  std::string name;
+  std::function<void(StepInput*)> change;
+  ModelConfig config;
+};
+
+// The input mutations that apply to case `c` (a model of `layout`).
+std::vector<InputMutation> InputMutations(const BackendCase& c, const ModelLayout& layout) {
+  const ModelConfig& m = c.config;
+  std::vector<InputMutation> out;
+  auto same = [](StepInput*) {};
+  if (m.deep) {
+    out.push_back({"embedding rows read x -5",
+                   [](StepInput* in) {
+                     for (float& x : in->emb) x *= -5.0f;
+                   },
+                   m});
+    if (c.max_bag > 1 || c.weighted) {
+      ModelConfig flipped = m;
+      flipped.pooling = m.pooling == Pooling::kMean ? Pooling::kSum : Pooling::kMean;
+      out.push_back({"sum and mean pooling swapped", same, flipped});
+    }
+  }
+  if (c.weighted) {
+    out.push_back({"bag weights ignored", [](StepInput* in) { in->weights.clear(); }, m});
+  }
+  if (c.max_bag > 1) {
+    out.push_back({"last entry of each bag skipped",
+                   [](StepInput* in) {
+                     std::vector<uint32_t> offsets{0}, rows;
+                     std::vector<float> weights;
+                     for (size_t bag = 0; bag + 1 < in->offsets.size(); ++bag) {
+                       const uint32_t b = in->offsets[bag], e = in->offsets[bag + 1];
+                       for (uint32_t k = b; k + 1 < e; ++k) {
+                         rows.push_back(in->rows[k]);
+                         if (!in->weights.empty()) weights.push_back(in->weights[k]);
+                       }
+                       offsets.push_back(static_cast<uint32_t>(rows.size()));
+                     }
+                     in->offsets = offsets;
+                     in->rows = rows;
+                     in->weights = weights;
+                   },
+                   m});
+  }
+  out.push_back({"row index off by one",
+                 [](StepInput* in) {
+                   for (uint32_t& r : in->rows) r = (r + 1) % in->num_rows;
+                 },
+                 m});
+  if (m.deep && m.num_dense > 0) {
+    out.push_back(
+        {"dense features not uploaded",
+         [](StepInput* in) { std::fill(in->dense.begin(), in->dense.end(), 0.0f); }, m});
+  }
+  if (m.wide) {
+    out.push_back({"wide weights not read",
+                   [](StepInput* in) { std::fill(in->wide.begin(), in->wide.end(), 0.0f); }, m});
+  }
+  if (m.kind == ModelKind::kDeepFm) {
+    // DCN-v2 without cross layers has DeepFM's layout and its DNN: only the FM term differs.
+    ModelConfig no_fm = m;
+    no_fm.kind = ModelKind::kDcn;
+    no_fm.num_cross_layers = 0;
+    out.push_back({"FM term left out", same, no_fm});
+  }
+  if (!layout.cross().empty()) {
+    std::vector<LayerShape> cross = layout.cross();
+    out.push_back({"cross layers read as zeros (x_L = x0)",
+                   [cross](StepInput* in) {
+                     for (const LayerShape& l : cross) {
+                       std::fill_n(in->params.begin() + l.offset, l.size(), 0.0f);
+                     }
+                   },
+                   m});
+  }
+  return out;
+}
+
 // The comparison at the GPU tolerance rejects what known kinds of wrong kernel would return:
 // each mutation below is computed by the CPU backend on altered inputs, as the broken kernel
 // would see them.
@@ -314,81 +396,10 @@ TEST_P(CpuBackendCase, ComparisonRejectsWrongKernels) {
     Outputs out;
   };
   std::vector<Mutation> wrong;
-  auto mutate = [&](const std::string& name, auto&& change, ModelConfig config) {
+  for (const InputMutation& mutation : InputMutations(c, *layout)) {
     StepInput in = s;
-    change(&in);
-    wrong.push_back({name, run(config, in, scale)});
-  };
-  auto same = [](StepInput*) {};
-  if (m.deep) {
-    mutate(
-        "embedding rows read x -5",
-        [](StepInput* in) {
-          for (float& x : in->emb) x *= -5.0f;
-        },
-        m);
-    if (c.max_bag > 1 || c.weighted) {
-      ModelConfig flipped = m;
-      flipped.pooling = m.pooling == Pooling::kMean ? Pooling::kSum : Pooling::kMean;
-      mutate("sum and mean pooling swapped", same, flipped);
-    }
-  }
-  if (c.weighted) {
-    mutate(
-        "bag weights ignored", [](StepInput* in) { in->weights.clear(); }, m);
-  }
-  if (c.max_bag > 1) {
-    mutate(
-        "last entry of each bag skipped",
-        [](StepInput* in) {
-          std::vector<uint32_t> offsets{0}, rows;
-          std::vector<float> weights;
-          for (size_t bag = 0; bag + 1 < in->offsets.size(); ++bag) {
-            const uint32_t b = in->offsets[bag], e = in->offsets[bag + 1];
-            for (uint32_t k = b; k + 1 < e; ++k) {
-              rows.push_back(in->rows[k]);
-              if (!in->weights.empty()) weights.push_back(in->weights[k]);
-            }
-            offsets.push_back(static_cast<uint32_t>(rows.size()));
-          }
-          in->offsets = offsets;
-          in->rows = rows;
-          in->weights = weights;
-        },
-        m);
-  }
-  mutate(
-      "row index off by one",
-      [](StepInput* in) {
-        for (uint32_t& r : in->rows) r = (r + 1) % in->num_rows;
-      },
-      m);
-  if (m.deep && m.num_dense > 0) {
-    mutate(
-        "dense features not uploaded",
-        [](StepInput* in) { std::fill(in->dense.begin(), in->dense.end(), 0.0f); }, m);
-  }
-  if (m.wide) {
-    mutate(
-        "wide weights not read",
-        [](StepInput* in) { std::fill(in->wide.begin(), in->wide.end(), 0.0f); }, m);
-  }
-  if (m.kind == ModelKind::kDeepFm) {
-    // DCN-v2 without cross layers has DeepFM's layout and its DNN: only the FM term differs.
-    ModelConfig no_fm = m;
-    no_fm.kind = ModelKind::kDcn;
-    no_fm.num_cross_layers = 0;
-    mutate("FM term left out", same, no_fm);
-  }
-  if (!layout->cross().empty()) {
-    mutate(
-        "cross layers read as zeros (x_L = x0)",
-        [&](StepInput* in) {
-          for (const LayerShape& l : layout->cross()) {
-            std::fill_n(in->params.begin() + l.offset, l.size(), 0.0f);
-          }
-        },
-        m);
+    mutation.change(&in);
+    wrong.push_back({mutation.name, run(mutation.config, in, scale)});
   }
   wrong.push_back({"loss scale ignored", run(m, s, 1.0f)});
   {
