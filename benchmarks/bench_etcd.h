@@ -27,7 +27,7 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "ps/client/client.h"
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale_internal.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_client.h"

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "ps/cli.h"
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale_internal.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/failover.h"

@@ -1,8 +1,8 @@
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale_internal.h"
 
 #include <algorithm>
 
-#include "ps/client/ctl_scale_controller_internal.h"
+#include "ps/control/controller_internal.h"
 
 namespace tessera::internal {
 namespace reshard {

@@ -15,7 +15,7 @@
 #include "ps/curve.h"
 #include "ps/routing.h"
 #ifdef TESSERA_CTL_COORD
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale_internal.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
