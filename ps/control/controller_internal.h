@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "ps/control/scale.h"
 #include "ps/control/scale_internal.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/membership.h"
