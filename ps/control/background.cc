@@ -15,9 +15,14 @@ namespace tessera {
 namespace internal {
 
 BackgroundRun::~BackgroundRun() {
-  stop_ = true;
-  std::lock_guard<std::mutex> l(mu_);
-  if (thread_.joinable()) thread_.join();
+  std::thread running;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;  // no Kick starts a thread from now on
+    running = std::move(thread_);
+  }
+  // Joined without mu_: a run that ends takes mu_ to see whether it is due again.
+  if (running.joinable()) running.join();
 }
 
 void BackgroundRun::Kick() {
