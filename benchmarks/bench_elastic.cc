@@ -45,7 +45,7 @@
 #include "benchmarks/bench_etcd.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_client.h"
@@ -460,7 +460,7 @@ int main(int argc, char** argv) {
   Pushes pushes;
   std::thread pusher = ScalePusher(c, *table, rows, grads, pushes);
   auto sleep_phase = [&] { std::this_thread::sleep_for(std::chrono::duration<double>(phase_s)); };
-  tessera::internal::ScaleOptions so;
+  tessera::ScaleOptions so;
   so.batch_slots = FLAGS_batch_slots;
   so.pace = FLAGS_pace;
   tessera::bench::ScaleRun moves[2] = {{"scale_up", 3}, {"scale_down", 2}};

@@ -27,7 +27,7 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "ps/client/client.h"
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_client.h"
@@ -189,18 +189,18 @@ struct ScaleRun {
   const char* name;
   uint32_t servers;
   Clock::time_point begin{}, end{};
-  internal::ScaleReport report{};
+  ScaleReport report{};
 };
 // Runs the scales of `runs` in turn with `so`, calling `pause` after each; the first error,
 // named after its scale.
-inline Status RunScales(MapClient& m, internal::ScaleOptions so, std::span<ScaleRun> runs,
+inline Status RunScales(MapClient& m, ScaleOptions so, std::span<ScaleRun> runs,
                         const std::function<void()>& pause) {
   ClientOptions base;
   base.request_timeout_ms = 120000;
   for (ScaleRun& run : runs) {
     so.servers = run.servers;
     run.begin = Clock::now();
-    auto r = internal::Scale(*m.etcd, m.url.prefix, base, so);
+    auto r = ScaleCluster(*m.etcd, m.url.prefix, base, so);
     run.end = Clock::now();
     if (!r.ok()) return r.status().WithContext(run.name);
     run.report = *r;

@@ -57,9 +57,9 @@ function(tessera_install_headers dir)
           PATTERN "*_test_util.h" EXCLUDE
           ${skip})
 endfunction()
-# the core: status, table specs, routing (ps/coord is not installed yet: no program outside the
-# tree uses tessera_coord)
-tessera_install_headers(ps client server metrics coord)
+# the core: status, table specs, routing (ps/coord and ps/control are not installed yet: no
+# program outside the tree uses tessera_coord or tessera_control)
+tessera_install_headers(ps client server metrics coord control)
 tessera_install_headers(ps/client)   # Client, ExportReader
 if(TARGET tessera_server)
   tessera_install_headers(ps/server) # Server (embedding a shard in a process)

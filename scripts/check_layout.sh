@@ -2,7 +2,11 @@
 # Checks the layout rules of docs/architecture.md ("Rooms and their doors"):
 #  1. nothing directly in ps/ (the core) includes ps/client/, ps/server/ or storage/;
 #  2. storage/ includes only the ps core (no ps/client/, ps/server/, worker/);
-#  3. ps/client/ includes no ps/server/ or storage/ (a client links no RocksDB);
+#  3. ps/client/ includes no ps/server/ or storage/ (a client links no RocksDB), nor ps/coord/
+#     or ps/control/ (it links no etcd client; tessera-ctl lives in ps/control/); ps/server/
+#     includes no ps/client/ or ps/control/, but for tessera-server's main() (server_main.cc),
+#     which runs the controller; ps/control/ (the resharding controller) includes no ps/server/
+#     or storage/ (it is a client of the servers);
 #  4. worker/ includes only the ps core and ps/client/ (no ps/server/, storage/); ps/metrics/
 #     includes only the ps core, and the client does not include it; ps/coord/ (etcd) includes
 #     only the ps core;
@@ -179,6 +183,12 @@ check_includes "storage includes more than the ps core" 'ps/client/|ps/server/|w
   $(find storage -type f \( -name '*.h' -o -name '*.cc' \))
 check_includes "the client includes server or storage code" 'ps/server/|storage/' \
   $(find ps/client -type f \( -name '*.h' -o -name '*.cc' \))
+check_includes "the client includes the coordination or controller rooms" 'ps/coord/|ps/control/' \
+  $(find ps/client -type f \( -name '*.h' -o -name '*.cc' \))
+check_includes "the server library includes client or controller code" 'ps/client/|ps/control/' \
+  $(find ps/server -type f \( -name '*.h' -o -name '*.cc' \) ! -name server_main.cc)
+check_includes "the controller includes server or storage code" 'ps/server/|storage/' \
+  $(find ps/control -type f \( -name '*.h' -o -name '*.cc' \))
 check_includes "metrics include more than the ps core" 'ps/client/|ps/server/|storage/|worker/' \
   $(find ps/metrics -type f \( -name '*.h' -o -name '*.cc' \))
 check_includes "the client includes the metrics room (it links no HTTP library)" 'ps/metrics/' \

@@ -7,23 +7,17 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <zmq.h>
-
-#include <atomic>
-#include <mutex>
-#include <thread>
-
 #include "ps/cli.h"
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/failover.h"
 #include "ps/coord/membership.h"
-#include "ps/coord/slot_map_store.h"
 #include "ps/curve.h"
 #include "ps/message_pool_internal.h"
 #include "ps/metrics/http_endpoint.h"
@@ -238,6 +232,22 @@ tessera::Status Register(const tessera::CoordinatorUrl& url, const std::string& 
   return tessera::Status::OK();
 }
 
+// A version of the cluster map the watch delivered (or why it could not): `server` fences by
+// it from now on.
+void ApplyClusterMap(tessera::Server* server, const tessera::Result<tessera::RoutingMap>& m) {
+  if (!m.ok()) {
+    LOG(ERROR) << "--coordinator: cluster map: " << m.status().ToString();
+    return;
+  }
+  const uint64_t before = server->cluster_map_version();
+  tessera::Status s = server->SetClusterMap(*m);
+  if (!s.ok()) {
+    LOG(ERROR) << "--coordinator: cluster map version " << m->version << ": " << s.ToString();
+  } else if (m->version > before) {
+    LOG(INFO) << "--coordinator: cluster map version " << before << " -> " << m->version;
+  }
+}
+
 // Follows PREFIX/slotmap: each newer version becomes the map `server` fences by (waiting for
 // the record when none exists yet). The returned source owns the watch.
 tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap(
@@ -255,232 +265,68 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   } else {
     return first.status();
   }
-  TESSERA_RETURN_IF_ERROR(source->Watch([server](const tessera::Result<tessera::RoutingMap>& m) {
-    if (!m.ok()) {
-      LOG(ERROR) << "--coordinator: cluster map: " << m.status().ToString();
-      return;
-    }
-    const uint64_t before = server->cluster_map_version();
-    tessera::Status s = server->SetClusterMap(*m);
-    if (!s.ok()) {
-      LOG(ERROR) << "--coordinator: cluster map version " << m->version << ": " << s.ToString();
-    } else if (m->version > before) {
-      LOG(INFO) << "--coordinator: cluster map version " << before << " -> " << m->version;
-    }
-  }));
+  TESSERA_RETURN_IF_ERROR(source->Watch(
+      [server](const tessera::Result<tessera::RoutingMap>& m) { ApplyClusterMap(server, m); }));
   return source;
 }
 
-// Runs `run` on a thread of its own after each Kick (once more when kicked while it runs): a
-// controller of tessera-ctl (a backup rebuild, a scale taking in servers that registered).
-// Thread-safe; destruction sets the stop flag `run` is given (a controller stops before its
-// next batch) and joins.
-class BackgroundRun {
- public:
-  explicit BackgroundRun(std::function<void(const std::atomic<bool>*)> run)
-      : run_(std::move(run)) {}
-  ~BackgroundRun() {
-    stop_ = true;
-    std::lock_guard<std::mutex> l(mu_);
-    if (thread_.joinable()) thread_.join();
-  }
-  void Kick() {
-    std::lock_guard<std::mutex> l(mu_);
-    if (stop_) return;
-    again_ = true;
-    if (running_) return;
-    if (thread_.joinable()) thread_.join();
-    running_ = true;
-    thread_ = std::thread([this] { Loop(); });
-  }
-
- private:
-  void Loop() {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (!again_ || stop_) {
-          running_ = false;
-          return;
-        }
-        again_ = false;
-      }
-      run_(&stop_);
+// Writes a line of a server's controller (ps/control/scale.h) to glog, after `prefix` (the
+// flag it serves).
+tessera::ControlLog ControllerLog(std::string prefix) {
+  return [prefix = std::move(prefix)](tessera::ControlLogLevel level, const std::string& line) {
+    switch (level) {
+      case tessera::ControlLogLevel::kDebug:
+        VLOG(1) << prefix << line;
+        break;
+      case tessera::ControlLogLevel::kInfo:
+        LOG(INFO) << prefix << line;
+        break;
+      case tessera::ControlLogLevel::kWarning:
+        LOG(WARNING) << prefix << line;
+        break;
     }
-  }
-
-  const std::function<void(const std::atomic<bool>*)> run_;
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  bool running_ = false, again_ = false;
-  std::thread thread_;
-};
-
-// The options of a controller this server runs: its pace, stop flag and name on the
-// controller lock, which it does not wait for (it is kicked again while the work is due).
-tessera::internal::ScaleOptions BackgroundScaleOptions(const std::atomic<bool>* stop) {
-  tessera::internal::ScaleOptions o;
-  o.pace = FLAGS_rebuild_pace;
-  o.deadline = tessera::DeadlineAfterMs(10 * 60 * 1000);
-  o.cancel = stop;
-  o.controller_id = "server-" + std::to_string(FLAGS_rank);
-  o.controller_ttl_s = FLAGS_coordinator_ttl_s;
-  o.wait_for_controller = false;
-  return o;
+  };
 }
 
-// Logs a background controller's failure: at VLOG(1) when another controller held the lock
-// (the work is kicked again while it is due), else as a warning.
-void LogControllerFailure(const char* what, const tessera::Status& s, const char* by_hand) {
-  if (s.code() == tessera::StatusCode::kFailedPrecondition &&
-      s.message().find("another controller") != std::string::npos) {
-    VLOG(1) << "--coordinator: " << what << ": " << s.ToString();
-  } else {
-    LOG(WARNING) << "--coordinator: " << what << ": " << s.ToString() << " (" << by_hand
-                 << " does it by hand)";
-  }
+// With --coordinator: the background controller of this server: backup rebuilds
+// (--rebuild_backups) after each promotion it made and when one is due, and scales taking in
+// new servers (--auto_join), on threads of their own.
+std::unique_ptr<tessera::BackgroundController> StartControllers(
+    const tessera::CoordinatorUrl& url, tessera::EtcdClient* etcd,
+    const std::string& curve_secret_key) {
+  tessera::BackgroundControllerOptions c;
+  c.prefix = url.prefix;
+  c.server_id = FLAGS_rank;
+  c.lock_ttl_s = FLAGS_coordinator_ttl_s;
+  c.pace = FLAGS_rebuild_pace;
+  c.rebuild_backups = FLAGS_rebuild_backups;
+  c.auto_join = FLAGS_auto_join;
+  c.peer = tessera::PeerClientOptions(curve_secret_key);
+  c.log = ControllerLog("--coordinator: ");
+  return std::make_unique<tessera::BackgroundController>(etcd, std::move(c));
 }
 
-// A backup rebuild (docs/elasticity.md, "Backup rebuild"): after a promotion this server
-// made, or when its fail-over watcher finds one due.
-void RebuildNow(tessera::EtcdClient* etcd, const std::string& prefix,
-                const tessera::ClientOptions& base, const std::atomic<bool>* stop) {
-  auto r = tessera::internal::RebuildBackups(*etcd, prefix, base, BackgroundScaleOptions(stop));
-  if (!r.ok()) {
-    LogControllerFailure("backup rebuild", r.status(), "tessera-ctl map rebuild");
-  } else if (r->slots_backed > 0 || r->dense_parts_backed > 0) {
-    LOG(INFO) << "--coordinator: backup rebuild: " << r->slots_backed << " slots and "
-              << r->dense_parts_backed << " dense parts given a backup, map version "
-              << r->from_version << " -> " << r->to_version << ", "
-              << r->rows_ahead + r->rows_in_hold << " rows copied in " << r->seconds
-              << " s, longest hold " << r->max_hold_ms << " ms";
-  }
-}
-
-// --auto_join: a scale to `servers` that takes in the servers registered under the next ids.
-void JoinNow(tessera::EtcdClient* etcd, const std::string& prefix,
-             const tessera::ClientOptions& base, uint32_t servers,
-             const std::atomic<bool>* stop) {
-  tessera::internal::ScaleOptions o = BackgroundScaleOptions(stop);
-  o.servers = servers;
-  auto r = tessera::internal::Scale(*etcd, prefix, base, o);
-  if (!r.ok()) {
-    LogControllerFailure("taking in new servers", r.status(), "tessera-ctl scale");
-    return;
-  }
-  LOG(INFO) << "--coordinator: took in new servers: " << servers << " servers, "
-            << r->slots_moved << " slots moved and " << r->slots_backed
-            << " given a backup, map version " << r->from_version << " -> " << r->to_version
-            << " in " << r->seconds << " s";
-}
-
-// --drain_on_stop, on SIGTERM: when this server is the highest live id of the map (a
-// StatefulSet scaled down stops its highest ordinal first), a scale to one server fewer moves
-// its slots, dense parts and the backups it holds to the others and retires its id. Its member
-// record says it is leaving meanwhile, so no --auto_join watcher takes the retired but still
-// registered id back (nor gives it a slot). Logs why when it does not drain.
+// --drain_on_stop, on SIGTERM: moves this server's slots to the others when it is the highest
+// live id of the map (tessera::DrainServer says when it does not).
 void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
-               const tessera::ClientOptions& base, tessera::Membership* membership) {
-  tessera::SlotMapStore store(etcd, prefix);
-  auto map = store.Load();
-  if (!map.ok()) {
-    LOG(WARNING) << "--drain_on_stop: cannot read the map, leaving undrained: "
-                 << map.status().ToString();
-    return;
-  }
-  uint32_t live = 0, highest = 0;
-  for (uint32_t id = 0; id < map->servers.size(); ++id) {
-    if (map->servers[id].address.empty()) continue;
-    ++live;
-    highest = id;
-  }
-  if (live < 2 || highest != FLAGS_rank) {
-    LOG(INFO) << "--drain_on_stop: not draining: server " << FLAGS_rank
-              << (live < 2 ? " is the last one" : " is not the highest live id (" +
-                                                     std::to_string(highest) + ")");
-    return;
-  }
-  // Marked leaving first: no --auto_join watcher takes the id back, no rebuild picks it.
-  if (tessera::Status s = membership->MarkLeaving(); !s.ok()) {
-    LOG(WARNING) << "--drain_on_stop: " << s.ToString() << "; draining anyway";
-  }
-  tessera::internal::ScaleOptions o;
-  o.servers = live - 1;
-  o.deadline = tessera::DeadlineAfterMs(int64_t{FLAGS_drain_timeout_s} * 1000);
-  o.controller_id = "server-" + std::to_string(FLAGS_rank) + "-drain";
-  o.controller_ttl_s = FLAGS_coordinator_ttl_s;
-  o.wait_for_controller = true;
-  LOG(INFO) << "--drain_on_stop: moving server " << FLAGS_rank << "'s slots to the other "
-            << o.servers << " servers";
-  auto r = tessera::internal::Scale(*etcd, prefix, base, o);
-  if (!r.ok()) {
-    LOG(WARNING) << "--drain_on_stop: the drain failed, leaving undrained: "
-                 << r.status().ToString();
-    return;
-  }
-  LOG(INFO) << "--drain_on_stop: drained: " << r->slots_moved << " slots and "
-            << r->dense_parts_moved << " dense parts moved, " << r->slots_backed
-            << " slots given a backup, map version " << r->from_version << " -> "
-            << r->to_version << " in " << r->seconds << " s";
-}
-
-// The client options of this server's own calls to the others (a rebuild): the servers share
-// one CurveZMQ key pair, so the public key of --curve_secret_key_file is theirs.
-tessera::ClientOptions PeerClientOptions(const std::string& curve_secret_key) {
-  tessera::ClientOptions o;
-  o.request_timeout_ms = 30000;
-  if (!curve_secret_key.empty()) {
-    char public_key[41] = {};
-    if (zmq_curve_public(public_key, curve_secret_key.c_str()) == 0) {
-      o.curve_server_key = std::string(public_key, 40);
-    }
-  }
-  return o;
+               const std::string& curve_secret_key, tessera::Membership* membership) {
+  tessera::DrainOptions d;
+  d.prefix = prefix;
+  d.server_id = FLAGS_rank;
+  d.lock_ttl_s = FLAGS_coordinator_ttl_s;
+  d.timeout_s = FLAGS_drain_timeout_s;
+  d.peer = tessera::PeerClientOptions(curve_secret_key);
+  d.log = ControllerLog("--drain_on_stop: ");
+  tessera::DrainServer(*etcd, *membership, d);
 }
 
 // With --failover_poll_ms > 0: the fail-over watcher of this server (ps/coord/failover.h),
-// logging what it does and counting the slots it promoted in `registry`, and running backup
-// rebuilds (--rebuild_backups) after each promotion it made and when one is due, and scales
-// taking in new servers (--auto_join), on threads of their own; null when off.
-class Controllers {
- public:
-  Controllers(tessera::EtcdClient* etcd, std::string prefix, tessera::ClientOptions base)
-      : etcd_(etcd), prefix_(std::move(prefix)), base_(std::move(base)) {
-    if (FLAGS_rebuild_backups) {
-      rebuild_ = std::make_unique<BackgroundRun>(
-          [this](const std::atomic<bool>* stop) { RebuildNow(etcd_, prefix_, base_, stop); });
-    }
-    if (FLAGS_auto_join) {
-      join_ = std::make_unique<BackgroundRun>([this](const std::atomic<bool>* stop) {
-        JoinNow(etcd_, prefix_, base_, join_servers_.load(), stop);
-      });
-    }
-  }
-  void Rebuild() {
-    if (rebuild_) rebuild_->Kick();
-  }
-  bool joins() const { return join_ != nullptr; }
-  void Join(uint32_t servers) {
-    join_servers_ = servers;
-    if (join_) join_->Kick();
-  }
-  // Stops the runs before their next batches.
-  void Stop() {
-    rebuild_.reset();
-    join_.reset();
-  }
-
- private:
-  tessera::EtcdClient* const etcd_;
-  const std::string prefix_;
-  const tessera::ClientOptions base_;
-  std::atomic<uint32_t> join_servers_{0};
-  std::unique_ptr<BackgroundRun> rebuild_, join_;
-};
-
+// logging what it does, counting the slots it promoted in `registry`, and kicking
+// `controllers` (a rebuild after each promotion it made and when one is due, a scale when
+// servers register under the next ids); null when off.
 tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
     const tessera::CoordinatorUrl& url, tessera::EtcdClient* etcd,
-    tessera::metrics::Registry* registry, Controllers* controllers) {
+    tessera::metrics::Registry* registry, tessera::BackgroundController* controllers) {
   if (FLAGS_failover_poll_ms == 0) return std::unique_ptr<tessera::FailoverWatcher>();
   tessera::FailoverOptions f;
   f.prefix = url.prefix;
@@ -499,6 +345,134 @@ tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
   f.on_unbacked = [controllers] { controllers->Rebuild(); };
   if (controllers->joins()) f.on_joined = [controllers](uint32_t n) { controllers->Join(n); };
   return tessera::FailoverWatcher::Start(etcd, std::move(f));
+}
+
+// The options of the server from the flags (after --cluster and --rank were checked), and
+// --coordinator; false (after a message) when a flag is bad.
+bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOptions* o,
+                      std::optional<tessera::CoordinatorUrl>* coordinator) {
+  if (!ListenFromFlags(cluster, &o->listen)) return false;
+  o->rank = FLAGS_rank;
+  o->num_servers = static_cast<uint32_t>(cluster.size());
+  o->lanes = FLAGS_lanes;
+  o->max_request_bytes = FLAGS_max_request_mb << 20;
+  o->maintenance_interval_ms = FLAGS_maintenance_interval_ms;
+  o->write_back_interval_ms = FLAGS_write_back_interval_ms;
+  o->storage.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
+  o->admin_root = FLAGS_admin_root;
+  o->max_connections = FLAGS_max_connections;
+  o->max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
+  o->send_hwm = FLAGS_send_hwm;
+  o->recv_hwm = FLAGS_recv_hwm;
+  RaiseOpenFileLimit(FLAGS_max_connections);
+  if (!StorageFromFlags(&o->storage)) return false;
+  if (!CoordinatorFromFlags(coordinator)) return false;
+  if (!FLAGS_curve_secret_key_file.empty()) {
+    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_secret_key_file);
+    if (!key.ok()) {
+      std::cerr << "tessera-server: --curve_secret_key_file: " << key.status().ToString() << "\n";
+      return false;
+    }
+    o->curve_secret_key = *key;
+  }
+  return true;
+}
+
+// What tessera-server runs, in the order it starts them (and destroys them in reverse).
+struct Running {
+  tessera::metrics::Registry registry;
+  std::unique_ptr<tessera::metrics::HttpEndpoint> http;
+  std::unique_ptr<tessera::Server> server;
+  std::unique_ptr<tessera::EtcdClient> etcd;
+  std::unique_ptr<tessera::Membership> membership;
+  std::unique_ptr<tessera::EtcdClusterMapSource> map_source;
+  std::unique_ptr<tessera::FailoverWatcher> failover;
+  std::unique_ptr<tessera::BackgroundController> controllers;
+};
+
+// Starts the metrics endpoint (first: probes see a live process, /healthz, that is not ready,
+// /readyz 503, while storage opens and the request log replays) and the server. 0, or the exit
+// code after a message.
+int StartServer(tessera::ServerOptions o, bool follow_cluster_map, Running* r) {
+  if (FLAGS_metrics_port != 0) {
+    auto e = tessera::metrics::HttpEndpoint::Start(
+        {.address = FLAGS_metrics_address, .port = FLAGS_metrics_port}, &r->registry);
+    if (!e.ok()) {
+      std::cerr << "tessera-server: --metrics_port: " << e.status().ToString() << "\n";
+      return 2;
+    }
+    r->http = std::move(*e);
+    r->http->SetReady(false, "recovering: opening storage and replaying the request log");
+  }
+  o.metrics = &r->registry;
+  o.follow_cluster_map = follow_cluster_map;
+  auto server = tessera::Server::Create(o);
+  if (!server.ok()) {
+    std::cerr << "tessera-server: cannot start: " << server.status().ToString() << "\n";
+    return 1;
+  }
+  r->server = std::move(*server);
+  return 0;
+}
+
+// --coordinator, once the server serves: registers it, follows the cluster map, starts the
+// background controller and the fail-over watcher. 0, or the exit code after a message (and
+// after undoing what it started and shutting the server down).
+int StartCoordination(const tessera::CoordinatorUrl& url, const std::string& address,
+                      const std::string& curve_secret_key, Running* r) {
+  tessera::Status s = Register(url, address, &r->etcd, &r->membership);
+  if (!s.ok()) {
+    std::cerr << "tessera-server: --coordinator: cannot register: " << s.ToString() << "\n";
+    r->server->Shutdown();
+    return 1;
+  }
+  auto followed = FollowClusterMap(url, r->server.get());
+  if (!followed.ok()) {
+    std::cerr << "tessera-server: --coordinator: cannot follow the cluster map: "
+              << followed.status().ToString() << "\n";
+    (void)r->membership->Deregister();
+    r->server->Shutdown();
+    return 1;
+  }
+  r->map_source = std::move(*followed);
+  r->controllers = StartControllers(url, r->etcd.get(), curve_secret_key);
+  auto watcher = WatchForFailures(url, r->etcd.get(), &r->registry, r->controllers.get());
+  if (!watcher.ok()) {
+    std::cerr << "tessera-server: --failover_poll_ms: " << watcher.status().ToString() << "\n";
+    r->map_source.reset();
+    (void)r->membership->Deregister();
+    r->server->Shutdown();
+    return 2;
+  }
+  r->failover = std::move(*watcher);
+  return 0;
+}
+
+// Waits for a stop signal, then stops in order: not ready, no more promotions, the background
+// runs, the drain (--drain_on_stop), the registration, the map watch, the server.
+void WaitAndStop(sigset_t* stop_signals, const std::optional<tessera::CoordinatorUrl>& coordinator,
+                 const std::string& curve_secret_key, Running* r) {
+  int sig = 0;
+  sigwait(stop_signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  if (r->http) r->http->SetReady(false, "shutting down");
+  if (r->failover) {
+    // A server going away promotes nothing any more (before it leaves the members).
+    LOG(INFO) << "--coordinator: promotions made by this server: " << r->failover->promotions()
+              << " (" << r->failover->slots_promoted() << " slots)";
+    r->failover.reset();
+  }
+  if (r->controllers) r->controllers->Stop();  // a rebuild or scale stops before its next batch
+  if (FLAGS_drain_on_stop && r->etcd && r->membership) {
+    DrainSelf(r->etcd.get(), coordinator->prefix, curve_secret_key, r->membership.get());
+  }
+  if (r->membership) {
+    // Leave the members first: nobody should pick a server that is going away.
+    tessera::Status s = r->membership->Deregister();
+    if (!s.ok()) LOG(WARNING) << "--coordinator: deregistering: " << s.ToString();
+  }
+  r->map_source.reset();  // stops the watch before the server it feeds
+  r->server->Shutdown();
 }
 
 }  // namespace
@@ -520,31 +494,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   tessera::ServerOptions o;
-  if (!ListenFromFlags(*cluster, &o.listen)) return 2;
-  o.rank = FLAGS_rank;
-  o.num_servers = static_cast<uint32_t>(cluster->size());
-  o.lanes = FLAGS_lanes;
-  o.max_request_bytes = FLAGS_max_request_mb << 20;
-  o.maintenance_interval_ms = FLAGS_maintenance_interval_ms;
-  o.write_back_interval_ms = FLAGS_write_back_interval_ms;
-  o.storage.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
-  o.admin_root = FLAGS_admin_root;
-  o.max_connections = FLAGS_max_connections;
-  o.max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
-  o.send_hwm = FLAGS_send_hwm;
-  o.recv_hwm = FLAGS_recv_hwm;
-  RaiseOpenFileLimit(FLAGS_max_connections);
-  if (!StorageFromFlags(&o.storage)) return 2;
   std::optional<tessera::CoordinatorUrl> coordinator;
-  if (!CoordinatorFromFlags(&coordinator)) return 2;
-  if (!FLAGS_curve_secret_key_file.empty()) {
-    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_secret_key_file);
-    if (!key.ok()) {
-      std::cerr << "tessera-server: --curve_secret_key_file: " << key.status().ToString() << "\n";
-      return 2;
-    }
-    o.curve_secret_key = *key;
-  }
+  if (!OptionsFromFlags(*cluster, &o, &coordinator)) return 2;
 
   // Block the stop signals in every thread; the main thread waits for them.
   sigset_t stop_signals;
@@ -553,88 +504,19 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  // The metrics endpoint comes up first: probes see a live process (/healthz) that is not
-  // ready (/readyz 503) while storage opens and the request log replays.
-  tessera::metrics::Registry registry;
-  std::unique_ptr<tessera::metrics::HttpEndpoint> http;
-  if (FLAGS_metrics_port != 0) {
-    auto e = tessera::metrics::HttpEndpoint::Start(
-        {.address = FLAGS_metrics_address, .port = FLAGS_metrics_port}, &registry);
-    if (!e.ok()) {
-      std::cerr << "tessera-server: --metrics_port: " << e.status().ToString() << "\n";
-      return 2;
-    }
-    http = std::move(*e);
-    http->SetReady(false, "recovering: opening storage and replaying the request log");
-  }
-  o.metrics = &registry;
-  o.follow_cluster_map = coordinator.has_value();
-  auto server = tessera::Server::Create(o);
-  if (!server.ok()) {
-    std::cerr << "tessera-server: cannot start: " << server.status().ToString() << "\n";
-    return 1;
-  }
+  Running r;
+  if (int rc = StartServer(o, coordinator.has_value(), &r); rc != 0) return rc;
   // Registered only once it serves, and before the ready line: who sees the line finds it.
-  std::unique_ptr<tessera::EtcdClient> etcd;
-  std::unique_ptr<tessera::Membership> membership;
-  std::unique_ptr<tessera::EtcdClusterMapSource> map_source;
-  std::unique_ptr<tessera::FailoverWatcher> failover;
-  std::unique_ptr<Controllers> controllers;
   if (coordinator) {
-    tessera::Status s = Register(*coordinator, (*cluster)[FLAGS_rank], &etcd, &membership);
-    if (!s.ok()) {
-      std::cerr << "tessera-server: --coordinator: cannot register: " << s.ToString() << "\n";
-      (*server)->Shutdown();
-      return 1;
-    }
-    auto followed = FollowClusterMap(*coordinator, server->get());
-    if (!followed.ok()) {
-      std::cerr << "tessera-server: --coordinator: cannot follow the cluster map: "
-                << followed.status().ToString() << "\n";
-      (void)membership->Deregister();
-      (*server)->Shutdown();
-      return 1;
-    }
-    map_source = std::move(*followed);
-    controllers = std::make_unique<Controllers>(etcd.get(), coordinator->prefix,
-                                                PeerClientOptions(o.curve_secret_key));
-    auto watcher = WatchForFailures(*coordinator, etcd.get(), &registry, controllers.get());
-    if (!watcher.ok()) {
-      std::cerr << "tessera-server: --failover_poll_ms: " << watcher.status().ToString() << "\n";
-      map_source.reset();
-      (void)membership->Deregister();
-      (*server)->Shutdown();
-      return 2;
-    }
-    failover = std::move(*watcher);
+    const int rc = StartCoordination(*coordinator, (*cluster)[FLAGS_rank], o.curve_secret_key, &r);
+    if (rc != 0) return rc;
   }
-  if (http) http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
+  if (r.http) r.http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
   // A line tests and scripts wait for.
   std::printf("tessera-server ready rank=%u endpoint=%s\n", FLAGS_rank,
-              (*server)->endpoint().c_str());
+              r.server->endpoint().c_str());
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  LOG(INFO) << "signal " << sig << ": shutting down";
-  if (http) http->SetReady(false, "shutting down");
-  if (failover) {
-    // A server going away promotes nothing any more (before it leaves the members).
-    LOG(INFO) << "--coordinator: promotions made by this server: " << failover->promotions()
-              << " (" << failover->slots_promoted() << " slots)";
-    failover.reset();
-  }
-  if (controllers) controllers->Stop();  // a rebuild or scale stops before its next batch
-  if (FLAGS_drain_on_stop && etcd && membership) {
-    DrainSelf(etcd.get(), coordinator->prefix, PeerClientOptions(o.curve_secret_key),
-              membership.get());
-  }
-  if (membership) {
-    // Leave the members first: nobody should pick a server that is going away.
-    tessera::Status s = membership->Deregister();
-    if (!s.ok()) LOG(WARNING) << "--coordinator: deregistering: " << s.ToString();
-  }
-  map_source.reset();  // stops the watch before the server it feeds
-  (*server)->Shutdown();
+  WaitAndStop(&stop_signals, coordinator, o.curve_secret_key, &r);
   LOG(INFO) << "stopped";
   return 0;
 }

@@ -15,7 +15,7 @@
 #include "ps/curve.h"
 #include "ps/routing.h"
 #ifdef TESSERA_CTL_COORD
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_map_source.h"
@@ -371,8 +371,8 @@ int MapShow(tessera::SlotMapStore& store) {
 // map rebuild: a backup for every slot of a registered primary that has none.
 // The controller's options of `scale` and `map rebuild`: --batch_slots, --pace, --timeout_s,
 // a line per batch on stdout.
-tessera::internal::ScaleOptions ControllerOptions() {
-  tessera::internal::ScaleOptions o;
+tessera::ScaleOptions ControllerOptions() {
+  tessera::ScaleOptions o;
   o.batch_slots = FLAGS_batch_slots;
   o.pace = FLAGS_pace;
   o.deadline = tessera::DeadlineAfterMs(FLAGS_timeout_s * 1000);
@@ -383,8 +383,8 @@ tessera::internal::ScaleOptions ControllerOptions() {
 int MapRebuild(tessera::EtcdClient& etcd, const tessera::CoordinatorUrl& url) {
   tessera::ClientOptions base;
   if (!BaseOptions(&base)) return 2;
-  const tessera::internal::ScaleOptions o = ControllerOptions();
-  auto r = tessera::internal::RebuildBackups(etcd, url.prefix, base, o);
+  const tessera::ScaleOptions o = ControllerOptions();
+  auto r = tessera::RebuildBackups(etcd, url.prefix, base, o);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera-ctl: map rebuild: %s\n", r.status().ToString().c_str());
     return 1;
@@ -491,9 +491,9 @@ int Scale(const std::string& arg) {
   if (etcd == nullptr) return exit_code;
   tessera::ClientOptions base;
   if (!BaseOptions(&base)) return 2;
-  tessera::internal::ScaleOptions o = ControllerOptions();
+  tessera::ScaleOptions o = ControllerOptions();
   o.servers = static_cast<uint32_t>(n);
-  auto r = tessera::internal::Scale(*etcd, url.prefix, base, o);
+  auto r = tessera::ScaleCluster(*etcd, url.prefix, base, o);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera-ctl: scale: %s\n", r.status().ToString().c_str());
     return 1;

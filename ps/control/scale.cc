@@ -1,8 +1,9 @@
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale.h"
 
 #include <algorithm>
 
-#include "ps/client/ctl_scale_controller_internal.h"
+#include "ps/control/controller_internal.h"
+#include "ps/control/scale_internal.h"
 
 namespace tessera::internal {
 namespace reshard {
@@ -354,15 +355,18 @@ Result<ScaleReport> Controller::Run() {
 }
 
 }  // namespace reshard
+}  // namespace tessera::internal
 
-Result<ScaleReport> Scale(EtcdClient& etcd, const std::string& prefix, const ClientOptions& base,
-                          const ScaleOptions& options) {
+namespace tessera {
+
+Result<ScaleReport> ScaleCluster(EtcdClient& etcd, const std::string& prefix,
+                                 const ClientOptions& base, const ScaleOptions& options) {
   if (options.servers == 0) return Status::InvalidArgument("scale to 0 servers");
   if (options.batch_slots == 0) return Status::InvalidArgument("a batch of 0 slots");
   if (!(options.pace > 0 && options.pace <= 1)) {
     return Status::InvalidArgument("pace " + std::to_string(options.pace) + " is not in (0, 1]");
   }
-  reshard::Controller c(etcd, prefix, base, options);
+  internal::reshard::Controller c(etcd, prefix, base, options);
   return c.Run();
 }
 
@@ -372,8 +376,8 @@ Result<ScaleReport> RebuildBackups(EtcdClient& etcd, const std::string& prefix,
   if (!(options.pace > 0 && options.pace <= 1)) {
     return Status::InvalidArgument("pace " + std::to_string(options.pace) + " is not in (0, 1]");
   }
-  reshard::Controller c(etcd, prefix, base, options);
+  internal::reshard::Controller c(etcd, prefix, base, options);
   return c.Rebuild();
 }
 
-}  // namespace tessera::internal
+}  // namespace tessera

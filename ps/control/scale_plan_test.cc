@@ -1,10 +1,10 @@
-// The plans of tessera-ctl scale (ctl_scale_plan.cc): the slots moved and, for a replicated
+// The plans of tessera-ctl scale (scale_plan.cc): the slots moved and, for a replicated
 // map, the backups after the move.
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale_internal.h"
 #include "ps/coord/cluster_map.h"
 
 namespace tessera::internal {

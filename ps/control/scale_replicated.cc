@@ -2,7 +2,7 @@
 // "Resharding a replicated map").
 #include <algorithm>
 
-#include "ps/client/ctl_scale_controller_internal.h"
+#include "ps/control/controller_internal.h"
 
 namespace tessera::internal::reshard {
 

@@ -1,6 +1,6 @@
-// The controller of tessera-ctl scale and map rebuild (ctl_scale.cc: moves and fills;
-// ctl_scale_replicated.cc: the controller lock, dense parts, resharding a replicated map).
-// Internal to tessera_reshard.
+// The controller of tessera-ctl scale and map rebuild (scale.cc: moves and fills;
+// scale_replicated.cc: the controller lock, dense parts, resharding a replicated map).
+// Internal to tessera_control.
 #pragma once
 
 #include <chrono>
@@ -11,7 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale.h"
+#include "ps/control/scale_internal.h"
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/membership.h"
 #include "ps/coord/slot_map_store.h"

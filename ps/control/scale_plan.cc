@@ -1,9 +1,9 @@
 // The plans of tessera-ctl scale: which slots move and which server backs up each
-// (ctl_scale_internal.h).
+// (scale_internal.h).
 #include <algorithm>
 #include <map>
 
-#include "ps/client/ctl_scale_internal.h"
+#include "ps/control/scale_internal.h"
 #include "ps/coord/cluster_map.h"
 
 namespace tessera::internal {
