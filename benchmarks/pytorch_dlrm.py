@@ -28,7 +28,7 @@ Optimizers (ModelConfig's defaults):
   weight by under 0.5%).
 The loss is summed over the batch, as the C++ worker's (TrainerOptions::mean_loss = false).
 
-Ids: Tessera keys rows by the 64-bit feature key (worker/keys.h MakeKey) in a hash map. Here every
+Ids: Tessera keys rows by the 64-bit feature key (ps/feature_keys.h MakeKey) in a hash map. Here every
 distinct key of the training and test samples gets its own embedding row (np.unique over the
 keys of both; row 0 is never used), so no two keys share a row: the same model as Tessera's, with
 no hash collisions and no per-step lookup cost (the map is built before the timed phase).
