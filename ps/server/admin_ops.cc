@@ -95,6 +95,7 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
+// The writing of a checkpoint's tables, meta and manifest files, gathered now.
 Result<std::function<Status()>> ServerImpl::CheckpointHeader(const std::string& dir,
                                                               int64_t cut, uint64_t version) {
   std::vector<std::string> specs;
@@ -140,6 +141,7 @@ void ServerImpl::TakeSnapshotIfReady() {
   Readmit(cut_.TakeParked());
 }
 
+// The specs of the checkpoint's server directory `server_dir`, created here.
 Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
     const std::string& server_dir) {
   // Every old server holds every spec: read one's.
@@ -316,6 +318,8 @@ Status ServerImpl::ExportOp(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
+// The start time a delta export over base export `base` takes rows from: the earliest of
+// its servers' (a row may have moved from one to another since).
 Result<uint32_t> ServerImpl::DeltaSince(const std::string& base) {
   // Each server of the base export recorded when it started; a row that moved to this server
   // since was exported by another one, so the delta starts at the earliest of them (rows
@@ -332,6 +336,8 @@ Result<uint32_t> ServerImpl::DeltaSince(const std::string& base) {
   return static_cast<uint32_t>(since);
 }
 
+// Every lane freezes its rows; the file writer writes them to `dir`/lane-<i>, and runs
+// `header` (files beside them), all parts of `p`.
 void ServerImpl::WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std::string& dir,
                                     const SnapshotOptions& options,
                                     std::function<Status()> header) {

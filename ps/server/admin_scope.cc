@@ -13,6 +13,8 @@
 
 namespace tessera::internal {
 
+// The rows and dense chunks this server serves: as primary, and also as backup when
+// `with_backups` (a static cluster: the slots and dense range it owns).
 RowFilter ServerImpl::HeldRows(bool with_backups) {
   RowFilter f;
   f.slots.assign(kNumSlots, false);
@@ -38,11 +40,14 @@ RowFilter ServerImpl::HeldRows(bool with_backups) {
   return f;
 }
 
+// Under a map: the filter of the rows this server is the primary of; else null (every row).
 std::shared_ptr<const RowFilter> ServerImpl::PrimaryRowsFilter() {
   if (!options_.follow_cluster_map || fence_.Current() == nullptr) return nullptr;
   return std::make_shared<const RowFilter>(HeldRows(false));
 }
 
+// Under a map: FailedPrecondition, prefixed with `what`, when `h` carries another map
+// version, or when rows are still being copied into this server under it.
 Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
   if (!options_.follow_cluster_map) return Status::OK();
   TESSERA_RETURN_IF_ERROR(CheckMapVersion(h, /*exempt_retries=*/false).WithContext(what));
@@ -71,6 +76,7 @@ Status ServerImpl::CheckAdminMap(const Header& h, const std::string& what) {
   return Status::OK();
 }
 
+// Servers in the cluster (the live ids of the map).
 uint32_t ServerImpl::ClusterSize() {
   const ClusterMapState* map = options_.follow_cluster_map ? fence_.Current() : nullptr;
   if (map == nullptr) return options_.num_servers;
@@ -79,6 +85,7 @@ uint32_t ServerImpl::ClusterSize() {
   return n;
 }
 
+// Answers the pending checkpoint with `why` and lets the pushes it held run.
 void ServerImpl::AbortCut(const Status& why) {
   std::optional<CutState> cut = cut_.Take();
   if (!cut) return;
@@ -86,6 +93,7 @@ void ServerImpl::AbortCut(const Status& why) {
   Readmit(cut_.TakeParked());
 }
 
+// Aborts the pending checkpoint when the map is no longer the one it was asked at.
 void ServerImpl::AbortCutOnMapChange() {
   const CutState* cut = cut_.state();
   if (cut == nullptr || !options_.follow_cluster_map) return;
@@ -100,6 +108,8 @@ void ServerImpl::AbortCutOnMapChange() {
       " while the checkpoint waited for its cut; nothing was written: take it again"));
 }
 
+// Aborts the pending checkpoint when `h`, refused by map version (the server at `version`),
+// is a push of a step up to its cut.
 void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
   // The client sends a push refused by map version again once it has the right map, maybe
   // after the Clock that ends its step has arrived here: the cut could be taken without it.

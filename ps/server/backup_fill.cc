@@ -12,6 +12,7 @@
 
 #include "ps/optimizer.h"
 #include "ps/server/server_impl_internal.h"
+#include "ps/server/slot_copy_internal.h"
 #include "ps/slot_rows.h"
 
 namespace tessera::internal {
@@ -78,6 +79,9 @@ Status DecodeDenseChunks(std::string_view data, const std::vector<DenseChunkRang
 
 }  // namespace
 
+// True when forwarded push `p` (keys read) touches a slot this server is the backup being
+// filled of and whose copy is not in yet: it waits, in order with every forwarded push after
+// it, at the head of the ReplicaPark (ReadmitReplicas, once SlotImport says it is in).
 bool ServerImpl::HeldForFill(const Pending& p) {
   const ClusterMapState* map = fence_.Current();
   if (map == nullptr || map->filling.empty() || p.keys == nullptr) return false;
@@ -88,12 +92,14 @@ bool ServerImpl::HeldForFill(const Pending& p) {
   return false;
 }
 
+// True when forwarded dense push of part `part` waits for that part's fill.
 bool ServerImpl::DenseHeldForFill(uint32_t part) {
   const ClusterMapState* map = fence_.Current();
   return map != nullptr && part < map->dense_filling.size() && map->dense_filling[part] &&
          !migration_.dense_filled(part);
 }
 
+// The parts frame of a dense SlotExport/SlotImport (u32 each, < the map's dense_servers).
 Result<std::vector<uint32_t>> ServerImpl::RequestDenseParts(const Pending& p,
                                                             const ClusterMapState* map) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<uint32_t> parts, RequestSlots(p));
@@ -107,6 +113,8 @@ Result<std::vector<uint32_t>> ServerImpl::RequestDenseParts(const Pending& p,
   return parts;
 }
 
+// SlotExport count 3: the chunks of dense parts this server is the primary of whose backup
+// is being filled, as rows of their tables (key: chunk index), sequenced like a slot fill.
 Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, 1));
@@ -164,6 +172,7 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
+// FailedPrecondition for a slot without a backup in the map served by (SlotExport count 2).
 Status ServerImpl::CheckFillSlots(const std::vector<uint32_t>& slots) {
   const ClusterMapState* map = fence_.Current();  // at least the request's version (CheckOwnership)
   for (uint32_t slot : slots) {
@@ -177,6 +186,10 @@ Status ServerImpl::CheckFillSlots(const std::vector<uint32_t>& slots) {
   return Status::OK();
 }
 
+// The lanes' part of SlotExport `p` of map `version`, once no request sequenced by an
+// older map waits in the replication queue: `scan` writes each lane's rows (after its
+// marks, if any) to its output and counts them; the output goes to p->text[lane + 1] (the
+// caller sets p->text, the specs in [0]) and the count to slot_rows_exported.
 void ServerImpl::ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version,
                              std::function<Status(Lane&, std::string*, uint64_t*)> scan) {
   // A rebuild's copy holds every push this server took before it forwarded the slots to their
@@ -202,6 +215,7 @@ void ServerImpl::ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version
   RunWaitingExports();
 }
 
+// SlotImport count 3 (chunks) and 4 (done) on the backup being filled of dense parts.
 Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   TESSERA_RETURN_IF_ERROR(ExpectFrames(*p, h.count == kImportDenseDone ? 1 : 2));
@@ -277,6 +291,7 @@ Status ServerImpl::DenseFillImport(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
+// Runs the exports no older request waits ahead of (after the queue moved).
 void ServerImpl::RunWaitingExports() {
   migration_.RunExports([this](uint64_t version) { return repl_.queue.HoldsOlderThan(version); });
 }

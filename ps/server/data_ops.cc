@@ -10,6 +10,11 @@
 namespace tessera::internal {
 namespace {
 
+// Requests of at most this many floats that touch one lane may run on the I/O thread.
+constexpr uint64_t kInlineMaxFloats = 16384;
+// Dense requests up to this many floats may run on the I/O thread across lanes (RunParts).
+constexpr uint64_t kInlineMaxDenseFloats = uint64_t{1} << 20;
+
 Status CheckFrameSize(const zmq::message_t& f, uint64_t expected, const char* what) {
   if (f.size() != expected) {
     return Status::InvalidArgument(std::string(what) + " frame has " + std::to_string(f.size()) +
@@ -39,11 +44,17 @@ Status CheckLrScale(float scale) {
 
 }  // namespace
 
+// True when `h` retries a push this server accepted already (PushDedup).
 bool ServerImpl::IsRetriedPush(const Header& h) const {
   return IsPush(h.op) && h.client_id != 0 &&
          dedup_.Check(h.client_id, h.client_seq) != PushDedup::Verdict::kNew;
 }
 
+// With follow_cluster_map: FailedPrecondition, naming both versions, when data request `h`
+// carries another map version than the server's. Skipped, when `exempt_retries`, for a
+// retried push that is already logged or accepted (it applies nothing again;
+// AnsweredAsRetry answers it). A request checked again after waiting (Resubmit) was
+// accepted by this server itself, so it is not exempt.
 Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
   uint64_t mine = 0;
   if (fence_.Matches(h, &mine)) return Status::OK();
@@ -56,6 +67,9 @@ Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
   return refused;
 }
 
+// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
+// one part and the lane is idle) and answers `p` once, when the last part finishes,
+// whichever thread that is. `writes` and `seq` describe every part (Task).
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                           bool writes, uint64_t seq, bool may_inline) {
   FlushStaged();  // pushes staged earlier reach the lanes first
@@ -76,6 +90,7 @@ void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePar
   NoteDroppedReply(*p);  // a reply sent here (inline, or the guard's) found the queue full
 }
 
+// RunParts with the same body on every lane.
 void ServerImpl::RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<Status(Lane&)> fn,
                                bool writes) {
   std::vector<LanePart> parts;
@@ -83,6 +98,9 @@ void ServerImpl::RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<
   RunParts(p, std::move(parts), writes, /*seq=*/0, /*may_inline=*/false);
 }
 
+// Exactly-once pushes: true when `p` retries a push that is already logged and has been
+// answered here; a retried push-pull becomes a pull (false). Unavailable when the original
+// is still waiting to be logged. A new push is accepted (false).
 Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
   Header& h = p->header;
   switch (dedup_.Check(h.client_id, h.client_seq)) {
@@ -110,6 +128,8 @@ Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
   return false;
 }
 
+// Hands push `p`'s lane parts to the lanes once it is logged: with a durable log, staged
+// for the group write of FlushStaged(); without, at once.
 void ServerImpl::LogAndRun(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                            bool may_inline) {
   if (!log_->durable()) {
@@ -121,6 +141,9 @@ void ServerImpl::LogAndRun(const std::shared_ptr<Pending>& p, std::vector<LanePa
   staged_.push_back(StagedRun{p, std::move(parts), seq, may_inline});
 }
 
+// Group commit: writes the staged pushes' log entries in one write, then hands them to the
+// lanes in order (or answers them all with the write's error). Runs at the end of every
+// burst and before anything else reaches a lane, so lanes still see requests in order.
 void ServerImpl::FlushStaged() {
   if (staged_.empty()) return;
   std::vector<StagedRun> staged;
@@ -149,6 +172,9 @@ void ServerImpl::FlushStaged() {
   }
 }
 
+// Hands the lane parts of data request `p` on: a push to the log (LogAndRun), a pull to
+// the lanes (RunParts); through the replication queue (Sequence) while it is active,
+// except a push a primary forwarded here.
 void ServerImpl::SubmitParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                              bool push, bool may_inline) {
   auto submit = [this, p, may_inline, push](std::vector<LanePart> parts) {
@@ -166,12 +192,19 @@ void ServerImpl::SubmitParts(const std::shared_ptr<Pending>& p, std::vector<Lane
   Sequence(p, [submit, parts = std::move(parts)]() mutable { submit(std::move(parts)); });
 }
 
+// A push that waited and is answered without being applied gives its sequence number back
+// (PushDedup::Abandon), so the client's resend is taken as new; `resend`: it is answered
+// Unavailable, so the client sends it again as it is and its later pushes wait for it
+// (PushDedup::kBlocked). No-op for reads.
 void ServerImpl::GiveBackSeq(const Header& h, bool resend) {
   if (h.op != Op::kSparsePull && h.op != Op::kDensePull && h.client_id != 0) {
     dedup_.Abandon(h.client_id, h.client_seq, resend);
   }
 }
 
+// True when a gate kept `p`: held behind a parked push of its client (HeldBehindClient),
+// parked by the checkpoint cut (ParkedByCut), a slot copy (ParkedByImport) or the
+// staleness bound (ParkedByStaleness), to be readmitted later.
 bool ServerImpl::Parked(const std::shared_ptr<Pending>& p) {
   // The gates in order, each asking one component; the first that keeps `p` parks or holds
   // it, and Readmit sends it through all of them again.
@@ -200,10 +233,15 @@ bool ServerImpl::ParkedByStaleness(const std::shared_ptr<Pending>& p) {
   return true;
 }
 
+// The gate of a client's order: true when `p` is held behind a parked push of its client
+// (PushOrder).
 bool ServerImpl::HeldBehindClient(const std::shared_ptr<Pending>& p) {
   return push_order_.Hold(p);
 }
 
+// The pushes held behind `client`'s parked one, once none is parked: readmitted in order,
+// or, when the parked push was refused (`refused`), refused too (their numbers given back,
+// latest first), since logging them would put the mark above the refused one.
 void ServerImpl::ReleaseHeld(uint64_t client, const Status* refused) {
   std::deque<std::shared_ptr<Pending>> held = push_order_.Release(client);
   if (held.empty()) return;
@@ -224,6 +262,7 @@ void ServerImpl::ReleaseHeld(uint64_t client, const Status* refused) {
   }
 }
 
+// Submits a validated request that was parked.
 Status ServerImpl::Resubmit(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   // Taken before an earlier push of its client was refused for a resend: it waits for that

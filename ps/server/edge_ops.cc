@@ -12,6 +12,8 @@
 
 namespace tessera::internal {
 
+// High-water marks, handshake limit and the socket monitor of the ROUTER (before bind);
+// resolves the admin root.
 Status ServerImpl::ConfigureRouterBounds() {
   router_.set(zmq::sockopt::sndhwm, static_cast<int>(options_.send_hwm));
   router_.set(zmq::sockopt::rcvhwm, static_cast<int>(options_.recv_hwm));
@@ -34,6 +36,7 @@ Status ServerImpl::ConfigureRouterBounds() {
   return Status::OK();
 }
 
+// Feeds the ROUTER monitor's accepted/disconnected events to connections_.
 void ServerImpl::DrainRouterEvents() {
   for (;;) {
     std::vector<zmq::message_t> parts;
@@ -63,6 +66,9 @@ void ServerImpl::DrainRouterEvents() {
   }
 }
 
+// Admits a decoded request that came on connection `fd` (-1: unknown), or answers it with
+// the reason it is refused (connection limit, envelope limits, in-flight limit) or drops it
+// (its peer does not read replies). True when it may be dispatched.
 bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
   if (fd >= 0 && !edge_.connections.admitted(fd)) {
     DrainRouterEvents();  // the monitor may not have told us about closed ones yet
@@ -120,6 +126,7 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
   return true;
 }
 
+// `name` resolved under --admin_root; FailedPrecondition when admin ops are disabled.
 Result<std::string> ServerImpl::AdminPath(std::string_view name) const {
   if (edge_.admin_root.empty()) {
     return Status::FailedPrecondition(

@@ -147,6 +147,7 @@ void ServerImpl::Maintain() {
   PublishIoMetrics();
 }
 
+// The I/O thread's state into metrics_ (each maintenance pass).
 void ServerImpl::PublishIoMetrics() {
   const uint32_t job_workers = consistency_.job_workers();
   metrics_->PublishIo({
@@ -177,6 +178,8 @@ void ServerImpl::ForwardReplies() {
   }
 }
 
+// False when the reply was not queued (the peer is gone, or its queue is full: then the
+// peer is marked stalled).
 bool ServerImpl::SendToPeer(std::vector<zmq::message_t>& parts) {
   try {
     if (zmq::send_multipart(router_, parts, zmq::send_flags::dontwait)) return true;
@@ -209,6 +212,9 @@ bool ServerImpl::ReplyError(zmq::message_t identity, const Header& req, const St
   return SendToPeer(parts);
 }
 
+// Counts a reply sent by ReplyOk/ReplyError (`bytes` in all) to request `req`; the first
+// reply to the request being dispatched completes it in the metrics, before it is sent (a
+// client that reads the reply and then the metrics finds it counted).
 void ServerImpl::NoteInlineReply(const Header& req, bool ok, size_t bytes) {
   metrics_->Sent(bytes);
   if (inline_answer_.active && !inline_answer_.answered &&
@@ -247,6 +253,7 @@ void ServerImpl::HandleMessage(std::vector<zmq::message_t> parts) {
   inline_answer_.active = false;
 }
 
+// HandleMessage's work: decode, admit, dispatch.
 void ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::message_t>& parts) {
   size_t bytes = 0;
   for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size();
@@ -268,6 +275,8 @@ void ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
   if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
 }
 
+// A reply this thread sent for `p` (SendReply) found the peer's queue full: counts it and
+// marks the peer stalled (edge_ops.cc).
 void ServerImpl::NoteDroppedReply(Pending& p) {
   // Replies via SendToPeer (errors, lanes' replies) are noted there.
   if (!p.reply_dropped.exchange(false, std::memory_order_relaxed)) return;
@@ -322,6 +331,9 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
   return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
 }
 
+// Dispatch of the data ops (sparse and dense pulls and pushes): the origin key, then a
+// primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
+// request to the map version check; then Sparse or Dense.
 Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool dense = h.op == Op::kDensePull || h.op == Op::kDensePush;
@@ -364,6 +376,7 @@ Status ServerImpl::CheckBudget(uint64_t count, uint64_t floats_per_item, bool wi
   return Status::OK();
 }
 
+// Sends every parked request through the gates again.
 void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
   const bool outer = !readmitting_;
   readmitting_ = true;

@@ -35,6 +35,9 @@ uint64_t OriginKey(uint64_t client, uint32_t origin) {
 
 }  // namespace
 
+// A push that counts in another server's sequence (Header::client_origin) is deduplicated
+// under the client's id mixed with that server: rewrites header.client_id to that key and
+// keeps the client's own id in p.origin_client. Every push passes here before anything else.
 void ServerImpl::KeyByOrigin(Pending& p) {
   Header& h = p.header;
   p.origin_client = h.client_id;
@@ -50,12 +53,16 @@ void ServerImpl::KeyByOrigin(Pending& p) {
   h.client_id = OriginKey(h.client_id, h.client_origin);
 }
 
+// True while data requests go through the replication queue: the map gives some slot a
+// backup, or requests still wait there.
 bool ServerImpl::ReplicationActive() {
   const ClusterMapState* map = fence_.Current();
   return !repl_.queue.empty() ||
          (map != nullptr && (!map->backup.empty() || !map->dense_backup.empty()));
 }
 
+// Unavailable while this server's map is older than forwarded request `h`'s (the primary
+// asks again); FailedPrecondition without a map.
 Result<const ClusterMapState*> ServerImpl::ReplicaMap(const Header& h) {
   const ClusterMapState* map = fence_.Current();
   if (!options_.follow_cluster_map || map == nullptr) {
@@ -71,6 +78,8 @@ Result<const ClusterMapState*> ServerImpl::ReplicaMap(const Header& h) {
   return map;
 }
 
+// The dense part (DenseRangeOfServer) holding elements [h.offset, h.offset + h.count) of
+// a table of `length` floats; FailedPrecondition when the range spans two parts.
 Result<uint32_t> ServerImpl::DensePartOf(const Header& h, uint64_t length,
                                          const std::string& name) {
   const uint32_t parts = fence_.DenseServers();
@@ -90,6 +99,7 @@ Result<uint32_t> ServerImpl::DensePartOf(const Header& h, uint64_t length,
                                  "' is in no dense part");
 }
 
+// CheckReplica of a forwarded dense push of dense part `part`.
 Status ServerImpl::CheckDenseReplica(const Header& h, uint32_t part) {
   const uint32_t from = h.replica_from - 1;
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, ReplicaMap(h));
@@ -107,6 +117,9 @@ Status ServerImpl::CheckDenseReplica(const Header& h, uint32_t part) {
   return Status::OK();
 }
 
+// A push forwarded by a primary (Header::replica_from): Unavailable while this server is
+// behind the sender's map; FailedPrecondition unless, in its map, the sender is the primary
+// and this server the backup of every slot the push touches (the fencing of an old primary).
 Status ServerImpl::CheckReplica(const Pending& p) {
   const Header& h = p.header;
   const uint32_t from = h.replica_from - 1;
@@ -139,6 +152,9 @@ Status ServerImpl::CheckReplica(const Pending& p) {
   return Status::OK();
 }
 
+// True when forwarded push `p` waits (or, a resend of one that waits, is dropped) in
+// ReplicaPark until this server's map catches up (ReadmitReplicas, on a map change and at
+// each maintenance pass); false when it may be served now.
 bool ServerImpl::ParkedReplica(const std::shared_ptr<Pending>& p) {
   if (!options_.follow_cluster_map) return false;
   const ClusterMapState* map = fence_.Current();
@@ -146,6 +162,7 @@ bool ServerImpl::ParkedReplica(const std::shared_ptr<Pending>& p) {
          ReplicaPark::Verdict::kServe;
 }
 
+// Holds forwarded push `p` for a backup fill (HeldForFill, DenseHeldForFill): ReplicaPark.
 Status ServerImpl::HoldForFill(const std::shared_ptr<Pending>& p) {
   return repl_.park.HoldForFill(p, options_.rank);
 }
@@ -159,6 +176,8 @@ void ServerImpl::ReadmitReplicas() {
                         });
 }
 
+// The DEALER to backup `server` (connected on first use, again when its address changed);
+// null when the map has no address for it.
 zmq::socket_t* ServerImpl::BackupSocket(uint16_t server) {
   const ClusterMapState* map = fence_.Current();
   if (map == nullptr || server >= map->addresses.size() || map->addresses[server].empty()) {
@@ -167,6 +186,8 @@ zmq::socket_t* ServerImpl::BackupSocket(uint16_t server) {
   return repl_.links.Get(server, map->addresses[server]);
 }
 
+// Hands `p` to `release` at once, or, while replication is active, after every request
+// ahead of it and, for a push, after its backups answered.
 void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void()> release) {
   const Header& h = p->header;
   // A backup applies what its primary forwards as it comes (the primary orders it), and
@@ -183,6 +204,7 @@ void ServerImpl::Sequence(const std::shared_ptr<Pending>& p, std::function<void(
   ReleaseReady();
 }
 
+// Sends the dense push of `e` to the backup of its dense part, if it has one.
 void ServerImpl::ForwardDenseToBackup(ReplEntry& e) {
   const ClusterMapState* map = fence_.Current();
   if (map == nullptr || map->dense_backup.empty()) return;
@@ -208,6 +230,7 @@ void ServerImpl::ForwardDenseToBackup(ReplEntry& e) {
   SendPiece(e.pieces[0]);
 }
 
+// Splits the push of `e` by the backup of its keys' slots and sends each backup its part.
 void ServerImpl::ForwardToBackups(ReplEntry& e) {
   const ClusterMapState* map = fence_.Current();
   if (map == nullptr || map->backup.empty()) return;
@@ -274,6 +297,8 @@ void ServerImpl::SendPiece(ReplPiece& piece) {
   }
 }
 
+// Counts the backups' answers: OK completes a piece, Unavailable sends it again soon, any
+// other error fails the entry (nothing applied; the client is told to retry).
 void ServerImpl::DrainBackupReplies() {
   for (auto& [server, link] : repl_.links.links()) {
     for (;;) {
@@ -328,12 +353,14 @@ void ServerImpl::FailEntry(ReplEntry& e, const Status& why) {
   }
 }
 
+// Runs the entries at the head of the queue whose backups all answered.
 void ServerImpl::ReleaseReady() {
   repl_.queue.ReleaseReady();
   RunWaitingExports();
   TakeSnapshotIfReady();  // a checkpoint cut may have waited for these pushes' backups
 }
 
+// Sends again the pieces due (ReplicationQueue::Due) and fails the orphans past the limit.
 void ServerImpl::ResendReplication() {
   if (repl_.queue.waiting() == 0) return;
   std::vector<ReplPiece*> due;
@@ -349,6 +376,8 @@ void ServerImpl::ResendReplication() {
   if (!orphans.empty()) ReleaseReady();
 }
 
+// After a map change: a piece whose backup the map dropped no longer waits for it; an entry
+// whose slots this server no longer owns waits for its backup's answer (orphaned).
 void ServerImpl::ReplicationMapChanged() {
   const ClusterMapState* map = fence_.Current();
   if (map == nullptr) return;
@@ -357,6 +386,8 @@ void ServerImpl::ReplicationMapChanged() {
   ReleaseReady();
 }
 
+// Closes the links to servers that back up none of this server's slots and dense parts and
+// that no waiting piece names (after a map change, and at each maintenance pass).
 void ServerImpl::CloseUnusedLinks() {
   if (repl_.links.empty()) return;
   const ClusterMapState* map = fence_.Current();

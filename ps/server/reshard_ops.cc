@@ -15,6 +15,7 @@
 
 #include "ps/optimizer.h"
 #include "ps/server/server_impl_internal.h"
+#include "ps/server/slot_copy_internal.h"
 #include "ps/slot_rows.h"
 
 namespace tessera::internal {
@@ -153,6 +154,8 @@ uint64_t ServerImpl::RandomInstance() {
   return (uint64_t{rd()} << 32) ^ rd();
 }
 
+// True when client request `p` touches a slot or dense part whose rows are still being
+// copied to this server as its (new) primary.
 bool ServerImpl::CopyingInRequest(const Pending& p) {
   const Header& h = p.header;
   const ClusterMapState* map = fence_.Current();
@@ -177,6 +180,8 @@ bool ServerImpl::CopyingInRequest(const Pending& p) {
   return false;
 }
 
+// True when CopyingInRequest(p): it waits in SlotMigration until SlotImport says the copy
+// is in (or the map moves), or is refused when too many wait.
 bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   if (!CopyingInRequest(*p)) return false;
   const Header& h = p->header;
@@ -195,6 +200,8 @@ bool ServerImpl::ParkedByImport(const std::shared_ptr<Pending>& p) {
   return true;
 }
 
+// After the I/O thread's map moved: forgets copies of slots no longer importing and sends
+// what waited for a copy through the gates again (fenced by the new version).
 void ServerImpl::OnMapChanged() {
   (void)fence_.TakeChanged();
   AbortCutOnMapChange();
@@ -209,6 +216,7 @@ void ServerImpl::OnMapChanged() {
   Readmit(migration_.TakeParked());
 }
 
+// The slots frame of a SlotExport/SlotImport/SlotDrop request (u32 each, < kNumSlots).
 Result<std::vector<uint32_t>> ServerImpl::RequestSlots(const Pending& p) {
   if (p.frames.empty()) {
     return Status::InvalidArgument(std::string(OpName(p.header.op)) + " without a slots frame");
@@ -230,6 +238,9 @@ Result<std::vector<uint32_t>> ServerImpl::RequestSlots(const Pending& p) {
   return slots;
 }
 
+// The map the server serves by (null: none yet), once it is at least the request's version
+// (Unavailable before: the controller asks again); FailedPrecondition without
+// follow_cluster_map.
 Result<const ClusterMapState*> ServerImpl::MapAtLeast(const Header& h) {
   if (!options_.follow_cluster_map) {
     return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
@@ -247,6 +258,8 @@ Result<const ClusterMapState*> ServerImpl::MapAtLeast(const Header& h) {
   return map;
 }
 
+// MapAtLeast, then FailedPrecondition for a slot this server does not own in that map
+// (`must_own`: the copy ahead) or owns (otherwise: slots given up, or not taken yet).
 Status ServerImpl::CheckOwnership(const Header& h, const std::vector<uint32_t>& slots,
                                   bool must_own) {
   TESSERA_ASSIGN_OR_RETURN(const ClusterMapState* map, MapAtLeast(h));
@@ -392,6 +405,9 @@ Status ServerImpl::SlotImportOp(const std::shared_ptr<Pending>& p) {
   return ImportSlotRows(p, slots);
 }
 
+// The slots and dense parts marked in (SlotMigration), stored in the
+// engine's metadata and read back at start: a restarted server that took pushes for them
+// refuses a repeated copy.
 Status ServerImpl::PersistFilled() {
   TESSERA_RETURN_IF_ERROR(engine_->PutMeta("reshard/filled", migration_.EncodeSlots()));
   return engine_->PutMeta("reshard/dense_filled", migration_.EncodeDense());
@@ -403,6 +419,7 @@ Status ServerImpl::LoadFilled() {
   return migration_.Decode(bits, dense);
 }
 
+// Answers the requests held longer than SlotMigration::kHoldLimit for a copy (Maintain).
 void ServerImpl::ExpireImportParked() {
   // A request held for a copy that does not come (the controller died) is answered
   // Unavailable after SlotMigration::kHoldLimit instead of waiting without bound; a push gives
@@ -421,6 +438,8 @@ void ServerImpl::ExpireImportParked() {
   }
 }
 
+// SlotImport's rows step: checks them (DecodeImport), creates the tables they bring, and
+// writes them in their lanes, durably, before the reply.
 Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
                                   const std::vector<uint32_t>& slots) {
   // Checked here, written by their lanes. New tables are created first (a server that joined

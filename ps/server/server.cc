@@ -123,6 +123,7 @@ void ServerImpl::Shutdown() {
   metrics_.reset();  // its collectors leave the registry
 }
 
+// Refuses a data_dir written by a server of another rank or cluster size.
 Status ServerImpl::CheckDataDirLayout() {
   if (!engine_->durable()) return Status::OK();
   // A server owns the slots of its rank in a cluster of its size: rows stored under another
