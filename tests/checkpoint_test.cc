@@ -11,11 +11,13 @@
 #include "ps/initializer.h"
 #include "ps/record_file_internal.h"
 #include "tests/cluster_fixture.h"
+#include "tests/raw_peer.h"
 
 namespace tessera {
 namespace {
 
 using testing::LocalCluster;
+using testing::RawPeer;
 
 // Checkpoints and exports are named relative to the servers' --admin_root; this process sees
 // the same directory (ClientOptions::admin_root) and writes the marker files there.
@@ -231,6 +233,181 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
     EXPECT_EQ(out[i * 2], -lr * (*cut + 1)) << "worker 0, key " << keys[i];
     EXPECT_EQ(out[i * 2 + 1], -lr * (*cut + 1)) << "worker 1, key " << keys[i];
   }
+}
+
+// Issue 35: a job that goes on with fewer workers (a scale-down, or workers that died) is
+// checkpointed over the workers it has now. Before, the servers' job_workers stayed at the
+// largest count ever seen, the cut waited for workers that had left, and the pushes of later
+// steps waited with it until the checkpoint's deadline.
+TEST(CheckpointTest, AJobThatGoesOnWithFewerWorkersIsCheckpointed) {
+  LocalCluster a(testing::Servers(2));
+  ASSERT_TRUE(a.Start().ok());
+  OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
+  auto admin = Connect(a);
+  ASSERT_NE(admin, nullptr);
+  auto t = admin->CreateTable(TableSpec::Sparse("w", 2, sgd));
+  ASSERT_TRUE(t.ok());
+  std::vector<uint64_t> keys = {1, 2000003, 4000037};
+  const std::vector<float> g(keys.size() * 2, 1.0f);
+  auto worker = [&](uint32_t id, uint32_t of) {
+    ClientOptions o;
+    o.worker_id = id;
+    o.consistency = {.num_workers = of, .staleness = -1};
+    return Connect(a, o);
+  };
+  {  // Three steps of four workers.
+    std::vector<std::unique_ptr<Client>> four;
+    for (uint32_t w = 0; w < 4; ++w) four.push_back(worker(w, 4));
+    for (int step = 0; step < 3; ++step) {
+      for (auto& c : four) {
+        ASSERT_TRUE(c->Wait(c->Push(*t, keys, g)).ok());
+        ASSERT_TRUE(c->Wait(c->Clock()).ok());
+      }
+    }
+  }
+  // Workers 0 and 1 go on as a job of two (from their stored clock, as a restarted job does).
+  std::atomic<bool> taken{false}, failed{false};
+  std::vector<std::thread> two;
+  for (uint32_t w = 0; w < 2; ++w) {
+    two.emplace_back([&, w] {
+      auto c = worker(w, 2);
+      if (!c || !c->Wait(c->SetClock(3)).ok()) {
+        failed = true;
+        return;
+      }
+      for (int step = 3; step < 100000 && (step < 10 || !taken.load()); ++step) {
+        if (!c->Wait(c->Push(*t, keys, g), DeadlineAfterMs(60000)).ok() ||
+            !c->Wait(c->Clock(), DeadlineAfterMs(60000)).ok()) {
+          failed = true;
+          return;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto cut = admin->Checkpoint("fewer", DeadlineAfterMs(60000));
+  taken = true;
+  for (auto& th : two) th.join();
+  EXPECT_FALSE(failed.load());
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_GE(*cut, 3);
+  auto stats = admin->ServerStats(0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_NE(stats->find("\njob_workers 2\n"), std::string::npos) << *stats;
+}
+
+// Issue 35: a cut the workers never reach (here worker 1 of 2 never comes) is given up at the
+// server's --checkpoint_cut_timeout_s, and the pushes of later steps it held are applied.
+// Before, the checkpoint waited for its caller's deadline and every push with it.
+TEST(CheckpointTest, ACutTheWorkersNeverReachIsGivenUpAndReleasesWhatItHeld) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.extra_flags = {"--checkpoint_cut_timeout_s=2"};
+  LocalCluster a(o);
+  ASSERT_TRUE(a.Start().ok());
+  auto admin = Connect(a);
+  ASSERT_NE(admin, nullptr);
+  OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
+  auto t = admin->CreateTable(TableSpec::Sparse("w", 2, sgd));
+  ASSERT_TRUE(t.ok());
+  ClientOptions wo;
+  wo.worker_id = 0;
+  wo.consistency = {.num_workers = 2, .staleness = -1};
+  auto w0 = Connect(a, wo);
+  ASSERT_NE(w0, nullptr);
+  const std::vector<uint64_t> keys = {7};
+  const std::vector<float> g = {1.0f, 1.0f};
+  ASSERT_TRUE(w0->Wait(w0->Push(*t, keys, g)).ok());
+  ASSERT_TRUE(w0->Wait(w0->Clock()).ok());  // worker 1 never clocks: no cut is ever reached
+  Result<int64_t> cut = Status::Internal("not run");
+  std::thread ckpt([&] { cut = admin->Checkpoint("never", DeadlineAfterMs(60000)); });
+  // A push of the next step waits behind the cut, then goes on once it is given up.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const Status pushed = w0->Wait(w0->Push(*t, keys, g), DeadlineAfterMs(60000));
+  ckpt.join();
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), StatusCode::kDeadlineExceeded) << cut.status().ToString();
+  EXPECT_NE(cut.status().message().find("given up"), std::string::npos)
+      << cut.status().ToString();
+  EXPECT_TRUE(pushed.ok()) << pushed.ToString();
+  std::vector<float> out(2);
+  ASSERT_TRUE(admin->Wait(admin->Pull(*t, keys, out.data())).ok());
+  EXPECT_EQ(out[0], -2.0f);  // both pushes applied
+}
+
+// Issue 35: an abort ends only the checkpoint it names. Before, any Checkpoint with count 1
+// (no name needed) aborted whatever checkpoint was waiting for its cut.
+TEST(CheckpointTest, AnAbortEndsOnlyTheCheckpointItNames) {
+  LocalCluster a(testing::Servers(1));
+  ASSERT_TRUE(a.Start().ok());
+  auto admin = Connect(a);
+  ASSERT_NE(admin, nullptr);
+  ClientOptions wo;
+  wo.worker_id = 0;
+  wo.consistency = {.num_workers = 2, .staleness = -1};
+  auto w0 = Connect(a, wo);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_TRUE(w0->Wait(w0->Clock()).ok());  // worker 1 never clocks: the cut waits
+  Result<int64_t> cut = Status::Internal("not run");
+  std::thread ckpt([&] { cut = admin->Checkpoint("mine", DeadlineAfterMs(60000)); });
+  auto pending = [&] {
+    auto st = admin->ServerStats(0);
+    return st.ok() && st->find("\ncheckpoint_pending 1\n") != std::string::npos;
+  };
+  for (int i = 0; i < 1000 && !pending(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(pending());
+  RawPeer peer(a.endpoints()[0]);
+  Header abort;
+  abort.op = Op::kCheckpoint;
+  abort.count = 1;
+  Header nameless = peer.Call(abort);
+  EXPECT_EQ(nameless.status, StatusCode::kInvalidArgument) << nameless.message;
+  abort.name = "other";
+  EXPECT_EQ(peer.Call(abort).status, StatusCode::kOk);
+  EXPECT_TRUE(pending());
+  abort.name = "mine";
+  EXPECT_EQ(peer.Call(abort).status, StatusCode::kOk);
+  ckpt.join();
+  EXPECT_EQ(cut.status().code(), StatusCode::kCancelled) << cut.status().ToString();
+  EXPECT_FALSE(pending());
+}
+
+// Issue 35: a cut asked for more workers than the job has (one raw Checkpoint with
+// num_workers 65536) is taken over the job's workers, once they pass it. Before, it waited
+// for workers that never come, and held every later push with it.
+TEST(CheckpointTest, ACutAskedForMoreWorkersThanTheJobHasIsTakenOverItsWorkers) {
+  LocalCluster a(testing::Servers(1));
+  ASSERT_TRUE(a.Start().ok());
+  auto admin = Connect(a);
+  ASSERT_NE(admin, nullptr);
+  auto t = admin->CreateTable(TableSpec::Sparse("w", 2));
+  ASSERT_TRUE(t.ok());
+  ClientOptions wo;
+  wo.worker_id = 0;
+  wo.consistency = {.num_workers = 1, .staleness = -1};
+  auto w0 = Connect(a, wo);
+  ASSERT_NE(w0, nullptr);
+  const std::vector<uint64_t> keys = {7};
+  const std::vector<float> g = {1.0f, 1.0f};
+  ASSERT_TRUE(w0->Wait(w0->Push(*t, keys, g)).ok());
+  ASSERT_TRUE(w0->Wait(w0->Clock()).ok());
+  RawPeer peer(a.endpoints()[0], /*reply_timeout_ms=*/30000);
+  Header big;
+  big.op = Op::kCheckpoint;
+  big.name = "big";
+  big.clock = 1;
+  big.num_workers = 65536;
+  ASSERT_TRUE(peer.Send(big));
+  // The job's one worker passes the cut: a push of step 1, then its Clock.
+  ASSERT_TRUE(w0->Wait(w0->Push(*t, keys, g), DeadlineAfterMs(60000)).ok());
+  ASSERT_TRUE(w0->Wait(w0->Clock(), DeadlineAfterMs(60000)).ok());
+  std::vector<zmq::message_t> reply;
+  ASSERT_TRUE(zmq::recv_multipart(peer.socket(), std::back_inserter(reply)).has_value())
+      << "the cut was not taken";
+  Header r;
+  ASSERT_TRUE(DecodeHeader(reply[0].data(), reply[0].size(), &r).ok());
+  EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
 }
 
 TEST(CheckpointTest, FullAndDeltaExportsReadWithoutServers) {

@@ -214,9 +214,12 @@ class FuzzPeer {
       c.clock = kMaxClock;
       Send(Env(c), {});
     }
-    Header abort = Base(Op::kCheckpoint);
-    abort.count = 1;
-    Send(Env(abort), {});
+    for (int i = 0; i < 4; ++i) {  // the checkpoints it names (ck0..ck3)
+      Header abort = Base(Op::kCheckpoint);
+      abort.count = 1;
+      abort.name = "ck" + std::to_string(i);
+      Send(Env(abort), {});
+    }
     // A barrier of one worker, worker 0, completes every barrier it arrives at (an earlier
     // arrival of worker 0 there is replaced: the ledger notes it may go unanswered).
     Quiesce();

@@ -175,6 +175,7 @@ Result<int64_t> Client::Checkpoint(const std::string& name, Deadline deadline) {
     // Abort everywhere before trying again (or giving up).
     Header abort = impl_->BaseHeader(Op::kCheckpoint);
     abort.count = 1;
+    abort.name = name;  // a server aborts only the checkpoint an abort names
     (void)impl_->Blocking(abort, impl_->AllServers(), DeadlineAfterMs(10000)).status();
     if (!RetryAdminRequest(*this, r.status(), version, deadline)) return r.status();
   }

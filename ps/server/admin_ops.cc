@@ -1,6 +1,7 @@
 // Checkpoints at a clock cut, restore onto a cluster of any size, serving exports.
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "ps/optimizer.h"
@@ -74,7 +75,15 @@ std::string ServerImpl::ServerDir(const std::string& dir, uint32_t rank) const {
 Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   if (h.count == 1) {  // abort
-    AbortCut(Status::Cancelled("checkpoint aborted"));
+    // Only the checkpoint it names: a stray abort cannot end another one.
+    if (h.name.empty()) {
+      return Status::InvalidArgument("a checkpoint abort names the checkpoint it aborts");
+    }
+    TESSERA_ASSIGN_OR_RETURN(const std::string dir, AdminPath(h.name));
+    const CutState* pending = cut_.state();
+    if (pending != nullptr && pending->dir == dir) {
+      AbortCut(Status::Cancelled("checkpoint aborted"));
+    }
     ReplyOk(std::move(p->identity), h);
     return Status::OK();
   }
@@ -89,8 +98,12 @@ Status ServerImpl::CheckpointOp(const std::shared_ptr<Pending>& p) {
     return Status::IOError("cannot create '" + ServerDir(ckpt_dir, options_.rank) +
                            "': " + ec.message());
   }
-  cut_.Begin(CutState{h.clock, h.num_workers, ckpt_dir, p,
-                      options_.follow_cluster_map ? h.map_version : 0});
+  CutState cut{h.clock, h.num_workers, ckpt_dir, p,
+               options_.follow_cluster_map ? h.map_version : 0};
+  const uint32_t timeout_ms =
+      options_.checkpoint_cut_timeout_ms != 0 ? options_.checkpoint_cut_timeout_ms : 120000;
+  cut.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  cut_.Begin(std::move(cut));
   TakeSnapshotIfReady();
   return Status::OK();
 }
@@ -121,9 +134,11 @@ void ServerImpl::TakeSnapshotIfReady() {
   // Taken once every worker has finished the steps up to the cut.
   const CutState* pending = cut_.state();
   if (pending == nullptr) return;
-  if (pending->num_workers > 0 && consistency_.MinClock(pending->num_workers) < pending->cut + 1) {
-    return;
-  }
+  // Over the job's workers now: those that left a job that went on with fewer (its latest
+  // Clocks say how many) are not waited for.
+  const uint32_t job = consistency_.job_workers();
+  const uint32_t workers = job > 0 ? std::min(pending->num_workers, job) : pending->num_workers;
+  if (pending->num_workers > 0 && consistency_.MinClock(workers) < pending->cut + 1) return;
   // ReleaseReady calls again.
   if (pending->num_workers > 0 && repl_.queue.WaitsForPushUpTo(pending->cut)) return;
   CutState cut = std::move(*cut_.Take());

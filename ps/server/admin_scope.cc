@@ -8,6 +8,8 @@
 // are still being copied into this server.
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "ps/server/server_impl_internal.h"
 #include "ps/server/snapshot_internal.h"
 
@@ -110,6 +112,23 @@ void ServerImpl::AbortCutOnMapChange() {
 
 // Aborts the pending checkpoint when `h`, refused by map version (the server at `version`),
 // is a push of a step up to its cut.
+// Gives up a checkpoint whose workers did not reach its cut by its deadline (Maintain): a
+// worker that left, or a cut asked for more workers than the job has, must not hold the
+// pushes of later steps for good.
+void ServerImpl::AbortExpiredCut() {
+  const CutState* cut = cut_.state();
+  const uint32_t job = consistency_.job_workers();
+  const uint32_t workers = job > 0 ? std::min(cut->num_workers, job) : cut->num_workers;
+  const int64_t reached = consistency_.MinClock(workers);
+  LOG(WARNING) << "checkpoint at clock " << cut->cut << " given up: the slowest of " << workers
+               << " workers is at clock " << reached << " after the cut's timeout";
+  AbortCut(Status::DeadlineExceeded(
+      "checkpoint at clock " + std::to_string(cut->cut) + " given up on server " +
+      std::to_string(options_.rank) + ": the slowest of its " + std::to_string(workers) +
+      " workers finished clock " + std::to_string(reached) + ", not the cut, within " +
+      "--checkpoint_cut_timeout_s; nothing was written, the pushes it held went on"));
+}
+
 void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
   // The client sends a push refused by map version again once it has the right map, maybe
   // after the Clock that ends its step has arrived here: the cut could be taken without it.

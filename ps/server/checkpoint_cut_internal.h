@@ -2,6 +2,7 @@
 // and the pushes of later steps parked until it is taken.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +22,9 @@ struct CutState {
   std::shared_ptr<Pending> request;
   // The map version every server takes it at (0: the server follows no map).
   uint64_t map_version = 0;
+  // When it is given up if the workers have not reached it (zero: never). A cut always has
+  // one in the server, so that what it parked is released even when a worker never comes.
+  std::chrono::steady_clock::time_point deadline{};
 };
 
 /// At most one checkpoint at a time: while one waits for its cut C, pushes of steps after C
@@ -49,6 +53,11 @@ class CheckpointCut {
 
   /// True when `p` is a push of a step after the pending cut: it is parked.
   bool Park(const std::shared_ptr<Pending>& p);
+  /// True when a cut is pending past its deadline at `now`.
+  bool Expired(std::chrono::steady_clock::time_point now) const {
+    return cut_ && cut_->deadline != std::chrono::steady_clock::time_point{} &&
+           now >= cut_->deadline;
+  }
   /// True when `h` is a push of a step up to the pending cut (the cut must hold for it).
   bool Covers(const Header& h) const;
   /// Push `h` reaches the lanes.

@@ -68,5 +68,19 @@ TEST(CheckpointCut, OneAtATimeAndNeverAtAClockAPushPassed) {
   EXPECT_EQ(cut.CheckIdle().code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(CheckpointCut, APendingCutExpiresAtItsDeadline) {
+  CheckpointCut cut;
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_FALSE(cut.Expired(now));  // none pending
+  cut.Begin(CutState{4, 2, "dir", Request(Op::kCheckpoint, 4)});
+  EXPECT_FALSE(cut.Expired(now + std::chrono::hours(1)));  // no deadline
+  cut.Take();
+  CutState timed{4, 2, "dir", Request(Op::kCheckpoint, 4)};
+  timed.deadline = now + std::chrono::seconds(5);
+  cut.Begin(std::move(timed));
+  EXPECT_FALSE(cut.Expired(now));
+  EXPECT_TRUE(cut.Expired(now + std::chrono::seconds(5)));
+}
+
 }  // namespace
 }  // namespace tessera::internal

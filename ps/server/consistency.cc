@@ -49,7 +49,10 @@ std::vector<std::shared_ptr<Pending>> Consistency::TakeParked() {
 
 void Consistency::SetClock(uint32_t worker, int64_t clock, uint32_t num_workers) {
   clocks_[worker] = clock;
-  job_workers_ = std::max(job_workers_, num_workers);
+  // The job's size is what its workers say now: a job that went on with fewer workers (a
+  // scale-down, a worker that died) is not waited for by the ones that left. A Clock without
+  // a job size (0) says nothing about it.
+  if (num_workers > 0) job_workers_ = num_workers;
 }
 
 std::vector<Consistency::BarrierWait> Consistency::Arrive(zmq::message_t identity,

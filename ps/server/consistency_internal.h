@@ -37,7 +37,8 @@ class Consistency {
   std::vector<std::shared_ptr<Pending>> TakeParked();
 
   /// Sets `worker`'s clock to `clock` (a restarted worker may set it back to its stored
-  /// value) and records a job of at least `num_workers` workers.
+  /// value) and, unless `num_workers` is 0, records the job as `num_workers` workers: the job's
+  /// size follows its latest Clock, so it shrinks when the job goes on with fewer workers.
   void SetClock(uint32_t worker, int64_t clock, uint32_t num_workers);
 
   /// Worker `h.worker_id` arrives at barrier `h.name` of `h.num_workers` workers. Returns the
@@ -47,6 +48,7 @@ class Consistency {
   /// id and request id as the worker's last released arrival) is answered at once, alone.
   std::vector<BarrierWait> Arrive(zmq::message_t identity, const Header& h);
 
+  /// The job's size by its latest Clock (0: none had one).
   uint32_t job_workers() const { return job_workers_; }
   /// Workers waiting at any barrier (bounded by the server: kMaxBarrierWaiters).
   size_t barrier_waiters() const { return barrier_waiters_; }

@@ -95,5 +95,22 @@ TEST(Consistency, AResentArrivalAtAReleasedBarrierIsAnsweredAtOnce) {
   EXPECT_TRUE(c.Arrive(zmq::message_t(), old).empty());
 }
 
+// A job that goes on with fewer workers (a scale-down, a worker that died) is sized by its
+// latest Clock: the workers that left are not waited for (a checkpoint's cut, min_clock).
+TEST(Consistency, TheJobsSizeFollowsItsLatestClock) {
+  Consistency c;
+  EXPECT_EQ(c.job_workers(), 0u);
+  for (uint32_t w = 0; w < 4; ++w) c.SetClock(w, 3, 4);
+  EXPECT_EQ(c.job_workers(), 4u);
+  c.SetClock(0, 4, 2);
+  EXPECT_EQ(c.job_workers(), 2u);
+  c.SetClock(1, 4, 2);
+  EXPECT_EQ(c.MinClock(c.job_workers()), 4);  // workers 2 and 3 (clock 3) left
+  c.SetClock(1, 5, 0);  // a Clock without a job size leaves it
+  EXPECT_EQ(c.job_workers(), 2u);
+  c.SetClock(3, 6, 4);  // the job grew again
+  EXPECT_EQ(c.job_workers(), 4u);
+}
+
 }  // namespace
 }  // namespace tessera::internal

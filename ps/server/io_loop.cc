@@ -116,6 +116,7 @@ void ServerImpl::Maintain() {
   (void)fence_.Current();  // notices a new map while no request comes (OnMapChanged)
   if (fence_.changed()) OnMapChanged();
   if (migration_.parked_now() > 0) ExpireImportParked();
+  if (cut_.Expired(std::chrono::steady_clock::now())) AbortExpiredCut();
   if (!repl_.park.empty()) ReadmitReplicas();
   CloseUnusedLinks();
   FlushStaged();  // the marks below count only what is in the log

@@ -52,6 +52,10 @@ struct ServerOptions {
   /// names a relative path (no "..") that must resolve inside it, symbolic links followed.
   /// Created if missing. Default: empty: those admin ops are refused (FailedPrecondition).
   std::string admin_root;
+  /// Longest a checkpoint waits for the workers to reach its cut (the pushes of later steps
+  /// wait meanwhile); then it is given up (DeadlineExceeded) and what it held goes on. 0: the
+  /// default. Default: 120000 (2 minutes).
+  uint32_t checkpoint_cut_timeout_ms = 120000;
   /// Most client connections served at once; later ones get ResourceExhausted for every
   /// request until an earlier one closes. Each takes a file descriptor (RLIMIT_NOFILE).
   /// 0: no limit. Default: 1024.

@@ -174,6 +174,7 @@ class ServerImpl {
   uint32_t ClusterSize();
   void AbortCut(const Status& why);
   void AbortCutOnMapChange();
+  void AbortExpiredCut();
   void AbortCutForRefusedPush(const Header& h, uint64_t version);
   // ---- admin_ops.cc: checkpoints at a clock cut, restore, serving exports
   Status CheckpointOp(const std::shared_ptr<Pending>& p);

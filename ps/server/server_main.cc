@@ -74,6 +74,9 @@ DEFINE_string(admin_root, "",
               "Directory under which checkpoint, restore and export name their directories "
               "(relative names, no '..', symbolic links must stay inside). Empty: those admin "
               "operations are refused");
+DEFINE_uint32(checkpoint_cut_timeout_s, 120,
+              "Longest a checkpoint waits for the workers to reach its cut (pushes of later "
+              "steps wait meanwhile); then it is given up and training goes on");
 DEFINE_uint32(max_connections, 1024,
               "Most client connections served at once; later ones are refused with "
               "ResourceExhausted until one closes (0: no limit). Needs as many file descriptors");
@@ -360,6 +363,7 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->write_back_interval_ms = FLAGS_write_back_interval_ms;
   o->storage.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
   o->admin_root = FLAGS_admin_root;
+  o->checkpoint_cut_timeout_ms = FLAGS_checkpoint_cut_timeout_s * 1000;
   o->max_connections = FLAGS_max_connections;
   o->max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
   o->send_hwm = FLAGS_send_hwm;

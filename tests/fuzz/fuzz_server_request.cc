@@ -21,6 +21,7 @@
 //
 // Checks beyond sanitizers: every reply decodes, carries a request id that was sent, and says
 // what was wrong when it is an error.
+#include <absl/container/flat_hash_map.h>
 #include <glog/logging.h>
 
 #include <cerrno>
@@ -58,12 +59,8 @@ struct MaintainTag {
   using type = void (ServerImpl::*)();
   friend type Get(MaintainTag);
 };
-struct StopTag {
-  using type = std::atomic<bool> ServerImpl::*;
-  friend type Get(StopTag);
-};
 struct IoThreadTag {
-  using type = std::thread ServerImpl::*;
+  using type = IoThread ServerImpl::*;
   friend type Get(IoThreadTag);
 };
 struct ContextTag {
@@ -73,7 +70,6 @@ struct ContextTag {
 template struct Expose<ReceiveBurstTag, &ServerImpl::ReceiveBurst>;
 template struct Expose<ForwardRepliesTag, &ServerImpl::ForwardReplies>;
 template struct Expose<MaintainTag, &ServerImpl::Maintain>;
-template struct Expose<StopTag, &ServerImpl::stop_>;
 template struct Expose<IoThreadTag, &ServerImpl::io_>;
 template struct Expose<ContextTag, &ServerImpl::ctx_>;
 
@@ -272,8 +268,9 @@ class Harness {
     Status s = server_->Start();
     Check(s.ok(), "server start:", s.ToString());
     // Stop the I/O thread (it polls every 100 ms); from here on this thread is the I/O thread.
-    (server_.get()->*Get(StopTag{})).store(true);
-    (server_.get()->*Get(IoThreadTag{})).join();
+    IoThread& io = server_.get()->*Get(IoThreadTag{});
+    io.stop.store(true);
+    io.thread.join();
     peer_ = std::make_unique<zmq::socket_t>(server_.get()->*Get(ContextTag{}),
                                             zmq::socket_type::dealer);
     peer_->set(zmq::sockopt::linger, 0);
