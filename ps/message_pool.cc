@@ -26,7 +26,7 @@ zmq::message_t MessagePool::Message(size_t bytes) {
   const int cls = std::bit_width(bytes - 1);  // 2^cls >= bytes
   Header* h = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!free_[cls].empty()) {
       h = free_[cls].back();
       free_[cls].pop_back();
@@ -57,7 +57,7 @@ void MessagePool::Free(void*, void* hint) {
 void MessagePool::GiveBack(Header* h) {
   const size_t cap = size_t{1} << h->cls;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (retained_ + cap <= max_retained_) {
       free_[h->cls].push_back(h);
       retained_ += cap;
@@ -68,22 +68,22 @@ void MessagePool::GiveBack(Header* h) {
 }
 
 size_t MessagePool::max_retained() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return max_retained_;
 }
 
 void MessagePool::set_max_retained(size_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   max_retained_ = bytes;
 }
 
 size_t MessagePool::retained() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return retained_;
 }
 
 uint64_t MessagePool::reused() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return reused_;
 }
 

@@ -3,10 +3,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include <zmq.hpp>
+
+#include "ps/mutex.h"
 
 namespace tessera::internal {
 
@@ -54,11 +55,11 @@ class MessagePool {
   static void Free(void* data, void* hint);
   void GiveBack(Header* h);
 
-  size_t max_retained_;
-  mutable std::mutex mu_;
-  std::vector<Header*> free_[kClasses];
-  size_t retained_ = 0;
-  uint64_t reused_ = 0;
+  mutable Mutex mu_;
+  size_t max_retained_ ABSL_GUARDED_BY(mu_);
+  std::vector<Header*> free_[kClasses] ABSL_GUARDED_BY(mu_);
+  size_t retained_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tessera::internal

@@ -109,12 +109,15 @@ class MappedFile {
 Result<std::unique_ptr<LogFile>> LogFile::Open(const LogFileOptions& options) {
   if (options.dir.empty()) return Status::InvalidArgument("the request log needs a directory");
   std::unique_ptr<LogFile> log(new LogFile(options));
-  TESSERA_RETURN_IF_ERROR(log->Recover());
+  {
+    MutexLock l(log->mu_);  // not shared yet: taken for the analysis
+    TESSERA_RETURN_IF_ERROR(log->Recover());
+  }
   return log;
 }
 
 LogFile::~LogFile() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Status s = FlushLocked();
   if (!s.ok()) LOG(ERROR) << "request log: " << s.ToString();
   if (fd_ >= 0) ::close(fd_);
@@ -145,7 +148,7 @@ Status LogFile::Recover() {
   uint64_t expect = 0, valid = 0;
   TESSERA_RETURN_IF_ERROR(ScanSegment(
       last, /*last=*/true, 0,
-      [&](uint64_t seq, std::string_view) {
+      [&](uint64_t seq, std::string_view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         last_seq_ = seq;
         return Status::OK();
       },
@@ -269,7 +272,7 @@ Status LogFile::Append(std::span<const Entry> entries) {
                  Checksum(entries[e].seq, entries[e].parts, len), headers[e].data());
     total += kHeaderBytes + len;
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (!broken_.ok()) return broken_.WithContext("the request log is unusable until a restart");
   if (entries.front().seq <= last_seq_) {
     return Status::InvalidArgument("request-log record " + std::to_string(entries.front().seq) +
@@ -300,7 +303,7 @@ Status LogFile::Append(std::span<const Entry> entries) {
 }
 
 Status LogFile::Flush() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return FlushLocked();
 }
 
@@ -324,7 +327,7 @@ Status LogFile::Scan(uint64_t after,
   std::vector<Segment> segments;
   {
     // The files are read without the lock: replay scans from several threads at once.
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     TESSERA_RETURN_IF_ERROR(FlushLocked());
     segments = segments_;
   }
@@ -341,7 +344,7 @@ Status LogFile::Scan(uint64_t after,
 Status LogFile::Truncate(uint64_t upto) {
   std::vector<std::string> gone;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     size_t drop = 0;
     while (drop + 1 < segments_.size() && segments_[drop + 1].first_seq <= upto + 1) ++drop;
     const bool drop_active = drop + 1 == segments_.size() && buffer_.empty() &&
@@ -365,12 +368,12 @@ Status LogFile::Truncate(uint64_t upto) {
 }
 
 uint64_t LogFile::last_seq() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return last_seq_;
 }
 
 uint64_t LogFile::bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   uint64_t b = buffer_.size();
   for (const Segment& s : segments_) b += s.bytes;
   return b;

@@ -7,12 +7,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "ps/mutex.h"
 #include "ps/status.h"
 #include "storage/storage.h"
 
@@ -83,23 +83,23 @@ class LogFile {
     std::string path;
   };
   explicit LogFile(const LogFileOptions& o) : options_(o) {}
-  Status Recover();
-  Status StartSegment(uint64_t first_seq);  // mu_ held
-  Status WriteOut(struct iovec* iov, size_t n, size_t total);  // mu_ held
-  Status FlushLocked();                                            // mu_ held
+  Status Recover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status StartSegment(uint64_t first_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status WriteOut(struct iovec* iov, size_t n, size_t total) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status ScanSegment(const Segment& s, bool last, uint64_t after,
                      const std::function<Status(uint64_t, std::string_view)>& fn,
                      uint64_t* expect, uint64_t* valid_bytes);
 
   const LogFileOptions options_;
-  mutable std::mutex mu_;
-  std::vector<Segment> segments_;  // by first_seq; the last is active
-  int fd_ = -1;                    // the active segment
-  uint64_t last_seq_ = 0;
-  std::string buffer_;         // buffered mode: records not yet written
-  uint64_t buffer_first_ = 0;  // the lowest seq in buffer_
-  Status broken_;              // a failed write that could not be undone
-  std::vector<struct iovec> iov_;  // Append's scratch
+  mutable Mutex mu_;
+  std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);  // by first_seq; the last is active
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;                    // the active segment
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string buffer_ ABSL_GUARDED_BY(mu_);             // buffered mode: records not yet written
+  uint64_t buffer_first_ ABSL_GUARDED_BY(mu_) = 0;      // the lowest seq in buffer_
+  Status broken_ ABSL_GUARDED_BY(mu_);                  // a failed write that could not be undone
+  std::vector<struct iovec> iov_ ABSL_GUARDED_BY(mu_);  // Append's scratch
 };
 
 }  // namespace tessera::internal

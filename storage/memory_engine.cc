@@ -1,9 +1,9 @@
 // StorageEngine with rows in memory only.
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "ps/mutex.h"
 #include "storage/copy_on_write_internal.h"
 #include "storage/row_table_internal.h"
 #include "storage/storage.h"
@@ -304,19 +304,19 @@ class MemoryEngine final : public StorageEngine {
     return std::unique_ptr<LaneStore>(new MemoryLaneStore());
   }
   Status PutMeta(std::string_view key, std::string_view value) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     meta_[std::string(key)] = std::string(value);
     return Status::OK();
   }
   Result<std::optional<std::string>> GetMeta(std::string_view key) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = meta_.find(std::string(key));
     if (it == meta_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
   }
   Status ScanMeta(std::string_view prefix,
                   const std::function<void(std::string_view, std::string_view)>& fn) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto it = meta_.lower_bound(std::string(prefix));
          it != meta_.end() && it->first.starts_with(prefix); ++it) {
       fn(it->first, it->second);
@@ -325,8 +325,8 @@ class MemoryEngine final : public StorageEngine {
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::string, std::string> meta_;
+  Mutex mu_;
+  std::map<std::string, std::string> meta_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -14,7 +14,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -24,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "ps/mutex.h"
 #include "ps/status.h"
 #include "storage/log_file_internal.h"
 #include "storage/rocksdb_engine_internal.h"
@@ -66,7 +66,7 @@ class RocksDbEngine final : public StorageEngine {
   // Queues a lane's hand-off for the writer thread.
   void Submit(std::shared_ptr<WriteBackJob> job);
   void ReleaseLane(uint32_t lane) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     open_lanes_.erase(lane);
   }
   Status FlushMemtables();
@@ -74,14 +74,16 @@ class RocksDbEngine final : public StorageEngine {
  private:
   RocksDbEngine(const StorageOptions& options) : options_(options) {}
   Status DurableMetaWrite(rocksdb::WriteBatch* batch);
-  void FlusherLoop();
-  void WriterLoop();
+  // Open: notes the families DB::Open opened (`names`, in the order of handles_).
+  void AdoptFamilies(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
+  void FlusherLoop() ABSL_LOCKS_EXCLUDED(flusher_mu_, mu_);
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(writer_mu_);
   // Writes a round of hand-offs, then flushes every memtable: their rows and marks are on disk
   // together or not at all.
   void WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round);
   Status BackgroundError() {
     if (!has_bg_error_.load(std::memory_order_acquire)) return Status::OK();
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return bg_error_;
   }
 
@@ -90,12 +92,13 @@ class RocksDbEngine final : public StorageEngine {
   rocksdb::DB* db_ = nullptr;
   rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* log_cf_ = nullptr;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned; every family opened
 
-  mutable std::mutex mu_;
-  std::map<uint64_t, rocksdb::ColumnFamilyHandle*> families_;  // guarded by mu_
-  std::set<uint32_t> open_lanes_;                              // guarded by mu_
-  Status bg_error_;                                            // guarded by mu_
+  mutable Mutex mu_;
+  // Owned; every family opened.
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, rocksdb::ColumnFamilyHandle*> families_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> open_lanes_ ABSL_GUARDED_BY(mu_);
+  Status bg_error_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> has_bg_error_{false};
 
   // The request log (docs/storage.md); the "log" family holds entries of older versions only.
@@ -104,17 +107,17 @@ class RocksDbEngine final : public StorageEngine {
 
   // The writer thread of write-back hand-offs.
   std::thread writer_;
-  std::mutex writer_mu_;
+  Mutex writer_mu_;
   std::condition_variable writer_cv_;
-  std::vector<std::shared_ptr<WriteBackJob>> jobs_;  // guarded by writer_mu_
-  bool writer_stop_ = false;                         // guarded by writer_mu_
-  bool resume_ = false;                              // writer thread: the last round failed
+  std::vector<std::shared_ptr<WriteBackJob>> jobs_ ABSL_GUARDED_BY(writer_mu_);
+  bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
+  bool resume_ = false;  // writer thread only (not annotated): the last round failed
 
   // Relaxed mode: a thread flushes the log buffer (and the WAL) every relaxed_window_ms / 2.
   std::thread flusher_;
-  std::mutex flusher_mu_;
+  Mutex flusher_mu_;
   std::condition_variable flusher_cv_;
-  bool stop_ = false;  // guarded by flusher_mu_
+  bool stop_ ABSL_GUARDED_BY(flusher_mu_) = false;
 };
 
 }  // namespace tessera::internal

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "ps/routing.h"
@@ -108,7 +107,7 @@ void WriteBackJob::TrimBuffers(bool batch_too) {
 // ------------------------------------------------------------------------------------ engine
 void RocksDbEngine::Submit(std::shared_ptr<WriteBackJob> job) {
   {
-    std::lock_guard<std::mutex> l(writer_mu_);
+    MutexLock l(writer_mu_);
     jobs_.push_back(std::move(job));
   }
   writer_cv_.notify_one();
@@ -118,8 +117,8 @@ void RocksDbEngine::WriterLoop() {
   std::vector<std::shared_ptr<WriteBackJob>> round;
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(writer_mu_);
-      writer_cv_.wait(l, [this] { return writer_stop_ || !jobs_.empty(); });
+      MutexLock l(writer_mu_);
+      while (!writer_stop_ && jobs_.empty()) writer_cv_.wait(l.native());
       if (jobs_.empty()) return;  // stopping, nothing left
       round.swap(jobs_);
     }

@@ -190,22 +190,22 @@ Result<std::vector<std::string>> ReadHeader(const std::string& path, char delimi
 }  // namespace
 
 void SkippedLines::Add(uint64_t line_number) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   lines_.insert(line_number);
 }
 
 uint64_t SkippedLines::count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return lines_.size();
 }
 
 std::string SkippedLines::first_error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return first_error_;
 }
 
 void SkippedLines::NoteError(const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (first_error_.empty()) first_error_ = error;
 }
 

@@ -3,12 +3,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_set>
 #include <vector>
 
+#include "ps/mutex.h"
 #include "ps/status.h"
 #include "worker/data_reader.h"
 
@@ -72,9 +72,9 @@ class SkippedLines {
   void NoteError(const std::string& error);
 
  private:
-  mutable std::mutex mu_;
-  std::unordered_set<uint64_t> lines_;  // guarded by mu_
-  std::string first_error_;             // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_set<uint64_t> lines_ ABSL_GUARDED_BY(mu_);
+  std::string first_error_ ABSL_GUARDED_BY(mu_);
 };
 
 /// Options of the CSV reader.

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <mutex>
+
+#include "ps/mutex.h"
 
 namespace tessera::worker {
 
@@ -47,19 +48,19 @@ Status LocalReducer::WaitDevice(void*) {
 struct CpuReduceGroup::State {
   explicit State(uint32_t n) : size(n), ptrs(n), lens(n) {}
   const uint32_t size;
-  mutable std::mutex mu;
+  mutable Mutex mu;
   std::condition_variable cv;
-  uint32_t arrived = 0;     // GUARDED_BY(mu)
-  uint64_t generation = 0;  // GUARDED_BY(mu)
-  bool aborted = false;     // GUARDED_BY(mu)
-  Status why;               // GUARDED_BY(mu): the first reason of Abort
+  uint32_t arrived ABSL_GUARDED_BY(mu) = 0;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+  Status why ABSL_GUARDED_BY(mu);  // the first reason of Abort
   // Written by rank r before a barrier, read by others after it.
   std::vector<const void*> ptrs;
   std::vector<size_t> lens;
 
   // False when the group was aborted.
   bool Wait() {
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (aborted) return false;
     const uint64_t gen = generation;
     if (++arrived == size) {
@@ -68,18 +69,18 @@ struct CpuReduceGroup::State {
       cv.notify_all();
       return true;
     }
-    cv.wait(lock, [&] { return generation != gen || aborted; });
+    while (generation == gen && !aborted) cv.wait(lock.native());
     // A barrier that completed before the abort still counts: its result is delivered.
     return generation != gen;
   }
   void Abort(const Status& reason) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (!aborted) why = reason.ok() ? Status::Cancelled("aborted without a reason") : reason;
     aborted = true;
     cv.notify_all();
   }
   Status Reason() const {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     return aborted ? why : Status::OK();
   }
   Status Cancelled() const {

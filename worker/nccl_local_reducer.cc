@@ -13,10 +13,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <set>
 #include <thread>
 
+#include "ps/mutex.h"
 #include "worker/backend.h"
 #include "worker/cuda_util_internal.h"
 #include "worker/local_reducer.h"
@@ -51,13 +51,13 @@ class NcclGroup final : public ReduceGroup, public std::enable_shared_from_this<
   uint32_t size() const override { return options_.size; }
   Result<std::unique_ptr<LocalReducer>> Join(uint32_t rank) override;
   void Abort(const Status& why) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (aborted_.load(std::memory_order_relaxed)) return;
     why_ = why.ok() ? Status::Cancelled("aborted without a reason") : why;
     aborted_.store(true, std::memory_order_release);
   }
   Status abort_reason() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return aborted_.load(std::memory_order_relaxed) ? why_ : Status::OK();
   }
 
@@ -71,8 +71,8 @@ class NcclGroup final : public ReduceGroup, public std::enable_shared_from_this<
   const NcclReduceGroupOptions options_;
   const ncclUniqueId id_;
   std::atomic<bool> aborted_{false};
-  mutable std::mutex mu_;
-  Status why_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  Status why_ ABSL_GUARDED_BY(mu_);
 };
 
 class NcclMember final : public LocalReducer {

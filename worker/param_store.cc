@@ -1,19 +1,19 @@
 #include "worker/param_store.h"
 
 #include <map>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "ps/initializer.h"
+#include "ps/mutex.h"
 #include "ps/optimizer.h"
 
 namespace tessera::worker {
 
 struct Pending::State {
-  std::mutex mu;
-  std::function<Status()> wait;  // GUARDED_BY(mu); empty once run
-  Status result;                 // GUARDED_BY(mu)
+  Mutex mu;
+  std::function<Status()> wait ABSL_GUARDED_BY(mu);  // empty once run
+  Status result ABSL_GUARDED_BY(mu);
 };
 
 Pending::Pending(std::function<Status()> wait) : state_(std::make_shared<State>()) {
@@ -23,13 +23,14 @@ Pending::Pending(std::function<Status()> wait) : state_(std::make_shared<State>(
 Pending Pending::Done(Status s) {
   Pending p;
   p.state_ = std::make_shared<State>();
+  MutexLock lock(p.state_->mu);  // not shared yet: taken for the analysis
   p.state_->result = std::move(s);
   return p;
 }
 
 Status Pending::Wait() {
   if (state_ == nullptr) return Status::OK();
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   if (state_->wait) {
     state_->result = state_->wait();
     state_->wait = nullptr;
@@ -45,7 +46,7 @@ class ClusterStore final : public ParamStore {
 
   Result<uint32_t> AddTable(const TableSpec& spec) override {
     TESSERA_ASSIGN_OR_RETURN(Table t, client_->CreateTable(spec));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     tables_.push_back(t);
     return static_cast<uint32_t>(tables_.size() - 1);
   }
@@ -78,7 +79,7 @@ class ClusterStore final : public ParamStore {
 
  private:
   Table Get(uint32_t i) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return tables_.at(i);
   }
   Pending Wrap(Handle h) {
@@ -87,15 +88,15 @@ class ClusterStore final : public ParamStore {
   }
 
   Client* client_;
-  std::mutex mu_;
-  std::vector<Table> tables_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<Table> tables_ ABSL_GUARDED_BY(mu_);
 };
 
 class LocalStore final : public ParamStore {
  public:
   Result<uint32_t> AddTable(const TableSpec& spec) override {
     TESSERA_RETURN_IF_ERROR(ValidateTableSpec(spec));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < tables_.size(); ++i) {
       if (tables_[i]->spec.name == spec.name) {
         std::string diff = DescribeSpecDifference(tables_[i]->spec, spec);
@@ -113,7 +114,7 @@ class LocalStore final : public ParamStore {
   }
 
   Pending Pull(uint32_t table, std::span<const uint64_t> keys, float* out) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     LocalTable* t = Find(table);
     if (t == nullptr) return BadTable(table);
     const uint32_t d = t->dim;
@@ -130,7 +131,7 @@ class LocalStore final : public ParamStore {
 
   Pending Push(uint32_t table, std::span<const uint64_t> keys,
                std::span<const float> grads) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     LocalTable* t = Find(table);
     if (t == nullptr) return BadTable(table);
     const uint32_t d = t->dim;
@@ -142,7 +143,7 @@ class LocalStore final : public ParamStore {
   }
 
   Pending DensePull(uint32_t table, uint64_t offset, uint64_t length, float* out) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     LocalTable* t = Find(table);
     if (t == nullptr) return BadTable(table);
     if (offset + length > t->dim) return Pending::Done(Status::InvalidArgument("dense range"));
@@ -152,7 +153,7 @@ class LocalStore final : public ParamStore {
   }
 
   Pending DensePush(uint32_t table, uint64_t offset, std::span<const float> grads) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     LocalTable* t = Find(table);
     if (t == nullptr) return BadTable(table);
     if (offset + grads.size() > t->dim) {
@@ -167,27 +168,27 @@ class LocalStore final : public ParamStore {
   }
 
   Pending Clock() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++clock_;
     return Pending();
   }
   int64_t clock() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return clock_;
   }
   Status SetClock(int64_t clock) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     clock_ = clock;
     return Status::OK();
   }
   Status Barrier(const std::string&) override { return Status::OK(); }
   Status PutMeta(const std::string& name, std::string_view value) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     meta_[name] = std::string(value);
     return Status::OK();
   }
   Result<std::optional<std::string>> GetMeta(const std::string& name) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = meta_.find(name);
     if (it == meta_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
@@ -196,7 +197,7 @@ class LocalStore final : public ParamStore {
     if (!(scale >= 0.0f && scale <= kMaxLrScale)) {
       return Status::InvalidArgument("learning-rate scale must be in [0, 1000]");
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     lr_scale_ = scale;
     return Status::OK();
   }
@@ -214,11 +215,13 @@ class LocalStore final : public ParamStore {
     std::unordered_map<uint64_t, Row> rows;
   };
 
-  LocalTable* Find(uint32_t i) { return i < tables_.size() ? tables_[i].get() : nullptr; }
+  LocalTable* Find(uint32_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return i < tables_.size() ? tables_[i].get() : nullptr;
+  }
   static Pending BadTable(uint32_t i) {
     return Pending::Done(Status::InvalidArgument("no table with index " + std::to_string(i)));
   }
-  Row& RowOf(LocalTable* t, uint64_t key) {
+  Row& RowOf(LocalTable* t, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto [it, inserted] = t->rows.try_emplace(key);
     if (inserted) {
       it->second.data.resize(size_t{t->dim} + t->state_floats);
@@ -227,18 +230,18 @@ class LocalStore final : public ParamStore {
     }
     return it->second;
   }
-  void Apply(LocalTable* t, uint64_t key, const float* grad) {
+  void Apply(LocalTable* t, uint64_t key, const float* grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Row& r = RowOf(t, key);
     ++r.step;
     t->opt->Apply(r.data.data(), r.data.data() + t->dim, grad, t->dim, 0, t->dim, r.step,
                   lr_scale_);
   }
 
-  mutable std::mutex mu_;
-  float lr_scale_ = 1.0f;  // GUARDED_BY(mu_)
-  std::vector<std::unique_ptr<LocalTable>> tables_;  // GUARDED_BY(mu_)
-  int64_t clock_ = 0;                                // GUARDED_BY(mu_)
-  std::map<std::string, std::string> meta_;          // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  float lr_scale_ ABSL_GUARDED_BY(mu_) = 1.0f;
+  std::vector<std::unique_ptr<LocalTable>> tables_ ABSL_GUARDED_BY(mu_);
+  int64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::string> meta_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "ps/mutex.h"
 #include "worker/metrics.h"
 
 namespace tessera::worker {
@@ -20,7 +20,7 @@ class Trainer::Committer {
   explicit Committer(ParamStore* store) : store_(store), thread_([this] { Run(); }) {}
   ~Committer() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -29,15 +29,15 @@ class Trainer::Committer {
 
   /// Waits until no commit is in flight; returns the first error of any commit so far.
   Status WaitIdle() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
+    MutexLock lock(mu_);
+    while (busy_) cv_.wait(lock.native());
     return status_;
   }
 
   void Submit(std::vector<Pending> pending, std::string key, std::string value,
               std::function<void()> done) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
+    MutexLock lock(mu_);
+    while (busy_) cv_.wait(lock.native());
     pending_ = std::move(pending);
     key_ = std::move(key);
     value_ = std::move(value);
@@ -47,15 +47,15 @@ class Trainer::Committer {
   }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || busy_; });
+      while (!stop_ && !busy_) cv_.wait(lock.native());
       if (busy_) {
         auto pending = std::move(pending_);
         std::string key = std::move(key_), value = std::move(value_);
         auto done = std::move(done_);
-        lock.unlock();
+        lock.Unlock();
         Status s;
         for (Pending& p : pending) {
           Status w = p.Wait();
@@ -63,7 +63,7 @@ class Trainer::Committer {
         }
         if (s.ok()) s = store_->PutMeta(key, value).WithContext("commit");
         if (s.ok() && done) done();
-        lock.lock();
+        lock.Lock();
         if (status_.ok() && !s.ok()) status_ = s;
         busy_ = false;
         cv_.notify_all();
@@ -74,14 +74,14 @@ class Trainer::Committer {
   }
 
   ParamStore* store_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;             // GUARDED_BY(mu_)
-  bool busy_ = false;             // GUARDED_BY(mu_)
-  Status status_;                 // GUARDED_BY(mu_)
-  std::vector<Pending> pending_;  // GUARDED_BY(mu_)
-  std::string key_, value_;       // GUARDED_BY(mu_)
-  std::function<void()> done_;    // GUARDED_BY(mu_)
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::string key_ ABSL_GUARDED_BY(mu_), value_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> done_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

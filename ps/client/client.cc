@@ -190,7 +190,7 @@ ClientImpl::~ClientImpl() {
   // The refresher first (it reads from the source), then the source's watch: no map arrives
   // from here on.
   {
-    std::lock_guard<std::mutex> l(map_mu_);
+    MutexLock l(map_mu_);
     refresh_stop_ = true;
   }
   refresh_cv_.notify_all();
@@ -204,6 +204,7 @@ ClientImpl::~ClientImpl() {
 
 std::shared_ptr<Call> CompletedCall(Status s) {
   auto c = std::make_shared<Call>();
+  MutexLock l(c->mu);  // not shared yet: taken for the analysis
   c->done = true;
   c->done_flag.store(true);
   c->status = std::move(s);
@@ -392,7 +393,7 @@ std::vector<uint32_t> ClientImpl::MetaServers() const {
 Handle ClientImpl::ClockCall(int64_t value) {
   // Under clock_mu_: a server that a new map adds meanwhile gets this value or a later one
   // (ConnectNewServers sends it the clock before the map routes anything to it).
-  std::lock_guard<std::mutex> l(clock_mu_);
+  MutexLock l(clock_mu_);
   clock_.store(value);
   auto call = std::make_shared<Call>();
   std::vector<Outgoing> msgs;
@@ -533,7 +534,7 @@ void Client::Cancel(const Handle& handle) {
     c.cancelled.store(true);
   }
   {
-    std::lock_guard<std::mutex> l(c.mu);
+    MutexLock l(c.mu);
     if (c.done) return;
     c.status = Status::Cancelled("call cancelled");
     c.done = true;

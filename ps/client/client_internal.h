@@ -26,6 +26,7 @@
 #include "ps/client/client.h"
 #include "ps/codec.h"
 #include "ps/curve.h"
+#include "ps/mutex.h"
 #include "ps/routing.h"
 
 namespace tessera {
@@ -54,11 +55,11 @@ struct Call {
   std::mutex write_mu;
   std::atomic<bool> cancelled{false};
 
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
-  bool done = false;                   // guarded by mu
+  bool done ABSL_GUARDED_BY(mu) = false;
   std::atomic<bool> done_flag{false};  // mirrors done, read without the lock by Wait
-  Status status;                       // guarded by mu; final once done
+  Status status ABSL_GUARDED_BY(mu);   // final once done
   // The eventfd of a thread that waits for this call polling the sockets itself (-1: none);
   // whoever completes the call signals it, after done_flag and under mu. The waiter clears it
   // under mu before it returns, so the descriptor is never written after its thread ended
@@ -342,7 +343,7 @@ class ClientImpl {
   zmq::context_t ctx_;
   // Held by the thread doing socket I/O: the I/O thread, or a caller's thread that sends its
   // own request (Send). Guards the sockets and the state marked "I/O side" below.
-  std::mutex io_mu_;
+  Mutex io_mu_ ABSL_ACQUIRED_BEFORE(map_mu_);
   // I/O side. A deque: a server a new map adds is appended while references to the others
   // stay valid.
   std::deque<ServerConn> servers_;
@@ -367,7 +368,7 @@ class ClientImpl {
   CurveKeyPair curve_mine_;  // this client's CurveZMQ key pair (when the servers use Curve)
   // Held while a clock is sent to every server and while new servers are connected (and
   // sent the clock): a clock never misses a server the map just added.
-  std::mutex clock_mu_;
+  Mutex clock_mu_ ABSL_ACQUIRED_BEFORE(io_mu_);
   uint32_t dense_servers_ = 0;  // dense tables are spread over servers 0 .. dense_servers_-1
   std::vector<uint32_t> sent_to_;            // I/O side: servers sent to (ReceiveSentTo)
   int event_fd_ = -1;
@@ -375,18 +376,19 @@ class ClientImpl {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{0};
   const uint64_t client_id_;  // random, non-zero: the id pushes carry for exactly-once
-  std::mutex queue_mu_;
-  std::vector<Outgoing> queue_;                        // guarded by queue_mu_
+  Mutex queue_mu_;
+  std::vector<Outgoing> queue_ ABSL_GUARDED_BY(queue_mu_);
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // I/O side
 
   // The cluster map: routing_ is what calls route by; the source's watch and the refresher
   // replace it with newer versions.
-  mutable std::mutex map_mu_;
-  std::shared_ptr<const RoutingMap> routing_;  // guarded by map_mu_
-  Status map_error_;                           // guarded by map_mu_
+  // Lock order: clock_mu_, io_mu_, map_mu_ (the I/O thread takes map_mu_ under io_mu_).
+  mutable Mutex map_mu_;
+  std::shared_ptr<const RoutingMap> routing_ ABSL_GUARDED_BY(map_mu_);
+  Status map_error_ ABSL_GUARDED_BY(map_mu_);
   std::condition_variable refresh_cv_;
-  uint64_t refresh_wanted_ = 0;  // guarded by map_mu_: a version the refresher should load
-  bool refresh_stop_ = false;    // guarded by map_mu_
+  uint64_t refresh_wanted_ ABSL_GUARDED_BY(map_mu_) = 0;  // a version the refresher should load
+  bool refresh_stop_ ABSL_GUARDED_BY(map_mu_) = false;
   std::thread refresher_;
   std::unique_ptr<ClusterMapSource> source_;  // destroyed first (~ClientImpl)
   std::deque<Outgoing> map_waiters_;          // I/O side

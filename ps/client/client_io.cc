@@ -63,7 +63,7 @@ Outgoing ClientImpl::MakeOutgoing(uint32_t server, Header h, std::vector<zmq::me
 void ClientImpl::Send(const std::shared_ptr<Call>& call, std::vector<Outgoing> out) {
   if (call) call->remaining = static_cast<uint32_t>(out.size());
   {
-    std::lock_guard<std::mutex> l(queue_mu_);
+    MutexLock l(queue_mu_);
     for (auto& o : out) queue_.push_back(std::move(o));
   }
   // The caller's thread sends when no other thread does socket I/O at the moment: no hop
@@ -99,7 +99,7 @@ void ClientImpl::ReceiveSentTo() {
 void ClientImpl::SendQueued() {
   std::vector<Outgoing> batch;
   {
-    std::lock_guard<std::mutex> l(queue_mu_);
+    MutexLock l(queue_mu_);
     batch.swap(queue_);
   }
   for (auto& o : batch) SendOne(o);
@@ -194,7 +194,7 @@ Status ClientImpl::LeavePolling(Call& c, Deadline deadline, size_t in_flight_lef
     Wake();  // many replies to read, or this call's own: the I/O thread polls the sockets
   }
   {
-    std::lock_guard<std::mutex> l(c.mu);  // see Call::waiter_fd
+    MutexLock l(c.mu);  // see Call::waiter_fd
     c.waiter_fd.store(-1);
   }
   return StopPolling(c, deadline, sleep);
@@ -215,9 +215,13 @@ Status ClientImpl::StopPolling(Call& c, Deadline deadline, bool sleep) {
 }
 
 Status ClientImpl::WaitCallBlocked(Call& c, Deadline deadline) {
-  std::unique_lock<std::mutex> l(c.mu);
-  if (!c.cv.wait_until(l, deadline, [&] { return c.done; })) {
-    return Status::DeadlineExceeded("call not complete by the deadline");
+  MutexLock l(c.mu);
+  // c.cv.wait_until(l, deadline, done), spelled out so the analysis sees c.mu held.
+  while (!c.done) {
+    if (c.cv.wait_until(l.native(), deadline) == std::cv_status::timeout) {
+      if (c.done) break;
+      return Status::DeadlineExceeded("call not complete by the deadline");
+    }
   }
   return c.status;
 }
@@ -334,7 +338,7 @@ void ClientImpl::CancelEverything() {
   map_waiters_.clear();
   // Fail whatever is still pending.
   {
-    std::lock_guard<std::mutex> l(queue_mu_);
+    MutexLock l(queue_mu_);
     batch.swap(queue_);
   }
   for (auto& o : batch) {
@@ -551,7 +555,7 @@ void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
   c->on_reply = nullptr;
   c->on_done = nullptr;
   {
-    std::lock_guard<std::mutex> l(c->mu);
+    MutexLock l(c->mu);
     if (!c->done) c->status = c->first_error;  // a cancelled call keeps its Cancelled
     c->done = true;
     c->done_flag.store(true);

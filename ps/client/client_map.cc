@@ -19,19 +19,19 @@ constexpr int64_t kServerBehindWaitMs = 50;
 }  // namespace
 
 std::shared_ptr<const RoutingMap> ClientImpl::Routing() const {
-  std::lock_guard<std::mutex> l(map_mu_);
+  MutexLock l(map_mu_);
   return routing_;
 }
 
 void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
   if (!m.ok()) return;  // the watch goes on; a refused request waits for a reload or gives up
   // Lock order: clock_mu_, io_mu_, map_mu_ (the I/O thread takes map_mu_ under io_mu_).
-  std::lock_guard<std::mutex> clock(clock_mu_);
+  MutexLock clock(clock_mu_);
   std::unique_lock<std::mutex> io(io_mu_);
   if (stop_.load()) return;
   std::vector<size_t> revived;  // retired ids the map gives an address again
   {
-    std::lock_guard<std::mutex> l(map_mu_);
+    MutexLock l(map_mu_);
     if (m->version <= routing_->version) return;
     // A map may add servers (new ids at the end), retire ids (their address emptied) and give
     // a retired id an address again (its server restarted under its old --rank); it may not
@@ -74,7 +74,7 @@ void ClientImpl::InstallMap(const Result<RoutingMap>& m) {
   Status connected = ConnectNewServers(*m);
   if (connected.ok()) connected = ReviveServers(*m, revived);
   ReceiveSentTo();
-  std::lock_guard<std::mutex> l(map_mu_);
+  MutexLock l(map_mu_);
   if (!connected.ok()) {
     map_error_ = connected.WithContext("cluster map version " + std::to_string(m->version));
     return;
@@ -128,17 +128,17 @@ Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>&
 }
 
 void ClientImpl::RefreshLoop() {
-  std::unique_lock<std::mutex> l(map_mu_);
+  MutexLock l(map_mu_);
   for (;;) {
-    refresh_cv_.wait(l, [this] { return refresh_stop_ || refresh_wanted_ > routing_->version; });
+    while (!refresh_stop_ && refresh_wanted_ <= routing_->version) refresh_cv_.wait(l.native());
     if (refresh_stop_) return;
-    l.unlock();
+    l.Unlock();
     // The watch normally brings the map first; this read covers a watch that is late or
     // broken. Paced, so that a server ahead of etcd's answers does not spin the loop.
     Result<RoutingMap> m = source_->Load();
     InstallMap(m);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    l.lock();
+    l.Lock();
   }
 }
 
@@ -165,7 +165,7 @@ void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status
     // The client's map is older: wait for the server's version (the watch brings it; the
     // refresher reads it when the watch is late).
     {
-      std::lock_guard<std::mutex> l(map_mu_);
+      MutexLock l(map_mu_);
       refresh_wanted_ = std::max(refresh_wanted_, server_version);
     }
     refresh_cv_.notify_all();
@@ -185,7 +185,7 @@ void ClientImpl::DrainMapWaiters(Clock::time_point now) {
   std::shared_ptr<const RoutingMap> map;
   Status map_error;
   {
-    std::lock_guard<std::mutex> l(map_mu_);
+    MutexLock l(map_mu_);
     map = routing_;
     map_error = map_error_;
   }

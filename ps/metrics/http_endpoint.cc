@@ -89,13 +89,13 @@ HttpEndpoint::~HttpEndpoint() {
 }
 
 void HttpEndpoint::SetReady(bool ready, const std::string& reason) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   ready_ = ready;
   not_ready_reason_ = reason;
 }
 
 std::pair<int, std::string> HttpEndpoint::Readiness() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (ready_) return {200, "ready\n"};
   return {503, "not ready: " + not_ready_reason_ + "\n"};
 }

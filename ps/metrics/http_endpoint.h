@@ -5,11 +5,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include "ps/metrics/metrics.h"
+#include "ps/mutex.h"
 #include "ps/status.h"
 
 namespace tessera::metrics {
@@ -44,14 +44,14 @@ class HttpEndpoint {
   struct Impl;
   explicit HttpEndpoint(const Registry* registry);
   // /readyz: the code and body to answer.
-  std::pair<int, std::string> Readiness();
+  std::pair<int, std::string> Readiness() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Registry* registry_;
   std::unique_ptr<Impl> impl_;
   uint32_t port_ = 0;
-  std::mutex mu_;
-  bool ready_ = false;           // guarded by mu_
-  std::string not_ready_reason_ = "starting";  // guarded by mu_
+  Mutex mu_;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::string not_ready_reason_ ABSL_GUARDED_BY(mu_) = "starting";
 };
 
 }  // namespace tessera::metrics

@@ -144,7 +144,7 @@ Registry::Family& Registry::FamilyFor(const std::string& name, const std::string
 
 Counter& Registry::AddCounter(const std::string& name, const std::string& help,
                               const Labels& labels) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Family& f = FamilyFor(name, help, Type::kCounter);
   if (auto* s = f.Find(labels)) return *s->counter;
   f.series.push_back({labels, std::make_unique<Counter>(), nullptr, nullptr});
@@ -153,7 +153,7 @@ Counter& Registry::AddCounter(const std::string& name, const std::string& help,
 
 Gauge& Registry::AddGauge(const std::string& name, const std::string& help,
                           const Labels& labels) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Family& f = FamilyFor(name, help, Type::kGauge);
   if (auto* s = f.Find(labels)) return *s->gauge;
   f.series.push_back({labels, nullptr, std::make_unique<Gauge>(), nullptr});
@@ -162,7 +162,7 @@ Gauge& Registry::AddGauge(const std::string& name, const std::string& help,
 
 Histogram& Registry::AddHistogram(const std::string& name, const std::string& help,
                                   const Labels& labels, const std::vector<double>& upper_bounds) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Family& f = FamilyFor(name, help, Type::kHistogram);
   if (auto* s = f.Find(labels)) return *s->histogram;
   f.series.push_back({labels, nullptr, nullptr, std::make_unique<Histogram>(upper_bounds)});
@@ -172,19 +172,19 @@ Histogram& Registry::AddHistogram(const std::string& name, const std::string& he
 void Registry::AddCollector(const void* owner, const std::string& name, const std::string& help,
                             Type type, Collector fn) {
   if (type == Type::kHistogram) Misuse("a collector gives counters or gauges");
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   FamilyFor(name, help, type).collectors.emplace_back(owner, std::move(fn));
 }
 
 void Registry::RemoveCollectors(const void* owner) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (auto& f : families_) {
     std::erase_if(f->collectors, [owner](const auto& c) { return c.first == owner; });
   }
 }
 
 std::string Registry::Text() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::ostringstream o;
   for (const auto& f : families_) {
     std::vector<Sample> computed;

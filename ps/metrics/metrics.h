@@ -6,10 +6,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "ps/mutex.h"
 
 namespace tessera::metrics {
 
@@ -95,10 +96,11 @@ class Registry {
 
  private:
   struct Family;
-  Family& FamilyFor(const std::string& name, const std::string& help, Type type);
+  Family& FamilyFor(const std::string& name, const std::string& help, Type type)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Family>> families_;  // guarded by mu_, in registration order
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);  // registration order
 };
 
 /// Escapes a label value for the text format (backslash, double quote, newline).

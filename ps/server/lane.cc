@@ -38,7 +38,7 @@ Lane::~Lane() { Stop(); }
 
 void Lane::Submit(Task t) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     queue_.push_back(std::move(t));
   }
   cv_.notify_one();
@@ -46,7 +46,7 @@ void Lane::Submit(Task t) {
 
 void Lane::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stop_) return;
     stop_ = true;
   }
@@ -57,8 +57,9 @@ void Lane::Stop() {
 
 bool Lane::TryRunInline(Task& t, zmq::socket_t& reply) {
   {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!queue_.empty() || stop_ || !run_mu_.try_lock()) return false;
+    MutexLock l(mu_);
+    if (!queue_.empty() || stop_) return false;
+    if (!run_mu_.try_lock()) return false;
   }
   std::vector<Task> one;
   one.push_back(std::move(t));
@@ -75,19 +76,27 @@ void Lane::Loop() {
       write_back_interval_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(mu_);
-      if (!cv_.wait_for(l, tick, [&] { return stop_ || !queue_.empty(); })) {
-        l.unlock();
-        std::lock_guard<std::mutex> run(run_mu_);
+      MutexLock l(mu_);
+      // cv_.wait_for(l, tick, HasWork), spelled out so the analysis sees mu_ held.
+      const auto deadline = std::chrono::steady_clock::now() + tick;
+      bool work = HasWork();
+      while (!work) {
+        const bool timed_out = cv_.wait_until(l.native(), deadline) == std::cv_status::timeout;
+        work = HasWork();
+        if (timed_out) break;
+      }
+      if (!work) {
+        l.Unlock();
+        MutexLock run(run_mu_);
         WriteBackIfDue(batch, /*may_wait=*/true);  // batch is empty
         continue;
       }
       if (queue_.empty() && stop_) return;
     }
     // Take the batch while holding run_mu_, so an inline run never overtakes queued tasks.
-    std::lock_guard<std::mutex> run(run_mu_);
+    MutexLock run(run_mu_);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
       queue_.clear();
     }
@@ -149,7 +158,7 @@ FileWriter::~FileWriter() { Stop(); }
 
 void FileWriter::Submit(std::shared_ptr<Pending> p, std::function<Status()> work) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     jobs_.push_back(Job{std::move(p), std::move(work)});
   }
   cv_.notify_one();
@@ -157,7 +166,7 @@ void FileWriter::Submit(std::shared_ptr<Pending> p, std::function<Status()> work
 
 void FileWriter::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stop_) return;
     stop_ = true;
   }
@@ -175,8 +184,8 @@ void FileWriter::Loop() {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+      MutexLock l(mu_);
+      while (!stop_ && jobs_.empty()) cv_.wait(l.native());
       if (jobs_.empty()) return;  // stopping, nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();

@@ -9,12 +9,12 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 
+#include "ps/mutex.h"
 #include "ps/server/request_internal.h"
 #include "storage/storage.h"
 
@@ -34,8 +34,9 @@ struct Task {
 
 /// One executor thread owning the rows of its slots. Tasks run in the order they were
 /// submitted; each finished task finishes one part of its request (FinishPart), so the lane
-/// that finishes a request's last part sends its reply. Submit() is thread-safe; the store
-/// and the scratch buffers belong to whoever runs the lane's tasks.
+/// that finishes a request's last part sends its reply. Submit(), Stop() and TryRunInline()
+/// are thread-safe; the store, the step counter and the scratch buffers belong to whoever runs
+/// the lane's tasks (the lane thread, or the I/O thread in TryRunInline, holding run_mu_).
 class Lane {
  public:
   /// `write_back_interval_ms` > 0: rows changed by logged pushes are handed to the storage
@@ -64,9 +65,17 @@ class Lane {
   uint64_t committed_seq() const { return committed_seq_.load(std::memory_order_acquire); }
   uint32_t index() const { return index_; }
   /// The lane's next step number (row update steps for eviction by idle steps).
-  uint64_t NextStep() { return ++step_; }
+  /// Called by a running task: its runner holds run_mu_ (the task reaches it through a
+  /// std::function, where the analysis cannot follow the lock).
+  uint64_t NextStep() {
+    run_mu_.AssertHeld();
+    return ++step_;
+  }
   /// The last step number given out (rows updated so far have last_step <= it). Lane thread.
-  uint64_t step() const { return step_; }
+  uint64_t step() const {
+    run_mu_.AssertHeld();
+    return step_;
+  }
   /// Times the lane waited for the storage writer because too many rows were not yet durable.
   uint64_t back_pressure_waits() const { return waits_.load(std::memory_order_relaxed); }
 
@@ -76,26 +85,31 @@ class Lane {
   std::vector<float*> scratch_outs;
 
  private:
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_, run_mu_);
   // `may_wait`: whether back-pressure may block this thread (not the I/O thread's inline runs).
-  void RunBatch(std::vector<Task>& batch, zmq::socket_t& reply, bool may_wait);
+  void RunBatch(std::vector<Task>& batch, zmq::socket_t& reply, bool may_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Commits writes the request log does not hold; hands rows to the writer when due.
-  void WriteBackIfDue(std::vector<Task>& batch, bool may_wait);
+  void WriteBackIfDue(std::vector<Task>& batch, bool may_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
 
   const uint32_t index_;
   std::unique_ptr<LaneStore> store_;
   zmq::socket_t push_;  // used only by this lane's thread
   std::thread thread_;
-  std::mutex mu_;
+  // Held while tasks run: by the lane thread, or by the I/O thread for an inline run. Locked
+  // before mu_ when both are held (Loop takes the batch under both); TryRunInline only
+  // try-locks it under mu_, which cannot deadlock.
+  mutable Mutex run_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;  // guarded by mu_
-  bool stop_ = false;       // guarded by mu_
-  // Held while tasks run: by the lane thread, or by the I/O thread for an inline run.
-  std::mutex run_mu_;
-  uint64_t step_ = 0;  // whoever holds run_mu_
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t step_ ABSL_GUARDED_BY(run_mu_) = 0;
   const std::chrono::milliseconds write_back_interval_;
   const uint64_t max_dirty_bytes_;
-  std::chrono::steady_clock::time_point last_write_back_{};  // whoever holds run_mu_
+  std::chrono::steady_clock::time_point last_write_back_ ABSL_GUARDED_BY(run_mu_){};
   std::atomic<uint64_t> committed_seq_{0};
   std::atomic<uint64_t> waits_{0};
 };
@@ -111,7 +125,7 @@ Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& seg
                     uint64_t table_id, bool push, float lr_scale);
 
 /// Runs file work off the lanes (writing checkpoint and export snapshots), one job at a time,
-/// then finishes one part of the job's request. Submit() is thread-safe.
+/// then finishes one part of the job's request. Submit() and Stop() are thread-safe.
 class FileWriter {
  public:
   FileWriter(zmq::context_t& ctx, const std::string& reply_endpoint);
@@ -129,14 +143,14 @@ class FileWriter {
     std::shared_ptr<Pending> pending;
     std::function<Status()> work;
   };
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   zmq::socket_t push_;  // writer thread only
   std::thread thread_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;  // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera::internal

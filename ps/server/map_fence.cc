@@ -91,7 +91,7 @@ Status MapFence::Set(const RoutingMap& m) {
     }
   }
   std::shared_ptr<const ClusterMapState> next = std::move(state);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (map_ != nullptr && map_->version >= version) return Status::OK();
   map_ = std::move(next);
   version_.store(version, std::memory_order_release);
@@ -102,7 +102,7 @@ const ClusterMapState* MapFence::Current() {
   const uint64_t v = version_.load(std::memory_order_acquire);
   if (v == 0) return nullptr;
   if (io_map_ == nullptr || io_map_->version != v) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     io_map_ = map_;
     changed_ = true;  // OnMapChanged, once the request at hand is done
   }

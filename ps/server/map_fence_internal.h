@@ -3,17 +3,15 @@
 // applied.
 #pragma once
 
-#include <absl/base/thread_annotations.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ps/cluster_map_source.h"
 #include "ps/codec.h"
+#include "ps/mutex.h"
 #include "ps/routing.h"
 #include "ps/status.h"
 
@@ -106,7 +104,7 @@ class MapFence {
   const uint32_t rank_, num_servers_;
   const bool follow_;
   const SlotMap static_owners_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::shared_ptr<const ClusterMapState> map_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> version_{0};
   // I/O thread only.

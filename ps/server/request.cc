@@ -14,12 +14,12 @@ uint32_t NowSeconds() {
 }
 
 void Pending::Fail(const Status& s) {
-  std::lock_guard<std::mutex> l(mu);
+  MutexLock l(mu);
   if (status.ok()) status = s;
 }
 
 Status Pending::outcome() {
-  std::lock_guard<std::mutex> l(mu);
+  MutexLock l(mu);
   return status;
 }
 

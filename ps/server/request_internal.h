@@ -7,12 +7,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
 
 #include "ps/codec.h"
+#include "ps/mutex.h"
 #include "ps/routing.h"
 #include "ps/status.h"
 
@@ -55,9 +55,13 @@ struct Pending {
   zmq::message_t out;
   bool has_out = false;
   PartCounter parts;
-  std::mutex mu;
-  Status status;                  // first error; guarded by mu
-  std::vector<std::string> text;  // per-lane text (Stats); guarded by mu
+  Mutex mu;
+  Status status ABSL_GUARDED_BY(mu);  // first error (Fail, outcome)
+  // Per-lane text (Stats): sized by the I/O thread before the parts run, each slot written by
+  // its lane under mu, read by the part that finishes last. Guarded by mu while the parts run,
+  // but not annotated: its writers (control_ops.cc, backup_fill.cc) still lock mu with
+  // std::lock_guard<std::mutex>, which the analysis does not know; annotate it with them.
+  std::vector<std::string> text;
   bool silent = false;            // internal work (maintenance): no reply
   // The pull part of a push-pull whose push this server applied already (AnsweredAsRetry): it
   // was admitted at any map version and is not fenced again when it runs after waiting.
@@ -77,9 +81,9 @@ struct Pending {
   std::chrono::steady_clock::time_point received;
 
   /// Records `s` as the request's outcome unless an error is already recorded.
-  void Fail(const Status& s);
+  void Fail(const Status& s) ABSL_LOCKS_EXCLUDED(mu);
   /// The outcome recorded so far.
-  Status outcome();
+  Status outcome() ABSL_LOCKS_EXCLUDED(mu);
 };
 
 /// Sends the reply of a finished request over `sock` (the ROUTER, or an inproc PUSH to the

@@ -58,7 +58,7 @@ Status RequestLog::WriteStaged() {
 
 RequestLog::~RequestLog() {
   {
-    std::lock_guard<std::mutex> l(truncate_mu_);
+    MutexLock l(truncate_mu_);
     truncate_stop_ = true;
   }
   truncate_cv_.notify_one();
@@ -76,7 +76,7 @@ void RequestLog::TruncateTo(uint64_t mark) {
   mark = std::min(mark, seq_);
   if (mark <= truncated_.load(std::memory_order_acquire)) return;
   {
-    std::lock_guard<std::mutex> l(truncate_mu_);
+    MutexLock l(truncate_mu_);
     if (truncate_busy_ && mark <= truncate_mark_) return;  // that much is on its way
     truncate_busy_ = truncate_pending_ = true;
     truncate_mark_ = mark;
@@ -87,16 +87,16 @@ void RequestLog::TruncateTo(uint64_t mark) {
 }
 
 void RequestLog::TruncateLoop() {
-  std::unique_lock<std::mutex> l(truncate_mu_);
+  MutexLock l(truncate_mu_);
   for (;;) {
-    truncate_cv_.wait(l, [&] { return truncate_stop_ || truncate_pending_; });
+    while (!truncate_stop_ && !truncate_pending_) truncate_cv_.wait(l.native());
     if (!truncate_pending_) return;  // stopping, nothing asked
     truncate_pending_ = false;
     const uint64_t mark = truncate_mark_;
     const std::string marks = std::move(truncate_marks_);
-    l.unlock();
+    l.Unlock();
     const Status s = StoreMarksAndTruncate(mark, marks);
-    l.lock();
+    l.Lock();
     if (s.ok()) {
       truncated_.store(std::max(truncated_.load(std::memory_order_relaxed), mark),
                        std::memory_order_release);

@@ -8,12 +8,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "ps/mutex.h"
 #include "ps/server/dedup_internal.h"
 #include "ps/server/request_internal.h"
 #include "storage/storage.h"
@@ -81,7 +81,7 @@ class RequestLog {
   // Stores `marks` (the dedup table's logged marks, encoded), then drops log entries up to
   // `mark`.
   Status StoreMarksAndTruncate(uint64_t mark, const std::string& marks);
-  void TruncateLoop();
+  void TruncateLoop() ABSL_LOCKS_EXCLUDED(truncate_mu_);
   // The mark of each lane of the layout the marks were written under; also fills
   // other_layouts_.
   Result<std::vector<uint64_t>> ReadMarks(const std::vector<std::unique_ptr<LaneStore>>& stores);
@@ -123,18 +123,20 @@ class RequestLog {
     std::array<char, kHeaderBytes> header;
     std::array<std::string_view, 3> parts;
   };
+  // other_layouts_, staged_ and seq_: I/O thread only (not annotated).
   std::vector<Staged> staged_;
   uint64_t seq_ = 0;  // last sequence number assigned
   std::atomic<uint64_t> truncated_{0};  // truncated up to here
-  // The truncation thread, started by the first TruncateTo, and what it is asked to do.
+  // The truncation thread, started by the first TruncateTo (the I/O thread starts and joins
+  // it), and what it is asked to do.
   std::thread truncator_;
-  std::mutex truncate_mu_;
+  Mutex truncate_mu_;
   std::condition_variable truncate_cv_;
-  bool truncate_stop_ = false;
-  bool truncate_busy_ = false;     // asked and not yet done
-  bool truncate_pending_ = false;  // asked and not yet taken by the thread
-  uint64_t truncate_mark_ = 0;
-  std::string truncate_marks_;
+  bool truncate_stop_ ABSL_GUARDED_BY(truncate_mu_) = false;
+  bool truncate_busy_ ABSL_GUARDED_BY(truncate_mu_) = false;     // asked and not yet done
+  bool truncate_pending_ ABSL_GUARDED_BY(truncate_mu_) = false;  // not yet taken by the thread
+  uint64_t truncate_mark_ ABSL_GUARDED_BY(truncate_mu_) = 0;
+  std::string truncate_marks_ ABSL_GUARDED_BY(truncate_mu_);
 };
 
 }  // namespace tessera::internal

@@ -129,7 +129,7 @@ void ServerMetrics::PublishLane(uint32_t l, const StoreStats& st,
   if (l >= lanes_.size()) return;
   LaneMirror& m = *lanes_[l];
   {
-    std::lock_guard<std::mutex> g(m.tables_mu);
+    MutexLock g(m.tables_mu);
     m.tables = std::move(tables);
   }
   constexpr auto r = std::memory_order_relaxed;
@@ -150,7 +150,7 @@ void ServerMetrics::PublishLane(uint32_t l, const StoreStats& st,
 }
 
 void ServerMetrics::PublishIo(IoState s) {
-  std::lock_guard<std::mutex> l(io_mu_);
+  MutexLock l(io_mu_);
   io_ = std::move(s);
 }
 
@@ -209,7 +209,7 @@ void ServerMetrics::AddIoCollectors() {
   auto io = [this]<typename T>(const char* name, const char* help, Registry::Type type,
                                T IoState::*field) {
     registry_.AddCollector(this, name, help, type, [this, field] {
-      std::lock_guard<std::mutex> l(io_mu_);
+      MutexLock l(io_mu_);
       return Samples{{{}, static_cast<double>(io_.*field)}};
     });
   };
@@ -248,7 +248,7 @@ void ServerMetrics::AddIoCollectors() {
       "Storage engine memory and files by kind (RocksDB block cache, memtables, table readers, "
       "request log).",
       G, [this] {
-        std::lock_guard<std::mutex> l(io_mu_);
+        MutexLock l(io_mu_);
         Samples out;
         for (const auto& [name, v] : io_.engine) {
           out.push_back({{{"kind", name}}, static_cast<double>(v)});
@@ -264,14 +264,14 @@ void ServerMetrics::AddTableCollectors() {
     registry_.AddCollector(this, name, help, Registry::Type::kGauge, [this, field] {
       std::vector<std::pair<uint64_t, std::string>> names;
       {
-        std::lock_guard<std::mutex> l(io_mu_);
+        MutexLock l(io_mu_);
         names = io_.table_names;
       }
       std::sort(names.begin(), names.end(),
                 [](const auto& a, const auto& b) { return a.second < b.second; });
       std::vector<double> sums(names.size(), 0);
       for (const auto& lane : lanes_) {
-        std::lock_guard<std::mutex> g(lane->tables_mu);
+        MutexLock g(lane->tables_mu);
         for (const TableMemory& t : lane->tables) {
           for (size_t i = 0; i < names.size(); ++i) {
             if (names[i].first == t.table_id) sums[i] += static_cast<double>(t.*field);

@@ -6,13 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ps/codec.h"
 #include "ps/metrics/metrics.h"
+#include "ps/mutex.h"
 #include "storage/storage.h"
 
 namespace tessera::internal {
@@ -65,8 +65,8 @@ class ServerMetrics {
     std::atomic<uint64_t> rows{0}, bytes{0}, lookups{0}, memory_hits{0}, applies{0},
         apply_memory_hits{0}, evicted{0}, disk_reads{0}, budget_evictions{0}, write_backs{0},
         rows_written{0}, dirty_bytes{0}, back_pressure_waits{0}, durable_log_mark{0};
-    std::mutex tables_mu;
-    std::vector<TableMemory> tables;  // guarded by tables_mu
+    Mutex tables_mu;
+    std::vector<TableMemory> tables ABSL_GUARDED_BY(tables_mu);
   };
   void AddLaneCollectors();
   void AddIoCollectors();
@@ -80,8 +80,8 @@ class ServerMetrics {
   metrics::Counter* received_bytes_;
   metrics::Counter* sent_bytes_;
   std::vector<std::unique_ptr<LaneMirror>> lanes_;
-  std::mutex io_mu_;
-  IoState io_;  // guarded by io_mu_
+  Mutex io_mu_;
+  IoState io_ ABSL_GUARDED_BY(io_mu_);
 };
 
 }  // namespace tessera::internal
