@@ -389,6 +389,42 @@ TEST(EdgeTest, ConnectionsBeyondTheLimitAreRefusedClearly) {
   EXPECT_TRUE(Contains(*st, "refused_connections ")) << *st;
 }
 
+// Issue 35: connections that finish the handshake and never send do not lock clients out:
+// once idle for --idle_connection_timeout_s, one gives its place to a new client. Before, every
+// new client was refused for as long as they stayed open.
+TEST(EdgeTest, IdleConnectionsGiveTheirPlaceToANewClient) {
+  LocalClusterOptions o = testing::Servers(1);
+  o.extra_flags = {"--max_connections=4", "--idle_connection_timeout_s=1"};
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto admin = Connect(cluster);
+  ASSERT_NE(admin, nullptr);
+  zmq::context_t ctx;
+  std::vector<zmq::socket_t> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.emplace_back(ctx, zmq::socket_type::dealer);
+    idle.back().set(zmq::sockopt::linger, 0);
+    idle.back().connect(cluster.endpoints()[0]);
+  }
+  auto open_connections = [&] {
+    auto st = admin->ServerStats(0);
+    return st.ok() && Contains(*st, "\nconnections 4\n");
+  };
+  for (int i = 0; i < 500 && !open_connections(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(open_connections());
+  // The idle ones (and the admin client, between its calls) pass the timeout.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ClientOptions co;
+  co.servers = cluster.endpoints();
+  auto fresh = Client::Create(co);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  auto st = (*fresh)->ServerStats(0);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_TRUE(Contains(*st, "idle_connections_displaced 1\n")) << *st;
+}
+
 // A client whose pulls wait for a worker that never clocks (bulk-synchronous, clock 10).
 std::unique_ptr<Client> ParkingClient(const LocalCluster& cluster) {
   ClientOptions o;

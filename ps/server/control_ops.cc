@@ -122,6 +122,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "checkpoint_pending " << (cut_.pending() ? 1 : 0) << "\n"
     << "connections " << edge_.connections.open() << "\n"
     << "refused_connections " << counts_.refused_connections << "\n"
+    << "idle_connections_displaced " << edge_.connections.idle_displaced() << "\n"
     << "stalled_peers " << edge_.peers.stalled_count() << "\n"
     << "dropped_replies " << counts_.dropped_replies << "\n"
     << "throttled_requests " << counts_.throttled_requests << "\n";

@@ -22,6 +22,11 @@ Status ServerImpl::ConfigureRouterBounds() {
   router_.set(zmq::sockopt::router_mandatory, 1);
   // A connection that never completes the ZMTP (or CurveZMQ) handshake is closed.
   router_.set(zmq::sockopt::handshake_ivl, 10000);
+  // Heartbeats: a peer that stops answering them (a half-open connection: its host or network
+  // went away without a FIN) is closed after a minute, and its place freed. A live peer's
+  // ZeroMQ answers them by itself, busy or idle.
+  router_.set(zmq::sockopt::heartbeat_ivl, 10000);
+  router_.set(zmq::sockopt::heartbeat_timeout, 60000);
   const std::string mon =
       "inproc://tessera-router-mon-" + std::to_string(reinterpret_cast<uintptr_t>(this));
   if (zmq_socket_monitor(router_.handle(), mon.c_str(),
@@ -70,7 +75,9 @@ void ServerImpl::DrainRouterEvents() {
 // the reason it is refused (connection limit, envelope limits, in-flight limit) or drops it
 // (its peer does not read replies). True when it may be dispatched.
 bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
-  if (fd >= 0 && !edge_.connections.admitted(fd)) {
+  const auto now = std::chrono::steady_clock::now();
+  // The connection is active (it may take an idle one's place).
+  if (fd >= 0 && !edge_.connections.Active(fd, now)) {
     DrainRouterEvents();  // the monitor may not have told us about closed ones yet
   }
   if (fd >= 0 && !edge_.connections.admitted(fd)) {
@@ -98,7 +105,6 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
     return false;
   }
   const std::string_view peer(static_cast<const char*>(p->identity.data()), p->identity.size());
-  const auto now = std::chrono::steady_clock::now();
   if (edge_.peers.stalled(peer)) {
     // Its replies were not read: refuse without serving. Queuing the refusal succeeds once
     // the client reads again; until then its requests are dropped unanswered.

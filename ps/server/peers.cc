@@ -10,18 +10,50 @@ absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s
 
 }  // namespace
 
-void ConnectionTable::Accepted(int fd) {
+void ConnectionTable::Accepted(int fd, Time now) {
   // A descriptor is reused only after its DISCONNECTED event, which comes first; drop a stale
   // entry anyway rather than count it twice.
   Closed(fd);
   const bool admit = max_ == 0 || admitted_ < max_;
   const uint64_t order = next_order_++;
-  conns_[fd] = Conn{order, admit};
+  conns_[fd] = Conn{order, admit, now};
   if (admit) {
     ++admitted_;
   } else {
     refused_[order] = fd;
+    TakeIdlePlace(fd, now);
   }
+}
+
+bool ConnectionTable::Active(int fd, Time now) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return true;  // not reported by the monitor yet: admitted
+  it->second.last_active = now;
+  if (it->second.admitted) return true;
+  return TakeIdlePlace(fd, now);
+}
+
+bool ConnectionTable::TakeIdlePlace(int fd, Time now) {
+  if (idle_timeout_.count() == 0) return false;
+  // Only when the table is full (a refused connection exists): a scan of at most
+  // max_connections entries.
+  int idlest = -1;
+  Time oldest = now - idle_timeout_;
+  for (const auto& [other, c] : conns_) {
+    if (c.admitted && c.last_active <= oldest) {
+      oldest = c.last_active;
+      idlest = other;
+    }
+  }
+  if (idlest < 0) return false;
+  Conn& out = conns_[idlest];
+  out.admitted = false;
+  refused_[out.order] = idlest;
+  Conn& in = conns_[fd];
+  in.admitted = true;
+  refused_.erase(in.order);
+  ++idle_displaced_;
+  return true;
 }
 
 void ConnectionTable::Closed(int fd) {

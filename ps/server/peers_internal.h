@@ -20,17 +20,30 @@ namespace tessera::internal {
 /// The TCP connections of the ROUTER, from its monitor's ACCEPTED and DISCONNECTED events
 /// (keyed by file descriptor, which ZMQ_SRCFD names on every received frame). The first
 /// `max_connections` open connections are admitted; a later one is refused until an admitted
-/// one closes, then the oldest refused one is admitted. Not thread-safe: the I/O thread owns it.
+/// one closes, then the oldest refused one is admitted. An idle connection (no request for
+/// `idle_timeout`, counted from its accept when it never sent one) does not keep its place
+/// from others: a connection that needs one (a new one, or a refused one with a request)
+/// takes the place of the longest idle, which is refused until a place frees again (or it
+/// takes an idle one's in turn when it sends). So connections that finish the handshake and
+/// never send cannot lock clients out. Not thread-safe: the I/O thread owns it.
 class ConnectionTable {
  public:
-  /// `max_connections` 0: no limit.
-  explicit ConnectionTable(uint32_t max_connections) : max_(max_connections) {}
+  using Time = std::chrono::steady_clock::time_point;
+  /// `max_connections` 0: no limit. `idle_timeout` zero: a connection never counts as idle.
+  explicit ConnectionTable(uint32_t max_connections,
+                           std::chrono::milliseconds idle_timeout = std::chrono::minutes(1))
+      : max_(max_connections), idle_timeout_(idle_timeout) {}
 
-  void Accepted(int fd);
+  void Accepted(int fd, Time now = std::chrono::steady_clock::now());
   void Closed(int fd);
   /// Whether requests that arrive on `fd` are served. A connection the monitor has not
   /// reported yet is admitted.
   bool admitted(int fd) const;
+  /// A request arrived on `fd` at `now`: the connection is active. A refused one takes the
+  /// place of an idle one if there is any. Returns admitted(fd).
+  bool Active(int fd, Time now);
+  /// Admitted connections that lost their place to another while idle.
+  uint64_t idle_displaced() const { return idle_displaced_; }
 
   size_t open() const { return conns_.size(); }
   size_t admitted_count() const { return admitted_; }
@@ -40,8 +53,14 @@ class ConnectionTable {
   struct Conn {
     uint64_t order;
     bool admitted;
+    Time last_active;  // its last request, else its accept
   };
+  // Refuses the admitted connection idle the longest at `now` and admits `fd` (refused) in
+  // its place; false when none is idle.
+  bool TakeIdlePlace(int fd, Time now);
   const uint32_t max_;
+  const std::chrono::milliseconds idle_timeout_;
+  uint64_t idle_displaced_ = 0;
   uint64_t next_order_ = 0;
   size_t admitted_ = 0;
   absl::flat_hash_map<int, Conn> conns_;

@@ -30,6 +30,39 @@ TEST(ConnectionTable, AdmitsInAcceptOrderAndPromotesWhenOneCloses) {
   EXPECT_TRUE(unlimited.admitted(99));
 }
 
+// Issue 35: connections that finish the handshake and never send (or stop sending) do not lock
+// clients out: one that needs a place takes the longest idle one's.
+TEST(ConnectionTable, AnIdleConnectionGivesItsPlaceToOneThatNeedsIt) {
+  using std::chrono::seconds;
+  const auto t0 = std::chrono::steady_clock::now();
+  ConnectionTable t(2, std::chrono::milliseconds(10000));
+  t.Accepted(10, t0);
+  t.Accepted(11, t0 + seconds(1));
+  EXPECT_TRUE(t.Active(11, t0 + seconds(2)));
+  t.Accepted(12, t0 + seconds(5));  // none idle yet: refused
+  EXPECT_FALSE(t.admitted(12));
+  EXPECT_FALSE(t.Active(12, t0 + seconds(6)));
+  // Connection 10 never sent: idle 10 s after its accept. 12's next request takes its place.
+  EXPECT_TRUE(t.Active(12, t0 + seconds(10)));
+  EXPECT_FALSE(t.admitted(10));
+  EXPECT_TRUE(t.admitted(11));
+  EXPECT_EQ(t.idle_displaced(), 1u);
+  // A new connection takes the place of 11, idle since its request at 2 s.
+  t.Accepted(13, t0 + seconds(12));
+  EXPECT_TRUE(t.admitted(13));
+  EXPECT_FALSE(t.admitted(11));
+  EXPECT_EQ(t.admitted_count(), 2u);
+  // Nobody idle: a refused one that sends stays refused; a closed place goes to the oldest.
+  EXPECT_FALSE(t.Active(10, t0 + seconds(13)));
+  t.Closed(13);
+  EXPECT_TRUE(t.admitted(10));
+  EXPECT_FALSE(t.admitted(11));
+  ConnectionTable never(1, std::chrono::milliseconds(0));
+  never.Accepted(1, t0);
+  never.Accepted(2, t0 + std::chrono::hours(1));
+  EXPECT_FALSE(never.Active(2, t0 + std::chrono::hours(2)));
+}
+
 TEST(PeerTable, InFlightSlotsAreBoundedAndGivenBack) {
   PeerTable t(2);
   const auto now = std::chrono::steady_clock::now();

@@ -60,6 +60,10 @@ struct ServerOptions {
   /// request until an earlier one closes. Each takes a file descriptor (RLIMIT_NOFILE).
   /// 0: no limit. Default: 1024.
   uint32_t max_connections = 1024;
+  /// A connection that sent no request for this long (counted from its accept when it never
+  /// sent one) loses its place to a connection that needs one while --max_connections are
+  /// open, so idle connections cannot lock clients out. 0: never. Default: 60000 (1 minute).
+  uint32_t idle_connection_timeout_ms = 60000;
   /// Most requests of one client (connection) in flight on the server (queued, running,
   /// parked by staleness or a checkpoint cut); more get ResourceExhausted. 0: no limit.
   /// Default: 1024.

@@ -238,7 +238,9 @@ class ServerImpl {
     PeerTable peers;
     std::string admin_root;  // canonical; empty: admin ops disabled
   } edge_{zmq::socket_t(ctx_, zmq::socket_type::pair),
-          ConnectionTable(options_.max_connections), PeerTable(options_.max_in_flight_per_peer),
+          ConnectionTable(options_.max_connections,
+                          std::chrono::milliseconds(options_.idle_connection_timeout_ms)),
+          PeerTable(options_.max_in_flight_per_peer),
           std::string()};
 
   // Metrics (server_metrics_internal.h): the registry the options name, else this one.

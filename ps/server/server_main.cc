@@ -77,6 +77,9 @@ DEFINE_string(admin_root, "",
 DEFINE_uint32(checkpoint_cut_timeout_s, 120,
               "Longest a checkpoint waits for the workers to reach its cut (pushes of later "
               "steps wait meanwhile); then it is given up and training goes on");
+DEFINE_uint32(idle_connection_timeout_s, 60,
+              "A connection that sent no request for this long loses its place to one that "
+              "needs it while --max_connections are open (0: never)");
 DEFINE_uint32(max_connections, 1024,
               "Most client connections served at once; later ones are refused with "
               "ResourceExhausted until one closes (0: no limit). Needs as many file descriptors");
@@ -365,6 +368,7 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->admin_root = FLAGS_admin_root;
   o->checkpoint_cut_timeout_ms = FLAGS_checkpoint_cut_timeout_s * 1000;
   o->max_connections = FLAGS_max_connections;
+  o->idle_connection_timeout_ms = FLAGS_idle_connection_timeout_s * 1000;
   o->max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
   o->send_hwm = FLAGS_send_hwm;
   o->recv_hwm = FLAGS_recv_hwm;
