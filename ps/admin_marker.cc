@@ -1,8 +1,9 @@
 #include "ps/admin_marker.h"
 
 #include <charconv>
-#include <fstream>
 #include <sstream>
+
+#include "ps/read_file_internal.h"
 
 namespace tessera {
 namespace {
@@ -55,9 +56,15 @@ Result<int64_t> AdminMarker::SignedNumber(const std::string& key) const {
   return negative ? -static_cast<int64_t>(v) : static_cast<int64_t>(v);
 }
 
-Result<AdminMarker> ReadAdminMarker(const std::string& path, std::string_view what) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("no marker '" + path + "'");
+Result<AdminMarker> ReadAdminMarker(const std::string& path, std::string_view what,
+                                    const std::string& inside) {
+  auto text = internal::ReadRegularFile(
+      path, internal::ReadFileOptions{.inside = inside, .max_bytes = kMaxAdminMarkerBytes});
+  if (text.status().code() == StatusCode::kNotFound) {
+    return Status::NotFound("no marker '" + path + "'");
+  }
+  TESSERA_RETURN_IF_ERROR(text.status());
+  std::istringstream in(*text);
   std::string line;
   if (!std::getline(in, line) || line != "tessera " + std::string(what)) {
     return Status::Corruption("'" + path + "' is not a " + std::string(what) + " marker");

@@ -30,8 +30,13 @@ struct AdminMarker {
 /// Reads the marker at `path`, whose first line must be "tessera <what>". NotFound when the
 /// file does not exist; Corruption, naming the path and the rule, for another first line, a
 /// missing or bad `servers`, or a `server_ids` list that is not `servers` ascending ids
-/// below 65535.
-Result<AdminMarker> ReadAdminMarker(const std::string& path, std::string_view what);
+/// below 65535. With `inside` (a canonical directory: the admin root), the marker must be a
+/// regular file that resolves inside it, not a symbolic link (FailedPrecondition naming the
+/// path); a FIFO or device is refused either way, never waited on. At most
+/// kMaxAdminMarkerBytes (ResourceExhausted).
+inline constexpr uint64_t kMaxAdminMarkerBytes = uint64_t{4} << 20;
+Result<AdminMarker> ReadAdminMarker(const std::string& path, std::string_view what,
+                                    const std::string& inside = {});
 
 /// The `server_ids` line's value for `ids`: "0 2 3".
 std::string FormatServerIds(const std::vector<uint32_t>& ids);

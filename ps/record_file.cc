@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 
+#include "ps/read_file_internal.h"
 #include "ps/record_file_internal.h"
 
 namespace tessera::internal {
@@ -149,9 +150,17 @@ namespace {
 
 // Pass 1 of ReadRecordFile: the checksum over the whole file, before anything is applied.
 // Returns the file's size.
-Result<uint64_t> VerifyRecordFile(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
+// Opens a record file to read, never blocking (read_file_internal.h).
+Result<FILE*> OpenRecordFile(const std::string& path, const std::string& inside) {
+  TESSERA_ASSIGN_OR_RETURN(auto file, OpenRegularFile(path, ReadFileOptions{.inside = inside}));
+  FILE* f = ::fdopen(file->fd(), "rb");
   if (!f) return Status::IOError("cannot open record file '" + path + "': " + std::strerror(errno));
+  file->Release();
+  return f;
+}
+
+Result<uint64_t> VerifyRecordFile(const std::string& path, const std::string& inside) {
+  TESSERA_ASSIGN_OR_RETURN(FILE* f, OpenRecordFile(path, inside));
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
   XXH3_64bits_reset(st.get());
   // 64 KiB: a 1 MiB buffer cost a fresh zero-filled MiB per file, most of them small
@@ -182,11 +191,11 @@ Result<uint64_t> VerifyRecordFile(const std::string& path) {
 
 }  // namespace
 
-Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn) {
-  TESSERA_ASSIGN_OR_RETURN(const uint64_t file_size, VerifyRecordFile(path));
+Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn,
+                      const std::string& inside) {
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t file_size, VerifyRecordFile(path, inside));
   // Pass 2: parse.
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return Status::IOError("cannot open record file '" + path + "'");
+  TESSERA_ASSIGN_OR_RETURN(FILE* f, OpenRecordFile(path, inside));
   std::unique_ptr<FILE, decltype(&std::fclose)> closer(f, &std::fclose);
   uint64_t pos = 0;
   auto read = [&](void* p, size_t n) {
@@ -249,14 +258,10 @@ Status WriteBlobs(const std::string& path, const std::vector<std::string>& blobs
   return w.Finish(blobs.size());
 }
 
-Result<std::vector<std::string>> ReadBlobs(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return Status::IOError("cannot open '" + path + "': " + std::strerror(errno));
-  std::string all;
-  std::vector<char> buf(1 << 16);
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) all.append(buf.data(), n);
-  std::fclose(f);
+Result<std::vector<std::string>> ReadBlobs(const std::string& path, const std::string& inside) {
+  TESSERA_ASSIGN_OR_RETURN(
+      const std::string all,
+      ReadRegularFile(path, ReadFileOptions{.inside = inside, .max_bytes = kMaxBlobFileBytes}));
   if (all.size() < 8 + 1 + 8 + 8 || std::memcmp(all.data(), kMagic, 8) != 0) {
     return Status::Corruption("'" + path + "' is not a Tessera blob file");
   }

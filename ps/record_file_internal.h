@@ -53,11 +53,18 @@ class RecordWriter {
 Status WriteFileDurably(const std::string& path, std::string_view data);
 
 /// Verifies the checksum of `path` first, then calls `fn` for every record. Corruption if the
-/// file is truncated, altered or not a record file.
-Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn);
+/// file is truncated, altered or not a record file. The file is opened with OpenRegularFile
+/// (read_file_internal.h): never blocks on a FIFO; FailedPrecondition for anything but a
+/// regular file and, with `inside` (a canonical directory, the admin root), for a symbolic
+/// link or a file that resolves outside it.
+Status ReadRecordFile(const std::string& path, const std::function<Status(const Record&)>& fn,
+                      const std::string& inside = {});
 
-/// Small length-prefixed blob files (table specs, metadata records, manifests).
+/// Small length-prefixed blob files (table specs, metadata records, manifests). ReadBlobs opens
+/// as ReadRecordFile does and refuses files over kMaxBlobFileBytes (ResourceExhausted).
 Status WriteBlobs(const std::string& path, const std::vector<std::string>& blobs);
-Result<std::vector<std::string>> ReadBlobs(const std::string& path);
+inline constexpr uint64_t kMaxBlobFileBytes = uint64_t{1} << 30;
+Result<std::vector<std::string>> ReadBlobs(const std::string& path,
+                                           const std::string& inside = {});
 
 }  // namespace tessera::internal

@@ -14,6 +14,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "storage/log_file_internal.h"
 
@@ -104,6 +105,88 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// What a Corruption of the log tells the operator to do.
+constexpr char kRepairHint[] =
+    "; stop the server, back up the directory and run tessera-server --repair_log with the same "
+    "--data_dir and --request_log_dir to keep every record that verifies (docs/operations.md, "
+    "\"Recovery\")";
+
+// A record (or a hole) whose header and checksum verify.
+struct VerifiedRecord {
+  uint64_t seq = 0;
+  uint64_t bytes = 0;  // header and payload
+  bool hole = false;
+  std::string_view payload;
+};
+
+// The record that starts at `off` of `data`, when its header and checksum verify; otherwise
+// what is wrong in `*what` (when given).
+std::optional<VerifiedRecord> VerifiedRecordAt(std::string_view data, size_t off,
+                                               std::string* what = nullptr) {
+  auto bad = [&](const char* why) -> std::optional<VerifiedRecord> {
+    if (what != nullptr) *what = why;
+    return std::nullopt;
+  };
+  if (data.size() - off < LogFile::kHeaderBytes) return bad("a header cut short");
+  uint32_t magic, len;
+  uint64_t seq, sum;
+  std::memcpy(&magic, data.data() + off, 4);
+  std::memcpy(&len, data.data() + off + 4, 4);
+  std::memcpy(&seq, data.data() + off + 8, 8);
+  std::memcpy(&sum, data.data() + off + 16, 8);
+  const bool hole = magic == LogFile::kHoleMagic;
+  if ((magic != LogFile::kMagic && !hole) || (hole && len != 0)) {
+    return bad("not a record header");
+  }
+  if (len > data.size() - off - LogFile::kHeaderBytes) return bad("a record cut short");
+  const std::string_view payload(data.data() + off + LogFile::kHeaderBytes, len);
+  if (Checksum(seq, payload) != sum) return bad("checksum mismatch");
+  return VerifiedRecord{seq, LogFile::kHeaderBytes + len, hole, payload};
+}
+
+// The offset of the first record at or after `from` whose header and checksum verify (a
+// 64-bit checksum over the seq, length and payload: damage does not pass for a record), or
+// npos.
+size_t NextVerifiedRecord(std::string_view data, size_t from) {
+  // Both magics start with these bytes (little-endian "TSL").
+  constexpr std::string_view kPrefix("TSL", 3);
+  for (size_t at = data.find(kPrefix, from); at != std::string_view::npos;
+       at = data.find(kPrefix, at + 1)) {
+    if (VerifiedRecordAt(data, at)) return at;
+  }
+  return std::string_view::npos;
+}
+
+void EncodeHole(uint64_t seq, char* h) {
+  EncodeHeader(seq, 0, Checksum(seq, std::string_view()), h);
+  const uint32_t magic = LogFile::kHoleMagic;
+  std::memcpy(h, &magic, 4);
+}
+
+// Replaces `path` whole with `data`: written aside, synced, renamed over it (the caller syncs
+// the directory).
+Status ReplaceFile(const std::string& path, std::string_view data) {
+  const std::string aside = path + ".repair";
+  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("creating '" + aside + "'");
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      Status s = Errno("writing '" + aside + "'");
+      ::close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(w);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced) return Errno("syncing '" + aside + "'");
+  if (::rename(aside.c_str(), path.c_str()) != 0) return Errno("renaming '" + aside + "'");
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<LogFile>> LogFile::Open(const LogFileOptions& options) {
@@ -146,13 +229,24 @@ Status LogFile::Recover() {
   if (segments_.empty()) return Status::OK();
   Segment& last = segments_.back();
   uint64_t expect = 0, valid = 0;
+  std::string torn;
   TESSERA_RETURN_IF_ERROR(ScanSegment(
-      last, /*last=*/true, 0,
-      [&](uint64_t seq, std::string_view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        last_seq_ = seq;
-        return Status::OK();
-      },
-      &expect, &valid));
+      last, &torn, 0, [](uint64_t, std::string_view) { return Status::OK(); }, &expect, &valid));
+  if (expect != 0) last_seq_ = expect - 1;  // holes count: the next record follows them
+  if (valid < last.bytes) {
+    // Only a tail that is torn may be cut: a record that verifies after the damage was written
+    // (and maybe acknowledged) after it, so the damage is corruption, not a crash's leftover.
+    TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(last.path));
+    const size_t next = NextVerifiedRecord(file->view(), valid + 1);
+    if (next != std::string_view::npos) {
+      const uint64_t seq = VerifiedRecordAt(file->view(), next)->seq;
+      return Status::Corruption(
+          "request log " + last.path + " at byte " + std::to_string(valid) + ": " + torn +
+          ", and record " + std::to_string(seq) + " at byte " + std::to_string(next) +
+          " after it verifies: the log is corrupt (not a torn tail), nothing was cut" +
+          kRepairHint);
+    }
+  }
   fd_ = ::open(last.path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) return Errno("opening '" + last.path + "'");
   if (valid < last.bytes) {
@@ -165,39 +259,96 @@ Status LogFile::Recover() {
   return Status::OK();
 }
 
-Status LogFile::ScanSegment(const Segment& s, bool last, uint64_t after,
+Status LogFile::ScanSegment(const Segment& s, std::string* torn, uint64_t after,
                             const std::function<Status(uint64_t, std::string_view)>& fn,
                             uint64_t* expect, uint64_t* valid_bytes) {
   TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(s.path));
   const std::string_view data = file->view();
   size_t off = 0;
-  auto damaged = [&](const std::string& what) -> Status {
-    if (last) return Status::OK();  // a torn tail: the caller cuts it
-    return Status::Corruption("request log " + s.path + " at byte " + std::to_string(off) + ": " +
-                              what);
-  };
+  std::string what;
   while (off < data.size()) {
-    if (data.size() - off < kHeaderBytes) return damaged("a header cut short");
-    uint32_t magic, len;
-    uint64_t seq, sum;
-    std::memcpy(&magic, data.data() + off, 4);
-    std::memcpy(&len, data.data() + off + 4, 4);
-    std::memcpy(&seq, data.data() + off + 8, 8);
-    std::memcpy(&sum, data.data() + off + 16, 8);
-    if (magic != kMagic) return damaged("not a record header");
-    if (len > data.size() - off - kHeaderBytes) return damaged("a record cut short");
-    const std::string_view payload(data.data() + off + kHeaderBytes, len);
-    if (Checksum(seq, payload) != sum) return damaged("checksum mismatch");
-    if (*expect != 0 && seq != *expect) {
-      return Status::Corruption("request log " + s.path + ": record " + std::to_string(seq) +
-                                " follows " + std::to_string(*expect - 1));
+    const std::optional<VerifiedRecord> r = VerifiedRecordAt(data, off, &what);
+    if (!r) {
+      if (torn != nullptr) {  // Recover decides whether it is a torn tail
+        *torn = what;
+        return Status::OK();
+      }
+      return Status::Corruption("request log " + s.path + " at byte " + std::to_string(off) +
+                                ": " + what + kRepairHint);
     }
-    *expect = seq + 1;
-    if (seq > after) TESSERA_RETURN_IF_ERROR(fn(seq, payload));
-    off += kHeaderBytes + len;
+    if (*expect != 0 && r->seq != *expect) {
+      return Status::Corruption("request log " + s.path + ": record " + std::to_string(r->seq) +
+                                " follows " + std::to_string(*expect - 1) + kRepairHint);
+    }
+    *expect = r->seq + 1;
+    if (r->seq > after && !r->hole) TESSERA_RETURN_IF_ERROR(fn(r->seq, r->payload));
+    off += r->bytes;
     *valid_bytes = off;
   }
   return Status::OK();
+}
+
+Result<LogRepairReport> LogFile::Repair(const std::string& dir) {
+  std::vector<Segment> segments;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 20 + sizeof(kSuffix) - 1 || !name.ends_with(kSuffix)) continue;
+    uint64_t first = 0;
+    auto [p, err] = std::from_chars(name.data(), name.data() + 20, first);
+    if (err != std::errc() || p != name.data() + 20) continue;
+    if (!e.is_regular_file(ec)) {
+      return Status::FailedPrecondition("request log segment '" + e.path().string() +
+                                        "' is not a regular file");
+    }
+    segments.push_back(Segment{first, 0, e.path().string()});
+  }
+  if (ec) return Status::IOError("listing '" + dir + "': " + ec.message());
+  std::sort(segments.begin(), segments.end(),
+            [](const Segment& a, const Segment& b) { return a.first_seq < b.first_seq; });
+  LogRepairReport report;
+  uint64_t expect = segments.empty() ? 0 : segments.front().first_seq;
+  for (const Segment& seg : segments) {
+    TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(seg.path));
+    const std::string_view data = file->view();
+    std::string out;
+    bool changed = false;
+    size_t off = 0;
+    while (off < data.size()) {
+      std::string what;
+      const std::optional<VerifiedRecord> r = VerifiedRecordAt(data, off, &what);
+      if (!r || r->seq < expect) {
+        const size_t next = NextVerifiedRecord(data, off + 1);
+        const size_t end = next == std::string_view::npos ? data.size() : next;
+        if (r) what = "record " + std::to_string(r->seq) + " out of sequence";
+        report.lines.push_back(seg.path + " bytes " + std::to_string(off) + ".." +
+                               std::to_string(end) + ": dropped (" + what + ")");
+        report.dropped_bytes += end - off;
+        changed = true;
+        off = end;
+        continue;
+      }
+      if (r->seq > expect) {
+        report.lines.push_back("records " + std::to_string(expect) + ".." +
+                               std::to_string(r->seq - 1) + " could not be read: lost (holes " +
+                               "in " + seg.path + ")");
+        for (; expect < r->seq; ++expect) {
+          char h[kHeaderBytes];
+          EncodeHole(expect, h);
+          out.append(h, kHeaderBytes);
+          ++report.lost_records;
+        }
+        changed = true;
+      }
+      out.append(data.substr(off, r->bytes));
+      if (!r->hole) ++report.kept;
+      expect = r->seq + 1;
+      off += r->bytes;
+    }
+    if (changed) TESSERA_RETURN_IF_ERROR(ReplaceFile(seg.path, out));
+  }
+  if (!segments.empty()) TESSERA_RETURN_IF_ERROR(SyncDir(dir));
+  return report;
 }
 
 Status LogFile::StartSegment(uint64_t first_seq) {
@@ -336,7 +487,7 @@ Status LogFile::Scan(uint64_t after,
     // Every record of segment i is below the next segment's first.
     if (i + 1 < segments.size() && segments[i + 1].first_seq <= after + 1) continue;
     uint64_t valid = 0;
-    TESSERA_RETURN_IF_ERROR(ScanSegment(segments[i], /*last=*/false, after, fn, &expect, &valid));
+    TESSERA_RETURN_IF_ERROR(ScanSegment(segments[i], /*torn=*/nullptr, after, fn, &expect, &valid));
   }
   return Status::OK();
 }

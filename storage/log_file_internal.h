@@ -30,20 +30,42 @@ struct LogFileOptions {
   uint64_t segment_bytes = uint64_t{64} << 20;
 };
 
+/// What LogFile::Repair kept and dropped.
+struct LogRepairReport {
+  /// Records that verified and stay in the log.
+  uint64_t kept = 0;
+  /// Bytes dropped (damaged, or records out of sequence).
+  uint64_t dropped_bytes = 0;
+  /// Sequence numbers lost between records that verified (holes left in their place).
+  uint64_t lost_records = 0;
+  /// One line per damaged byte range and per run of lost records, for the operator.
+  std::vector<std::string> lines;
+};
+
 /// Records of increasing sequence numbers in segment files `<first seq, 20 digits>.tlog`.
 /// A record is a 24-byte header (u32 magic, u32 length, u64 seq, u64 XXH3 of the payload seeded
-/// with seq and length; little-endian) followed by the payload. Thread-safe.
+/// with seq and length; little-endian) followed by the payload. A hole (magic kHoleMagic,
+/// length 0) stands for a record that Repair could not read: it keeps the sequence numbers
+/// contiguous and Scan skips it. Thread-safe.
 class LogFile {
  public:
-  static constexpr uint32_t kMagic = 0x474c5354;  // "TSLG"
+  static constexpr uint32_t kMagic = 0x474c5354;      // "TSLG"
+  static constexpr uint32_t kHoleMagic = 0x484c5354;  // "TSLH"
   static constexpr size_t kHeaderBytes = 24;
   static constexpr size_t kMaxBuffer = size_t{4} << 20;
   static constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 31;
 
   /// Opens the log in options.dir. A record torn or damaged at the end of the last segment (what
-  /// a crash can leave: it was never acknowledged) is cut off with a warning; damage anywhere
-  /// else is found by Scan() and reported as Corruption.
+  /// a crash can leave: it was never acknowledged, and no record that verifies follows it) is
+  /// cut off with a warning. Damage followed by a record that verifies is Corruption naming
+  /// the file and byte (nothing is cut: acknowledged records follow it); damage in an earlier
+  /// segment is found by Scan() and reported as Corruption. Repair() handles both.
   static Result<std::unique_ptr<LogFile>> Open(const LogFileOptions& options);
+  /// Rewrites the damaged segments of the (closed) log in `dir`, keeping every record whose
+  /// header and checksum verify and putting a hole in place of each sequence number lost
+  /// between them; a damaged tail is cut. Segments without damage are left alone. The log
+  /// then opens and scans without Corruption. Not to be run while a server has the log open.
+  static Result<LogRepairReport> Repair(const std::string& dir);
   ~LogFile();
   LogFile(const LogFile&) = delete;
   LogFile& operator=(const LogFile&) = delete;
@@ -87,7 +109,10 @@ class LogFile {
   Status StartSegment(uint64_t first_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status WriteOut(struct iovec* iov, size_t n, size_t total) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Status ScanSegment(const Segment& s, bool last, uint64_t after,
+  // Visits segment `s`'s records after `after`. Damage is Corruption, unless `torn` is given
+  // (the last segment at Open): then the scan stops there, says what it found in `*torn` and
+  // returns OK with `*valid_bytes` at the damage.
+  Status ScanSegment(const Segment& s, std::string* torn, uint64_t after,
                      const std::function<Status(uint64_t, std::string_view)>& fn,
                      uint64_t* expect, uint64_t* valid_bytes);
 

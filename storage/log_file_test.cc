@@ -2,6 +2,7 @@
 // truncation deletes whole segments, the relaxed mode writes on Flush().
 #include "storage/log_file_internal.h"
 
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -117,6 +118,119 @@ TEST(LogFileTest, DamageBeforeTheLastSegmentIsCorruptionNotACut) {
   ReadAll(*log, 0, &s);
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
+}
+
+// Overwrites `n` bytes at `offset` of `path` with 0xA5.
+void Flip(const std::string& path, uint64_t offset, size_t n) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  for (size_t i = 0; i < n; ++i) f.put(static_cast<char>(0xA5));
+}
+
+// The offset of record `seq` in a single-segment log of Payload(1..) records.
+uint64_t OffsetOf(uint64_t seq) {
+  uint64_t off = 0;
+  for (uint64_t s = 1; s < seq; ++s) off += LogFile::kHeaderBytes + Payload(s).size();
+  return off;
+}
+
+TEST(LogFileTest, DamageFollowedByRecordsThatVerifyIsCorruptionNotATornTail) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path());
+    for (uint64_t s = 1; s <= 50; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const std::string segment = dir.path() + "/" + Segments(dir.path()).back();
+  const auto size = std::filesystem::file_size(segment);
+  const uint64_t at = OffsetOf(10);
+  Flip(segment, at + LogFile::kHeaderBytes + 2, 8);  // record 10's payload
+  LogFileOptions o;
+  o.dir = dir.path();
+  auto log = LogFile::Open(o);
+  ASSERT_FALSE(log.ok());
+  EXPECT_EQ(log.status().code(), StatusCode::kCorruption) << log.status().ToString();
+  EXPECT_NE(log.status().message().find(segment + " at byte " + std::to_string(at)),
+            std::string::npos)
+      << log.status().ToString();
+  EXPECT_NE(log.status().message().find("--repair_log"), std::string::npos)
+      << log.status().ToString();
+  // Nothing was cut: records 11..50 were acknowledged.
+  EXPECT_EQ(std::filesystem::file_size(segment), size);
+}
+
+TEST(LogFileTest, DamagedHeaderFollowedByRecordsIsCorruptionToo) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path());
+    for (uint64_t s = 1; s <= 50; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const std::string segment = dir.path() + "/" + Segments(dir.path()).back();
+  Flip(segment, OffsetOf(30) + 2, 8);  // magic and length of record 30
+  LogFileOptions o;
+  o.dir = dir.path();
+  auto log = LogFile::Open(o);
+  EXPECT_EQ(log.status().code(), StatusCode::kCorruption) << log.status().ToString();
+}
+
+TEST(LogFileTest, DamageInTheLastRecordIsStillATornTail) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path());
+    for (uint64_t s = 1; s <= 5; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const std::string segment = dir.path() + "/" + Segments(dir.path()).back();
+  Flip(segment, OffsetOf(5) + LogFile::kHeaderBytes + 1, 4);
+  auto log = MustOpen(dir.path());
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(log->last_seq(), 4u);
+  EXPECT_EQ(std::filesystem::file_size(segment), OffsetOf(5));
+}
+
+TEST(LogFileTest, RepairKeepsEveryRecordThatVerifiesAndTheLogGoesOn) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), /*segment_bytes=*/512);
+    for (uint64_t s = 1; s <= 60; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const auto names = Segments(dir.path());
+  ASSERT_GT(names.size(), 3u);
+  // Damage in an earlier segment (records lost) and in the middle of the last one.
+  const std::string first = dir.path() + "/" + names[1];
+  const std::string last = dir.path() + "/" + names.back();
+  Flip(first, LogFile::kHeaderBytes + 3, 4);  // within the record: payloads are 8+ bytes
+  Flip(last, LogFile::kHeaderBytes + 1, 2);
+  {
+    LogFileOptions o;
+    o.dir = dir.path();
+    ASSERT_EQ(LogFile::Open(o).status().code(), StatusCode::kCorruption);
+  }
+  auto report = LogFile::Repair(dir.path());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->lost_records, 2u);
+  EXPECT_EQ(report->kept, 58u);
+  EXPECT_EQ(report->lines.size(), 4u);  // two damaged ranges, two runs of lost records
+  for (const std::string& line : report->lines) LOG(INFO) << line;
+  const uint64_t lost_a = std::stoull(names[1].substr(0, 20));
+  const uint64_t lost_b = std::stoull(names.back().substr(0, 20));
+  auto log = MustOpen(dir.path(), 512);
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(log->last_seq(), 60u);
+  auto all = ReadAll(*log);
+  ASSERT_EQ(all.size(), 58u);
+  for (const auto& [seq, payload] : all) {
+    EXPECT_NE(seq, lost_a);
+    EXPECT_NE(seq, lost_b);
+    EXPECT_EQ(payload, Payload(seq));
+  }
+  ASSERT_TRUE(log->Append(61, Payload(61)).ok());
+  EXPECT_EQ(ReadAll(*log, 60).size(), 1u);
+  // A second repair finds nothing to do.
+  log.reset();
+  auto again = LogFile::Repair(dir.path());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->lost_records, 0u);
+  EXPECT_TRUE(again->lines.empty());
+  EXPECT_EQ(again->kept, 59u);
 }
 
 TEST(LogFileTest, AMissingSegmentIsAGap) {

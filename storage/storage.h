@@ -345,4 +345,11 @@ uint64_t MaxDirtyBytesPerLane(const StorageOptions& options, uint32_t num_lanes)
 /// (recovering whatever the directory holds).
 Result<std::unique_ptr<StorageEngine>> OpenStorageEngine(const StorageOptions& options);
 
+/// Repairs the request log of the (stopped) server that `options` describe (log_dir, else
+/// DATA_DIR/request-log): keeps every record whose checksum verifies, puts a hole in place of
+/// each one lost between them (replay skips it), cuts a damaged tail. Returns one line per
+/// damaged range or run of lost records, then a summary line. InvalidArgument without a
+/// data_dir or log_dir; IOError when a file cannot be read or rewritten.
+Result<std::vector<std::string>> RepairRequestLog(const StorageOptions& options);
+
 }  // namespace tessera

@@ -1,8 +1,12 @@
 // Consistent checkpoints and restore onto clusters of another size (real server processes).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -139,6 +143,67 @@ TEST(CheckpointTest, CorruptCheckpointIsRefused) {
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
   EXPECT_EQ(cb->Restore("nothing-here").code(), StatusCode::kNotFound);
+}
+
+// A checkpoint whose files are not regular files inside the admin root: a FIFO (the I/O
+// thread blocked in open() for good: Stats stopped answering, SIGTERM was ignored), a link to
+// /dev/zero, a link to a file outside the root, a server directory linked outside. Each
+// restore fails at once with FailedPrecondition naming the file, and the server still answers.
+TEST(CheckpointTest, RestoreRefusesFifosDevicesAndLinksOutOfTheAdminRoot) {
+  LocalCluster a(testing::Servers(1));
+  ASSERT_TRUE(a.Start().ok());
+  auto c = Connect(a);
+  Model m = CreateModel(*c);
+  Step(*c, m, 0);
+  ASSERT_TRUE(c->Checkpoint("ckpt").ok());
+  namespace fs = std::filesystem;
+  const std::string root = fs::canonical(a.admin_root()).string();
+  const std::string outside = a.dir() + "/outside";
+  fs::create_directories(outside);
+  fs::copy(root + "/ckpt/server-0", outside + "/server-0", fs::copy_options::recursive);
+  struct Case {
+    std::string name, file;  // the file that is replaced
+    std::function<void(const std::string& path)> replace;
+  };
+  // Links out of the root first: before the fix they restored quietly; the rest hung it.
+  const std::vector<Case> cases = {
+      {"out", "server-0/lane-0",
+       [&](const std::string& p) { fs::create_symlink(outside + "/server-0/lane-0", p); }},
+      {"outdir", "server-0",
+       [&](const std::string& p) { fs::create_directory_symlink(outside + "/server-0", p); }},
+      {"zero", "server-0/lane-1", [](const std::string& p) { fs::create_symlink("/dev/zero", p); }},
+      {"fifo", "server-0/lane-0",
+       [](const std::string& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0); }},
+      {"fifo-marker", "CHECKPOINT",
+       [](const std::string& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0); }},
+      {"fifo-tables", "server-0/tables",
+       [](const std::string& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0); }},
+  };
+  for (const Case& k : cases) {
+    fs::copy(root + "/ckpt", root + "/" + k.name, fs::copy_options::recursive);
+    const std::string path = root + "/" + k.name + "/" + k.file;
+    fs::remove_all(path);
+    k.replace(path);
+  }
+  testing::LocalClusterOptions b_opts = testing::Servers(1);
+  b_opts.admin_root = a.admin_root();
+  LocalCluster b(b_opts);
+  ASSERT_TRUE(b.Start().ok());
+  auto cb = Connect(b);
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    // The bound only turns a hang into a failure.
+    Status s = cb->Restore(k.name, DeadlineAfterMs(30000));
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    const std::string named = k.name == "outdir" ? k.name + "/server-0/" : k.name + "/" + k.file;
+    EXPECT_NE(s.message().find(named), std::string::npos) << s.ToString();
+    auto stats = cb->ServerStats(0, DeadlineAfterMs(30000));
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  }
+  // The intact checkpoint still restores, and SIGTERM stops the server.
+  Status s = cb->Restore("ckpt", DeadlineAfterMs(30000));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(b.Stop(0, 30), 0);
 }
 
 // A restore refused for one table's spec adds none of the others: they stayed half-added (in

@@ -160,7 +160,7 @@ void ServerImpl::TakeSnapshotIfReady() {
 Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
     const std::string& server_dir) {
   // Every old server holds every spec: read one's.
-  TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(server_dir + "/tables"));
+  TESSERA_ASSIGN_OR_RETURN(auto specs, ReadBlobs(server_dir + "/tables", edge_.admin_root));
   std::vector<std::pair<uint64_t, TableSpec>> restored;
   std::vector<bool> known;
   // Every spec is checked before any table is added: a refused restore adds none (it added
@@ -238,14 +238,15 @@ Status ServerImpl::RestoreRows(
   };
   for (uint32_t old : marker.server_ids) {
     const std::string sdir = ServerDir(dir, old);
-    TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(sdir + "/manifest"));
+    TESSERA_ASSIGN_OR_RETURN(auto oinfo, ReadBlobs(sdir + "/manifest", edge_.admin_root));
     TESSERA_RETURN_IF_ERROR(CheckRestoredManifest(marker, oinfo, old, sdir));
     TESSERA_ASSIGN_OR_RETURN(uint64_t old_lanes,
                              ParseStoredNumber(oinfo[3], "lanes in the checkpoint", 256));
     for (uint32_t ol = 0; ol < old_lanes; ++ol) {
       const std::string path = sdir + "/lane-" + std::to_string(ol);
       TESSERA_RETURN_IF_ERROR(
-          ReadRecordFile(path, [&](const Record& r) -> Status { return visit(path, r); }));
+          ReadRecordFile(path, [&](const Record& r) -> Status { return visit(path, r); },
+                         edge_.admin_root));
     }
   }
   for (uint32_t l = 0; l < nl; ++l) flush(l);
@@ -257,7 +258,7 @@ Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
   // files and keeps the rows its slots (and dense ranges) now own, as primary or backup.
   TESSERA_RETURN_IF_ERROR(CheckAdminMap(p->header, "restore"));
   TESSERA_ASSIGN_OR_RETURN(const std::string dir, AdminPath(p->header.name));
-  auto marker = ReadAdminMarker(dir + "/CHECKPOINT", "checkpoint");
+  auto marker = ReadAdminMarker(dir + "/CHECKPOINT", "checkpoint", edge_.admin_root);
   if (marker.status().code() == StatusCode::kNotFound) {
     return Status::NotFound("'" + p->header.name + "' holds no complete checkpoint (no " +
                             "CHECKPOINT file)");
@@ -279,7 +280,7 @@ Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
   }
   // The metadata records live on server 0 of a static cluster, on every server under a map.
   if (options_.rank == 0 || options_.follow_cluster_map) {
-    TESSERA_ASSIGN_OR_RETURN(auto meta, ReadBlobs(first + "/meta"));
+    TESSERA_ASSIGN_OR_RETURN(auto meta, ReadBlobs(first + "/meta", edge_.admin_root));
     for (size_t i = 0; i + 1 < meta.size(); i += 2) {
       TESSERA_RETURN_IF_ERROR(engine_->PutMeta(meta[i], meta[i + 1]));
     }
@@ -339,11 +340,12 @@ Result<uint32_t> ServerImpl::DeltaSince(const std::string& base) {
   // Each server of the base export recorded when it started; a row that moved to this server
   // since was exported by another one, so the delta starts at the earliest of them (rows
   // updated in that second are included again).
-  TESSERA_ASSIGN_OR_RETURN(AdminMarker marker, ReadAdminMarker(base + "/EXPORT", "export"));
+  TESSERA_ASSIGN_OR_RETURN(AdminMarker marker,
+                           ReadAdminMarker(base + "/EXPORT", "export", edge_.admin_root));
   uint64_t since = UINT32_MAX;
   for (uint32_t id : marker.server_ids) {
     const std::string sdir = ServerDir(base, id);
-    TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(sdir + "/manifest"));
+    TESSERA_ASSIGN_OR_RETURN(auto info, ReadBlobs(sdir + "/manifest", edge_.admin_root));
     if (info.size() < 5) return Status::Corruption("the manifest of '" + sdir + "' is incomplete");
     TESSERA_ASSIGN_OR_RETURN(uint64_t t, ParseStoredNumber(info[4], "export start time"));
     since = std::min(since, t);

@@ -24,6 +24,7 @@
 #include "ps/metrics/metrics.h"
 #include "ps/routing.h"
 #include "ps/server/server.h"
+#include "storage/storage.h"
 
 DEFINE_string(listen, "",
               "ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:7000 (default: this "
@@ -41,6 +42,10 @@ DEFINE_uint64(memory_budget_mb, 0,
 DEFINE_string(request_log_dir, "",
               "With --data_dir: directory of the request log (default DATA_DIR/request-log); "
               "another device keeps pushes from waiting behind row and checkpoint fsyncs");
+DEFINE_bool(repair_log, false,
+            "Repair the request log of --data_dir (or --request_log_dir) and exit, without "
+            "serving: keeps every record whose checksum verifies and prints what it dropped. "
+            "Only with the server stopped (docs/operations.md, \"Recovery\")");
 DEFINE_uint64(block_cache_mb, 64,
               "With --data_dir: RocksDB block cache in MiB (rows read back from disk)");
 DEFINE_uint64(write_buffer_mb, 64,
@@ -483,12 +488,27 @@ void WaitAndStop(sigset_t* stop_signals, const std::optional<tessera::Coordinato
   r->server->Shutdown();
 }
 
+// --repair_log: repairs the request log and returns the exit status.
+int RepairLog() {
+  tessera::StorageOptions s;
+  s.data_dir = FLAGS_data_dir;
+  s.log_dir = FLAGS_request_log_dir;
+  auto lines = tessera::RepairRequestLog(s);
+  if (!lines.ok()) {
+    std::cerr << "tessera-server: --repair_log: " << lines.status().ToString() << "\n";
+    return 1;
+  }
+  for (const std::string& line : *lines) std::printf("%s\n", line.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tessera::cli::ParseCommandLine(kTool, &argc, &argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (FLAGS_repair_log) return RepairLog();
   LimitMallocArenas();  // before any thread exists
   SizeMessagePool();
   auto cluster = tessera::ParseClusterList(FLAGS_cluster);
