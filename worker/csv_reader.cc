@@ -190,7 +190,8 @@ Result<std::vector<std::string>> ReadHeader(const std::string& path, char delimi
   std::ifstream in(path, std::ios::in | std::ios::binary);
   if (!in) return Status::NotFound("cannot open " + path);
   std::string line;
-  if (!std::getline(in, line)) return Status::InvalidArgument(path + ": no header line");
+  TESSERA_ASSIGN_OR_RETURN(const bool any, internal::NextLineOf(in, path, 1, &line));
+  if (!any) return Status::InvalidArgument(path + ": no header line");
   if (!line.empty() && line.back() == '\r') line.pop_back();
   if (std::string_view(line).starts_with(kBom)) line.erase(0, kBom.size());
   std::vector<std::string> names;
