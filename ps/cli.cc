@@ -1,12 +1,16 @@
 #include "ps/cli.h"
 
+#include <fcntl.h>
 #include <gflags/gflags.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,6 +109,82 @@ std::string HelpText(const ToolInfo& tool) {
   return out;
 }
 
+namespace {
+
+// The most bytes a --flagfile may hold (gflags reads each whole into memory), and how deep
+// flag files may name others.
+constexpr size_t kMaxFlagfileBytes = size_t{1} << 20;
+constexpr int kMaxFlagfileDepth = 8;
+
+// Why the flag file `path` (and those it names in turn) may not be read by gflags: not a
+// regular file (/dev/urandom, a FIFO: opened without blocking), over kMaxFlagfileBytes, or
+// nested too deep; nullopt when it may.
+std::optional<std::string> CheckFlagfile(const std::string& path, int depth) {
+  if (depth > kMaxFlagfileDepth) {
+    return "--flagfile=" + path + ": flag files nest more than " +
+           std::to_string(kMaxFlagfileDepth) + " deep";
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // gflags says that it cannot open it
+  struct stat st {};
+  std::string text;
+  std::optional<std::string> why;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "--flagfile=" + path + " is not a regular file";
+  } else if (static_cast<uint64_t>(st.st_size) > kMaxFlagfileBytes) {
+    why = "--flagfile=" + path + " holds " + std::to_string(st.st_size) + " bytes, more than " +
+          std::to_string(kMaxFlagfileBytes);
+  } else {
+    text.resize(kMaxFlagfileBytes);
+    const ssize_t n = ::read(fd, text.data(), text.size());
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  if (why) return why;
+  // Flag files named inside: "--flagfile=F" (or "-flagfile=F") lines.
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) {
+      line.remove_prefix(1);
+    }
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) {
+      line.remove_suffix(1);
+    }
+    for (std::string_view prefix : {"--flagfile=", "-flagfile="}) {
+      if (!line.starts_with(prefix)) continue;
+      if (auto nested = CheckFlagfile(std::string(line.substr(prefix.size())), depth + 1)) {
+        return nested;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// CheckFlagfile for each --flagfile of the command line (--flagfile=F, --flagfile F).
+std::optional<std::string> CheckFlagfiles(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--") break;
+    if (a.starts_with("--")) a.remove_prefix(1);
+    std::string path;
+    if (a.starts_with("-flagfile=")) {
+      path = std::string(a.substr(std::strlen("-flagfile=")));
+    } else if (a == "-flagfile" && i + 1 < argc) {
+      path = argv[++i];
+    } else {
+      continue;
+    }
+    if (auto why = CheckFlagfile(path, 1)) return why;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void ParseCommandLine(const ToolInfo& tool, int* argc, char*** argv) {
   gflags::SetUsageMessage(std::string(tool.usage));
   gflags::SetVersionString(std::string(Version()));
@@ -114,6 +194,8 @@ void ParseCommandLine(const ToolInfo& tool, int* argc, char*** argv) {
     if (std::strcmp((*argv)[i], "--") == 0) break;
     if (std::strcmp((*argv)[i], "-h") == 0) (*argv)[i] = kHelp;
   }
+  // gflags reads a flag file whole, without a bound: /dev/urandom would grow memory forever.
+  if (auto why = CheckFlagfiles(*argc, *argv)) std::exit(UsageError(tool, *why));
   gflags::ParseCommandLineNonHelpFlags(argc, argv, /*remove_flags=*/true);
   if (BoolFlag("help")) {
     std::fputs(HelpText(tool).c_str(), stdout);

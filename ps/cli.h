@@ -37,7 +37,8 @@ std::string HelpText(const ToolInfo& tool);
 /// prints every flag, glog's too, and exits 0; --version prints "NAME VERSION" and exits 0. The
 /// other help flags of gflags (--helpon=FILE, --helpmatch=S, ...) act as gflags documents. A flag
 /// gflags cannot parse (unknown, or a value of the wrong type) exits 1 with its message; a
-/// positional argument that the tool does not take (ToolInfo::positional_args) exits 2.
+/// positional argument that the tool does not take (ToolInfo::positional_args) exits 2, and so
+/// does a --flagfile (or one it names) that is not a regular file or holds more than 1 MiB.
 void ParseCommandLine(const ToolInfo& tool, int* argc, char*** argv);
 
 /// Whether `value`, the value of --`flag`, is one of `allowed`; if not, prints

@@ -88,8 +88,20 @@ Status ValidateEndpoint(std::string_view endpoint, bool allow_any_port) {
 Result<std::vector<std::string>> ParseClusterList(const std::string& spec) {
   std::vector<std::string> out;
   if (!spec.empty() && spec[0] == '@') {
-    std::ifstream in(spec.substr(1));
-    if (!in) return Status::IOError("cannot read cluster file '" + spec.substr(1) + "'");
+    const std::string path = spec.substr(1);
+    std::ifstream file(path, std::ios::in | std::ios::binary);
+    if (!file) return Status::IOError("cannot read cluster file '" + path + "'");
+    // Read with a cap (a pipe has no size to check first): /dev/zero ends here.
+    std::string text(kMaxClusterFileBytes + 1, '\0');
+    file.read(text.data(), static_cast<std::streamsize>(text.size()));
+    if (file.bad()) return Status::IOError("cannot read cluster file '" + path + "'");
+    text.resize(static_cast<size_t>(file.gcount()));
+    if (text.size() > kMaxClusterFileBytes) {
+      return Status::InvalidArgument("cluster file '" + path + "' holds more than " +
+                                     std::to_string(kMaxClusterFileBytes) +
+                                     " bytes (the bound on a cluster file)");
+    }
+    std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) {
       size_t a = line.find_first_not_of(" \t\r");

@@ -1,6 +1,7 @@
 // Where a key or a dense chunk lives: slots, the slot map, lanes, dense chunking.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -86,9 +87,14 @@ Result<uint64_t> ParseStoredNumber(std::string_view text, std::string_view what,
 /// `allow_any_port` (a server's bind address). InvalidArgument naming the endpoint otherwise.
 Status ValidateEndpoint(std::string_view endpoint, bool allow_any_port = false);
 
+/// The most bytes a cluster file ("@FILE") may hold: 4 MiB (65,535 endpoints of ~30 bytes
+/// take 2 MiB). Bounds what /dev/zero or a runaway pipe in its place costs.
+inline constexpr size_t kMaxClusterFileBytes = size_t{4} << 20;
+
 /// Parses a cluster list: comma-separated endpoints, or "@FILE" with one endpoint per line
 /// (blank lines and lines starting with '#' ignored). Every endpoint must pass
-/// ValidateEndpoint (InvalidArgument naming the first that does not).
+/// ValidateEndpoint (InvalidArgument naming the first that does not). A FILE of more than
+/// kMaxClusterFileBytes is InvalidArgument (read no further than that).
 Result<std::vector<std::string>> ParseClusterList(const std::string& spec);
 
 }  // namespace tessera

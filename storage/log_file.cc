@@ -216,7 +216,17 @@ Status LogFile::Recover() {
     uint64_t first = 0;
     auto [p, err] = std::from_chars(name.data(), name.data() + 20, first);
     if (err != std::errc() || p != name.data() + 20) continue;
-    segments_.push_back(Segment{first, static_cast<uint64_t>(e.file_size()), e.path().string()});
+    // A segment's name on something that is not a file (a directory, a FIFO) is refused: its
+    // records cannot be read, and reading or sizing it would throw or block.
+    std::error_code fec;
+    const bool regular = e.is_regular_file(fec);
+    const uint64_t bytes = regular ? static_cast<uint64_t>(e.file_size(fec)) : 0;
+    if (!regular || fec) {
+      return Status::IOError("request log segment '" + e.path().string() + "' is " +
+                             (fec ? "unreadable: " + fec.message() : "not a regular file") +
+                             ": move it out of " + options_.dir);
+    }
+    segments_.push_back(Segment{first, bytes, e.path().string()});
   }
   if (ec) return Status::IOError("listing '" + options_.dir + "': " + ec.message());
   std::sort(segments_.begin(), segments_.end(),

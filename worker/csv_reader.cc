@@ -54,9 +54,22 @@ Result<char> ParseDelimiter(std::string_view v) {
                                  "semicolon, pipe, space");
 }
 
-bool IsIndex(std::string_view s) {
-  uint32_t i = 0;
-  return ParseNumber(s, &i);
+// Column `col` of a headerless schema's clause `role`=... as an index: InvalidArgument naming
+// the clause unless it is a number in [0, kMaxCsvColumnIndex].
+Result<uint32_t> ColumnIndex(std::string_view role, const std::string& col) {
+  uint64_t i = 0;
+  if (col.empty() || col.find_first_not_of("0123456789") != std::string::npos) {
+    return Status::InvalidArgument("schema " + std::string(role) + "=" + col + ": column '" + col +
+                                   "': without a header, columns are 0-based indexes");
+  }
+  if (!ParseNumber(std::string_view(col), &i) || i > kMaxCsvColumnIndex) {
+    return Status::InvalidArgument("schema " + std::string(role) + "=" + col +
+                                   ": column index " + col + " is over the bound " +
+                                   std::to_string(kMaxCsvColumnIndex) +
+                                   " (a CSV line may have at most " +
+                                   std::to_string(kMaxCsvColumnIndex + 1) + " columns)");
+  }
+  return static_cast<uint32_t>(i);
 }
 
 // A parsed line's columns: views into the line, or into `quoted` when the line has quotes.
@@ -177,7 +190,8 @@ Result<std::vector<std::string>> ReadHeader(const std::string& path, char delimi
   std::ifstream in(path, std::ios::in | std::ios::binary);
   if (!in) return Status::NotFound("cannot open " + path);
   std::string line;
-  if (!std::getline(in, line)) return Status::InvalidArgument(path + ": no header line");
+  TESSERA_ASSIGN_OR_RETURN(const bool any, internal::NextLineOf(in, path, 1, &line));
+  if (!any) return Status::InvalidArgument(path + ": no header line");
   if (!line.empty() && line.back() == '\r') line.pop_back();
   if (std::string_view(line).starts_with(kBom)) line.erase(0, kBom.size());
   std::vector<std::string> names;
@@ -304,14 +318,13 @@ Status CheckSchemaColumns(const CsvSchema& s) {
     return Status::InvalidArgument("label column '" + s.label + "' is also a feature");
   }
   if (!s.header) {
-    auto check = [](const std::string& col) -> Status {
-      if (IsIndex(col)) return Status::OK();
-      return Status::InvalidArgument("column '" + col +
-                                     "': without a header, columns are 0-based indexes");
-    };
-    TESSERA_RETURN_IF_ERROR(check(s.label));
-    for (const auto& n : s.numeric) TESSERA_RETURN_IF_ERROR(check(n.column));
-    for (const auto& c : s.categorical) TESSERA_RETURN_IF_ERROR(check(c));
+    TESSERA_RETURN_IF_ERROR(ColumnIndex("label", s.label).status());
+    for (const auto& n : s.numeric) {
+      TESSERA_RETURN_IF_ERROR(ColumnIndex("numeric", n.column).status());
+    }
+    for (const auto& c : s.categorical) {
+      TESSERA_RETURN_IF_ERROR(ColumnIndex("categorical", c).status());
+    }
   }
   return Status::OK();
 }
@@ -354,15 +367,14 @@ Result<std::unique_ptr<DataReader>> OpenCsv(const std::string& path, const Shard
   if (s.header) {
     TESSERA_ASSIGN_OR_RETURN(header, ReadHeader(path, s.delimiter));
   }
-  auto resolve = [&](const std::string& col) -> Result<uint32_t> {
-    if (!s.header) {
-      uint32_t i = 0;
-      if (!ParseNumber(std::string_view(col), &i)) {
-        return Status::InvalidArgument("column '" + col +
-                                       "': without a header, columns are 0-based indexes");
-      }
-      return i;
-    }
+  if (header.size() > size_t{kMaxCsvColumnIndex} + 1) {
+    return Status::InvalidArgument(path + ": the header has " + std::to_string(header.size()) +
+                                   " columns, more than " +
+                                   std::to_string(kMaxCsvColumnIndex + 1));
+  }
+  // (A schema that did not come from ParseCsvSchema is checked here too.)
+  auto resolve = [&](std::string_view role, const std::string& col) -> Result<uint32_t> {
+    if (!s.header) return ColumnIndex(role, col);
     const auto it = std::find(header.begin(), header.end(), col);
     if (it == header.end()) {
       std::string names;
@@ -376,18 +388,18 @@ Result<std::unique_ptr<DataReader>> OpenCsv(const std::string& path, const Shard
     }
     return static_cast<uint32_t>(it - header.begin());
   };
-  TESSERA_ASSIGN_OR_RETURN(const uint32_t label, resolve(s.label));
+  TESSERA_ASSIGN_OR_RETURN(const uint32_t label, resolve("label", s.label));
   uint32_t max_index = label;
   std::vector<uint32_t> numeric, categorical;
   std::vector<NumericTransform> transforms;
   for (const auto& n : s.numeric) {
-    TESSERA_ASSIGN_OR_RETURN(const uint32_t i, resolve(n.column));
+    TESSERA_ASSIGN_OR_RETURN(const uint32_t i, resolve("numeric", n.column));
     numeric.push_back(i);
     transforms.push_back(n.transform);
     max_index = std::max(max_index, i);
   }
   for (const auto& c : s.categorical) {
-    TESSERA_ASSIGN_OR_RETURN(const uint32_t i, resolve(c));
+    TESSERA_ASSIGN_OR_RETURN(const uint32_t i, resolve("categorical", c));
     categorical.push_back(i);
     max_index = std::max(max_index, i);
   }

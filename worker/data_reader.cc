@@ -62,15 +62,43 @@ bool ShardedLineReader::Selected(uint64_t data_line) {
   return part_line_++ % options_.world == options_.rank;
 }
 
-bool ShardedLineReader::Next(std::string* line) {
-  while (std::getline(in_, *line)) {
+Result<bool> GetBoundedLine(std::istream& in, std::string* line, size_t max_bytes) {
+  line->clear();
+  char buf[4096];
+  for (;;) {
+    in.getline(buf, sizeof(buf));
+    const size_t got = static_cast<size_t>(in.gcount());
+    if (in.bad()) return Status::IOError("read error");
+    if (in.eof()) {  // the last line, without a line break, or nothing
+      line->append(buf, got);
+      if (line->empty()) return false;
+    } else if (!in.fail()) {  // the line break was read (and counted in gcount)
+      line->append(buf, got - 1);
+    } else {  // the buffer filled before a line break: the line goes on
+      line->append(buf, got);
+      in.clear();
+      if (line->size() <= max_bytes) continue;
+    }
+    if (line->size() > max_bytes) {
+      line->clear();
+      return Status::InvalidArgument("a line of more than " + std::to_string(max_bytes) +
+                                     " bytes (the readers' line-length bound)");
+    }
+    return true;
+  }
+}
+
+Result<bool> ShardedLineReader::Next(std::string* line) {
+  for (;;) {
+    Result<bool> got = GetBoundedLine(in_, line);
+    if (!got.ok()) return got.status().WithContext(path_ + ":" + std::to_string(line_number_ + 1));
+    if (!*got) return false;
     ++line_number_;
     if (skip_header_ && line_number_ == 1) continue;
     if (!line->empty() && line->back() == '\r') line->pop_back();
     if (line->empty()) continue;
     if (Selected(data_line_++)) return true;
   }
-  return false;
 }
 
 Result<uint32_t> EpochReader::Read(uint32_t max_samples, Batch* batch) {

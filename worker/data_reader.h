@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <istream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -49,14 +50,26 @@ struct ShardOptions {
 };
 
 /// Reads the lines of a text file that ShardOptions select, streaming. Not thread-safe.
+/// The longest line the line-oriented readers take: 1 MiB, far above any sample's line (a
+/// Criteo line is about 200 bytes). A longer one, or a file without line breaks such as
+/// /dev/zero, is an error naming the file and line, never read into memory without end.
+inline constexpr size_t kMaxLineBytes = size_t{1} << 20;
+
+/// The next line of `in` (its '\n' dropped) into *line: true, or false at the end of the
+/// stream. A line of more than `max_bytes` is InvalidArgument "a line of more than N bytes"
+/// (the caller adds the file and line), after reading at most `max_bytes` + 4 KiB of it.
+Result<bool> GetBoundedLine(std::istream& in, std::string* line,
+                            size_t max_bytes = kMaxLineBytes);
+
 class ShardedLineReader {
  public:
   /// `skip_header`: the first line is a header and never data.
   static Result<std::unique_ptr<ShardedLineReader>> Open(const std::string& path,
                                                          const ShardOptions& options,
                                                          bool skip_header);
-  /// The next selected line; false at the end of the file.
-  bool Next(std::string* line);
+  /// The next selected line; false at the end of the file. InvalidArgument "PATH:LINE: ..."
+  /// for a line over kMaxLineBytes.
+  Result<bool> Next(std::string* line);
   /// 1-based line number of the last line returned (for error messages).
   uint64_t line_number() const { return line_number_; }
   const std::string& path() const { return path_; }

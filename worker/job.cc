@@ -500,6 +500,12 @@ Result<JobReport> Job::Test() {
 
 Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
   if (options_error) *options_error = false;
+  if (options.local_ranks > kMaxLocalRanks) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--local_ranks=" + std::to_string(options.local_ranks) +
+                                   " is over the bound " + std::to_string(kMaxLocalRanks) +
+                                   " (each local rank is a thread with its own model copy)");
+  }
   Job job(options);
   TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());
   TESSERA_RETURN_IF_ERROR(job.Connect());

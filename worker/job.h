@@ -67,7 +67,8 @@ struct JobOptions {
   uint32_t num_workers = 1;
   /// Local ranks reduced inside this node before one push: CPU threads, or one GPU each with
   /// backend "cuda" (0 counts as 1 rank, but the data is dealt to num_workers * local_ranks
-  /// shards as given) (--local_ranks). Default: 1.
+  /// shards as given) (--local_ranks). At most kMaxLocalRanks (256, worker/local_ranks.h):
+  /// RunJob refuses more as an options error. Default: 1.
   uint32_t local_ranks = 1;
   /// "cpu" or "cuda" (--backend). Default: "cpu".
   std::string backend = "cpu";

@@ -20,6 +20,14 @@ inline Status ParseError(const ShardedLineReader& r, std::string_view what) {
                             std::string(what));
 }
 
+/// GetBoundedLine (kMaxLineBytes), its error naming `path` and `line_no` ("PATH:LINE: ...").
+inline Result<bool> NextLineOf(std::istream& in, const std::string& path, uint64_t line_no,
+                               std::string* line) {
+  Result<bool> r = GetBoundedLine(in, line);
+  if (!r.ok()) return r.status().WithContext(path + ":" + std::to_string(line_no));
+  return r;
+}
+
 /// Splits `s` on `sep` into `out` (views into s). An empty `s` is one empty piece.
 inline void Split(std::string_view s, char sep, std::vector<std::string_view>* out) {
   out->clear();
@@ -93,7 +101,9 @@ class LineReader : public DataReader {
 
   Result<uint32_t> Read(uint32_t max_samples, Batch* batch) final {
     uint32_t n = 0;
-    while (n < max_samples && lines_->Next(&line_)) {
+    while (n < max_samples) {
+      TESSERA_ASSIGN_OR_RETURN(const bool more, lines_->Next(&line_));
+      if (!more) break;
       TESSERA_ASSIGN_OR_RETURN(const bool appended, ParseLine(line_, batch));
       if (!appended) continue;
       ++batch->size;

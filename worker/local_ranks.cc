@@ -1,5 +1,6 @@
 #include "worker/local_ranks.h"
 
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -72,9 +73,21 @@ Status RunLocalRanks(uint32_t ranks, ReduceGroup* group,
     }
   };
   std::vector<std::thread> threads;
-  for (uint32_t r = 1; r < ranks; ++r) threads.emplace_back(run, r);
-  if (ranks > 0) run(0);
+  Status not_started;
+  for (uint32_t r = 1; r < ranks && not_started.ok(); ++r) {
+    try {
+      threads.emplace_back(run, r);
+    } catch (const std::system_error& e) {
+      // The ranks started wait for this one in the group's collectives: the abort ends them.
+      not_started = Status::ResourceExhausted("cannot start the thread of local rank " +
+                                              std::to_string(r) + " of " +
+                                              std::to_string(ranks) + ": " + e.what());
+      if (group != nullptr) group->Abort(not_started);
+    }
+  }
+  if (ranks > 0 && not_started.ok()) run(0);
   for (auto& t : threads) t.join();
+  if (!not_started.ok()) return not_started;
   for (const Status& s : results) {
     if (s.ok()) continue;
     if (group != nullptr) {

@@ -13,6 +13,11 @@
 
 namespace tessera::worker {
 
+/// The most local ranks a node may run (--local_ranks). Each is a thread with its own model
+/// copy and batches (or a GPU): 256 is above the cores of the largest CPU nodes and the GPUs of
+/// any node, and keeps a mistyped count from spawning threads until the process runs out.
+inline constexpr uint32_t kMaxLocalRanks = 256;
+
 /// How the local ranks of a node reduce their gradients.
 enum class ReducerKind : uint8_t {
   kNone = 0,  ///< One local rank: nothing to reduce.
@@ -43,6 +48,8 @@ std::string DescribeReducer(ReducerKind kind, uint32_t local_ranks);
 /// setting up its backend, or in a collective). Returns OK when every rank succeeded, else the
 /// group's first abort reason (the failure that caused the others' Cancelled), else the first
 /// failure by rank.
+/// A thread that cannot be started (std::system_error) aborts `group` and is ResourceExhausted;
+/// the ranks already started are joined.
 Status RunLocalRanks(uint32_t ranks, ReduceGroup* group,
                      const std::function<Status(uint32_t rank)>& fn);
 

@@ -210,7 +210,9 @@ Status LoadMovies(const std::string& dir, bool use_tags,
   std::vector<std::string> cols;
   std::vector<std::string_view> genres;
   uint64_t line_no = 0;
-  while (std::getline(in, line)) {
+  for (;;) {
+    TESSERA_ASSIGN_OR_RETURN(const bool more, internal::NextLineOf(in, path, line_no + 1, &line));
+    if (!more) break;
     if (++line_no == 1) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
@@ -240,7 +242,10 @@ Status LoadMovies(const std::string& dir, bool use_tags,
   std::ifstream tin(tags_path);
   if (!tin) return Status::OK();  // tags.csv is optional
   line_no = 0;
-  while (std::getline(tin, line)) {
+  for (;;) {
+    TESSERA_ASSIGN_OR_RETURN(const bool more,
+                             internal::NextLineOf(tin, tags_path, line_no + 1, &line));
+    if (!more) break;
     if (++line_no == 1) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
@@ -268,7 +273,9 @@ Result<int64_t> TimeCutoff(const std::string& path, double fraction) {
   std::map<int64_t, uint64_t> hours;
   std::string line;
   uint64_t total = 0, line_no = 0;
-  while (std::getline(in, line)) {
+  for (;;) {
+    TESSERA_ASSIGN_OR_RETURN(const bool more, internal::NextLineOf(in, path, line_no + 1, &line));
+    if (!more) break;
     if (++line_no == 1) continue;
     size_t comma = line.rfind(',');
     if (comma == std::string::npos) continue;
@@ -306,7 +313,8 @@ Result<std::unique_ptr<DataReader>> OpenLibsvm(const std::string& path, const Sh
     // Detect from the first data line of the file.
     TESSERA_ASSIGN_OR_RETURN(auto probe, ShardedLineReader::Open(path, ShardOptions{}, false));
     std::string line;
-    if (!probe->Next(&line)) return Status::InvalidArgument(path + " has no data lines");
+    TESSERA_ASSIGN_OR_RETURN(const bool any, probe->Next(&line));
+    if (!any) return Status::InvalidArgument(path + " has no data lines");
     std::vector<LibsvmReader::Feature> feats;
     float label = 0;
     TESSERA_RETURN_IF_ERROR(

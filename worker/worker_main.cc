@@ -34,7 +34,7 @@ DEFINE_uint32(worker_id, 0, "This worker's rank among the job's workers");
 DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
 DEFINE_uint32(local_ranks, 1,
               "Local ranks reduced inside this node before one push: CPU threads, or with "
-              "--backend=cuda one GPU each (rank r on GPU r mod the GPU count; NCCL)");
+              "--backend=cuda one GPU each (rank r on GPU r mod the GPU count; NCCL); at most 256");
 DEFINE_string(data, "synthetic",
               "synthetic | criteo:PATH | libsvm:PATH | csv:PATH (with --schema) | movielens:DIR");
 DEFINE_string(schema, "",

@@ -86,22 +86,51 @@ Status ClientImpl::Start() {
 }
 
 Status ClientImpl::ConnectServer(const std::string& address) {
-  // Appended only once it is set up: a failure leaves no half-made server id behind.
+  // Appended only once it is set up: a failure leaves no half-made server id behind. A retired
+  // id ("") gets no sockets (a map may list thousands of them); ReviveServers opens them when
+  // a later map gives the id an address.
   const uint32_t i = static_cast<uint32_t>(servers_.size());
-  ServerConn s;
-  s.address = address;
-  s.dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
-  s.dealer.set(zmq::sockopt::linger, 0);
-  s.dealer.set(zmq::sockopt::sndhwm, 0);
-  s.dealer.set(zmq::sockopt::rcvhwm, 0);
-  s.dealer.set(zmq::sockopt::immediate, 1);
-  s.dealer.set(zmq::sockopt::reconnect_ivl, 100);
-  s.dealer.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  servers_.emplace_back();
+  servers_.back().address = address;
+  if (address.empty()) return Status::OK();
+  Status s = OpenSockets(i, address);
+  if (!s.ok()) servers_.pop_back();
+  return s;
+}
+
+namespace {
+// A ZeroMQ error while opening server `who`'s sockets: ResourceExhausted when descriptors or
+// ZeroMQ's socket limit ran out, else `code`.
+Status SocketError(const zmq::error_t& e, const std::string& who, StatusCode code) {
+  if (e.num() == EMFILE || e.num() == ENFILE) {
+    return Status::ResourceExhausted(
+        "cannot open a socket to " + who + ": " + e.what() +
+        " (the process's descriptor limit, ulimit -n, or ZeroMQ's socket limit ran out)");
+  }
+  return Status(code, "cannot open a socket to " + who + ": " + e.what());
+}
+}  // namespace
+
+Status ClientImpl::OpenSockets(uint32_t i, const std::string& address) {
+  const std::string who = "server " + std::to_string(i) + " (" + address + ")";
+  zmq::socket_t dealer;
+  zmq::socket_t monitor;
+  try {
+    dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::sndhwm, 0);
+    dealer.set(zmq::sockopt::rcvhwm, 0);
+    dealer.set(zmq::sockopt::immediate, 1);
+    dealer.set(zmq::sockopt::reconnect_ivl, 100);
+    dealer.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  } catch (const zmq::error_t& e) {
+    return SocketError(e, who, StatusCode::kInternal);
+  }
   if (!options_.curve_server_key.empty()) {
     try {
-      s.dealer.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
-      s.dealer.set(zmq::sockopt::curve_publickey, curve_mine_.public_key);
-      s.dealer.set(zmq::sockopt::curve_secretkey, curve_mine_.secret_key);
+      dealer.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
+      dealer.set(zmq::sockopt::curve_publickey, curve_mine_.public_key);
+      dealer.set(zmq::sockopt::curve_secretkey, curve_mine_.secret_key);
     } catch (const zmq::error_t& e) {
       return Status::InvalidArgument(std::string("CurveZMQ: ") + e.what());
     }
@@ -109,26 +138,38 @@ Status ClientImpl::ConnectServer(const std::string& address) {
   const std::string mon = "inproc://tessera-client-mon-" +
                           std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
                           std::to_string(i);
-  if (zmq_socket_monitor(s.dealer.handle(), mon.c_str(),
+  if (zmq_socket_monitor(dealer.handle(), mon.c_str(),
                          ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
                              ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
-    return Status::Internal("zmq_socket_monitor failed");
+    return SocketError(zmq::error_t(), who + " (its monitor)", StatusCode::kInternal);
   }
-  s.monitor = zmq::socket_t(ctx_, zmq::socket_type::pair);
-  s.monitor.set(zmq::sockopt::linger, 0);
-  s.monitor.connect(mon);
   try {
-    if (!address.empty()) s.dealer.connect(address);  // "": a retired id, never routed to
+    monitor = zmq::socket_t(ctx_, zmq::socket_type::pair);
+    monitor.set(zmq::sockopt::linger, 0);
+    monitor.connect(mon);
   } catch (const zmq::error_t& e) {
+    return SocketError(e, who + " (its monitor)", StatusCode::kInternal);
+  }
+  try {
+    dealer.connect(address);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EMFILE || e.num() == ENFILE) return SocketError(e, who, StatusCode::kInternal);
     return Status::InvalidArgument("bad endpoint '" + address + "': " + e.what());
   }
-  const int fd = s.dealer.get(zmq::sockopt::fd);
-  servers_.push_back(std::move(s));
-  if (i < kMaxPolledServers) {
-    polled_fds_[i] = {nullptr, fd, ZMQ_POLLIN, 0};
-    polled_n_.store(i + 1, std::memory_order_release);
+  ServerConn& s = servers_[i];
+  const int fd = dealer.get(zmq::sockopt::fd);
+  s.dealer = std::move(dealer);
+  s.monitor = std::move(monitor);
+  ++open_sockets_;
+  // Waiting callers poll the first kMaxPolledServers DEALERs opened (entries are only
+  // appended: a caller reads them without io_mu_); the I/O thread polls the others.
+  const size_t polled = polled_n_.load(std::memory_order_relaxed);
+  if (polled < kMaxPolledServers) {
+    polled_fds_[polled] = {nullptr, fd, ZMQ_POLLIN, 0};
+    polled_n_.store(polled + 1, std::memory_order_release);
+    s.polled = true;
   }
   return Status::OK();
 }
@@ -136,7 +177,10 @@ Status ClientImpl::ConnectServer(const std::string& address) {
 void ClientImpl::MonitorEvent(uint32_t server) {
   for (;;) {
     std::vector<zmq::message_t> parts;
-    if (!TryRecv(servers_[server].monitor, &parts) || parts.empty() || parts[0].size() < 6) return;
+    if (!servers_[server].monitor ||
+        !TryRecv(servers_[server].monitor, &parts) || parts.empty() || parts[0].size() < 6) {
+      return;
+    }
     uint16_t event;
     std::memcpy(&event, parts[0].data(), sizeof(event));
     ServerConn& s = servers_[server];

@@ -220,10 +220,14 @@ class ClientImpl {
   // stops counting it a poller and, with `sleep`, counts it a sleeper while it waits on its
   // call's condition variable (the last poller leaving wakes the I/O thread if needed).
   Status StopPolling(Call& c, Deadline deadline, bool sleep);
+  // IoLoop, under io_mu_: what the I/O thread polls into *items: its eventfd, every monitor
+  // and the DEALERs that waiting callers do not poll (the returned count of items: what it
+  // polls standing down), then the DEALERs they do. An id without sockets has none.
+  size_t CollectPollItems(std::vector<zmq::pollitem_t>* items) const;
   // IoLoop: whether to stand down this round (sets io_standing_down_).
   bool StandDown();
-  // A waiting caller polls the sockets of the first this many servers (the I/O thread polls
-  // all of them).
+  // A waiting caller polls the sockets of the first this many servers opened (the I/O thread
+  // polls all of them).
   static constexpr size_t kMaxPolledServers = 64;
 
   const ClientOptions options_;
@@ -234,8 +238,10 @@ class ClientImpl {
   friend struct ClientTestAccess;
   struct ServerConn {
     std::string address;
+    // Opened only once the id has an address (OpenSockets): closed for a retired id.
     zmq::socket_t dealer;
     zmq::socket_t monitor;
+    bool polled = false;  // the DEALER's descriptor is in polled_fds_ (waiting callers poll it)
     bool connected = false;
     bool ever_connected = false;
     // Handshake failures in a row (monitor events); once they show an encryption or key
@@ -300,9 +306,13 @@ class ClientImpl {
   Status RetiredError(const Outgoing& o, uint32_t server, uint64_t version) const;
   void RefreshLoop();
 
-  // Under io_mu_: opens a DEALER socket to `address` (server id servers_.size()) and its
-  // monitor, starts connecting, and publishes its descriptor to waiting callers.
+  // Under io_mu_: adds server id servers_.size() with `address`; unless it is "" (a retired
+  // id), opens its sockets (OpenSockets). Nothing is added on an error.
   Status ConnectServer(const std::string& address);
+  // Under io_mu_: opens a DEALER socket to `address` for server `i` (which has none) and its
+  // monitor, starts connecting, and publishes its descriptor to waiting callers.
+  // ResourceExhausted when descriptors (or ZeroMQ's socket limit) run out.
+  Status OpenSockets(uint32_t i, const std::string& address);
   // Under io_mu_: connects to the servers map `m` adds after the ones connected so far, and
   // sends each the worker's clock first (so that a read gated by staleness is not parked
   // there for a clock sent before the server was known). Holds clock_mu_.
@@ -347,10 +357,12 @@ class ClientImpl {
   // I/O side. A deque: a server a new map adds is appended while references to the others
   // stay valid.
   std::deque<ServerConn> servers_;
-  // The DEALER sockets' ZMQ_FD of the first kMaxPolledServers servers, for waiting callers
-  // (which read them without io_mu_): an entry is written before polled_n_ counts it.
+  // The DEALER sockets' ZMQ_FD of the first kMaxPolledServers servers opened (ids without an
+  // address have none), for waiting callers (which read them without io_mu_): an entry is
+  // written before polled_n_ counts it, and never changes after.
   std::array<zmq::pollitem_t, kMaxPolledServers> polled_fds_{};
   std::atomic<size_t> polled_n_{0};
+  size_t open_sockets_ = 0;  // I/O side: servers with sockets (the I/O thread polls them)
   // The I/O thread's stand-down (IoLoop): set by WaitCall when it leaves fewer than
   // kUnwatchedInFlight requests in flight, taken by the I/O thread at each round;
   // io_standing_down_ while it polls standing down.

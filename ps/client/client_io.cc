@@ -249,23 +249,15 @@ void ClientImpl::IoLoop() {
   // leaving while waiters sleep on their calls wakes it (WaitCall, Send, StandDown). Calls
   // nobody waits for are read at its next round.
   size_t n = 0;
+  size_t n_open = 0;  // open_sockets_ when the items were collected
   size_t n_standing_down = 0;  // the first this many items: what the thread polls standing down
   std::vector<zmq::pollitem_t> items;
-  // The descriptors of every server's monitor and DEALER (again when a map added servers).
+  // The descriptors of every server's monitor and DEALER (again when a map added or revived
+  // servers); a retired id without sockets has none.
   auto collect = [&] {
     n = servers_.size();
-    items.clear();
-    items.push_back({nullptr, event_fd_, ZMQ_POLLIN, 0});
-    for (size_t i = 0; i < n; ++i) {
-      items.push_back({nullptr, servers_[i].monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
-    }
-    for (size_t i = kMaxPolledServers; i < n; ++i) {
-      items.push_back({nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
-    }
-    n_standing_down = items.size();
-    for (size_t i = 0; i < std::min(n, kMaxPolledServers); ++i) {
-      items.push_back({nullptr, servers_[i].dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
-    }
+    n_open = open_sockets_;
+    n_standing_down = CollectPollItems(&items);
   };
   {
     std::lock_guard<std::mutex> io(io_mu_);
@@ -309,11 +301,29 @@ void ClientImpl::IoLoop() {
     if (!map_waiters_.empty()) DrainMapWaiters(now);
     // What the sends above did may have consumed a socket's notification.
     ReceiveSentTo();
-    if (servers_.size() != n) collect();
+    if (servers_.size() != n || open_sockets_ != n_open) collect();
     io.unlock();
   }
   io.lock();
   CancelEverything();
+}
+
+size_t ClientImpl::CollectPollItems(std::vector<zmq::pollitem_t>* items) const {
+  items->clear();
+  items->push_back({nullptr, event_fd_, ZMQ_POLLIN, 0});
+  for (const ServerConn& s : servers_) {
+    if (s.monitor) items->push_back({nullptr, s.monitor.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+  }
+  for (const ServerConn& s : servers_) {
+    if (s.dealer && !s.polled) {
+      items->push_back({nullptr, s.dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+    }
+  }
+  const size_t standing_down = items->size();
+  for (const ServerConn& s : servers_) {
+    if (s.polled) items->push_back({nullptr, s.dealer.get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+  }
+  return standing_down;
 }
 
 bool ClientImpl::StandDown() {
@@ -353,8 +363,8 @@ void ClientImpl::CancelEverything() {
   auto left = std::move(in_flight_);
   for (auto& [id, f] : left) PartDone(f.call, Status::Cancelled("client destroyed"));
   for (auto& s : servers_) {
-    s.dealer.close();
-    s.monitor.close();
+    if (s.dealer) s.dealer.close();
+    if (s.monitor) s.monitor.close();
   }
 }
 
@@ -414,6 +424,7 @@ bool ClientImpl::Transmit(Outgoing& o) {
     for (size_t i = 0; i < o.parts.size(); ++i) copies[i].copy(o.parts[i]);
     wire = &copies;
   }
+  if (!s.dealer) return false;  // a retired id without sockets
   try {
     sent = zmq::send_multipart(s.dealer, *wire, zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t&) {
@@ -488,7 +499,7 @@ void ClientImpl::DrainRetries(uint32_t server, Clock::time_point now) {
 void ClientImpl::ReceiveFrom(uint32_t server) {
   for (;;) {
     std::vector<zmq::message_t> parts;
-    if (!TryRecv(servers_[server].dealer, &parts)) return;
+    if (!servers_[server].dealer || !TryRecv(servers_[server].dealer, &parts)) return;
     if (parts.empty()) continue;
     Header h;
     Status s = DecodeHeader(parts[0].data(), parts[0].size(), &h);

@@ -110,14 +110,18 @@ Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>&
   // on from where they were.
   for (size_t i : ids) {
     ServerConn& s = servers_[i];
-    try {
-      if (!s.address.empty()) s.dealer.disconnect(s.address);
-    } catch (const zmq::error_t&) {  // disconnected when a fail-over retired it
-    }
-    try {
-      s.dealer.connect(m.addresses[i]);
-    } catch (const zmq::error_t& e) {
-      return Status::InvalidArgument("bad endpoint '" + m.addresses[i] + "': " + e.what());
+    if (!s.dealer) {  // known only retired: no sockets yet
+      TESSERA_RETURN_IF_ERROR(OpenSockets(static_cast<uint32_t>(i), m.addresses[i]));
+    } else {
+      try {
+        if (!s.address.empty()) s.dealer.disconnect(s.address);
+      } catch (const zmq::error_t&) {  // disconnected when a fail-over retired it
+      }
+      try {
+        s.dealer.connect(m.addresses[i]);
+      } catch (const zmq::error_t& e) {
+        return Status::InvalidArgument("bad endpoint '" + m.addresses[i] + "': " + e.what());
+      }
     }
     s.address = m.addresses[i];
     s.retired_by = 0;
