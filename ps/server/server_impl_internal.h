@@ -204,12 +204,10 @@ class ServerImpl {
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::unique_ptr<FileWriter> writer_;
   IoThread io_;  // io_state_internal.h
-
   // The cluster map (map_fence_internal.h): set on any thread, read by the I/O thread.
   MapFence fence_;
   // Resharding and backup fills, the copy-in side (slot_migration_internal.h).
   SlotMigration migration_{RandomInstance()};
-
   // Replication (replication_queue_internal.h): the primary's queue, the backup's held
   // pushes; the links to backups (I/O thread only).
   struct Replication {
@@ -218,7 +216,6 @@ class ServerImpl {
     BackupLinks links;
   } repl_{ReplicationQueue(migration_.instance() | 1), {},
           BackupLinks(ctx_, options_.curve_secret_key)};
-
   // State below is owned by the I/O thread.
   TableRegistry tables_;
   Consistency consistency_;
@@ -242,7 +239,6 @@ class ServerImpl {
                           std::chrono::milliseconds(options_.idle_connection_timeout_ms)),
           PeerTable(options_.max_in_flight_per_peer),
           std::string()};
-
   // Metrics (server_metrics_internal.h): the registry the options name, else this one.
   std::unique_ptr<metrics::Registry> own_registry_;
   std::unique_ptr<ServerMetrics> metrics_;
