@@ -33,6 +33,14 @@ std::unique_ptr<Client> Connect(const LocalCluster& c, ClientOptions o = {}) {
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
+// Worker `id` of a job of `of` workers, with clocks and no staleness bound.
+std::unique_ptr<Client> ConnectWorker(const LocalCluster& c, uint32_t id, uint32_t of) {
+  ClientOptions o;
+  o.worker_id = id;
+  o.consistency = {.num_workers = of, .staleness = -1};
+  return Connect(c, o);
+}
+
 struct Model {
   Table emb, mlp;
 };
@@ -256,10 +264,7 @@ TEST(CheckpointTest, CutUnderAsyncTrainingIsConsistent) {
   std::vector<std::thread> workers;
   for (uint32_t w = 0; w < 2; ++w) {
     workers.emplace_back([&, w] {
-      ClientOptions o;
-      o.worker_id = w;
-      o.consistency = {.num_workers = 2, .staleness = -1};
-      auto c = Connect(a, o);
+      auto c = ConnectWorker(a, w, 2);
       if (!c) {
         failed = true;
         return;
@@ -314,12 +319,7 @@ TEST(CheckpointTest, AJobThatGoesOnWithFewerWorkersIsCheckpointed) {
   ASSERT_TRUE(t.ok());
   std::vector<uint64_t> keys = {1, 2000003, 4000037};
   const std::vector<float> g(keys.size() * 2, 1.0f);
-  auto worker = [&](uint32_t id, uint32_t of) {
-    ClientOptions o;
-    o.worker_id = id;
-    o.consistency = {.num_workers = of, .staleness = -1};
-    return Connect(a, o);
-  };
+  auto worker = [&](uint32_t id, uint32_t of) { return ConnectWorker(a, id, of); };
   {  // Three steps of four workers.
     std::vector<std::unique_ptr<Client>> four;
     for (uint32_t w = 0; w < 4; ++w) four.push_back(worker(w, 4));
@@ -374,10 +374,7 @@ TEST(CheckpointTest, ACutTheWorkersNeverReachIsGivenUpAndReleasesWhatItHeld) {
   OptimizerSpec sgd{.kind = OptimizerKind::kSgd, .learning_rate = 1.0f};
   auto t = admin->CreateTable(TableSpec::Sparse("w", 2, sgd));
   ASSERT_TRUE(t.ok());
-  ClientOptions wo;
-  wo.worker_id = 0;
-  wo.consistency = {.num_workers = 2, .staleness = -1};
-  auto w0 = Connect(a, wo);
+  auto w0 = ConnectWorker(a, 0, 2);
   ASSERT_NE(w0, nullptr);
   const std::vector<uint64_t> keys = {7};
   const std::vector<float> g = {1.0f, 1.0f};
@@ -406,10 +403,7 @@ TEST(CheckpointTest, AnAbortEndsOnlyTheCheckpointItNames) {
   ASSERT_TRUE(a.Start().ok());
   auto admin = Connect(a);
   ASSERT_NE(admin, nullptr);
-  ClientOptions wo;
-  wo.worker_id = 0;
-  wo.consistency = {.num_workers = 2, .staleness = -1};
-  auto w0 = Connect(a, wo);
+  auto w0 = ConnectWorker(a, 0, 2);
   ASSERT_NE(w0, nullptr);
   ASSERT_TRUE(w0->Wait(w0->Clock()).ok());  // worker 1 never clocks: the cut waits
   Result<int64_t> cut = Status::Internal("not run");
@@ -448,10 +442,7 @@ TEST(CheckpointTest, ACutAskedForMoreWorkersThanTheJobHasIsTakenOverItsWorkers) 
   ASSERT_NE(admin, nullptr);
   auto t = admin->CreateTable(TableSpec::Sparse("w", 2));
   ASSERT_TRUE(t.ok());
-  ClientOptions wo;
-  wo.worker_id = 0;
-  wo.consistency = {.num_workers = 1, .staleness = -1};
-  auto w0 = Connect(a, wo);
+  auto w0 = ConnectWorker(a, 0, 1);
   ASSERT_NE(w0, nullptr);
   const std::vector<uint64_t> keys = {7};
   const std::vector<float> g = {1.0f, 1.0f};

@@ -134,10 +134,7 @@ void ServerImpl::TakeSnapshotIfReady() {
   // Taken once every worker has finished the steps up to the cut.
   const CutState* pending = cut_.state();
   if (pending == nullptr) return;
-  // Over the job's workers now: those that left a job that went on with fewer (its latest
-  // Clocks say how many) are not waited for.
-  const uint32_t job = consistency_.job_workers();
-  const uint32_t workers = job > 0 ? std::min(pending->num_workers, job) : pending->num_workers;
+  const uint32_t workers = cut_.Workers(consistency_.job_workers());
   if (pending->num_workers > 0 && consistency_.MinClock(workers) < pending->cut + 1) return;
   // ReleaseReady calls again.
   if (pending->num_workers > 0 && repl_.queue.WaitsForPushUpTo(pending->cut)) return;

@@ -117,8 +117,7 @@ void ServerImpl::AbortCutOnMapChange() {
 // pushes of later steps for good.
 void ServerImpl::AbortExpiredCut() {
   const CutState* cut = cut_.state();
-  const uint32_t job = consistency_.job_workers();
-  const uint32_t workers = job > 0 ? std::min(cut->num_workers, job) : cut->num_workers;
+  const uint32_t workers = cut_.Workers(consistency_.job_workers());
   const int64_t reached = consistency_.MinClock(workers);
   LOG(WARNING) << "checkpoint at clock " << cut->cut << " given up: the slowest of " << workers
                << " workers is at clock " << reached << " after the cut's timeout";

@@ -2,6 +2,7 @@
 // and the pushes of later steps parked until it is taken.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -53,6 +54,12 @@ class CheckpointCut {
 
   /// True when `p` is a push of a step after the pending cut: it is parked.
   bool Park(const std::shared_ptr<Pending>& p);
+  /// The workers the pending cut waits for when the job has `job_workers` by its latest Clock
+  /// (0: none had one): at most the job's, so those that left a job that went on with fewer
+  /// are not waited for.
+  uint32_t Workers(uint32_t job_workers) const {
+    return job_workers > 0 ? std::min(cut_->num_workers, job_workers) : cut_->num_workers;
+  }
   /// True when a cut is pending past its deadline at `now`.
   bool Expired(std::chrono::steady_clock::time_point now) const {
     return cut_ && cut_->deadline != std::chrono::steady_clock::time_point{} &&

@@ -21,6 +21,9 @@ TEST(CheckpointCut, ParksOnlyPushesOfStepsAfterThePendingCut) {
   cut.Begin(CutState{4, 2, "dir", Request(Op::kCheckpoint, 4)});
   EXPECT_TRUE(cut.pending());
   EXPECT_EQ(cut.state()->cut, 4);
+  EXPECT_EQ(cut.Workers(0), 2u);  // no Clock yet: the cut's own count
+  EXPECT_EQ(cut.Workers(1), 1u);  // the job went on with one worker
+  EXPECT_EQ(cut.Workers(8), 2u);
   EXPECT_FALSE(cut.Park(Request(Op::kSparsePush, 4)));                     // a step up to the cut
   EXPECT_FALSE(cut.Park(Request(Op::kSparsePull, 5)));                     // a read
   EXPECT_FALSE(cut.Park(Request(Op::kSparsePush, 5, /*num_workers=*/0)));  // no clock
