@@ -363,6 +363,17 @@ tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
 bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOptions* o,
                       std::optional<tessera::CoordinatorUrl>* coordinator) {
   if (!ListenFromFlags(cluster, &o->listen)) return false;
+  // Seconds held in milliseconds (uint32): a larger value would wrap to a short timeout.
+  constexpr uint32_t kMaxTimeoutS = UINT32_MAX / 1000;
+  for (auto [name, value] : {std::pair{"checkpoint_cut_timeout_s", FLAGS_checkpoint_cut_timeout_s},
+                             std::pair{"idle_connection_timeout_s",
+                                       FLAGS_idle_connection_timeout_s}}) {
+    if (value > kMaxTimeoutS) {
+      std::cerr << "tessera-server: --" << name << "=" << value << " is over the bound "
+                << kMaxTimeoutS << " (49 days)\n";
+      return false;
+    }
+  }
   o->rank = FLAGS_rank;
   o->num_servers = static_cast<uint32_t>(cluster.size());
   o->lanes = FLAGS_lanes;

@@ -80,6 +80,13 @@ TEST(ServerInputBounds, ClusterFileAndFlagfileThatNeverEndAreRefused) {
        "--flagfile=/dev/zero is not a regular file"},
       {{TESSERA_WORKER_BINARY, "--flagfile=/dev/zero"},
        "--flagfile=/dev/zero is not a regular file"},
+      // Seconds the server holds in uint32 milliseconds: 4294968 s would wrap to 704 ms.
+      {{TESSERA_SERVER_BINARY, "--cluster=tcp://127.0.0.1:1", "--rank=0",
+        "--checkpoint_cut_timeout_s=4294968"},
+       "--checkpoint_cut_timeout_s=4294968 is over the bound 4294967"},
+      {{TESSERA_SERVER_BINARY, "--cluster=tcp://127.0.0.1:1", "--rank=0",
+        "--idle_connection_timeout_s=4294968"},
+       "--idle_connection_timeout_s=4294968 is over the bound 4294967"},
   };
   for (const Case& c : cases) {
     ProgramRun r = RunProgram(c.args, "flags", 60);
