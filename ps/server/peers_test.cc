@@ -104,7 +104,7 @@ TEST(Consistency, MinClockCostsTheClocksHeldNotTheWorkerCount) {
   EXPECT_EQ(c.MinClock(1), 5);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 100000; ++i) ASSERT_EQ(c.MinClock(0xFFFFFFFFu), 0);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
 }  // namespace
