@@ -395,6 +395,35 @@ TEST(EdgeTest, ConnectionsBeyondTheLimitAreRefusedClearly) {
   EXPECT_TRUE(Contains(*st, "refused_connections ")) << *st;
 }
 
+// Issue 35 item 4: --max_connections_per_ip bounds the connections one address is served on
+// (every client here comes from 127.0.0.1): the third is refused naming the flag, and gets
+// its place when one of the two closes.
+TEST(EdgeTest, ConnectionsOfOneAddressAreBounded) {
+  LocalClusterOptions o = testing::Servers(1);
+  o.extra_flags = {"--max_connections_per_ip=2"};
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c1 = Connect(cluster);
+  auto c2 = Connect(cluster);
+  ASSERT_TRUE(c1 && c2);
+  ClientOptions co;
+  co.servers = cluster.endpoints();
+  auto c3 = Client::Create(co);
+  ASSERT_FALSE(c3.ok());
+  EXPECT_EQ(c3.status().code(), StatusCode::kResourceExhausted) << c3.status().ToString();
+  EXPECT_TRUE(Contains(c3.status().message(), "--max_connections_per_ip")) << c3.status().ToString();
+  EXPECT_TRUE(Contains(c3.status().message(), "127.0.0.1")) << c3.status().ToString();
+  EXPECT_TRUE(c1->ServerStats(0).ok());
+  c2.reset();
+  Result<std::unique_ptr<Client>> c4 = Status::Unavailable("not yet");
+  for (int i = 0; i < 50 && !c4.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c4 = Client::Create(co);
+  }
+  ASSERT_TRUE(c4.ok()) << c4.status().ToString();
+  EXPECT_TRUE((*c4)->ServerStats(0).ok());
+}
+
 // Issue 35: connections that finish the handshake and never send do not lock clients out:
 // once idle for --idle_connection_timeout_s, one gives its place to a new client. Before, every
 // new client was refused for as long as they stayed open.

@@ -64,6 +64,11 @@ struct ServerOptions {
   /// sent one) loses its place to a connection that needs one while --max_connections are
   /// open, so idle connections cannot lock clients out. 0: never. Default: 60000 (1 minute).
   uint32_t idle_connection_timeout_ms = 60000;
+  /// Most connections of one source IP address served at once (within max_connections), so
+  /// one host cannot take every place; its later ones wait, refused, until one of its own
+  /// closes (or is idle and displaced). 0: no limit (the default: a node may run many
+  /// workers, and all of a Kubernetes node's pods may share an address behind NAT).
+  uint32_t max_connections_per_ip = 0;
   /// Most requests of one client (connection) in flight on the server (queued, running,
   /// parked by staleness or a checkpoint cut); more get ResourceExhausted. 0: no limit.
   /// Default: 1024.

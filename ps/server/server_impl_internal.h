@@ -236,7 +236,8 @@ class ServerImpl {
     std::string admin_root;  // canonical; empty: admin ops disabled
   } edge_{zmq::socket_t(ctx_, zmq::socket_type::pair),
           ConnectionTable(options_.max_connections,
-                          std::chrono::milliseconds(options_.idle_connection_timeout_ms)),
+                          std::chrono::milliseconds(options_.idle_connection_timeout_ms),
+                          options_.max_connections_per_ip),
           PeerTable(options_.max_in_flight_per_peer),
           std::string()};
   // Metrics (server_metrics_internal.h): the registry the options name, else this one.

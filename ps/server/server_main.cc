@@ -88,6 +88,10 @@ DEFINE_uint32(idle_connection_timeout_s, 60,
 DEFINE_uint32(max_connections, 1024,
               "Most client connections served at once; later ones are refused with "
               "ResourceExhausted until one closes (0: no limit). Needs as many file descriptors");
+DEFINE_uint32(max_connections_per_ip, 0,
+              "Most connections of one source IP address served at once, within "
+              "--max_connections; later ones are refused until one of its own closes (0: no "
+              "limit)");
 DEFINE_uint32(max_in_flight_per_peer, 1024,
               "Most requests of one client connection in flight on the server (0: no limit)");
 DEFINE_uint32(send_hwm, 1000,
@@ -384,6 +388,7 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->admin_root = FLAGS_admin_root;
   o->checkpoint_cut_timeout_ms = FLAGS_checkpoint_cut_timeout_s * 1000;
   o->max_connections = FLAGS_max_connections;
+  o->max_connections_per_ip = FLAGS_max_connections_per_ip;
   o->idle_connection_timeout_ms = FLAGS_idle_connection_timeout_s * 1000;
   o->max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
   o->send_hwm = FLAGS_send_hwm;
