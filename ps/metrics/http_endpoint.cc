@@ -117,8 +117,9 @@ Result<int> Listen(const std::string& address, uint32_t port) {
 // only /metrics, whose rendering walks the registry and its collectors under the registry's
 // mutex, goes to the scrape thread, which renders once for every scrape waiting and hands the
 // text back through `wake_fd`. So no probe waits behind a scrape, and at most
-// max_connections descriptors are held: the oldest connection still sending its request makes
-// room for a new one (a probe sends its request at once and is answered in the same pass).
+// max_connections descriptors are held: an answered connection, else the oldest one still
+// sending its request, makes room for a new one (a probe sends its request at once; what has
+// arrived is read and answered before a connection is chosen for eviction).
 struct HttpEndpoint::Impl {
   enum class State { kReading, kScraping, kWriting, kLingering };
   struct Conn {
