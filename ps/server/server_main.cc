@@ -103,7 +103,9 @@ DEFINE_uint32(recv_hwm, 1000,
 DEFINE_uint32(metrics_port, 0,
               "Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port "
               "(0: off). /readyz answers 503 until recovery has finished");
-DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on");
+DEFINE_string(metrics_address, "127.0.0.1",
+              "Address the metrics port listens on: 127.0.0.1 (this machine only) by default; "
+              "0.0.0.0 or the pod's IP where probes and scrapers come from outside");
 DEFINE_string(coordinator, "",
               "etcd://HOST:PORT/PREFIX: register this server in etcd as PREFIX/members/"
               "server-RANK (its --cluster entry) under a lease, removed at shutdown "
