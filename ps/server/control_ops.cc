@@ -90,7 +90,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "errors " << counts_.errors << "\n"
     << "pushes " << counts_.pushes << "\n"
     << "retried_pushes " << counts_.retried_pushes << "\n"
-    << "map_version " << fence_.ReplyVersion() << "\n"
+    << "map_version " << fence_.version() << "\n"
     << "stale_map_refusals " << fence_.refusals() << "\n"
     << "slot_rows_exported " << migration_.rows_exported.load() << "\n"
     << "slot_rows_imported " << migration_.rows_imported.load() << "\n"
