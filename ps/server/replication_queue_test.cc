@@ -325,18 +325,26 @@ TEST(ReplicationQueue, APieceItsBackupNeverAnswersFailsItsEntryAndResendsKeepThe
   ReplEntry& a = f.Add("a", Request(Op::kSparsePush, 1, 1), {2});
   ReplEntry& b = f.Add("b", Request(Op::kSparsePush, 1, 2), {2});
   ReplEntry& c = f.Add("c", Request(Op::kSparsePush, 3, 1), {2});
+  std::vector<ReplEntry*> more;  // enough that a hash map's order is not the sent order
+  for (uint64_t i = 0; i < 60; ++i) {
+    more.push_back(&f.Add("more", Request(Op::kSparsePush, 4, i + 1), {2}));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   for (ReplEntry* e : {&a, &b, &c}) e->pieces[0].sent_at = e->pieces[0].heard = t0;
+  for (ReplEntry* e : more) e->pieces[0].sent_at = e->pieces[0].heard = t0;
   std::vector<ReplPiece*> due;
   EXPECT_TRUE(f.queue.Due(t0 + ReplicationQueue::kReplicaResend, &due).empty());
-  ASSERT_EQ(due.size(), 3u);
-  for (size_t i = 0; i < due.size(); ++i) EXPECT_EQ(due[i]->request_id, i + 1);  // first sent first
-  // b and c were answered (Unavailable: held there) since; a was not, ever.
+  ASSERT_EQ(due.size(), 63u);
+  for (size_t i = 0; i < due.size(); ++i) {
+    ASSERT_EQ(due[i]->request_id, i + 1) << "resent out of the order they were first sent";
+  }
+  // All but a were answered (Unavailable: held there) since; a was not, ever.
+  for (ReplEntry* e : more) e->pieces[0].heard = t0 + std::chrono::seconds(40);
   b.pieces[0].heard = c.pieces[0].heard = t0 + std::chrono::seconds(40);
   due.clear();
   std::vector<ReplEntry*> failing = f.queue.Due(t0 + ReplicationQueue::kSilenceLimit, &due);
   EXPECT_EQ(failing, (std::vector<ReplEntry*>{&a}));
-  EXPECT_EQ(due.size(), 2u);
+  EXPECT_EQ(due.size(), 62u);
 }
 
 }  // namespace
