@@ -86,7 +86,29 @@ TEST_F(ForwardedPushTest, AForgedForwardedPushIsRefusedAndThePrimaryServesOn) {
   r = forger.Call(bad, {Bytes(keys), Bytes(big)});
   EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
 
+  // The same of a DensePush: zero elements, no frame.
+  OptimizerSpec sgd;
+  sgd.learning_rate = 1.0f;
+  auto dense = c->CreateTable(TableSpec::Dense("mlp", 3000, sgd));
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  Header d;
+  d.op = Op::kDensePush;
+  d.table_id = dense->id;
+  d.elem_type = ElemType::kF32;
+  d.replica_from = 2;
+  d.map_version = UINT64_MAX;
+  r = forger.Call(d);
+  EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
+  EXPECT_NE(r.message.find("forwarded DensePush of zero items"), std::string::npos) << r.message;
+
   PushAndRead(*c, t, keys, 1.0f, 4.0f);  // none of the forged values was applied
+  const std::vector<float> dg(3000, 2.0f);
+  Status s = c->Wait(c->DensePush(*dense, 0, dg));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::vector<float> dout(3000, -999.0f);
+  s = c->Wait(c->DensePull(*dense, 0, dout.size(), dout.data()));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < dout.size(); ++i) ASSERT_EQ(dout[i], -2.0f) << "dense element " << i;
   EXPECT_EQ(ServerStat(2, "replica_parked_now"), 0);
   EXPECT_EQ(ServerStat(2, "replica_refused_ahead"), 1);
 }
