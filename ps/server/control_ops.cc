@@ -106,6 +106,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "fill_held_total " << repl_.park.fill_held_total() << "\n"
     << "replica_parked_now " << repl_.park.size() << "\n"
     << "replica_resends_dropped " << repl_.park.resends_dropped() << "\n"
+    << "replica_held_expired " << repl_.park.expired() << "\n"
+    << "replica_refused_ahead " << repl_.park.refused_ahead() << "\n"
     << "fill_exports_waiting " << migration_.exports_waiting() << "\n"
     << "barrier_waiters " << consistency_.barrier_waiters() << "\n"
     << "log_last_seq " << log_->last_seq() << "\n"

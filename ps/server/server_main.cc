@@ -282,6 +282,11 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   } else {
     return first.status();
   }
+  // A forwarded push ahead of the server's map has it read again (Server::SetClusterMapLoader)
+  // through a source of its own, which the server owns (it outlives `source`).
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<tessera::EtcdClusterMapSource> reread,
+                           tessera::EtcdClusterMapSource::Create(url));
+  TESSERA_RETURN_IF_ERROR(server->SetClusterMapLoader([reread] { return reread->Load(); }));
   TESSERA_RETURN_IF_ERROR(source->Watch(
       [server](const tessera::Result<tessera::RoutingMap>& m) { ApplyClusterMap(server, m); }));
   return source;
