@@ -1,8 +1,8 @@
 // Who may do what (issue 35, items 3 and 13; docs/operations.md, "Security"): real
 // tessera-server processes with CurveZMQ keys made here. A key not in --authorized_clients is
 // refused at the handshake; a listed client may push and pull but not checkpoint, abort a
-// checkpoint, restore, export, drop slots or forge a forwarded push (and nothing of those
-// changes a row); a key in --admin_clients may checkpoint and restore.
+// checkpoint, restore, export, export or drop slots or forge a forwarded push (each
+// PermissionDenied, and no row changes); a key in --admin_clients may checkpoint and restore.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -37,6 +37,9 @@ class CurveAccessTest : public ::testing::Test {
     fs::create_directories(dir_);
     Write("server.key", server_.secret_key + "\n");
     Write("peer.key", peer_.secret_key + "\n");
+    Write("server.pub", server_.public_key + "\n");
+    Write("admin.key", admin_.secret_key + "\n");
+    Write("client.key", client_.secret_key + "\n");
     Write("clients", "# the workers\n" + client_.public_key + " worker-0\n\n");
     Write("admins", admin_.public_key + "\n");
     testing::LocalClusterOptions o = testing::Servers(2);
@@ -131,7 +134,9 @@ TEST_F(CurveAccessTest, ListedClientMayTrainButNotTakePeerOrAdminOps) {
   Client::SlotExportRequest how;
   denied(c->ExportSlots(0, 0, slots, how).status(), "SlotExport");
   // Raw envelopes with the listed key: a checkpoint abort (count 1) and a forwarded push
-  // (replica_from 2) of a large gradient to every row.
+  // (replica_from 2) of a large gradient to every row. (A static server would refuse that push
+  // anyway, as it backs up nothing; tests/elastic/curve_replication_test.cc forges one where a
+  // backup would apply it.)
   const testing::RawCurveKeys raw_keys{server_.public_key, client_.public_key, client_.secret_key};
   for (uint32_t r = 0; r < 2; ++r) {
     testing::RawPeer raw(cluster_->endpoints()[r], 10000, &raw_keys);
@@ -168,6 +173,24 @@ TEST_F(CurveAccessTest, ListedClientMayTrainButNotTakePeerOrAdminOps) {
   const Header reply = raw.Call(fwd, {testing::Bytes(std::vector<uint64_t>{1}),
                                       testing::Bytes(std::vector<float>{5, 5})});
   EXPECT_EQ(reply.status, StatusCode::kPermissionDenied) << reply.message;
+}
+
+// tessera-ctl presents its key with --curve_client_key_file: a listed client's key connects but
+// may not checkpoint, the admin key may.
+TEST_F(CurveAccessTest, TesseraCtlCheckpointsWithTheAdminKeyOnly) {
+  const auto& eps = cluster_->endpoints();
+  const std::vector<std::string> base = {
+      TESSERA_CTL_BINARY, "--cluster=" + eps[0] + "," + eps[1],
+      "--curve_server_key_file=" + dir_ + "/server.pub", "--admin_root=" + cluster_->admin_root(),
+      "--timeout_s=60"};
+  std::vector<std::string> plain = base, admin = base;
+  plain.insert(plain.end(), {"--curve_client_key_file=" + dir_ + "/client.key", "checkpoint", "ck"});
+  admin.insert(admin.end(), {"--curve_client_key_file=" + dir_ + "/admin.key", "checkpoint", "ck"});
+  std::string out;
+  EXPECT_EQ(testing::RunCommand(plain, &out), 1) << out;
+  EXPECT_TRUE(Contains(out, "PermissionDenied")) << out;
+  EXPECT_EQ(testing::RunCommand(admin, &out), 0) << out;
+  EXPECT_TRUE(Contains(out, "checkpoint written to ck")) << out;
 }
 
 // Without CurveZMQ the key lists mean nothing: a server given one refuses to start.

@@ -10,6 +10,25 @@
 
 namespace tessera {
 namespace internal {
+namespace {
+
+// The key pair a client with ClientOptions::curve_server_key presents: its own
+// (curve_client_secret_key) or a fresh one.
+Result<CurveKeyPair> ClientCurveKeys(const ClientOptions& o) {
+  if (o.curve_server_key.size() != 40) {
+    return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
+                                   std::to_string(o.curve_server_key.size()));
+  }
+  if (o.curve_client_secret_key.empty()) return GenerateCurveKeyPair();
+  auto pub = CurvePublicKey(o.curve_client_secret_key);
+  if (!pub.ok()) {
+    return Status::InvalidArgument("ClientOptions::curve_client_secret_key: " +
+                                   pub.status().message());
+  }
+  return CurveKeyPair{*pub, o.curve_client_secret_key};
+}
+
+}  // namespace
 
 Status ClientImpl::Start() {
   if (options_.servers.empty()) return Status::InvalidArgument("no server endpoints");
@@ -31,20 +50,7 @@ Status ClientImpl::Start() {
                                    std::to_string(options_.consistency.staleness));
   }
   if (!options_.curve_server_key.empty()) {
-    if (options_.curve_server_key.size() != 40) {
-      return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
-                                     std::to_string(options_.curve_server_key.size()));
-    }
-    if (options_.curve_client_secret_key.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(curve_mine_, GenerateCurveKeyPair());
-    } else {
-      auto pub = CurvePublicKey(options_.curve_client_secret_key);
-      if (!pub.ok()) {
-        return Status::InvalidArgument("ClientOptions::curve_client_secret_key: " +
-                                       pub.status().message());
-      }
-      curve_mine_ = {*pub, options_.curve_client_secret_key};
-    }
+    TESSERA_ASSIGN_OR_RETURN(curve_mine_, ClientCurveKeys(options_));
   }
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) return Status::Internal("eventfd failed");

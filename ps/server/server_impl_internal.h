@@ -197,9 +197,8 @@ class ServerImpl {
   const ServerOptions options_;
   zmq::context_t ctx_;
   zmq::socket_t router_;   // I/O thread only (after Start)
-  // Who may send the peer and admin ops, and CurveZMQ's key check (access_internal.h).
-  AccessPolicy access_;  // set by BindSocket
-  std::unique_ptr<ZapHandler> zap_;
+  AccessPolicy access_;              // who may send peer and admin ops (access_internal.h)
+  std::unique_ptr<ZapHandler> zap_;  // CurveZMQ's key check; null without CurveZMQ
   zmq::socket_t replies_;  // I/O thread only
   std::string endpoint_;
   std::unique_ptr<StorageEngine> engine_;
