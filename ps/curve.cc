@@ -38,8 +38,9 @@ bool IsZ85Key(const std::string& key) {
 Result<std::string> CurvePublicKey(const std::string& secret_key) {
   char pub[41] = {};
   if (!IsZ85Key(secret_key) || zmq_curve_public(pub, secret_key.c_str()) != 0) {
-    return Status::InvalidArgument("a CurveZMQ secret key has 40 Z85 characters, got " +
-                                   std::to_string(secret_key.size()) + " characters that are not one");
+    return Status::InvalidArgument(
+        "a CurveZMQ secret key has 40 Z85 characters, got " + std::to_string(secret_key.size()) +
+        (secret_key.size() == 40 ? " that are not all Z85" : ""));
   }
   return std::string(pub, 40);
 }
