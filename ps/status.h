@@ -25,6 +25,7 @@ enum class StatusCode : uint8_t {
   kInternal = 9,
   kFailedPrecondition = 10,
   kCancelled = 11,
+  kPermissionDenied = 12,  ///< The sender lacks the rights the op needs (peer or admin).
 };
 
 /// Name of a code, e.g. "InvalidArgument".
@@ -57,6 +58,9 @@ class [[nodiscard]] Status {
     return {StatusCode::kFailedPrecondition, std::move(m)};
   }
   static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

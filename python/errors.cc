@@ -12,7 +12,7 @@
 namespace tessera::python {
 namespace {
 
-constexpr size_t kNumCodes = static_cast<size_t>(StatusCode::kCancelled) + 1;
+constexpr size_t kNumCodes = static_cast<size_t>(StatusCode::kPermissionDenied) + 1;
 
 // The exception class of each StatusCode. Owned by the module for the life of the
 // interpreter: the references are leaked on purpose, since a static py::object would be
@@ -64,6 +64,7 @@ void RegisterErrors(py::module_& m) {
       {StatusCode::kInternal, "InternalError", nullptr},
       {StatusCode::kFailedPrecondition, "FailedPreconditionError", nullptr},
       {StatusCode::kCancelled, "CancelledError", nullptr},
+      {StatusCode::kPermissionDenied, "PermissionDeniedError", PyExc_PermissionError},
   };
   for (const Def& d : defs) {
     const std::string qualified = std::string("tessera.") + d.name;

@@ -12,13 +12,26 @@
 
 namespace tessera::testing {
 
+/// The CurveZMQ keys (Z85) a RawPeer presents to a server started with a secret key.
+struct RawCurveKeys {
+  std::string server_public;
+  std::string public_key;
+  std::string secret_key;
+};
+
 /// One DEALER connection. Not thread-safe.
 class RawPeer {
  public:
-  explicit RawPeer(const std::string& endpoint, int reply_timeout_ms = 10000)
+  explicit RawPeer(const std::string& endpoint, int reply_timeout_ms = 10000,
+                   const RawCurveKeys* curve = nullptr)
       : sock_(ctx_, zmq::socket_type::dealer) {
     sock_.set(zmq::sockopt::linger, 0);
     sock_.set(zmq::sockopt::rcvtimeo, reply_timeout_ms);
+    if (curve != nullptr) {
+      sock_.set(zmq::sockopt::curve_serverkey, curve->server_public);
+      sock_.set(zmq::sockopt::curve_publickey, curve->public_key);
+      sock_.set(zmq::sockopt::curve_secretkey, curve->secret_key);
+    }
     sock_.connect(endpoint);
   }
   zmq::socket_t& socket() { return sock_; }

@@ -151,6 +151,10 @@ Status Job::Connect() {
   if (!o_.curve_server_key_file.empty()) {
     TESSERA_ASSIGN_OR_RETURN(copt.curve_server_key, ReadCurveKeyFile(o_.curve_server_key_file));
   }
+  if (!o_.curve_client_key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(copt.curve_client_secret_key,
+                             ReadCurveKeyFile(o_.curve_client_key_file));
+  }
   if (o_.cluster_map) {
     auto source = o_.cluster_map();
     if (!source.ok()) return source.status().WithContext("--coordinator");

@@ -50,6 +50,9 @@ struct JobOptions {
   /// File holding the servers' CurveZMQ public key (--curve_server_key_file); empty: no
   /// encryption. Default: empty.
   std::string curve_server_key_file;
+  /// File holding this worker's own CurveZMQ secret key (--curve_client_key_file); empty: a
+  /// fresh key pair. Default: empty.
+  std::string curve_client_key_file;
   /// Timeout of one request, in milliseconds (--request_timeout_ms). Default: 60000.
   int64_t request_timeout_ms = 60000;
   /// How long calls to a server that is down are retried before the job fails, in milliseconds;

@@ -30,6 +30,10 @@ DEFINE_string(coordinator, "",
 DEFINE_string(curve_server_key_file, "",
               "File holding the servers' CurveZMQ public key (clusters started with "
               "--curve_secret_key_file)");
+DEFINE_string(curve_client_key_file, "",
+              "File holding this worker's own CurveZMQ secret key, for servers started with "
+              "--authorized_clients (a key listed there) or --admin_clients (a worker that "
+              "checkpoints its best model needs an admin key); empty: a fresh key");
 DEFINE_uint32(worker_id, 0, "This worker's rank among the job's workers");
 DEFINE_uint32(num_workers, 1, "Workers (nodes) in the job");
 DEFINE_uint32(local_ranks, 1,
@@ -213,6 +217,7 @@ std::optional<int> ClusterFromFlags(tw::JobOptions* o) {
     o->servers = *servers;
   }
   o->curve_server_key_file = FLAGS_curve_server_key_file;
+  o->curve_client_key_file = FLAGS_curve_client_key_file;
   o->request_timeout_ms = FLAGS_request_timeout_ms;
   o->retry_for_ms = FLAGS_retry_for_ms;
   o->admin_root = FLAGS_admin_root;

@@ -63,6 +63,11 @@ struct ClientOptions {
   /// or one for servers without encryption) fails Create() and calls to that server within
   /// about a second with FailedPrecondition naming the key.
   std::string curve_server_key;
+  /// With curve_server_key: this client's own CurveZMQ secret key (40 Z85 characters), for
+  /// servers that let in only listed keys (tessera-server --authorized_clients) or give a key
+  /// admin rights (--admin_clients). A key the servers refuse fails Create() with
+  /// FailedPrecondition. Default: empty: a fresh key pair (a client with no listed key).
+  std::string curve_client_secret_key;
   /// The servers' --admin_root as this process sees it (the same shared directory). Checkpoint
   /// and Export write their marker files (CHECKPOINT, EXPORT, LATEST) under it and read
   /// LATEST from it; the servers resolve the same relative names under their own root.

@@ -10,6 +10,25 @@
 
 namespace tessera {
 namespace internal {
+namespace {
+
+// The key pair a client with ClientOptions::curve_server_key presents: its own
+// (curve_client_secret_key) or a fresh one.
+Result<CurveKeyPair> ClientCurveKeys(const ClientOptions& o) {
+  if (o.curve_server_key.size() != 40) {
+    return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
+                                   std::to_string(o.curve_server_key.size()));
+  }
+  if (o.curve_client_secret_key.empty()) return GenerateCurveKeyPair();
+  auto pub = CurvePublicKey(o.curve_client_secret_key);
+  if (!pub.ok()) {
+    return Status::InvalidArgument("ClientOptions::curve_client_secret_key: " +
+                                   pub.status().message());
+  }
+  return CurveKeyPair{*pub, o.curve_client_secret_key};
+}
+
+}  // namespace
 
 Status ClientImpl::Start() {
   if (options_.servers.empty()) return Status::InvalidArgument("no server endpoints");
@@ -31,11 +50,7 @@ Status ClientImpl::Start() {
                                    std::to_string(options_.consistency.staleness));
   }
   if (!options_.curve_server_key.empty()) {
-    if (options_.curve_server_key.size() != 40) {
-      return Status::InvalidArgument("a CurveZMQ public key has 40 Z85 characters, got " +
-                                     std::to_string(options_.curve_server_key.size()));
-    }
-    TESSERA_ASSIGN_OR_RETURN(curve_mine_, GenerateCurveKeyPair());
+    TESSERA_ASSIGN_OR_RETURN(curve_mine_, ClientCurveKeys(options_));
   }
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) return Status::Internal("eventfd failed");
@@ -232,6 +247,11 @@ void ClientImpl::HandshakeFailed(uint32_t server, uint16_t event, uint32_t value
     why = who +
           " requires CurveZMQ encryption: set ClientOptions::curve_server_key "
           "(--curve_server_key_file) to the servers' public key";
+  } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value >= 400 && value < 500) {
+    // The server's ZAP handler refused this client's own key (status 400).
+    why = who + " refused this client's CurveZMQ key (ZAP status " + std::to_string(value) +
+          "): its public key is not in the server's --authorized_clients or --admin_clients; "
+          "set ClientOptions::curve_client_secret_key (--curve_client_key_file) to a listed key";
   } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
              event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
     why = "the CurveZMQ encryption handshake with " + who + " failed (" +

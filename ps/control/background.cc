@@ -120,13 +120,16 @@ void JoinNow(EtcdClient* etcd, const BackgroundControllerOptions& b, uint32_t se
 
 }  // namespace
 
-ClientOptions PeerClientOptions(const std::string& curve_secret_key) {
+ClientOptions PeerClientOptions(const std::string& curve_secret_key,
+                                const std::string& curve_peer_secret_key) {
   ClientOptions o;
   o.request_timeout_ms = 30000;
   if (!curve_secret_key.empty()) {
     char public_key[41] = {};
     if (zmq_curve_public(public_key, curve_secret_key.c_str()) == 0) {
       o.curve_server_key = std::string(public_key, 40);
+      o.curve_client_secret_key =
+          curve_peer_secret_key.empty() ? curve_secret_key : curve_peer_secret_key;
     }
   }
   return o;

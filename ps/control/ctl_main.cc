@@ -32,6 +32,14 @@ DEFINE_string(admin_root, "",
 DEFINE_string(curve_server_key_file, "",
               "File holding the servers' CurveZMQ public key, for clusters started with "
               "--curve_secret_key_file");
+DEFINE_string(curve_client_key_file, "",
+              "File holding this tool's own CurveZMQ secret key (tessera-ctl keygen DIR "
+              "--key_name=admin): a key in the servers' --admin_clients may checkpoint, "
+              "restore, export and move slots; without it the tool uses a fresh key, which "
+              "the servers give no admin rights");
+DEFINE_string(key_name, "server",
+              "keygen: the key pair's file names, DIR/NAME.key and DIR/NAME.pub (server, peer "
+              "for --curve_peer_key_file, admin, or a client's name)");
 DEFINE_string(coordinator, "",
               "map: etcd://HOST:PORT/PREFIX, the etcd and key prefix of the cluster's map "
               "(docs/elasticity.md)");
@@ -65,7 +73,8 @@ constexpr char kCommands[] =
     "  stats            every server's counters\n"
     "  tables           the tables and their specs\n"
     "  keygen DIR       write a CurveZMQ key pair: DIR/server.key (secret, for\n"
-    "                   --curve_secret_key_file) and DIR/server.pub (public)\n"
+    "                   --curve_secret_key_file) and DIR/server.pub (public);\n"
+    "                   --key_name=NAME: DIR/NAME.key and DIR/NAME.pub (peer, admin, ...)\n"
     "  map init         create the cluster map PREFIX/slotmap of --coordinator: version 1,\n"
     "                   --servers owning uniform slot ranges; fails if a map exists;\n"
     "                   --replication=2: each slot's and dense part's backup is the\n"
@@ -125,14 +134,18 @@ const Command* FindCommand(int argc, char** argv) {
   return nullptr;
 }
 
-// keygen DIR: writes DIR/server.key (secret) and DIR/server.pub (public).
+// keygen DIR: writes DIR/NAME.key (secret) and DIR/NAME.pub (public), NAME = --key_name.
 int Keygen(const std::string& dir) {
+  const std::string& name = FLAGS_key_name;
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    return Usage("--key_name must be a file name without '/', got '" + name + "'");
+  }
   auto kp = tessera::GenerateCurveKeyPair();
   if (!kp.ok()) {
     std::fprintf(stderr, "tessera-ctl: %s\n", kp.status().ToString().c_str());
     return 1;
   }
-  const std::string sec = dir + "/server.key", pub = dir + "/server.pub";
+  const std::string sec = dir + "/" + name + ".key", pub = dir + "/" + name + ".pub";
   FILE* f = std::fopen(sec.c_str(), "w");
   FILE* g = std::fopen(pub.c_str(), "w");
   if (f == nullptr || g == nullptr) {
@@ -160,6 +173,15 @@ bool BaseOptions(tessera::ClientOptions* o) {
       return false;
     }
     o->curve_server_key = *key;
+  }
+  if (!FLAGS_curve_client_key_file.empty()) {
+    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_client_key_file);
+    if (!key.ok()) {
+      std::fprintf(stderr, "tessera-ctl: --curve_client_key_file: %s\n",
+                   key.status().ToString().c_str());
+      return false;
+    }
+    o->curve_client_secret_key = *key;
   }
   o->request_timeout_ms = FLAGS_timeout_s * 1000;
   o->admin_root = FLAGS_admin_root;

@@ -102,9 +102,11 @@ Result<ScaleReport> RebuildBackups(EtcdClient& etcd, const std::string& prefix,
 
 /// The client options of a server's own calls to the other servers (a background rebuild, a
 /// scale, a drain): a 30 s request timeout and, with `curve_secret_key` (this server's CurveZMQ
-/// secret key; the servers share one key pair), its public key as the servers' key. Empty:
-/// plain TCP.
-ClientOptions PeerClientOptions(const std::string& curve_secret_key);
+/// secret key; the servers share one key pair), its public key as the servers' key and the
+/// peer key pair `curve_peer_secret_key` (empty: the server key pair) as the client's own, which
+/// the servers give the peer right (slot moves). Empty `curve_secret_key`: plain TCP.
+ClientOptions PeerClientOptions(const std::string& curve_secret_key,
+                                const std::string& curve_peer_secret_key = "");
 
 /// How much a line of a server's controller matters.
 enum class ControlLogLevel { kDebug, kInfo, kWarning };

@@ -13,12 +13,14 @@ zmq::socket_t* BackupLinks::Get(uint16_t server, const std::string& address) {
   // ZeroMQ's buffers.
   link.dealer.set(zmq::sockopt::sndhwm, 0);
   if (!curve_secret_key_.empty()) {
-    // The servers share one key pair (--curve_secret_key_file): the link presents it.
-    char public_key[41] = {};
-    if (zmq_curve_public(public_key, curve_secret_key_.c_str()) == 0) {
-      link.dealer.set(zmq::sockopt::curve_serverkey, std::string(public_key, 40));
-      link.dealer.set(zmq::sockopt::curve_publickey, std::string(public_key, 40));
-      link.dealer.set(zmq::sockopt::curve_secretkey, curve_secret_key_);
+    // The servers share one key pair (--curve_secret_key_file); the link presents the peer
+    // key pair, which the backup's ZAP handler gives the peer right (access_internal.h).
+    char server_public[41] = {}, peer_public[41] = {};
+    if (zmq_curve_public(server_public, curve_secret_key_.c_str()) == 0 &&
+        zmq_curve_public(peer_public, curve_peer_secret_key_.c_str()) == 0) {
+      link.dealer.set(zmq::sockopt::curve_serverkey, std::string(server_public, 40));
+      link.dealer.set(zmq::sockopt::curve_publickey, std::string(peer_public, 40));
+      link.dealer.set(zmq::sockopt::curve_secretkey, curve_peer_secret_key_);
     }
   }
   try {

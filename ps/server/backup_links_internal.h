@@ -20,9 +20,13 @@ class BackupLinks {
     zmq::socket_t dealer;
   };
 
-  /// `curve_secret_key`: the servers' shared CurveZMQ key (empty: plain TCP).
-  BackupLinks(zmq::context_t& ctx, std::string curve_secret_key)
-      : ctx_(ctx), curve_secret_key_(std::move(curve_secret_key)) {}
+  /// `curve_secret_key`: the servers' shared CurveZMQ key (empty: plain TCP); the links present
+  /// the peer key pair `curve_peer_secret_key` (empty: the server key pair).
+  BackupLinks(zmq::context_t& ctx, std::string curve_secret_key, std::string curve_peer_secret_key)
+      : ctx_(ctx),
+        curve_secret_key_(std::move(curve_secret_key)),
+        curve_peer_secret_key_(curve_peer_secret_key.empty() ? curve_secret_key_
+                                                             : std::move(curve_peer_secret_key)) {}
 
   /// The DEALER to `server` at `address`: connected on first use, and again when its address
   /// changed; null when it cannot connect (logged).
@@ -41,6 +45,7 @@ class BackupLinks {
  private:
   zmq::context_t& ctx_;
   const std::string curve_secret_key_;
+  const std::string curve_peer_secret_key_;
   absl::flat_hash_map<uint16_t, Link> links_;
   bool changed_ = true;
 };

@@ -271,6 +271,12 @@ void ServerImpl::Receive(const std::shared_ptr<Pending>& p, std::vector<zmq::mes
     return;
   }
   p->metrics = metrics_.get();
+  // Peer and admin ops only from senders with those rights (access_internal.h).
+  s = Authorize(p->header, RightsOfMessage(access_, parts[1]), options_.rank, access_);
+  if (!s.ok()) {
+    ReplyError(std::move(p->identity), p->header, s);
+    return;
+  }
   if (!Admitted(p, fd)) return;  // refused (connections, limits, in flight) or throttled
   for (size_t i = 2; i < parts.size(); ++i) p->frames.push_back(std::move(parts[i]));
   s = Dispatch(p);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "ps/curve.h"
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera {
@@ -79,15 +80,50 @@ Status ServerImpl::Start() {
   return Status::OK();
 }
 
+Status ServerImpl::ConfigureAccess() {
+  const std::string& listen = options_.listen;
+  access_ = AccessPolicy{
+      .curve = !options_.curve_secret_key.empty(),
+      .allow_remote_admin = options_.allow_remote_admin_without_curve,
+      .local_endpoint = listen.starts_with("ipc://") || listen.starts_with("inproc://")};
+  if (!access_.curve) {
+    LOG(WARNING) << "CurveZMQ is off (no --curve_secret_key_file): connections are neither "
+                 << "encrypted nor authenticated; forwarded pushes, slot moves, checkpoints, "
+                 << "restores and exports are accepted "
+                 << (access_.allow_remote_admin
+                         ? "from ANY address (--allow_remote_admin_without_curve): anyone "
+                           "who reaches this port can take them"
+                         : "only from loopback");
+    return Status::OK();
+  }
+  CurveAccess keys;
+  TESSERA_ASSIGN_OR_RETURN(const std::string server_public,
+                           CurvePublicKey(options_.curve_secret_key));
+  if (options_.curve_peer_secret_key.empty()) {
+    keys.peers.push_back(server_public);
+  } else {
+    auto peer = CurvePublicKey(options_.curve_peer_secret_key);
+    if (!peer.ok()) return Status::InvalidArgument("peer key: " + peer.status().message());
+    keys.peers.push_back(*peer);
+  }
+  keys.any_client = !options_.curve_authorized_clients.has_value();
+  if (!keys.any_client) keys.clients = *options_.curve_authorized_clients;
+  keys.admins = options_.curve_admin_clients;
+  if (keys.any_client) {
+    LOG(WARNING) << "CurveZMQ without --authorized_clients: any client that has the servers' "
+                 << "public key may connect (for data ops; peer and admin ops need their keys)";
+  }
+  TESSERA_ASSIGN_OR_RETURN(zap_, ZapHandler::Create(ctx_, keys));
+  return Status::OK();
+}
+
 Status ServerImpl::BindSocket() {
   router_.set(zmq::sockopt::linger, 0);
   TESSERA_RETURN_IF_ERROR(ConfigureRouterBounds());
+  TESSERA_RETURN_IF_ERROR(ConfigureAccess());
   if (!options_.curve_secret_key.empty()) {
-    if (options_.curve_secret_key.size() != 40) {
-      return Status::InvalidArgument("a CurveZMQ secret key has 40 Z85 characters, got " +
-                                     std::to_string(options_.curve_secret_key.size()));
-    }
     try {
+      router_.set(zmq::sockopt::zap_domain, "tessera");
       router_.set(zmq::sockopt::curve_server, 1);
       router_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
     } catch (const zmq::error_t& e) {
@@ -116,6 +152,7 @@ void ServerImpl::Shutdown() {
   lanes_.clear();
   writer_.reset();
   router_.close();
+  zap_.reset();
   edge_.monitor.close();
   replies_.close();
   log_.reset();

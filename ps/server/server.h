@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,23 @@ struct ServerOptions {
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).
   std::string curve_secret_key;
+  /// With curve_secret_key: the CurveZMQ secret key this server's own links to the other
+  /// servers present (replication, and its controller's slot moves); its public key gets the
+  /// peer right (forwarded pushes, SlotExport/SlotImport/SlotDrop). All servers share this
+  /// peer key pair. Default: empty: the server key pair doubles as the peer key pair.
+  std::string curve_peer_secret_key;
+  /// With curve_secret_key: the public keys (Z85) of the clients allowed to connect; any other
+  /// key's handshake is refused (the peer and admin keys are always let in). nullopt: any key
+  /// may connect as a client (data ops only). Default: nullopt.
+  std::optional<std::vector<std::string>> curve_authorized_clients;
+  /// With curve_secret_key: the public keys (Z85) of operators: Checkpoint (and its abort),
+  /// Restore, Export and the slot ops are accepted only from these (and the slot ops from the
+  /// peer key). Default: none.
+  std::vector<std::string> curve_admin_clients;
+  /// Without curve_secret_key the peer and admin ops are accepted only from loopback (or on
+  /// an ipc:// endpoint); true: from any address (a network that only the servers and their
+  /// operators can reach). Ignored with CurveZMQ. Default: false.
+  bool allow_remote_admin_without_curve = false;
   /// Directory under which Checkpoint, Restore and Export name their directories: a request
   /// names a relative path (no "..") that must resolve inside it, symbolic links followed.
   /// Created if missing. Default: empty: those admin ops are refused (FailedPrecondition).

@@ -23,6 +23,7 @@
 #include <zmq.hpp>
 
 #include "ps/admin_marker.h"
+#include "ps/server/access_internal.h"
 #include "ps/routing.h"
 #include "ps/server/backup_links_internal.h"
 #include "ps/server/checkpoint_cut_internal.h"
@@ -66,6 +67,7 @@ class ServerImpl {
  private:
   // ---- server.cc: start-up, recovery of the table list, shutdown
   Status BindSocket();
+  Status ConfigureAccess();  // access_ and, with CurveZMQ, the ZAP handler
   Status CheckDataDirLayout();
   Status RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores);
   // ---- io_loop.cc: the I/O thread: receive, validate, dispatch, reply
@@ -199,6 +201,8 @@ class ServerImpl {
   const ServerOptions options_;
   zmq::context_t ctx_;
   zmq::socket_t router_;   // I/O thread only (after Start)
+  AccessPolicy access_;              // who may send peer and admin ops (access_internal.h)
+  std::unique_ptr<ZapHandler> zap_;  // CurveZMQ's key check; null without CurveZMQ
   zmq::socket_t replies_;  // I/O thread only
   std::string endpoint_;
   std::unique_ptr<StorageEngine> engine_;
@@ -222,7 +226,7 @@ class ServerImpl {
     ReplicaPark park;
     BackupLinks links;
   } repl_{ReplicationQueue(migration_.instance() | 1), ReplicaPark(),
-          BackupLinks(ctx_, options_.curve_secret_key)};
+          BackupLinks(ctx_, options_.curve_secret_key, options_.curve_peer_secret_key)};
   // State below is owned by the I/O thread.
   TableRegistry tables_;
   Consistency consistency_;

@@ -75,6 +75,23 @@ DEFINE_uint64(message_pool_mb, 64,
 DEFINE_string(curve_secret_key_file, "",
               "File holding this server's CurveZMQ secret key (tessera-ctl keygen): every "
               "connection is then encrypted and authenticated. Empty: plain TCP");
+DEFINE_string(curve_peer_key_file, "",
+              "With --curve_secret_key_file: file holding the peer secret key (tessera-ctl keygen "
+              "DIR --key_name=peer), the same on every server: the servers' links to each other "
+              "present it, and only its key may forward pushes and move slots. Empty: the server "
+              "key pair doubles as the peer key pair");
+DEFINE_string(authorized_clients, "",
+              "With --curve_secret_key_file: file of the public keys (one per line, '#' comments) "
+              "of the clients allowed to connect; any other key's handshake is refused. Empty: "
+              "any client with the servers' public key may connect (data ops only)");
+DEFINE_string(admin_clients, "",
+              "With --curve_secret_key_file: file of the public keys (one per line) of operators: "
+              "only they may checkpoint (or abort one), restore, export and move slots "
+              "(tessera-ctl --curve_client_key_file)");
+DEFINE_bool(allow_remote_admin_without_curve, false,
+            "Without --curve_secret_key_file: accept forwarded pushes, slot moves, checkpoints, "
+            "restores and exports from any address, not only from loopback (a network only the "
+            "servers and their operators reach; prefer CurveZMQ)");
 DEFINE_string(admin_root, "",
               "Directory under which checkpoint, restore and export name their directories "
               "(relative names, no '..', symbolic links must stay inside). Empty: those admin "
@@ -315,7 +332,7 @@ tessera::ControlLog ControllerLog(std::string prefix) {
 // new servers (--auto_join), on threads of their own.
 std::unique_ptr<tessera::BackgroundController> StartControllers(
     const tessera::CoordinatorUrl& url, tessera::EtcdClient* etcd,
-    const std::string& curve_secret_key) {
+    const tessera::ClientOptions& peer) {
   tessera::BackgroundControllerOptions c;
   c.prefix = url.prefix;
   c.server_id = FLAGS_rank;
@@ -323,7 +340,7 @@ std::unique_ptr<tessera::BackgroundController> StartControllers(
   c.pace = FLAGS_rebuild_pace;
   c.rebuild_backups = FLAGS_rebuild_backups;
   c.auto_join = FLAGS_auto_join;
-  c.peer = tessera::PeerClientOptions(curve_secret_key);
+  c.peer = peer;
   c.log = ControllerLog("--coordinator: ");
   return std::make_unique<tessera::BackgroundController>(etcd, std::move(c));
 }
@@ -331,13 +348,13 @@ std::unique_ptr<tessera::BackgroundController> StartControllers(
 // --drain_on_stop, on SIGTERM: moves this server's slots to the others when it is the highest
 // live id of the map (tessera::DrainServer says when it does not).
 void DrainSelf(tessera::EtcdClient* etcd, const std::string& prefix,
-               const std::string& curve_secret_key, tessera::Membership* membership) {
+               const tessera::ClientOptions& peer, tessera::Membership* membership) {
   tessera::DrainOptions d;
   d.prefix = prefix;
   d.server_id = FLAGS_rank;
   d.lock_ttl_s = FLAGS_coordinator_ttl_s;
   d.timeout_s = FLAGS_drain_timeout_s;
-  d.peer = tessera::PeerClientOptions(curve_secret_key);
+  d.peer = peer;
   d.log = ControllerLog("--drain_on_stop: ");
   tessera::DrainServer(*etcd, *membership, d);
 }
@@ -371,6 +388,44 @@ tessera::Result<std::unique_ptr<tessera::FailoverWatcher>> WatchForFailures(
 
 // The options of the server from the flags (after --cluster and --rank were checked), and
 // --coordinator; false (after a message) when a flag is bad.
+// --curve_peer_key_file, --authorized_clients, --admin_clients and
+// --allow_remote_admin_without_curve into `o`; false after printing why.
+bool AccessFromFlags(tessera::ServerOptions* o) {
+  o->allow_remote_admin_without_curve = FLAGS_allow_remote_admin_without_curve;
+  const bool curve = !o->curve_secret_key.empty();
+  for (const char* flag : {"curve_peer_key_file", "authorized_clients", "admin_clients"}) {
+    if (!curve && !gflags::GetCommandLineFlagInfoOrDie(flag).current_value.empty()) {
+      std::cerr << "tessera-server: --" << flag << " needs --curve_secret_key_file\n";
+      return false;
+    }
+  }
+  if (!FLAGS_curve_peer_key_file.empty()) {
+    auto key = tessera::ReadCurveKeyFile(FLAGS_curve_peer_key_file);
+    if (!key.ok()) {
+      std::cerr << "tessera-server: --curve_peer_key_file: " << key.status().ToString() << "\n";
+      return false;
+    }
+    o->curve_peer_secret_key = *key;
+  }
+  if (!FLAGS_authorized_clients.empty()) {
+    auto keys = tessera::ReadCurveKeyList(FLAGS_authorized_clients);
+    if (!keys.ok()) {
+      std::cerr << "tessera-server: --authorized_clients: " << keys.status().ToString() << "\n";
+      return false;
+    }
+    o->curve_authorized_clients = std::move(*keys);
+  }
+  if (!FLAGS_admin_clients.empty()) {
+    auto keys = tessera::ReadCurveKeyList(FLAGS_admin_clients);
+    if (!keys.ok()) {
+      std::cerr << "tessera-server: --admin_clients: " << keys.status().ToString() << "\n";
+      return false;
+    }
+    o->curve_admin_clients = std::move(*keys);
+  }
+  return true;
+}
+
 bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOptions* o,
                       std::optional<tessera::CoordinatorUrl>* coordinator) {
   if (!ListenFromFlags(cluster, &o->listen)) return false;
@@ -411,7 +466,7 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
     }
     o->curve_secret_key = *key;
   }
-  return true;
+  return AccessFromFlags(o);
 }
 
 // What tessera-server runs, in the order it starts them (and destroys them in reverse).
@@ -455,7 +510,7 @@ int StartServer(tessera::ServerOptions o, bool follow_cluster_map, Running* r) {
 // background controller and the fail-over watcher. 0, or the exit code after a message (and
 // after undoing what it started and shutting the server down).
 int StartCoordination(const tessera::CoordinatorUrl& url, const std::string& address,
-                      const std::string& curve_secret_key, Running* r) {
+                      const tessera::ClientOptions& peer, Running* r) {
   tessera::Status s = Register(url, address, &r->etcd, &r->membership);
   if (!s.ok()) {
     std::cerr << "tessera-server: --coordinator: cannot register: " << s.ToString() << "\n";
@@ -471,7 +526,7 @@ int StartCoordination(const tessera::CoordinatorUrl& url, const std::string& add
     return 1;
   }
   r->map_source = std::move(*followed);
-  r->controllers = StartControllers(url, r->etcd.get(), curve_secret_key);
+  r->controllers = StartControllers(url, r->etcd.get(), peer);
   auto watcher = WatchForFailures(url, r->etcd.get(), &r->registry, r->controllers.get());
   if (!watcher.ok()) {
     std::cerr << "tessera-server: --failover_poll_ms: " << watcher.status().ToString() << "\n";
@@ -487,7 +542,7 @@ int StartCoordination(const tessera::CoordinatorUrl& url, const std::string& add
 // Waits for a stop signal, then stops in order: not ready, no more promotions, the background
 // runs, the drain (--drain_on_stop), the registration, the map watch, the server.
 void WaitAndStop(sigset_t* stop_signals, const std::optional<tessera::CoordinatorUrl>& coordinator,
-                 const std::string& curve_secret_key, Running* r) {
+                 const tessera::ClientOptions& peer, Running* r) {
   int sig = 0;
   sigwait(stop_signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";
@@ -500,7 +555,7 @@ void WaitAndStop(sigset_t* stop_signals, const std::optional<tessera::Coordinato
   }
   if (r->controllers) r->controllers->Stop();  // a rebuild or scale stops before its next batch
   if (FLAGS_drain_on_stop && r->etcd && r->membership) {
-    DrainSelf(r->etcd.get(), coordinator->prefix, curve_secret_key, r->membership.get());
+    DrainSelf(r->etcd.get(), coordinator->prefix, peer, r->membership.get());
   }
   if (r->membership) {
     // Leave the members first: nobody should pick a server that is going away.
@@ -558,8 +613,11 @@ int main(int argc, char** argv) {
   Running r;
   if (int rc = StartServer(o, coordinator.has_value(), &r); rc != 0) return rc;
   // Registered only once it serves, and before the ready line: who sees the line finds it.
+  // The server's own calls to the others present the peer key pair (ps/control/scale.h).
+  const tessera::ClientOptions peer =
+      tessera::PeerClientOptions(o.curve_secret_key, o.curve_peer_secret_key);
   if (coordinator) {
-    const int rc = StartCoordination(*coordinator, (*cluster)[FLAGS_rank], o.curve_secret_key, &r);
+    const int rc = StartCoordination(*coordinator, (*cluster)[FLAGS_rank], peer, &r);
     if (rc != 0) return rc;
   }
   if (r.http) r.http->SetReady(true);  // before the ready line: who sees the line sees /readyz 200
@@ -567,7 +625,7 @@ int main(int argc, char** argv) {
   std::printf("tessera-server ready rank=%u endpoint=%s\n", FLAGS_rank,
               r.server->endpoint().c_str());
   std::fflush(stdout);
-  WaitAndStop(&stop_signals, coordinator, o.curve_secret_key, &r);
+  WaitAndStop(&stop_signals, coordinator, peer, &r);
   LOG(INFO) << "stopped";
   return 0;
 }

@@ -403,6 +403,92 @@ TEST(DeployManifests, ElasticEtcdAndScaleJobAgree) {
   EXPECT_TRUE(EnvValue(worker, "TESSERA_COORDINATOR").empty()) << "static by default";
 }
 
+// The file names a container sees under `dir` from the Secret `secret` (its items' paths), or
+// nothing when no volume of that Secret is mounted there.
+std::set<std::string> SecretFiles(const YAML::Node& workload, const YAML::Node& container,
+                                  const std::string& dir, const std::string& secret) {
+  std::string volume;
+  for (const YAML::Node& m : container["volumeMounts"]) {
+    if (m["mountPath"].as<std::string>() == dir) volume = m["name"].as<std::string>();
+  }
+  std::set<std::string> files;
+  for (const YAML::Node& v : workload["spec"]["template"]["spec"]["volumes"]) {
+    if (v["name"].as<std::string>() != volume || !v["secret"]) continue;
+    if (v["secret"]["secretName"].as<std::string>() != secret) continue;
+    for (const YAML::Node& item : v["secret"]["items"]) files.insert(item["path"].as<std::string>());
+  }
+  return files;
+}
+
+// CurveZMQ is on (issue 35, item 13): the servers run with their key, the peer key and both
+// allow-lists; the workers and the scale Job present their own keys; every key file is an item
+// of the Secret tessera-curve mounted at /keys; and no pod sees a secret key it does not use.
+TEST(DeployManifests, CurveOnWithKeysFromASecret) {
+  const std::vector<Doc> docs = LoadManifests();
+  const std::vector<Doc> elastic = LoadManifests(kSource / "deploy" / "k8s-elastic");
+  struct Expect {
+    YAML::Node workload;
+    const char* container;
+    const char* program;
+    std::map<std::string, std::string> flags;  // flag -> file under /keys
+  };
+  const Expect expects[] = {
+      {Find(docs, "StatefulSet"), "server", "tessera-server",
+       {{"curve_secret_key_file", "server.key"}, {"curve_peer_key_file", "peer.key"},
+        {"authorized_clients", "authorized_clients"}, {"admin_clients", "admin_clients"}}},
+      {Find(docs, "Job"), "worker", "tessera-worker",
+       {{"curve_server_key_file", "server.pub"}, {"curve_client_key_file", "worker.key"}}},
+      {Find(elastic, "Job"), "scale", "tessera-ctl",
+       {{"curve_server_key_file", "server.pub"}, {"curve_client_key_file", "admin.key"}}}};
+  for (const Expect& e : expects) {
+    SCOPED_TRACE(e.program);
+    const YAML::Node c = Container(e.workload, e.container);
+    const std::string script = Script(c);
+    const std::set<std::string> mounted = SecretFiles(e.workload, c, "/keys", "tessera-curve");
+    std::set<std::string> used;
+    for (const auto& [flag, file] : e.flags) {
+      EXPECT_EQ(FlagValue(script, flag), "/keys/" + file) << "--" << flag;
+      EXPECT_TRUE(mounted.count(file)) << file << " is not an item of the Secret at /keys";
+      used.insert(file);
+    }
+    // Only what the flags read: a worker never holds server.key, peer.key or admin.key.
+    EXPECT_EQ(mounted, used);
+  }
+}
+
+// Tessera's etcd client has no TLS or auth: a NetworkPolicy keeps etcd's client port to the
+// Tessera pods (the labels of the servers, the workers and the scale Job) and its peer port to
+// the members.
+TEST(DeployManifests, EtcdReachableOnlyFromTesseraPods) {
+  const std::vector<Doc> docs = LoadManifests(kSource / "deploy" / "k8s-elastic");
+  const YAML::Node policy = Find(docs, "NetworkPolicy");
+  ASSERT_TRUE(policy);
+  EXPECT_EQ(policy["spec"]["podSelector"]["matchLabels"]["app"].as<std::string>(), "etcd");
+  std::set<std::string> client_apps;
+  bool peer_port_from_etcd = false;
+  for (const YAML::Node& rule : policy["spec"]["ingress"]) {
+    ASSERT_TRUE(rule["from"]) << "an ingress rule without `from` lets every pod in";
+    const int port = rule["ports"][0]["port"].as<int>();
+    for (const YAML::Node& from : rule["from"]) {
+      const YAML::Node sel = from["podSelector"];
+      ASSERT_TRUE(sel) << "only pod selectors";
+      if (port == 2380) peer_port_from_etcd = sel["matchLabels"]["app"].as<std::string>() == "etcd";
+      if (port != 2379) continue;
+      for (const YAML::Node& ex : sel["matchExpressions"]) {
+        for (const YAML::Node& v : ex["values"]) client_apps.insert(v.as<std::string>());
+      }
+    }
+  }
+  EXPECT_TRUE(peer_port_from_etcd);
+  const std::vector<Doc> main_docs = LoadManifests();
+  std::set<std::string> tessera_apps;
+  for (const YAML::Node& w : {Find(main_docs, "StatefulSet"), Find(main_docs, "Job"),
+                              Find(docs, "Job")}) {
+    tessera_apps.insert(w["spec"]["template"]["metadata"]["labels"]["app"].as<std::string>());
+  }
+  EXPECT_EQ(client_apps, tessera_apps);
+}
+
 // ---------------------------------------------------------------- Dockerfile
 
 TEST(DeployDockerfile, CMakeOptionsExistAndBinariesAreOnPath) {
