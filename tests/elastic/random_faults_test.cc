@@ -41,7 +41,7 @@ using std::chrono::seconds;
 #ifdef TESSERA_FAULT_SOAK
 constexpr uint64_t kStaticRounds = 200, kReplicatedRounds = 40;
 #else
-constexpr uint64_t kStaticRounds = 20, kReplicatedRounds = 1;
+constexpr uint64_t kStaticRounds = 20, kReplicatedRounds = 3;
 #endif
 // The bound on the time from a fault to a map whose every slot and dense part has a live
 // primary and a live backup again (fail-over, rebuild, restart and `scale 3` included).
