@@ -142,24 +142,51 @@ auto RetryOnEintr(F&& f) {
   }
 }
 
-// The map the server follows (map mode), kept by the harness.
-RoutingMap& CurrentMap() {
-  static RoutingMap map;
-  return map;
+// The map the server follows (map mode), kept by the harness, with the slots the fuzzed
+// server is the primary of and those it backs up.
+struct FollowedMap {
+  RoutingMap map;
+  std::vector<uint32_t> owned, backed;
+};
+FollowedMap& Followed() {
+  static FollowedMap f;
+  return f;
+}
+const RoutingMap& CurrentMap() { return Followed().map; }
+void SetCurrentMap(const RoutingMap& m) {
+  FollowedMap& f = Followed();
+  f.map = m;
+  f.owned.clear();
+  f.backed.clear();
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (m.primary.ServerOfSlot(slot) == kMapRank) f.owned.push_back(slot);
+    if (slot < m.backup.size() && m.backup[slot] == kMapRank) f.backed.push_back(slot);
+  }
 }
 
-// A key that the fuzzed server owns (or, `backed`, backs up in map mode), at or after `k`.
+// The inverse of Mix64 (ps/routing.h): the key whose slot and low bits are given.
+uint64_t Unmix64(uint64_t x) {
+  auto inverse = [](uint64_t a) {  // of an odd a, mod 2^64
+    uint64_t inv = a;
+    for (int i = 0; i < 6; ++i) inv *= 2 - a * inv;
+    return inv;
+  };
+  x ^= x >> 33;
+  x *= inverse(0xc4ceb9fe1a85ec53ULL);
+  x ^= x >> 33;
+  x *= inverse(0xff51afd7ed558ccdULL);
+  x ^= x >> 33;
+  return x;
+}
+
+// A key that the fuzzed server owns (or, `backed`, backs up in map mode): `k` itself when no
+// slot qualifies, else a key of the (k mod n)-th such slot.
 uint64_t OwnedKey(uint64_t k, bool backed = false) {
   if constexpr (kFollowMap) {
-    const RoutingMap& m = CurrentMap();
-    for (int i = 0; i < 1 << 16; ++i, ++k) {
-      const uint32_t slot = SlotOfKey(k);
-      if (backed ? (slot < m.backup.size() && m.backup[slot] == kMapRank)
-                 : m.primary.ServerOfSlot(slot) == kMapRank) {
-        return k;
-      }
-    }
-    return k;
+    const std::vector<uint32_t>& slots = backed ? Followed().backed : Followed().owned;
+    if (slots.empty()) return k;
+    const uint64_t slot = slots[k % slots.size()];
+    return Unmix64((slot << 50) | (k & ((uint64_t{1} << 50) - 1)));
   } else {
     static const SlotMap map = SlotMap::Uniform(2);
     while (map.ServerOfKey(k) != 0) ++k;
@@ -346,7 +373,7 @@ class Harness {
       if (kFollowMap && tag == kMapTag) {
         const RoutingMap next = ChangedMap(CurrentMap(), in);
         if (server_->SetClusterMap(next).ok() && next.version > CurrentMap().version) {
-          CurrentMap() = next;
+          SetCurrentMap(next);
         }
         Pump();
         continue;
@@ -377,7 +404,7 @@ class Harness {
     peer_->set(zmq::sockopt::linger, 0);
     peer_->connect(o.listen);
     if constexpr (kFollowMap) {
-      CurrentMap() = InitialMap(o.listen);
+      SetCurrentMap(InitialMap(o.listen));
       for (uint32_t id : {0u, 2u}) {
         auto& r = other_servers_.emplace_back(server_.get()->*Get(ContextTag{}),
                                               zmq::socket_type::router);
