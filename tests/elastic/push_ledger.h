@@ -38,6 +38,7 @@ struct FaultFigures {
   uint64_t doubled = 0;      // some key applied more than once
   uint64_t torn = 0;         // the keys of one slot disagree (not all-or-nothing)
   uint64_t unacked_applied = 0;  // failed or hung pushes found applied (allowed)
+  uint64_t contradicted = 0;     // ... whose error said nothing of them was applied
   double max_backup_ms = 0;  // longest time from a fault to a fully backed-up map
   double longest_wait_ms = 0;
 
@@ -45,13 +46,13 @@ struct FaultFigures {
     std::printf(
         "fault test %s (seed %llu): %llu rounds, %llu pushes sent, %llu acknowledged, %llu "
         "failed, %llu hung, %llu lost, %llu doubled, %llu torn, %llu unacknowledged found "
-        "applied; longest push wait %.0f ms; max time to a fully backed-up map %.1f s\n",
+        "applied (%llu of them said nothing was); longest push wait %.0f ms; max time to a fully backed-up map %.1f s\n",
         what, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
         static_cast<unsigned long long>(sent), static_cast<unsigned long long>(acknowledged),
         static_cast<unsigned long long>(failed), static_cast<unsigned long long>(hung),
         static_cast<unsigned long long>(lost), static_cast<unsigned long long>(doubled),
         static_cast<unsigned long long>(torn), static_cast<unsigned long long>(unacked_applied),
-        longest_wait_ms, max_backup_ms / 1000);
+        static_cast<unsigned long long>(contradicted), longest_wait_ms, max_backup_ms / 1000);
   }
 };
 
@@ -148,7 +149,20 @@ class PushLedger {
       figures.lost += lost;
       figures.doubled += doubled;
       figures.torn += torn;
-      if (p.outcome != Outcome::kAcknowledged && applied) ++figures.unacked_applied;
+      if (p.outcome != Outcome::kAcknowledged && applied) {
+        ++figures.unacked_applied;
+        // Allowed (a failed push may have been applied), but its error must not say otherwise.
+        const bool contradicted = p.status.find("nothing of it was applied") != std::string::npos;
+        figures.contradicted += contradicted;
+        if (contradicted) {
+          ADD_FAILURE() << "push " << p.id << " failed with \"" << p.status
+                        << "\" and was applied";
+        } else if (figures.unacked_applied <= 5) {
+          std::printf("push %llu (%s: %s) was applied\n",
+                      static_cast<unsigned long long>(p.id), OutcomeName(p.outcome),
+                      p.status.c_str());
+        }
+      }
       if ((lost || doubled || torn) && ++reported_ <= 10) {
         std::string keys;
         for (uint32_t s = 0; s < kSlotsPerPush; ++s) {

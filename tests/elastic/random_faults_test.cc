@@ -10,7 +10,8 @@
 //  - Replicated: three servers with etcd and `map init --replication=2`; kill -9 (fail-over,
 //    rebuild, the server restarted and given its id back by `tessera-ctl scale 3`), SIGSTOP
 //    shorter than the lease, SIGSTOP past the lease (fail-over of a server that still runs),
-//    and `tessera-ctl scale 2` then `scale 3` while the client pushes.
+//    `tessera-ctl scale 2` then `scale 3` while the client pushes, and (soak only) kill -9 of
+//    a server during `scale 2`.
 //
 // TESSERA_FAULT_SEED replays a run (the seed is printed); TESSERA_FAULT_ROUNDS sets the rounds.
 // The binary random_faults_test (label faults) runs a few rounds; random_faults_soak_test
@@ -38,14 +39,17 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The soak also kills a server while `scale 2` runs: that scale then waits out its
+// --timeout_s (issue 35, item 15), too long for the default run.
 #ifdef TESSERA_FAULT_SOAK
-constexpr uint64_t kStaticRounds = 200, kReplicatedRounds = 40;
+constexpr uint64_t kStaticRounds = 200, kReplicatedRounds = 40, kReplicatedActions = 5;
 #else
-constexpr uint64_t kStaticRounds = 20, kReplicatedRounds = 3;
+constexpr uint64_t kStaticRounds = 20, kReplicatedRounds = 2, kReplicatedActions = 4;
 #endif
 // The bound on the time from a fault to a map whose every slot and dense part has a live
-// primary and a live backup again (fail-over, rebuild, restart and `scale 3` included).
-constexpr int kBackupBoundS = 180;
+// primary and a live backup again (fail-over, rebuild, restart and `scale 3` included; a
+// `scale` that a death interrupted may take its whole --timeout_s=240 first).
+constexpr int kBackupBoundS = 400;
 // The client's retry window; a push with no final result this long after it was sent plus
 // kHangSlackMs is counted as hung.
 constexpr int64_t kRetryForMs = 60000, kHangSlackMs = 30000;
@@ -116,6 +120,7 @@ void ExpectClean(const FaultFigures& f) {
   EXPECT_EQ(f.doubled, 0u);
   EXPECT_EQ(f.torn, 0u);
   EXPECT_EQ(f.hung, 0u);
+  EXPECT_EQ(f.contradicted, 0u);
   EXPECT_GT(f.acknowledged, 0u);
 }
 
@@ -229,8 +234,8 @@ class ReplicatedRandomFaults : public ReplicatedClusterTest {
 
   int Scale(uint32_t n, std::string* out) {
     return RunCommand({TESSERA_CTL_BINARY, "scale", std::to_string(n), "--coordinator=" + url_,
-                       "--timeout_s=120"},
-                      out, 180);
+                       "--timeout_s=240"},
+                      out, 300);
   }
 
   // Brings the cluster back to three live servers with every slot backed up: a retired server
@@ -284,7 +289,7 @@ TEST_F(ReplicatedRandomFaults, FailOverRebuildAndScale) {
       const uint32_t i = rng() % 3;
       const auto fault = std::chrono::steady_clock::now();
       const std::string r = "round " + std::to_string(round) + ": ";
-      switch (rng() % 4) {
+      switch (rng() % kReplicatedActions) {
         case 0:
           log(r + "kill -9 server " + std::to_string(i));
           cluster_->Kill(i);
@@ -302,12 +307,30 @@ TEST_F(ReplicatedRandomFaults, FailOverRebuildAndScale) {
           EXPECT_TRUE(WaitFor([&] { return Retired(i); }, seconds(60))) << "no fail-over";
           kill(cluster_->pid(i), SIGCONT);
           break;
-        default: {
+        case 3: {
           log(r + "tessera-ctl scale 2");
           std::string out;
           const int rc = Scale(2, &out);
           log("tessera-ctl scale 2: exit " + std::to_string(rc));
           EXPECT_EQ(rc, 0) << out;
+          break;
+        }
+        default: {
+          // A scale that a death interrupts: it may fail (the fail-over's map wins), the next
+          // `scale 3` of Heal finishes what it left.
+          const uint32_t victim = rng() % 3;
+          log(r + "tessera-ctl scale 2, kill -9 of server " + std::to_string(victim) +
+              " while it runs");
+          std::string out;
+          int rc = -1;
+          std::thread scaler([&] { rc = Scale(2, &out); });
+          SleepMs(rng, 200, 3000);
+          cluster_->Kill(victim);
+          scaler.join();
+          log("the interrupted scale 2: exit " + std::to_string(rc) + ", " +
+              out.substr(0, out.find('\n')));
+          // Retired by the scale or by a fail-over (a quick restart would not be one).
+          EXPECT_TRUE(WaitFor([&] { return Retired(victim); }, seconds(60))) << "no fail-over";
         }
       }
       const bool healed = Heal(fault, log, &ledger.figures);
@@ -317,8 +340,9 @@ TEST_F(ReplicatedRandomFaults, FailOverRebuildAndScale) {
       ledger.figures.rounds = round + 1;
     }
   };
-  // About 100 pushes a second: the rows a rebuild or a scale copies grow by 1,600 a second.
-  PushWhile(ledger, faults, [&] { return CoordinatorClient(); }, milliseconds(10));
+  // At most 40 pushes a second: the rows a rebuild or a scale copies grow by at most 640 a
+  // second (each push adds 16), and a scale's time grows with them.
+  PushWhile(ledger, faults, [&] { return CoordinatorClient(); }, milliseconds(25));
   ledger.figures.Print("replicated (etcd, --replication=2)", seed);
   ExpectClean(ledger.figures);
   if (HasFailure()) PrintLogTails(*cluster_, 3);
