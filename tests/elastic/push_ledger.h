@@ -46,13 +46,17 @@ struct FaultFigures {
     std::printf(
         "fault test %s (seed %llu): %llu rounds, %llu pushes sent, %llu acknowledged, %llu "
         "failed, %llu hung, %llu lost, %llu doubled, %llu torn, %llu unacknowledged found "
-        "applied (%llu of them said nothing was); longest push wait %.0f ms; max time to a fully backed-up map %.1f s\n",
+        "applied (%llu of them said nothing was); longest push wait %.0f ms",
         what, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
         static_cast<unsigned long long>(sent), static_cast<unsigned long long>(acknowledged),
         static_cast<unsigned long long>(failed), static_cast<unsigned long long>(hung),
         static_cast<unsigned long long>(lost), static_cast<unsigned long long>(doubled),
         static_cast<unsigned long long>(torn), static_cast<unsigned long long>(unacked_applied),
-        static_cast<unsigned long long>(contradicted), longest_wait_ms, max_backup_ms / 1000);
+        static_cast<unsigned long long>(contradicted), longest_wait_ms);
+    if (max_backup_ms > 0) {
+      std::printf("; max time from a fault to a fully backed-up map %.1f s", max_backup_ms / 1000);
+    }
+    std::printf("\n");
   }
 };
 
