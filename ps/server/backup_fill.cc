@@ -155,7 +155,10 @@ Status ServerImpl::DenseFillExport(const std::shared_ptr<Pending>& p) {
   p->text.assign(lanes_.size() + 1, std::string());
   p->text[0] = std::move(specs);
   auto scan = [ranges, state](Lane& lane, std::string* out, uint64_t* n) -> Status {
-    for (const auto& [id, opt] : *state) {
+    for (const auto& entry : *state) {
+      // Not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+      const uint64_t id = entry.first;
+      const std::shared_ptr<Optimizer>& opt = entry.second;
       TESSERA_RETURN_IF_ERROR(lane.store().ScanDense(
           id, [&](uint64_t chunk, const float* row, uint32_t len, const RowMeta& meta) {
             if (!InChunks(*ranges, id, chunk)) return true;

@@ -228,7 +228,7 @@ Result<std::vector<uint32_t>> ServerImpl::RequestSlots(const Pending& p) {
                                    " u32 slot numbers");
   }
   std::vector<uint32_t> slots(f.size() / sizeof(uint32_t));
-  std::memcpy(slots.data(), f.data(), f.size());
+  if (!slots.empty()) std::memcpy(slots.data(), f.data(), f.size());  // an empty frame: no data()
   for (uint32_t s : slots) {
     if (s >= kNumSlots) {
       return Status::InvalidArgument("slot " + std::to_string(s) + " is not below " +

@@ -19,6 +19,16 @@
 // (Checkpoint, Restore, Export) name directories under the server's admin_root, a scratch
 // directory; the names reach the server as fuzzed (refusing escapes is the server's job).
 //
+// fuzz_server_map (the same source with TESSERA_FUZZ_FOLLOW_MAP) runs the server with
+// follow_cluster_map on, as rank 1 of a fixed three-server map (MapHarness below): server 1
+// backs up server 0's slots (the fuzzer's DEALER plays server 0 and sends forwarded pushes,
+// replica_from = 1), its own slots are backed up by server 2 or by none, some of them are being
+// imported from server 0 (SlotImport, held requests), and dense parts have backups. Two ROUTER
+// sockets in the server's context stand at servers 0's and 2's addresses and answer every
+// forwarded push OK (or, as the input says, with an error). Structured messages then also carry
+// a map version (the server's, one off, or any), replica_from and client_origin; tag 0x7f
+// installs a newer (or the same, or an older) map built from the input, as etcd would deliver.
+//
 // Checks beyond sanitizers: every reply decodes, carries a request id that was sent, and says
 // what was wrong when it is an error.
 #include <absl/container/flat_hash_map.h>
@@ -27,6 +37,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <unordered_set>
 #include <zmq.hpp>
@@ -72,6 +83,14 @@ template struct Expose<ForwardRepliesTag, &ServerImpl::ForwardReplies>;
 template struct Expose<MaintainTag, &ServerImpl::Maintain>;
 template struct Expose<IoThreadTag, &ServerImpl::io_>;
 template struct Expose<ContextTag, &ServerImpl::ctx_>;
+
+#ifdef TESSERA_FUZZ_FOLLOW_MAP
+constexpr bool kFollowMap = true;
+#else
+constexpr bool kFollowMap = false;
+#endif
+constexpr uint8_t kMapTag = 0x7f;  // map mode: installs a map built from the input
+constexpr uint32_t kMapRank = 1;
 
 constexpr int kMaxMessages = 16;
 constexpr uint64_t kRestartEvery = 20000;
@@ -123,11 +142,101 @@ auto RetryOnEintr(F&& f) {
   }
 }
 
-// A key that server 0 (the fuzzed one) owns, at or after `k`.
-uint64_t OwnedKey(uint64_t k) {
-  static const SlotMap map = SlotMap::Uniform(2);
-  while (map.ServerOfKey(k) != 0) ++k;
-  return k;
+// The map the server follows (map mode), kept by the harness, with the slots the fuzzed
+// server is the primary of and those it backs up.
+struct FollowedMap {
+  RoutingMap map;
+  std::vector<uint32_t> owned, backed;
+};
+FollowedMap& Followed() {
+  static FollowedMap f;
+  return f;
+}
+const RoutingMap& CurrentMap() { return Followed().map; }
+void SetCurrentMap(const RoutingMap& m) {
+  FollowedMap& f = Followed();
+  f.map = m;
+  f.owned.clear();
+  f.backed.clear();
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (m.primary.ServerOfSlot(slot) == kMapRank) f.owned.push_back(slot);
+    if (slot < m.backup.size() && m.backup[slot] == kMapRank) f.backed.push_back(slot);
+  }
+}
+
+// The inverse of Mix64 (ps/routing.h): the key whose slot and low bits are given.
+uint64_t Unmix64(uint64_t x) {
+  auto inverse = [](uint64_t a) {  // of an odd a, mod 2^64
+    uint64_t inv = a;
+    for (int i = 0; i < 6; ++i) inv *= 2 - a * inv;
+    return inv;
+  };
+  x ^= x >> 33;
+  x *= inverse(0xc4ceb9fe1a85ec53ULL);
+  x ^= x >> 33;
+  x *= inverse(0xff51afd7ed558ccdULL);
+  x ^= x >> 33;
+  return x;
+}
+
+// A key that the fuzzed server owns (or, `backed`, backs up in map mode): `k` itself when no
+// slot qualifies, else a key of the (k mod n)-th such slot.
+uint64_t OwnedKey(uint64_t k, bool backed = false) {
+  if constexpr (kFollowMap) {
+    const std::vector<uint32_t>& slots = backed ? Followed().backed : Followed().owned;
+    if (slots.empty()) return k;
+    const uint64_t slot = slots[k % slots.size()];
+    return Unmix64((slot << 50) | (k & ((uint64_t{1} << 50) - 1)));
+  } else {
+    static const SlotMap map = SlotMap::Uniform(2);
+    while (map.ServerOfKey(k) != 0) ++k;
+    return k;
+  }
+}
+
+// The fixed map of map mode, version 1 (see the file comment); `listen` is server 1's address.
+RoutingMap InitialMap(const std::string& listen) {
+  RoutingMap m;
+  m.version = 1;
+  m.addresses = {"inproc://tessera-fuzz-peer-0", listen, "inproc://tessera-fuzz-peer-2"};
+  const SlotMap uniform = SlotMap::Uniform(3);
+  m.primary = uniform;
+  m.backup.resize(kNumSlots);
+  m.importing.assign(kNumSlots, RoutingMap::kNotImporting);
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    const uint16_t p = uniform.ServerOfSlot(slot);
+    m.backup[slot] = slot % 4 == 3 ? RoutingMap::kNoBackup : static_cast<uint16_t>((p + 1) % 3);
+    if (p == kMapRank && slot % 8 == 5) m.importing[slot] = 0;
+  }
+  m.dense_servers = 3;
+  m.dense_primary = {0, 1, 2};
+  m.dense_backup = {1, 2, 0};
+  return m;
+}
+
+// A map changed from `m` as the input says: a version step (0: the same version, ignored by
+// the server, else newer), then up to 3 runs of slots given a new primary, backup and
+// importing source among the three servers (kept consistent: a backup or source is never the
+// primary), and whether dense parts keep their backups.
+RoutingMap ChangedMap(const RoutingMap& m, fuzz::FuzzInput& in) {
+  RoutingMap next = m;
+  next.version = m.version + in.U8() % 3;
+  std::vector<uint16_t> owners = m.primary.owners();
+  const int runs = in.U8() % 4;
+  for (int r = 0; r < runs; ++r) {
+    const uint32_t start = in.U16() % kNumSlots;
+    const uint32_t len = 1 + in.U16() % 4096;
+    const uint16_t p = in.U8() % 3;
+    const uint8_t b = in.U8() % 4, imp = in.U8() % 4;
+    for (uint32_t slot = start; slot < std::min(kNumSlots, start + len); ++slot) {
+      owners[slot] = p;
+      next.backup[slot] = (b == 3 || b == p) ? RoutingMap::kNoBackup : b;
+      next.importing[slot] = (imp == 3 || imp == p) ? RoutingMap::kNotImporting : imp;
+    }
+  }
+  next.primary = *SlotMap::FromOwners(std::move(owners), 3);
+  if (in.U8() & 1) next.dense_backup.assign(3, RoutingMap::kNoBackup);
+  return next;
 }
 
 // Floats that hit the edges of the checks (hyper-parameters, gradients).
@@ -178,7 +287,7 @@ std::string DataFrame(fuzz::FuzzInput& in, const Header& h) {
     case 0: {  // keys
       const uint64_t base = (kind & 8) ? in.U64() : in.U16();
       for (uint64_t i = 0; i < n; ++i) {
-        const uint64_t k = (kind & 16) ? base + i : OwnedKey(base + i);
+        const uint64_t k = (kind & 16) ? base + i : OwnedKey(base + i, kFollowMap && (kind & 32));
         out.append(reinterpret_cast<const char*>(&k), sizeof(k));
       }
       break;
@@ -218,6 +327,16 @@ std::vector<std::string> BuildStructured(fuzz::FuzzInput& in) {
   if (wide & 128) SetClientSeq(h, 1 + in.U8() % 3, in.U8() % 8);
   h.name = std::string(in.Chunk());
   if (h.op == Op::kCreateTable && (in.U8() & 1)) h.spec = SpecFrom(in);
+  if constexpr (kFollowMap) {
+    // The fencing fields: the server's version, one off either way, or any.
+    const uint64_t v = CurrentMap().version;
+    const uint8_t mv = in.U8();
+    h.map_version = mv % 4 == 0 ? v : mv % 4 == 1 ? v - 1 : mv % 4 == 2 ? v + 1 : in.U64();
+    const uint8_t from = in.U8();
+    h.replica_from = from % 5 < 4 ? from % 5 : in.U32();
+    const uint8_t origin = in.U8();
+    h.client_origin = origin % 5 < 4 ? origin % 5 : in.U32();
+  }
   std::vector<std::string> frames(1);
   EncodeHeader(h, &frames[0]);
   const int data_frames = in.U8() % 4;
@@ -251,6 +370,14 @@ class Harness {
     fuzz::FuzzInput in(data, size);
     for (int m = 0; m < kMaxMessages && !in.empty(); ++m) {
       const uint8_t tag = in.U8();
+      if (kFollowMap && tag == kMapTag) {
+        const RoutingMap next = ChangedMap(CurrentMap(), in);
+        if (server_->SetClusterMap(next).ok() && next.version > CurrentMap().version) {
+          SetCurrentMap(next);
+        }
+        Pump();
+        continue;
+      }
       Send(tag >= 0x80 ? BuildStructured(in) : BuildRaw(in, tag));
     }
   }
@@ -259,8 +386,9 @@ class Harness {
   void Start() {
     ServerOptions o;
     o.listen = "inproc://tessera-fuzz-server";
-    o.rank = 0;
-    o.num_servers = 2;
+    o.rank = kFollowMap ? kMapRank : 0;
+    o.num_servers = kFollowMap ? 3 : 2;
+    o.follow_cluster_map = kFollowMap;
     o.lanes = 2;
     o.max_request_bytes = 1 << 20;
     o.admin_root = admin_root_;
@@ -275,6 +403,17 @@ class Harness {
                                             zmq::socket_type::dealer);
     peer_->set(zmq::sockopt::linger, 0);
     peer_->connect(o.listen);
+    if constexpr (kFollowMap) {
+      SetCurrentMap(InitialMap(o.listen));
+      for (uint32_t id : {0u, 2u}) {
+        auto& r = other_servers_.emplace_back(server_.get()->*Get(ContextTag{}),
+                                              zmq::socket_type::router);
+        r.set(zmq::sockopt::linger, 0);
+        r.bind(CurrentMap().addresses[id]);
+      }
+      Status s = server_->SetClusterMap(CurrentMap());
+      Check(s.ok(), "the initial map:", s.ToString());
+    }
     std::error_code ec;
     std::filesystem::create_directories(admin_root_, ec);
     for (const TableSpec& t : StartTables()) {
@@ -289,6 +428,7 @@ class Harness {
 
   void Stop() {
     peer_.reset();
+    other_servers_.clear();
     server_->Shutdown();
     server_.reset();
     sent_ids_.clear();
@@ -308,9 +448,54 @@ class Harness {
             return zmq::send_multipart(*peer_, parts, zmq::send_flags::dontwait).has_value();
           }),
           "the peer could not send");
-    (server_.get()->*Get(ReceiveBurstTag{}))();
-    (server_.get()->*Get(ForwardRepliesTag{}))();
+    Pump();
+  }
+
+  // One turn of the I/O thread: receive, pass on the lanes' replies, answer what the server
+  // forwarded to the other servers (map mode), read the replies.
+  void Pump() {
+    for (int turn = 0; turn < 2; ++turn) {
+      (server_.get()->*Get(ReceiveBurstTag{}))();
+      (server_.get()->*Get(ForwardRepliesTag{}))();
+      if (!AnswerForwarded()) break;
+    }
     DrainReplies();
+  }
+
+  // The other servers of map mode answer each request the fuzzed server sent them (a forwarded
+  // push to its backup, a copy's request): OK, except every 7th, which is refused as stale.
+  // Returns whether any was answered.
+  bool AnswerForwarded() {
+    bool any = false;
+    for (auto& r : other_servers_) {
+      for (;;) {
+        std::vector<zmq::message_t> msg;
+        const bool got = RetryOnEintr([&] {
+          msg.clear();
+          return zmq::recv_multipart(r, std::back_inserter(msg), zmq::recv_flags::dontwait)
+              .has_value();
+        });
+        if (!got) break;
+        Header h;
+        if (msg.size() < 2 || !DecodeHeader(msg[1].data(), msg[1].size(), &h).ok()) continue;
+        any = true;
+        if (++forwarded_ % 7 == 0) {
+          h.status = StatusCode::kFailedPrecondition;
+          h.message = "stale cluster map (fuzz harness)";
+        } else {
+          h.status = StatusCode::kOk;
+        }
+        std::string env;
+        EncodeHeader(h, &env);
+        std::vector<zmq::message_t> reply;
+        reply.emplace_back(msg[0].data(), msg[0].size());
+        reply.emplace_back(env.data(), env.size());
+        (void)RetryOnEintr([&] {
+          return zmq::send_multipart(r, reply, zmq::send_flags::dontwait).has_value();
+        });
+      }
+    }
+    return any;
   }
 
   void DrainReplies() {
@@ -344,6 +529,8 @@ class Harness {
   const std::string admin_root_;
   std::unique_ptr<ServerImpl> server_;
   std::unique_ptr<zmq::socket_t> peer_;
+  std::deque<zmq::socket_t> other_servers_;  // map mode: servers 0 and 2
+  uint64_t forwarded_ = 0;
   uint64_t inputs_ = 0;
   std::unordered_set<uint64_t> sent_ids_;
   absl::flat_hash_map<uint64_t, std::string> checkpoints_;
@@ -371,7 +558,8 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The scratch directory goes at exit; the server lives until the process is gone (stopping
   // its threads during static destruction would race with the libraries' own teardown).
-  static tessera::fuzz::ScratchDir scratch("server_request");
+  static tessera::fuzz::ScratchDir scratch(tessera::internal::kFollowMap ? "server_map"
+                                                                         : "server_request");
   static auto* harness = new tessera::internal::Harness(scratch.path());
   harness->Run(data, size);
   return 0;

@@ -335,6 +335,78 @@ void ServerSeeds(const fs::path& dir) {
   }
 }
 
+// DataFrame kinds of fuzz_server_request.cc: keys the server owns / backs up (a u16 base
+// follows), values, a raw chunk.
+constexpr uint8_t kOwnedKeys = 1, kBackedKeys = 37, kValues = 2, kRawChunk = 4;
+
+// ---- server_map (fuzz_server_request.cc with TESSERA_FUZZ_FOLLOW_MAP): structured messages
+// with the fencing fields, and map changes (tag 0x7f).
+void ServerMapSeeds(const fs::path& dir) {
+  // A structured message on table "s" (count keys, no wide fields): mv 0 = the server's map
+  // version, 1 = one behind, 2 = one ahead; from / origin = a server id + 1 (0: a client).
+  auto message = [](fuzz::FuzzOutput& out, Op op, uint32_t id, uint8_t count, uint8_t mv,
+                     uint8_t from, uint8_t origin, const std::string& name,
+                     const std::vector<uint8_t>& frame_kinds) {
+    out.U8(0x80).U8(static_cast<uint8_t>(op)).U32(id).U8(0).U8(1).U8(0).U8(count);
+    out.U16(0).U8(0).U8(1).U8(0).U8(1).Chunk(name);
+    if (op == Op::kCreateTable) out.U8(0);
+    out.U8(mv).U8(from).U8(origin).U8(static_cast<uint8_t>(frame_kinds.size()));
+    for (uint8_t kind : frame_kinds) {
+      out.U8(kind);
+      if (kind == kOwnedKeys || kind == kBackedKeys) out.U16(static_cast<uint16_t>(id * 97));
+    }
+  };
+  // A map change: version step, one run of `len` slots from `start` given primary p, backup b,
+  // importing source imp (3: none), dense backups kept.
+  auto map_change = [](fuzz::FuzzOutput& out, uint8_t step, uint16_t start, uint16_t len,
+                       uint8_t p, uint8_t b, uint8_t imp) {
+    out.U8(0x7f).U8(step).U8(1).U16(start).U16(len).U8(p).U8(b).U8(imp).U8(0);
+  };
+  struct Seed {
+    const char* name;
+    Op op;
+    uint8_t mv, from, origin;
+    std::vector<uint8_t> frames;
+    const char* admin_name;
+  };
+  const std::vector<Seed> seeds = {
+      {"forwarded-push-from-server-0", Op::kSparsePush, 0, 1, 1, {kBackedKeys, kValues}, ""},
+      {"forwarded-push-old-version", Op::kSparsePush, 1, 1, 1, {kBackedKeys, kValues}, ""},
+      {"forwarded-push-future-version", Op::kSparsePush, 2, 1, 1, {kBackedKeys, kValues}, ""},
+      {"push-to-own-slots", Op::kSparsePush, 0, 0, 0, {kOwnedKeys, kValues}, ""},
+      {"push-rerouted-from-dead-server-2", Op::kSparsePush, 0, 0, 3, {kOwnedKeys, kValues}, ""},
+      {"push-stale-version", Op::kSparsePush, 1, 0, 0, {kOwnedKeys, kValues}, ""},
+      {"pull-future-version", Op::kSparsePull, 2, 0, 0, {kOwnedKeys}, ""},
+      {"forwarded-dense-push", Op::kDensePush, 0, 1, 1, {kValues}, ""},
+      {"slot-export", Op::kSlotExport, 0, 0, 0, {kValues}, ""},
+      {"slot-import", Op::kSlotImport, 0, 0, 0, {kValues, kRawChunk}, ""},
+      {"slot-drop", Op::kSlotDrop, 0, 0, 0, {kValues}, ""},
+      {"checkpoint", Op::kCheckpoint, 0, 0, 0, {}, "cp1"},
+  };
+  uint32_t id = 1;
+  fuzz::FuzzOutput session;
+  for (const Seed& s : seeds) {
+    fuzz::FuzzOutput out;
+    message(out, s.op, id, 4, s.mv, s.from, s.origin, s.admin_name, s.frames);
+    message(session, s.op, id, 4, s.mv, s.from, s.origin, s.admin_name, s.frames);
+    ++id;
+    Put(dir, s.name, out.str());
+  }
+  // Server 1's first slots move to server 2 with server 0 as the source, then back.
+  map_change(session, 1, kNumSlots / 3, 512, 2, 0, 0);
+  message(session, Op::kSparsePush, id++, 4, 0, 0, 0, "", {kOwnedKeys, kValues});
+  message(session, Op::kSparsePush, id++, 4, 1, 1, 1, "", {kBackedKeys, kValues});
+  map_change(session, 1, kNumSlots / 3, 512, 1, 3, 3);
+  Put(dir, "session-with-map-changes", session.str());
+  fuzz::FuzzOutput same;
+  map_change(same, 0, 0, 4096, 1, 2, 0);  // version step 0: the server ignores it
+  Put(dir, "map-change-same-version", same.str());
+  fuzz::FuzzOutput promote;
+  map_change(promote, 1, 0, 4096, 1, 3, 3);  // server 0's first slots promoted to server 1
+  message(promote, Op::kSparsePush, 1, 4, 0, 0, 1, "", {kOwnedKeys, kValues});
+  Put(dir, "promotion-then-rerouted-push", promote.str());
+}
+
 }  // namespace
 }  // namespace tessera
 
@@ -348,6 +420,7 @@ int main(int argc, char** argv) {
   tessera::RecordFileSeeds(root / "record_file");
   tessera::ExportSeeds(root / "export_reader");
   tessera::ServerSeeds(root / "server_request");
+  tessera::ServerMapSeeds(root / "server_map");
   std::printf("seeds written under %s\n", argv[1]);
   return 0;
 }
