@@ -335,10 +335,9 @@ Status FailoverWatcher::Round() {
   Result<ClusterMap> map = store.Load();
   if (map.status().code() == StatusCode::kNotFound) return Status::OK();  // no map yet
   if (!map.ok()) return map.status();
-  const auto none = [](uint16_t b) { return b == ClusterMap::kNoServer; };
-  // Not replicated (any more): nothing can be promoted, and only servers joining matter.
-  const bool replicated = !std::all_of(map->backup.begin(), map->backup.end(), none) ||
-                          !std::all_of(map->dense_backup.begin(), map->dense_backup.end(), none);
+  // Not replicated: nothing can be promoted, and only servers joining matter. A replicated
+  // map that a double failure left without any backup is still one: its rebuild is due.
+  const bool replicated = map->Replicated();
   if (!replicated && !options_.on_joined) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
   std::set<std::string> listed, leaving;

@@ -120,9 +120,11 @@ struct FailoverOptions {
 /// up (see failover.cc for why a server never seen is not presumed dead). The map after
 /// PromoteBackups is stored by a compare-and-swap from the version read; a lost swap (another
 /// server's watcher, or another writer, changed the map) is simply read again next period, so
-/// any number of watchers on one cluster are safe and the change is made once. A map without
-/// any backup (of a slot or a dense part) is not looked at further unless `on_joined` is set
-/// (no member read): nothing in it can be promoted. With no server dead, the lowest live
+/// any number of watchers on one cluster are safe and the change is made once. A map that is
+/// not replicated (ClusterMap::Replicated: replication 1 and no backup of a slot or a dense
+/// part) is not looked at further unless `on_joined` is set (no member read): nothing in it
+/// can be promoted. A replicated map whose backups are all gone (a double failure) is: a
+/// rebuild is due (`on_unbacked`). With no server dead, the lowest live
 /// server's watcher also reports rebuilds due (`on_unbacked`) and servers waiting to join
 /// (`on_joined`).
 /// Thread-safe; destruction stops the thread and joins it. Borrows `etcd`, which must outlive
