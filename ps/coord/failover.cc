@@ -376,7 +376,12 @@ Status FailoverWatcher::Round() {
         std::to_string(map->version) + ")");
   }
   last_unavailable_ = unavailable;
-  if (!p.changed) return Status::OK();
+  if (!p.changed) {
+    // Promoted already: what is left of the dead servers has no live copy and waits for them.
+    // The slots of live primaries still need their backups back.
+    CheckBackedUp(*map, listed);
+    return Status::OK();
+  }
   Status swapped = store.CompareAndSwap(map->version, p.map);
   // Another watcher (or writer) changed the map since the read: read it again next period.
   if (swapped.code() == StatusCode::kFailedPrecondition) return Status::OK();

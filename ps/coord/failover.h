@@ -97,10 +97,12 @@ struct FailoverOptions {
   /// thread; must not destroy the watcher. Default: none.
   std::function<void(const Promotion&)> on_promoted;
   /// Called on the watcher's thread, at most every `unbacked_every_ms`, while no server is
-  /// dead, this process is the lowest live server of the map, at least two are live, and a
-  /// slot or dense part (of a map with dense backups) whose primary is live has no backup and
-  /// none being filled: a backup rebuild is due (the promoting server's died with it, or lost
-  /// to another controller). Must not destroy the watcher. Default: none.
+  /// dead (or every slot of a dead server that has a live backup was promoted: what is left
+  /// of it has no live copy and waits for it), this process is the lowest live server of the
+  /// map, at least two are live, and a slot or dense part (of a map with dense backups) whose
+  /// primary is live has no backup and none being filled: a backup rebuild is due (the
+  /// promoting server's died with it, gave up, or lost to another controller). Must not
+  /// destroy the watcher. Default: none.
   std::function<void()> on_unbacked;
   int unbacked_every_ms = 5000;
   /// Called on the watcher's thread, at most every `unbacked_every_ms`, while every server of
@@ -125,8 +127,8 @@ struct FailoverOptions {
 /// part) is not looked at further unless `on_joined` is set (no member read): nothing in it
 /// can be promoted. A replicated map whose backups are all gone (a double failure) is: a
 /// rebuild is due (`on_unbacked`). With no server dead, the lowest live
-/// server's watcher also reports rebuilds due (`on_unbacked`) and servers waiting to join
-/// (`on_joined`).
+/// server's watcher also reports rebuilds due (`on_unbacked`; also once the dead servers'
+/// slots that could be promoted were) and servers waiting to join (`on_joined`).
 /// Thread-safe; destruction stops the thread and joins it. Borrows `etcd`, which must outlive
 /// the watcher.
 class FailoverWatcher {

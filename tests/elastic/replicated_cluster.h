@@ -31,20 +31,24 @@ class ReplicatedClusterTest : public EtcdTest {
     EtcdTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     url_ = etcd_.url(prefix_);
-    cluster_ = StartReplicated(url_);
+    cluster_ = StartReplicated(url_, ClusterOptions());
     ASSERT_NE(cluster_, nullptr);
     admin_ = AdminClient(cluster_->endpoints());
     ASSERT_NE(admin_, nullptr);
     store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + prefix_);
   }
 
-  // Three servers following the map at `url` (`o` gives the rest: an admin root), with data
-  // dirs (acknowledged means in RocksDB's log on two servers), once `tessera-ctl map init
+  // The options of the fixture's cluster (StartReplicated's `o`).
+  virtual LocalClusterOptions ClusterOptions() const { return Servers(3); }
+
+  // Three servers following the map at `url` (`o` gives the rest: an admin root, flags), with
+  // data dirs (acknowledged means in RocksDB's log on two servers), once `tessera-ctl map init
   // --replication=2` made version 1 and each server serves it; null after a test failure.
   std::unique_ptr<LocalCluster> StartReplicated(const std::string& url,
                                                 LocalClusterOptions o = Servers(3)) {
     o.with_data_dirs = true;
-    o.extra_flags = {"--coordinator=" + url, "--coordinator_ttl_s=" + std::to_string(kTtlS)};
+    o.extra_flags.push_back("--coordinator=" + url);
+    o.extra_flags.push_back("--coordinator_ttl_s=" + std::to_string(kTtlS));
     auto cluster = std::make_unique<LocalCluster>(o);
     Status s = cluster->Start();
     EXPECT_TRUE(s.ok()) << s.ToString();

@@ -1,0 +1,100 @@
+// Recovery of the replicated tier (docs/elasticity.md, "Backup rebuild"): three real
+// tessera-server processes with --coordinator in a real etcd, a map made by `tessera-ctl map
+// init --replication=2`.
+//  - a background rebuild whose source is killed between two of its batches gives up once the
+//    source is no longer registered, frees the controller lock, and the next rebuild gives up
+//    the fills of the dead server and backs up every slot whose primary lives.
+#include <chrono>
+#include <cstdio>
+
+#include "ps/coord/cluster_map.h"
+#include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
+#include "tests/cluster_fixture.h"
+#include "tests/elastic/etcd_fixture.h"
+#include "tests/elastic/replicated_cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr char kPrefix[] = "tessera/recovery";
+
+class RecoveryTest : public ReplicatedClusterTest {
+ protected:
+  RecoveryTest() : ReplicatedClusterTest(kPrefix) {}
+
+  // Background rebuilds wait about 50 times as long as each batch took before the next one:
+  // a kill lands between two batches.
+  LocalClusterOptions ClusterOptions() const override {
+    LocalClusterOptions o = Servers(3);
+    o.extra_flags = {"--rebuild_pace=0.02"};
+    return o;
+  }
+
+  // True when the controller lock is free now (taken and given back at once).
+  bool LockIsFree() {
+    auto lock = LockController(client_.get(), "/" + std::string(kPrefix), "recovery-test", 5,
+                               /*wait=*/false, std::chrono::steady_clock::now());
+    return lock.ok();
+  }
+};
+
+TEST_F(RecoveryTest, ARebuildWhoseSourceDiesGivesUpAndFreesTheControllerLock) {
+  auto c = CoordinatorClient();
+  ASSERT_NE(c, nullptr);
+  const Table t = Sparse(*c, "emb");
+  const std::vector<uint64_t> keys = KeysOf(2, 20000);
+  ASSERT_TRUE(c->Wait(c->Push(t, keys, std::vector<float>(keys.size() * kDim, 1.0f))).ok());
+  // Server 2's slots lose their backups: the lowest live server (0) rebuilds them, copying
+  // from server 2 in batches of 1024 slots (version 3 flips the first, version 4 settles it).
+  auto m = store_->Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ClusterMap stripped = *m;
+  stripped.version = 2;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (stripped.primary[slot] == 2) stripped.backup[slot] = ClusterMap::kNoServer;
+  }
+  ASSERT_TRUE(store_->CompareAndSwap(1, stripped).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto now = store_->Load();
+        return now.ok() && now->version >= 4;
+      },
+      seconds(60)))
+      << "the background rebuild did not start";
+  cluster_->Kill(2);
+  const auto killed = std::chrono::steady_clock::now();
+  // The rebuild's next batch copies from the dead server. It gives up once server 2 is not
+  // registered (TTL 2 s) and frees the lock; before, it retried "not connected" until its
+  // 10-minute deadline and kept every scale and rebuild out meanwhile.
+  ASSERT_TRUE(WaitFor([&] { return LockIsFree(); }, seconds(90)))
+      << "the controller lock is still held 90 s after the rebuild's source died";
+  std::printf("controller lock free %.1f s after the source of the rebuild was killed\n",
+              MsSince(killed) / 1000);
+  // Then every slot whose primary lives has a backup and nothing is being filled (a fill from
+  // server 2 left flipped is given up); server 2's slots without a backup wait for it.
+  std::string left;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto now = store_->Load();
+        if (!now.ok()) return false;
+        for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+          if (now->importing[slot] != ClusterMap::kNoServer ||
+              (now->primary[slot] != 2 && now->backup[slot] == ClusterMap::kNoServer)) {
+            left = "slot " + std::to_string(slot) + " at map version " +
+                   std::to_string(now->version);
+            return false;
+          }
+        }
+        return true;
+      },
+      seconds(90)))
+      << "not backed up again: " << left;
+  EXPECT_TRUE(WaitFor([&] { return LockIsFree(); }, seconds(30)));
+}
+
+
+}  // namespace
+}  // namespace tessera::testing
