@@ -127,21 +127,20 @@ class Controller {
   // less than kUnreachableLimit ago (or the members cannot be read); else Unavailable saying
   // that it died or does not answer.
   Status StillThere(const Client* server, const Status& why, SteadyClock::time_point since);
-  // Per server id of the map: registered (PREFIX/members) with an address in the map.
+  // Per server id of `map`: registered (PREFIX/members) with an address in the map.
   // `leaving` servers count as registered when `with_leaving`.
-  Result<std::vector<bool>> Registered(bool with_leaving);
+  Result<std::vector<bool>> Registered(const ClusterMap& map, bool with_leaving);
   // Gives up the fills (backup rebuilds) an interrupted run left flipped whose source (the
   // slot's or part's primary) or destination (its new backup) is not registered: no copy can
   // be made from a dead server, and a dead backup takes none; the slot loses that backup (one
   // CAS). A later batch gives it another one if its primary lives.
   Status DropDeadFills();
 
-  Status Cas(ClusterMap next) {
-    next.version = map_.version + 1;
-    TESSERA_RETURN_IF_ERROR(store_.CompareAndSwap(map_.version, next));
-    map_ = std::move(next);
-    return Status::OK();
-  }
+  // Stores `next` as the version after map_'s. A lost swap (another writer changed the map:
+  // a fail-over needs no controller lock) is FailedPrecondition saying what changed and what
+  // to run (LostCas).
+  Status Cas(ClusterMap next);
+  Status LostCas(const Status& lost);
   Result<Client*> Server(uint32_t id) { return servers_.Get(id, map_.servers[id].address); }
   // Copies the rows of `moves` to their new owners while the old ones still serve them (before
   // the flip); the marks of each export go to *ahead.
@@ -210,6 +209,8 @@ class Controller {
   ScaleOptions o_;
   ClusterMap map_;
   ScaleReport report_;
+  // The command that runs this controller by hand, for messages: "scale" or "map rebuild".
+  std::string command_ = "scale";
 };
 
 }  // namespace tessera::internal::reshard

@@ -241,6 +241,7 @@ Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
 }
 
 Result<ScaleReport> Controller::Rebuild() {
+  command_ = "map rebuild";
   const auto t0 = SteadyClock::now();
   TESSERA_RETURN_IF_ERROR(Lock());
   TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
@@ -250,7 +251,7 @@ Result<ScaleReport> Controller::Rebuild() {
   TESSERA_RETURN_IF_ERROR(SettleFills());
   TESSERA_RETURN_IF_ERROR(SettleDenseFills());
   // The servers of the map that are registered now (a dead one not failed over yet is not).
-  TESSERA_ASSIGN_OR_RETURN(std::vector<bool> live, Registered(/*with_leaving=*/false));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<bool> live, Registered(map_, /*with_leaving=*/false));
   // Each slot of a live primary without a backup gets the next live server after it.
   std::vector<std::pair<uint32_t, uint16_t>> plan;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {

@@ -1,18 +1,20 @@
 // The controller and servers that die during its run (docs/elasticity.md, "Backup rebuild"): a
 // call to a server that no longer answers gives up once the server is no longer registered, and
 // fills left flipped whose source or destination died are given up, so that a run never holds
-// the controller lock waiting for a dead server until its deadline.
+// the controller lock waiting for a dead server until its deadline; a swap of the map lost to a
+// fail-over says so and what to run.
 #include <algorithm>
 
 #include "ps/control/controller_internal.h"
+#include "ps/coord/failover.h"
 
 namespace tessera::internal::reshard {
 
-Result<std::vector<bool>> Controller::Registered(bool with_leaving) {
+Result<std::vector<bool>> Controller::Registered(const ClusterMap& map, bool with_leaving) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(etcd_, prefix_));
-  std::vector<bool> live(map_.servers.size(), false);
-  for (uint16_t id = 0; id < map_.servers.size(); ++id) {
-    const MapServer& s = map_.servers[id];
+  std::vector<bool> live(map.servers.size(), false);
+  for (uint16_t id = 0; id < map.servers.size(); ++id) {
+    const MapServer& s = map.servers[id];
     live[id] = !s.address.empty() &&
                std::any_of(members.begin(), members.end(), [&](const Member& m) {
                  return m.id == s.id && (with_leaving || !m.leaving);
@@ -61,7 +63,7 @@ Status Controller::DropDeadFills() {
   for (uint32_t part = 0; part < map_.dense_servers && !any; ++part) any = dense_filling(part);
   if (!any) return Status::OK();
   // Leaving servers are alive: they still serve as a source.
-  TESSERA_ASSIGN_OR_RETURN(std::vector<bool> live, Registered(/*with_leaving=*/true));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<bool> live, Registered(map_, /*with_leaving=*/true));
   ClusterMap next = map_;
   uint32_t slots = 0, parts = 0;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
@@ -87,6 +89,42 @@ Status Controller::DropDeadFills() {
                  slots, parts, static_cast<unsigned long long>(map_.version));
   }
   return Status::OK();
+}
+
+Status Controller::Cas(ClusterMap next) {
+  next.version = map_.version + 1;
+  Status s = store_.CompareAndSwap(map_.version, next);
+  if (s.code() == StatusCode::kFailedPrecondition) return LostCas(s);
+  TESSERA_RETURN_IF_ERROR(s);
+  map_ = std::move(next);
+  return Status::OK();
+}
+
+Status Controller::LostCas(const Status& lost) {
+  auto now = store_.Load();
+  if (!now.ok()) return lost;
+  std::string msg = lost.message() +
+                    ": another writer changed the map while this run held the controller lock "
+                    "(fail-overs need no lock)";
+  if (const std::string what = DescribeMapChange(map_, *now); !what.empty()) msg += ": " + what;
+  msg += ". Nothing is lost (the next run finishes what this one left flipped)";
+  std::string dead;
+  if (auto live = Registered(*now, /*with_leaving=*/true); live.ok()) {
+    for (uint16_t id = 0; id < now->servers.size(); ++id) {
+      if (now->servers[id].address.empty() || (*live)[id]) continue;
+      dead += (dead.empty() ? "" : ", ") + std::to_string(id) + " (" + now->servers[id].id + ")";
+    }
+  }
+  if (!dead.empty()) {
+    msg += "; server " + dead +
+           " of the map is not registered: wait for its fail-over (its lease TTL), or restart "
+           "it on its --data_dir (its slots without a live backup wait for it), then run "
+           "`tessera-ctl " + command_ + "` again";
+  } else {
+    msg += "; run `tessera-ctl " + command_ + "` again: it starts from version " +
+           std::to_string(now->version);
+  }
+  return Status::FailedPrecondition(msg);
 }
 
 }  // namespace tessera::internal::reshard

@@ -78,6 +78,13 @@ struct Promotion {
 /// names no server of it. Pure: no etcd.
 Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16_t>& dead);
 
+/// What changed from `before` to `after` (a later version of the same map), in words for an
+/// operator whose compare-and-swap lost to it: servers retired, taken in or added, slots and
+/// dense parts failed over to their backups (a fail-over: their primary died), slots moved
+/// (a scale), backups removed or given (a rebuild), fills and moves started or finished.
+/// "" when no slot, dense part or server changed. Pure.
+std::string DescribeMapChange(const ClusterMap& before, const ClusterMap& after);
+
 /// Options of a FailoverWatcher.
 struct FailoverOptions {
   /// The cluster's key prefix (CoordinatorUrl::prefix), e.g. "/tessera/job1". Required.
@@ -161,6 +168,8 @@ class FailoverWatcher {
   void CheckJoined(const ClusterMap& map, const std::set<std::string>& listed,
                    const std::set<std::string>& leaving);
   void Log(const std::string& line) const;
+  // A log line per thing a stored promotion did.
+  void LogPromotion(const Promotion& p) const;
 
   EtcdClient* const etcd_;
   const FailoverOptions options_;

@@ -3,9 +3,12 @@
 // init --replication=2`.
 //  - a background rebuild whose source is killed between two of its batches gives up once the
 //    source is no longer registered, frees the controller lock, and the next rebuild gives up
-//    the fills of the dead server and backs up every slot whose primary lives.
+//    the fills of the dead server and backs up every slot whose primary lives;
+//  - `tessera-ctl map rebuild` whose swap of the map loses to a fail-over says so (what the
+//    fail-over changed, which server is dead) and what to run.
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/membership.h"
@@ -95,6 +98,61 @@ TEST_F(RecoveryTest, ARebuildWhoseSourceDiesGivesUpAndFreesTheControllerLock) {
   EXPECT_TRUE(WaitFor([&] { return LockIsFree(); }, seconds(30)));
 }
 
+
+// Servers that rebuild nothing themselves: only the test's `tessera-ctl map rebuild` changes
+// the map by more than one step, while the servers' watchers fail over.
+class LostSwapTest : public ReplicatedClusterTest {
+ protected:
+  LostSwapTest() : ReplicatedClusterTest("tessera/lost-swap") {}
+  LocalClusterOptions ClusterOptions() const override {
+    LocalClusterOptions o = Servers(3);
+    o.extra_flags = {"--rebuild_backups=false"};
+    return o;
+  }
+};
+
+TEST_F(LostSwapTest, ARebuildThatLosesItsSwapToAFailOverSaysWhatHappened) {
+  // Server 2's slots lose their backups; a paced rebuild by hand copies them to server 0 in
+  // batches of 512 slots (about 50 times as long a pause as each batch took).
+  auto m = store_->Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ClusterMap stripped = *m;
+  stripped.version = 2;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (stripped.primary[slot] == 2) stripped.backup[slot] = ClusterMap::kNoServer;
+  }
+  ASSERT_TRUE(store_->CompareAndSwap(1, stripped).ok());
+  int rc = -1;
+  std::string out;
+  std::thread ctl([&] {
+    rc = RunCommand({TESSERA_CTL_BINARY, "map", "rebuild", "--coordinator=" + url_,
+                     "--pace=0.02", "--batch_slots=512", "--timeout_s=300"},
+                    &out);
+  });
+  // Once its first batch settled (version 4), server 1 dies: the watchers promote its backups
+  // while the rebuild pauses, and the rebuild's next swap is made from the version before.
+  const bool started = WaitFor(
+      [&] {
+        auto now = store_->Load();
+        return now.ok() && now->version >= 4;
+      },
+      seconds(60));
+  if (started) cluster_->Kill(1);
+  ctl.join();
+  ASSERT_TRUE(started) << "the rebuild did not start: " << out;
+  EXPECT_EQ(rc, 1) << out;
+  const size_t said = out.rfind("tessera-ctl:");
+  std::printf("tessera-ctl map rebuild said:\n%s\n",
+              out.substr(said == std::string::npos ? 0 : said).c_str());
+  EXPECT_NE(out.find("another writer changed the map while this run held the controller lock"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("slots of server 1 were failed over to their backups (a fail-over: server 1 "
+                     "died)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("run `tessera-ctl map rebuild` again"), std::string::npos) << out;
+}
 
 }  // namespace
 }  // namespace tessera::testing
