@@ -7,10 +7,12 @@
 // replication to be tested this way), and the map comes from an in-memory ClusterMapSource.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -220,7 +222,8 @@ class ClientFailover : public ::testing::Test {
   // `n` fake servers, the first map uniform over them (version 1) with backups (server 0's
   // slots backed up by `backup_of_0`, as Retire0 shares them out; the others by the next
   // server), and a client of it.
-  void Start(uint32_t n, const std::vector<uint16_t>& backup_of_0 = {1}) {
+  void Start(uint32_t n, const std::vector<uint16_t>& backup_of_0 = {1},
+             int64_t request_timeout_ms = 30000) {
     std::vector<std::string> addresses;
     for (uint32_t i = 0; i < n; ++i) {
       servers_.push_back(std::make_unique<FakeServer>(i));
@@ -238,7 +241,7 @@ class ClientFailover : public ::testing::Test {
     auto source = std::make_unique<MemoryMapSource>(v1_);
     source_ = source.get();
     ClientOptions o;
-    o.request_timeout_ms = 30000;  // no retry by timeout within a test
+    o.request_timeout_ms = request_timeout_ms;  // default: no retry by timeout within a test
     o.retry_for_ms = 60000;
     auto c = Client::Create(o, std::move(source));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -397,6 +400,108 @@ TEST_F(ClientFailover, ARefusedPushCountedInARetiredSequenceKeepsItsNumber) {
   EXPECT_EQ(got[0].h.client_seq, first.h.client_seq);
   EXPECT_EQ(got[0].h.client_origin, 1u);
   EXPECT_EQ(client_->stale_map_retries(), 1u);
+}
+
+// A push whose first attempt went unanswered (timed out) and whose resend is refused as stale
+// (docs/wire-protocol.md, "Numbers across a stale-map refusal and a fail-over"): by a server
+// ahead of the push's map over the same connection, the refusal covers every attempt, and the
+// push gets a new number; by a server behind the push's map, the first attempt may still be
+// taken there, and the push keeps its number, counted in that server's sequence.
+TEST_F(ClientFailover, AnUnansweredPushRefusedAsStaleKeepsItsNumberUnlessTheRefusalCoversIt) {
+  Start(2, {1}, /*request_timeout_ms=*/500);
+  const Table t = Sparse(1);
+  // Server 1 does not answer a push's first attempt and refuses the second as stale, the reply
+  // at `refusal_version`; it takes the push when it comes again (rerouted). Returns the three
+  // attempts.
+  auto push_refused_at = [&](uint64_t refusal_version) {
+    auto attempts = std::make_shared<std::atomic<int>>(0);
+    servers_[1]->SetPolicy([=](const Received& r, Header* reply, std::vector<std::string>*) {
+      if (r.h.op != Op::kSparsePush) return true;
+      const int n = attempts->fetch_add(1);
+      if (n == 0) return false;
+      if (n == 1) {
+        reply->status = StatusCode::kFailedPrecondition;
+        reply->message = "stale cluster map (test)";
+        reply->map_version = refusal_version;
+      }
+      return true;
+    });
+    const size_t before = servers_[1]->Of(Op::kSparsePush).size();
+    const std::vector<uint64_t> keys = KeysOf(v1_.primary, 1, 3);
+    Handle h = client_->Push(t, keys, std::vector<float>(keys.size(), 1.0f));
+    if (refusal_version > client_->cluster_map_version()) {
+      // The client waits for the server's map: the same owners at that version.
+      EXPECT_TRUE(servers_[1]->WaitFor(Op::kSparsePush, before + 2));
+      RoutingMap next = v1_;
+      next.version = refusal_version;
+      source_->Publish(next);
+    }
+    const Status s = client_->Wait(h, DeadlineAfterMs(10000));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    std::vector<Received> got = servers_[1]->Of(Op::kSparsePush);
+    EXPECT_EQ(got.size(), before + 3);
+    got.erase(got.begin(), got.begin() + std::min(before, got.size()));
+    return got;
+  };
+  {
+    SCOPED_TRACE("a server ahead of the push, over the same connection: every attempt refused");
+    const std::vector<Received> got = push_refused_at(2);
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[1].h.client_seq, got[0].h.client_seq);  // the timed-out attempt again
+    EXPECT_EQ(got[2].h.client_origin, 0u);
+    EXPECT_GT(got[2].h.client_seq, got[0].h.client_seq) << "not renumbered";
+    EXPECT_EQ(got[2].h.map_version, 2u);
+  }
+  {
+    SCOPED_TRACE("a server behind the push: the first attempt may still be taken there");
+    const std::vector<Received> got = push_refused_at(1);  // the client is at 2
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[2].h.client_origin, 2u) << "renumbered: not counted in server 1's sequence";
+    EXPECT_EQ(got[2].h.client_id, got[0].h.client_id);
+    EXPECT_EQ(got[2].h.client_seq, got[0].h.client_seq);
+  }
+}
+
+// A push is all-or-nothing per server, not across servers: a call whose part failed for good
+// after another part was applied says which parts were applied.
+TEST_F(ClientFailover, APushPartlyAppliedSaysWhichPartsWereApplied) {
+  Start(2);
+  servers_[1]->SetPolicy([](const Received& r, Header* reply, std::vector<std::string>*) {
+    if (IsPush(r.h.op)) {
+      reply->status = StatusCode::kInvalidArgument;
+      reply->message = "refused (test)";
+    }
+    return true;
+  });
+  const Table t = Sparse(1);
+  std::vector<uint64_t> keys = KeysOf(v1_.primary, 0, 2);
+  for (uint64_t k : KeysOf(v1_.primary, 1, 2)) keys.push_back(k);
+  Status s = client_->Wait(client_->Push(t, keys, std::vector<float>(keys.size(), 1.0f)),
+                           DeadlineAfterMs(5000));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("refused (test)"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("[push partly applied: 1 part(s) failed as above; applied and "
+                             "acknowledged, so not to be sent again: server 0]"),
+            std::string::npos)
+      << s.ToString();
+
+  const Table d{TableIdForName("w"), TableSpec::Dense("w", 2 * kDenseChunkFloats)};
+  const std::vector<float> grads(d.spec.length, 1.0f);
+  s = client_->Wait(client_->DensePush(d, 0, grads), DeadlineAfterMs(5000));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("applied and acknowledged, so not to be sent again: part 0 on "
+                             "server 0]"),
+            std::string::npos)
+      << s.ToString();
+  // Nothing applied anywhere: the error says only what failed.
+  servers_[0]->SetPolicy([](const Received& r, Header* reply, std::vector<std::string>*) {
+    if (IsPush(r.h.op)) reply->status = StatusCode::kInvalidArgument;
+    return true;
+  });
+  s = client_->Wait(client_->Push(t, keys, std::vector<float>(keys.size(), 1.0f)),
+                    DeadlineAfterMs(5000));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(s.message().find("partly applied"), std::string::npos) << s.ToString();
 }
 
 TEST_F(ClientFailover, DenseRequestsOfARetiredServerFailAtOnce) {

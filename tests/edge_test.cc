@@ -32,6 +32,11 @@ using testing::MsSince;
 using testing::RawPeer;
 using Steady = std::chrono::steady_clock;
 
+// "Answered at once" in these tests means: well before the multi-second wait (a connect
+// timeout, a retry loop, a scan over the job size) that the refused path would otherwise take.
+// Generous on purpose, so that a loaded machine cannot turn it red; it is no speed claim.
+constexpr double kAtOnceMs = 5000;
+
 std::unique_ptr<Client> Connect(const LocalCluster& c, ClientOptions o = {}) {
   o.servers = c.endpoints();
   o.admin_root = c.admin_root();
@@ -110,7 +115,7 @@ TEST(EdgeTest, PathEscapesAreRefusedAndTheServerStaysUp) {
   for (const Case& c : cases) {
     const auto t0 = Steady::now();
     Header r = peer.Call(Op1(c.op, c.name));
-    EXPECT_LT(MsSince(t0), 1000);
+    EXPECT_LT(MsSince(t0), kAtOnceMs);
     EXPECT_EQ(r.status, c.want) << OpName(c.op) << " " << c.name.substr(0, 60) << ": " << r.message;
     EXPECT_TRUE(Contains(r.message, c.says)) << r.message;
     ExpectAlive(peer);
@@ -159,7 +164,7 @@ TEST(EdgeTest, ConsistencyFieldsAreBoundedAndRefusedQuickly) {
     h.staleness = staleness;
     const auto t0 = Steady::now();
     Header r = peer.Call(h, {key});
-    EXPECT_LT(MsSince(t0), 1000) << "num_workers " << workers;
+    EXPECT_LT(MsSince(t0), kAtOnceMs) << "num_workers " << workers;
     return r;
   };
   Header r = pull(0xFFFFFFFFu, 0, 10, 0);
@@ -187,7 +192,7 @@ TEST(EdgeTest, ConsistencyFieldsAreBoundedAndRefusedQuickly) {
   EXPECT_EQ(peer.Call(clock).status, StatusCode::kOk);
   const auto t0 = Steady::now();
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(c->ServerStats(0).ok());
-  EXPECT_LT(MsSince(t0), 2000);
+  EXPECT_LT(MsSince(t0), kAtOnceMs);
   EXPECT_EQ(pull(kMaxWorkers, 0, 5, 1000).status, StatusCode::kOk);
   ExpectAlive(peer);
   // The client refuses such options before connecting.
@@ -302,7 +307,8 @@ class KeyFile {
   std::string path_;
 };
 
-// Create() with `key` against `cluster`: must fail within a second, naming the keys.
+// Create() with `key` against `cluster`: must fail at once (not after its 10 s connect
+// timeout), naming the keys.
 void ExpectFastKeyError(const LocalCluster& cluster, const std::string& key,
                         const std::string& says) {
   ClientOptions o;
@@ -313,13 +319,13 @@ void ExpectFastKeyError(const LocalCluster& cluster, const std::string& key,
   auto c = Client::Create(o);
   const double ms = MsSince(t0);
   ASSERT_FALSE(c.ok());
-  EXPECT_LT(ms, 1000) << c.status().ToString();
+  EXPECT_LT(ms, kAtOnceMs) << c.status().ToString();
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
   EXPECT_TRUE(Contains(c.status().message(), "CurveZMQ")) << c.status().ToString();
   EXPECT_TRUE(Contains(c.status().message(), says)) << c.status().ToString();
 }
 
-TEST(EdgeTest, CurveKeyMismatchesAreReportedWithinASecond) {
+TEST(EdgeTest, CurveKeyMismatchesAreReportedAtOnce) {
   auto server_keys = GenerateCurveKeyPair();
   auto other_keys = GenerateCurveKeyPair();
   if (!server_keys.ok()) GTEST_SKIP() << "libzmq without CurveZMQ";
@@ -347,7 +353,7 @@ TEST(EdgeTest, CurveKeyMismatchesAreReportedWithinASecond) {
   std::vector<float> out(12);
   const auto t0 = Steady::now();
   Status s = (*c)->Wait((*c)->Pull(*t, keys, out.data()), DeadlineAfterMs(10000));
-  EXPECT_LT(MsSince(t0), 1000) << s.ToString();
+  EXPECT_LT(MsSince(t0), kAtOnceMs) << s.ToString();
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_TRUE(Contains(s.message(), "curve_server_key")) << s.ToString();
 
@@ -372,7 +378,7 @@ TEST(EdgeTest, ConnectionsBeyondTheLimitAreRefusedClearly) {
   const auto t0 = Steady::now();
   auto c3 = Client::Create(co);
   ASSERT_FALSE(c3.ok());
-  EXPECT_LT(MsSince(t0), 2000);
+  EXPECT_LT(MsSince(t0), kAtOnceMs);
   EXPECT_EQ(c3.status().code(), StatusCode::kResourceExhausted) << c3.status().ToString();
   EXPECT_TRUE(Contains(c3.status().message(), "--max_connections")) << c3.status().ToString();
   // The admitted ones are served; when one closes, a new client gets its place.
@@ -387,6 +393,35 @@ TEST(EdgeTest, ConnectionsBeyondTheLimitAreRefusedClearly) {
   auto st = (*c4)->ServerStats(0);
   ASSERT_TRUE(st.ok());
   EXPECT_TRUE(Contains(*st, "refused_connections ")) << *st;
+}
+
+// Issue 35 item 4: --max_connections_per_ip bounds the connections one address is served on
+// (every client here comes from 127.0.0.1): the third is refused naming the flag, and gets
+// its place when one of the two closes.
+TEST(EdgeTest, ConnectionsOfOneAddressAreBounded) {
+  LocalClusterOptions o = testing::Servers(1);
+  o.extra_flags = {"--max_connections_per_ip=2"};
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c1 = Connect(cluster);
+  auto c2 = Connect(cluster);
+  ASSERT_TRUE(c1 && c2);
+  ClientOptions co;
+  co.servers = cluster.endpoints();
+  auto c3 = Client::Create(co);
+  ASSERT_FALSE(c3.ok());
+  EXPECT_EQ(c3.status().code(), StatusCode::kResourceExhausted) << c3.status().ToString();
+  EXPECT_TRUE(Contains(c3.status().message(), "--max_connections_per_ip")) << c3.status().ToString();
+  EXPECT_TRUE(Contains(c3.status().message(), "127.0.0.1")) << c3.status().ToString();
+  EXPECT_TRUE(c1->ServerStats(0).ok());
+  c2.reset();
+  Result<std::unique_ptr<Client>> c4 = Status::Unavailable("not yet");
+  for (int i = 0; i < 50 && !c4.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c4 = Client::Create(co);
+  }
+  ASSERT_TRUE(c4.ok()) << c4.status().ToString();
+  EXPECT_TRUE((*c4)->ServerStats(0).ok());
 }
 
 // Issue 35: connections that finish the handshake and never send do not lock clients out:
@@ -461,9 +496,9 @@ TEST(EdgeTest, InFlightRequestsPerClientAreLimited) {
   std::vector<Handle> parked;
   for (int i = 0; i < 4; ++i) parked.push_back(c->Pull(*t, keys, outs[i].data()));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const auto t0 = Steady::now();
+  // Refused at once, not parked: the four before it stay parked until ReleaseParked below,
+  // so a fifth that parked too would end in DeadlineExceeded, not ResourceExhausted.
   Status fifth = c->Wait(c->Pull(*t, keys, outs[4].data()), DeadlineAfterMs(5000));
-  EXPECT_LT(MsSince(t0), 1000);
   EXPECT_EQ(fifth.code(), StatusCode::kResourceExhausted) << fifth.ToString();
   EXPECT_TRUE(Contains(fifth.message(), "--max_in_flight_per_peer")) << fifth.ToString();
   ReleaseParked(cluster);

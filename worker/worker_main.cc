@@ -120,7 +120,9 @@ DEFINE_string(admin_root, "",
               "validated state there as a checkpoint and restores it before the test (empty: the "
               "final state is tested)");
 DEFINE_string(out_dir, ".", "Worker 0 writes metrics.csv (the training curve) here");
-DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on");
+DEFINE_string(metrics_address, "127.0.0.1",
+              "Address the metrics port listens on: 127.0.0.1 (this machine only) by default; "
+              "0.0.0.0 or the pod's IP where probes and scrapers come from outside");
 
 namespace tw = tessera::worker;
 

@@ -248,6 +248,7 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
   std::shared_ptr<SparsePlan> plan = DedupeKeys(keys);
   SparseFrames frames = PackSparse(map->primary, grads, dim, push, plan.get());
   auto call = std::make_shared<Call>();
+  if (push) call->push = Call::PushKind::kSparse;
   if (pull) SetPullReply(call.get(), plan, out, dim, t.spec.name);
   std::vector<Outgoing> msgs;
   const Deadline deadline = RequestDeadline();
@@ -285,6 +286,7 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
     return Handle(CompletedCall(Status::InvalidArgument("null output buffer")));
   }
   auto call = std::make_shared<Call>();
+  if (push) call->push = Call::PushKind::kDense;
   const std::shared_ptr<const RoutingMap> map = Routing();
   const uint64_t map_version = map->version;
   const uint32_t S = dense_servers_;

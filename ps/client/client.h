@@ -114,8 +114,11 @@ class Client {
   /// request a server refuses as "stale cluster map" is routed again by a newer map and sent
   /// again (at most kMaxStaleMapRetries times for a client behind the map, and while a server
   /// is behind the client's map for as long as retry_for_ms allows; a push under a new
-  /// sequence number, as the refused one applied nothing; a retry of a push whose reply was
-  /// lost keeps its number, and the server answers it as a retry at any version). A refused
+  /// sequence number when the refusal proves that no attempt of it was taken anywhere, else
+  /// under its number, counted in the refusing server's sequence, so that a backup that logged
+  /// it from that server answers it as a retry; a retry of a push whose reply was lost keeps
+  /// its number, and the server answers it as a retry at any version). A push whose parts
+  /// went to several servers and partly failed says in its error which parts were applied. A refused
   /// sparse request whose keys now belong to several servers is split among them. The client
   /// owns the source. FailedPrecondition when the source has no map yet; a later map that
   /// changes the server list fails the requests it would reroute (FailedPrecondition: create

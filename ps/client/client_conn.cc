@@ -199,6 +199,7 @@ void ClientImpl::MonitorEvent(uint32_t server) {
       }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       s.connected = false;
+      ++s.drops;
       FailServer(server,
                  Status::Unavailable("lost the connection to server " + std::to_string(server) +
                                      " (" + Address(server) + ")"));
@@ -277,6 +278,7 @@ std::vector<InFlight> ClientImpl::TakeInFlight(uint32_t server) {
 void ClientImpl::FailServer(uint32_t server, const Status& st) {
   for (auto& f : TakeInFlight(server)) {
     if (f.retained) {
+      f.retained->NoteUnanswered();
       RetryOrFail(std::move(*f.retained), st, /*server_down=*/true);
     } else {
       PartDone(f.call, st);

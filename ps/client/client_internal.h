@@ -48,6 +48,13 @@ struct Call {
   std::function<void()> on_done;
   uint32_t remaining = 0;  // I/O side
   Status first_error;      // I/O side
+  // Pushes: a push is all-or-nothing per server, not across them. When some parts fail for
+  // good after others were applied, the call's error names the applied ones (PartDone), so
+  // the caller knows that sending the whole push again would apply those twice.
+  enum class PushKind : uint8_t { kNone, kSparse, kDense };
+  PushKind push = PushKind::kNone;
+  std::string applied_parts;  // I/O side: "server 2, server 0" or "part 1 on server 2, ..."
+  uint32_t failed_parts = 0;  // I/O side
 
   // Client::Cancel: the I/O side runs on_reply and on_done holding write_mu and skips them
   // once `cancelled` is set (under write_mu), so after Cancel nothing writes into the
@@ -116,7 +123,25 @@ struct Outgoing {
   // The request's op (every request; `header` is filled for data requests only): what to do
   // with it when its server is retired (ClientImpl::SendToRetired).
   Op op = Op::kInvalid;
+  // Pushes (docs/wire-protocol.md, "Exactly-once pushes"): set once an attempt under the
+  // current number went unanswered (it timed out, or its connection was lost while it was in
+  // flight): that attempt may have been taken, and forwarded to a backup that logged it, so
+  // the push keeps its number wherever it goes (ClientImpl::KeepNumberIfUnsettled).
+  // `unanswered_server`, `unanswered_drops`: the server of the first such attempt and that
+  // server's connection losses (ServerConn::drops) when it was sent.
+  bool unanswered = false;
+  uint32_t unanswered_server = 0;
+  uint64_t unanswered_drops = 0;
+  uint64_t sent_drops = 0;  // ServerConn::drops when the request was last transmitted
   bool retryable() const { return give_up != Deadline::min(); }
+  // An attempt of this request got no answer (timed out, connection lost): notes it for a
+  // push that has a number (Outgoing::unanswered).
+  void NoteUnanswered() {
+    if (!IsPush(op) || header.client_seq == 0 || unanswered) return;
+    unanswered = true;
+    unanswered_server = server;
+    unanswered_drops = sent_drops;
+  }
 };
 
 struct InFlight {
@@ -255,6 +280,10 @@ class ClientImpl {
     int64_t backoff_ms = 100;
     uint64_t next_send_order = 0;
     uint64_t push_seq = 0;  // the last push sequence number given out
+    // Connection losses seen (ZMQ_EVENT_DISCONNECTED): a server process that restarted was
+    // reached over a new connection, so an attempt sent before the count moved may have
+    // been taken by a process that is gone.
+    uint64_t drops = 0;
     // The cluster map version that retired this id (its address emptied; 0: live). Nothing
     // is sent to a retired id again: SendOne hands such requests to SendToRetired.
     uint64_t retired_by = 0;
@@ -272,6 +301,14 @@ class ClientImpl {
   // I/O thread: a data request refused as stale (the server is at `server_version`): waits
   // for a map at least that new (asking the refresher), then is routed again.
   void StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why);
+  // StaleMapRetry's first step for a push refused as stale by o.server, numbered there
+  // (client_origin 0): keeps its number, as counted in o.server's sequence (client_origin =
+  // o.server + 1), unless the refusal proves that no attempt of it was taken anywhere. A
+  // refusal says only that the refusing process did not take that attempt; it proves more
+  // when every attempt was answered, or when the one that was not went to the same server
+  // over the same connection (no drop since: the same process, which refused it as stale
+  // because it is at a newer map than the push's, so it refused every attempt of it).
+  void KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) const;
   // I/O thread: sends what waits for a map once the map is there.
   void DrainMapWaiters(Clock::time_point now);
   // Routes `o` by the current map and sends it (a push under a new sequence number); a

@@ -425,6 +425,7 @@ bool ClientImpl::Transmit(Outgoing& o) {
     wire = &copies;
   }
   if (!s.dealer) return false;  // a retired id without sockets
+  o.sent_drops = s.drops;
   try {
     sent = zmq::send_multipart(s.dealer, *wire, zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t&) {
@@ -530,6 +531,12 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
       s = f.call->cancelled.load() ? Status::Cancelled("call cancelled")
                                    : f.call->on_reply(f.part, f.rows.get(), h, parts);
     }
+    if (s.ok() && f.call->push != Call::PushKind::kNone) {
+      std::string& a = f.call->applied_parts;
+      a += a.empty() ? "" : ", ";
+      if (f.call->push == Call::PushKind::kDense) a += "part " + std::to_string(f.part) + " on ";
+      a += "server " + std::to_string(server);
+    }
     PartDone(f.call, s);
   }
 }
@@ -548,6 +555,7 @@ void ClientImpl::ExpireRequests(Clock::time_point now) {
     Status st = Status::Unavailable("no reply from server " + std::to_string(f.server) + " (" +
                                     Address(f.server) + ") in time");
     if (f.retained) {
+      f.retained->NoteUnanswered();
       RetryOrFail(std::move(*f.retained), st, /*server_down=*/false);
     } else {
       PartDone(f.call, st);
@@ -557,8 +565,19 @@ void ClientImpl::ExpireRequests(Clock::time_point now) {
 
 void ClientImpl::PartDone(const std::shared_ptr<Call>& c, const Status& s) {
   if (!s.ok() && c->first_error.ok()) c->first_error = s;
+  if (!s.ok()) ++c->failed_parts;
   if (c->remaining > 0) --c->remaining;
   if (c->remaining != 0) return;
+  if (!c->first_error.ok() && !c->applied_parts.empty() &&
+      c->first_error.code() != StatusCode::kCancelled) {
+    // Some parts were applied and stay applied: say which, so that the caller does not take
+    // the error for "nothing applied" (a whole resend would apply those parts again).
+    c->first_error = Status(
+        c->first_error.code(),
+        c->first_error.message() + " [push partly applied: " + std::to_string(c->failed_parts) +
+            " part(s) failed as above; applied and acknowledged, so not to be sent again: " +
+            c->applied_parts + "]");
+  }
   if (c->first_error.ok() && c->on_done) {
     std::lock_guard<std::mutex> g(c->write_mu);
     if (!c->cancelled.load()) c->on_done();

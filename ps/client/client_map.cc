@@ -146,9 +146,24 @@ void ClientImpl::RefreshLoop() {
   }
 }
 
+void ClientImpl::KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) const {
+  Header& h = o.header;
+  if (!IsPush(h.op) || h.client_seq == 0 || h.client_origin != 0 || !o.unanswered) return;
+  const bool same_process = o.unanswered_server == o.server &&
+                            servers_[o.server].drops == o.unanswered_drops &&
+                            server_version > h.map_version;
+  if (same_process) return;  // applied nowhere: a new number (SendRouted)
+  // An attempt may have been taken by a process of o.server that is gone (or, refused by a
+  // server behind the push's map, may still be taken when it catches up), and forwarded to
+  // the slots' backup, which logged it under (client_id, o.server + 1, client_seq): the
+  // same triple is answered as a retry wherever that backup's log is, or applied once.
+  h.client_origin = o.server + 1;
+}
+
 void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why) {
   const auto now = Clock::now();
   if (DroppedAsCancelled(o)) return;
+  KeepNumberIfUnsettled(o, server_version);
   // A server behind the request's version catches up by itself (its watch, or its poll for a
   // first map): waiting for it is bounded by the retry limit only. Refusals that make the
   // client load a newer map are counted.
@@ -308,11 +323,13 @@ void ClientImpl::SendRouted(Outgoing o, const RoutingMap& map) {
     o.needs_seq = false;
     o.parts[0] = EnvelopeFrame(h);
   } else if (IsPush(h.op)) {
-    // The refused push applied nothing: a new sequence number on the server it goes to now
-    // (its old number may be below pushes of this client the server has taken since).
+    // The refused push applied nothing anywhere (KeepNumberIfUnsettled gave it an origin
+    // otherwise): a new sequence number on the server it goes to now (its old number may be
+    // below pushes of this client the server has taken since).
     h.client_id = 0;
     h.client_seq = 0;
     o.needs_seq = true;
+    o.unanswered = false;  // no attempt under the new number yet
   } else {
     o.parts[0] = EnvelopeFrame(h);
   }

@@ -2,7 +2,6 @@
 // is alive) and /readyz (200 once the process serves, 503 with the reason before).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,23 +14,39 @@
 namespace tessera::metrics {
 
 struct HttpEndpointOptions {
-  /// Address to listen on. Default: "0.0.0.0" (every interface, as a scraper in another pod
-  /// needs); tests and single-machine runs use "127.0.0.1".
-  std::string address = "0.0.0.0";
+  /// Address to listen on (an IP address or a host name). Default: "127.0.0.1", reachable from
+  /// this machine only; in a Kubernetes pod, where the kubelet's probes and Prometheus come
+  /// from outside, "0.0.0.0" (every interface of the pod) or the pod's IP.
+  std::string address = "127.0.0.1";
   /// TCP port, 1..65535. Required.
   uint32_t port = 0;
-  /// Threads answering requests. Default: 2.
-  uint32_t threads = 2;
+  /// Connections open at once, 2..65536. When a new one would exceed it, the oldest that has
+  /// not finished sending its request is closed; when none is in that state, the new one is
+  /// answered 503 and closed. Default: 64.
+  uint32_t max_connections = 64;
+  /// Milliseconds a connection has, from its accept, to send its whole request head; then it
+  /// is answered 408 and closed, however slowly bytes keep coming. 1..3600000. Default: 5000.
+  uint32_t read_timeout_ms = 5000;
+  /// Milliseconds an answer has, from the complete request, to be rendered and read by the
+  /// client; then the connection is closed. 1..3600000. Default: 10000.
+  uint32_t write_timeout_ms = 10000;
+  /// Largest request head in bytes; a longer one is answered 431. 256..1048576. Default: 8192.
+  uint32_t max_request_bytes = 8192;
 };
 
-/// An HTTP server (cpp-httplib) on its own threads. Not ready until SetReady(true). Thread-safe.
+/// An HTTP/1.x server on two threads of its own: one event loop that does every socket
+/// operation without blocking and answers /healthz and /readyz itself, and one that renders
+/// /metrics. Each answer closes its connection (no keep-alive). Not ready until SetReady(true).
+/// Counts the connections it drops in tessera_http_connections_dropped_total{reason}.
+/// Thread-safe.
 class HttpEndpoint {
  public:
-  /// Listens and serves `registry` (which must outlive the endpoint). Unavailable when the
-  /// address cannot be bound.
+  /// Listens and serves `registry` (which must outlive the endpoint; the endpoint's own
+  /// counters are added to it). InvalidArgument for bad options, Unavailable when the address
+  /// cannot be bound.
   static Result<std::unique_ptr<HttpEndpoint>> Start(const HttpEndpointOptions& options,
-                                                     const Registry* registry);
-  ~HttpEndpoint();  // stops serving; requests in progress finish first
+                                                     Registry* registry);
+  ~HttpEndpoint();  // stops serving and closes every connection, answered or not
   HttpEndpoint(const HttpEndpoint&) = delete;
   HttpEndpoint& operator=(const HttpEndpoint&) = delete;
 
@@ -42,11 +57,11 @@ class HttpEndpoint {
 
  private:
   struct Impl;
-  explicit HttpEndpoint(const Registry* registry);
+  explicit HttpEndpoint(Registry* registry);
   // /readyz: the code and body to answer.
   std::pair<int, std::string> Readiness() ABSL_LOCKS_EXCLUDED(mu_);
 
-  const Registry* registry_;
+  Registry* registry_;
   std::unique_ptr<Impl> impl_;
   uint32_t port_ = 0;
   Mutex mu_;

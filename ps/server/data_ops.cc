@@ -23,17 +23,6 @@ Status CheckFrameSize(const zmq::message_t& f, uint64_t expected, const char* wh
   return Status::OK();
 }
 
-// A typed view of frame `f`: the frame itself when aligned, else a copy in `*copy`.
-template <typename T>
-const T* View(zmq::message_t& f, std::vector<T>* copy) {
-  if (reinterpret_cast<uintptr_t>(f.data()) % alignof(T) == 0) {
-    return static_cast<const T*>(f.data());
-  }
-  copy->resize(f.size() / sizeof(T));
-  std::memcpy(copy->data(), f.data(), f.size());
-  return copy->data();
-}
-
 Status CheckLrScale(float scale) {
   if (!(scale >= 0.0f && scale <= kMaxLrScale)) {
     return Status::InvalidArgument("learning-rate scale " + std::to_string(scale) +
@@ -304,8 +293,8 @@ Status ServerImpl::Sparse(const std::shared_ptr<Pending>& p) {
   }
   TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 8, "keys"));
   if (push) TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[1], h.count * dim * 4, "values"));
-  p->keys = View<uint64_t>(p->frames[0], &p->key_copy);
-  if (push) p->values = View<float>(p->frames[1], &p->value_copy);
+  p->keys = ViewOf<uint64_t>(p->frames[0], &p->key_copy);
+  if (push) p->values = ViewOf<float>(p->frames[1], &p->value_copy);
 
   // Split by lane; refuse keys this server does not own (a stale slot map): under the cluster
   // map it follows, else the static one. A retry of a push taken already is not checked: it
@@ -422,7 +411,7 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
   if (push) {
     if (h.elem_type != ElemType::kF32) return Status::InvalidArgument("dense values must be F32");
     TESSERA_RETURN_IF_ERROR(CheckFrameSize(p->frames[0], h.count * 4, "values"));
-    p->values = View<float>(p->frames[0], &p->value_copy);
+    p->values = ViewOf<float>(p->frames[0], &p->value_copy);
     TESSERA_RETURN_IF_ERROR(CheckLrScale(h.lr_scale));
     const uint64_t bad = FirstNonFinite(p->values, h.count);
     if (bad != kAllFinite) {

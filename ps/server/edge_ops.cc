@@ -2,7 +2,10 @@
 // monitor counting connections, the admission of every request (connection limit, envelope
 // limits, per-peer in-flight limit, peers that do not read their replies) and the admin root
 // under which checkpoints, restores and exports resolve their directories.
+#include <arpa/inet.h>
 #include <glog/logging.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <zmq_addon.hpp>
 
@@ -11,6 +14,28 @@
 #include "ps/server/server_impl_internal.h"
 
 namespace tessera::internal {
+namespace {
+
+// The IP address (without port) of the peer of TCP connection `fd`; empty when it cannot be
+// read (not TCP, or already closed: its DISCONNECTED event follows).
+std::string PeerAddress(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* ip = nullptr;
+  if (addr.ss_family == AF_INET) {
+    ip = &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr;
+  } else if (addr.ss_family == AF_INET6) {
+    ip = &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
+  } else {
+    return {};
+  }
+  return inet_ntop(addr.ss_family, ip, text, sizeof(text)) != nullptr ? std::string(text)
+                                                                       : std::string();
+}
+
+}  // namespace
 
 // High-water marks, handshake limit and the socket monitor of the ROUTER (before bind);
 // resolves the admin root.
@@ -59,11 +84,16 @@ void ServerImpl::DrainRouterEvents() {
     std::memcpy(&event, parts[0].data(), sizeof(event));
     std::memcpy(&fd, static_cast<const char*>(parts[0].data()) + 2, sizeof(fd));
     if (event == ZMQ_EVENT_ACCEPTED) {
-      edge_.connections.Accepted(static_cast<int>(fd));
-      if (!edge_.connections.admitted(static_cast<int>(fd))) {
+      const int conn = static_cast<int>(fd);
+      edge_.connections.Accepted(conn, std::chrono::steady_clock::now(),
+                                 edge_.connections.max_per_source() != 0 ? PeerAddress(conn)
+                                                                         : std::string());
+      if (!edge_.connections.admitted(conn)) {
         ++counts_.refused_connections;
         LOG_EVERY_N(WARNING, 100) << "connection refused: " << edge_.connections.open()
-                                  << " open, --max_connections=" << edge_.connections.max_connections();
+                                  << " open, --max_connections=" << edge_.connections.max_connections()
+                                  << ", --max_connections_per_ip="
+                                  << edge_.connections.max_per_source();
       }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       edge_.connections.Closed(static_cast<int>(fd));
@@ -81,11 +111,19 @@ bool ServerImpl::Admitted(const std::shared_ptr<Pending>& p, int fd) {
     DrainRouterEvents();  // the monitor may not have told us about closed ones yet
   }
   if (fd >= 0 && !edge_.connections.admitted(fd)) {
+    const auto& conns = edge_.connections;
+    const std::string source = conns.source(fd);
     ReplyError(std::move(p->identity), p->header,
                Status::ResourceExhausted(
                    "server " + std::to_string(options_.rank) + " refuses the connection: " +
-                   std::to_string(edge_.connections.open()) + " connections are open and its limit " +
-                   "(--max_connections) is " + std::to_string(edge_.connections.max_connections())));
+                   (conns.over_source_limit(fd)
+                        ? std::to_string(conns.admitted_from(source)) + " connections from " +
+                              (source.empty() ? "its (unknown) address" : source) +
+                              " are served and the limit per address " +
+                              "(--max_connections_per_ip) is " +
+                              std::to_string(conns.max_per_source())
+                        : std::to_string(conns.open()) + " connections are open and its limit " +
+                              "(--max_connections) is " + std::to_string(conns.max_connections()))));
     return false;
   }
   Status s = ValidateRequestLimits(p->header);

@@ -117,6 +117,7 @@ void ServerImpl::Maintain() {
   if (fence_.changed()) OnMapChanged();
   if (migration_.parked_now() > 0) ExpireImportParked();
   if (cut_.Expired(std::chrono::steady_clock::now())) AbortExpiredCut();
+  if (!repl_.park.empty()) ExpireReplicas();
   if (!repl_.park.empty()) ReadmitReplicas();
   CloseUnusedLinks();
   FlushStaged();  // the marks below count only what is in the log
@@ -341,9 +342,10 @@ Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   KeyByOrigin(*p);
   Status s;
   if (h.replica_from != 0) {
-    // A primary's forwarded push (Admitted refused other ops with replica_from): fenced by the
-    // primary and backup of its slots or dense part (CheckReplica, CheckDenseReplica).
-    if (ParkedReplica(p)) return Status::OK();
+    // A primary's forwarded push (Admitted refused other ops with replica_from): validated
+    // and fenced by the primary and backup of its slots or dense part before it may wait.
+    s = ValidateForwarded(*p);
+    if (s.ok() && ParkedReplica(p)) return Status::OK();
   } else {
     // Fencing first: a refused request is neither validated further, logged nor applied.
     s = CheckMapVersion(h);

@@ -100,12 +100,16 @@ Status MapFence::Set(const RoutingMap& m) {
 
 const ClusterMapState* MapFence::Current() {
   const uint64_t v = version_.load(std::memory_order_acquire);
-  if (v == 0) return nullptr;
+  if (v == 0) {
+    io_version_.store(0, std::memory_order_release);
+    return nullptr;
+  }
   if (io_map_ == nullptr || io_map_->version != v) {
     MutexLock l(mu_);
     io_map_ = map_;
     changed_ = true;  // OnMapChanged, once the request at hand is done
   }
+  io_version_.store(io_map_->version, std::memory_order_release);
   return io_map_.get();
 }
 

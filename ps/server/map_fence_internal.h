@@ -87,8 +87,17 @@ class MapFence {
   const SlotMap& Owners();
   /// The number of servers dense tables are spread over.
   uint32_t DenseServers();
-  /// The map version an error reply carries (0: the server follows no map).
-  uint64_t ReplyVersion() const { return follow_ ? version() : 0; }
+  /// The map version an error reply carries (0: the server follows no map): the version the
+  /// I/O thread last served by (Current()), which is the one a refusal was decided by; the
+  /// version set last before the I/O thread served any. Not version(): a map set between a
+  /// refusal and its reply would make a request refused as "the server is behind" look
+  /// refused at its own version, which a client reports as final (the refused part of a push
+  /// then never came again while the other parts were applied). Any thread.
+  uint64_t ReplyVersion() const {
+    if (!follow_) return 0;
+    const uint64_t io = io_version_.load(std::memory_order_acquire);
+    return io != kNotServed ? io : version();
+  }
 
   /// True when data request `h` carries the server's map version, or the server follows no
   /// map; `*mine` gets the server's version.
@@ -107,6 +116,9 @@ class MapFence {
   mutable Mutex mu_;
   std::shared_ptr<const ClusterMapState> map_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> version_{0};
+  // The version of the map Current() last returned (0: none); written by the I/O thread.
+  static constexpr uint64_t kNotServed = ~uint64_t{0};
+  std::atomic<uint64_t> io_version_{kNotServed};
   // I/O thread only.
   std::shared_ptr<const ClusterMapState> io_map_;
   bool changed_ = false;

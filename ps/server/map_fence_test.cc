@@ -64,6 +64,31 @@ TEST(MapFence, ANewerMapWinsAndTheIoThreadSeesItOnce) {
   EXPECT_EQ(fence.ReplyVersion(), 4u);
 }
 
+// A request ahead of the server is refused ("still at 5"); the watcher sets version 6 before
+// the refusal is answered. The reply must carry 5, the version the refusal was decided by: with
+// 6, the request's own version, the client took the refusal for one not about the map and
+// reported it as final (a dense push's refused part was never sent again while its other parts
+// were applied; issue 35 item 14).
+TEST(MapFence, ARefusalIsAnsweredWithTheVersionItWasDecidedBy) {
+  MapFence fence(4, 2, true, SlotMap::Uniform(2));
+  EXPECT_EQ(fence.ReplyVersion(), 0u);
+  uint64_t mine = 99;
+  EXPECT_FALSE(fence.Matches(Request(5), &mine));  // no map yet
+  EXPECT_EQ(mine, 0u);
+  ASSERT_TRUE(fence.Set(Map(5)).ok());
+  EXPECT_EQ(fence.ReplyVersion(), 0u) << "a refusal decided without a map says 0";
+  EXPECT_FALSE(fence.Matches(Request(6), &mine));
+  EXPECT_EQ(mine, 5u);
+  const Status refused = fence.Refuse(Request(6), mine);
+  EXPECT_NE(refused.message().find("is still at 5"), std::string::npos) << refused.ToString();
+  std::thread([&] { ASSERT_TRUE(fence.Set(Map(6)).ok()); }).join();
+  EXPECT_EQ(fence.version(), 6u);
+  EXPECT_EQ(fence.ReplyVersion(), 5u);
+  // The next request served by the I/O thread is served by 6, and so are its replies.
+  EXPECT_TRUE(fence.Matches(Request(6), &mine));
+  EXPECT_EQ(fence.ReplyVersion(), 6u);
+}
+
 TEST(MapFence, ARequestOfAnotherVersionIsRefusedNamingBoth) {
   MapFence fence(1, 2, true, SlotMap::Uniform(2));
   ASSERT_TRUE(fence.Set(Map(5)).ok());

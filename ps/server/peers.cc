@@ -10,19 +10,39 @@ absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s
 
 }  // namespace
 
-void ConnectionTable::Accepted(int fd, Time now) {
+void ConnectionTable::Accepted(int fd, Time now, std::string source) {
   // A descriptor is reused only after its DISCONNECTED event, which comes first; drop a stale
   // entry anyway rather than count it twice.
   Closed(fd);
-  const bool admit = max_ == 0 || admitted_ < max_;
   const uint64_t order = next_order_++;
-  conns_[fd] = Conn{order, admit, now};
-  if (admit) {
-    ++admitted_;
+  Conn& c = conns_[fd];
+  c = Conn{order, false, now, std::move(source)};
+  if ((max_ == 0 || admitted_ < max_) && !SourceFull(c.source)) {
+    Admit(c);
   } else {
     refused_[order] = fd;
     TakeIdlePlace(fd, now);
   }
+}
+
+bool ConnectionTable::SourceFull(const std::string& source) const {
+  return max_per_source_ != 0 && admitted_from(source) >= max_per_source_;
+}
+
+void ConnectionTable::Admit(Conn& c) {
+  c.admitted = true;
+  ++admitted_;
+  if (max_per_source_ != 0) ++admitted_by_source_[c.source];
+}
+
+void ConnectionTable::Refuse(int fd, Conn& c) {
+  c.admitted = false;
+  --admitted_;
+  if (max_per_source_ != 0) {
+    auto it = admitted_by_source_.find(c.source);
+    if (--it->second == 0) admitted_by_source_.erase(it);
+  }
+  refused_[c.order] = fd;
 }
 
 bool ConnectionTable::Active(int fd, Time now) {
@@ -35,23 +55,23 @@ bool ConnectionTable::Active(int fd, Time now) {
 
 bool ConnectionTable::TakeIdlePlace(int fd, Time now) {
   if (idle_timeout_.count() == 0) return false;
-  // Only when the table is full (a refused connection exists): a scan of at most
-  // max_connections entries.
+  // Only when a connection is refused: a scan of the open connections. A source at its limit
+  // may only displace one of its own idle connections (else it would still be over it).
+  const std::string& source = conns_[fd].source;
+  const bool own_only = SourceFull(source);
   int idlest = -1;
   Time oldest = now - idle_timeout_;
   for (const auto& [other, c] : conns_) {
-    if (c.admitted && c.last_active <= oldest) {
+    if (c.admitted && c.last_active <= oldest && (!own_only || c.source == source)) {
       oldest = c.last_active;
       idlest = other;
     }
   }
   if (idlest < 0) return false;
-  Conn& out = conns_[idlest];
-  out.admitted = false;
-  refused_[out.order] = idlest;
+  Refuse(idlest, conns_[idlest]);
   Conn& in = conns_[fd];
-  in.admitted = true;
   refused_.erase(in.order);
+  Admit(in);
   ++idle_displaced_;
   return true;
 }
@@ -60,23 +80,40 @@ void ConnectionTable::Closed(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   if (it->second.admitted) {
-    --admitted_;
-  } else {
-    refused_.erase(it->second.order);
+    Refuse(fd, it->second);  // gives back its place (and its source's)
   }
+  refused_.erase(it->second.order);
   conns_.erase(it);
-  // The oldest refused connection still open takes the freed place.
-  while ((max_ == 0 || admitted_ < max_) && !refused_.empty()) {
-    auto oldest = refused_.begin();
-    conns_[oldest->second].admitted = true;
-    ++admitted_;
-    refused_.erase(oldest);
+  // The oldest refused connections still open whose source has room take the freed places.
+  for (auto r = refused_.begin(); r != refused_.end() && (max_ == 0 || admitted_ < max_);) {
+    Conn& c = conns_[r->second];
+    if (SourceFull(c.source)) {
+      ++r;
+      continue;
+    }
+    Admit(c);
+    r = refused_.erase(r);
   }
 }
 
 bool ConnectionTable::admitted(int fd) const {
   auto it = conns_.find(fd);
   return it == conns_.end() || it->second.admitted;
+}
+
+std::string ConnectionTable::source(int fd) const {
+  auto it = conns_.find(fd);
+  return it == conns_.end() ? std::string() : it->second.source;
+}
+
+uint32_t ConnectionTable::admitted_from(const std::string& source) const {
+  auto it = admitted_by_source_.find(source);
+  return it == admitted_by_source_.end() ? 0 : it->second;
+}
+
+bool ConnectionTable::over_source_limit(int fd) const {
+  auto it = conns_.find(fd);
+  return it != conns_.end() && !it->second.admitted && SourceFull(it->second.source);
 }
 
 // Holds one in-flight slot of a peer; gives it back when the request is dropped.

@@ -25,16 +25,23 @@ namespace tessera::internal {
 /// from others: a connection that needs one (a new one, or a refused one with a request)
 /// takes the place of the longest idle, which is refused until a place frees again (or it
 /// takes an idle one's in turn when it sends). So connections that finish the handshake and
-/// never send cannot lock clients out. Not thread-safe: the I/O thread owns it.
+/// never send cannot lock clients out. With `max_per_source` set, at most that many connections
+/// of one source address (the peer's IP, without port) are admitted at once, so one host cannot
+/// take every place; its further connections wait like those over `max_connections`, and an
+/// idle one of that host is the only one they may displace. Not thread-safe: the I/O thread
+/// owns it.
 class ConnectionTable {
  public:
   using Time = std::chrono::steady_clock::time_point;
-  /// `max_connections` 0: no limit. `idle_timeout` zero: a connection never counts as idle.
+  /// `max_connections`, `max_per_source` 0: no limit. `idle_timeout` zero: a connection never
+  /// counts as idle.
   explicit ConnectionTable(uint32_t max_connections,
-                           std::chrono::milliseconds idle_timeout = std::chrono::minutes(1))
-      : max_(max_connections), idle_timeout_(idle_timeout) {}
+                           std::chrono::milliseconds idle_timeout = std::chrono::minutes(1),
+                           uint32_t max_per_source = 0)
+      : max_(max_connections), max_per_source_(max_per_source), idle_timeout_(idle_timeout) {}
 
-  void Accepted(int fd, Time now = std::chrono::steady_clock::now());
+  /// A connection from `source` (its peer address; empty when unknown, counted as one source).
+  void Accepted(int fd, Time now = std::chrono::steady_clock::now(), std::string source = {});
   void Closed(int fd);
   /// Whether requests that arrive on `fd` are served. A connection the monitor has not
   /// reported yet is admitted.
@@ -48,22 +55,34 @@ class ConnectionTable {
   size_t open() const { return conns_.size(); }
   size_t admitted_count() const { return admitted_; }
   uint32_t max_connections() const { return max_; }
+  uint32_t max_per_source() const { return max_per_source_; }
+  /// The source of `fd` (empty when unknown) and how many of its connections are admitted.
+  std::string source(int fd) const;
+  uint32_t admitted_from(const std::string& source) const;
+  /// Whether `fd` (refused) waits for a place of its source rather than a place at all.
+  bool over_source_limit(int fd) const;
 
  private:
   struct Conn {
     uint64_t order;
     bool admitted;
     Time last_active;  // its last request, else its accept
+    std::string source;
   };
+  bool SourceFull(const std::string& source) const;
+  void Admit(Conn& c);
+  void Refuse(int fd, Conn& c);
   // Refuses the admitted connection idle the longest at `now` and admits `fd` (refused) in
-  // its place; false when none is idle.
+  // its place (one of its own source when that source is full); false when none is idle.
   bool TakeIdlePlace(int fd, Time now);
   const uint32_t max_;
+  const uint32_t max_per_source_;
   const std::chrono::milliseconds idle_timeout_;
   uint64_t idle_displaced_ = 0;
   uint64_t next_order_ = 0;
   size_t admitted_ = 0;
   absl::flat_hash_map<int, Conn> conns_;
+  absl::flat_hash_map<std::string, uint32_t> admitted_by_source_;  // only with max_per_source_
   std::map<uint64_t, int> refused_;  // accept order -> fd, oldest first
 };
 

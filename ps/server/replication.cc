@@ -152,14 +152,112 @@ Status ServerImpl::CheckReplica(const Pending& p) {
   return Status::OK();
 }
 
-// True when forwarded push `p` waits (or, a resend of one that waits, is dropped) in
-// ReplicaPark until this server's map catches up (ReadmitReplicas, on a map change and at
-// each maintenance pass); false when it may be served now.
+// Forwarded push `p` checked before it may wait anywhere (ReplicaPark): its primary is
+// another server, its envelope names a map version, an existing table of its kind, a dim,
+// element type and count that its data frames match, a dense range inside the table; under
+// this server's map (when its version is not ahead), the fencing of CheckReplica. What only
+// a newer map can say waits for it (ParkedReplica); Sparse() and Dense() check all again.
+Status ServerImpl::ValidateForwarded(Pending& p) {
+  const Header& h = p.header;
+  const std::string what = "forwarded " + std::string(OpName(h.op));
+  if (!options_.follow_cluster_map) {
+    return Status::FailedPrecondition("server " + std::to_string(options_.rank) +
+                                      " follows no cluster map: it backs up nothing");
+  }
+  const uint64_t from = uint64_t{h.replica_from} - 1;
+  if (from == options_.rank || from >= RoutingMap::kNoBackup) {
+    return Status::InvalidArgument(what + " names server " + std::to_string(from) +
+                                   " as its primary: not a server that forwards to server " +
+                                   std::to_string(options_.rank));
+  }
+  if (h.map_version == 0) {
+    return Status::InvalidArgument(what + " names no cluster map version");
+  }
+  if (h.elem_type != ElemType::kF32) {
+    return Status::InvalidArgument(what + ": values must be F32, got element type " +
+                                   std::to_string(static_cast<int>(h.elem_type)));
+  }
+  if (h.count == 0) return Status::InvalidArgument(what + " of zero items");
+  const bool dense = h.op == Op::kDensePush;
+  TESSERA_ASSIGN_OR_RETURN(
+      const TableInfo* t,
+      tables_.Find(h, dense ? TableKind::kDense : TableKind::kSparse, options_.rank));
+  const uint64_t floats_per_item = dense ? 1 : t->spec.dim;
+  TESSERA_RETURN_IF_ERROR(CheckBudget(h.count, floats_per_item, !dense));
+  if (!dense && h.dim != t->spec.dim) {
+    return Status::InvalidArgument(what + ": table '" + t->spec.name + "' has dim " +
+                                   std::to_string(t->spec.dim) + ", request says " +
+                                   std::to_string(h.dim));
+  }
+  if (dense && (h.offset > t->spec.length || h.count > t->spec.length - h.offset)) {
+    return Status::InvalidArgument(what + ": range [" + std::to_string(h.offset) + ", +" +
+                                   std::to_string(h.count) + ") outside table '" + t->spec.name +
+                                   "' of length " + std::to_string(t->spec.length));
+  }
+  // The data frames the envelope implies: keys and values, or the dense values.
+  std::vector<std::pair<const char*, uint64_t>> frames;
+  if (!dense) frames.emplace_back("keys", h.count * 8);
+  frames.emplace_back("values", h.count * floats_per_item * 4);
+  if (p.frames.size() != frames.size()) {
+    return Status::InvalidArgument(what + " of " + std::to_string(h.count) + " items expects " +
+                                   std::to_string(frames.size()) + " data frame(s), got " +
+                                   std::to_string(p.frames.size()));
+  }
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (p.frames[i].size() != frames[i].second) {
+      return Status::InvalidArgument(what + ": " + frames[i].first + " frame has " +
+                                     std::to_string(p.frames[i].size()) +
+                                     " bytes, envelope implies " +
+                                     std::to_string(frames[i].second));
+    }
+  }
+  const ClusterMapState* map = fence_.Current();
+  if (map == nullptr || h.map_version > map->version || IsRetriedPush(h)) return Status::OK();
+  // The map it names is here: the sender must be the primary of what it writes.
+  if (dense) {
+    TESSERA_ASSIGN_OR_RETURN(const uint32_t part, DensePartOf(h, t->spec.length, t->spec.name));
+    return CheckDenseReplica(h, part);
+  }
+  p.keys = ViewOf<uint64_t>(p.frames[0], &p.key_copy);
+  return CheckReplica(p);
+}
+
+// True when forwarded push `p` (validated: ValidateForwarded) waits (or, a resend of one
+// that waits, is dropped) in ReplicaPark until this server's map catches up (ReadmitReplicas,
+// on a map change and at each maintenance pass); false when it may be served now. One ahead
+// of this server's map has the map read again from its store (MapRecheck) and is refused if
+// it is ahead of that too (ExpireReplicas).
 bool ServerImpl::ParkedReplica(const std::shared_ptr<Pending>& p) {
   if (!options_.follow_cluster_map) return false;
   const ClusterMapState* map = fence_.Current();
-  return repl_.park.Admit(p, map != nullptr ? map->version : 0) !=
-         ReplicaPark::Verdict::kServe;
+  const uint64_t mine = map != nullptr ? map->version : 0;
+  const uint64_t ticket = p->header.map_version > mine ? recheck_.Request() : 0;
+  return repl_.park.Admit(p, mine, ticket) != ReplicaPark::Verdict::kServe;
+}
+
+// Answers the held forwarded pushes ReplicaPark::Expire gives up: ahead of the store's newest
+// map, or held past ReplicaPark::kHoldLimit (with the later ones of the same primary); then
+// serves what may go now.
+void ServerImpl::ExpireReplicas() {
+  std::vector<ReplicaPark::Refusal> refused = repl_.park.Expire(
+      std::chrono::steady_clock::now(),
+      [this](uint64_t ticket) { return recheck_.NewestSince(ticket); }, options_.rank);
+  if (refused.empty()) return;
+  // Latest first: each number given back for a resend is then the lowest its client's later
+  // pushes wait for (PushDedup::Abandon), so none of them is logged before it comes again.
+  for (auto r = refused.rbegin(); r != refused.rend(); ++r) {
+    const Header& h = r->p->header;
+    if (r->status.code() == StatusCode::kUnavailable && h.client_id != 0) {
+      dedup_.Accept(h.client_id, h.client_seq);
+      GiveBackSeq(h, /*resend=*/true);
+    }
+  }
+  // Answered in the order they came (the primary reads them so).
+  for (ReplicaPark::Refusal& r : refused) {
+    LOG_EVERY_N(WARNING, 100) << r.status.ToString();
+    ReplyError(std::move(r.p->identity), r.p->header, r.status);
+  }
+  ReadmitReplicas();
 }
 
 // Holds forwarded push `p` for a backup fill (HeldForFill, DenseHeldForFill): ReplicaPark.
@@ -285,6 +383,7 @@ zmq::message_t ServerImpl::EnvelopeOf(const Header& h) {
 
 void ServerImpl::SendPiece(ReplPiece& piece) {
   piece.sent_at = std::chrono::steady_clock::now();
+  if (piece.heard == std::chrono::steady_clock::time_point{}) piece.heard = piece.sent_at;
   zmq::socket_t* sock = BackupSocket(piece.backup);
   // Sent again after kReplicaResend, or dropped by a new map.
   if (sock == nullptr) return;
@@ -317,6 +416,7 @@ void ServerImpl::DrainBackupReplies() {
       auto [entry, index] = repl_.queue.Find(h.request_id);
       if (entry == nullptr) continue;  // an answer to a resend already counted
       ReplPiece& piece = entry->pieces[index];
+      piece.heard = std::chrono::steady_clock::now();
       if (h.status == StatusCode::kOk) {
         piece.acked = true;
         repl_.queue.PieceDone(*entry, index);
@@ -364,16 +464,32 @@ void ServerImpl::ReleaseReady() {
 void ServerImpl::ResendReplication() {
   if (repl_.queue.waiting() == 0) return;
   std::vector<ReplPiece*> due;
-  const std::vector<ReplEntry*> orphans = repl_.queue.Due(std::chrono::steady_clock::now(), &due);
+  const auto now = std::chrono::steady_clock::now();
+  const std::vector<ReplEntry*> failing = repl_.queue.Due(now, &due);
   for (ReplPiece* piece : due) SendPiece(*piece);
-  for (ReplEntry* e : orphans) {
+  for (ReplEntry* e : failing) {
+    if (e->orphaned != std::chrono::steady_clock::time_point{}) {
+      FailEntry(*e, Status::Unavailable(
+                        "the push's slots moved away from server " +
+                        std::to_string(options_.rank) + " and its backup did not answer within " +
+                        std::to_string(ReplicationQueue::kOrphanLimit.count()) +
+                        " s: it may or may not be applied on the new primary"));
+      continue;
+    }
+    std::string silent;
+    for (const ReplPiece& piece : e->pieces) {
+      if (!piece.done) silent += (silent.empty() ? "" : ", ") + std::to_string(piece.backup);
+    }
+    LOG_EVERY_N(WARNING, 100) << "replication: backup server(s) " << silent
+                              << " answered nothing for "
+                              << ReplicationQueue::kSilenceLimit.count() << " s";
     FailEntry(*e, Status::Unavailable(
-                      "the push's slots moved away from server " + std::to_string(options_.rank) +
-                      " and its backup did not answer within " +
-                      std::to_string(ReplicationQueue::kOrphanLimit.count()) +
-                      " s: it may or may not be applied on the new primary"));
+                      "backup server(s) " + silent + " of server " +
+                      std::to_string(options_.rank) + " did not answer the push within " +
+                      std::to_string(ReplicationQueue::kSilenceLimit.count()) +
+                      " s; nothing of it was applied here, send it again"));
   }
-  if (!orphans.empty()) ReleaseReady();
+  if (!failing.empty()) ReleaseReady();
 }
 
 // After a map change: a piece whose backup the map dropped no longer waits for it; an entry

@@ -1,5 +1,7 @@
 #include "ps/server/replication_queue_internal.h"
 
+#include <algorithm>
+
 namespace tessera::internal {
 
 ReplEntry& ReplicationQueue::Enqueue(std::shared_ptr<Pending> p, std::function<void()> release,
@@ -98,17 +100,25 @@ void ReplicationQueue::ReleaseReady() {
 
 std::vector<ReplEntry*> ReplicationQueue::Due(std::chrono::steady_clock::time_point now,
                                               std::vector<ReplPiece*>* due) {
-  std::vector<ReplEntry*> orphans;
+  std::vector<ReplEntry*> failing;
   for (auto& [id, where] : waiting_) {
     ReplEntry& e = *where.first;
-    if (e.orphaned != std::chrono::steady_clock::time_point{} && now - e.orphaned >= kOrphanLimit) {
-      orphans.push_back(&e);
+    ReplPiece& piece = e.pieces[where.second];
+    const bool orphan =
+        e.orphaned != std::chrono::steady_clock::time_point{} && now - e.orphaned >= kOrphanLimit;
+    const bool silent =
+        piece.heard != std::chrono::steady_clock::time_point{} && now - piece.heard >= kSilenceLimit;
+    if (orphan || silent) {
+      if (std::find(failing.begin(), failing.end(), &e) == failing.end()) failing.push_back(&e);
       continue;
     }
-    ReplPiece& piece = e.pieces[where.second];
     if (now - piece.sent_at >= kReplicaResend) due->push_back(&piece);
   }
-  return orphans;
+  // Request ids grow in the order pieces were made: a backup that lost them takes them again
+  // in the primary's order (a later push of a client taken first would hide an earlier one).
+  std::sort(due->begin(), due->end(),
+            [](const ReplPiece* a, const ReplPiece* b) { return a->request_id < b->request_id; });
+  return failing;
 }
 
 void ReplicationQueue::MapChanged(const ClusterMapState& map, uint32_t rank) {
@@ -170,7 +180,31 @@ ReplicaPark::Key ReplicaPark::KeyOf(const Header& h) {
   return {h.replica_from, h.request_id, h.client_id, h.client_seq};
 }
 
-ReplicaPark::Verdict ReplicaPark::Admit(const std::shared_ptr<Pending>& p, uint64_t mine) {
+uint64_t ReplicaPark::BytesOf(const Pending& p) {
+  uint64_t n = 0;
+  for (const zmq::message_t& f : p.frames) n += f.size();
+  return n;
+}
+
+void ReplicaPark::Push(Held held, bool front) {
+  keys_.insert(KeyOf(held.p->header));
+  bytes_ += BytesOf(*held.p);
+  if (front) {
+    held_.push_front(std::move(held));
+  } else {
+    held_.push_back(std::move(held));
+  }
+}
+
+void ReplicaPark::Erase(size_t index) {
+  const Held& h = held_[index];
+  keys_.erase(KeyOf(h.p->header));
+  bytes_ -= BytesOf(*h.p);
+  held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+ReplicaPark::Verdict ReplicaPark::Admit(const std::shared_ptr<Pending>& p, uint64_t mine,
+                                        uint64_t ticket, Clock::time_point now) {
   if (held_.empty() && p->header.map_version <= mine) return Verdict::kServe;
   if (keys_.contains(KeyOf(p->header))) {
     ++resends_dropped_;  // waits here already (its answer answers this copy)
@@ -178,38 +212,83 @@ ReplicaPark::Verdict ReplicaPark::Admit(const std::shared_ptr<Pending>& p, uint6
   }
   // Behind the primary's map (or behind one that is): wait for it here, in arrival order,
   // rather than refuse (a refused push resent after a later one of the same client was
-  // taken would be taken for a retry). Past the bound, its checks refuse it.
-  if (held_.size() >= kMaxHeld) return Verdict::kServe;
-  held_.push_back(p);
-  keys_.insert(KeyOf(p->header));
+  // taken would be taken for a retry). Past the bounds, its checks refuse it.
+  if (held_.size() >= max_held_ || bytes_ + BytesOf(*p) > max_held_bytes_) return Verdict::kServe;
+  Push(Held{p, now, p->header.map_version > mine ? ticket : 0}, /*front=*/false);
   return Verdict::kHeld;
 }
 
-Status ReplicaPark::HoldForFill(const std::shared_ptr<Pending>& p, uint32_t rank) {
-  if (p.get() != readmitting_ && !held_.empty()) {
+Status ReplicaPark::HoldForFill(const std::shared_ptr<Pending>& p, uint32_t rank,
+                                Clock::time_point now) {
+  const bool again = p.get() == readmitting_;
+  if (!again && !held_.empty()) {
     return Status::Unavailable("backup server " + std::to_string(rank) + " holds " +
                                std::to_string(held_.size()) +
                                " forwarded pushes (a backup fill is in progress); nothing of "
                                "this one was applied, send it again");
   }
-  held_.push_front(p);
-  keys_.insert(KeyOf(p->header));
+  // Held again, it keeps the time it came: the deadline is the push's, not the attempt's.
+  Push(Held{p, again ? readmitting_held_.since : now, 0}, /*front=*/true);
   ++fill_held_total_;
   return Status::OK();
 }
 
 void ReplicaPark::Readmit(uint64_t mine,
                           const std::function<void(const std::shared_ptr<Pending>&)>& serve) {
-  while (!held_.empty() && held_.front()->header.map_version <= mine) {
-    std::shared_ptr<Pending> p = std::move(held_.front());
-    held_.pop_front();
-    keys_.erase(KeyOf(p->header));
-    readmitting_ = p.get();
-    serve(p);
+  while (!held_.empty() && held_.front().p->header.map_version <= mine) {
+    Held h = held_.front();
+    Erase(0);
+    readmitting_ = h.p.get();
+    readmitting_held_ = h;
+    serve(h.p);
     readmitting_ = nullptr;
+    readmitting_held_ = Held{};
     // Held again for a backup fill (HoldForFill): it and everything after it wait on.
-    if (!held_.empty() && held_.front() == p) break;
+    if (!held_.empty() && held_.front().p == h.p) break;
   }
+}
+
+std::vector<ReplicaPark::Refusal> ReplicaPark::Expire(Clock::time_point now, const Newest& newest,
+                                                      uint32_t rank) {
+  std::vector<Refusal> out;
+  // The primaries (Header::replica_from) one of whose held pushes expired: their later ones
+  // leave with it, so none is taken before it comes again.
+  absl::flat_hash_set<uint32_t> expired_from;
+  for (size_t i = 0; i < held_.size();) {
+    const Held& held = held_[i];
+    const Header& h = held.p->header;
+    const std::string what = "forwarded push (request " + std::to_string(h.request_id) +
+                             " from server " + std::to_string(h.replica_from - 1) + ")";
+    std::optional<Status> refuse;
+    if (expired_from.contains(h.replica_from)) {
+      refuse = Status::Unavailable(
+          "backup server " + std::to_string(rank) + " gave up an earlier forwarded push of the "
+          "same primary after " + std::to_string(kHoldLimit.count()) + " s; nothing of this " +
+          what + " was applied, send it again after that one");
+    } else if (const auto n = held.ticket != 0 ? newest(held.ticket) : std::nullopt;
+               n.has_value() && h.map_version > *n) {
+      ++refused_ahead_;
+      refuse = Status::FailedPrecondition(
+          "backup server " + std::to_string(rank) + " refuses " + what + " of cluster map version " +
+          std::to_string(h.map_version) + ": the newest map stored is version " +
+          std::to_string(*n) + " (a map version ahead of the store's is never valid); nothing of "
+          "it was applied");
+    } else if (now - held.since >= kHoldLimit) {
+      expired_from.insert(h.replica_from);
+      refuse = Status::Unavailable(
+          "backup server " + std::to_string(rank) + " held " + what + " of cluster map version " +
+          std::to_string(h.map_version) + " for " + std::to_string(kHoldLimit.count()) +
+          " s (its map or a backup fill did not come); nothing of it was applied, send it again");
+    }
+    if (!refuse) {
+      ++i;
+      continue;
+    }
+    if (refuse->code() == StatusCode::kUnavailable) ++expired_;
+    out.push_back(Refusal{held.p, *std::move(refuse)});
+    Erase(i);
+  }
+  return out;
 }
 
 }  // namespace tessera::internal

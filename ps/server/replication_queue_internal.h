@@ -12,6 +12,8 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -30,6 +32,9 @@ struct ReplPiece {
   std::vector<uint32_t> slots;        // the slots it touches, sorted (sparse)
   int64_t dense_part = -1;            // the dense part it writes (dense; -1: sparse)
   std::chrono::steady_clock::time_point sent_at;
+  // When the backup last answered it (any answer), or it was first sent: silent past
+  // ReplicationQueue::kSilenceLimit, the entry fails.
+  std::chrono::steady_clock::time_point heard;
   bool done = false;
   bool acked = false;  // the backup answered OK (it holds the push)
 };
@@ -93,8 +98,13 @@ class ReplicationQueue {
   std::vector<ReplEntry*> Fail(ReplEntry& e);
   /// Releases the entries at the head whose backups all answered (a failed one is dropped).
   void ReleaseReady();
-  /// The pieces due to be sent again at `now` (into `due`) and the orphaned entries past
-  /// kOrphanLimit (returned; the server fails them).
+  /// A piece its backup has not answered at all this long (not even Unavailable: a backup
+  /// that holds a forwarded push answers it within ReplicaPark::kHoldLimit) fails its entry:
+  /// the primary's queue never waits for good behind one answer.
+  static constexpr std::chrono::seconds kSilenceLimit{60};
+  /// The pieces due to be sent again at `now` (into `due`, in the order they were first
+  /// sent, which is the order the backup must take them) and the entries to fail (returned):
+  /// orphaned past kOrphanLimit, or with a piece silent past kSilenceLimit.
   std::vector<ReplEntry*> Due(std::chrono::steady_clock::time_point now,
                               std::vector<ReplPiece*>* due);
   /// After a map change: a piece whose backup `map` dropped no longer waits for it; an entry
@@ -121,41 +131,83 @@ class ReplicationQueue {
 /// The pushes a backup holds, in arrival order: those forwarded under a newer map than its
 /// own (until its map catches up), and those for slots it is being filled with (until the
 /// copy is in). A resend of one held already (the primary sends unanswered pieces again each
-/// ReplicationQueue::kReplicaResend) is dropped: the held one's answer answers it. Not
-/// thread-safe: the server's I/O thread owns it.
+/// ReplicationQueue::kReplicaResend) is dropped: the held one's answer answers it. Bounded in
+/// count and bytes, and each push is held at most kHoldLimit (Expire), so nothing waits
+/// behind one that never leaves. Not thread-safe: the server's I/O thread owns it.
 class ReplicaPark {
  public:
-  /// Held pushes at most; beyond it a new one is served (and refused by its checks) or sent
-  /// again by its primary.
+  using Clock = std::chrono::steady_clock;
+  /// Held pushes at most, and their frames' bytes at most; beyond either a new one is served
+  /// (and refused by its checks) or sent again by its primary.
   static constexpr size_t kMaxHeld = 65536;
+  static constexpr uint64_t kMaxHeldBytes = uint64_t{1} << 30;
+  /// A push held this long is answered Unavailable (Expire): its primary sends it again.
+  static constexpr std::chrono::seconds kHoldLimit{30};
+
+  explicit ReplicaPark(size_t max_held = kMaxHeld, uint64_t max_held_bytes = kMaxHeldBytes)
+      : max_held_(max_held), max_held_bytes_(max_held_bytes) {}
 
   enum class Verdict {
     kServe,    // nothing waits and it is not ahead of this server's map
     kHeld,     // it waits behind the others
     kDropped,  // a resend of one held already
   };
-  /// Where forwarded push `p` goes while this server's map is at `mine`.
-  Verdict Admit(const std::shared_ptr<Pending>& p, uint64_t mine);
+  /// Where forwarded push `p` goes while this server's map is at `mine`, at `now`. `ticket`:
+  /// the map re-read (MapRecheck) that a push ahead of `mine` waits for (0: none).
+  Verdict Admit(const std::shared_ptr<Pending>& p, uint64_t mine, uint64_t ticket = 0,
+                Clock::time_point now = Clock::now());
   /// Holds forwarded push `p` for a fill: at the head, where it came from (the one being
-  /// readmitted) or where nothing waits; Unavailable (the primary sends it again) for a new
-  /// one while others wait, never ahead of older ones.
-  Status HoldForFill(const std::shared_ptr<Pending>& p, uint32_t rank);
+  /// readmitted, which keeps its time) or where nothing waits; Unavailable (the primary sends
+  /// it again) for a new one while others wait, never ahead of older ones.
+  Status HoldForFill(const std::shared_ptr<Pending>& p, uint32_t rank,
+                     Clock::time_point now = Clock::now());
   /// Sends the held pushes whose map is here (at most `mine`) to `serve`, in order, until one
   /// is held again for a fill (it and everything after it wait on).
   void Readmit(uint64_t mine, const std::function<void(const std::shared_ptr<Pending>&)>& serve);
 
+  /// A held push to answer with `status` instead of serving it.
+  struct Refusal {
+    std::shared_ptr<Pending> p;
+    Status status;
+  };
+  /// The store's newest map version as a re-read after `ticket` found it; nullopt until one
+  /// did.
+  using Newest = std::function<std::optional<uint64_t>(uint64_t ticket)>;
+  /// Takes out, in arrival order, the held pushes to refuse at `now` (this server is `rank`):
+  /// one ahead of the newest map the store had at the re-read it waited for
+  /// (FailedPrecondition: no primary forwards under a map that was never stored), and one held
+  /// past kHoldLimit together with every push held behind it from the same primary
+  /// (Unavailable: the primary sends them again in its order, none taken before it).
+  std::vector<Refusal> Expire(Clock::time_point now, const Newest& newest, uint32_t rank);
+
   size_t size() const { return held_.size(); }
   bool empty() const { return held_.empty(); }
+  uint64_t bytes() const { return bytes_; }
   uint64_t resends_dropped() const { return resends_dropped_; }
   uint64_t fill_held_total() const { return fill_held_total_; }
+  uint64_t expired() const { return expired_; }
+  uint64_t refused_ahead() const { return refused_ahead_; }
 
  private:
   using Key = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>;
+  struct Held {
+    std::shared_ptr<Pending> p;
+    Clock::time_point since;  // when it came (the deadline counts from here)
+    uint64_t ticket = 0;      // the map re-read it waits for (0: none)
+  };
   static Key KeyOf(const Header& h);
-  std::deque<std::shared_ptr<Pending>> held_;
+  static uint64_t BytesOf(const Pending& p);
+  void Push(Held held, bool front);
+  void Erase(size_t index);
+
+  const size_t max_held_;
+  const uint64_t max_held_bytes_;
+  std::deque<Held> held_;
   absl::flat_hash_set<Key> keys_;
+  uint64_t bytes_ = 0;
   const Pending* readmitting_ = nullptr;  // the one Readmit is serving
-  uint64_t resends_dropped_ = 0, fill_held_total_ = 0;
+  Held readmitting_held_;                 // and how it was held
+  uint64_t resends_dropped_ = 0, fill_held_total_ = 0, expired_ = 0, refused_ahead_ = 0;
 };
 
 }  // namespace tessera::internal

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -216,6 +219,132 @@ TEST(ReplicaPark, APushHeldForAFillKeepsItsPlaceAndStopsThoseBehindIt) {
   park.Readmit(2, serve);
   EXPECT_EQ(served, (std::vector<uint64_t>{1, 1, 3}));
   EXPECT_TRUE(park.empty());
+}
+
+
+// --- Deadlines and bounds (issue: one forged forwarded push stopped a primary for good).
+
+std::shared_ptr<Pending> From(uint32_t primary, uint64_t request_id, uint64_t map_version,
+                              size_t bytes = 0) {
+  auto p = Forwarded(request_id, map_version);
+  p->header.replica_from = primary + 1;
+  p->header.client_id = 100 + primary;
+  p->header.client_seq = request_id;
+  if (bytes > 0) p->frames.emplace_back(bytes);
+  return p;
+}
+
+std::vector<uint64_t> Ids(const std::vector<ReplicaPark::Refusal>& r) {
+  std::vector<uint64_t> ids;
+  for (const auto& x : r) ids.push_back(x.p->header.request_id);
+  return ids;
+}
+
+TEST(ReplicaPark, APushAheadOfTheStoresNewestMapIsRefusedAndThoseBehindItGoOn) {
+  ReplicaPark park;
+  using V = ReplicaPark::Verdict;
+  const auto t0 = ReplicaPark::Clock::now();
+  // A forged head: map version UINT64_MAX, waiting for re-read 5.
+  EXPECT_EQ(park.Admit(From(1, 1, UINT64_MAX), /*mine=*/3, /*ticket=*/5, t0), V::kHeld);
+  EXPECT_EQ(park.Admit(From(1, 2, 3), 3, 0, t0), V::kHeld);  // legit, behind it
+  EXPECT_EQ(park.Admit(From(2, 3, 4), 3, 6, t0), V::kHeld);  // legit, ahead: map 4 is stored
+  std::optional<uint64_t> newest;  // no re-read answered yet
+  auto answered = [&](uint64_t) { return newest; };
+  EXPECT_TRUE(park.Expire(t0, answered, /*rank=*/2).empty());
+  newest = 4;
+  std::vector<ReplicaPark::Refusal> out = park.Expire(t0, answered, 2);
+  ASSERT_EQ(Ids(out), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(out[0].status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(out[0].status.message().find("newest map stored is version 4"), std::string::npos)
+      << out[0].status.ToString();
+  EXPECT_EQ(park.refused_ahead(), 1u);
+  std::vector<uint64_t> served;
+  park.Readmit(4, [&](const std::shared_ptr<Pending>& p) {
+    served.push_back(p->header.request_id);
+  });
+  EXPECT_EQ(served, (std::vector<uint64_t>{2, 3}));
+  EXPECT_TRUE(park.empty());
+  EXPECT_EQ(park.bytes(), 0u);
+}
+
+TEST(ReplicaPark, APushHeldPastItsLimitLeavesWithTheLaterOnesOfItsPrimary) {
+  ReplicaPark park;
+  const auto t0 = ReplicaPark::Clock::now();
+  ASSERT_EQ(park.Admit(From(1, 1, 9), /*mine=*/3, /*ticket=*/0, t0), ReplicaPark::Verdict::kHeld);
+  ASSERT_EQ(park.Admit(From(2, 2, 3), 3, 0, t0 + std::chrono::seconds(1)),
+            ReplicaPark::Verdict::kHeld);
+  ASSERT_EQ(park.Admit(From(1, 3, 3), 3, 0, t0 + std::chrono::seconds(2)),
+            ReplicaPark::Verdict::kHeld);
+  auto never = [](uint64_t) { return std::optional<uint64_t>(); };  // no store (no loader)
+  EXPECT_TRUE(park.Expire(t0 + ReplicaPark::kHoldLimit - std::chrono::seconds(1), never, 2).empty());
+  std::vector<ReplicaPark::Refusal> out =
+      park.Expire(t0 + ReplicaPark::kHoldLimit, never, 2);
+  // The head, and server 1's later push with it (taken before the head's resend, it would
+  // hide it); server 2's stays and goes on.
+  ASSERT_EQ(Ids(out), (std::vector<uint64_t>{1, 3}));
+  for (const auto& r : out) EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(park.expired(), 2u);
+  // A resend of a refused one is held anew (not dropped as a copy of a held one).
+  EXPECT_EQ(park.Admit(From(1, 1, 9), 3, 0, t0 + ReplicaPark::kHoldLimit),
+            ReplicaPark::Verdict::kHeld);
+  std::vector<uint64_t> served;
+  park.Readmit(3, [&](const std::shared_ptr<Pending>& p) {
+    served.push_back(p->header.request_id);
+  });
+  // Server 2's push goes; the resend waits for its map at the back.
+  EXPECT_EQ(served, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(park.size(), 1u);
+}
+
+TEST(ReplicaPark, APushHeldAgainForAFillKeepsItsDeadline) {
+  ReplicaPark park;
+  const auto t0 = ReplicaPark::Clock::now();
+  auto p = From(1, 1, 2);
+  ASSERT_TRUE(park.HoldForFill(p, /*rank=*/2, t0).ok());
+  park.Readmit(2, [&](const std::shared_ptr<Pending>& q) {
+    EXPECT_TRUE(park.HoldForFill(q, 2, t0 + std::chrono::seconds(20)).ok());
+  });
+  auto never = [](uint64_t) { return std::optional<uint64_t>(); };
+  EXPECT_EQ(Ids(park.Expire(t0 + ReplicaPark::kHoldLimit, never, 2)),
+            (std::vector<uint64_t>{1}));
+}
+
+TEST(ReplicaPark, HoldsAtMostItsCountAndBytes) {
+  ReplicaPark park(/*max_held=*/2, /*max_held_bytes=*/1000);
+  using V = ReplicaPark::Verdict;
+  EXPECT_EQ(park.Admit(From(1, 1, 9, 600), 3), V::kHeld);
+  EXPECT_EQ(park.Admit(From(1, 2, 9, 600), 3), V::kServe);  // over the bytes: its checks refuse it
+  EXPECT_EQ(park.Admit(From(1, 3, 9, 400), 3), V::kHeld);
+  EXPECT_EQ(park.bytes(), 1000u);
+  EXPECT_EQ(park.Admit(From(1, 4, 9), 3), V::kServe);  // over the count
+  EXPECT_EQ(park.size(), 2u);
+}
+
+TEST(ReplicationQueue, APieceItsBackupNeverAnswersFailsItsEntryAndResendsKeepTheirOrder) {
+  Fixture f;
+  ReplEntry& a = f.Add("a", Request(Op::kSparsePush, 1, 1), {2});
+  ReplEntry& b = f.Add("b", Request(Op::kSparsePush, 1, 2), {2});
+  ReplEntry& c = f.Add("c", Request(Op::kSparsePush, 3, 1), {2});
+  std::vector<ReplEntry*> more;  // enough that a hash map's order is not the sent order
+  for (uint64_t i = 0; i < 60; ++i) {
+    more.push_back(&f.Add("more", Request(Op::kSparsePush, 4, i + 1), {2}));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (ReplEntry* e : {&a, &b, &c}) e->pieces[0].sent_at = e->pieces[0].heard = t0;
+  for (ReplEntry* e : more) e->pieces[0].sent_at = e->pieces[0].heard = t0;
+  std::vector<ReplPiece*> due;
+  EXPECT_TRUE(f.queue.Due(t0 + ReplicationQueue::kReplicaResend, &due).empty());
+  ASSERT_EQ(due.size(), 63u);
+  for (size_t i = 0; i < due.size(); ++i) {
+    ASSERT_EQ(due[i]->request_id, i + 1) << "resent out of the order they were first sent";
+  }
+  // All but a were answered (Unavailable: held there) since; a was not, ever.
+  for (ReplEntry* e : more) e->pieces[0].heard = t0 + std::chrono::seconds(40);
+  b.pieces[0].heard = c.pieces[0].heard = t0 + std::chrono::seconds(40);
+  due.clear();
+  std::vector<ReplEntry*> failing = f.queue.Due(t0 + ReplicationQueue::kSilenceLimit, &due);
+  EXPECT_EQ(failing, (std::vector<ReplEntry*>{&a}));
+  EXPECT_EQ(due.size(), 62u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,17 @@ class PartCounter {
  private:
   std::atomic<uint32_t> remaining_{1};
 };
+
+/// A typed view of frame `f`: the frame itself when aligned, else a copy in `*copy`.
+template <typename T>
+const T* ViewOf(zmq::message_t& f, std::vector<T>* copy) {
+  if (reinterpret_cast<uintptr_t>(f.data()) % alignof(T) == 0) {
+    return static_cast<const T*>(f.data());
+  }
+  copy->resize(f.size() / sizeof(T));
+  std::memcpy(copy->data(), f.data(), f.size());
+  return copy->data();
+}
 
 /// A request being served. Shared by the parts it was split into; the part that finishes
 /// last sends the reply (FinishPart).

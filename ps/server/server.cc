@@ -178,6 +178,9 @@ Status Server::SetClusterMap(uint64_t version, const SlotMap& primary) {
   return impl_->SetClusterMap(m);
 }
 Status Server::SetClusterMap(const RoutingMap& map) { return impl_->SetClusterMap(map); }
+Status Server::SetClusterMapLoader(std::function<Result<RoutingMap>()> load) {
+  return impl_->SetClusterMapLoader(std::move(load));
+}
 uint64_t Server::cluster_map_version() const { return impl_->cluster_map_version(); }
 
 }  // namespace tessera

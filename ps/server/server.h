@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,11 @@ struct ServerOptions {
   /// sent one) loses its place to a connection that needs one while --max_connections are
   /// open, so idle connections cannot lock clients out. 0: never. Default: 60000 (1 minute).
   uint32_t idle_connection_timeout_ms = 60000;
+  /// Most connections of one source IP address served at once (within max_connections), so
+  /// one host cannot take every place; its later ones wait, refused, until one of its own
+  /// closes (or is idle and displaced). 0: no limit (the default: a node may run many
+  /// workers, and all of a Kubernetes node's pods may share an address behind NAT).
+  uint32_t max_connections_per_ip = 0;
   /// Most requests of one client (connection) in flight on the server (queued, running,
   /// parked by staleness or a checkpoint cut); more get ResourceExhausted. 0: no limit.
   /// Default: 1024.
@@ -114,6 +120,14 @@ class Server {
   /// this server while it is that primary and the copy is not in: SlotImport) and the servers
   /// dense tables are spread over (RoutingMap::dense_servers; 0: num_servers).
   Status SetClusterMap(const RoutingMap& map);
+  /// Where the server reads the newest stored cluster map (`load`: NotFound when none is
+  /// stored; tessera-server --coordinator reads etcd). A forwarded push that names a map
+  /// version ahead of the server's waits only until a read started after it came, on a
+  /// thread of the server's, and is refused when that read found an older newest map (each
+  /// map read is also served by, as SetClusterMap). Without a loader such a push waits its
+  /// time limit. Once only (FailedPrecondition after); `load` runs until the server is
+  /// destroyed, so it owns what it reads through. Thread-safe.
+  Status SetClusterMapLoader(std::function<Result<RoutingMap>()> load);
   /// The version of the map the server serves by (0: none yet). Thread-safe.
   uint64_t cluster_map_version() const;
 

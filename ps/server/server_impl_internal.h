@@ -32,6 +32,7 @@
 #include "ps/server/lane_internal.h"
 #include "ps/server/lane_part_internal.h"
 #include "ps/server/map_fence_internal.h"
+#include "ps/server/map_recheck_internal.h"
 #include "ps/server/peers_internal.h"
 #include "ps/server/push_order_internal.h"
 #include "ps/server/replication_queue_internal.h"
@@ -59,6 +60,7 @@ class ServerImpl {
   const std::string& endpoint() const { return endpoint_; }
   // Server::SetClusterMap / cluster_map_version (MapFence).
   Status SetClusterMap(const RoutingMap& map) { return fence_.Set(map); }
+  Status SetClusterMapLoader(MapRecheck::Load load) { return recheck_.SetLoader(std::move(load)); }
   uint64_t cluster_map_version() const { return fence_.version(); }
 
  private:
@@ -129,7 +131,9 @@ class ServerImpl {
   Result<uint32_t> DensePartOf(const Header& h, uint64_t length, const std::string& name);
   Status CheckDenseReplica(const Header& h, uint32_t part);
   Status CheckReplica(const Pending& p);  // the fencing of an old primary
+  Status ValidateForwarded(Pending& p);  // before it may wait anywhere
   bool ParkedReplica(const std::shared_ptr<Pending>& p);
+  void ExpireReplicas();
   Status HoldForFill(const std::shared_ptr<Pending>& p);
   void ReadmitReplicas();
   zmq::socket_t* BackupSocket(uint16_t server);
@@ -206,6 +210,9 @@ class ServerImpl {
   IoThread io_;  // io_state_internal.h
   // The cluster map (map_fence_internal.h): set on any thread, read by the I/O thread.
   MapFence fence_;
+  // A backup's re-read of the map for a forwarded push ahead of it (map_recheck_internal.h);
+  // after fence_, which it sets.
+  MapRecheck recheck_{[this](const RoutingMap& m) { (void)fence_.Set(m); }};
   // Resharding and backup fills, the copy-in side (slot_migration_internal.h).
   SlotMigration migration_{RandomInstance()};
   // Replication (replication_queue_internal.h): the primary's queue, the backup's held
@@ -214,7 +221,7 @@ class ServerImpl {
     ReplicationQueue queue;
     ReplicaPark park;
     BackupLinks links;
-  } repl_{ReplicationQueue(migration_.instance() | 1), {},
+  } repl_{ReplicationQueue(migration_.instance() | 1), ReplicaPark(),
           BackupLinks(ctx_, options_.curve_secret_key)};
   // State below is owned by the I/O thread.
   TableRegistry tables_;
@@ -236,7 +243,8 @@ class ServerImpl {
     std::string admin_root;  // canonical; empty: admin ops disabled
   } edge_{zmq::socket_t(ctx_, zmq::socket_type::pair),
           ConnectionTable(options_.max_connections,
-                          std::chrono::milliseconds(options_.idle_connection_timeout_ms)),
+                          std::chrono::milliseconds(options_.idle_connection_timeout_ms),
+                          options_.max_connections_per_ip),
           PeerTable(options_.max_in_flight_per_peer),
           std::string()};
   // Metrics (server_metrics_internal.h): the registry the options name, else this one.

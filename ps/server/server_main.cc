@@ -89,6 +89,10 @@ DEFINE_uint32(idle_connection_timeout_s, 60,
 DEFINE_uint32(max_connections, 1024,
               "Most client connections served at once; later ones are refused with "
               "ResourceExhausted until one closes (0: no limit). Needs as many file descriptors");
+DEFINE_uint32(max_connections_per_ip, 0,
+              "Most connections of one source IP address served at once, within "
+              "--max_connections; later ones are refused until one of its own closes (0: no "
+              "limit)");
 DEFINE_uint32(max_in_flight_per_peer, 1024,
               "Most requests of one client connection in flight on the server (0: no limit)");
 DEFINE_uint32(send_hwm, 1000,
@@ -100,7 +104,9 @@ DEFINE_uint32(recv_hwm, 1000,
 DEFINE_uint32(metrics_port, 0,
               "Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port "
               "(0: off). /readyz answers 503 until recovery has finished");
-DEFINE_string(metrics_address, "0.0.0.0", "Address the metrics port listens on");
+DEFINE_string(metrics_address, "127.0.0.1",
+              "Address the metrics port listens on: 127.0.0.1 (this machine only) by default; "
+              "0.0.0.0 or the pod's IP where probes and scrapers come from outside");
 DEFINE_string(coordinator, "",
               "etcd://HOST:PORT/PREFIX: register this server in etcd as PREFIX/members/"
               "server-RANK (its --cluster entry) under a lease, removed at shutdown "
@@ -294,6 +300,11 @@ tessera::Result<std::unique_ptr<tessera::EtcdClusterMapSource>> FollowClusterMap
   } else {
     return first.status();
   }
+  // A forwarded push ahead of the server's map has it read again (Server::SetClusterMapLoader)
+  // through a source of its own, which the server owns (it outlives `source`).
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<tessera::EtcdClusterMapSource> reread,
+                           tessera::EtcdClusterMapSource::Create(url));
+  TESSERA_RETURN_IF_ERROR(server->SetClusterMapLoader([reread] { return reread->Load(); }));
   TESSERA_RETURN_IF_ERROR(source->Watch(
       [server](const tessera::Result<tessera::RoutingMap>& m) { ApplyClusterMap(server, m); }));
   return source;
@@ -402,6 +413,7 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->admin_root = FLAGS_admin_root;
   o->checkpoint_cut_timeout_ms = FLAGS_checkpoint_cut_timeout_s * 1000;
   o->max_connections = FLAGS_max_connections;
+  o->max_connections_per_ip = FLAGS_max_connections_per_ip;
   o->idle_connection_timeout_ms = FLAGS_idle_connection_timeout_s * 1000;
   o->max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
   o->send_hwm = FLAGS_send_hwm;

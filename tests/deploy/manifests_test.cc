@@ -216,7 +216,8 @@ TEST(DeployManifests, ServerProbesUseTheMetricsEndpoint) {
   EXPECT_GE(period * failures, 600) << "startupProbe allows only " << period * failures << " s";
 }
 
-// prometheus.io/{scrape,port,path} on both pod templates, port = --metrics_port = port metrics.
+// prometheus.io/{scrape,port,path} on both pod templates, port = --metrics_port = port metrics,
+// and a --metrics_address that other hosts reach.
 TEST(DeployManifests, PrometheusAnnotationsMatchTheMetricsPort) {
   const std::vector<Doc> docs = LoadManifests();
   for (auto [kind, name, program] : {std::tuple{"StatefulSet", "server", "tessera-server"},
@@ -229,6 +230,12 @@ TEST(DeployManifests, PrometheusAnnotationsMatchTheMetricsPort) {
     ASSERT_FALSE(port.empty()) << program << " gets no --metrics_port";
     EXPECT_NE(port, "0");
     EXPECT_EQ(NamedPort(c, "metrics"), std::stoi(port));
+    // Probes and scrapes come from outside the pod: the default address, 127.0.0.1, would
+    // refuse them all (the liveness probe would restart every pod).
+    const std::string address = FlagValue(Script(c), "metrics_address");
+    EXPECT_FALSE(address.empty() || address == "127.0.0.1" || address == "localhost")
+        << program << " serves its metrics port on 127.0.0.1 only (--metrics_address='"
+        << address << "'): the kubelet and Prometheus cannot reach it";
     const YAML::Node a = w["spec"]["template"]["metadata"]["annotations"];
     ASSERT_TRUE(a) << "no pod annotations";
     EXPECT_EQ(a["prometheus.io/scrape"].as<std::string>(""), "true");

@@ -26,15 +26,9 @@ constexpr char kPrefix[] = "tessera/recovery";
 
 class RecoveryTest : public ReplicatedClusterTest {
  protected:
-  RecoveryTest() : ReplicatedClusterTest(kPrefix) {}
-
   // Background rebuilds wait about 50 times as long as each batch took before the next one:
   // a kill lands between two batches.
-  LocalClusterOptions ClusterOptions() const override {
-    LocalClusterOptions o = Servers(3);
-    o.extra_flags = {"--rebuild_pace=0.02"};
-    return o;
-  }
+  RecoveryTest() : ReplicatedClusterTest(kPrefix) { server_flags_ = {"--rebuild_pace=0.02"}; }
 
   // True when the controller lock is free now (taken and given back at once).
   bool LockIsFree() {
@@ -113,11 +107,8 @@ TEST_F(RecoveryTest, ARebuildWhoseSourceDiesGivesUpAndFreesTheControllerLock) {
 // the map by more than one step, while the servers' watchers fail over.
 class LostSwapTest : public ReplicatedClusterTest {
  protected:
-  LostSwapTest() : ReplicatedClusterTest("tessera/lost-swap") {}
-  LocalClusterOptions ClusterOptions() const override {
-    LocalClusterOptions o = Servers(3);
-    o.extra_flags = {"--rebuild_backups=false"};
-    return o;
+  LostSwapTest() : ReplicatedClusterTest("tessera/lost-swap") {
+    server_flags_ = {"--rebuild_backups=false"};
   }
 };
 

@@ -31,24 +31,25 @@ class ReplicatedClusterTest : public EtcdTest {
     EtcdTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     url_ = etcd_.url(prefix_);
-    cluster_ = StartReplicated(url_, ClusterOptions());
+    cluster_ = StartReplicated(url_);
     ASSERT_NE(cluster_, nullptr);
     admin_ = AdminClient(cluster_->endpoints());
     ASSERT_NE(admin_, nullptr);
     store_ = std::make_unique<SlotMapStore>(client_.get(), "/" + prefix_);
   }
 
-  // The options of the fixture's cluster (StartReplicated's `o`).
-  virtual LocalClusterOptions ClusterOptions() const { return Servers(3); }
-
-  // Three servers following the map at `url` (`o` gives the rest: an admin root, flags), with
-  // data dirs (acknowledged means in RocksDB's log on two servers), once `tessera-ctl map init
+  // Three servers following the map at `url` (`o` gives the rest: an admin root, more flags;
+  // server_flags_ are added), with data
+  // dirs (acknowledged means in RocksDB's log on two servers), once `tessera-ctl map init
   // --replication=2` made version 1 and each server serves it; null after a test failure.
   std::unique_ptr<LocalCluster> StartReplicated(const std::string& url,
                                                 LocalClusterOptions o = Servers(3)) {
     o.with_data_dirs = true;
-    o.extra_flags.push_back("--coordinator=" + url);
-    o.extra_flags.push_back("--coordinator_ttl_s=" + std::to_string(kTtlS));
+    std::vector<std::string> flags = {"--coordinator=" + url,
+                                      "--coordinator_ttl_s=" + std::to_string(kTtlS)};
+    flags.insert(flags.end(), o.extra_flags.begin(), o.extra_flags.end());
+    flags.insert(flags.end(), server_flags_.begin(), server_flags_.end());
+    o.extra_flags = std::move(flags);
     auto cluster = std::make_unique<LocalCluster>(o);
     Status s = cluster->Start();
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -129,6 +130,9 @@ class ReplicatedClusterTest : public EtcdTest {
         limit);
   }
 
+  // More flags of every server StartReplicated starts (a derived fixture's constructor sets
+  // them, e.g. --rebuild_backups=false).
+  std::vector<std::string> server_flags_;
   std::string prefix_;
   std::string url_;
   std::unique_ptr<LocalCluster> cluster_;
