@@ -170,6 +170,75 @@ TEST_P(StoreConformanceTest, ScanSlotsAndDeleteRows) {
   for (uint64_t k : gone) EXPECT_FALSE(reopened.contains(k)) << k << " came back after a reopen";
 }
 
+// SlotDrop's storage call: DropSlots deletes every row of the slots asked for (rows written
+// back, rows only in memory, the last slot), no other row; a row written after the drop is
+// kept; a RocksDB lane (which deletes key ranges without reading them) keeps exactly that
+// across a reopen.
+TEST_P(StoreConformanceTest, DropSlotsDeletesTheirRowsAndOnlyThose) {
+  const uint64_t id = AddSparse(TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f}));
+  uint64_t last = 1;
+  while (SlotOfKey(last) != kNumSlots - 1) ++last;
+  std::vector<uint64_t> keys = {last};
+  for (uint64_t k = 1; k <= 3000; ++k) keys.push_back(k);
+  std::vector<std::vector<float>> grads(keys.size(), std::vector<float>{1.0f, 2.0f});
+  ASSERT_TRUE(Apply(id, std::vector<uint64_t>(keys.begin(), keys.begin() + 1500),
+                    std::vector<std::vector<float>>(grads.begin(), grads.begin() + 1500), 1)
+                  .ok());
+  ASSERT_TRUE(lane_->Commit().ok());  // on disk (and, with the tiny budget, evicted)
+  // Dirty: only in memory (not committed).
+  std::vector<const float*> g;
+  for (size_t i = 1500; i < keys.size(); ++i) g.push_back(grads[i].data());
+  ASSERT_TRUE(lane_->Apply(id, std::span<const uint64_t>(keys.data() + 1500, keys.size() - 1500),
+                           g, ApplyContext{2, 1000})
+                  .ok());
+  std::set<uint32_t> dropped = {SlotOfKey(last), SlotOfKey(7), SlotOfKey(2999)};
+  for (uint64_t k = 1; k <= 3000; k += 97) dropped.insert(SlotOfKey(k));
+  const std::vector<uint32_t> list(dropped.begin(), dropped.end());
+  std::set<uint64_t> kept;
+  for (uint64_t k : keys) {
+    if (!dropped.count(SlotOfKey(k))) kept.insert(k);
+  }
+  ASSERT_LT(kept.size(), keys.size());
+  auto n = lane_->DropSlots(id, list);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_LE(*n, keys.size() - kept.size());
+  const auto check = [&](const char* when) {
+    const auto rows = ScanAll(id, 2);
+    EXPECT_EQ(rows.size(), kept.size()) << when;
+    for (uint64_t k : kept) EXPECT_TRUE(rows.contains(k)) << k << " " << when;
+    std::set<uint64_t> seen;
+    EXPECT_TRUE(lane_->ScanSlots(id, list, [&](uint64_t key, const float*, const float*,
+                                               const RowMeta&) {
+                        seen.insert(key);
+                        return true;
+                      }).ok());
+    EXPECT_TRUE(seen.empty()) << seen.size() << " dropped rows still scanned " << when;
+  };
+  check("after the drop");
+  EXPECT_EQ(Lookup1(id, last, 2), (std::vector<float>{0.0f, 0.0f}));
+  // A row of a dropped slot written again after the drop is a new row, and stays.
+  ASSERT_TRUE(Apply(id, {7}, {{1.0f, 1.0f}}, 3).ok());
+  ASSERT_TRUE(lane_->Commit().ok());
+  kept.insert(7);
+  EXPECT_EQ(Lookup1(id, 7, 2), (std::vector<float>{-1.0f, -1.0f}));
+  if (GetParam() == EngineKind::kMemory) return;
+  lane_.reset();
+  engine_.reset();
+  StorageOptions o;
+  o.data_dir = dir_.Sub("db");
+  auto r = OpenStorageEngine(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  engine_ = std::move(r).value();
+  lane_ = std::move(engine_->OpenLane(0, 1)).value();
+  ASSERT_TRUE(lane_->AddTable(id, TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f})).ok());
+  const auto rows = ScanAll(id, 2);
+  EXPECT_EQ(rows.size(), kept.size()) << "after a reopen";
+  for (uint64_t k : keys) {
+    EXPECT_EQ(rows.contains(k), kept.count(k) > 0) << k << " after a reopen";
+  }
+  EXPECT_EQ(Lookup1(id, 7, 2), (std::vector<float>{-1.0f, -1.0f}));
+}
+
 TEST_P(StoreConformanceTest, ErrorsNameTheProblem) {
   const uint64_t id = AddSparse(TableSpec::Sparse("t", 2));
   const uint64_t dense = TableIdForName("d");

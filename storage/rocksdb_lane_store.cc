@@ -377,6 +377,37 @@ Status RocksDbLaneStore::DeleteRows(uint64_t table_id, std::span<const uint64_t>
   return deletes.Count() > 0 ? engine_->Write(&deletes) : Status::OK();
 }
 
+Result<uint64_t> RocksDbLaneStore::DropSlots(uint64_t table_id, std::span<const uint32_t> slots) {
+  TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
+  std::vector<bool> wanted(kNumSlots, false);
+  bool any = false;
+  for (uint32_t s : slots) {
+    if (s < kNumSlots && LaneOfSlot(s, num_lanes_) == lane_) wanted[s] = any = true;
+  }
+  if (!any) return uint64_t{0};
+  // As DeleteRows: what changed goes to disk first, so no row is pinned by a hand-off and a
+  // write-back in flight cannot bring a dropped row back.
+  TESSERA_RETURN_IF_ERROR(Commit());
+  std::vector<uint32_t> cached;
+  t->rows->ForEachSlot([&](uint32_t at) {
+    if (wanted[SlotOfKey(t->rows->header(at).key)]) cached.push_back(at);
+    return true;
+  });
+  for (uint32_t at : cached) EraseRow(t, at);
+  absl::erase_if(t->pending, [&](const auto& kv) { return wanted[SlotOfKey(kv.first)]; });
+  // One range tombstone per slot (keys are the slot's 2 bytes, then the key): nothing is read.
+  rocksdb::WriteBatch deletes;
+  for (uint32_t s = 0; s < kNumSlots; ++s) {
+    if (!wanted[s]) continue;
+    const std::string from = internal::SlotPrefix(s), to = internal::SlotPrefix(s + 1);
+    auto st = deletes.DeleteRange(t->cf, from, to);
+    if (!st.ok()) return FromRocks(st, "drop slots");
+  }
+  // Through the WAL (synced in strict mode), as DeleteRows.
+  TESSERA_RETURN_IF_ERROR(engine_->Write(&deletes));
+  return static_cast<uint64_t>(cached.size());
+}
+
 Status RocksDbLaneStore::PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
                                        const RowMeta& meta) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));

@@ -201,6 +201,23 @@ class LaneStore {
     (void)table_id, (void)keys;
     return Status::FailedPrecondition("this storage engine cannot delete rows");
   }
+  /// Deletes every row of `slots` (slots of other lanes are skipped) of sparse table
+  /// `table_id`, from memory and disk, durably (SlotDrop). Returns the rows it deleted where it
+  /// counts them: the RocksDB engine deletes each slot's key range with one range tombstone,
+  /// without reading it (a scan of a range full of earlier deletes' tombstones held the lane
+  /// for seconds), and counts only the rows it had in memory. Default: ScanSlots, then
+  /// DeleteRows.
+  virtual Result<uint64_t> DropSlots(uint64_t table_id, std::span<const uint32_t> slots) {
+    std::vector<uint64_t> keys;
+    TESSERA_RETURN_IF_ERROR(ScanSlots(table_id, slots,
+                                      [&](uint64_t key, const float*, const float*,
+                                          const RowMeta&) {
+                                        keys.push_back(key);
+                                        return true;
+                                      }));
+    TESSERA_RETURN_IF_ERROR(DeleteRows(table_id, keys));
+    return static_cast<uint64_t>(keys.size());
+  }
   /// Writes a whole dense chunk (values + state), replacing it.
   virtual Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
                                const RowMeta& meta) {

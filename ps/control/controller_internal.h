@@ -3,6 +3,7 @@
 // Internal to tessera_control.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -26,27 +27,20 @@ inline double MsSince(SteadyClock::time_point t) {
   return std::chrono::duration<double, std::milli>(SteadyClock::now() - t).count();
 }
 
-// Calls `f` until it is not Unavailable (a server that has not seen the map version yet: its
-// watch delivers within milliseconds, and every one of them holds requests for moving slots).
-template <typename F>
-auto UntilSeen(Deadline deadline, F f) -> decltype(f()) {
-  for (;;) {
-    auto r = f();
-    if (r.ok() || r.status().code() != StatusCode::kUnavailable || Clock::now() >= deadline) {
-      return r;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-}
 inline Result<bool> Done(const Status& s) {
   if (!s.ok()) return s;
   return true;
 }
 
-// One client per server id (each a static client of that one server).
+// One client per server id (each a static client of that one server). A request to a server
+// that is down is retried by the client for at most kRetryForMs: the controller retries
+// Unavailable itself, looking whether the server still lives (Controller::UntilSeen).
 class Servers {
  public:
-  Servers(const ClientOptions& base) : base_(base) {}
+  static constexpr int64_t kRetryForMs = 2000;
+  Servers(const ClientOptions& base) : base_(base) {
+    base_.retry_for_ms = std::min(base_.retry_for_ms, kRetryForMs);
+  }
   Result<Client*> Get(uint32_t id, const std::string& address) {
     auto& c = clients_[id];
     if (!c) {
@@ -55,6 +49,13 @@ class Servers {
       TESSERA_ASSIGN_OR_RETURN(c, Client::Create(o));
     }
     return c.get();
+  }
+  // The server id of a client Get made (kNoServer for another).
+  uint16_t IdOf(const Client* c) const {
+    for (const auto& [id, client] : clients_) {
+      if (client.get() == c) return static_cast<uint16_t>(id);
+    }
+    return ClusterMap::kNoServer;
   }
 
  private:
@@ -93,13 +94,53 @@ class Controller {
   Result<ScaleReport> Run();
   Result<ScaleReport> Rebuild();
 
+  // How long a server may stay unreachable (Unavailable) while it is still registered before
+  // a call to it gives up: a process stopped past its lease, or cut off from the controller.
+  static constexpr std::chrono::seconds kUnreachableLimit{60};
+  // How often a call to a server that is not answering looks whether it is still registered.
+  static constexpr std::chrono::milliseconds kMemberCheck{500};
+
  private:
-  Status Cas(ClusterMap next) {
-    next.version = map_.version + 1;
-    TESSERA_RETURN_IF_ERROR(store_.CompareAndSwap(map_.version, next));
-    map_ = std::move(next);
-    return Status::OK();
+  // Calls `f` (a request to `server`) until it is not Unavailable (a server that has not seen
+  // the map version yet: its watch delivers within milliseconds, and every one of them holds
+  // requests for moving slots), until the run's deadline. A server that died does not come
+  // back within a run: when it is no longer registered (looked at every kMemberCheck), or has
+  // not answered for kUnreachableLimit, the call gives up, naming it, so that the run ends and
+  // frees the controller lock.
+  template <typename F>
+  auto UntilSeen(const Client* server, F f) -> decltype(f()) {
+    const auto first = SteadyClock::now();
+    auto checked = first;
+    for (;;) {
+      auto r = f();
+      if (r.ok() || r.status().code() != StatusCode::kUnavailable || Clock::now() >= o_.deadline) {
+        return r;
+      }
+      if (SteadyClock::now() - checked >= kMemberCheck) {
+        checked = SteadyClock::now();
+        TESSERA_RETURN_IF_ERROR(StillThere(server, r.status(), first));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
+  // OK while `server` (unavailable since `since`, last with `why`) is registered and that was
+  // less than kUnreachableLimit ago (or the members cannot be read); else Unavailable saying
+  // that it died or does not answer.
+  Status StillThere(const Client* server, const Status& why, SteadyClock::time_point since);
+  // Per server id of `map`: registered (PREFIX/members) with an address in the map.
+  // `leaving` servers count as registered when `with_leaving`.
+  Result<std::vector<bool>> Registered(const ClusterMap& map, bool with_leaving);
+  // Gives up the fills (backup rebuilds) an interrupted run left flipped whose source (the
+  // slot's or part's primary) or destination (its new backup) is not registered: no copy can
+  // be made from a dead server, and a dead backup takes none; the slot loses that backup (one
+  // CAS). A later batch gives it another one if its primary lives.
+  Status DropDeadFills();
+
+  // Stores `next` as the version after map_'s. A lost swap (another writer changed the map:
+  // a fail-over needs no controller lock) is FailedPrecondition saying what changed and what
+  // to run (LostCas).
+  Status Cas(ClusterMap next);
+  Status LostCas(const Status& lost);
   Result<Client*> Server(uint32_t id) { return servers_.Get(id, map_.servers[id].address); }
   // Copies the rows of `moves` to their new owners while the old ones still serve them (before
   // the flip); the marks of each export go to *ahead.
@@ -168,6 +209,8 @@ class Controller {
   ScaleOptions o_;
   ClusterMap map_;
   ScaleReport report_;
+  // The command that runs this controller by hand, for messages: "scale" or "map rebuild".
+  std::string command_ = "scale";
 };
 
 }  // namespace tessera::internal::reshard

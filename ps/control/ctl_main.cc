@@ -334,7 +334,7 @@ int MapInit(tessera::SlotMapStore& store, const std::vector<std::string>& eps) {
   return 0;
 }
 
-// map show: the version, then per server id its member id, address and how many slots it is
+// map show: the version and replication factor, then per server id its member id, address and how many slots it is
 // primary and backup of, then how many slots have a backup, and how many are being copied (a
 // move or a fill under way, or left by a controller that died), then (a map with dense
 // replication or moved dense parts) each dense part's primary and backup (-1: none), and the
@@ -353,7 +353,8 @@ int MapShow(tessera::SlotMapStore& store) {
     ++backups[b];
     ++backed;
   }
-  std::printf("version %llu\n", static_cast<unsigned long long>(map->version));
+  std::printf("version %llu\nreplication %u\n", static_cast<unsigned long long>(map->version),
+              map->replication);
   for (size_t i = 0; i < map->servers.size(); ++i) {
     std::printf("server %zu %s %s primary_slots %u backup_slots %u\n", i,
                 map->servers[i].id.c_str(),

@@ -43,12 +43,12 @@ Status Controller::AddServers(std::vector<uint16_t>* targets) {
   // The new servers learn every table (tables made before they existed).
   // (The server asked may not have seen the new version yet: asked again until it has.)
   TESSERA_ASSIGN_OR_RETURN(Client * any, Server(targets->front()));
-  TESSERA_ASSIGN_OR_RETURN(std::string specs, UntilSeen(o_.deadline, [&] {
+  TESSERA_ASSIGN_OR_RETURN(std::string specs, UntilSeen(any, [&] {
     return any->ExportSlots(0, map_.version, {}, {}, o_.deadline);
   }));
   for (uint16_t id : added) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(id));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+    TESSERA_RETURN_IF_ERROR(UntilSeen(c, [&] {
       return Done(c->ImportSlots(0, 0, {}, Client::SlotImportStep::kRows, specs, o_.deadline));
     }).status());
     targets->push_back(id);
@@ -61,7 +61,7 @@ Status Controller::Copy(Client* src, Client* dst, uint64_t v, const std::vector<
                         const Client::SlotExportRequest& how, Client::SlotImportStep step,
                         Marks* marks, uint64_t* rows) {
   // Both owners may be a moment behind the map version (their watches): asked again then.
-  TESSERA_ASSIGN_OR_RETURN(std::string data, UntilSeen(o_.deadline, [&] {
+  TESSERA_ASSIGN_OR_RETURN(std::string data, UntilSeen(src, [&] {
     return src->ExportSlots(0, v, slots, how, o_.deadline);
   }));
   // One read of the export: the pieces to import, its rows and its lane marks.
@@ -69,7 +69,7 @@ Status Controller::Copy(Client* src, Client* dst, uint64_t v, const std::vector<
   TESSERA_ASSIGN_OR_RETURN(*marks, ReadMarks(split.marks));
   *rows = split.rows;
   for (const std::string& piece : split.pieces) {
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+    TESSERA_RETURN_IF_ERROR(UntilSeen(dst, [&] {
       return Done(dst->ImportSlots(0, v, slots, step, piece, o_.deadline));
     }).status());
   }
@@ -121,7 +121,7 @@ Status Controller::Settle(const std::map<std::pair<uint16_t, uint16_t>, Marks>& 
   TESSERA_RETURN_IF_ERROR(Cas(std::move(next)));
   for (auto& [src, slots] : by_src) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(src));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+    TESSERA_RETURN_IF_ERROR(UntilSeen(c, [&] {
       return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
     }).status());
   }
@@ -204,7 +204,7 @@ Status Controller::CopyAtFlip(const std::pair<uint16_t, uint16_t>& pair,
 Status Controller::MarkIn(const std::map<uint16_t, std::vector<uint32_t>>& by_dst, uint64_t v) {
   for (auto& [dst, slots] : by_dst) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+    TESSERA_RETURN_IF_ERROR(UntilSeen(c, [&] {
       return Done(c->ImportSlots(0, v, slots, Client::SlotImportStep::kDone, {}, o_.deadline));
     }).status());
   }
@@ -225,7 +225,7 @@ Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
   // own them (nothing writes them there then), so that the copy lands on nothing stale.
   for (auto& [dst, slots] : drop) {
     TESSERA_ASSIGN_OR_RETURN(Client * c, Server(dst));
-    TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+    TESSERA_RETURN_IF_ERROR(UntilSeen(c, [&] {
       return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
     }).status());
   }
@@ -241,21 +241,17 @@ Status Controller::Batch(ClusterMap next, const MovePairs& pairs,
 }
 
 Result<ScaleReport> Controller::Rebuild() {
+  command_ = "map rebuild";
   const auto t0 = SteadyClock::now();
   TESSERA_RETURN_IF_ERROR(Lock());
   TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
   report_.from_version = map_.version;
-  TESSERA_RETURN_IF_ERROR(SettleFills());  // fills an interrupted run left flipped
+  // Fills an interrupted run left flipped: given up where a server of theirs died, else done.
+  TESSERA_RETURN_IF_ERROR(DropDeadFills());
+  TESSERA_RETURN_IF_ERROR(SettleFills());
   TESSERA_RETURN_IF_ERROR(SettleDenseFills());
   // The servers of the map that are registered now (a dead one not failed over yet is not).
-  TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(etcd_, prefix_));
-  std::vector<bool> live(map_.servers.size(), false);
-  for (uint16_t id = 0; id < map_.servers.size(); ++id) {
-    const std::string name = "server-" + std::to_string(id);
-    live[id] = !map_.servers[id].address.empty() &&
-               std::any_of(members.begin(), members.end(),
-                           [&](const Member& m) { return m.id == name && !m.leaving; });
-  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<bool> live, Registered(map_, /*with_leaving=*/false));
   // Each slot of a live primary without a backup gets the next live server after it.
   std::vector<std::pair<uint32_t, uint16_t>> plan;
   for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
@@ -309,7 +305,9 @@ Result<ScaleReport> Controller::Run() {
   TESSERA_ASSIGN_OR_RETURN(map_, store_.Load());
   report_.from_version = map_.version;
   const bool replicated = Replicated(map_);
-  // What an interrupted run left flipped: backup fills, then moves.
+  // What an interrupted run left flipped: backup fills (given up where a server of theirs
+  // died), then moves.
+  TESSERA_RETURN_IF_ERROR(DropDeadFills());
   TESSERA_RETURN_IF_ERROR(SettleFills());
   TESSERA_RETURN_IF_ERROR(SettleDenseFills());
   TESSERA_RETURN_IF_ERROR(Settle());

@@ -31,8 +31,10 @@ std::vector<uint16_t> PlanBackups(const ClusterMap& m, const std::vector<uint16_
 /// fewest (a part that one backs up first, else the highest-numbered).
 std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>& targets);
 
-/// A map with replication: some slot has a backup, or its dense parts list backups (`map init
-/// --replication=2` writes that list, which stays when a fail-over empties it).
+/// A map with replication: ClusterMap::Replicated (its replication factor is 2, or some slot
+/// or dense part has a backup), or its dense parts list backups (a record written before the
+/// map kept its replication factor: `map init --replication=2` writes that list, which stays
+/// when a fail-over empties it).
 bool Replicated(const ClusterMap& m);
 
 }  // namespace tessera::internal

@@ -132,10 +132,6 @@ std::vector<uint16_t> PlanDense(const ClusterMap& m, const std::vector<uint16_t>
   return primary;
 }
 
-bool Replicated(const ClusterMap& m) {
-  return !m.dense_backup.empty() ||
-         std::any_of(m.backup.begin(), m.backup.end(),
-                     [](uint16_t b) { return b != ClusterMap::kNoServer; });
-}
+bool Replicated(const ClusterMap& m) { return m.Replicated() || !m.dense_backup.empty(); }
 
 }  // namespace tessera::internal

@@ -35,7 +35,7 @@ Status Controller::SettleDenseFills() {
       // AlreadyExists: marked in by an earlier run that died before settling (the destination
       // took pushes for the parts since, which a copy would overwrite). Asked first with no
       // chunks, so that the source is not needed then (it may have died since).
-      Status copied = UntilSeen(o_.deadline, [&] {
+      Status copied = UntilSeen(dst, [&] {
         return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseRows,
                                      std::string(), o_.deadline));
       }).status();
@@ -46,7 +46,7 @@ Status Controller::SettleDenseFills() {
         TESSERA_RETURN_IF_ERROR(copied);
         report_.rows_in_hold += n;
       }
-      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      TESSERA_RETURN_IF_ERROR(UntilSeen(dst, [&] {
         return Done(dst->ImportSlots(0, v, parts, Client::SlotImportStep::kDenseDone, {},
                                      o_.deadline));
       }).status());
@@ -231,7 +231,7 @@ Status Controller::MoveReplicated(const std::vector<uint16_t>& targets) {
     //    push forwarded before step 1 to be answered, so none lands after this.
     for (auto& [b, slots] : old_backup) {
       TESSERA_ASSIGN_OR_RETURN(Client * c, Server(b));
-      TESSERA_RETURN_IF_ERROR(UntilSeen(o_.deadline, [&] {
+      TESSERA_RETURN_IF_ERROR(UntilSeen(c, [&] {
         return Done(c->DropSlots(0, map_.version, slots, o_.deadline));
       }).status());
     }

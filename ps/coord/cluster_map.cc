@@ -175,6 +175,7 @@ Result<ClusterMap> ClusterMap::Replicated(std::vector<MapServer> servers, uint32
                                    std::to_string(n));
   }
   ClusterMap m = Uniform(std::move(servers));
+  m.replication = replication;
   if (replication == 2) {
     for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
       m.backup[slot] = static_cast<uint16_t>((m.primary[slot] + 1) % n);
@@ -187,8 +188,19 @@ Result<ClusterMap> ClusterMap::Replicated(std::vector<MapServer> servers, uint32
   return m;
 }
 
+bool ClusterMap::Replicated() const {
+  const auto some = [](const std::vector<uint16_t>& ids) {
+    return std::any_of(ids.begin(), ids.end(), [](uint16_t b) { return b != kNoServer; });
+  };
+  return replication >= 2 || some(backup) || some(dense_backup);
+}
+
 Status ClusterMap::Validate() const {
   if (version == 0) return Status::InvalidArgument("cluster map: version 0 (the first is 1)");
+  if (replication != 1 && replication != 2) {
+    return Status::InvalidArgument("cluster map: replication " + std::to_string(replication) +
+                                   " (1 or 2)");
+  }
   if (servers.empty() || servers.size() >= kNoServer) {
     return Status::InvalidArgument("cluster map: " + std::to_string(servers.size()) +
                                    " servers (1..65534)");
@@ -243,6 +255,8 @@ Result<std::string> EncodeClusterMap(const ClusterMap& map) {
   // Absent when empty: a map without dense replication keeps the record it had before it.
   if (!map.dense_primary.empty()) j["dense_primary"] = EncodeIds(map.dense_primary);
   if (!map.dense_backup.empty()) j["dense_backup"] = EncodeIds(map.dense_backup);
+  // Absent from a map without replication, which keeps the record it had before the field.
+  if (map.Replicated()) j["replication"] = map.replication;
   // Only while a part's backup is being filled.
   if (std::any_of(map.dense_importing.begin(), map.dense_importing.end(),
                   [](uint16_t f) { return f != ClusterMap::kNoServer; })) {
@@ -292,6 +306,18 @@ Result<ClusterMap> DecodeClusterMap(std::string_view text) {
   if (j.contains("dense_importing")) {
     TESSERA_ASSIGN_OR_RETURN(m.dense_importing,
                              DecodeIds(j["dense_importing"], "dense_importing", true));
+  }
+  if (j.contains("replication")) {
+    if (!j["replication"].is_number_unsigned() || j["replication"].get<uint64_t>() > 2) {
+      return Status::Corruption("cluster map: replication is not 1 or 2");
+    }
+    m.replication = j["replication"].get<uint32_t>();
+  } else {
+    // Written before the record had it: replicated when it lists backups (a map made with
+    // --replication=2 lists dense backups for good, also when a fail-over emptied them).
+    const bool backed = std::any_of(m.backup.begin(), m.backup.end(),
+                                    [](uint16_t b) { return b != ClusterMap::kNoServer; });
+    m.replication = !m.dense_backup.empty() || backed ? 2 : 1;
   }
   Status valid = m.Validate();
   if (!valid.ok()) return Status::Corruption(valid.message());

@@ -60,6 +60,15 @@ struct ClusterMap {
   /// another server: the one the part moves from to its (new) primary (resharding). Written
   /// only while some part has one; an empty list and all kNoServer mean the same.
   std::vector<uint16_t> dense_importing;
+  /// The number of copies each slot and dense part is meant to have (`tessera-ctl map init
+  /// --replication`): 1 or 2. A fail-over leaves fewer (a double failure may leave no backup
+  /// at all) until a rebuild gives them back; the fail-over watcher and the controller go by
+  /// this, not by the backups there are.
+  uint32_t replication = 1;
+
+  /// True when the map is meant to be replicated (replication >= 2), or a slot or dense part
+  /// has a backup (a map built by hand).
+  bool Replicated() const;
 
   /// The server of dense part `part` (server `part` without dense_primary), and its backup
   /// (kNoServer: none, or no dense_backup list).
@@ -74,19 +83,20 @@ struct ClusterMap {
   /// backups, nothing importing, dense tables over all of them.
   static ClusterMap Uniform(std::vector<MapServer> servers);
   /// Uniform(servers) with `replication` copies of each slot and dense part (`tessera-ctl map
-  /// init --replication=N`): 1 is Uniform (dense_primary and dense_backup empty); 2 gives each
-  /// slot the backup (primary + 1) % n, n the number of servers, which must be at least 2, and
-  /// dense part p the primary p and the backup (p + 1) % n. InvalidArgument for another
+  /// init --replication=N`, recorded in `replication`): 1 is Uniform (dense_primary and
+  /// dense_backup empty); 2 gives each slot the backup (primary + 1) % n, n the number of
+  /// servers, which must be at least 2, and dense part p the primary p and the backup
+  /// (p + 1) % n. InvalidArgument for another
   /// replication or too few servers.
   static Result<ClusterMap> Replicated(std::vector<MapServer> servers, uint32_t replication);
 
-  /// OK when the map is whole: version >= 1, 1..65535 servers, kNumSlots primaries, backups
-  /// and importing entries, each naming a server with an address, a backup never the slot's
-  /// primary, an importing source the primary only when the slot has a backup (a rebuild),
-  /// 1 <= dense_servers <= servers, dense_primary and dense_backup each empty or dense_servers
-  /// entries, a dense primary a server with an address, a dense backup kNoServer or a server
-  /// with an address other than its part's primary, a dense importing source the part's
-  /// primary with a backup (a fill) or another server with an address (a move). Without
+  /// OK when the map is whole: version >= 1, replication 1 or 2, 1..65535 servers, kNumSlots
+  /// primaries, backups and importing entries, each naming a server with an address, a backup
+  /// never the slot's primary, an importing source the primary only when the slot has a backup
+  /// (a rebuild), 1 <= dense_servers <= servers, dense_primary and dense_backup each empty or
+  /// dense_servers entries, a dense primary a server with an address, a dense backup kNoServer
+  /// or a server with an address other than its part's primary, a dense importing source the
+  /// part's primary with a backup (a fill) or another server with an address (a move). Without
   /// dense_primary a dense server may be retired (records written before dense replication:
   /// a fail-over retired it).
   /// InvalidArgument naming the first slot, dense part or server that is wrong.
@@ -100,13 +110,15 @@ struct ClusterMap {
 /// The record's JSON: {"format":1, "version":V, "servers":[{"id","address"}...],
 /// "primary":[[RUN,ID]...], "backup":[[RUN,ID or -1]...], "importing":[[RUN,ID or -1]...],
 /// "dense_servers":D, "dense_primary":[ID...], "dense_backup":[ID or -1...],
-/// "dense_importing":[ID or -1...]}, each slot list
+/// "dense_importing":[ID or -1...], "replication":R}, each slot list
 /// as runs of equal ids in slot order (a uniform map of n servers is n runs), each dense list
 /// one id per part. "importing" and "dense_servers" may be absent (records written before
 /// resharding: nothing importing, dense tables over every server); "dense_primary" and
 /// "dense_backup" are written only when not empty, so a map without them has the record it
-/// had before dense replication, and are absent from such records (decoded as empty). Fails
-/// on a map that does not validate.
+/// had before dense replication, and are absent from such records (decoded as empty).
+/// "replication" is written for a map that is Replicated() only; a record without it (a map
+/// without replication, or one written before the field) is read as 2 when it lists dense
+/// backups or a slot has a backup, else 1. Fails on a map that does not validate.
 Result<std::string> EncodeClusterMap(const ClusterMap& map);
 /// Parses and validates a record; Corruption saying what is wrong.
 Result<ClusterMap> DecodeClusterMap(std::string_view text);

@@ -187,6 +187,46 @@ TEST(ClusterMap, DensePartsRoundTripAndOlderRecordsAreUnchanged) {
   EXPECT_EQ(good->dense_backup, (std::vector<uint16_t>{ClusterMap::kNoServer, 1}));
 }
 
+// The replication factor is kept with the map: a replicated map that a double failure left
+// without any backup is still replicated, after a round trip through its record; a record
+// written before the field is read by its backups.
+TEST(ClusterMap, ReplicationIsKeptWhenNoBackupIsLeft) {
+  auto m = ClusterMap::Replicated({{"s0", "tcp://127.0.0.1:7000"},
+                                   {"s1", "tcp://127.0.0.1:7001"},
+                                   {"s2", "tcp://127.0.0.1:7002"}},
+                                  2);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->replication, 2u);
+  m->backup.assign(kNumSlots, ClusterMap::kNoServer);
+  m->dense_primary.clear();
+  m->dense_backup.clear();
+  EXPECT_TRUE(m->Replicated());
+  auto text = EncodeClusterMap(*m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_NE(text->find(R"("replication":2)"), std::string::npos) << *text;
+  auto back = DecodeClusterMap(*text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *m);
+  EXPECT_TRUE(back->Replicated());
+  EXPECT_FALSE(ThreeServers().Replicated());
+  EXPECT_EQ(EncodeClusterMap(ThreeServers())->find("replication"), std::string::npos);
+
+  const std::string head =
+      R"({"format":1,"version":1,"servers":[{"id":"a","address":"x"},{"id":"b","address":"y"}],)"
+      R"("primary":[[16384,0]],)";
+  auto old = DecodeClusterMap(head + R"("backup":[[16383,-1],[1,1]]})");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->replication, 2u);
+  auto plain = DecodeClusterMap(head + R"("backup":[[16384,-1]]})");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->replication, 1u);
+  for (const char* bad : {R"("replication":3})", R"("replication":0})", R"("replication":"2"})"}) {
+    EXPECT_EQ(DecodeClusterMap(head + R"("backup":[[16384,-1]],)" + bad).status().code(),
+              StatusCode::kCorruption)
+        << bad;
+  }
+}
+
 TEST(ClusterMap, ValidateChecksDensePartsNamingThePart) {
   auto replicated = ClusterMap::Replicated({{"s0", "tcp://127.0.0.1:7000"},
                                             {"s1", "tcp://127.0.0.1:7001"},

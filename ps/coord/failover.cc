@@ -149,6 +149,63 @@ Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16
   return p;
 }
 
+std::string DescribeMapChange(const ClusterMap& before, const ClusterMap& after) {
+  std::vector<std::string> parts;
+  const auto add = [&](uint32_t n, const std::string& what) {
+    if (n > 0) parts.push_back(std::to_string(n) + " " + what);
+  };
+  for (uint16_t id = 0; id < after.servers.size(); ++id) {
+    const std::string name = "server " + std::to_string(id) + " (" + after.servers[id].id + ")";
+    if (id >= before.servers.size()) {
+      parts.push_back(name + " was added");
+    } else if (!before.servers[id].address.empty() && after.servers[id].address.empty()) {
+      parts.push_back(name + " was retired");
+    } else if (before.servers[id].address.empty() && !after.servers[id].address.empty()) {
+      parts.push_back(name + " was taken in again");
+    }
+  }
+  const bool whole = before.primary.size() == kNumSlots && after.primary.size() == kNumSlots &&
+                     before.backup.size() == kNumSlots && after.backup.size() == kNumSlots &&
+                     before.importing.size() == kNumSlots && after.importing.size() == kNumSlots;
+  std::map<uint16_t, uint32_t> failed_over;  // old primary -> slots
+  uint32_t moved = 0, unbacked = 0, backed = 0, copying = 0, settled = 0;
+  for (uint32_t slot = 0; whole && slot < kNumSlots; ++slot) {
+    const uint16_t p0 = before.primary[slot], p1 = after.primary[slot];
+    const uint16_t b0 = before.backup[slot], b1 = after.backup[slot];
+    if (p0 != p1 && p1 == b0) {
+      ++failed_over[p0];
+    } else if (p0 != p1) {
+      ++moved;
+    } else if (b0 != ClusterMap::kNoServer && b1 == ClusterMap::kNoServer) {
+      ++unbacked;
+    } else if (b0 != b1) {
+      ++backed;
+    }
+    const uint16_t i0 = before.importing[slot], i1 = after.importing[slot];
+    if (i0 == ClusterMap::kNoServer && i1 != ClusterMap::kNoServer) ++copying;
+    if (i0 != ClusterMap::kNoServer && i1 == ClusterMap::kNoServer) ++settled;
+  }
+  for (const auto& [from, n] : failed_over) {
+    add(n, "slots of server " + std::to_string(from) +
+               " were failed over to their backups (a fail-over: server " +
+               std::to_string(from) + " died)");
+  }
+  uint32_t dense_failed_over = 0;
+  for (uint32_t part = 0; part < std::min(before.dense_servers, after.dense_servers); ++part) {
+    const uint16_t p1 = after.DensePrimary(part);
+    if (p1 != before.DensePrimary(part) && p1 == before.DenseBackup(part)) ++dense_failed_over;
+  }
+  add(dense_failed_over, "dense parts were failed over to their backups");
+  add(moved, "slots moved to another primary (a scale)");
+  add(unbacked, "slots lost their backup");
+  add(backed, "slots were given a backup (a rebuild)");
+  add(copying, "slots began a copy (a move or a backup fill)");
+  add(settled, "slots finished or gave up a copy");
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
 // Who is dead. A server of the map is dead when its member key is absent and this watcher saw
 // it listed before. A simpler and weaker rule than "absent for longer than a grace after the
 // watcher started": that one would, at a cold start of a replicated cluster whose servers come
@@ -330,15 +387,40 @@ void ListedAndLeaving(const std::vector<Member>& members, std::set<std::string>*
 
 }  // namespace
 
+void FailoverWatcher::LogPromotion(const Promotion& p) const {
+  const std::string at = " at map version " + std::to_string(p.map.version);
+  for (const auto& [pair, slots] : p.promoted) {
+    Log("promoted server " + std::to_string(pair.second) + " to primary of " +
+        std::to_string(slots) + " slots of dead server " + std::to_string(pair.first) + at);
+  }
+  for (const auto& [pair, parts] : p.dense_promoted) {
+    Log("promoted server " + std::to_string(pair.second) + " to primary of " +
+        std::to_string(parts) + " dense parts of dead server " + std::to_string(pair.first) + at);
+  }
+  if (p.backups_cleared > 0) {
+    Log("removed a dead backup from " + std::to_string(p.backups_cleared) + " slots" + at);
+  }
+  if (p.dense_backups_cleared > 0) {
+    Log("removed a dead backup from " + std::to_string(p.dense_backups_cleared) + " dense parts" +
+        at);
+  }
+  for (uint16_t id : p.retired) {
+    Log("retired dead server " + std::to_string(id) + " (" + p.map.servers[id].id + ")" + at);
+  }
+  if (p.importing_untouched > 0) {
+    Log(std::to_string(p.importing_untouched) +
+        " slots being resharded have a dead primary or source: left as they are" + at);
+  }
+}
+
 Status FailoverWatcher::Round() {
   SlotMapStore store(etcd_, options_.prefix);
   Result<ClusterMap> map = store.Load();
   if (map.status().code() == StatusCode::kNotFound) return Status::OK();  // no map yet
   if (!map.ok()) return map.status();
-  const auto none = [](uint16_t b) { return b == ClusterMap::kNoServer; };
-  // Not replicated (any more): nothing can be promoted, and only servers joining matter.
-  const bool replicated = !std::all_of(map->backup.begin(), map->backup.end(), none) ||
-                          !std::all_of(map->dense_backup.begin(), map->dense_backup.end(), none);
+  // Not replicated: nothing can be promoted, and only servers joining matter. A replicated
+  // map that a double failure left without any backup is still one: its rebuild is due.
+  const bool replicated = map->Replicated();
   if (!replicated && !options_.on_joined) return Status::OK();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, options_.prefix));
   std::set<std::string> listed, leaving;
@@ -377,7 +459,12 @@ Status FailoverWatcher::Round() {
         std::to_string(map->version) + ")");
   }
   last_unavailable_ = unavailable;
-  if (!p.changed) return Status::OK();
+  if (!p.changed) {
+    // Promoted already: what is left of the dead servers has no live copy and waits for them.
+    // The slots of live primaries still need their backups back.
+    CheckBackedUp(*map, listed);
+    return Status::OK();
+  }
   Status swapped = store.CompareAndSwap(map->version, p.map);
   // Another watcher (or writer) changed the map since the read: read it again next period.
   if (swapped.code() == StatusCode::kFailedPrecondition) return Status::OK();
@@ -385,29 +472,7 @@ Status FailoverWatcher::Round() {
   ++promotions_;
   slots_promoted_ += p.slots_promoted();
   if (options_.on_promoted) options_.on_promoted(p);
-  const std::string at = " at map version " + std::to_string(p.map.version);
-  for (const auto& [pair, slots] : p.promoted) {
-    Log("promoted server " + std::to_string(pair.second) + " to primary of " +
-        std::to_string(slots) + " slots of dead server " + std::to_string(pair.first) + at);
-  }
-  for (const auto& [pair, parts] : p.dense_promoted) {
-    Log("promoted server " + std::to_string(pair.second) + " to primary of " +
-        std::to_string(parts) + " dense parts of dead server " + std::to_string(pair.first) + at);
-  }
-  if (p.backups_cleared > 0) {
-    Log("removed a dead backup from " + std::to_string(p.backups_cleared) + " slots" + at);
-  }
-  if (p.dense_backups_cleared > 0) {
-    Log("removed a dead backup from " + std::to_string(p.dense_backups_cleared) + " dense parts" +
-        at);
-  }
-  for (uint16_t id : p.retired) {
-    Log("retired dead server " + std::to_string(id) + " (" + p.map.servers[id].id + ")" + at);
-  }
-  if (p.importing_untouched > 0) {
-    Log(std::to_string(p.importing_untouched) +
-        " slots being resharded have a dead primary or source: left as they are" + at);
-  }
+  LogPromotion(p);
   return Status::OK();
 }
 

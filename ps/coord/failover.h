@@ -78,6 +78,13 @@ struct Promotion {
 /// names no server of it. Pure: no etcd.
 Result<Promotion> PromoteBackups(const ClusterMap& map, const std::vector<uint16_t>& dead);
 
+/// What changed from `before` to `after` (a later version of the same map), in words for an
+/// operator whose compare-and-swap lost to it: servers retired, taken in or added, slots and
+/// dense parts failed over to their backups (a fail-over: their primary died), slots moved
+/// (a scale), backups removed or given (a rebuild), fills and moves started or finished.
+/// "" when no slot, dense part or server changed. Pure.
+std::string DescribeMapChange(const ClusterMap& before, const ClusterMap& after);
+
 /// Options of a FailoverWatcher.
 struct FailoverOptions {
   /// The cluster's key prefix (CoordinatorUrl::prefix), e.g. "/tessera/job1". Required.
@@ -97,10 +104,12 @@ struct FailoverOptions {
   /// thread; must not destroy the watcher. Default: none.
   std::function<void(const Promotion&)> on_promoted;
   /// Called on the watcher's thread, at most every `unbacked_every_ms`, while no server is
-  /// dead, this process is the lowest live server of the map, at least two are live, and a
-  /// slot or dense part (of a map with dense backups) whose primary is live has no backup and
-  /// none being filled: a backup rebuild is due (the promoting server's died with it, or lost
-  /// to another controller). Must not destroy the watcher. Default: none.
+  /// dead (or every slot of a dead server that has a live backup was promoted: what is left
+  /// of it has no live copy and waits for it), this process is the lowest live server of the
+  /// map, at least two are live, and a slot or dense part (of a map with dense backups) whose
+  /// primary is live has no backup and none being filled: a backup rebuild is due (the
+  /// promoting server's died with it, gave up, or lost to another controller). Must not
+  /// destroy the watcher. Default: none.
   std::function<void()> on_unbacked;
   int unbacked_every_ms = 5000;
   /// Called on the watcher's thread, at most every `unbacked_every_ms`, while every server of
@@ -120,11 +129,13 @@ struct FailoverOptions {
 /// up (see failover.cc for why a server never seen is not presumed dead). The map after
 /// PromoteBackups is stored by a compare-and-swap from the version read; a lost swap (another
 /// server's watcher, or another writer, changed the map) is simply read again next period, so
-/// any number of watchers on one cluster are safe and the change is made once. A map without
-/// any backup (of a slot or a dense part) is not looked at further unless `on_joined` is set
-/// (no member read): nothing in it can be promoted. With no server dead, the lowest live
-/// server's watcher also reports rebuilds due (`on_unbacked`) and servers waiting to join
-/// (`on_joined`).
+/// any number of watchers on one cluster are safe and the change is made once. A map that is
+/// not replicated (ClusterMap::Replicated: replication 1 and no backup of a slot or a dense
+/// part) is not looked at further unless `on_joined` is set (no member read): nothing in it
+/// can be promoted. A replicated map whose backups are all gone (a double failure) is: a
+/// rebuild is due (`on_unbacked`). With no server dead, the lowest live
+/// server's watcher also reports rebuilds due (`on_unbacked`; also once the dead servers'
+/// slots that could be promoted were) and servers waiting to join (`on_joined`).
 /// Thread-safe; destruction stops the thread and joins it. Borrows `etcd`, which must outlive
 /// the watcher.
 class FailoverWatcher {
@@ -157,6 +168,8 @@ class FailoverWatcher {
   void CheckJoined(const ClusterMap& map, const std::set<std::string>& listed,
                    const std::set<std::string>& leaving);
   void Log(const std::string& line) const;
+  // A log line per thing a stored promotion did.
+  void LogPromotion(const Promotion& p) const;
 
   EtcdClient* const etcd_;
   const FailoverOptions options_;

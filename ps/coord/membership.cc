@@ -95,13 +95,20 @@ Result<std::vector<Member>> ListMembers(EtcdClient& etcd, std::string_view prefi
   return out;  // etcd returns a range in key order, which is id order under one prefix
 }
 
-Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
-                                                         const MembershipOptions& options) {
-  TESSERA_RETURN_IF_ERROR(CheckOptions(options));
+namespace {
+
+// The renewal period of a lease of `ttl_s` (MembershipOptions::keepalive_interval_ms).
+int64_t RenewalPeriodMs(const MembershipOptions& o, int64_t ttl_s) {
+  return o.keepalive_interval_ms > 0 ? o.keepalive_interval_ms
+                                     : std::max<int64_t>(100, ttl_s * 1000 / 3);
+}
+
+// Grants a lease and creates the key of `options` under it (Register's contract).
+Result<Lease> Claim(EtcdClient* etcd, const MembershipOptions& options, bool leaving) {
   TESSERA_ASSIGN_OR_RETURN(Lease lease, etcd->GrantLease(options.ttl_s));
   const std::string key =
       options.key.empty() ? MemberKey(options.prefix, options.member_id) : options.key;
-  const std::string value = MemberValue(options, /*leaving=*/false);
+  const std::string value = MemberValue(options, leaving);
   // Create only: a second live process with the same id must not take over the first's key.
   TxnRequest txn;
   txn.compares.push_back({key, TxnCompare::Target::kVersion, 0});
@@ -126,6 +133,19 @@ Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
     return Status::AlreadyExists("member " + options.member_id + " is already registered (" + key +
                                  " exists under another lease)");
   }
+  return lease;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Membership>> Membership::Register(EtcdClient* etcd,
+                                                         const MembershipOptions& options) {
+  TESSERA_RETURN_IF_ERROR(CheckOptions(options));
+  if (options.register_again && !options.key.empty()) {
+    return Status::InvalidArgument("membership: a lock (" + options.key +
+                                   ") is not registered again");
+  }
+  TESSERA_ASSIGN_OR_RETURN(Lease lease, Claim(etcd, options, /*leaving=*/false));
   return std::unique_ptr<Membership>(new Membership(etcd, options, lease));
 }
 
@@ -134,34 +154,87 @@ Membership::Membership(EtcdClient* etcd, MembershipOptions options, Lease lease)
   thread_ = std::thread([this] { KeepAliveLoop(); });
 }
 
+int64_t Membership::lease_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lease_.id;
+}
+
+int64_t Membership::ttl_s() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lease_.ttl_s;
+}
+
 Membership::~Membership() { Deregister().IgnoreError(); }
 
 Status Membership::MarkLeaving() {
   if (!options_.key.empty()) {
     return Status::FailedPrecondition("membership: a lock (" + options_.key + ") cannot leave");
   }
+  int64_t lease = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    leaving_ = true;  // a registration made again is leaving too
+    lease = lease_.id;
+  }
   return etcd_->Put(MemberKey(options_.prefix, options_.member_id),
-                    MemberValue(options_, /*leaving=*/true), lease_.id)
+                    MemberValue(options_, /*leaving=*/true), lease)
       .status()
       .WithContext("marking " + options_.member_id + " as leaving");
 }
 
+bool Membership::RegisterAgain(const Status& lost, std::unique_lock<std::mutex>& lock) {
+  const int64_t interval_ms = RenewalPeriodMs(options_, options_.ttl_s);
+  while (!stopping_) {
+    const bool leaving = leaving_;
+    lock.unlock();
+    Result<Lease> lease = Claim(etcd_, options_, leaving);
+    lock.lock();
+    if (lease.ok()) {
+      if (stopping_) {
+        // Deregister began meanwhile and will revoke the old lease: this one goes now.
+        lock.unlock();
+        etcd_->RevokeLease(lease->id).IgnoreError();
+        lock.lock();
+        return false;
+      }
+      lease_ = *lease;
+      ++registered_again_;
+      lock.unlock();
+      if (options_.on_registered_again) options_.on_registered_again(lost);
+      lock.lock();
+      return true;
+    }
+    if (lease.status().code() == StatusCode::kAlreadyExists) {
+      // Another live process registered the id while ours was lost: it is that member now.
+      status_ = lost.WithContext(lease.status().ToString());
+      return false;
+    }
+    // etcd unreachable or slow: tried again next period.
+    cv_.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stopping_; });
+  }
+  return false;
+}
+
 void Membership::KeepAliveLoop() {
-  const int64_t interval_ms = options_.keepalive_interval_ms > 0
-                                  ? options_.keepalive_interval_ms
-                                  : std::max<int64_t>(100, lease_.ttl_s * 1000 / 3);
   std::unique_lock<std::mutex> lock(mu_);
+  const int64_t interval_ms = RenewalPeriodMs(options_, lease_.ttl_s);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(interval_ms), [this] { return stopping_; });
     if (stopping_) break;
+    const int64_t lease = lease_.id;
     lock.unlock();
-    Result<int64_t> ttl = etcd_->KeepAlive(lease_.id);
+    Result<int64_t> ttl = etcd_->KeepAlive(lease);
     lock.lock();
     if (ttl.ok()) {
       ++renewals_;
     } else if (ttl.status().code() == StatusCode::kNotFound) {
       // The lease is gone and with it the key: another server may already own our slots.
       status_ = ttl.status().WithContext("member " + options_.member_id + " lost its lease");
+      if (options_.register_again && RegisterAgain(status_, lock)) continue;
+      if (stopping_) {
+        lease_.id = 0;  // nothing left for Deregister to revoke
+        break;
+      }
       lost_ = true;
       const Status lost = status_;
       lock.unlock();
@@ -189,7 +262,8 @@ Status Membership::Deregister() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   Status s;
-  if (!lost_) s = etcd_->RevokeLease(lease_.id);
+  const int64_t lease = lease_id();
+  if (!lost_ && lease != 0) s = etcd_->RevokeLease(lease);
   std::lock_guard<std::mutex> lock(mu_);
   deregister_status_ = s;
   return s;

@@ -43,9 +43,18 @@ struct MembershipOptions {
   /// Renewal period in milliseconds; 0: a third of the TTL, so two renewals in a row may fail
   /// (etcd briefly away) without losing the registration. Default: 0.
   int keepalive_interval_ms = 0;
-  /// Called once, on the renewal thread, when the registration is lost (with status()); must
-  /// not destroy the Membership. Default: none.
+  /// Called once, on the renewal thread, when the registration is lost for good (with
+  /// status()); must not destroy the Membership. Default: none.
   std::function<void(const Status&)> on_lost;
+  /// When a renewal finds the lease gone, register again (a new lease, the same key, created
+  /// only while no other process holds it), tried every renewal period until it is made or
+  /// the Membership is destroyed; lost for good (on_lost) only when another live process has
+  /// registered the id meanwhile. False: a lost lease is lost for good. For a member key only
+  /// (a lock, `key`, is never taken again behind its holder's back). Default: false.
+  bool register_again = false;
+  /// With `register_again`: called on the renewal thread after each registration made again,
+  /// with why the one before was lost; must not destroy the Membership. Default: none.
+  std::function<void(const Status&)> on_registered_again;
   /// The key to hold instead of PREFIX/members/<member_id>: a lock held by this member while
   /// it lives (ControllerKey). Default: empty (the member key).
   std::string key;
@@ -78,8 +87,9 @@ Result<std::vector<Member>> ListMembers(EtcdClient& etcd, std::string_view prefi
 /// A server's registration. Register() grants a lease and creates the member key under it
 /// (AlreadyExists when another live process holds the id); a background thread renews the
 /// lease every keepalive interval. If a renewal finds the lease gone (the process was stopped
-/// or cut off past the TTL), the registration is lost for good: lost() turns true and status()
-/// says why; the owner must stop serving as that member (or register again). Destruction
+/// or cut off past the TTL), it registers again with `register_again`; without it (or when
+/// another process took the id meanwhile) the registration is lost for good: lost() turns true
+/// and status() says why; the owner must stop serving as that member. Destruction
 /// deregisters (revokes the lease, so the key goes at once) and joins the thread.
 /// Thread-safe. Borrows `etcd`, which must outlive it.
 class Membership {
@@ -95,29 +105,37 @@ class Membership {
   /// Marks the member record as leaving (Member::leaving), under the same lease: it stays
   /// registered until Deregister. For a member key only (FailedPrecondition for a lock).
   Status MarkLeaving();
-  /// The member key's lease.
-  int64_t lease_id() const { return lease_.id; }
+  /// The member key's lease (the latest one, after a registration made again).
+  int64_t lease_id() const;
   /// The lease TTL etcd granted, in seconds.
-  int64_t ttl_s() const { return lease_.ttl_s; }
-  /// True once a renewal found the lease expired.
+  int64_t ttl_s() const;
+  /// True once the registration is lost for good.
   bool lost() const { return lost_.load(); }
-  /// OK, or why the registration was lost.
+  /// OK, or why the registration was lost (for good, or the last time before it was made
+  /// again).
   Status status() const;
   /// Renewals that etcd answered.
   int64_t renewals() const { return renewals_.load(); }
+  /// Registrations made again after a lost lease (`register_again`).
+  int64_t registered_again() const { return registered_again_.load(); }
 
  private:
   Membership(EtcdClient* etcd, MembershipOptions options, Lease lease);
   void KeepAliveLoop();
+  // After the lease `lost` was found gone (mu_ held by `lock`): registers again until it is
+  // made, the Membership stops, or another process holds the key. True when registered.
+  bool RegisterAgain(const Status& lost, std::unique_lock<std::mutex>& lock);
 
   EtcdClient* const etcd_;
   const MembershipOptions options_;
-  const Lease lease_;
   std::atomic<bool> lost_{false};
   std::atomic<int64_t> renewals_{0};
+  std::atomic<int64_t> registered_again_{0};
   std::mutex deregister_mu_;  // held through a whole Deregister(): later callers wait for it
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  Lease lease_;                // guarded by mu_ (changed by the renewal thread only)
+  bool leaving_ = false;       // guarded by mu_
   bool stopping_ = false;      // guarded by mu_
   bool deregistered_ = false;  // guarded by mu_
   Status status_;              // guarded by mu_

@@ -319,6 +319,30 @@ TEST(PromoteBackups, ADensePartBeingMovedIsLeftAloneAndItsSourceKept) {
   EXPECT_TRUE(target_dead->map.Validate().ok()) << target_dead->map.Validate().ToString();
 }
 
+// What a controller whose swap lost to a fail-over is told: the promotion, the retirement and
+// the backups lost, in words; a rebuild's backups; nothing for the same map.
+TEST(DescribeMapChange, NamesAFailOverAndARebuild) {
+  const ClusterMap before = Replicated(3);
+  auto p = PromoteBackups(before, {1});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string what = DescribeMapChange(before, p->map);
+  EXPECT_NE(what.find("5461 slots of server 1 were failed over to their backups (a fail-over: "
+                      "server 1 died)"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("server 1 (server-1) was retired"), std::string::npos) << what;
+  EXPECT_NE(what.find("5462 slots lost their backup"), std::string::npos) << what;  // server 0's
+  EXPECT_EQ(what.find("a scale"), std::string::npos) << what;
+  EXPECT_EQ(DescribeMapChange(before, before), "");
+  ClusterMap rebuilt = p->map;
+  for (uint32_t slot = 0; slot < 10; ++slot) {
+    if (rebuilt.backup[slot] == kNone) rebuilt.backup[slot] = rebuilt.primary[slot] == 0 ? 2 : 0;
+  }
+  EXPECT_NE(DescribeMapChange(p->map, rebuilt).find("slots were given a backup (a rebuild)"),
+            std::string::npos)
+      << DescribeMapChange(p->map, rebuilt);
+}
+
 TEST(PromoteBackups, RefusesABadMapOrAnUnknownServer) {
   EXPECT_EQ(PromoteBackups(Replicated(3), {3}).status().code(), StatusCode::kInvalidArgument);
   ClusterMap broken = Replicated(3);

@@ -18,6 +18,7 @@
 #include "ps/coord/etcd_map_source.h"
 #include "ps/coord/failover.h"
 #include "ps/coord/membership.h"
+#include "ps/coord/slot_map_store.h"
 #include "ps/curve.h"
 #include "ps/message_pool_internal.h"
 #include "ps/metrics/http_endpoint.h"
@@ -243,6 +244,16 @@ bool CoordinatorFromFlags(std::optional<tessera::CoordinatorUrl>* url) {
   return true;
 }
 
+// After a lost lease: says loudly when a fail-over retired this server's id meanwhile (it
+// owns no slots until a scale takes it in again).
+void LogIfRetired(tessera::EtcdClient& etcd, const std::string& prefix, uint32_t rank) {
+  auto map = tessera::SlotMapStore(&etcd, prefix).Load();
+  if (!map.ok() || rank >= map->servers.size() || !map->servers[rank].address.empty()) return;
+  LOG(ERROR) << "--coordinator: server " << rank << " was retired from the cluster map (version "
+             << map->version << ") while its lease was lost: it owns no slots and serves none "
+             << "until a scale takes it in again (tessera-ctl scale, or --auto_join)";
+}
+
 // Registers this server as PREFIX/members/server-RANK with its --cluster entry; `etcd` is the
 // client the registration borrows.
 tessera::Status Register(const tessera::CoordinatorUrl& url, const std::string& address,
@@ -254,10 +265,17 @@ tessera::Status Register(const tessera::CoordinatorUrl& url, const std::string& 
   m.member_id = "server-" + std::to_string(FLAGS_rank);
   m.address = address;
   m.ttl_s = FLAGS_coordinator_ttl_s;
-  // Routing does not depend on membership yet, so a lost registration is reported and serving
-  // goes on (stopping would turn an etcd outage into a data outage).
+  // A lost lease (a pause or an etcd outage past the TTL) is registered again, so that this
+  // server's fail-over watcher (it acts only while its server is listed) and the others see it;
+  // serving goes on meanwhile, fenced by the cluster map it follows.
+  m.register_again = true;
+  m.on_registered_again = [url, etcd = etcd->get(), id = m.member_id](const tessera::Status& s) {
+    LOG(ERROR) << "--coordinator: " << s.ToString() << "; registered again as " << id;
+    LogIfRetired(*etcd, url.prefix, FLAGS_rank);
+  };
   m.on_lost = [](const tessera::Status& s) {
-    LOG(ERROR) << "--coordinator: " << s.ToString() << "; serving goes on (--cluster routing)";
+    LOG(ERROR) << "--coordinator: " << s.ToString()
+               << "; not registered any more: serving goes on, fenced by the cluster map";
   };
   TESSERA_ASSIGN_OR_RETURN(*membership, tessera::Membership::Register(etcd->get(), m));
   LOG(INFO) << "registered as " << tessera::MemberKey(url.prefix, m.member_id) << " in "

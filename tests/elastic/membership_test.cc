@@ -165,5 +165,57 @@ TEST_F(EtcdTest, ALeaseRevokedBehindItsBackIsReportedLost) {
   EXPECT_EQ(told.load(), 1);  // nothing left to revoke: not an error
 }
 
+// register_again: a lease revoked behind the member's back (what an expiry during a long pause
+// looks like) is followed by a registration under a new lease, the same id, not lost; when
+// another process took the id meanwhile, the registration is lost for good and that process
+// keeps the key.
+TEST_F(EtcdTest, ALostLeaseIsRegisteredAgain) {
+  std::atomic<int> again{0}, lost{0};
+  MembershipOptions o = Opts("again", 2);
+  o.register_again = true;
+  o.on_registered_again = [&](const Status& s) {
+    if (s.code() == StatusCode::kNotFound) ++again;
+  };
+  o.on_lost = [&](const Status&) { ++lost; };
+  auto m = Membership::Register(client_.get(), o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const int64_t first = (*m)->lease_id();
+  ASSERT_TRUE(client_->RevokeLease(first).ok());
+  ASSERT_TRUE(WaitFor([&] { return again.load() == 1; }, seconds(30)));
+  EXPECT_FALSE((*m)->lost());
+  EXPECT_EQ((*m)->registered_again(), 1);
+  EXPECT_NE((*m)->lease_id(), first);
+  auto members = ListMembers(*client_, "/tessera/job");
+  ASSERT_TRUE(members.ok()) << members.status().ToString();
+  ASSERT_EQ(members->size(), 1u);
+  EXPECT_EQ((*members)[0].id, "again");
+  EXPECT_EQ((*members)[0].lease, (*m)->lease_id());
+  // Renewed under the new lease past its TTL.
+  const int64_t renewed = (*m)->renewals();
+  ASSERT_TRUE(WaitFor([&] { return (*m)->renewals() >= renewed + 4; }, seconds(30)));
+  EXPECT_TRUE(Listed(*client_, "again"));
+
+  // Lost again, and another process takes the id before it can register again.
+  MembershipOptions other = Opts("again", 30);
+  ASSERT_TRUE(client_->RevokeLease((*m)->lease_id()).ok());
+  auto taken = Membership::Register(client_.get(), other);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return (*m)->lost(); }, seconds(30)));
+  EXPECT_EQ(lost.load(), 1);
+  EXPECT_EQ(again.load(), 1);
+  EXPECT_NE((*m)->status().message().find("already registered"), std::string::npos)
+      << (*m)->status().ToString();
+  EXPECT_EQ((*ListMembers(*client_, "/tessera/job"))[0].lease, (*taken)->lease_id());
+  EXPECT_TRUE((*m)->Deregister().ok());
+  EXPECT_TRUE(Listed(*client_, "again"));  // the other process's key stays
+
+  // A lock is never taken again behind its holder's back.
+  MembershipOptions lock = Opts("holder", 2);
+  lock.key = ControllerKey("/tessera/job");
+  lock.register_again = true;
+  EXPECT_EQ(Membership::Register(client_.get(), lock).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera::testing

@@ -286,6 +286,27 @@ TEST_F(PromotionTest, TheLowestLiveServerIsToldWhenARebuildIsDue) {
   EXPECT_EQ(due0.load(), settled) << "told of a rebuild with every slot backed up";
 }
 
+// A double failure can leave a replicated map without any backup (the rebuild after the first
+// failure had not finished when the second server died): its watcher still sees a replicated
+// map (by its replication factor, not by the backups left) and tells the lowest live server
+// that a rebuild is due.
+TEST_F(PromotionTest, AReplicatedMapWithoutAnyBackupLeftIsStillRebuilt) {
+  SlotMapStore store(client_.get(), kPrefix);
+  ClusterMap m = ReplicatedMap(3);
+  m.backup.assign(kNumSlots, ClusterMap::kNoServer);
+  m.dense_backup.assign(1, ClusterMap::kNoServer);
+  ASSERT_TRUE(store.Create(m).ok());
+  auto m0 = Register(0), m1 = Register(1), m2 = Register(2);
+  std::atomic<int> due{0};
+  auto w0 = Watch(0, [&due](FailoverOptions& o) {
+    o.poll_ms = 50;
+    o.unbacked_every_ms = 200;
+    o.on_unbacked = [&due] { ++due; };
+  });
+  ASSERT_TRUE(WaitFor([&] { return due.load() >= 1; }, seconds(10)))
+      << "no rebuild due for a replicated map without backups; " << Lines();
+}
+
 // The controller lock (PREFIX/controller): while another process holds it, tessera-ctl scale
 // and map rebuild wait for it until their --timeout_s and then exit 1 naming the holder,
 // changing nothing; once it is released they run.
