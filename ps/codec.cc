@@ -198,7 +198,7 @@ Status DecodeHeader(const void* data, size_t size, Header* out) {
     return Status::InvalidArgument("unknown element type " +
                                    std::to_string(static_cast<int>(out->elem_type)));
   }
-  if (static_cast<uint8_t>(out->status) > static_cast<uint8_t>(StatusCode::kPermissionDenied)) {
+  if (static_cast<uint8_t>(out->status) > static_cast<uint8_t>(StatusCode::kAborted)) {
     return Status::InvalidArgument("unknown status code");
   }
   return Status::OK();

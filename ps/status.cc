@@ -33,6 +33,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "Cancelled";
     case StatusCode::kPermissionDenied:
       return "PermissionDenied";
+    case StatusCode::kAborted:
+      return "Aborted";
   }
   return "Unknown";
 }

@@ -26,6 +26,9 @@ enum class StatusCode : uint8_t {
   kFailedPrecondition = 10,
   kCancelled = 11,
   kPermissionDenied = 12,  ///< The sender lacks the rights the op needs (peer or admin).
+  /// Not applied: a sequence check failed (a push whose client the server does not know and
+  /// whose number is not its first); the caller resynchronizes and sends it again.
+  kAborted = 13,
 };
 
 /// Name of a code, e.g. "InvalidArgument".
@@ -61,6 +64,7 @@ class [[nodiscard]] Status {
   static Status PermissionDenied(std::string m) {
     return {StatusCode::kPermissionDenied, std::move(m)};
   }
+  static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

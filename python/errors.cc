@@ -12,7 +12,7 @@
 namespace tessera::python {
 namespace {
 
-constexpr size_t kNumCodes = static_cast<size_t>(StatusCode::kPermissionDenied) + 1;
+constexpr size_t kNumCodes = static_cast<size_t>(StatusCode::kAborted) + 1;
 
 // The exception class of each StatusCode. Owned by the module for the life of the
 // interpreter: the references are leaked on purpose, since a static py::object would be
@@ -65,6 +65,7 @@ void RegisterErrors(py::module_& m) {
       {StatusCode::kFailedPrecondition, "FailedPreconditionError", nullptr},
       {StatusCode::kCancelled, "CancelledError", nullptr},
       {StatusCode::kPermissionDenied, "PermissionDeniedError", PyExc_PermissionError},
+      {StatusCode::kAborted, "AbortedError", nullptr},
   };
   for (const Def& d : defs) {
     const std::string qualified = std::string("tessera.") + d.name;

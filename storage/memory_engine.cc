@@ -314,6 +314,17 @@ class MemoryEngine final : public StorageEngine {
     if (it == meta_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
   }
+  Status WriteMeta(std::span<const MetaWrite> writes) override {
+    MutexLock l(mu_);
+    for (const MetaWrite& w : writes) {
+      if (w.value) {
+        meta_[w.key] = *w.value;
+      } else {
+        meta_.erase(w.key);
+      }
+    }
+    return Status::OK();
+  }
   Status ScanMeta(std::string_view prefix,
                   const std::function<void(std::string_view, std::string_view)>& fn) override {
     MutexLock l(mu_);

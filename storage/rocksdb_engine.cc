@@ -247,6 +247,15 @@ Status RocksDbEngine::PutMeta(std::string_view key, std::string_view value) {
   return DurableMetaWrite(&b);
 }
 
+Status RocksDbEngine::WriteMeta(std::span<const MetaWrite> writes) {
+  rocksdb::WriteBatch b;
+  for (const MetaWrite& w : writes) {
+    auto s = w.value ? b.Put(meta_cf_, w.key, *w.value) : b.Delete(meta_cf_, w.key);
+    if (!s.ok()) return FromRocks(s, "WriteMeta");
+  }
+  return DurableMetaWrite(&b);
+}
+
 Result<std::optional<std::string>> RocksDbEngine::GetMeta(std::string_view key) {
   std::string v;
   auto s = db_->Get(rocksdb::ReadOptions(), meta_cf_, rocksdb::Slice(key.data(), key.size()), &v);

@@ -42,6 +42,7 @@ class RocksDbEngine final : public StorageEngine {
   Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t lane, uint32_t num_lanes) override;
   Status PutMeta(std::string_view key, std::string_view value) override;
   Result<std::optional<std::string>> GetMeta(std::string_view key) override;
+  Status WriteMeta(std::span<const MetaWrite> writes) override;
   Status ScanMeta(std::string_view prefix,
                   const std::function<void(std::string_view, std::string_view)>& fn) override;
   Status CreateCheckpoint(const std::string& dir) override;

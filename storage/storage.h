@@ -239,6 +239,12 @@ class LaneSnapshot {
 
 /// One server's storage: hands out a LaneStore per lane and keeps small metadata records
 /// (table specs, worker clocks and positions). Thread-safe.
+/// One record of StorageEngine::WriteMeta.
+struct MetaWrite {
+  std::string key;
+  std::optional<std::string> value;  ///< empty: delete the record
+};
+
 class StorageEngine {
  public:
   virtual ~StorageEngine() = default;
@@ -253,6 +259,18 @@ class StorageEngine {
   virtual Status ScanMeta(
       std::string_view prefix,
       const std::function<void(std::string_view key, std::string_view value)>& fn) = 0;
+  /// Puts (`value` set) and deletes (`value` empty) several records in one durable write:
+  /// all or none where the engine batches (RocksDB, memory). Default: one PutMeta each, and
+  /// FailedPrecondition for a delete.
+  virtual Status WriteMeta(std::span<const MetaWrite> writes) {
+    for (const MetaWrite& w : writes) {
+      if (!w.value) {
+        return Status::FailedPrecondition("this storage engine cannot delete '" + w.key + "'");
+      }
+      TESSERA_RETURN_IF_ERROR(PutMeta(w.key, *w.value));
+    }
+    return Status::OK();
+  }
 
   // ---- Request log. A push that spans several lanes is logged whole before any lane applies
   // it; each lane stores the last sequence number it applied with its rows. After a crash the

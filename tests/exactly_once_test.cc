@@ -326,6 +326,94 @@ TEST(ExactlyOnceTest, AParkedPushPullAndThePushBehindItBothApplyAfterACrash) {
   EXPECT_EQ(Stat(c, "retried_pushes"), 0);
 }
 
+// Issue 35, item 12: a client pushes P, its reply is lost; more new clients than the dedup
+// table holds in memory push once each; then P comes again. It is answered "already applied"
+// (the table used to drop the least recently seen quarter, and P applied twice), also after a
+// kill -9; a push whose client the server knows nowhere and that is not its first is refused
+// Aborted, never applied blind. A cap of 64 (--push_dedup_max_clients) stands for the 65,536
+// of the default, so that 640 clients do what 70,000 did.
+TEST(ExactlyOnceTest, ARetryAfterMoreNewClientsThanTheDedupHoldsIsAnsweredAsApplied) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.with_data_dirs = true;
+  o.extra_flags = {"--push_dedup_max_clients=64"};
+  DurableServer server(o);
+  ASSERT_TRUE(server.Start());
+  LocalCluster& cluster = server.cluster;
+  Client* c = server.client.get();
+  const Table& t = server.table;
+  const uint64_t key = 4242, other = 4343;
+  testing::RawPeer peer(cluster.endpoints()[0]);
+  ASSERT_EQ(PushRaw(peer, t, key, 1.0f, 1).status, StatusCode::kOk);  // P, applied
+
+  // 640 clients of one push each: ten times the cap.
+  for (uint64_t i = 0; i < 640; ++i) {
+    Header h = testing::SparseHeader(Op::kSparsePush, t.id, 1, kDim);
+    h.client_id = 0x100000 + i;
+    h.client_seq = 1;
+    const Header r = peer.Call(h, KeyAndGrad(other));
+    ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
+  }
+  EXPECT_EQ(Value(c, t, other), -640.0f);
+  EXPECT_GT(Stat(c, "push_marks_spilled"), 0);
+  EXPECT_LE(Stat(c, "push_marks_in_memory"), 64);
+
+  // P again (the resend the proxy let through): answered OK, applied once.
+  EXPECT_EQ(PushRaw(peer, t, key, 1.0f, 1).status, StatusCode::kOk);
+  EXPECT_EQ(Value(c, t, key), -1.0f);
+  EXPECT_EQ(Stat(c, "retried_pushes"), 1);
+
+  // The spilled marks survive a kill -9.
+  cluster.Kill(0);
+  ASSERT_TRUE(cluster.Restart(0).ok());
+  testing::RawPeer again(cluster.endpoints()[0]);
+  EXPECT_EQ(PushRaw(again, t, key, 1.0f, 1).status, StatusCode::kOk);
+  EXPECT_EQ(Value(c, t, key), -1.0f);
+  EXPECT_EQ(Stat(c, "retried_pushes"), 1);
+  EXPECT_EQ(PushRaw(again, t, key, 1.0f, 2).status, StatusCode::kOk);  // its next push applies
+  EXPECT_EQ(Value(c, t, key), -2.0f);
+
+  // A client known nowhere, with push 5: refused, nothing applied.
+  Header h = testing::SparseHeader(Op::kSparsePush, t.id, 1, kDim);
+  h.client_id = 0xabcdef;
+  h.client_seq = 5;
+  const Header r = again.Call(h, KeyAndGrad(key));
+  EXPECT_EQ(r.status, StatusCode::kAborted) << r.message;
+  EXPECT_EQ(Value(c, t, key), -2.0f);
+  EXPECT_EQ(Stat(c, "unknown_client_pushes"), 1);
+}
+
+// A client whose mark the server forgot (not seen for --push_dedup_retention_s, then spilled
+// past it) has its next push refused Aborted: the client library starts a new numbering under
+// a new id and sends it again, so every push applies once and the caller sees OK.
+TEST(ExactlyOnceTest, AClientWhoseMarkWasForgottenRenumbersItsPushes) {
+  testing::LocalClusterOptions o = testing::Servers(1);
+  o.with_data_dirs = true;
+  o.extra_flags = {"--push_dedup_max_clients=1", "--push_dedup_retention_s=1"};
+  DurableServer server(o);
+  ASSERT_TRUE(server.Start());
+  Client* c = server.client.get();
+  const Table& t = server.table;
+  const uint64_t key = 77;
+  const std::vector<float> g(kDim, 1.0f);
+  for (int i = 0; i < 3; ++i) {
+    Status s = c->Wait(c->Push(t, std::span<const uint64_t>(&key, 1), g), DeadlineAfterMs(30000));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // Past the retention, one other client pushes: the table spills (drops) the client's mark.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  testing::RawPeer peer(server.cluster.endpoints()[0]);
+  Header h = testing::SparseHeader(Op::kSparsePush, t.id, 1, kDim);
+  h.client_id = 0x77777;
+  h.client_seq = 1;
+  ASSERT_EQ(peer.Call(h, KeyAndGrad(key + 1)).status, StatusCode::kOk);
+  for (int i = 0; i < 3; ++i) {
+    Status s = c->Wait(c->Push(t, std::span<const uint64_t>(&key, 1), g), DeadlineAfterMs(30000));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(Value(c, t, key), -6.0f);
+  EXPECT_EQ(Stat(c, "unknown_client_pushes"), 1);
+}
+
 TEST(ExactlyOnceTest, WithoutRetriesADeadServerFailsFast) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());

@@ -162,13 +162,14 @@ zmq::message_t GradientFrame(const float* p, uint64_t n, const std::shared_ptr<c
       [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, ref);
 }
 
+}  // namespace
+
 uint64_t RandomClientId() {
   std::random_device rd;
   uint64_t id = 0;
   while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
   return id;
 }
-}  // namespace
 
 ClientImpl::ClientImpl(const ClientOptions& o, std::unique_ptr<ClusterMapSource> source,
                        std::optional<RoutingMap> map)

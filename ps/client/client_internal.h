@@ -98,6 +98,9 @@ struct WakeFd {
   }
 };
 
+/// A random non-zero id: a client's, or one push numbering's (ClientImpl::RenumberPush).
+uint64_t RandomClientId();
+
 // One request to send (one server's part of a call).
 struct Outgoing {
   uint32_t server;
@@ -284,6 +287,9 @@ class ClientImpl {
     // reached over a new connection, so an attempt sent before the count moved may have
     // been taken by a process that is gone.
     uint64_t drops = 0;
+    // The id this server's push numbering runs under: 0 for the client's own id, another
+    // random one after the server refused the numbering (RenumberPush).
+    uint64_t push_client = 0;
     // The cluster map version that retired this id (its address emptied; 0: live). Nothing
     // is sent to a retired id again: SendOne hands such requests to SendToRetired.
     uint64_t retired_by = 0;
@@ -368,6 +374,10 @@ class ClientImpl {
   bool Transmit(Outgoing& o);
   // Queues `o` to be sent again (in send order), or fails its call when it may not retry.
   void RetryOrFail(Outgoing o, const Status& why, bool server_down);
+  // Push `o` was refused Aborted: the server does not know its numbering (its marks were
+  // lost or expired), and applied nothing. The first such refusal of a numbering starts a new
+  // one (a new random id, numbers from 1); `o` is sent again under it, as a new send.
+  void RenumberPush(uint32_t server, Outgoing o, const Status& why);
   // Sends what waits in server's retry queue once it is due and the server is connected.
   void DrainRetries(uint32_t server, Clock::time_point now);
   // Under io_mu_: sends what callers queued, in queue order.

@@ -384,7 +384,7 @@ void ClientImpl::SendOne(Outgoing& o) {
   o.send_order = ++s.next_send_order;
   if (o.needs_seq) {
     // Sequence numbers follow the send order: the server sees a client's pushes in order.
-    o.header.client_id = client_id_;
+    o.header.client_id = s.push_client != 0 ? s.push_client : client_id_;
     o.header.client_seq = ++s.push_seq;
     o.parts[0] = EnvelopeFrame(o.header);
     o.needs_seq = false;
@@ -469,6 +469,31 @@ void ClientImpl::RetryOrFail(Outgoing o, const Status& why, bool server_down) {
   if (s.retry.size() == 1 || at < s.retry_at) s.retry_at = at;
 }
 
+void ClientImpl::RenumberPush(uint32_t server, Outgoing o, const Status& why) {
+  if (DroppedAsCancelled(o)) return;
+  ServerConn& s = servers_[server];
+  const uint64_t numbering = s.push_client != 0 ? s.push_client : client_id_;
+  const auto now = Clock::now();
+  // Counted in another server's sequence, or the first push of a numbering: never refused so
+  // by a server that follows the protocol. And a push past its retry time ends here.
+  if (o.header.client_origin != 0 ||
+      (o.header.client_id == numbering && o.header.client_seq <= 1) || now >= o.give_up) {
+    if (o.call) PartDone(o.call, why);
+    return;
+  }
+  if (o.header.client_id == numbering) {
+    // The pushes of the old numbering still on their way are refused the same way (the
+    // server knows it nowhere) and each is sent again under the new one when its answer comes.
+    s.push_client = RandomClientId();
+    s.push_seq = 0;
+  }
+  o.header.client_id = 0;
+  o.header.client_seq = 0;
+  o.needs_seq = true;
+  o.deadline = std::min(o.give_up, now + std::chrono::milliseconds(options_.request_timeout_ms));
+  SendOne(o);  // a new send order and number: behind what waits, ahead of what comes later
+}
+
 void ClientImpl::DrainRetries(uint32_t server, Clock::time_point now) {
   ServerConn& s = servers_[server];
   for (auto it = s.retry.begin(); it != s.retry.end();) {
@@ -517,6 +542,10 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
         // yet; at the request's own version the refusal is not about the map, and is reported
         // as it is.)
         StaleMapRetry(std::move(*f.retained), h.map_version, s);
+        continue;
+      }
+      if (h.status == StatusCode::kAborted && f.retained && IsPush(f.retained->header.op)) {
+        RenumberPush(server, std::move(*f.retained), s);
         continue;
       }
       if (h.status == StatusCode::kUnavailable && f.retained) {

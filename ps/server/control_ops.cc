@@ -77,6 +77,14 @@ void AppendTableLines(const TableRegistry& tables, std::ostream& s) {
       << " lr=" << t.spec.optimizer.learning_rate << "\n";
   }
 }
+// Exactly-once pushes: retries answered, pushes of clients known nowhere refused, the marks
+// held in memory and those spilled to the store (PushDedup).
+void WritePushMarkStats(std::ostream& s, const IoCounts& counts, const PushDedup& dedup) {
+  s << "retried_pushes " << counts.retried_pushes << "\n"
+    << "unknown_client_pushes " << counts.unknown_client_pushes << "\n"
+    << "push_marks_in_memory " << dedup.size() << "\n"
+    << "push_marks_spilled " << dedup.spilled() << "\n";
+}
 }  // namespace
 
 Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
@@ -88,9 +96,9 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "tables " << tables_.size() << "\n"
     << "requests " << counts_.requests << "\n"
     << "errors " << counts_.errors << "\n"
-    << "pushes " << counts_.pushes << "\n"
-    << "retried_pushes " << counts_.retried_pushes << "\n"
-    << "map_version " << fence_.version() << "\n"
+    << "pushes " << counts_.pushes << "\n";
+  WritePushMarkStats(s, counts_, dedup_);
+  s << "map_version " << fence_.version() << "\n"
     << "stale_map_refusals " << fence_.refusals() << "\n"
     << "slot_rows_exported " << migration_.rows_exported.load() << "\n"
     << "slot_rows_imported " << migration_.rows_imported.load() << "\n"

@@ -35,8 +35,10 @@ Status CheckLrScale(float scale) {
 
 // True when `h` retries a push this server accepted already (PushDedup).
 bool ServerImpl::IsRetriedPush(const Header& h) const {
-  return IsPush(h.op) && h.client_id != 0 &&
-         dedup_.Check(h.client_id, h.client_seq) != PushDedup::Verdict::kNew;
+  if (!IsPush(h.op) || h.client_id == 0) return false;
+  const PushDedup::Verdict v = dedup_.Check(h.client_id, h.client_seq);
+  return v == PushDedup::Verdict::kApplied || v == PushDedup::Verdict::kPending ||
+         v == PushDedup::Verdict::kBlocked;
 }
 
 // With follow_cluster_map: FailedPrecondition, naming both versions, when data request `h`
@@ -89,13 +91,32 @@ void ServerImpl::RunOnAllLanes(const std::shared_ptr<Pending>& p, std::function<
 
 // Exactly-once pushes: true when `p` retries a push that is already logged and has been
 // answered here; a retried push-pull becomes a pull (false). Unavailable when the original
-// is still waiting to be logged. A new push is accepted (false).
+// is still waiting to be logged. A new push is accepted (false). Aborted when a client's own
+// push (not forwarded, not counted in another server's sequence) is not its first here and
+// its client is known nowhere: its mark may be gone (a memory-only server restarted, or past
+// --push_dedup_retention_s), so it is not applied blind; the client numbers it anew.
 Result<bool> ServerImpl::AnsweredAsRetry(const std::shared_ptr<Pending>& p) {
   Header& h = p->header;
   switch (dedup_.Check(h.client_id, h.client_seq)) {
+    case PushDedup::Verdict::kUnknown:
+      if (h.client_origin == 0 && h.replica_from == 0) {
+        ++counts_.unknown_client_pushes;
+        return Status::Aborted(
+            "push " + std::to_string(h.client_seq) +
+            " of a client this server does not know (no mark: restarted without a durable "
+            "log, or not seen for --push_dedup_retention_s): it may be a retry of a push "
+            "already applied, so nothing was applied; start a new push numbering and send it "
+            "again");
+      }
+      // A primary's numbering (forwarded) or a retired server's (client_origin): this server
+      // may have missed the earlier ones; it is new here.
+      [[fallthrough]];
     case PushDedup::Verdict::kNew:
       dedup_.Accept(h.client_id, h.client_seq);
       return false;
+    case PushDedup::Verdict::kUnreadable:
+      return Status::Unavailable("this server cannot read its push marks now; nothing of push " +
+                                 std::to_string(h.client_seq) + " was applied, retry");
     case PushDedup::Verdict::kPending:
       return Status::Unavailable("push " + std::to_string(h.client_seq) +
                                  " of this client is still waiting to be applied; retry later");

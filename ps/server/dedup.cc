@@ -1,21 +1,72 @@
+#include <glog/logging.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "ps/server/dedup_internal.h"
 
 namespace tessera::internal {
+namespace {
+
+uint64_t WallSeconds() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+std::string StoreKey(uint64_t client) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(client));
+  return std::string(PushDedup::kStorePrefix) + hex;
+}
+
+// A spilled record: u64 logged mark, u64 wall-clock seconds last seen (little-endian).
+std::string StoreValue(uint64_t mark, uint64_t seen_s) {
+  std::string v(16, '\0');
+  std::memcpy(v.data(), &mark, 8);
+  std::memcpy(v.data() + 8, &seen_s, 8);
+  return v;
+}
+
+}  // namespace
+
+Result<std::optional<uint64_t>> PushDedup::Spilled(uint64_t client) const {
+  if (store_ == nullptr) return std::optional<uint64_t>();
+  const std::string key = StoreKey(client);
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> v, store_->GetMeta(key));
+  if (!v) return std::optional<uint64_t>();
+  if (v->size() != 16) {
+    return Status::Corruption("push mark record '" + key + "' has " + std::to_string(v->size()) +
+                              " bytes, not 16");
+  }
+  uint64_t mark = 0;
+  std::memcpy(&mark, v->data(), 8);
+  return std::optional<uint64_t>(mark);
+}
 
 PushDedup::Verdict PushDedup::Check(uint64_t client, uint64_t seq) const {
   if (client == 0) return Verdict::kNew;
   auto it = clients_.find(client);
-  if (it == clients_.end()) return Verdict::kNew;
+  if (it == clients_.end()) {
+    // Spilled, or never seen (or forgotten past the retention, or lost with a memory-only
+    // store): only a client's first push is new for sure.
+    Result<std::optional<uint64_t>> spilled = Spilled(client);
+    if (!spilled.ok()) {
+      LOG(WARNING) << "reading the push mark of client " << client << ": "
+                   << spilled.status().ToString();
+      return Verdict::kUnreadable;
+    }
+    if (*spilled) return seq <= **spilled ? Verdict::kApplied : Verdict::kNew;
+    return seq > 1 ? Verdict::kUnknown : Verdict::kNew;
+  }
   const Entry& e = it->second;
   if (seq <= e.logged) return Verdict::kApplied;
   if (e.returned != 0) {
     if (seq == e.returned) return Verdict::kNew;
     if (seq > e.returned &&
-        std::chrono::steady_clock::now() - e.returned_at < resend_window_) {
+        std::chrono::steady_clock::now() - e.returned_at < options_.resend_window) {
       return Verdict::kBlocked;
     }
   }
@@ -24,19 +75,78 @@ PushDedup::Verdict PushDedup::Check(uint64_t client, uint64_t seq) const {
 }
 
 PushDedup::Entry& PushDedup::Touch(uint64_t client) {
-  if (clients_.size() >= kMaxClients && !clients_.contains(client)) {
-    // Forget the least recently seen quarter.
-    std::vector<uint64_t> ticks;
-    ticks.reserve(clients_.size());
-    for (auto& [c, e] : clients_) ticks.push_back(e.touched);
-    auto cut = ticks.begin() + ticks.size() / 4;
-    std::nth_element(ticks.begin(), cut, ticks.end());
-    const uint64_t below = *cut;
-    absl::erase_if(clients_, [below](const auto& kv) { return kv.second.touched < below; });
+  auto it = clients_.find(client);
+  if (it != clients_.end()) {
+    it->second.touched = ++tick_;
+    it->second.seen_s = WallSeconds();
+    return it->second;
   }
+  if (clients_.size() >= options_.max_clients) Spill();
   Entry& e = clients_[client];
   e.touched = ++tick_;
+  e.seen_s = WallSeconds();
+  // Back from the store: its mark comes with it (Check read it a moment ago).
+  Result<std::optional<uint64_t>> spilled = Spilled(client);
+  if (!spilled.ok()) {
+    LOG(ERROR) << "reading the push mark of client " << client << ": "
+               << spilled.status().ToString();
+  } else if (*spilled) {
+    e.logged = e.accepted = **spilled;
+  }
   return e;
+}
+
+void PushDedup::Spill() {
+  const uint64_t now_s = WallSeconds();
+  // Only clients at rest: one with a push in flight or a gap open keeps its state here.
+  std::vector<std::pair<uint64_t, uint64_t>> at_rest;  // (touched, client)
+  for (const auto& [c, e] : clients_) {
+    if (e.accepted <= e.logged && e.returned == 0) at_rest.emplace_back(e.touched, c);
+  }
+  const size_t n = std::min(at_rest.size(), std::max<size_t>(1, clients_.size() / 4));
+  if (n == 0) return;
+  std::nth_element(at_rest.begin(), at_rest.begin() + (n - 1), at_rest.end());
+  at_rest.resize(n);
+  std::vector<MetaWrite> writes;
+  writes.reserve(n);
+  for (const auto& [touched, c] : at_rest) {
+    const Entry& e = clients_.at(c);
+    if (now_s - std::min(now_s, e.seen_s) >= options_.retention_s) continue;  // forgotten
+    writes.push_back(MetaWrite{StoreKey(c), StoreValue(e.logged, e.seen_s)});
+  }
+  if (!writes.empty()) {
+    if (store_ == nullptr) return;  // nowhere to put them: they stay
+    const Status s = store_->WriteMeta(writes);
+    if (!s.ok()) {
+      LOG(WARNING) << "spilling " << writes.size() << " push marks: " << s.ToString()
+                   << " (they stay in memory)";
+      return;
+    }
+  }
+  for (const auto& [touched, c] : at_rest) clients_.erase(c);
+  spilled_ += writes.size();
+  ExpireSpilled(now_s);
+}
+
+void PushDedup::ExpireSpilled(uint64_t now_s) {
+  if (store_ == nullptr) return;
+  static constexpr char kHex[] = "0123456789abcdef";
+  const std::string prefix = std::string(kStorePrefix) + kHex[expire_cursor_];
+  expire_cursor_ = (expire_cursor_ + 1) % 16;
+  std::vector<MetaWrite> deletes;
+  const Status scanned = store_->ScanMeta(prefix, [&](std::string_view key, std::string_view v) {
+    uint64_t seen_s = 0;
+    if (v.size() == 16) std::memcpy(&seen_s, v.data() + 8, 8);
+    if (v.size() == 16 && now_s - std::min(now_s, seen_s) >= options_.retention_s) {
+      deletes.push_back(MetaWrite{std::string(key), std::nullopt});
+    }
+  });
+  Status s = scanned.ok() && !deletes.empty() ? store_->WriteMeta(deletes) : scanned;
+  if (!s.ok()) {
+    LOG(WARNING) << "deleting expired push marks: " << s.ToString();
+    return;
+  }
+  expired_ += deletes.size();
 }
 
 void PushDedup::Accept(uint64_t client, uint64_t seq) {
@@ -62,7 +172,7 @@ void PushDedup::Abandon(uint64_t client, uint64_t seq, bool resend) {
   if (!resend && seq == e.returned) e.returned = 0;
   if (resend && seq > e.logged) {
     const auto now = std::chrono::steady_clock::now();
-    const bool open = e.returned != 0 && now - e.returned_at < resend_window_;
+    const bool open = e.returned != 0 && now - e.returned_at < options_.resend_window;
     if (!open || seq < e.returned) e.returned = open ? std::min(e.returned, seq) : seq;
     e.returned_at = now;
   }

@@ -9,8 +9,24 @@
 #include <string_view>
 
 #include "ps/status.h"
+#include "storage/storage.h"
 
 namespace tessera::internal {
+
+/// Bounds of PushDedup.
+struct PushDedupOptions {
+  /// Clients whose marks are held in memory. Past it, the least recently seen quarter of the
+  /// clients with nothing in flight is spilled to the store (one write) and read back from it
+  /// when they come again; a client with a push in flight or a gap open stays. Default: 65,536.
+  size_t max_clients = size_t{1} << 16;
+  /// A client not seen for this long is forgotten (not spilled, and its spilled mark deleted).
+  /// Must exceed the longest time a client keeps resending a push (ClientOptions::retry_for_ms,
+  /// 120 s by default). Seconds; default: 3600 (one hour).
+  uint64_t retention_s = 3600;
+  /// How long a gap left by a push refused for a resend blocks the client's later pushes.
+  /// Default: 10 s.
+  std::chrono::milliseconds resend_window = std::chrono::seconds(10);
+};
 
 /// Remembers, per client id, the last push sequence number this server accepted and the last
 /// it logged. A client numbers its pushes to one server 1, 2, ... in send order and resends
@@ -19,8 +35,11 @@ namespace tessera::internal {
 /// logged mark but at or below the accepted one is still on its way (parked behind a
 /// checkpoint cut): it is refused as Unavailable, and the client retries it later. The logged
 /// marks travel with the request log (RequestLog stores them before it truncates), so they
-/// survive a crash. Holds at most kMaxClients clients; past that the least recently seen
-/// quarter is forgotten. Not thread-safe: the server's I/O thread owns it.
+/// survive a crash. Past options.max_clients the least recently seen clients are spilled to
+/// `store` (meta records "server/dedup/<client, 16 hex digits>"), never dropped, until
+/// options.retention_s after they were last seen. A client known neither here nor in the store
+/// whose push is not its first (kUnknown) may have had its mark forgotten: the caller refuses
+/// such a push rather than apply it blind. Not thread-safe: the server's I/O thread owns it.
 ///
 /// A push refused after its number was taken, that the client will send again under the same
 /// number (refused Unavailable: Abandon with `resend`), leaves a gap: until that number comes
@@ -30,11 +49,22 @@ namespace tessera::internal {
 /// pushes again in their order, so the refused one comes first.
 class PushDedup {
  public:
-  enum class Verdict { kNew, kApplied, kPending, kBlocked };
-  static constexpr size_t kMaxClients = size_t{1} << 16;
+  /// kUnknown: the client is known nowhere and `seq` > 1. kUnreadable: the store failed.
+  enum class Verdict { kNew, kApplied, kPending, kBlocked, kUnknown, kUnreadable };
+  /// Meta key prefix of the spilled marks.
+  static constexpr std::string_view kStorePrefix = "server/dedup/";
 
-  explicit PushDedup(std::chrono::milliseconds resend_window = std::chrono::seconds(10))
-      : resend_window_(resend_window) {}
+  /// `store` (not owned; may be null: nothing is spilled and memory is bounded by retention
+  /// only) must outlive this table.
+  explicit PushDedup(PushDedupOptions options = {}, StorageEngine* store = nullptr)
+      : options_(options), store_(store) {}
+  explicit PushDedup(std::chrono::milliseconds resend_window)
+      : PushDedup(PushDedupOptions{.resend_window = resend_window}) {}
+  /// Sets the bounds and the store (before any push: the server calls it at start-up).
+  void Configure(PushDedupOptions options, StorageEngine* store) {
+    options_ = options;
+    store_ = store;
+  }
 
   /// What to do with push `seq` of `client`. Client 0 (no id) is always kNew.
   Verdict Check(uint64_t client, uint64_t seq) const;
@@ -49,25 +79,41 @@ class PushDedup {
   /// stale map: it gets a new one; an error): the gap it left, if any, is closed.
   void ClearGap(uint64_t client, uint64_t seq);
 
-  /// The logged marks as bytes (u32 count, then u64 client, u64 mark each; little-endian).
+  /// The logged marks held in memory as bytes (u32 count, then u64 client, u64 mark each;
+  /// little-endian). The spilled ones are in the store already.
   std::string Encode() const;
   /// Adds stored marks (the larger mark wins). Corruption on malformed bytes.
   Status Merge(std::string_view bytes);
+  /// Clients held in memory.
   size_t size() const { return clients_.size(); }
+  /// Clients written to the store so far, and spilled marks deleted past the retention.
+  uint64_t spilled() const { return spilled_; }
+  uint64_t expired() const { return expired_; }
 
  private:
   struct Entry {
     uint64_t accepted = 0;
     uint64_t logged = 0;
     uint64_t touched = 0;
+    uint64_t seen_s = 0;    // wall-clock seconds when last seen (for the retention)
     uint64_t returned = 0;  // the lowest number refused for a resend not seen yet; 0: none
     std::chrono::steady_clock::time_point returned_at;
   };
+  // The spilled mark of `client`: nullopt when none; an error when the store fails.
+  Result<std::optional<uint64_t>> Spilled(uint64_t client) const;
   Entry& Touch(uint64_t client);
+  // Moves the least recently seen quarter of the clients at rest to the store.
+  void Spill();
+  // Deletes the spilled marks older than the retention in the next sixteenth of the key space.
+  void ExpireSpilled(uint64_t now_s);
 
   absl::flat_hash_map<uint64_t, Entry> clients_;
   uint64_t tick_ = 0;
-  const std::chrono::milliseconds resend_window_;
+  PushDedupOptions options_;
+  StorageEngine* store_;
+  uint64_t spilled_ = 0;
+  uint64_t expired_ = 0;
+  uint32_t expire_cursor_ = 0;  // the next sixteenth ExpireSpilled visits
 };
 
 }  // namespace tessera::internal

@@ -89,16 +89,74 @@ TEST(PushDedup, MarksSurviveEncodeAndMerge) {
   EXPECT_EQ(r.Merge("").code(), StatusCode::kCorruption);
 }
 
-TEST(PushDedup, ForgetsTheLeastRecentlySeenWhenFull) {
-  PushDedup d;
-  for (uint64_t c = 1; c <= PushDedup::kMaxClients; ++c) d.Logged(c, 1);
+// Issue 35, item 12: past the cap the least recently seen clients go to the store, not away;
+// a retry of a spilled client's push is still answered "already applied" (it was kNew, and
+// applied twice, when the table dropped that quarter).
+TEST(PushDedup, SpillsTheLeastRecentlySeenToTheStoreInsteadOfForgettingThem) {
+  std::unique_ptr<StorageEngine> store = NewMemoryStorageEngine();
+  constexpr size_t kCap = 64;
+  PushDedup d(PushDedupOptions{.max_clients = kCap}, store.get());
+  for (uint64_t c = 1; c <= kCap; ++c) d.Logged(c, 1);
   d.Logged(1, 2);  // client 1 is now the most recent
-  d.Logged(PushDedup::kMaxClients + 1, 1);
-  EXPECT_LE(d.size(), PushDedup::kMaxClients);
-  EXPECT_GE(d.size(), PushDedup::kMaxClients * 3 / 4);
+  d.Accept(3, 2);  // client 3 has a push in flight: it stays in memory
+  for (uint64_t c = 1000; c < 1000 + 10 * kCap; ++c) d.Logged(c, 1);  // new clients, once each
+  EXPECT_LE(d.size(), kCap);
+  EXPECT_GT(d.spilled(), 0u);
   EXPECT_EQ(d.Check(1, 2), V::kApplied);
-  EXPECT_EQ(d.Check(2, 1), V::kNew);  // among the oldest: forgotten
-  EXPECT_EQ(d.Check(PushDedup::kMaxClients + 1, 1), V::kApplied);
+  EXPECT_EQ(d.Check(2, 1), V::kApplied);  // among the oldest: spilled, still known
+  EXPECT_EQ(d.Check(2, 2), V::kNew);
+  EXPECT_EQ(d.Check(3, 2), V::kPending);
+  EXPECT_EQ(d.Check(1000, 1), V::kApplied);
+  // Back from the store with its mark.
+  d.Accept(2, 2);
+  d.Logged(2, 2);
+  EXPECT_EQ(d.Check(2, 2), V::kApplied);
+  EXPECT_EQ(d.Check(2, 3), V::kNew);
+
+  // A restart: the in-memory marks come back from the stored record, the rest from the store.
+  PushDedup again(PushDedupOptions{.max_clients = kCap}, store.get());
+  ASSERT_TRUE(again.Merge(d.Encode()).ok());
+  for (uint64_t c : {uint64_t{1}, uint64_t{2}, uint64_t{5}, uint64_t{1000}, uint64_t{1500}}) {
+    EXPECT_EQ(again.Check(c, 1), V::kApplied) << "client " << c;
+  }
+  EXPECT_EQ(again.Check(2, 2), V::kApplied);
+}
+
+// A client known neither in memory nor in the store: its first push is new, a later one may
+// be the retry of a push whose mark is gone (kUnknown: the server refuses it, never applies
+// it blind).
+TEST(PushDedup, AClientKnownNowhereIsNewOnlyWithItsFirstPush) {
+  std::unique_ptr<StorageEngine> store = NewMemoryStorageEngine();
+  PushDedup d(PushDedupOptions{}, store.get());
+  EXPECT_EQ(d.Check(42, 1), V::kNew);
+  EXPECT_EQ(d.Check(42, 7), V::kUnknown);
+  d.Accept(42, 1);
+  EXPECT_EQ(d.Check(42, 2), V::kNew);  // known now
+  PushDedup no_store;
+  EXPECT_EQ(no_store.Check(43, 2), V::kUnknown);
+  EXPECT_EQ(no_store.Check(0, 2), V::kNew);  // no id: never deduplicated
+}
+
+// Past the retention a client is forgotten: not spilled, and its spilled mark deleted (a
+// sixteenth of the key space per spill); its later push is then kUnknown.
+TEST(PushDedup, ForgetsClientsNotSeenForTheRetention) {
+  std::unique_ptr<StorageEngine> store = NewMemoryStorageEngine();
+  constexpr size_t kCap = 8;
+  PushDedup keep(PushDedupOptions{.max_clients = kCap}, store.get());
+  for (uint64_t c = 1; c <= 4 * kCap; ++c) keep.Logged(c, 3);
+  ASSERT_GT(keep.spilled(), 0u);
+  EXPECT_EQ(keep.Check(1, 3), V::kApplied);
+
+  PushDedup forget(PushDedupOptions{.max_clients = kCap, .retention_s = 0}, store.get());
+  EXPECT_EQ(forget.Check(1, 3), V::kApplied);                              // still stored
+  for (uint64_t c = 1000; c < 1000 + 40 * kCap; ++c) forget.Logged(c, 1);  // >= 16 spills
+  EXPECT_EQ(forget.spilled(), 0u);  // every client was past the retention
+  EXPECT_GT(forget.expired(), 0u);
+  EXPECT_EQ(forget.Check(1, 3), V::kUnknown);
+  EXPECT_EQ(forget.Check(1000, 2), V::kUnknown);
+  size_t left = 0;
+  ASSERT_TRUE(store->ScanMeta(PushDedup::kStorePrefix, [&](auto, auto) { ++left; }).ok());
+  EXPECT_EQ(left, 0u);
 }
 
 }  // namespace

@@ -39,6 +39,13 @@ Status ServerImpl::Start() {
   TESSERA_ASSIGN_OR_RETURN(engine_, OpenStorageEngine(options_.storage));
   const auto t_open = std::chrono::steady_clock::now();
   TESSERA_RETURN_IF_ERROR(CheckDataDirLayout());
+  if (options_.push_dedup_max_clients == 0 || options_.push_dedup_retention_s == 0) {
+    return Status::InvalidArgument(
+        "push_dedup_max_clients and push_dedup_retention_s must be at least 1");
+  }
+  dedup_.Configure(PushDedupOptions{.max_clients = options_.push_dedup_max_clients,
+                                    .retention_s = options_.push_dedup_retention_s},
+                   engine_.get());
   log_ = std::make_unique<RequestLog>(engine_.get(), &dedup_);
   TESSERA_RETURN_IF_ERROR(BindSocket());
   const std::string reply_ep =

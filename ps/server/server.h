@@ -92,6 +92,16 @@ struct ServerOptions {
   /// parked by staleness or a checkpoint cut); more get ResourceExhausted. 0: no limit.
   /// Default: 1024.
   uint32_t max_in_flight_per_peer = 1024;
+  /// Clients whose push marks (exactly-once pushes) are held in memory; past it the least
+  /// recently seen are spilled to the storage engine's metadata and read back when they come
+  /// again, never dropped (docs/wire-protocol.md, "Exactly-once pushes"). At least 1.
+  /// Default: 65,536.
+  uint32_t push_dedup_max_clients = 65536;
+  /// Seconds a client's push mark is kept after its last push; then it is forgotten, and a
+  /// later push of that client other than its first is refused with Aborted (the client
+  /// library starts a new numbering and sends it again). Must exceed the longest
+  /// ClientOptions::retry_for_ms of any client. At least 1. Default: 3600.
+  uint32_t push_dedup_retention_s = 3600;
   /// Replies queued for one client that has not read them yet (ZMQ_SNDHWM, in messages).
   /// When a client's queue is full it is not reading: its later requests are refused or,
   /// while its queue stays full, dropped unanswered. 0: unbounded. Default: 1000.

@@ -112,6 +112,13 @@ DEFINE_uint32(max_connections_per_ip, 0,
               "limit)");
 DEFINE_uint32(max_in_flight_per_peer, 1024,
               "Most requests of one client connection in flight on the server (0: no limit)");
+DEFINE_uint32(push_dedup_max_clients, 65536,
+              "Clients whose push marks (exactly-once pushes) are held in memory; older ones "
+              "are spilled to the data dir (the memory engine: its metadata map), never "
+              "dropped before --push_dedup_retention_s");
+DEFINE_uint32(push_dedup_retention_s, 3600,
+              "Seconds a client's push mark is kept after its last push; must exceed the "
+              "clients' retry window (ClientOptions::retry_for_ms, 120 s by default)");
 DEFINE_uint32(send_hwm, 1000,
               "Replies queued for one client before it counts as not reading: its requests are "
               "then refused or dropped until it reads (0: unbounded)");
@@ -472,6 +479,13 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->idle_connection_timeout_ms = FLAGS_idle_connection_timeout_s * 1000;
   o->max_in_flight_per_peer = FLAGS_max_in_flight_per_peer;
   o->send_hwm = FLAGS_send_hwm;
+  if (FLAGS_push_dedup_max_clients == 0 || FLAGS_push_dedup_retention_s == 0) {
+    std::cerr << "tessera-server: --push_dedup_max_clients and --push_dedup_retention_s must "
+                 "be at least 1\n";
+    return false;
+  }
+  o->push_dedup_max_clients = FLAGS_push_dedup_max_clients;
+  o->push_dedup_retention_s = FLAGS_push_dedup_retention_s;
   o->recv_hwm = FLAGS_recv_hwm;
   RaiseOpenFileLimit(FLAGS_max_connections);
   if (!StorageFromFlags(&o->storage)) return false;
