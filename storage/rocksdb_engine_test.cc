@@ -136,6 +136,26 @@ TEST(RocksDbEngineTest, RowsDenseChunksAndStateSurviveReopen) {
   EXPECT_NE(a[0], 0.0f);
 }
 
+// WriteMeta puts and deletes records in one durable write (the server's spilled push marks,
+// PushDedup); they survive a reopen, and ScanMeta sees what is left.
+TEST(RocksDbEngineTest, WriteMetaPutsAndDeletesInOneWrite) {
+  TempDir dir;
+  {
+    auto engine = MustOpen(dir.path());
+    std::vector<MetaWrite> puts = {{"d/1", "a"}, {"d/2", "b"}, {"d/3", "c"}};
+    ASSERT_TRUE(engine->WriteMeta(puts).ok());
+    std::vector<MetaWrite> mixed = {{"d/1", std::nullopt}, {"d/3", "c2"}};
+    ASSERT_TRUE(engine->WriteMeta(mixed).ok());
+  }
+  auto engine = MustOpen(dir.path());
+  std::vector<std::string> seen;
+  auto collect = [&](std::string_view k, std::string_view v) {
+    seen.push_back(std::string(k) + "=" + std::string(v));
+  };
+  ASSERT_TRUE(engine->ScanMeta("d/", collect).ok());
+  EXPECT_EQ(seen, (std::vector<std::string>{"d/2=b", "d/3=c2"}));
+}
+
 // The engine's own figures: RocksDB's memory by kind, read back after rows went to disk and
 // came back through the block cache.
 TEST(RocksDbEngineTest, EngineStatsReportRocksDbMemory) {
