@@ -134,7 +134,8 @@ TEST(ServerMetrics, CountRequestsLatencyErrorsAndLaneState) {
     m = Parse(registry.Text());
     if (m["tessera_server_push_keys_total"] == 30 &&
         Sum(m, "tessera_storage_rows_in_memory{") == keys.size() &&
-        m["tessera_table_rows_in_memory{table=\"emb\"}"] == keys.size()) {
+        m["tessera_table_rows_in_memory{table=\"emb\"}"] == keys.size() &&
+        m["tessera_server_push_marks_in_memory"] == 1) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -144,6 +145,16 @@ TEST(ServerMetrics, CountRequestsLatencyErrorsAndLaneState) {
   EXPECT_EQ(Sum(m, "tessera_storage_rows_in_memory{"), keys.size());
   EXPECT_EQ(Sum(m, "tessera_storage_applies_total{"), 30);
   EXPECT_EQ(m["tessera_server_tables"], 1);
+  // The one client's push marks, and the hardening counters (present, nothing to count yet).
+  EXPECT_EQ(m["tessera_server_push_marks_in_memory"], 1);
+  for (const char* zero :
+       {"tessera_server_unknown_client_pushes_total", "tessera_server_push_marks_spilled_total",
+        "tessera_server_idle_connections_displaced_total",
+        "tessera_server_replica_held_expired_total",
+        "tessera_server_replica_refused_ahead_total"}) {
+    EXPECT_EQ(m.count(zero), 1u) << zero;
+    EXPECT_EQ(m[zero], 0) << zero;
+  }
   // By table: the rows of "emb" on every lane, and their bytes (4 floats of value each, and
   // Adagrad's state, at least).
   EXPECT_EQ(m["tessera_table_rows_in_memory{table=\"emb\"}"], keys.size());

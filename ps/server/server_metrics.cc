@@ -239,6 +239,24 @@ void ServerMetrics::AddIoCollectors() {
      &IoState::throttled_requests);
   io("tessera_server_retried_pushes_total", "Pushes answered as retries (exactly once).", C,
      &IoState::retried_pushes);
+  io("tessera_server_unknown_client_pushes_total",
+     "Pushes refused Aborted: their client is known neither in memory nor in the store and "
+     "the push is not its first (the client renumbers).",
+     C, &IoState::unknown_client_pushes);
+  io("tessera_server_push_marks_in_memory", "Clients whose push marks are held in memory.", G,
+     &IoState::push_marks_in_memory);
+  io("tessera_server_push_marks_spilled_total",
+     "Push marks written to the store past --push_dedup_max_clients (kept, not forgotten).", C,
+     &IoState::push_marks_spilled);
+  io("tessera_server_idle_connections_displaced_total",
+     "Idle connections that gave their place to one that needed it.", C,
+     &IoState::idle_connections_displaced);
+  io("tessera_server_replica_held_expired_total",
+     "Forwarded pushes answered Unavailable after waiting their hold limit on the backup.", C,
+     &IoState::replica_held_expired);
+  io("tessera_server_replica_refused_ahead_total",
+     "Forwarded pushes refused: their map version is ahead of the newest stored in etcd.", C,
+     &IoState::replica_refused_ahead);
   io("tessera_server_push_keys_total", "Keys in sparse pushes (caller keys).", C,
      &IoState::push_keys);
   io("tessera_server_pull_keys_total", "Keys in sparse pulls (caller keys).", C,

@@ -49,6 +49,12 @@ class ServerMetrics {
     uint64_t log_last_seq = 0, log_truncated_to = 0;
     uint64_t refused_connections = 0, dropped_replies = 0, throttled_requests = 0,
              retried_pushes = 0, push_keys = 0, pull_keys = 0;
+    // Hardening (issue 35): pushes of clients known nowhere refused, push marks in memory and
+    // spilled to the store, idle connections displaced, forwarded pushes that expired while
+    // held and that named a map ahead of etcd's.
+    uint64_t unknown_client_pushes = 0, push_marks_in_memory = 0, push_marks_spilled = 0,
+             idle_connections_displaced = 0, replica_held_expired = 0,
+             replica_refused_ahead = 0;
     bool checkpoint_pending = false;
     std::vector<std::pair<uint64_t, std::string>> table_names;  // id, name
     std::vector<std::pair<std::string, uint64_t>> engine;  // StorageEngine::EngineStats()
