@@ -169,7 +169,7 @@ void RegisterClientSetup(py::class_<PyClient>& cls) {
   cls.def(py::init([co](py::object cluster, uint32_t worker_id, uint32_t num_workers,
                         int32_t staleness, int64_t request_timeout_ms, int64_t retry_for_ms,
                         int64_t connect_timeout_ms, std::string curve_server_key,
-                        std::string admin_root) {
+                        std::string curve_client_secret_key, std::string admin_root) {
             ClientOptions o;
             // "etcd://HOST:PORT/PREFIX": the cluster map in etcd names the servers.
             std::optional<CoordinatorUrl> coordinator;
@@ -186,6 +186,9 @@ void RegisterClientSetup(py::class_<PyClient>& cls) {
             o.retry_for_ms = retry_for_ms;
             o.connect_timeout_ms = connect_timeout_ms;
             o.curve_server_key = std::move(curve_server_key);
+            // This client's own key pair (Z85 secret key): a key in the servers'
+            // --admin_clients may checkpoint, restore and export; empty: a fresh key.
+            o.curve_client_secret_key = std::move(curve_client_secret_key);
             o.admin_root = std::move(admin_root);
             Result<std::unique_ptr<Client>> c = [&]() -> Result<std::unique_ptr<Client>> {
               py::gil_scoped_release nogil;
@@ -201,7 +204,9 @@ void RegisterClientSetup(py::class_<PyClient>& cls) {
           py::arg("request_timeout_ms") = co.request_timeout_ms,
           py::arg("retry_for_ms") = co.retry_for_ms,
           py::arg("connect_timeout_ms") = co.connect_timeout_ms,
-          py::arg("curve_server_key") = co.curve_server_key, py::arg("admin_root") = co.admin_root)
+          py::arg("curve_server_key") = co.curve_server_key,
+          py::arg("curve_client_secret_key") = co.curve_client_secret_key,
+          py::arg("admin_root") = co.admin_root)
       .def("close", &PyClient::Close,
            "Drops the connection (after calls still waiting in other threads end).")
       .def_property_readonly("closed", &PyClient::closed)

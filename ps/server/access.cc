@@ -35,7 +35,7 @@ namespace {
 std::string HowToGet(bool peer, const AccessPolicy& policy) {
   if (policy.curve) {
     return peer ? "only another server's link presents the peer key (--curve_peer_key_file)"
-                : "connect with a key listed in the server's --admin_clients "
+                : "to get it, connect with a key listed in the server's --admin_clients "
                   "(tessera-ctl --curve_client_key_file)";
   }
   return "without CurveZMQ only a sender on this host (loopback) has it, unless the server "
@@ -49,7 +49,7 @@ Status Authorize(const Header& h, const Rights& rights, uint32_t rank, const Acc
   if (h.replica_from != 0 && !rights.peer) {
     return Status::PermissionDenied(server + "a forwarded " + std::string(OpName(h.op)) +
                                     " (replica_from " + std::to_string(h.replica_from) +
-                                    "): forwarding needs the peer right, and " +
+                                    "): forwarding needs the peer right; " +
                                     HowToGet(true, policy));
   }
   const bool slot_op = h.op == Op::kSlotExport || h.op == Op::kSlotImport || h.op == Op::kSlotDrop;
@@ -57,7 +57,7 @@ Status Authorize(const Header& h, const Rights& rights, uint32_t rank, const Acc
   if ((slot_op && !rights.peer && !rights.admin) || (admin_op && !rights.admin)) {
     return Status::PermissionDenied(server + std::string(OpName(h.op)) +
                                     ": it needs the admin right" +
-                                    (slot_op ? " (or the peer right)" : "") + ", and " +
+                                    (slot_op ? " (or the peer right)" : "") + "; " +
                                     HowToGet(false, policy));
   }
   return Status::OK();

@@ -429,6 +429,52 @@ class Etcd:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class CurveTest(unittest.TestCase):
+    """CurveZMQ from Python: curve_server_key, and curve_client_secret_key for admin rights."""
+
+    def test_admin_key_may_checkpoint_and_a_fresh_key_may_not(self):
+        ctl = os.environ.get("TESSERA_CTL")
+        if not ctl or not os.access(ctl, os.X_OK):
+            raise RuntimeError("TESSERA_CTL must name the tessera-ctl binary, got %r" % ctl)
+        keys = tempfile.mkdtemp(prefix="tessera-py-keys-")
+        self.addCleanup(shutil.rmtree, keys, True)
+        for name in ("server", "admin"):
+            out = subprocess.run([ctl, "keygen", keys, "--key_name=" + name],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+            if out.returncode != 0 and b"CurveZMQ" in out.stdout:
+                self.skipTest("libzmq without CurveZMQ: " + out.stdout.decode())
+            self.assertEqual(out.returncode, 0, out.stdout.decode())
+
+        def read(name):
+            with open(os.path.join(keys, name)) as f:
+                return f.read().split()[0]
+
+        servers = LocalCluster(extra_flags=[
+            "--curve_secret_key_file=" + os.path.join(keys, "server.key"),
+            "--admin_clients=" + os.path.join(keys, "admin.pub")])
+        self.addCleanup(servers.remove)
+        servers.start()
+        common = dict(curve_server_key=read("server.pub"), admin_root=servers.admin_root)
+        with tessera.Client(servers.cluster, **common) as worker:
+            t = worker.create_table(tessera.TableSpec.sparse(
+                "curve", 4, tessera.OptimizerSpec("sgd", learning_rate=1.0),
+                tessera.InitializerSpec()))
+            keys_ = np.arange(1, 101, dtype=np.uint64)
+            worker.push(t, keys_, np.ones((100, 4), dtype=np.float32))
+            with self.assertRaises(tessera.PermissionDeniedError) as e:
+                worker.checkpoint("ckpt-worker")
+            self.assertIn("admin", str(e.exception))
+        with tessera.Client(servers.cluster, curve_client_secret_key=read("admin.key"),
+                            **common) as admin:
+            admin.checkpoint("ckpt-admin")
+            t = admin.get_table("curve")
+            np.testing.assert_array_equal(admin.pull(t, np.arange(1, 101, dtype=np.uint64)),
+                                          -np.ones((100, 4), dtype=np.float32))
+        self.assertTrue(os.path.exists(os.path.join(servers.admin_root, "ckpt-admin")))
+        # (The client made its own directory for the marker before asking; no server wrote.)
+        self.assertEqual(os.listdir(os.path.join(servers.admin_root, "ckpt-worker")), [])
+
+
 class CoordinatorTest(unittest.TestCase):
     """Client("etcd://HOST:PORT/PREFIX"): the cluster map in etcd names the servers."""
 
