@@ -1,11 +1,16 @@
 // EtcdClient against a real etcd with authentication enabled (a root user and a user "tessera"
 // with readwrite on /t/): calls, leases and watches with a token, wrong or missing
 // credentials, and tokens that etcd forgets (expiry, restart) renewed without the caller noticing.
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
+#include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_http_internal.h"
 #include "ps/coord/etcd_json_internal.h"
+#include "ps/coord/membership.h"
+#include "tests/cluster_fixture.h"
 #include "tests/elastic/etcd_fixture.h"
 
 namespace tessera::testing {
@@ -193,6 +198,40 @@ TEST_F(EtcdAuthTest, ForgottenTokensAreRenewed) {
       << (*watch)->last_error().ToString();
   EXPECT_EQ(seen.values.back(), "3");
   EXPECT_EQ(client->authentications(), before + 1);  // the calls used the watch's token
+}
+
+// tessera-server --coordinator=etcd://tessera@...: the password from the file
+// $TESSERA_ETCD_PASSWORD_FILE names; the server registers, serves, and deregisters on SIGTERM.
+TEST_F(EtcdAuthTest, ServerRegistersAsAnEtcdUser) {
+  const std::string file = ::testing::TempDir() + "/etcd-password";
+  FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, "%s\n", kPassword);
+  std::fclose(f);
+  ::setenv(kEtcdPasswordFileEnv, file.c_str(), 1);  // the servers inherit it
+  const std::string url =
+      "etcd://tessera@127.0.0.1:" + std::to_string(etcd_.client_port()) + "/t/job";
+  LocalClusterOptions o = Servers(1);
+  o.extra_flags = {"--coordinator=" + url, "--coordinator_ttl_s=2"};
+  LocalCluster cluster(o);
+  Status started = cluster.Start();
+  ::unsetenv(kEtcdPasswordFileEnv);
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  auto client = Client("tessera", kPassword);
+  ASSERT_NE(client, nullptr);
+  auto members = ListMembers(*client, "/t/job");
+  ASSERT_TRUE(members.ok()) << members.status().ToString();
+  ASSERT_EQ(members->size(), 1u);
+  EXPECT_EQ((*members)[0].id, "server-0");
+  EXPECT_EQ((*members)[0].address, cluster.endpoints()[0]);
+  auto admin = AdminClient(cluster.endpoints());
+  ASSERT_NE(admin, nullptr);
+  auto stats = admin->ServerStats(0);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(cluster.Stop(0), 0);
+  auto after = ListMembers(*client, "/t/job");
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_TRUE(after->empty());
 }
 
 }  // namespace
