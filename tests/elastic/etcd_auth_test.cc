@@ -201,7 +201,8 @@ TEST_F(EtcdAuthTest, ForgottenTokensAreRenewed) {
 }
 
 // tessera-server --coordinator=etcd://tessera@...: the password from the file
-// $TESSERA_ETCD_PASSWORD_FILE names; the server registers, serves, and deregisters on SIGTERM.
+// $TESSERA_ETCD_PASSWORD_FILE names; the server registers, serves, and deregisters on SIGTERM;
+// tessera-ctl map init/show work as the same user and fail clearly with a wrong password.
 TEST_F(EtcdAuthTest, ServerRegistersAsAnEtcdUser) {
   const std::string file = ::testing::TempDir() + "/etcd-password";
   FILE* f = std::fopen(file.c_str(), "w");
@@ -215,8 +216,25 @@ TEST_F(EtcdAuthTest, ServerRegistersAsAnEtcdUser) {
   o.extra_flags = {"--coordinator=" + url, "--coordinator_ttl_s=2"};
   LocalCluster cluster(o);
   Status started = cluster.Start();
-  ::unsetenv(kEtcdPasswordFileEnv);
   ASSERT_TRUE(started.ok()) << started.ToString();
+  // tessera-ctl reads the same variable: it creates and shows the map as user tessera.
+  std::string out;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "--coordinator=" + url, "map", "init",
+                        "--servers=" + cluster.endpoints()[0]},
+                       &out),
+            0)
+      << out;
+  EXPECT_EQ(RunCommand({TESSERA_CTL_BINARY, "--coordinator=" + url, "map", "show"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find(cluster.endpoints()[0]), std::string::npos) << out;
+  // A wrong password: the clear error, at once.
+  f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, "wrong\n");
+  std::fclose(f);
+  EXPECT_NE(RunCommand({TESSERA_CTL_BINARY, "--coordinator=" + url, "map", "show"}, &out), 0);
+  EXPECT_NE(out.find("etcd authentication failed for user tessera"), std::string::npos) << out;
+  ::unsetenv(kEtcdPasswordFileEnv);
   auto client = Client("tessera", kPassword);
   ASSERT_NE(client, nullptr);
   auto members = ListMembers(*client, "/t/job");
