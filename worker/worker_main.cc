@@ -26,7 +26,8 @@ DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or 
 DEFINE_string(coordinator, "",
               "Instead of --servers: etcd://HOST:PORT/PREFIX, the etcd whose PREFIX/slotmap "
               "(tessera-ctl map init) names the servers and routes keys; the worker follows the "
-              "map's newer versions (docs/elasticity.md)");
+              "map's newer versions (docs/elasticity.md); etcd://USER@HOST:PORT/PREFIX: as etcd "
+              "user USER, password read from the file $TESSERA_ETCD_PASSWORD_FILE names");
 DEFINE_string(curve_server_key_file, "",
               "File holding the servers' CurveZMQ public key (clusters started with "
               "--curve_secret_key_file)");

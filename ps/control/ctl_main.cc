@@ -42,7 +42,8 @@ DEFINE_string(key_name, "server",
               "for --curve_peer_key_file, admin, or a client's name)");
 DEFINE_string(coordinator, "",
               "map: etcd://HOST:PORT/PREFIX, the etcd and key prefix of the cluster's map "
-              "(docs/elasticity.md)");
+              "(docs/elasticity.md); etcd://USER@HOST:PORT/PREFIX: as etcd user USER, password read "
+              "from the file $TESSERA_ETCD_PASSWORD_FILE names");
 DEFINE_string(servers, "",
               "map init: the servers' endpoints in server-id order, comma-separated, or @FILE "
               "(each server's --cluster entry; server id = its --rank)");

@@ -2,6 +2,11 @@
 // and its JSON, and the gateway's JSON conventions. tests/elastic/ runs the rest against etcd.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
 #include "ps/coord/cluster_map.h"
 #include "ps/coord/coordinator_url.h"
 #include "ps/coord/etcd_json_internal.h"
@@ -35,7 +40,8 @@ TEST(CoordinatorUrl, RefusesMalformedUrlsSayingWhy) {
       {"etcd://127.0.0.1:2379/a/", "ends with '/'"},
       {"etcd://127.0.0.1:2379/a/../b", "not allowed"},
       {"etcd://127.0.0.1:2379/a b", "outside"},
-      {"etcd://us er@h:1/p", "host"},
+      {"etcd://us er@h:1/p", "USER"},
+      {"etcd://@h:1/p", "USER"},
       {"", "scheme"},
   };
   for (const auto& [url, why] : cases) {
@@ -46,6 +52,53 @@ TEST(CoordinatorUrl, RefusesMalformedUrlsSayingWhy) {
         << url << " -> " << r.status().ToString();
     EXPECT_NE(r.status().message().find("etcd://HOST:PORT/PREFIX"), std::string::npos);
   }
+}
+
+// A file holding `text` in the test's temporary directory; its path.
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f != nullptr) {
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  return path;
+}
+
+TEST(CoordinatorUrl, UserReadsThePasswordFileTheEnvironmentNames) {
+  ::unsetenv(kEtcdPasswordFileEnv);
+  auto unset = CoordinatorUrl::Parse("etcd://tessera@127.0.0.1:2379/job");
+  ASSERT_FALSE(unset.ok());
+  EXPECT_EQ(unset.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unset.status().message().find(kEtcdPasswordFileEnv), std::string::npos)
+      << unset.status().ToString();
+
+  ::setenv(kEtcdPasswordFileEnv, WriteFile("etcd-pw", "s3cret\n").c_str(), 1);
+  auto u = CoordinatorUrl::Parse("etcd://tessera@127.0.0.1:2379/job");
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->user, "tessera");
+  EXPECT_EQ(u->password, "s3cret");  // the trailing newline dropped
+  EXPECT_EQ(u->host, "127.0.0.1");
+  EXPECT_EQ(u->ToString(), "etcd://tessera@127.0.0.1:2379/job");
+  EXPECT_EQ(u->etcd_options().user, "tessera");
+  EXPECT_EQ(u->etcd_options().password, "s3cret");
+  // Without a user the file is not read.
+  EXPECT_TRUE(CoordinatorUrl::Parse("etcd://127.0.0.1:2379/job")->password.empty());
+
+  const std::pair<std::string, const char*> bad[] = {
+      {WriteFile("etcd-pw-empty", "\n"), "is empty"},
+      {WriteFile("etcd-pw-big", std::string(5000, 'x')), "etcd password file"},
+      {::testing::TempDir() + "/etcd-pw-missing", "etcd password file"},
+      {::testing::TempDir(), "etcd password file"},  // a directory
+  };
+  for (const auto& [path, why] : bad) {
+    ::setenv(kEtcdPasswordFileEnv, path.c_str(), 1);
+    auto r = CoordinatorUrl::Parse("etcd://tessera@127.0.0.1:2379/job");
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+  }
+  ::unsetenv(kEtcdPasswordFileEnv);
 }
 
 ClusterMap ThreeServers() {
@@ -132,7 +185,8 @@ TEST(ClusterMap, ImportingAndDenseServersRoundTripAndAreChecked) {
   EXPECT_NE(bad.Validate().message().find("dense_servers 4"), std::string::npos);
   bad = ThreeServers();
   bad.dense_servers = 2;
-  for (uint32_t s = 0; s < kNumSlots; ++s) bad.primary[s] = bad.primary[s] == 1 ? 2 : bad.primary[s];
+  for (uint32_t s = 0; s < kNumSlots; ++s)
+    bad.primary[s] = bad.primary[s] == 1 ? 2 : bad.primary[s];
   bad.servers[1].address.clear();  // a failed dense server, retired by a fail-over: valid
   EXPECT_TRUE(bad.Validate().ok()) << bad.Validate().ToString();
 }

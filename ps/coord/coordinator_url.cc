@@ -1,6 +1,9 @@
 #include "ps/coord/coordinator_url.h"
 
 #include <charconv>
+#include <cstdlib>
+
+#include "ps/read_file_internal.h"
 
 namespace tessera {
 
@@ -31,6 +34,30 @@ Result<uint16_t> ParsePort(std::string_view url, std::string_view text) {
   return static_cast<uint16_t>(port);
 }
 
+// The password of `user` from the file $TESSERA_ETCD_PASSWORD_FILE names.
+Result<std::string> ReadPassword(std::string_view url, const std::string& user) {
+  const char* path = std::getenv(kEtcdPasswordFileEnv);
+  if (path == nullptr || *path == '\0') {
+    return Bad(url, "etcd user " + user + " given but " + kEtcdPasswordFileEnv +
+                        " does not name the password file");
+  }
+  internal::ReadFileOptions o;
+  o.max_bytes = 4096;
+  Result<std::string> text = internal::ReadRegularFile(path, o);
+  if (!text.ok()) {
+    return text.status().WithContext("etcd password file of user " + user + " (" +
+                                     kEtcdPasswordFileEnv + ")");
+  }
+  std::string password = std::move(text).value();
+  if (!password.empty() && password.back() == '\n') password.pop_back();
+  if (!password.empty() && password.back() == '\r') password.pop_back();
+  if (password.empty()) {
+    return Status::InvalidArgument(std::string("etcd password file ") + path + " of user " + user +
+                                   " is empty");
+  }
+  return password;
+}
+
 }  // namespace
 
 Status ValidateKeySegment(std::string_view segment, std::string_view what) {
@@ -57,10 +84,16 @@ Result<CoordinatorUrl> CoordinatorUrl::Parse(std::string_view url) {
   std::string_view rest = url.substr(kScheme.size());
   const size_t slash = rest.find('/');
   if (slash == std::string_view::npos) return Bad(url, "no /PREFIX after HOST:PORT");
-  const std::string_view authority = rest.substr(0, slash);
+  std::string_view authority = rest.substr(0, slash);
+  CoordinatorUrl out;
+  if (const size_t at = authority.find('@'); at != std::string_view::npos) {
+    out.user = std::string(authority.substr(0, at));
+    Status s = ValidateKeySegment(out.user, "USER");
+    if (!s.ok()) return Bad(url, s.message());
+    authority = authority.substr(at + 1);
+  }
   const size_t colon = authority.rfind(':');
   if (colon == std::string_view::npos) return Bad(url, "no :PORT after the host");
-  CoordinatorUrl out;
   out.host = std::string(authority.substr(0, colon));
   if (out.host.empty()) return Bad(url, "empty host");
   for (char c : out.host) {
@@ -80,11 +113,14 @@ Result<CoordinatorUrl> CoordinatorUrl::Parse(std::string_view url) {
     path = path.substr(next + 1);
     if (path.empty()) return Bad(url, "PREFIX ends with '/'");
   }
+  if (!out.user.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(out.password, ReadPassword(url, out.user));
+  }
   return out;
 }
 
 std::string CoordinatorUrl::ToString() const {
-  return "etcd://" + host + ":" + std::to_string(port) + prefix;
+  return "etcd://" + (user.empty() ? "" : user + "@") + host + ":" + std::to_string(port) + prefix;
 }
 
 EtcdOptions CoordinatorUrl::etcd_options(int timeout_ms) const {
@@ -92,6 +128,8 @@ EtcdOptions CoordinatorUrl::etcd_options(int timeout_ms) const {
   o.host = host;
   o.port = port;
   o.timeout_ms = timeout_ms;
+  o.user = user;
+  o.password = password;
   return o;
 }
 

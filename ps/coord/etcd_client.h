@@ -15,6 +15,10 @@
 
 namespace tessera {
 
+namespace internal {
+class EtcdToken;
+}
+
 /// Where etcd is and how long a call may take.
 struct EtcdOptions {
   /// Host of etcd's client URL (a name or an IPv4 address). Default: 127.0.0.1.
@@ -25,6 +29,12 @@ struct EtcdOptions {
   /// no answer fails with DeadlineExceeded (or Unavailable when nothing accepts the connection)
   /// after at most about twice this. Default: 5000.
   int timeout_ms = 5000;
+  /// etcd user (etcd's auth, `etcdctl auth enable`); empty: no authentication. With a user
+  /// the client gets a token from /v3/auth/authenticate and sends it with every call and watch,
+  /// and gets a new one once when etcd says the token is invalid (expired). Default: empty.
+  std::string user;
+  /// The user's password; never logged nor put in a Status. Default: empty.
+  std::string password;
 };
 
 /// One key as etcd stores it. Revisions are etcd's (cluster-wide, increasing with every write).
@@ -149,6 +159,9 @@ using WatchCallback = std::function<void(const WatchBatch&)>;
 ///   DeadlineExceeded: connected but no answer within EtcdOptions::timeout_ms;
 ///   Corruption: the answer was not the JSON etcd sends;
 ///   other codes: etcd's gRPC error code (NotFound for an unknown lease, InvalidArgument, ...).
+/// With EtcdOptions::user, a wrong user or password fails every call with InvalidArgument
+/// "etcd authentication failed for user USER"; without one, an etcd with auth enabled fails
+/// them with InvalidArgument saying that it requires a user.
 /// Thread-safe.
 class EtcdClient {
  public:
@@ -187,10 +200,18 @@ class EtcdClient {
   /// The end of the key range of every key starting with `prefix` (etcd's range_end).
   static std::string PrefixEnd(std::string_view prefix);
 
+  /// Tokens obtained from /v3/auth/authenticate so far, by calls and watches (0 without a
+  /// user); for diagnostics and tests.
+  int64_t authentications() const;
+
+  ~EtcdClient();
+
  private:
   explicit EtcdClient(const EtcdOptions& options);
   EtcdOptions options_;
   std::string endpoint_;
+  // Shared with the watches this client started, which may outlive it.
+  std::shared_ptr<internal::EtcdToken> token_;
 };
 
 }  // namespace tessera

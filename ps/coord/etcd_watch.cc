@@ -20,8 +20,10 @@ namespace {
 
 class WatchThread final : public EtcdWatch {
  public:
-  WatchThread(const EtcdOptions& etcd, const WatchOptions& watch, WatchCallback callback)
+  WatchThread(const EtcdOptions& etcd, std::shared_ptr<EtcdToken> token, const WatchOptions& watch,
+              WatchCallback callback)
       : etcd_(etcd),
+        token_(std::move(token)),
         watch_(watch),
         callback_(std::move(callback)),
         next_revision_(watch.start_revision) {
@@ -51,6 +53,7 @@ class WatchThread final : public EtcdWatch {
   json CreateRequest() const;
 
   const EtcdOptions etcd_;
+  const std::shared_ptr<EtcdToken> token_;
   const WatchOptions watch_;
   const WatchCallback callback_;
   std::atomic<int64_t> next_revision_;
@@ -58,6 +61,7 @@ class WatchThread final : public EtcdWatch {
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::string refused_token_;           // the watch thread's own
   bool done_ = false;                   // guarded by mu_
   httplib::Client* current_ = nullptr;  // guarded by mu_: the stream's client, to stop it
   Status last_error_;                   // guarded by mu_
@@ -106,6 +110,17 @@ json WatchThread::CreateRequest() const {
 }
 
 bool WatchThread::StreamOnce() {
+  // With a user: the client's token, a new one when etcd refused it on the last stream (an
+  // unknown token cancels the watch with "permission denied", or fails "invalid auth token").
+  Result<std::string> token = token_->Get(etcd_);
+  if (token.ok() && !token->empty() && refused_token_ == *token) {
+    token = token_->Renew(etcd_, *token);
+  }
+  if (!token.ok()) {
+    SetError(token.status());
+    return false;
+  }
+  refused_token_.clear();
   httplib::Client http(etcd_.host, etcd_.port);
   http.set_connection_timeout(std::chrono::milliseconds(etcd_.timeout_ms));
   http.set_write_timeout(std::chrono::milliseconds(etcd_.timeout_ms));
@@ -115,6 +130,7 @@ bool WatchThread::StreamOnce() {
   req.path = "/v3/watch";
   req.body = CreateRequest().dump();
   req.set_header("Content-Type", "application/json");
+  if (!token->empty()) req.set_header("Authorization", *token);
   int http_status = 0;
   bool progressed = false;
   bool keep_going = true;
@@ -147,9 +163,15 @@ bool WatchThread::StreamOnce() {
   }
   const std::string what = CallName(etcd_, "/v3/watch");
   if (http_status != 0 && http_status != 200) {
-    SetError(HttpError(http_status, pending, what));
+    SetError(ExplainAuthRequired(etcd_, HttpError(http_status, pending, what)));
   } else if (error != httplib::Error::Success && !stopping_ && keep_going) {
     SetError(Status::Unavailable(what + ": stream ended: " + httplib::to_string(error)));
+  }
+  if (!token->empty() && !progressed) {
+    const Status last = last_error();
+    if (IsInvalidToken(last) || last.message().find("permission denied") != std::string::npos) {
+      refused_token_ = *token;
+    }
   }
   return progressed;
 }
@@ -225,9 +247,9 @@ bool WatchThread::HandleResult(const json& result, bool* progressed) {
 
 }  // namespace
 
-std::unique_ptr<EtcdWatch> StartWatch(const EtcdOptions& options, const WatchOptions& watch,
-                                      WatchCallback callback) {
-  return std::make_unique<WatchThread>(options, watch, std::move(callback));
+std::unique_ptr<EtcdWatch> StartWatch(const EtcdOptions& options, std::shared_ptr<EtcdToken> token,
+                                      const WatchOptions& watch, WatchCallback callback) {
+  return std::make_unique<WatchThread>(options, std::move(token), watch, std::move(callback));
 }
 
 }  // namespace tessera::internal

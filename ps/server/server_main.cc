@@ -136,7 +136,9 @@ DEFINE_string(coordinator, "",
               "server-RANK (its --cluster entry) under a lease, removed at shutdown "
               "(docs/elasticity.md), and follow the cluster map PREFIX/slotmap: data requests "
               "of another map version, and keys of slots the map gives another server, are "
-              "refused (fencing; server id in the map = --rank). Empty: off");
+              "refused (fencing; server id in the map = --rank). etcd://USER@HOST:PORT/PREFIX: as "
+              "etcd user USER, password read from the file $TESSERA_ETCD_PASSWORD_FILE names. "
+              "Empty: off");
 DEFINE_uint32(coordinator_ttl_s, 10,
               "With --coordinator: lease TTL in seconds; a server that dies disappears from the "
               "members this long after its last renewal");

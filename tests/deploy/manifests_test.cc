@@ -384,7 +384,7 @@ TEST(DeployManifests, ElasticEtcdAndScaleJobAgree) {
   EXPECT_TRUE(client_service) << "no Service etcd on port 2379";
   const YAML::Node job = Find(docs, "Job");
   const YAML::Node scale = Container(job, "scale");
-  EXPECT_NE(EnvValue(scale, "TESSERA_COORDINATOR").find("etcd://etcd."), std::string::npos);
+  EXPECT_NE(EnvValue(scale, "TESSERA_COORDINATOR").find("@etcd."), std::string::npos);
   EXPECT_NE(EnvValue(scale, "TESSERA_COORDINATOR").find(":2379/"), std::string::npos);
   const std::string ctl = Script(scale);
   EXPECT_NE(ctl.find("scale \"$TESSERA_SERVERS\""), std::string::npos) << ctl;
@@ -456,7 +456,38 @@ TEST(DeployManifests, CurveOnWithKeysFromASecret) {
   }
 }
 
-// Tessera's etcd client has no TLS or auth: a NetworkPolicy keeps etcd's client port to the
+// etcd auth (issue 35): every container that passes --coordinator reads the etcd password from
+// the file TESSERA_ETCD_PASSWORD_FILE names, an item of the Secret tessera-etcd-auth mounted
+// there (optional: static clusters have none); the scale Job names the etcd user in its URL.
+TEST(DeployManifests, EtcdPasswordFromASecretWhereverCoordinatorIsPassed) {
+  const std::vector<Doc> docs = LoadManifests();
+  const std::vector<Doc> elastic = LoadManifests(kSource / "deploy" / "k8s-elastic");
+  int checked = 0;
+  for (const std::vector<Doc>* set : {&docs, &elastic}) {
+    for (const Doc& d : *set) {
+      const std::string kind = d.node["kind"].as<std::string>();
+      if (kind != "StatefulSet" && kind != "Job" && kind != "Deployment") continue;
+      for (const YAML::Node& c : AllContainers(d.node)) {
+        if (Script(c).find("--coordinator") == std::string::npos) continue;
+        SCOPED_TRACE(c["name"].as<std::string>());
+        ++checked;
+        const std::string file = EnvValue(c, "TESSERA_ETCD_PASSWORD_FILE");
+        ASSERT_FALSE(file.empty()) << "--coordinator without TESSERA_ETCD_PASSWORD_FILE";
+        const size_t slash = file.rfind('/');
+        ASSERT_NE(slash, std::string::npos) << file;
+        const std::set<std::string> items =
+            SecretFiles(d.node, c, file.substr(0, slash), "tessera-etcd-auth");
+        EXPECT_EQ(items, std::set<std::string>{file.substr(slash + 1)})
+            << file << " is not the one item of the Secret tessera-etcd-auth mounted there";
+      }
+    }
+  }
+  EXPECT_EQ(checked, 3) << "the servers, the workers and the scale Job pass --coordinator";
+  const YAML::Node scale = Container(Find(elastic, "Job"), "scale");
+  EXPECT_NE(EnvValue(scale, "TESSERA_COORDINATOR").find("etcd://tessera@"), std::string::npos);
+}
+
+// Tessera's etcd client has no TLS: a NetworkPolicy keeps etcd's client port to the
 // Tessera pods (the labels of the servers, the workers and the scale Job) and its peer port to
 // the members.
 TEST(DeployManifests, EtcdReachableOnlyFromTesseraPods) {

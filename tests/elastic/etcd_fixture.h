@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ps/client/client.h"
@@ -33,6 +34,8 @@ class EtcdProcess {
   EtcdProcess(const EtcdProcess&) = delete;
   EtcdProcess& operator=(const EtcdProcess&) = delete;
 
+  /// More etcd flags for the next Start or Restart (e.g. "--auth-token-ttl=2").
+  void set_extra_args(std::vector<std::string> args) { extra_args_ = std::move(args); }
   /// Picks free client and peer ports, starts etcd and waits until it answers a read
   /// (Unavailable with the end of its log when it does not within 60 s).
   Status Start();
@@ -59,6 +62,7 @@ class EtcdProcess {
   uint16_t client_port_ = 0;
   uint16_t peer_port_ = 0;
   pid_t pid_ = -1;
+  std::vector<std::string> extra_args_;
 };
 
 /// A test with its own etcd: skipped when there is no etcd binary, failed when it does not
