@@ -30,6 +30,24 @@ constexpr uint64_t Mix64(uint64_t k) {
   return k;
 }
 
+/// The inverse of Mix64: Mix64(Unmix64(x)) == x. Gives the key whose hash has chosen bits (a
+/// key of a given slot, for tests, benchmarks and fuzzers).
+constexpr uint64_t Unmix64(uint64_t x) {
+  // The inverse of an odd multiplier mod 2^64, by Newton's iteration: a is its own inverse
+  // to 3 bits, and each step doubles the correct bits (5 steps reach 96; 6 for margin).
+  auto inverse = [](uint64_t a) {
+    uint64_t inv = a;
+    for (int i = 0; i < 6; ++i) inv *= 2 - a * inv;
+    return inv;
+  };
+  x ^= x >> 33;
+  x *= inverse(0xc4ceb9fe1a85ec53ULL);
+  x ^= x >> 33;
+  x *= inverse(0xff51afd7ed558ccdULL);
+  x ^= x >> 33;
+  return x;
+}
+
 /// The slot of a sparse key: the top 14 bits of Mix64(key).
 constexpr uint32_t SlotOfKey(uint64_t key) {
   return static_cast<uint32_t>(Mix64(key) >> 50);  // 64 - log2(kNumSlots)

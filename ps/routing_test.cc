@@ -21,6 +21,16 @@ TEST(RoutingTest, Mix64IsTheMurmur3Finalizer) {
   EXPECT_EQ(seen.size(), 100000u);
 }
 
+TEST(RoutingTest, Unmix64InvertsMix64) {
+  const uint64_t values[] = {0, 1, 42, ~uint64_t{0}, 0x8000000000000000ULL, 0x0123456789abcdefULL};
+  for (uint64_t x : values) {
+    EXPECT_EQ(Mix64(Unmix64(x)), x) << x;
+    EXPECT_EQ(Unmix64(Mix64(x)), x) << x;
+  }
+  // A key of a chosen slot.
+  EXPECT_EQ(SlotOfKey(Unmix64(uint64_t{1234} << 50 | 77)), 1234u);
+}
+
 TEST(RoutingTest, SlotsAreBalancedForSequentialKeys) {
   std::vector<int> count(kNumSlots, 0);
   const int n = 1 << 22;

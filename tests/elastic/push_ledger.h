@@ -60,21 +60,6 @@ struct FaultFigures {
   }
 };
 
-/// The inverse of Mix64 (a bijection of uint64): Mix64(Unmix64(x)) == x.
-inline uint64_t Unmix64(uint64_t x) {
-  auto inverse = [](uint64_t a) {  // of an odd a, mod 2^64 (Newton's iteration)
-    uint64_t inv = a;
-    for (int i = 0; i < 6; ++i) inv *= 2 - a * inv;
-    return inv;
-  };
-  x ^= x >> 33;
-  x *= inverse(0xc4ceb9fe1a85ec53ULL);
-  x ^= x >> 33;
-  x *= inverse(0xff51afd7ed558ccdULL);
-  x ^= x >> 33;
-  return x;
-}
-
 /// Sends identifiable pushes through one client, kInFlight at a time, and checks them all at
 /// the end. Not thread-safe: one thread sends and waits.
 class PushLedger {

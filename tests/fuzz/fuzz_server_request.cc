@@ -164,21 +164,6 @@ void SetCurrentMap(const RoutingMap& m) {
   }
 }
 
-// The inverse of Mix64 (ps/routing.h): the key whose slot and low bits are given.
-uint64_t Unmix64(uint64_t x) {
-  auto inverse = [](uint64_t a) {  // of an odd a, mod 2^64
-    uint64_t inv = a;
-    for (int i = 0; i < 6; ++i) inv *= 2 - a * inv;
-    return inv;
-  };
-  x ^= x >> 33;
-  x *= inverse(0xc4ceb9fe1a85ec53ULL);
-  x ^= x >> 33;
-  x *= inverse(0xff51afd7ed558ccdULL);
-  x ^= x >> 33;
-  return x;
-}
-
 // A key that the fuzzed server owns (or, `backed`, backs up in map mode): `k` itself when no
 // slot qualifies, else a key of the (k mod n)-th such slot.
 uint64_t OwnedKey(uint64_t k, bool backed = false) {
