@@ -77,6 +77,18 @@ class StoreConformanceTest : public ::testing::TestWithParam<EngineKind> {
     return rows;
   }
 
+  // Closes the RocksDB engine and opens its data dir again (default options), lane 0 of 1.
+  void ReopenRocksDb() {
+    lane_.reset();
+    engine_.reset();
+    StorageOptions o;
+    o.data_dir = dir_.Sub("db");
+    auto r = OpenStorageEngine(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    engine_ = std::move(r).value();
+    lane_ = std::move(engine_->OpenLane(0, 1)).value();
+  }
+
   TempDir dir_;
   std::unique_ptr<StorageEngine> engine_;
   std::unique_ptr<LaneStore> lane_;
@@ -156,14 +168,7 @@ TEST_P(StoreConformanceTest, ScanSlotsAndDeleteRows) {
                     }).ok());
   EXPECT_TRUE(seen.empty()) << seen.size() << " deleted rows still scanned";
   if (GetParam() == EngineKind::kMemory) return;
-  lane_.reset();
-  engine_.reset();
-  StorageOptions o;
-  o.data_dir = dir_.Sub("db");
-  auto r = OpenStorageEngine(o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  engine_ = std::move(r).value();
-  lane_ = std::move(engine_->OpenLane(0, 1)).value();
+  ASSERT_NO_FATAL_FAILURE(ReopenRocksDb());
   ASSERT_TRUE(lane_->AddTable(id, TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f})).ok());
   const auto reopened = ScanAll(id, 2);
   EXPECT_EQ(reopened.size(), keys.size() - gone.size());
@@ -222,14 +227,7 @@ TEST_P(StoreConformanceTest, DropSlotsDeletesTheirRowsAndOnlyThose) {
   kept.insert(7);
   EXPECT_EQ(Lookup1(id, 7, 2), (std::vector<float>{-1.0f, -1.0f}));
   if (GetParam() == EngineKind::kMemory) return;
-  lane_.reset();
-  engine_.reset();
-  StorageOptions o;
-  o.data_dir = dir_.Sub("db");
-  auto r = OpenStorageEngine(o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  engine_ = std::move(r).value();
-  lane_ = std::move(engine_->OpenLane(0, 1)).value();
+  ASSERT_NO_FATAL_FAILURE(ReopenRocksDb());
   ASSERT_TRUE(lane_->AddTable(id, TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f})).ok());
   const auto rows = ScanAll(id, 2);
   EXPECT_EQ(rows.size(), kept.size()) << "after a reopen";
