@@ -24,6 +24,18 @@ using std::chrono::seconds;
 
 constexpr char kPrefix[] = "tessera/recovery";
 
+// Map version 1 -> 2: the slots whose primary is server 2 lose their backups (a rebuild is due).
+void DropBackupsOfServerTwo(SlotMapStore& store) {
+  auto m = store.Load();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ClusterMap stripped = *m;
+  stripped.version = 2;
+  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
+    if (stripped.primary[slot] == 2) stripped.backup[slot] = ClusterMap::kNoServer;
+  }
+  ASSERT_TRUE(store.CompareAndSwap(1, stripped).ok());
+}
+
 class RecoveryTest : public ReplicatedClusterTest {
  protected:
   // Background rebuilds wait about 50 times as long as each batch took before the next one:
@@ -52,14 +64,7 @@ TEST_F(RecoveryTest, ARebuildWhoseSourceDiesGivesUpAndFreesTheControllerLock) {
   ASSERT_TRUE(c->Wait(c->Push(t, keys, std::vector<float>(keys.size() * kDim, 1.0f))).ok());
   // Server 2's slots lose their backups: the lowest live server (0) rebuilds them, copying
   // from server 2 in batches of 1024 slots (version 3 flips the first, version 4 settles it).
-  auto m = store_->Load();
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  ClusterMap stripped = *m;
-  stripped.version = 2;
-  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    if (stripped.primary[slot] == 2) stripped.backup[slot] = ClusterMap::kNoServer;
-  }
-  ASSERT_TRUE(store_->CompareAndSwap(1, stripped).ok());
+  ASSERT_NO_FATAL_FAILURE(DropBackupsOfServerTwo(*store_));
   ASSERT_TRUE(WaitFor(
       [&] {
         auto now = store_->Load();
@@ -115,14 +120,7 @@ class LostSwapTest : public ReplicatedClusterTest {
 TEST_F(LostSwapTest, ARebuildThatLosesItsSwapToAFailOverSaysWhatHappened) {
   // Server 2's slots lose their backups; a paced rebuild by hand copies them to server 0 in
   // batches of 512 slots (about 50 times as long a pause as each batch took).
-  auto m = store_->Load();
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  ClusterMap stripped = *m;
-  stripped.version = 2;
-  for (uint32_t slot = 0; slot < kNumSlots; ++slot) {
-    if (stripped.primary[slot] == 2) stripped.backup[slot] = ClusterMap::kNoServer;
-  }
-  ASSERT_TRUE(store_->CompareAndSwap(1, stripped).ok());
+  ASSERT_NO_FATAL_FAILURE(DropBackupsOfServerTwo(*store_));
   int rc = -1;
   std::string out;
   std::thread ctl([&] {
