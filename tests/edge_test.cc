@@ -481,7 +481,14 @@ TEST(EdgeTest, InFlightRequestsPerClientAreLimited) {
   std::vector<std::vector<float>> outs(5, std::vector<float>(8));
   std::vector<Handle> parked;
   for (int i = 0; i < 4; ++i) parked.push_back(c->Pull(*t, keys, outs[i].data()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Until the server holds all four (another client asks: this one's slots are taken).
+  auto watcher = Connect(cluster);
+  ASSERT_NE(watcher, nullptr);
+  for (int i = 0; i < 600; ++i) {
+    auto st = watcher->ServerStats(0);
+    if (st.ok() && Contains(*st, "parked_now 4\n")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   // Refused at once, not parked: the four before it stay parked until ReleaseParked below,
   // so a fifth that parked too would end in DeadlineExceeded, not ResourceExhausted.
   Status fifth = c->Wait(c->Pull(*t, keys, outs[4].data()), DeadlineAfterMs(5000));
