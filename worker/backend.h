@@ -93,6 +93,15 @@ Result<std::unique_ptr<Backend>> CreateCpuBackend(const ModelLayout& layout,
 /// would refuse it.
 std::string_view CpuBackendIsa(std::string_view isa = "auto");
 
+/// A backend without a model, for measuring the feed (data, keys, pulls and pushes) alone:
+/// probabilities 0.5, the loss of those (loss_sum = batch_size * log 2), and zero gradients of
+/// the CPU backend's shapes (embeddings num_rows * embedding_dim on deep models, wide num_rows
+/// on wide ones, params num_params; empty where the model has no such part). It checks its
+/// input as every backend does (CheckModelInput) and reads nothing else. With a reducer it
+/// keeps the default ForwardBackwardReduced (host sums of the zeros and of the losses).
+/// --backend=null of tessera-worker.
+Result<std::unique_ptr<Backend>> CreateNullBackend(const ModelLayout& layout);
+
 /// Whether this build has the CUDA backend and a GPU is present.
 bool CudaBackendAvailable(std::string* why_not = nullptr);
 
