@@ -91,10 +91,10 @@ bool AddJobKnob(const char* name, void (*apply)(tw::JobOptions*)) {
   return true;
 }
 }  // namespace
-#define JOB_KNOB(type, name, help)                             \
-  DEFINE_##type(name, tw::JobOptions{}.name, help);            \
-  [[maybe_unused]] static const bool name##_knob = AddJobKnob( \
-      #name, [](tw::JobOptions* o) { o->name = FLAGS_##name; })
+#define JOB_KNOB(type, name, help)                  \
+  DEFINE_##type(name, tw::JobOptions{}.name, help); \
+  [[maybe_unused]] static const bool name##_knob =  \
+      AddJobKnob(#name, [](tw::JobOptions* o) { o->name = FLAGS_##name; })
 
 JOB_KNOB(int32, threads, "CPU backend threads (the job's --threads; compute_only uses it too)");
 JOB_KNOB(bool, prefetch, "The job's --prefetch (pull the next batch while this one computes)");
@@ -330,8 +330,9 @@ class TrainWindow : public tw::JobObserver {
   Status Check(pid_t caller) const {
     if (!started_ || !ended_) return Status::Internal("the job never reported ready and done");
     if (start_.tid != caller || end_.tid != caller) {
-      return Status::Internal("the job's readiness came from another thread than the caller's; "
-                              "the training thread's CPU cannot be taken");
+      return Status::Internal(
+          "the job's readiness came from another thread than the caller's; "
+          "the training thread's CPU cannot be taken");
     }
     return Status::OK();
   }
@@ -416,11 +417,130 @@ std::string JsonEscape(std::string s) {
   return s;
 }
 
+// The figures derived from the cells' medians (see the header).
+struct Summary {
+  std::map<std::string, const Cell*> by;  // the cells by name
+  // CPU microseconds per sample of each stage, 1 server, and the largest of the feed's.
+  std::vector<std::pair<std::string, double>> stages;
+  std::string largest;
+  // Wall-time ratios (samples/s over compute_only's) and CPU-time ones (compute_only's CPU per
+  // sample over the worker process's in the job: less sensitive than wall time to other work
+  // on the machine, blind to waits and to overlap).
+  double feed_vs = NAN, feed_2s_vs = NAN, job_vs = NAN, job_2s_vs = NAN, data_vs = NAN;
+  double feed_vs_cpu = NAN, job_vs_cpu = NAN;
+  double Sps(const std::string& n) const {
+    return by.count(n) ? by.at(n)->Med(&Run::samples_per_s) : NAN;
+  }
+  double Us(const std::string& n, double Run::*f) const {
+    return by.count(n) ? by.at(n)->Med(f) : NAN;
+  }
+  double WorkerUs(const std::string& n) const {
+    return Us(n, &Run::train_thread_us) + Us(n, &Run::other_threads_us);
+  }
+};
+
+Summary Summarize(const std::vector<Cell>& cells) {
+  Summary m;
+  for (const Cell& c : cells) m.by[c.name] = &c;
+  const double data = m.WorkerUs("data_only"), compute = m.WorkerUs("compute_only");
+  m.stages = {{"data", data},
+              {"loop", m.Us("feed_1s", &Run::train_thread_us) - data},
+              {"client_io", m.Us("feed_1s", &Run::other_threads_us)},
+              {"server", m.Us("feed_1s", &Run::servers_us)},
+              {"compute", compute}};
+  double most = -1;
+  for (size_t i = 0; i + 1 < m.stages.size(); ++i) {  // the feed's stages: all but compute
+    if (m.stages[i].second > most) most = m.stages[i].second, m.largest = m.stages[i].first;
+  }
+  const double c = m.Sps("compute_only");
+  m.feed_vs = m.Sps("feed_1s") / c;
+  m.feed_2s_vs = m.Sps("feed_2s") / c;
+  m.job_vs = m.Sps("job_1s") / c;
+  m.job_2s_vs = m.Sps("job_2s") / c;
+  m.data_vs = m.Sps("data_only") / c;
+  m.feed_vs_cpu = compute / m.WorkerUs("feed_1s");
+  m.job_vs_cpu = compute / m.WorkerUs("job_1s");
+  return m;
+}
+
+void PrintSummary(const std::vector<Cell>& cells, const Summary& m) {
+  std::printf("\n%-18s %10s %10s %10s %13s %13s %11s\n", "cell", "samples/s", "min", "max",
+              "train_thr us", "other_thr us", "servers us");
+  for (const Cell& c : cells) {
+    std::vector<double> v;
+    for (const Run& r : c.runs) v.push_back(r.samples_per_s);
+    std::printf("%-18s %10.0f %10.0f %10.0f %13.2f %13.2f %11.2f\n", c.name.c_str(),
+                c.Med(&Run::samples_per_s), *std::min_element(v.begin(), v.end()),
+                *std::max_element(v.begin(), v.end()), c.Med(&Run::train_thread_us),
+                c.Med(&Run::other_threads_us), c.Med(&Run::servers_us));
+  }
+  std::printf("\nCPU us per sample, 1 server:");
+  for (const auto& [n, v] : m.stages) std::printf(" %s %.2f", n.c_str(), v);
+  std::printf("\nthe feed's largest stage: %s\n", m.largest.c_str());
+  std::printf(
+      "feed_vs_compute_only %.3f (2 servers %.3f), job_vs_compute_only %.3f (2 servers %.3f), "
+      "data_vs_compute_only %.3f; issue 36 wants >= 5 and >= 0.8\n",
+      m.feed_vs, m.feed_2s_vs, m.job_vs, m.job_2s_vs, m.data_vs);
+  std::printf(
+      "in worker CPU per sample: feed_vs_compute_only_cpu %.3f, job_vs_compute_only_cpu %.3f\n",
+      m.feed_vs_cpu, m.job_vs_cpu);
+}
+
+// The last line: every figure.
+std::string Json(const std::vector<Cell>& cells, const Summary& m, uint64_t samples, int reps,
+                 const std::string& no_cuda, double total_s, double load_start, double load_end) {
+  std::string j = "{\"bench\":\"feed\",\"quick\":" + std::string(FLAGS_quick ? "true" : "false");
+  j += ",\"samples_per_run\":" + std::to_string(samples) + ",\"reps\":" + std::to_string(reps) +
+       ",\"batch_size\":" + std::to_string(FLAGS_batch_size) +
+       ",\"lanes\":" + std::to_string(FLAGS_lanes) +
+       ",\"cores\":" + std::to_string(std::thread::hardware_concurrency());
+  j += ",\"job_knobs\":{";
+  for (size_t i = 0; i < JobKnobs().size(); ++i) {
+    std::string v;
+    gflags::GetCommandLineOption(JobKnobs()[i].name, &v);
+    j += (i ? ",\"" : "\"") + std::string(JobKnobs()[i].name) + "\":\"" + JsonEscape(v) + "\"";
+  }
+  j += "}";
+  auto key = [&](const std::string& k, double v) { j += ",\"" + k + "\":" + JsonNum(v); };
+  key("data_only_samples_per_s", m.Sps("data_only"));
+  key("feed_samples_per_s", m.Sps("feed_1s"));
+  key("feed_2s_samples_per_s", m.Sps("feed_2s"));
+  key("compute_only_samples_per_s", m.Sps("compute_only"));
+  key("job_samples_per_s", m.Sps("job_1s"));
+  key("job_2s_samples_per_s", m.Sps("job_2s"));
+  key("feed_vs_compute_only", m.feed_vs);
+  key("job_vs_compute_only", m.job_vs);
+  key("feed_2s_vs_compute_only", m.feed_2s_vs);
+  key("job_2s_vs_compute_only", m.job_2s_vs);
+  key("data_vs_compute_only", m.data_vs);
+  key("feed_vs_compute_only_cpu", m.feed_vs_cpu);
+  key("job_vs_compute_only_cpu", m.job_vs_cpu);
+  for (const auto& [n, v] : m.stages) key("cpu_us_per_sample_" + n, v);
+  j += ",\"largest_feed_stage\":\"" + m.largest + "\"";
+  for (const Cell& c : cells) {
+    if (c.name == "data_only" || c.name.find("compute_only") != std::string::npos) continue;
+    key(c.name + "_train_thread_us", c.Med(&Run::train_thread_us));
+    key(c.name + "_other_threads_us", c.Med(&Run::other_threads_us));
+    key(c.name + "_servers_us", c.Med(&Run::servers_us));
+  }
+  if (m.by.count("cuda_compute_only")) {
+    key("cuda_compute_only_samples_per_s", m.Sps("cuda_compute_only"));
+    key("cuda_job_samples_per_s", m.Sps("cuda_job_1s"));
+    key("cuda_job_vs_compute_only", m.Sps("cuda_job_1s") / m.Sps("cuda_compute_only"));
+  } else {
+    j += ",\"cuda_skipped\":\"" + JsonEscape(no_cuda) + "\"";
+  }
+  key("total_s", total_s);
+  key("loadavg_start", load_start);
+  key("loadavg_end", load_end);
+  return j + "}";
+}
+
 // The tessera-server to start: --server_binary, else the build's; exits 1 when none exists
 // (this benchmark measures real server processes only).
 std::string ServerBinary(const char* argv0) {
-  std::string p =
-      FLAGS_server_binary.empty() ? tessera::bench::DefaultServerBinary(argv0) : FLAGS_server_binary;
+  std::string p = FLAGS_server_binary.empty() ? tessera::bench::DefaultServerBinary(argv0)
+                                              : FLAGS_server_binary;
   std::error_code ec;
   if (!std::filesystem::exists(p, ec)) {
     std::fprintf(stderr, "bench_feed: no tessera-server at %s (build it, or --server_binary)\n",
@@ -472,8 +592,8 @@ int main(int argc, char** argv) {
       "model %s emb %u bottom [%s] top [%s]%s; %d CPU thread(s); %d reps alternating; %u cores\n",
       server_binary.c_str(), FLAGS_lanes, static_cast<unsigned long long>(samples),
       FLAGS_batch_size, std::string(tw::ModelKindName(shown.model)).c_str(), shown.embedding_dim,
-      shown.bottom_mlp.c_str(), shown.top_mlp.c_str(), shown.wide ? " + wide" : "",
-      shown.threads, reps, std::thread::hardware_concurrency());
+      shown.bottom_mlp.c_str(), shown.top_mlp.c_str(), shown.wide ? " + wide" : "", shown.threads,
+      reps, std::thread::hardware_concurrency());
   if (!no_cuda.empty()) std::printf("cuda cells skipped: %s\n", no_cuda.c_str());
   std::fflush(stdout);
 
@@ -493,91 +613,11 @@ int main(int argc, char** argv) {
   const double total_s = std::chrono::duration<double>(WallClock::now() - t0).count();
   const double load_end = tessera::bench::LoadAverage();
 
-  std::map<std::string, const Cell*> by;
-  for (const Cell& c : cells) by[c.name] = &c;
-  auto sps = [&](const char* n) { return by.count(n) ? by.at(n)->Med(&Run::samples_per_s) : NAN; };
-
-  std::printf("\n%-18s %12s %12s %12s %14s %12s\n", "cell", "samples/s", "min", "max",
-              "train_thr us", "other us");
-  for (const Cell& c : cells) {
-    std::vector<double> v;
-    for (const Run& r : c.runs) v.push_back(r.samples_per_s);
-    std::printf("%-18s %12.0f %12.0f %12.0f %14.2f %12.2f  servers %.2f us\n", c.name.c_str(),
-                c.Med(&Run::samples_per_s), *std::min_element(v.begin(), v.end()),
-                *std::max_element(v.begin(), v.end()), c.Med(&Run::train_thread_us),
-                c.Med(&Run::other_threads_us), c.Med(&Run::servers_us));
-  }
-  // Stages, CPU microseconds per sample (1 server; see the header for what each counts).
-  const double data_us = by.at("data_only")->Med(&Run::train_thread_us) +
-                         by.at("data_only")->Med(&Run::other_threads_us);
-  const double compute_us = by.at("compute_only")->Med(&Run::train_thread_us) +
-                            by.at("compute_only")->Med(&Run::other_threads_us);
-  const Cell& feed = *by.at("feed_1s");
-  const double loop_us = feed.Med(&Run::train_thread_us) - data_us;
-  const double client_io_us = feed.Med(&Run::other_threads_us);
-  const double server_us = feed.Med(&Run::servers_us);
-  const std::vector<std::pair<const char*, double>> stages = {{"data", data_us},
-                                                              {"loop", loop_us},
-                                                              {"client_io", client_io_us},
-                                                              {"server", server_us},
-                                                              {"compute", compute_us}};
-  std::printf("\nCPU us per sample, 1 server:");
-  for (const auto& [n, v] : stages) std::printf(" %s %.2f", n, v);
-  const auto top = std::max_element(stages.begin(), stages.end() - 1,
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
-  std::printf("\nthe feed's largest stage: %s (%.2f us of CPU per sample)\n", top->first,
-              top->second);
-  const double feed_vs = sps("feed_1s") / sps("compute_only");
-  const double job_vs = sps("job_1s") / sps("compute_only");
-  std::printf(
-      "feed_vs_compute_only %.3f (2 servers %.3f), job_vs_compute_only %.3f (2 servers %.3f), "
-      "data_vs_compute_only %.3f; issue 36 wants >= 5 and >= 0.8\n",
-      feed_vs, sps("feed_2s") / sps("compute_only"), job_vs, sps("job_2s") / sps("compute_only"),
-      sps("data_only") / sps("compute_only"));
+  const Summary sum = Summarize(cells);
+  PrintSummary(cells, sum);
   std::printf("total %.1f s; 1-minute load average %.2f at the start, %.2f at the end\n", total_s,
               load_start, load_end);
-
-  std::string j = "{\"bench\":\"feed\",\"quick\":" + std::string(FLAGS_quick ? "true" : "false");
-  j += ",\"samples_per_run\":" + std::to_string(samples) + ",\"reps\":" + std::to_string(reps) +
-       ",\"batch_size\":" + std::to_string(FLAGS_batch_size) +
-       ",\"lanes\":" + std::to_string(FLAGS_lanes) +
-       ",\"cores\":" + std::to_string(std::thread::hardware_concurrency());
-  j += ",\"job_knobs\":{";
-  for (size_t i = 0; i < JobKnobs().size(); ++i) {
-    std::string v;
-    gflags::GetCommandLineOption(JobKnobs()[i].name, &v);
-    j += (i ? ",\"" : "\"") + std::string(JobKnobs()[i].name) + "\":\"" + JsonEscape(v) + "\"";
-  }
-  j += "}";
-  auto key = [&](const std::string& k, double v) { j += ",\"" + k + "\":" + JsonNum(v); };
-  key("data_only_samples_per_s", sps("data_only"));
-  key("feed_samples_per_s", sps("feed_1s"));
-  key("feed_2s_samples_per_s", sps("feed_2s"));
-  key("compute_only_samples_per_s", sps("compute_only"));
-  key("job_samples_per_s", sps("job_1s"));
-  key("job_2s_samples_per_s", sps("job_2s"));
-  key("feed_vs_compute_only", feed_vs);
-  key("job_vs_compute_only", job_vs);
-  key("feed_2s_vs_compute_only", sps("feed_2s") / sps("compute_only"));
-  key("job_2s_vs_compute_only", sps("job_2s") / sps("compute_only"));
-  for (const auto& [n, v] : stages) key(std::string("cpu_us_per_sample_") + n, v);
-  for (const char* c : {"feed_1s", "feed_2s", "job_1s", "job_2s", "cuda_job_1s"}) {
-    if (!by.count(c)) continue;
-    key(std::string(c) + "_train_thread_us", by.at(c)->Med(&Run::train_thread_us));
-    key(std::string(c) + "_other_threads_us", by.at(c)->Med(&Run::other_threads_us));
-    key(std::string(c) + "_servers_us", by.at(c)->Med(&Run::servers_us));
-  }
-  if (by.count("cuda_compute_only")) {
-    key("cuda_compute_only_samples_per_s", sps("cuda_compute_only"));
-    key("cuda_job_samples_per_s", sps("cuda_job_1s"));
-    key("cuda_job_vs_compute_only", sps("cuda_job_1s") / sps("cuda_compute_only"));
-  } else {
-    j += ",\"cuda_skipped\":\"" + JsonEscape(no_cuda) + "\"";
-  }
-  key("total_s", total_s);
-  key("loadavg_start", load_start);
-  key("loadavg_end", load_end);
-  j += "}";
-  std::printf("%s\n", j.c_str());
+  std::printf("%s\n",
+              Json(cells, sum, samples, reps, no_cuda, total_s, load_start, load_end).c_str());
   return 0;
 }

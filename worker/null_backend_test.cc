@@ -121,8 +121,7 @@ TEST(NullBackend, ReducedOverLocalRanksSumsTheLosses) {
   EXPECT_EQ(grads[0].embeddings.size(), size_t{s0.num_rows} * c.config.embedding_dim);
   EXPECT_EQ(grads[0].wide.size(), s0.num_rows);
   EXPECT_EQ(grads[0].params.size(), layout->num_params());
-  EXPECT_TRUE(AllZero(grads[0].embeddings) && AllZero(grads[0].wide) &&
-              AllZero(grads[0].params));
+  EXPECT_TRUE(AllZero(grads[0].embeddings) && AllZero(grads[0].wide) && AllZero(grads[0].params));
 }
 
 // RunJob takes "null" and refuses a backend it does not know, as an options error, before it
