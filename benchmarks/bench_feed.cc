@@ -142,6 +142,8 @@ struct Run {
   // CPU microseconds per sample (see the header): the training thread, this process's other
   // threads, the server processes.
   double train_thread_us = 0, other_threads_us = 0, servers_us = 0;
+  // data_only: the part of train_thread_us spent in IndexBatch.
+  double index_us = 0;
 };
 
 Run FromCpu(uint64_t samples, double samples_per_s, const CpuPoint& a, const CpuPoint& b) {
@@ -223,19 +225,23 @@ Result<Run> DataOnly(uint64_t samples) {
   std::vector<uint64_t> keys;
   std::vector<uint32_t> rows;
   uint64_t n = 0;
+  double index_s = 0;
   const CpuPoint a = CpuNow({});
   const auto start = WallClock::now();
   while (true) {
     batch.Clear(reader->schema());
     TESSERA_ASSIGN_OR_RETURN(uint32_t got, reader->Read(o.batch_size, &batch));
     if (got == 0) break;
+    const double t = ThreadCpuSeconds();
     tw::IndexBatch(batch, &index);
+    index_s += ThreadCpuSeconds() - t;
     keys.swap(index.unique_keys);  // as Prepare does: both buffers keep their capacity
     rows.swap(index.rows);
     n += got;
   }
   const double s = std::chrono::duration<double>(WallClock::now() - start).count();
   Run r = FromCpu(n, s > 0 ? static_cast<double>(n) / s : 0, a, CpuNow({}));
+  r.index_us = n > 0 ? 1e6 * index_s / static_cast<double>(n) : 0;
   if (n != samples) {
     return Status::Internal("data_only read " + std::to_string(n) + " samples, not " +
                             std::to_string(samples));
@@ -476,6 +482,7 @@ void PrintSummary(const std::vector<Cell>& cells, const Summary& m) {
   }
   std::printf("\nCPU us per sample, 1 server:");
   for (const auto& [n, v] : m.stages) std::printf(" %s %.2f", n.c_str(), v);
+  std::printf(" (data: IndexBatch %.2f, the reader the rest)", m.Us("data_only", &Run::index_us));
   std::printf("\nthe feed's largest stage: %s\n", m.largest.c_str());
   std::printf(
       "feed_vs_compute_only %.3f (2 servers %.3f), job_vs_compute_only %.3f (2 servers %.3f), "
@@ -516,6 +523,7 @@ std::string Json(const std::vector<Cell>& cells, const Summary& m, uint64_t samp
   key("feed_vs_compute_only_cpu", m.feed_vs_cpu);
   key("job_vs_compute_only_cpu", m.job_vs_cpu);
   for (const auto& [n, v] : m.stages) key("cpu_us_per_sample_" + n, v);
+  key("cpu_us_per_sample_data_index", m.Us("data_only", &Run::index_us));
   j += ",\"largest_feed_stage\":\"" + m.largest + "\"";
   for (const Cell& c : cells) {
     if (c.name == "data_only" || c.name.find("compute_only") != std::string::npos) continue;
