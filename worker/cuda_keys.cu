@@ -1,10 +1,9 @@
 // Sort and dedupe of 64-bit keys on the device (CUB), for the NCCL group's union of keys: the
 // ranks' keys gathered on the GPU are made unique there, and only the union comes back. Its own
 // file so that the CUB instantiations compile once, not with every change of the kernels.
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
-
-#include <algorithm>
 
 #include "worker/cuda_kernels_internal.h"
 
@@ -13,8 +12,8 @@ namespace tessera::worker::internal {
 cudaError_t SortUniqueKeysScratch(size_t n, size_t* bytes) {
   size_t sort = 0, unique = 0;
   const auto count = static_cast<int64_t>(n);
-  cudaError_t e = cub::DeviceRadixSort::SortKeys(nullptr, sort, static_cast<const uint64_t*>(nullptr),
-                                                 static_cast<uint64_t*>(nullptr), count);
+  cudaError_t e = cub::DeviceRadixSort::SortKeys(
+      nullptr, sort, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr), count);
   if (e != cudaSuccess) return e;
   e = cub::DeviceSelect::Unique(nullptr, unique, static_cast<const uint64_t*>(nullptr),
                                 static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
@@ -28,7 +27,8 @@ cudaError_t LaunchSortUniqueKeys(const uint64_t* keys, size_t n, uint64_t* sorte
                                  cudaStream_t stream) {
   const auto items = static_cast<int64_t>(n);
   size_t bytes = scratch_bytes;
-  cudaError_t e = cub::DeviceRadixSort::SortKeys(scratch, bytes, keys, sorted, items, 0, 64, stream);
+  cudaError_t e =
+      cub::DeviceRadixSort::SortKeys(scratch, bytes, keys, sorted, items, 0, 64, stream);
   if (e != cudaSuccess) return e;
   bytes = scratch_bytes;
   e = cub::DeviceSelect::Unique(scratch, bytes, static_cast<const uint64_t*>(sorted), out, count,

@@ -45,8 +45,7 @@ DownloadPlan PlanDownload(const ModelLayout& layout, const ModelInput& in, bool 
 /// Copies the batch part of `in` into dst[0, plan.batch_bytes) at the plan's offsets.
 void PackBatch(const ModelLayout& layout, const ModelInput& in, const UploadPlan& plan, char* dst);
 /// Copies the parameter part of `in` into dst[plan.batch_bytes, plan.upload_bytes).
-void PackParams(const ModelLayout& layout, const ModelInput& in, const UploadPlan& plan,
-                char* dst);
+void PackParams(const ModelLayout& layout, const ModelInput& in, const UploadPlan& plan, char* dst);
 
 /// Whether `in` has what the parameter part needs (params, and the sparse rows the model uses
 /// when num_rows > 0). Stage uploads the parameter part only then.

@@ -77,8 +77,8 @@ TEST(CudaPlan, UploadBlockHoldsEveryInputInItsPart) {
           ASSERT_EQ(params_only[i], '\x5a') << "PackParams wrote byte " << i;
         }
         PackParams(*layout, in, p, block.data());
-        const void* sources[] = {in.offsets, in.rows, in.weights, in.dense,
-                                 in.labels,  in.params, in.wide, in.embeddings};
+        const void* sources[] = {in.offsets, in.rows,   in.weights, in.dense,
+                                 in.labels,  in.params, in.wide,    in.embeddings};
         for (size_t i = 0; i < secs.size(); ++i) {
           if (secs[i].bytes == 0) continue;
           EXPECT_EQ(std::memcmp(block.data() + secs[i].at, sources[i], secs[i].bytes), 0)
@@ -187,12 +187,10 @@ TEST(CudaPlan, StagedBatchIsUsedOnlyByTheSameInput) {
   EXPECT_EQ(match(full, with([&](ModelInput* x) { x->weights = nullptr; }), true), "-");
   EXPECT_EQ(match(full, with([&](ModelInput* x) { x->dense = o.dense; }), true), "-");
   EXPECT_EQ(match(full, with([&](ModelInput* x) { x->labels = o.labels; }), true), "-");
-  EXPECT_EQ(match(full, with([&](ModelInput* x) { x->labels = o.labels; }), false),
-            "batch+params");
+  EXPECT_EQ(match(full, with([&](ModelInput* x) { x->labels = o.labels; }), false), "batch+params");
   // Same batch, other parameters: the batch only.
   EXPECT_EQ(match(full, with([&](ModelInput* x) { x->params = o.params; }), true), "batch");
-  EXPECT_EQ(match(full, with([&](ModelInput* x) { x->embeddings = o.embeddings; }), true),
-            "batch");
+  EXPECT_EQ(match(full, with([&](ModelInput* x) { x->embeddings = o.embeddings; }), true), "batch");
   EXPECT_EQ(match(full, with([&](ModelInput* x) { x->wide = o.wide; }), true), "batch");
   EXPECT_EQ(match(full, with([&](ModelInput* x) { x->num_rows += 1; }), true), "batch");
   // An empty batch is never staged.

@@ -164,18 +164,17 @@ class NcclMember final : public LocalReducer {
     auto* h = reinterpret_cast<uint64_t*>(host_.get());
     auto* d = reinterpret_cast<uint64_t*>(dev_.get());
     std::copy(keys.begin(), keys.end(), h);
-    TESSERA_RETURN_IF_ERROR(
-        Check(cudaMemcpyAsync(d, h, max * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_),
-              "upload"));
+    TESSERA_RETURN_IF_ERROR(Check(
+        cudaMemcpyAsync(d, h, max * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_), "upload"));
     TESSERA_RETURN_IF_ERROR(
         Call(ncclAllGather(d, d + gathered, max, ncclUint64, comm_, stream_), "ncclAllGather"));
     size_t at = compact;
     for (uint32_t r = 0; r < n; ++r) {
       if (counts[r] == 0) continue;
-      TESSERA_RETURN_IF_ERROR(Check(cudaMemcpyAsync(d + at, d + gathered + size_t{r} * max,
-                                                    counts[r] * sizeof(uint64_t),
-                                                    cudaMemcpyDeviceToDevice, stream_),
-                                    "compacting the keys"));
+      TESSERA_RETURN_IF_ERROR(
+          Check(cudaMemcpyAsync(d + at, d + gathered + size_t{r} * max,
+                                counts[r] * sizeof(uint64_t), cudaMemcpyDeviceToDevice, stream_),
+                "compacting the keys"));
       at += counts[r];
     }
     TESSERA_RETURN_IF_ERROR(Check(

@@ -188,8 +188,7 @@ TEST(GpuNcclReducer, UnionOfManyKeysEqualsTheCpuReducer) {
       EXPECT_EQ(a[r][round].size(), b[r][round].size());
       EXPECT_TRUE(a[r][round] == b[r][round]);
       EXPECT_TRUE(std::is_sorted(a[r][round].begin(), a[r][round].end()));
-      EXPECT_TRUE(std::adjacent_find(a[r][round].begin(), a[r][round].end()) ==
-                  a[r][round].end());
+      EXPECT_TRUE(std::adjacent_find(a[r][round].begin(), a[r][round].end()) == a[r][round].end());
     }
   }
   EXPECT_TRUE(a[0][1].empty());  // round 1: every list is empty
