@@ -4,8 +4,9 @@
 #      and its aborts, tessera-worker with --backend=cuda (and NCCL with 2 GPUs or more);
 #   2. deliberately broken code, each of which must turn its tests red: two kernels (mean
 #      pooling not divided; embedding gradients negated: GpuCudaBackend.MatchesCpuBackend), the
-#      parameters of a batch staged without them never uploaded (GpuCudaBackendStaging), the
-#      NCCL union of keys not deduped (GpuNcclReducer.UnionOfManyKeys...);
+#      parameters of a batch staged without them never uploaded (GpuCudaBackendStaging), a
+#      staged batch that never expires (GpuCudaBackendStagingEdges), the NCCL union of keys not
+#      deduped (GpuNcclReducer.UnionOfManyKeys...);
 #   3. bench_gpu (embedding-bag kernels vs memory bandwidth, CUDA vs CPU samples/s, with and
 #      without the next batch staged, NCCL);
 #   4. bench_feed --quick where the tree has it (the issue-36 cells, cuda_compute_only_samples_per_s
@@ -47,6 +48,7 @@ optional_targets=(bench_feed)
 mutants=("mean_not_divided|worker/cuda_kernels.cu|*GpuCudaBackend.MatchesCpuBackend*|s/o\[q\] = acc \* inv;/o[q] = acc;/"
          "emb_grad_negated|worker/cuda_kernels.cu|*GpuCudaBackend.MatchesCpuBackend*|s/AddTo(&grad\[size_t(a.rows\[k\]) \* d + q\], WeightOf(a.weights, k) \* g)/AddTo(\&grad[size_t(a.rows[k]) * d + q], -WeightOf(a.weights, k) * g)/"
          "staged_params_not_uploaded|worker/cuda_backend.cc|*GpuCudaBackendStaging.*|s|Upload(&s, in, s.key.with_labels, /\*batch=\*/false, true)|Upload(\&s, in, s.key.with_labels, /*batch=*/false, false)|"
+         "staged_never_expires|worker/cuda_plan.cc|*GpuCudaBackendStagingEdges*|s/return calls - staged.calls > kStagedLifetimeCalls;/return false;/"
          "union_not_deduped|worker/nccl_local_reducer.cc|*GpuNcclReducer.UnionOfManyKeys*|s/out->assign(h, h + distinct);/out->assign(h, h + total);/")
 
 say() { printf '\n== %s\n' "$*"; }
@@ -82,7 +84,8 @@ configure_and_build() {  # configure_and_build BUILD_DIR TARGETS...
 build_mutants() {  # build_mutants BUILD_DIR DEST
   local build=$1 dest=$2 backup
   backup=$(mktemp -d)
-  local files=(worker/cuda_kernels.cu worker/cuda_backend.cc worker/nccl_local_reducer.cc) f
+  local files=(worker/cuda_kernels.cu worker/cuda_backend.cc worker/cuda_plan.cc
+               worker/nccl_local_reducer.cc) f
   for f in "${files[@]}"; do cp "$f" "$backup/$(basename "$f")"; done
   restore() { for f in "${files[@]}"; do cp "$backup/$(basename "$f")" "$f"; done; }
   trap restore EXIT INT TERM

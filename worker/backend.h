@@ -80,9 +80,13 @@ class Backend {
   /// call (Forward, ForwardBackward or ForwardBackwardReduced) uses what was staged when its
   /// input has the same batch_size and the same pointers (and num_rows for the parameters);
   /// the caller must not change that memory between the two calls (Stage reads it before it
-  /// returns; the computing call only compares pointers). A call on another batch computes
-  /// correctly and leaves a staged batch in place; at most two batches stay staged (a third
-  /// replaces the older). InvalidArgument when a pointer the batch part needs is missing.
+  /// returns; the computing call only compares pointers). Only the first or second compute
+  /// call after a Stage may use what it staged (Stage(k + 1), compute k, Stage(k + 2), compute
+  /// k + 1); later calls drop it, and Stage of an empty batch (batch_size 0) drops everything
+  /// staged: call it before reusing the memory of a batch staged but never computed. Two
+  /// batches fit: a third Stage, or a call on another batch while two are staged, replaces the
+  /// one staged first (its call then uploads it again). InvalidArgument when offsets, rows or
+  /// (models with dense features) dense is missing.
   /// Default: does nothing (the CPU backend reads host memory where it is).
   virtual Status Stage(const ModelInput& in) {
     static_cast<void>(in);

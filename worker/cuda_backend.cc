@@ -136,7 +136,11 @@ class CudaBackend final : public Backend {
 
   Status Stage(const ModelInput& in) override {
     const ModelConfig& c = layout_.config();
-    if (in.batch_size == 0) return Status::OK();
+    if (in.batch_size == 0) {
+      // An empty batch drops what was staged (a caller abandoning a staged batch).
+      for (Slot& s : slots_) s.staged = false;
+      return Status::OK();
+    }
     if (in.offsets == nullptr || in.rows == nullptr ||
         (c.deep && c.num_dense > 0 && in.dense == nullptr)) {
       return Status::InvalidArgument("staged batch lacks offsets, rows or dense features");
@@ -155,7 +159,7 @@ class CudaBackend final : public Backend {
     const bool with_params = internal::HasParams(layout_, in);
     TESSERA_RETURN_IF_ERROR(Upload(s, in, in.labels != nullptr, /*batch=*/true, with_params));
     s->staged = true;
-    s->key = {in, in.labels != nullptr, with_params};
+    s->key = {in, in.labels != nullptr, with_params, calls_};
     s->stamp = ++stamps_;
     in_flight_ = false;
     return Status::OK();
@@ -208,7 +212,7 @@ class CudaBackend final : public Backend {
   Result<Slot*> Place(const ModelInput& in, bool train) {
     for (Slot& s : slots_) {
       if (!s.staged) continue;
-      const internal::StageMatch m = internal::MatchStaged(s.key, in, train);
+      const internal::StageMatch m = internal::MatchStaged(s.key, in, train, calls_);
       if (!m.batch) continue;
       s.staged = false;
       if (m.params) return &s;
@@ -237,6 +241,10 @@ class CudaBackend final : public Backend {
   // Places the inputs on the device and enqueues the whole step behind their upload; waits for
   // nothing. The calling member waits for the compute stream once before it returns.
   Status Enqueue(const ModelInput& in, float scale, bool train) {
+    ++calls_;
+    for (Slot& s : slots_) {
+      if (s.staged && internal::StagedExpired(s.key, calls_)) s.staged = false;
+    }
     TESSERA_RETURN_IF_ERROR(CheckModelInput(layout_.config(), in, train));
     TESSERA_RETURN_IF_ERROR(Begin());
     down_ = internal::PlanDownload(layout_, in, train);
@@ -547,6 +555,7 @@ class CudaBackend final : public Backend {
   Slot slots_[2];
   Slot* cur_ = nullptr;  // the slot of the step being enqueued
   uint64_t stamps_ = 0;
+  uint64_t calls_ = 0;  // compute calls so far, this one included (StagedKey::calls)
   internal::DownloadPlan down_;
   PinnedBuffer<char> host_out_;
   DeviceBuffer<char> out_;

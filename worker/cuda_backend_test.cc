@@ -575,7 +575,8 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuCudaBackendStaging, ::testing::ValuesIn(Mode
 
 // A call on another batch than the staged one computes its own (the staged one waits for its
 // call); a third Stage replaces the oldest of two; a batch staged without labels is uploaded
-// again by ForwardBackward; missing pointers are refused.
+// again by ForwardBackward; a staged batch never computed expires (or is dropped by Stage of
+// an empty batch) and its refilled memory is uploaded again; missing pointers are refused.
 TEST(GpuCudaBackendStagingEdges, OtherBatchesThirdStageAndRefusals) {
   std::string why;
   if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;
@@ -601,6 +602,26 @@ TEST(GpuCudaBackendStagingEdges, OtherBatchesThirdStageAndRefusals) {
   no_labels.labels = nullptr;
   ASSERT_TRUE(b->Stage(no_labels).ok());
   EXPECT_EQ(GpuVsCpu(*layout, b, s[3].Input(), 1.0f), "") << "staged without labels";
+
+  // A batch staged and then abandoned, its memory refilled with another batch of the same
+  // size (same pointers): not taken for it after two calls on other batches, nor after Stage
+  // of an empty batch.
+  auto refill = [](StepInput* x) {
+    for (float& y : x->labels) y = 1.0f - y;
+    for (float& v : x->emb) v = -2.0f * v;
+    for (float& v : x->dense) v = 0.5f - v;
+  };
+  StepInput reused = s[1];
+  ASSERT_TRUE(b->Stage(reused.Input()).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[0].Input(), 1.0f), "");
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[2].Input(), 1.0f), "");
+  refill(&reused);
+  EXPECT_EQ(GpuVsCpu(*layout, b, reused.Input(), 1.0f), "") << "stale batch after two calls";
+  ASSERT_TRUE(b->Stage(reused.Input()).ok());
+  ModelInput none;
+  ASSERT_TRUE(b->Stage(none).ok());
+  refill(&reused);
+  EXPECT_EQ(GpuVsCpu(*layout, b, reused.Input(), 1.0f), "") << "stale batch after a drop";
 
   ModelInput bad = s[1].Input();
   bad.rows = nullptr;

@@ -94,9 +94,15 @@ size_t GrownCapacity(size_t capacity, size_t n) {
   return std::max<size_t>({n, capacity + capacity / 2, 64});
 }
 
-StageMatch MatchStaged(const StagedKey& staged, const ModelInput& in, bool need_labels) {
+bool StagedExpired(const StagedKey& staged, uint64_t calls) {
+  return calls - staged.calls > kStagedLifetimeCalls;
+}
+
+StageMatch MatchStaged(const StagedKey& staged, const ModelInput& in, bool need_labels,
+                       uint64_t calls) {
   StageMatch m;
   const ModelInput& s = staged.in;
+  if (StagedExpired(staged, calls)) return m;
   if (in.batch_size == 0 || s.batch_size != in.batch_size) return m;
   if (s.offsets != in.offsets || s.rows != in.rows || s.weights != in.weights ||
       s.dense != in.dense) {

@@ -57,20 +57,33 @@ bool HasParams(const ModelLayout& layout, const ModelInput& in);
 size_t GrownCapacity(size_t capacity, size_t n);
 
 /// What a staged batch was: the pointers and sizes it was staged from (its contents are the
-/// caller's promise: unchanged until the call that computes it).
+/// caller's promise: unchanged until the call that computes it), and when.
 struct StagedKey {
   ModelInput in;
   bool with_labels = false;
   bool with_params = false;
+  /// The backend's count of compute calls (Forward, ForwardBackward, ...) when it was staged.
+  uint64_t calls = 0;
 };
 
-/// What of a staged batch a call on `in` may use: the batch part (same batch, and labels
-/// staged when `need_labels`) and, with it, the parameter part (same rows and parameter
-/// pointers).
+/// A staged batch may be used by the first or the second compute call after its Stage (a
+/// trainer stages step k + 1, computes step k, stages k + 2, computes k + 1); a later call drops
+/// it, so that memory reused for another batch after a staged one was abandoned is not taken
+/// for it.
+inline constexpr uint64_t kStagedLifetimeCalls = 2;
+
+/// Whether a batch staged as `staged` is too old for compute call number `calls` (counted as
+/// StagedKey::calls, this call included).
+bool StagedExpired(const StagedKey& staged, uint64_t calls);
+
+/// What of a staged batch compute call number `calls` on `in` may use: the batch part (not
+/// expired, same batch, and labels staged when `need_labels`) and, with it, the parameter part
+/// (same rows and parameter pointers).
 struct StageMatch {
   bool batch = false;
   bool params = false;
 };
-StageMatch MatchStaged(const StagedKey& staged, const ModelInput& in, bool need_labels);
+StageMatch MatchStaged(const StagedKey& staged, const ModelInput& in, bool need_labels,
+                       uint64_t calls);
 
 }  // namespace tessera::worker::internal

@@ -162,16 +162,23 @@ TEST(CudaPlan, StagedBatchIsUsedOnlyByTheSameInput) {
   ASSERT_TRUE(layout.ok());
   const StepInput s = MakeStep(*layout, c, 0), other = MakeStep(*layout, c, 0);
   const ModelInput in = s.Input();
-  const StagedKey full{in, true, true};
-  auto match = [](const StagedKey& k, const ModelInput& x, bool labels) {
-    const StageMatch m = MatchStaged(k, x, labels);
+  const StagedKey full{in, true, true, 5};
+  auto match = [](const StagedKey& k, const ModelInput& x, bool labels, uint64_t calls = 6) {
+    const StageMatch m = MatchStaged(k, x, labels, calls);
     return std::string(m.batch ? "batch" : "-") + (m.params ? "+params" : "");
   };
   EXPECT_EQ(match(full, in, true), "batch+params");
   EXPECT_EQ(match(full, in, false), "batch+params");
-  EXPECT_EQ(match({in, true, false}, in, true), "batch");  // parameters not staged
-  EXPECT_EQ(match({in, false, true}, in, true), "-");      // labels not staged
-  EXPECT_EQ(match({in, false, true}, in, false), "batch+params");
+  EXPECT_EQ(match({in, true, false, 5}, in, true), "batch");  // parameters not staged
+  EXPECT_EQ(match({in, false, true, 5}, in, true), "-");      // labels not staged
+  EXPECT_EQ(match({in, false, true, 5}, in, false), "batch+params");
+  // Staged at call 5: calls 6 and 7 may use it, call 8 and later not.
+  EXPECT_EQ(match(full, in, true, 7), "batch+params");
+  EXPECT_EQ(match(full, in, true, 8), "-");
+  EXPECT_EQ(match(full, in, true, 1000), "-");
+  EXPECT_FALSE(StagedExpired(full, 6));
+  EXPECT_FALSE(StagedExpired(full, 7));
+  EXPECT_TRUE(StagedExpired(full, 8));
 
   auto with = [&](auto change) {
     ModelInput x = in;
@@ -196,7 +203,7 @@ TEST(CudaPlan, StagedBatchIsUsedOnlyByTheSameInput) {
   // An empty batch is never staged.
   ModelInput empty = in;
   empty.batch_size = 0;
-  EXPECT_EQ(match({empty, true, true}, empty, false), "-");
+  EXPECT_EQ(match({empty, true, true, 5}, empty, false), "-");
 }
 
 TEST(CudaPlan, HasParamsNeedsTheRowsTheModelReads) {
