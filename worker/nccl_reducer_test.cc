@@ -195,7 +195,8 @@ TEST(GpuNcclReducer, UnionOfManyKeysEqualsTheCpuReducer) {
 }
 
 // One training step per rank with the gradients reduced on the GPUs (CUDA backend + NCCL)
-// equals the same step on CPU backends reduced by the CPU group.
+// equals the same step on CPU backends reduced by the CPU group, also with the batch staged
+// before the step.
 TEST(GpuNcclReducer, DeviceReductionOfAStepEqualsTheCpuPath) {
   std::string why;
   const uint32_t n = NcclRanksOrSkip(&why);
@@ -214,12 +215,16 @@ TEST(GpuNcclReducer, DeviceReductionOfAStepEqualsTheCpuPath) {
     steps.back().emb = steps[0].emb;
     steps.back().wide = steps[0].wide;
   }
-  auto run = [&](ReduceGroup* group, bool gpu) {
+  // staged: the batch is staged (Backend::Stage) before the step, as a pipelined trainer does.
+  auto run = [&](ReduceGroup* group, bool gpu, bool staged = false) {
     std::vector<testing::Outputs> out(n);
     OnRanks(group, [&](uint32_t r, LocalReducer* red) {
       auto backend =
           gpu ? CreateCudaBackend(*layout, static_cast<int>(r)) : CreateCpuBackend(*layout);
       ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+      if (staged) {
+        ASSERT_TRUE((*backend)->Stage(steps[r].Input()).ok());
+      }
       out[r].probs.resize(steps[r].batch);
       Status s = (*backend)->ForwardBackwardReduced(steps[r].Input(), 0.5f, out[r].probs.data(),
                                                     &out[r].grads, red);
@@ -238,6 +243,10 @@ TEST(GpuNcclReducer, DeviceReductionOfAStepEqualsTheCpuPath) {
   for (uint32_t r = 1; r < n; ++r) {
     EXPECT_TRUE(a[r].grads.params.empty()) << "a non-leader copied gradients back";
   }
+  auto nccl2 = CreateNcclReduceGroup(o);
+  ASSERT_TRUE(nccl2.ok()) << nccl2.status().ToString();
+  const auto staged = run(nccl2->get(), true, true);
+  EXPECT_EQ(testing::CompareOutputs(*layout, b[0], staged[0]), "") << "batch staged first";
 }
 
 // Abort from any rank ends every other rank's wait within a second: in a collective that the
