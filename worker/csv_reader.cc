@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -13,7 +14,9 @@
 namespace tessera::worker {
 namespace {
 
+using internal::LineParser;
 using internal::LineReader;
+using internal::ParseError;
 using internal::ParseNumber;
 using internal::Split;
 using internal::SplitQuoted;
@@ -78,35 +81,31 @@ struct Columns {
   std::vector<std::string> quoted;
 };
 
-class CsvReader final : public LineReader {
- public:
-  // `label`, `numeric` and `categorical` are column indexes; `want` is the number of columns a
-  // line must have (with a header) and `at_least` the number it must at least have.
-  CsvReader(std::unique_ptr<ShardedLineReader> lines, char delimiter, uint32_t label,
-            std::vector<uint32_t> numeric, std::vector<NumericTransform> transforms,
-            std::vector<uint32_t> categorical, uint32_t exact_columns, uint32_t min_columns,
-            bool skip_bad_lines, SkippedLines* skipped)
-      : LineReader(std::move(lines),
-                   Schema{.num_dense = static_cast<uint32_t>(numeric.size()),
-                          .num_fields = static_cast<uint32_t>(categorical.size())}),
-        delimiter_(delimiter),
-        label_(label),
-        numeric_(std::move(numeric)),
-        transforms_(std::move(transforms)),
-        categorical_(std::move(categorical)),
-        exact_columns_(exact_columns),
-        min_columns_(min_columns),
-        skip_bad_lines_(skip_bad_lines),
-        skipped_(skipped) {}
+// What makes a line a sample: column indexes and checks, fixed once the reader is open.
+struct CsvColumns {
+  char delimiter;
+  uint32_t label;
+  std::vector<uint32_t> numeric;
+  std::vector<NumericTransform> transforms;
+  std::vector<uint32_t> categorical;
+  uint32_t exact_columns;  // with a header: the columns a line must have; else 0
+  uint32_t min_columns;    // the columns a line must at least have
+  bool skip_bad_lines;
+  SkippedLines* skipped;
+};
 
- private:
-  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
-    Status s = ParseSample(line);
+class CsvParser final : public LineParser {
+ public:
+  CsvParser(std::string path, std::shared_ptr<const CsvColumns> columns)
+      : path_(std::move(path)), c_(std::move(columns)) {}
+
+  Result<bool> Parse(std::string_view line, uint64_t line_no, Batch* batch) override {
+    Status s = ParseSample(line, line_no);
     if (!s.ok()) {
-      if (!skip_bad_lines_) return s;
-      if (skipped_ != nullptr) {
-        skipped_->Add(lines().line_number());
-        skipped_->NoteError(s.message());
+      if (!c_->skip_bad_lines) return s;
+      if (c_->skipped != nullptr) {
+        c_->skipped->Add(line_no);
+        c_->skipped->NoteError(s.message());
       }
       return false;
     }
@@ -123,45 +122,51 @@ class CsvReader final : public LineReader {
     return true;
   }
 
+ private:
+  Status Error(uint64_t line_no, std::string_view what) const {
+    return ParseError(path_, line_no, what);
+  }
+
   // Parses `line` into dense_, keys_ and label_value_.
-  Status ParseSample(std::string_view line) {
-    if (lines().line_number() == 1 && line.starts_with(kBom)) line.remove_prefix(kBom.size());
+  Status ParseSample(std::string_view line, uint64_t line_no) {
+    const CsvColumns& k = *c_;
+    if (line_no == 1 && line.starts_with(kBom)) line.remove_prefix(kBom.size());
     if (line.find('"') == std::string_view::npos) {
-      Split(line, delimiter_, &cols_.views);
+      Split(line, k.delimiter, &cols_.views);
     } else {
-      if (!SplitQuoted(line, delimiter_, &cols_.quoted)) return Error("unclosed quote");
+      if (!SplitQuoted(line, k.delimiter, &cols_.quoted)) return Error(line_no, "unclosed quote");
       cols_.views.assign(cols_.quoted.begin(), cols_.quoted.end());
     }
     const std::vector<std::string_view>& c = cols_.views;
-    if (exact_columns_ != 0 && c.size() != exact_columns_) {
-      return Error("expected " + std::to_string(exact_columns_) + " columns (as the header), got " +
-                   std::to_string(c.size()));
+    if (k.exact_columns != 0 && c.size() != k.exact_columns) {
+      return Error(line_no, "expected " + std::to_string(k.exact_columns) +
+                                " columns (as the header), got " + std::to_string(c.size()));
     }
-    if (c.size() < min_columns_) {
-      return Error("expected at least " + std::to_string(min_columns_) + " columns, got " +
-                   std::to_string(c.size()));
+    if (c.size() < k.min_columns) {
+      return Error(line_no, "expected at least " + std::to_string(k.min_columns) +
+                                " columns, got " + std::to_string(c.size()));
     }
     double y = 0;
-    if (!ParseNumber(Trim(c[label_]), &y) || !std::isfinite(y)) {
-      return Error("label (column " + std::to_string(label_) + ") '" + std::string(c[label_]) +
-                   "' is not a number");
+    if (!ParseNumber(Trim(c[k.label]), &y) || !std::isfinite(y)) {
+      return Error(line_no, "label (column " + std::to_string(k.label) + ") '" +
+                                std::string(c[k.label]) + "' is not a number");
     }
     label_value_ = y > 0 ? 1.0f : 0.0f;
     dense_.clear();
-    for (size_t j = 0; j < numeric_.size(); ++j) {
-      const std::string_view v = Trim(c[numeric_[j]]);
+    for (size_t j = 0; j < k.numeric.size(); ++j) {
+      const std::string_view v = Trim(c[k.numeric[j]]);
       double x = 0;
       if (!v.empty() && (!ParseNumber(v, &x) || !std::isfinite(x))) {
-        return Error("numeric column " + std::to_string(numeric_[j]) + " '" + std::string(v) +
-                     "' is not a finite number");
+        return Error(line_no, "numeric column " + std::to_string(k.numeric[j]) + " '" +
+                                  std::string(v) + "' is not a finite number");
       }
-      if (transforms_[j] == NumericTransform::kLog) x = std::log1p(std::max(x, 0.0));
+      if (k.transforms[j] == NumericTransform::kLog) x = std::log1p(std::max(x, 0.0));
       dense_.push_back(static_cast<float>(x));
     }
-    keys_.assign(categorical_.size(), 0);
-    present_.assign(categorical_.size(), 0);
-    for (size_t f = 0; f < categorical_.size(); ++f) {
-      const std::string_view v = c[categorical_[f]];
+    keys_.assign(k.categorical.size(), 0);
+    present_.assign(k.categorical.size(), 0);
+    for (size_t f = 0; f < k.categorical.size(); ++f) {
+      const std::string_view v = c[k.categorical[f]];
       if (v.empty()) continue;  // an empty bag
       keys_[f] = MakeStringKey(static_cast<uint32_t>(f), v);
       present_[f] = 1;
@@ -169,20 +174,32 @@ class CsvReader final : public LineReader {
     return Status::OK();
   }
 
-  const char delimiter_;
-  const uint32_t label_;
-  const std::vector<uint32_t> numeric_;
-  const std::vector<NumericTransform> transforms_;
-  const std::vector<uint32_t> categorical_;
-  const uint32_t exact_columns_;
-  const uint32_t min_columns_;
-  const bool skip_bad_lines_;
-  SkippedLines* const skipped_;
+  const std::string path_;
+  const std::shared_ptr<const CsvColumns> c_;
   Columns cols_;
   std::vector<float> dense_;
   std::vector<uint64_t> keys_;  // per field; present_[f] == 0: the value was empty
   std::vector<char> present_;
   float label_value_ = 0;
+};
+
+// With skip_bad_lines a chunk's sample count is only known once parsed: ReadChunk is then
+// the default (parsed on the reading thread), so skipped lines count as in Read.
+class CsvReader final : public LineReader {
+ public:
+  CsvReader(std::unique_ptr<ShardedLineReader> lines, std::shared_ptr<const CsvColumns> columns)
+      : LineReader(std::move(lines),
+                   Schema{.num_dense = static_cast<uint32_t>(columns->numeric.size()),
+                          .num_fields = static_cast<uint32_t>(columns->categorical.size())}),
+        columns_(std::move(columns)) {}
+
+ private:
+  std::unique_ptr<LineParser> NewParser() const override {
+    return std::make_unique<CsvParser>(path(), columns_);
+  }
+  bool EveryLineIsASample() const override { return !columns_->skip_bad_lines; }
+
+  const std::shared_ptr<const CsvColumns> columns_;
 };
 
 // The header line of `path` split into names (a BOM and a trailing '\r' dropped).
@@ -414,9 +431,11 @@ Result<std::unique_ptr<DataReader>> OpenCsv(const std::string& path, const Shard
     lines_opt.world = 1;
   }
   TESSERA_ASSIGN_OR_RETURN(auto lines, ShardedLineReader::Open(path, lines_opt, s.header));
-  std::unique_ptr<DataReader> reader(new CsvReader(
-      std::move(lines), s.delimiter, label, std::move(numeric), std::move(transforms),
-      std::move(categorical), exact, max_index + 1, options.skip_bad_lines, options.skipped));
+  auto columns = std::make_shared<const CsvColumns>(
+      CsvColumns{s.delimiter, label, std::move(numeric), std::move(transforms),
+                 std::move(categorical), exact, max_index + 1, options.skip_bad_lines,
+                 options.skipped});
+  std::unique_ptr<DataReader> reader(new CsvReader(std::move(lines), std::move(columns)));
   if (!by_sample) return reader;
   if (shard.rank >= shard.world) {
     return Status::InvalidArgument("rank " + std::to_string(shard.rank) + " not in [0, " +

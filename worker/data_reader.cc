@@ -3,6 +3,109 @@
 #include <algorithm>
 
 namespace tessera::worker {
+namespace {
+
+// The default chunk: samples read already, handed over by Parse.
+class ReadBatchChunk final : public DataChunk {
+ public:
+  explicit ReadBatchChunk(Batch samples) : size_(samples.size), samples_(std::move(samples)) {}
+  uint32_t size() const override { return size_; }
+  Status Parse(Batch* batch) override {
+    if (batch->size == 0) {
+      std::swap(*batch, samples_);  // the usual case: no copy
+    } else {
+      batch->Append(samples_);
+    }
+    return Status::OK();
+  }
+
+ private:
+  const uint32_t size_;
+  Batch samples_;
+};
+
+class Generated final : public DataChunk {
+ public:
+  Generated(uint32_t count, std::function<void(uint32_t, Batch*)> generate)
+      : count_(count), generate_(std::move(generate)) {}
+  uint32_t size() const override { return count_; }
+  Status Parse(Batch* batch) override {
+    for (uint32_t i = 0; i < count_; ++i) generate_(i, batch);
+    return Status::OK();
+  }
+
+ private:
+  const uint32_t count_;
+  std::function<void(uint32_t, Batch*)> generate_;
+};
+
+// The chunks a wrapper cut from its inner reader, in order; of each, all samples or those at
+// the listed indexes (FilterByIndex). An error met while cutting after some chunks were cut
+// comes after their samples (and their errors).
+class ChunkList final : public DataChunk {
+ public:
+  explicit ChunkList(const Schema& schema) : schema_(schema) {}
+  void Add(std::unique_ptr<DataChunk> chunk) {
+    size_ += chunk->size();
+    parts_.push_back({std::move(chunk), false, {}});
+  }
+  void AddSome(std::unique_ptr<DataChunk> chunk, std::vector<uint32_t> keep) {
+    size_ += static_cast<uint32_t>(keep.size());
+    parts_.push_back({std::move(chunk), true, std::move(keep)});
+  }
+  void Defer(Status error) { deferred_ = std::move(error); }
+  bool empty() const { return parts_.empty(); }
+  uint32_t size() const override { return size_; }
+  Status Parse(Batch* batch) override {
+    for (Part& p : parts_) {
+      if (!p.filtered) {
+        TESSERA_RETURN_IF_ERROR(p.chunk->Parse(batch));
+        continue;
+      }
+      scratch_.Clear(schema_);
+      TESSERA_RETURN_IF_ERROR(p.chunk->Parse(&scratch_));
+      if (scratch_.size != p.chunk->size()) {
+        return Status::Internal("a chunk of " + std::to_string(p.chunk->size()) +
+                                " samples parsed into " + std::to_string(scratch_.size));
+      }
+      for (uint32_t i : p.keep) batch->AppendSample(scratch_, i);
+    }
+    return deferred_;
+  }
+
+ private:
+  struct Part {
+    std::unique_ptr<DataChunk> chunk;
+    bool filtered;
+    std::vector<uint32_t> keep;  // with `filtered`: the samples kept, ascending
+  };
+  const Schema schema_;
+  std::vector<Part> parts_;
+  uint32_t size_ = 0;
+  Status deferred_;
+  Batch scratch_;
+};
+
+// An error while cutting `list`: returned at once when nothing was cut, else deferred.
+Result<std::unique_ptr<DataChunk>> CutFailed(std::unique_ptr<ChunkList> list, Status error) {
+  if (list->empty()) return error;
+  list->Defer(std::move(error));
+  return std::unique_ptr<DataChunk>(std::move(list));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DataChunk>> DataReader::ReadChunk(uint32_t max_samples) {
+  Batch samples;
+  samples.Clear(schema());
+  TESSERA_RETURN_IF_ERROR(Read(max_samples, &samples).status());
+  return std::unique_ptr<DataChunk>(new ReadBatchChunk(std::move(samples)));
+}
+
+std::unique_ptr<DataChunk> GeneratorChunk(uint32_t count,
+                                          std::function<void(uint32_t, Batch*)> generate) {
+  return std::make_unique<Generated>(count, std::move(generate));
+}
 
 Status DataReader::Seek(uint64_t position) {
   TESSERA_RETURN_IF_ERROR(Rewind());
@@ -117,6 +220,27 @@ Result<uint32_t> EpochReader::Read(uint32_t max_samples, Batch* batch) {
   return total;
 }
 
+// As Read, chunk by chunk.
+Result<std::unique_ptr<DataChunk>> EpochReader::ReadChunk(uint32_t max_samples) {
+  auto list = std::make_unique<ChunkList>(schema());
+  uint32_t total = 0;
+  while (total < max_samples) {
+    Result<std::unique_ptr<DataChunk>> chunk = inner_->ReadChunk(max_samples - total);
+    if (!chunk.ok()) return CutFailed(std::move(list), chunk.status());
+    const uint32_t n = (*chunk)->size();
+    total += n;
+    if (n > 0) list->Add(std::move(*chunk));
+    if (n == 0) {
+      if (epochs_ != 0 && epoch_ + 1 >= epochs_) break;
+      if (inner_->position() == 0) break;  // empty data: do not spin
+      ++epoch_;
+      if (Status s = inner_->Rewind(); !s.ok()) return CutFailed(std::move(list), s);
+    }
+  }
+  position_ += total;
+  return std::unique_ptr<DataChunk>(std::move(list));
+}
+
 Status EpochReader::Rewind() {
   epoch_ = 0;
   position_ = 0;
@@ -212,6 +336,35 @@ class IndexFilterReader final : public DataReader {
     }
     position_ += n;
     return n;
+  }
+  // As Read: the inner samples up to the max_samples-th kept one, cut as chunks of the inner
+  // reader; the parse keeps the samples `keep_` accepted here (all are parsed, as Read does).
+  Result<std::unique_ptr<DataChunk>> ReadChunk(uint32_t max_samples) override {
+    auto list = std::make_unique<ChunkList>(schema());
+    uint32_t n = 0;
+    while (n < max_samples) {
+      // The inner samples that hold the next max_samples - n kept ones.
+      // (At most 8 times max_samples + 1024 at once: a predicate that keeps few samples takes
+      // several rounds rather than one huge chunk.)
+      const uint64_t bound = uint64_t{max_samples} * 8 + 1024;
+      uint64_t want = 0;
+      for (uint32_t kept = 0; kept < max_samples - n && want < bound; ++want) {
+        if (keep_(seen_ + want)) ++kept;
+      }
+      Result<std::unique_ptr<DataChunk>> chunk =
+          inner_->ReadChunk(static_cast<uint32_t>(want));
+      if (!chunk.ok()) return CutFailed(std::move(list), chunk.status());
+      const uint32_t got = (*chunk)->size();
+      if (got == 0) break;
+      std::vector<uint32_t> keep;
+      for (uint32_t i = 0; i < got; ++i) {
+        if (keep_(seen_++)) keep.push_back(i);
+      }
+      n += static_cast<uint32_t>(keep.size());
+      list->AddSome(std::move(*chunk), std::move(keep));
+    }
+    position_ += n;
+    return std::unique_ptr<DataChunk>(std::move(list));
   }
 
  private:

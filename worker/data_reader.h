@@ -15,6 +15,23 @@
 
 namespace tessera::worker {
 
+/// Samples cut off a reader's stream but not yet made: raw lines to parse, indexes to
+/// generate, or (by default) samples already read. ReadChunk cuts it on the reading thread;
+/// Parse may then run on any thread while the reader goes on (even past Rewind or Seek): a
+/// chunk holds what it needs and refers to no state of the reader that reading changes (only
+/// to its fixed parts: a chunk must not outlive its reader). Not thread-safe: one thread
+/// parses it, once.
+class DataChunk {
+ public:
+  virtual ~DataChunk() = default;
+  /// Samples that Parse appends when it succeeds.
+  virtual uint32_t size() const = 0;
+  /// Appends the chunk's samples, in order, to `batch` (whose schema must be the reader's).
+  /// The errors are those Read would have returned for these samples (Corruption naming the
+  /// file and line, ...), in the same order; `batch` is then partly filled.
+  virtual Status Parse(Batch* batch) = 0;
+};
+
 /// A stream of samples. Readers never load a whole file: they read as they are asked.
 /// Not thread-safe: one thread reads.
 class DataReader {
@@ -25,6 +42,17 @@ class DataReader {
   /// how many were appended. 0 means the end of the data. Parse errors fail with Corruption
   /// naming the file and line.
   virtual Result<uint32_t> Read(uint32_t max_samples, Batch* batch) = 0;
+  /// The samples that Read(max_samples) would append, as a chunk whose Parse makes them on any
+  /// thread (the data pipeline's parallel part, worker/feed.h): afterwards position() is what
+  /// it would be after that Read, and a chunk of size 0 means the end of the data. An error of
+  /// the sequential part (a file that cannot be read, a line over kMaxLineBytes) comes back
+  /// here, or from the chunk's Parse after the samples before it when some were cut; after
+  /// one, ReadChunk keeps failing until Rewind or Seek. The default Reads here and the chunk
+  /// hands the batch over; SyntheticReader, the Criteo, libSVM and CSV readers (not CSV with
+  /// skip_bad_lines, whose sample count is only known once parsed), EpochReader and
+  /// FilterByIndex / ShardReader over them cut and leave the work to Parse. ShuffleReader,
+  /// MovieLens (whose lines may belong to another part) and InMemoryReader use the default.
+  virtual Result<std::unique_ptr<DataChunk>> ReadChunk(uint32_t max_samples);
   /// Starts over at the first sample.
   virtual Status Rewind() = 0;
   /// Samples returned since the start (or the last Rewind).
@@ -96,6 +124,8 @@ class EpochReader final : public DataReader {
       : inner_(std::move(inner)), epochs_(epochs) {}
   const Schema& schema() const override { return inner_->schema(); }
   Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override;
+  /// The inner reader's chunks, across epochs.
+  Result<std::unique_ptr<DataChunk>> ReadChunk(uint32_t max_samples) override;
   Status Rewind() override;
   uint64_t position() const override { return position_; }
   /// The epoch being read (0-based).
@@ -131,6 +161,12 @@ class ShuffleReader final : public DataReader {
   bool inner_done_ = false;
   uint64_t position_ = 0;
 };
+
+/// A chunk of `count` samples that `generate(i, batch)` appends one by one (i = 0 .. count - 1,
+/// in order; each call appends sample i, batch->size included). `generate` runs on the thread
+/// that parses the chunk: it must be thread-safe and outlive the chunk.
+std::unique_ptr<DataChunk> GeneratorChunk(uint32_t count,
+                                          std::function<void(uint32_t, Batch*)> generate);
 
 /// Keeps every `world`-th sample of another reader, starting at `rank` (for sources that cannot
 /// deal their lines themselves). position() counts the samples kept.

@@ -14,6 +14,7 @@
 #include "worker/backend.h"
 #include "worker/csv_reader.h"
 #include "worker/data_source.h"
+#include "worker/feed.h"
 #include "worker/local_ranks.h"
 #include "worker/local_reducer.h"
 #include "worker/metrics.h"
@@ -233,6 +234,7 @@ void Job::SetUpTrainer() {
   topt_.batch_size = batch_size_;
   topt_.max_steps = o_.max_steps;
   topt_.prefetch = o_.prefetch;
+  topt_.data_threads = o_.data_threads != 0 ? o_.data_threads : DefaultDataThreads(nl_);
   topt_.staleness = o_.staleness;
   topt_.worker_id = o_.worker_id;
   topt_.job = o_.job;
@@ -516,6 +518,11 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     if (options_error) *options_error = true;
     return Status::InvalidArgument("--backend must be cpu, cuda or null, not '" +
                                    options.backend + "'");
+  }
+  if (options.data_threads > kMaxDataThreads) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--data_threads=" + std::to_string(options.data_threads) +
+                                   " is over the bound " + std::to_string(kMaxDataThreads));
   }
   Job job(options);
   TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());

@@ -124,6 +124,11 @@ struct JobOptions {
   uint64_t max_steps = 0;
   /// Pull the next batch while this one computes (--prefetch). Default: true.
   bool prefetch = true;
+  /// Threads per local rank that read, parse and index batches ahead of training; the batches
+  /// are the same whatever their number (--data_threads). 0: DefaultDataThreads(local_ranks)
+  /// (worker/feed.h: the cores divided among the local ranks, less one, 1 to 8); at most
+  /// kMaxDataThreads. Default: 0.
+  uint32_t data_threads = 0;
   /// -1 asynchronous, 0 bulk-synchronous, > 0 bounded staleness in clocks (--consistency,
   /// --staleness). Default: -1.
   int32_t staleness = -1;

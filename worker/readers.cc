@@ -15,32 +15,32 @@
 namespace tessera::worker {
 namespace {
 
+using internal::LineParser;
 using internal::LineReader;
 using internal::ParseError;
 using internal::ParseNumber;
 using internal::Split;
 
-class CriteoReader final : public LineReader {
+class CriteoParser final : public LineParser {
  public:
-  explicit CriteoReader(std::unique_ptr<ShardedLineReader> lines)
-      : LineReader(std::move(lines),
-                   Schema{.num_dense = kCriteoDense, .num_fields = kCriteoFields}) {}
+  explicit CriteoParser(const std::string& path) : path_(path) {}
 
- private:
-  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
+  Result<bool> Parse(std::string_view line, uint64_t line_no, Batch* batch) override {
     Split(line, '\t', &cols_);
     if (cols_.size() != 1 + kCriteoDense + kCriteoFields) {
-      return Error("expected 40 tab-separated columns, got " + std::to_string(cols_.size()));
+      return ParseError(path_, line_no,
+                        "expected 40 tab-separated columns, got " + std::to_string(cols_.size()));
     }
     int label = 0;
     if (!ParseNumber(cols_[0], &label) || (label != 0 && label != 1)) {
-      return Error("label must be 0 or 1");
+      return ParseError(path_, line_no, "label must be 0 or 1");
     }
     for (uint32_t j = 0; j < kCriteoDense; ++j) {
       std::string_view c = cols_[1 + j];
       double x = 0;
       if (!c.empty() && !ParseNumber(c, &x)) {
-        return Error("integer feature " + std::to_string(j) + " is not a number");
+        return ParseError(path_, line_no,
+                          "integer feature " + std::to_string(j) + " is not a number");
       }
       batch->dense.push_back(static_cast<float>(std::log1p(std::max(x, 0.0))));
     }
@@ -59,73 +59,90 @@ class CriteoReader final : public LineReader {
     return true;
   }
 
+ private:
+  const std::string path_;
   std::vector<std::string_view> cols_;
 };
 
-class LibsvmReader final : public LineReader {
+class CriteoReader final : public LineReader {
  public:
-  LibsvmReader(std::unique_ptr<ShardedLineReader> lines, uint32_t num_fields, bool by_position)
-      : LineReader(std::move(lines), Schema{.num_fields = num_fields}), by_position_(by_position) {}
-
-  struct Feature {
-    uint32_t field;
-    uint64_t key;
-    float weight;
-  };
-
-  // Parses one line into features sorted by field (stable) and a label; `r` names the file and
-  // line in errors.
-  static Status ParseFeatures(std::string_view line, uint32_t nf, bool by_position,
-                              const ShardedLineReader& r, std::vector<Feature>* out, float* label) {
-    std::vector<std::string_view> toks;
-    std::vector<std::string_view> parts;
-    Split(line, ' ', &toks);
-    toks.erase(std::remove(toks.begin(), toks.end(), std::string_view()), toks.end());
-    if (toks.empty()) return ParseError(r, "empty line");
-    double y = 0;
-    if (!ParseNumber(toks[0], &y)) return ParseError(r, "label is not a number");
-    *label = y > 0 ? 1.0f : 0.0f;
-    out->clear();
-    for (size_t i = 1; i < toks.size(); ++i) {
-      Split(toks[i], ':', &parts);
-      uint32_t field = 0;
-      uint64_t idx = 0;
-      float val = 1.0f;
-      if (parts.size() == 3) {
-        if (!ParseNumber(parts[0], &field) || !ParseNumber(parts[1], &idx) ||
-            !ParseNumber(parts[2], &val)) {
-          return ParseError(r, "bad field:index:value '" + std::string(toks[i]) + "'");
-        }
-        if (nf != 0 && field >= nf) {
-          return ParseError(
-              r, "field " + std::to_string(field) + " >= num_fields " + std::to_string(nf));
-        }
-      } else if (parts.size() == 2) {
-        if (!ParseNumber(parts[0], &idx) || !ParseNumber(parts[1], &val)) {
-          return ParseError(r, "bad index:value '" + std::string(toks[i]) + "'");
-        }
-        const uint32_t pos = static_cast<uint32_t>(i - 1);
-        field = by_position ? std::min(pos, nf == 0 ? pos : nf - 1) : 0;
-      } else {
-        return ParseError(r, "bad feature '" + std::string(toks[i]) + "'");
-      }
-      if (field >= kMaxFields) return ParseError(r, "field id too large");
-      if (!std::isfinite(val)) return ParseError(r, "feature value not finite");
-      out->push_back({field, MakeKey(field, idx), val});
-    }
-    std::stable_sort(out->begin(), out->end(),
-                     [](const Feature& a, const Feature& b) { return a.field < b.field; });
-    return Status::OK();
-  }
+  explicit CriteoReader(std::unique_ptr<ShardedLineReader> lines)
+      : LineReader(std::move(lines),
+                   Schema{.num_dense = kCriteoDense, .num_fields = kCriteoFields}) {}
 
  private:
-  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
-    const uint32_t nf = schema().num_fields;
-    TESSERA_RETURN_IF_ERROR(ParseFeatures(line, nf, by_position_, lines(), &bags_, &label_));
+  std::unique_ptr<LineParser> NewParser() const override {
+    return std::make_unique<CriteoParser>(path());
+  }
+  bool EveryLineIsASample() const override { return true; }
+};
+
+struct LibsvmFeature {
+  uint32_t field;
+  uint64_t key;
+  float weight;
+};
+
+// Parses one line into features sorted by field (stable) and a label; errors name `path` and
+// `line_no`.
+Status ParseLibsvmFeatures(std::string_view line, uint32_t nf, bool by_position,
+                           const std::string& path, uint64_t line_no,
+                           std::vector<LibsvmFeature>* out, float* label) {
+  std::vector<std::string_view> toks;
+  std::vector<std::string_view> parts;
+  Split(line, ' ', &toks);
+  toks.erase(std::remove(toks.begin(), toks.end(), std::string_view()), toks.end());
+  if (toks.empty()) return ParseError(path, line_no, "empty line");
+  double y = 0;
+  if (!ParseNumber(toks[0], &y)) return ParseError(path, line_no, "label is not a number");
+  *label = y > 0 ? 1.0f : 0.0f;
+  out->clear();
+  for (size_t i = 1; i < toks.size(); ++i) {
+    Split(toks[i], ':', &parts);
+    uint32_t field = 0;
+    uint64_t idx = 0;
+    float val = 1.0f;
+    if (parts.size() == 3) {
+      if (!ParseNumber(parts[0], &field) || !ParseNumber(parts[1], &idx) ||
+          !ParseNumber(parts[2], &val)) {
+        return ParseError(path, line_no, "bad field:index:value '" + std::string(toks[i]) + "'");
+      }
+      if (nf != 0 && field >= nf) {
+        return ParseError(path, line_no,
+                          "field " + std::to_string(field) + " >= num_fields " +
+                              std::to_string(nf));
+      }
+    } else if (parts.size() == 2) {
+      if (!ParseNumber(parts[0], &idx) || !ParseNumber(parts[1], &val)) {
+        return ParseError(path, line_no, "bad index:value '" + std::string(toks[i]) + "'");
+      }
+      const uint32_t pos = static_cast<uint32_t>(i - 1);
+      field = by_position ? std::min(pos, nf == 0 ? pos : nf - 1) : 0;
+    } else {
+      return ParseError(path, line_no, "bad feature '" + std::string(toks[i]) + "'");
+    }
+    if (field >= kMaxFields) return ParseError(path, line_no, "field id too large");
+    if (!std::isfinite(val)) return ParseError(path, line_no, "feature value not finite");
+    out->push_back({field, MakeKey(field, idx), val});
+  }
+  std::stable_sort(out->begin(), out->end(), [](const LibsvmFeature& a, const LibsvmFeature& b) {
+    return a.field < b.field;
+  });
+  return Status::OK();
+}
+
+class LibsvmParser final : public LineParser {
+ public:
+  LibsvmParser(const std::string& path, uint32_t num_fields, bool by_position)
+      : path_(path), nf_(num_fields), by_position_(by_position) {}
+
+  Result<bool> Parse(std::string_view line, uint64_t line_no, Batch* batch) override {
+    TESSERA_RETURN_IF_ERROR(
+        ParseLibsvmFeatures(line, nf_, by_position_, path_, line_no, &bags_, &label_));
     // Sample-major keys: bags_ holds (field, key, weight) in field order after the sort.
     if (batch->weights.size() != batch->keys.size()) batch->weights.resize(batch->keys.size(), 1);
     size_t i = 0;
-    for (uint32_t f = 0; f < nf; ++f) {
+    for (uint32_t f = 0; f < nf_; ++f) {
       while (i < bags_.size() && bags_[i].field == f) {
         batch->keys.push_back(bags_[i].key);
         batch->weights.push_back(bags_[i].weight);
@@ -137,9 +154,26 @@ class LibsvmReader final : public LineReader {
     return true;
   }
 
-  bool by_position_;
-  std::vector<Feature> bags_;
+ private:
+  const std::string path_;
+  const uint32_t nf_;
+  const bool by_position_;
+  std::vector<LibsvmFeature> bags_;
   float label_ = 0;
+};
+
+class LibsvmReader final : public LineReader {
+ public:
+  LibsvmReader(std::unique_ptr<ShardedLineReader> lines, uint32_t num_fields, bool by_position)
+      : LineReader(std::move(lines), Schema{.num_fields = num_fields}), by_position_(by_position) {}
+
+ private:
+  std::unique_ptr<LineParser> NewParser() const override {
+    return std::make_unique<LibsvmParser>(path(), schema().num_fields, by_position_);
+  }
+  bool EveryLineIsASample() const override { return true; }
+
+  const bool by_position_;
 };
 
 // ------------------------------------------------------------------ MovieLens
@@ -153,19 +187,14 @@ struct MovieInfo {
 
 enum MovieLensField : uint32_t { kUser = 0, kMovie = 1, kGenres = 2, kYear = 3, kTags = 4 };
 
-class MovieLensReader final : public LineReader {
+class MovieLensParser final : public LineParser {
  public:
-  MovieLensReader(std::unique_ptr<ShardedLineReader> lines,
+  MovieLensParser(const std::string& path,
                   std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies,
                   int64_t from, int64_t to, double threshold)
-      : LineReader(std::move(lines), Schema{.num_fields = kMovieLensFields}),
-        movies_(std::move(movies)),
-        from_(from),
-        to_(to),
-        threshold_(threshold) {}
+      : path_(path), movies_(std::move(movies)), from_(from), to_(to), threshold_(threshold) {}
 
- private:
-  Result<bool> ParseLine(std::string_view line, Batch* batch) override {
+  Result<bool> Parse(std::string_view line, uint64_t line_no, Batch* batch) override {
     static const MovieInfo kNone;
     Split(line, ',', &cols_);
     uint64_t user = 0, movie = 0;
@@ -173,7 +202,7 @@ class MovieLensReader final : public LineReader {
     int64_t ts = 0;
     if (cols_.size() != 4 || !ParseNumber(cols_[0], &user) || !ParseNumber(cols_[1], &movie) ||
         !ParseNumber(cols_[2], &rating) || !ParseNumber(cols_[3], &ts)) {
-      return Error("expected userId,movieId,rating,timestamp");
+      return ParseError(path_, line_no, "expected userId,movieId,rating,timestamp");
     }
     if (ts < from_ || ts >= to_) return false;  // another part of the time split
     auto it = movies_->find(movie);
@@ -195,10 +224,36 @@ class MovieLensReader final : public LineReader {
     return true;
   }
 
+ private:
+  const std::string path_;
   std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies_;
-  int64_t from_, to_;  // the part's timestamps: [from_, to_)
-  double threshold_;
+  const int64_t from_, to_;  // the part's timestamps: [from_, to_)
+  const double threshold_;
   std::vector<std::string_view> cols_;
+};
+
+// Lines of other parts of the time split are skipped, so a chunk's sample count is only known
+// once parsed: ReadChunk is the default (parsed on the reading thread).
+class MovieLensReader final : public LineReader {
+ public:
+  MovieLensReader(std::unique_ptr<ShardedLineReader> lines,
+                  std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies,
+                  int64_t from, int64_t to, double threshold)
+      : LineReader(std::move(lines), Schema{.num_fields = kMovieLensFields}),
+        movies_(std::move(movies)),
+        from_(from),
+        to_(to),
+        threshold_(threshold) {}
+
+ private:
+  std::unique_ptr<LineParser> NewParser() const override {
+    return std::make_unique<MovieLensParser>(path(), movies_, from_, to_, threshold_);
+  }
+  bool EveryLineIsASample() const override { return false; }
+
+  std::shared_ptr<const std::unordered_map<uint64_t, MovieInfo>> movies_;
+  const int64_t from_, to_;
+  const double threshold_;
 };
 
 Status LoadMovies(const std::string& dir, bool use_tags,
@@ -315,10 +370,10 @@ Result<std::unique_ptr<DataReader>> OpenLibsvm(const std::string& path, const Sh
     std::string line;
     TESSERA_ASSIGN_OR_RETURN(const bool any, probe->Next(&line));
     if (!any) return Status::InvalidArgument(path + " has no data lines");
-    std::vector<LibsvmReader::Feature> feats;
+    std::vector<LibsvmFeature> feats;
     float label = 0;
-    TESSERA_RETURN_IF_ERROR(
-        LibsvmReader::ParseFeatures(line, 0, options.field_by_position, *probe, &feats, &label));
+    TESSERA_RETURN_IF_ERROR(ParseLibsvmFeatures(line, 0, options.field_by_position, path,
+                                                probe->line_number(), &feats, &label));
     uint32_t max_field = 0;
     for (const auto& f : feats) max_field = std::max(max_field, f.field);
     nf = std::max<uint32_t>(1, max_field + 1);

@@ -327,4 +327,18 @@ Result<uint32_t> SyntheticReader::Read(uint32_t max_samples, Batch* batch) {
   return n;
 }
 
+Result<std::unique_ptr<DataChunk>> SyntheticReader::ReadChunk(uint32_t max_samples) {
+  const SyntheticOptions& o = options_;
+  uint64_t n = max_samples;
+  if (o.num_samples != 0) {
+    const uint64_t mine = (o.num_samples + o.world - 1 - o.rank) / o.world;
+    n = std::min(n, mine - std::min(mine, position_));
+  }
+  const uint64_t first = position_;
+  position_ += n;
+  return GeneratorChunk(static_cast<uint32_t>(n), [this, first](uint32_t i, Batch* batch) {
+    Generate(options_.rank + (first + i) * options_.world, batch);
+  });
+}
+
 }  // namespace tessera::worker

@@ -89,6 +89,8 @@ class SyntheticReader final : public DataReader {
   ~SyntheticReader() override;
   const Schema& schema() const override { return schema_; }
   Result<uint32_t> Read(uint32_t max_samples, Batch* batch) override;
+  /// The next samples' indexes; the data threads Generate them.
+  Result<std::unique_ptr<DataChunk>> ReadChunk(uint32_t max_samples) override;
   Status Rewind() override {
     position_ = 0;
     return Status::OK();

@@ -86,11 +86,10 @@ class Trainer::Committer {
 };
 
 struct Trainer::Step {
-  Batch batch;
+  ReadyBatch ready;  // the feed's batch; passed back to it so that its buffers are reused
   uint64_t global_size = 0;
   std::vector<uint64_t> keys;
   std::vector<uint32_t> rows;
-  IndexedBatch index;  // IndexBatch's output, kept so that its buffers are reused
   std::vector<uint64_t> positions;
   std::vector<float> emb, wide, params;
   std::vector<Pending> pulls;
@@ -303,26 +302,26 @@ Status Trainer::Init() {
 }
 
 Status Trainer::Prepare(Step* s) {
-  s->batch.Clear(reader_->schema());
   s->pulls.clear();
-  TESSERA_ASSIGN_OR_RETURN(uint32_t n, reader_->Read(options_.batch_size, &s->batch));
+  // The feed has read, parsed and indexed the batch (IndexBatch) ahead on its threads.
+  TESSERA_ASSIGN_OR_RETURN(const bool more, feed_->Next(&s->ready));
+  const uint32_t n = more ? s->ready.batch.size : 0;
   if (reducer_ != nullptr) {
     std::vector<uint64_t> sizes;
     TESSERA_RETURN_IF_ERROR(reducer_->AllGather(n, &sizes));
     s->global_size = 0;
     for (uint64_t x : sizes) s->global_size += x;
-    TESSERA_RETURN_IF_ERROR(reducer_->AllGather(reader_->position(), &s->positions));
+    TESSERA_RETURN_IF_ERROR(reducer_->AllGather(s->ready.position, &s->positions));
   } else {
     s->global_size = n;
-    s->positions.assign(1, reader_->position());
+    s->positions.assign(1, s->ready.position);
   }
   s->end = s->global_size == 0;
   if (s->end) return Status::OK();
-  IndexedBatch& ib = s->index;
-  IndexBatch(s->batch, &ib);
+  IndexedBatch& ib = s->ready.index;
   if (reducer_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(reducer_->UnionKeys(ib.unique_keys, &s->keys));
-    TESSERA_RETURN_IF_ERROR(IndexBatchOnto(s->batch, s->keys, &s->rows));
+    TESSERA_RETURN_IF_ERROR(IndexBatchOnto(s->ready.batch, s->keys, &s->rows));
   } else {
     // Swapped, not moved: both buffers keep their capacity for the next batches.
     s->keys.swap(ib.unique_keys);
@@ -388,7 +387,7 @@ Result<LrSchedule::Decay> ParseLrDecay(std::string_view name) {
 Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   ModelGrads& grads = grads_;
   std::vector<float>& probs = probs_;
-  const Batch& b = s->batch;
+  const Batch& b = s->ready.batch;
   probs.resize(b.size);
   ModelInput in;
   in.batch_size = b.size;
@@ -487,8 +486,17 @@ Result<TrainResult> Trainer::Train() {
   auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };
   const bool pull_early = options_.prefetch && options_.staleness != 0;
   auto report = [&] { return window.Next(step_, result, leader_ ? running_.get() : nullptr); };
+  // Stopped (its threads joined) when Train returns; started where Init left the reader.
+  struct FeedStop {
+    std::unique_ptr<BatchFeed>& feed;
+    ~FeedStop() { feed.reset(); }
+  } feed_stop{feed_};
 
   if (!limit_reached()) {
+    auto feed = BatchFeed::Start(reader_, {.batch_size = options_.batch_size,
+                                           .threads = options_.data_threads});
+    if (!feed.ok()) return fail(feed.status().WithContext("data feed"));
+    feed_ = std::move(*feed);
     Status s = Prepare(cur);
     if (s.ok()) s = IssuePull(cur);
     if (!s.ok()) return fail(s);
@@ -565,14 +573,15 @@ Result<EvalResult> Evaluate(const ModelLayout& layout, ParamStore* store, Backen
         store->DensePull(dense_ids[i], 0, t.spec.length, params.data() + t.offset).Wait());
   }
   std::vector<float> probs, labels, truth;
-  Batch batch;
-  IndexedBatch ib;
+  // Batches read, parsed and indexed ahead (DefaultDataThreads()).
+  TESSERA_ASSIGN_OR_RETURN(auto feed, BatchFeed::Start(reader, {.batch_size = batch_size}));
+  ReadyBatch ready;
+  const Batch& batch = ready.batch;
+  const IndexedBatch& ib = ready.index;
   std::vector<float> emb_rows, wide_rows, p;
   while (true) {
-    batch.Clear(reader->schema());
-    TESSERA_ASSIGN_OR_RETURN(uint32_t n, reader->Read(batch_size, &batch));
-    if (n == 0) break;
-    IndexBatch(batch, &ib);
+    TESSERA_ASSIGN_OR_RETURN(const bool more, feed->Next(&ready));
+    if (!more) break;
     emb_rows.resize(c.deep ? ib.unique_keys.size() * c.embedding_dim : 0);
     wide_rows.resize(c.wide ? ib.unique_keys.size() : 0);
     Pending pe, pw;

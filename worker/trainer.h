@@ -12,6 +12,7 @@
 #include "ps/status.h"
 #include "worker/backend.h"
 #include "worker/data_reader.h"
+#include "worker/feed.h"
 #include "worker/local_reducer.h"
 #include "worker/metrics.h"
 #include "worker/model.h"
@@ -60,6 +61,9 @@ struct TrainerOptions {
   uint64_t max_steps = 0;
   /// Read the next batch and pull its parameters while the current batch computes. Default: true.
   bool prefetch = true;
+  /// Threads that read, parse and index batches ahead of training (a BatchFeed, worker/feed.h);
+  /// the batches are the same whatever their number. 0: DefaultDataThreads(). Default: 0.
+  uint32_t data_threads = 0;
   /// The job's staleness, as in ConsistencyOptions: -1 asynchronous, 0 bulk-synchronous (the
   /// next pull waits for this step's pushes), > 0 bounded. Default: -1.
   int32_t staleness = -1;
@@ -121,7 +125,8 @@ class Trainer {
 
   /// Creates the tables (leader) and moves the reader to the stored position (resume).
   Status Init();
-  /// Trains until the data ends or max_steps.
+  /// Trains until the data ends or max_steps. The reader is read ahead (data_threads), so
+  /// afterwards its position is past the batches trained.
   Result<TrainResult> Train();
 
  private:
@@ -141,6 +146,7 @@ class Trainer {
   ParamStore* store_;
   Backend* backend_;
   DataReader* reader_;
+  std::unique_ptr<BatchFeed> feed_;  // reads reader_ during Train
   LocalReducer* reducer_;
   bool leader_;
   uint32_t emb_table_ = 0, wide_table_ = 0;

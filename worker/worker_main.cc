@@ -69,6 +69,10 @@ DEFINE_uint32(batch_size, 0,
               "epoch has at least 100 steps (at least 32)");
 DEFINE_uint64(max_steps, 0, "Stop after this many steps (0: when the data ends)");
 DEFINE_bool(prefetch, true, "Pull the next batch while this one computes");
+DEFINE_uint32(data_threads, 0,
+              "Threads per local rank that read, parse and index batches ahead of training "
+              "(the batches are the same whatever their number); 0: the cores divided among "
+              "the local ranks, less one, 1 to 8");
 DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
 DEFINE_int32(threads, 1, "CPU backend threads per local rank");
@@ -251,6 +255,7 @@ void NodeAndDataFromFlags(tw::JobOptions* o) {
   o->batch_size = FLAGS_batch_size;
   o->max_steps = FLAGS_max_steps;
   o->prefetch = FLAGS_prefetch;
+  o->data_threads = FLAGS_data_threads;
   o->staleness = -1;  // async
   if (FLAGS_consistency == "bsp") {
     o->staleness = 0;
