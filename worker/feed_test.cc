@@ -366,22 +366,25 @@ TEST(Feed, LineTooLongComesAfterAnEarlierBadLineOfItsBatch) {
     lines.push_back(good.substr(b, e - b));
   }
   const std::string long_line(kMaxLineBytes + 10, 'a');
-  for (bool with_bad_line : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool with_bad_line = variant % 2 == 1;
+    // 3: FilterByIndex cuts its inner reader's chunks; 0: the Criteo reader alone.
+    const uint32_t validation_mod = variant < 2 ? 3 : 0;
     std::string text;
     for (size_t i = 0; i < lines.size(); ++i) {
       if (i == 150) text += long_line + "\n";  // line 151
-      text += (with_bad_line && i == 140 ? "2" + lines[i].substr(1) : lines[i]) + "\n";
+      text += (with_bad_line && i == 147 ? "2" + lines[i].substr(1) : lines[i]) + "\n";
     }
     const std::string path = dir.Write("long.tsv", text);
     DataSourceOptions o;
     o.spec = "criteo:" + path;
     o.holdout_mod = 0;
-    o.validation_mod = 3;  // FilterByIndex cuts its inner reader's chunks
+    o.validation_mod = validation_mod;
     auto seq = Open(o);
     ASSERT_NE(seq, nullptr);
     const Stream want = ReadSequentially(seq.get(), 32);
     ASSERT_FALSE(want.error.ok());
-    ASSERT_NE(want.error.message().find(with_bad_line ? "long.tsv:141:" : "long.tsv:151"),
+    ASSERT_NE(want.error.message().find(with_bad_line ? "long.tsv:148:" : "long.tsv:151"),
               std::string::npos)
         << want.error.message();
     for (uint32_t threads : {1u, 4u}) {
@@ -389,7 +392,8 @@ TEST(Feed, LineTooLongComesAfterAnEarlierBadLineOfItsBatch) {
       ASSERT_NE(reader, nullptr);
       ExpectSameStream(want, ReadThroughFeed(reader.get(), {.batch_size = 32, .threads = threads}),
                        std::string(with_bad_line ? "bad line first" : "long line") +
-                           " threads " + std::to_string(threads));
+                           " validation_mod " + std::to_string(validation_mod) + " threads " +
+                           std::to_string(threads));
     }
   }
 }
