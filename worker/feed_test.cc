@@ -21,6 +21,7 @@
 #include "worker/data_reader.h"
 #include "worker/data_source.h"
 #include "worker/feed.h"
+#include "worker/job.h"
 #include "worker/model.h"
 #include "worker/param_store.h"
 #include "worker/readers.h"
@@ -522,6 +523,28 @@ TEST(Feed, StartRefusesBadOptionsAndDefaultsFromTheCores) {
   EXPECT_LE(DefaultDataThreads(), std::min(8u, std::max(1u, cores - 1)));
   EXPECT_EQ(DefaultDataThreads(100000), 1u);
   EXPECT_EQ(DefaultDataThreads(0), DefaultDataThreads(1));
+}
+
+// --data_threads over the bound is the options' fault (tessera-worker exits 2), found before
+// the job connects anywhere (no server runs at the address).
+TEST(Feed, RunJobRefusesDataThreadsOverTheBound) {
+  JobOptions o;
+  o.servers = {"tcp://127.0.0.1:9"};
+  o.data_threads = kMaxDataThreads + 1;
+  o.request_timeout_ms = 2000;
+  o.retry_for_ms = 0;
+  std::FILE* sink = std::tmpfile();
+  ASSERT_NE(sink, nullptr);
+  o.out = sink;
+  bool options_error = false;
+  auto r = RunJob(o, &options_error);
+  std::fclose(sink);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--data_threads=257 is over the bound 256"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_TRUE(options_error);
 }
 
 // Training with 1 and 4 data threads: bit-identical losses and parameters (one worker, the
