@@ -228,14 +228,17 @@ Result<std::unique_ptr<DataChunk>> EpochReader::ReadChunk(uint32_t max_samples) 
     Result<std::unique_ptr<DataChunk>> chunk = inner_->ReadChunk(max_samples - total);
     if (!chunk.ok()) return CutFailed(std::move(list), chunk.status());
     const uint32_t n = (*chunk)->size();
-    total += n;
-    if (n > 0) list->Add(std::move(*chunk));
-    if (n == 0) {
-      if (epochs_ != 0 && epoch_ + 1 >= epochs_) break;
-      if (inner_->position() == 0) break;  // empty data: do not spin
-      ++epoch_;
-      if (Status s = inner_->Rewind(); !s.ok()) return CutFailed(std::move(list), s);
+    // Kept even when empty: its parse may still fail (a FilterByIndex chunk whose samples
+    // were all dropped), as Read would.
+    list->Add(std::move(*chunk));
+    if (n > 0) {
+      total += n;
+      continue;
     }
+    if (epochs_ != 0 && epoch_ + 1 >= epochs_) break;
+    if (inner_->position() == 0) break;  // empty data: do not spin
+    ++epoch_;
+    if (Status s = inner_->Rewind(); !s.ok()) return CutFailed(std::move(list), s);
   }
   position_ += total;
   return std::unique_ptr<DataChunk>(std::move(list));
@@ -355,13 +358,14 @@ class IndexFilterReader final : public DataReader {
           inner_->ReadChunk(static_cast<uint32_t>(want));
       if (!chunk.ok()) return CutFailed(std::move(list), chunk.status());
       const uint32_t got = (*chunk)->size();
-      if (got == 0) break;
       std::vector<uint32_t> keep;
       for (uint32_t i = 0; i < got; ++i) {
         if (keep_(seen_++)) keep.push_back(i);
       }
       n += static_cast<uint32_t>(keep.size());
+      // Parsed even when nothing is kept (or it is empty): its errors are Read's.
       list->AddSome(std::move(*chunk), std::move(keep));
+      if (got == 0) break;
     }
     position_ += n;
     return std::unique_ptr<DataChunk>(std::move(list));

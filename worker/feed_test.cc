@@ -399,6 +399,34 @@ TEST(Feed, LineTooLongComesAfterAnEarlierBadLineOfItsBatch) {
   }
 }
 
+// A malformed line that the validation hold-out drops, last in the file: Read parses it (and
+// fails) before the next epoch; so does the feed, whatever the batch size.
+TEST(Feed, MalformedHeldOutLastLineFailsAsInRead) {
+  TempDir dir;
+  std::string text = CriteoText(299, 6);
+  text += "not a criteo line\n";  // line 300: sample 299, held out (299 % 3 == 2)
+  const std::string path = dir.Write("last.tsv", text);
+  DataSourceOptions o;
+  o.spec = "criteo:" + path;
+  o.holdout_mod = 0;
+  o.validation_mod = 3;
+  o.epochs = 2;
+  for (uint32_t batch : {10u, 7u, 200u}) {
+    auto seq = Open(o);
+    ASSERT_NE(seq, nullptr);
+    const Stream want = ReadSequentially(seq.get(), batch);
+    ASSERT_NE(want.error.message().find("last.tsv:300:"), std::string::npos)
+        << want.error.ToString();
+    for (uint32_t threads : {1u, 3u}) {
+      auto reader = Open(o);
+      ASSERT_NE(reader, nullptr);
+      ExpectSameStream(want,
+                       ReadThroughFeed(reader.get(), {.batch_size = batch, .threads = threads}),
+                       "batch " + std::to_string(batch) + " threads " + std::to_string(threads));
+    }
+  }
+}
+
 // CSV with skip_bad_lines: the same batches and the same skipped lines as sequential reading.
 TEST(Feed, CsvSkippedLinesAreCountedAsInRead) {
   TempDir dir;
