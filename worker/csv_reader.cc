@@ -431,10 +431,9 @@ Result<std::unique_ptr<DataReader>> OpenCsv(const std::string& path, const Shard
     lines_opt.world = 1;
   }
   TESSERA_ASSIGN_OR_RETURN(auto lines, ShardedLineReader::Open(path, lines_opt, s.header));
-  auto columns = std::make_shared<const CsvColumns>(
-      CsvColumns{s.delimiter, label, std::move(numeric), std::move(transforms),
-                 std::move(categorical), exact, max_index + 1, options.skip_bad_lines,
-                 options.skipped});
+  auto columns = std::make_shared<const CsvColumns>(CsvColumns{
+      s.delimiter, label, std::move(numeric), std::move(transforms), std::move(categorical), exact,
+      max_index + 1, options.skip_bad_lines, options.skipped});
   std::unique_ptr<DataReader> reader(new CsvReader(std::move(lines), std::move(columns)));
   if (!by_sample) return reader;
   if (shard.rank >= shard.world) {

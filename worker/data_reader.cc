@@ -354,8 +354,7 @@ class IndexFilterReader final : public DataReader {
       for (uint32_t kept = 0; kept < max_samples - n && want < bound; ++want) {
         if (keep_(seen_ + want)) ++kept;
       }
-      Result<std::unique_ptr<DataChunk>> chunk =
-          inner_->ReadChunk(static_cast<uint32_t>(want));
+      Result<std::unique_ptr<DataChunk>> chunk = inner_->ReadChunk(static_cast<uint32_t>(want));
       if (!chunk.ok()) return CutFailed(std::move(list), chunk.status());
       const uint32_t got = (*chunk)->size();
       std::vector<uint32_t> keep;

@@ -3,6 +3,8 @@
 // shuffle), the feed hands over exactly the batches, indexes and positions of Read +
 // IndexBatch, whatever its threads and depth; errors come in order; resuming at a feed's
 // position continues at the right sample; training gives bit-identical results.
+#include "worker/feed.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 #include "worker/csv_reader.h"
 #include "worker/data_reader.h"
 #include "worker/data_source.h"
-#include "worker/feed.h"
 #include "worker/job.h"
 #include "worker/model.h"
 #include "worker/param_store.h"
@@ -94,7 +95,8 @@ std::string CsvText(int lines) {
   std::string text = "click,hour,site,app,price\n";
   for (int i = 0; i < lines; ++i) {
     text += std::to_string(rng() % 5 == 0 ? 1 : 0) + "," + std::to_string(rng() % 24) + ",";
-    text += rng() % 10 == 0 ? "\"s,q" + std::to_string(rng() % 20) + "\"" : "s" + std::to_string(rng() % 90);
+    text += rng() % 10 == 0 ? "\"s,q" + std::to_string(rng() % 20) + "\""
+                            : "s" + std::to_string(rng() % 90);
     text += "," + (rng() % 6 == 0 ? std::string() : "a" + std::to_string(rng() % 70));
     text += "," + std::to_string((rng() % 1000) / 10.0) + "\n";
   }
@@ -281,8 +283,8 @@ TEST_P(FeedKinds, SameBatchesAsSequentialReadWithAnyThreadsAndDepth) {
     for (uint32_t depth : {1u, 0u}) {
       auto reader = Open(Options());
       ASSERT_NE(reader, nullptr);
-      const Stream got = ReadThroughFeed(
-          reader.get(), {.batch_size = kBatch, .threads = threads, .depth = depth});
+      const Stream got =
+          ReadThroughFeed(reader.get(), {.batch_size = kBatch, .threads = threads, .depth = depth});
       ExpectSameStream(want, got,
                        std::string(GetParam().name) + " threads " + std::to_string(threads) +
                            " depth " + std::to_string(depth));
@@ -300,8 +302,7 @@ TEST_P(FeedKinds, SeekToAFeedPositionContinuesWithTheNextBatches) {
   for (size_t done : {size_t{1}, size_t{7}, whole.batches.size() / 2 + 1}) {
     auto first = Open(Options());
     ASSERT_NE(first, nullptr);
-    const Stream head =
-        ReadThroughFeed(first.get(), {.batch_size = kBatch, .threads = 3}, done);
+    const Stream head = ReadThroughFeed(first.get(), {.batch_size = kBatch, .threads = 3}, done);
     ASSERT_EQ(head.batches.size(), done);
     const uint64_t position = head.batches.back().position;
     auto resumed = Open(Options());
@@ -318,8 +319,8 @@ TEST_P(FeedKinds, SeekToAFeedPositionContinuesWithTheNextBatches) {
 
 INSTANTIATE_TEST_SUITE_P(Readers, FeedKinds,
                          ::testing::Values(Kind{"synthetic", 0}, Kind{"criteo", 0},
-                                           Kind{"libsvm", 0}, Kind{"csv", 0},
-                                           Kind{"movielens", 0}, Kind{"criteo", 300}),
+                                           Kind{"libsvm", 0}, Kind{"csv", 0}, Kind{"movielens", 0},
+                                           Kind{"criteo", 300}),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            return std::string(info.param.name) +
                                   (info.param.shuffle_buffer ? "Shuffled" : "");
@@ -349,10 +350,10 @@ TEST(Feed, ParseErrorComesInOrderAfterTheGoodBatches) {
     for (uint32_t depth : {1u, 2u, 0u}) {
       auto reader = Open(o);
       ASSERT_NE(reader, nullptr);
-      ExpectSameStream(want,
-                       ReadThroughFeed(reader.get(),
-                                       {.batch_size = 64, .threads = threads, .depth = depth}),
-                       "threads " + std::to_string(threads) + " depth " + std::to_string(depth));
+      ExpectSameStream(
+          want,
+          ReadThroughFeed(reader.get(), {.batch_size = 64, .threads = threads, .depth = depth}),
+          "threads " + std::to_string(threads) + " depth " + std::to_string(depth));
     }
   }
 }
@@ -435,8 +436,8 @@ TEST(Feed, CsvSkippedLinesAreCountedAsInRead) {
   size_t line = 1, b = 0;
   for (size_t e; (e = text.find('\n', b)) != std::string::npos; b = e + 1, ++line) {
     std::string l = text.substr(b, e - b + 1);
-    if (line > 1 && line % 37 == 0) l = "1,2,three\n";                // too few columns
-    if (line > 1 && line % 101 == 0) l = "x,2,s1,a1,3\n";             // label not a number
+    if (line > 1 && line % 37 == 0) l = "1,2,three\n";     // too few columns
+    if (line > 1 && line % 101 == 0) l = "x,2,s1,a1,3\n";  // label not a number
     bad += l;
   }
   const std::string path = dir.Write("skip.csv", bad);

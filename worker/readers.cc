@@ -108,9 +108,9 @@ Status ParseLibsvmFeatures(std::string_view line, uint32_t nf, bool by_position,
         return ParseError(path, line_no, "bad field:index:value '" + std::string(toks[i]) + "'");
       }
       if (nf != 0 && field >= nf) {
-        return ParseError(path, line_no,
-                          "field " + std::to_string(field) + " >= num_fields " +
-                              std::to_string(nf));
+        return ParseError(
+            path, line_no,
+            "field " + std::to_string(field) + " >= num_fields " + std::to_string(nf));
       }
     } else if (parts.size() == 2) {
       if (!ParseNumber(parts[0], &idx) || !ParseNumber(parts[1], &val)) {

@@ -493,8 +493,8 @@ Result<TrainResult> Trainer::Train() {
   } feed_stop{feed_};
 
   if (!limit_reached()) {
-    auto feed = BatchFeed::Start(reader_, {.batch_size = options_.batch_size,
-                                           .threads = options_.data_threads});
+    auto feed = BatchFeed::Start(
+        reader_, {.batch_size = options_.batch_size, .threads = options_.data_threads});
     if (!feed.ok()) return fail(feed.status().WithContext("data feed"));
     feed_ = std::move(*feed);
     Status s = Prepare(cur);
