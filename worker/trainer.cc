@@ -303,6 +303,12 @@ Status Trainer::Init() {
 
 Status Trainer::Prepare(Step* s) {
   s->pulls.clear();
+  if (feed_ == nullptr) {  // the first batch of Train: read on from where Init left the reader
+    auto feed = BatchFeed::Start(
+        reader_, {.batch_size = options_.batch_size, .threads = options_.data_threads});
+    if (!feed.ok()) return feed.status().WithContext("data feed");
+    feed_ = std::move(*feed);
+  }
   // The feed has read, parsed and indexed the batch (IndexBatch) ahead on its threads.
   TESSERA_ASSIGN_OR_RETURN(const bool more, feed_->Next(&s->ready));
   const uint32_t n = more ? s->ready.batch.size : 0;
@@ -486,17 +492,13 @@ Result<TrainResult> Trainer::Train() {
   auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };
   const bool pull_early = options_.prefetch && options_.staleness != 0;
   auto report = [&] { return window.Next(step_, result, leader_ ? running_.get() : nullptr); };
-  // Stopped (its threads joined) when Train returns; started where Init left the reader.
+  // The feed (started by the first Prepare) stops, its threads joined, when Train returns.
   struct FeedStop {
     std::unique_ptr<BatchFeed>& feed;
     ~FeedStop() { feed.reset(); }
   } feed_stop{feed_};
 
   if (!limit_reached()) {
-    auto feed = BatchFeed::Start(
-        reader_, {.batch_size = options_.batch_size, .threads = options_.data_threads});
-    if (!feed.ok()) return fail(feed.status().WithContext("data feed"));
-    feed_ = std::move(*feed);
     Status s = Prepare(cur);
     if (s.ok()) s = IssuePull(cur);
     if (!s.ok()) return fail(s);
