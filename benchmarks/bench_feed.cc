@@ -3,8 +3,9 @@
 // pushes, the trainer's threads) against fresh tessera-server child processes on 127.0.0.1
 // (memory tier, started anew for every run); the cells are:
 //
-//   data_only     the training reader (worker/data_source.h OpenTrainData) read batch by batch
-//                 and indexed (IndexBatch), what Trainer::Prepare does, on this thread;
+//   data_only     the training reader (worker/data_source.h OpenTrainData) through the
+//                 trainer's BatchFeed (worker/feed.h: read or generated, keyed, indexed on the
+//                 feed's --data_threads threads), drained by this thread;
 //   feed_{1,2}s   the whole job with --backend=null (no model, zero gradients), 1 and 2 servers;
 //   compute_only  the CPU backend's ForwardBackward over batches already read, indexed and
 //                 given parameters (no data, no servers), with the job's --threads;
@@ -22,8 +23,9 @@
 //                 OpenMP's threads with --threads > 1;
 //   servers       the server processes' utime + stime (/proc/<pid>/stat, clock ticks).
 // The stages derived from them (1 server): data = data_only's process CPU; loop = feed_1s's
-// train_thread minus data (keys, pull and push calls, waits: the loop without data or model);
-// client_io = feed_1s's other_threads; server = feed_1s's servers; compute = compute_only's
+// train_thread (the data is prepared on the feed's threads: this is the loop's own work, keys,
+// pull and push calls, waits); client_io = feed_1s's other_threads minus data (the client's
+// I/O thread and the commit thread); server = feed_1s's servers; compute = compute_only's
 // process CPU.
 //
 // Repetitions alternate the cells (rep-major: A B C, C B A, ...); figures are medians. The last
@@ -56,6 +58,7 @@
 #include "worker/backend.h"
 #include "worker/batch.h"
 #include "worker/data_source.h"
+#include "worker/feed.h"
 #include "worker/job.h"
 #include "worker/model.h"
 
@@ -98,6 +101,7 @@ bool AddJobKnob(const char* name, void (*apply)(tw::JobOptions*)) {
 
 JOB_KNOB(int32, threads, "CPU backend threads (the job's --threads; compute_only uses it too)");
 JOB_KNOB(bool, prefetch, "The job's --prefetch (pull the next batch while this one computes)");
+JOB_KNOB(uint32, data_threads, "The job's --data_threads (0: DefaultDataThreads); data_only too");
 JOB_KNOB(uint64, synthetic_max_cardinality, "The job's --synthetic_max_cardinality");
 JOB_KNOB(uint32, embedding_dim, "The job's --embedding_dim");
 JOB_KNOB(string, bottom_mlp, "The job's --bottom_mlp");
@@ -215,33 +219,41 @@ Result<tw::ModelLayout> LayoutOf(const tw::JobOptions& o, const tw::Schema& sche
 
 // ---------------------------------------------------------------- the cells
 
-// The data pipeline alone: what Trainer::Prepare does per step (read a batch, index its keys),
-// on this thread, until the data ends. (To become worker/feed.h's BatchFeed once it is merged.)
+// The data pipeline alone: the trainer's BatchFeed (worker/feed.h) on the training reader, with
+// the job's --data_threads (0: DefaultDataThreads), drained on this thread until the data ends:
+// read or generated, keyed and indexed on the feed's threads. index_us is IndexBatch's CPU per
+// sample, measured apart on this thread over the same batches after the timed window.
 Result<Run> DataOnly(uint64_t samples) {
   const tw::JobOptions o = JobOf("null", samples);
   TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(DataOf(o)));
-  tw::Batch batch;
-  tw::IndexedBatch index;
-  std::vector<uint64_t> keys;
-  std::vector<uint32_t> rows;
+  tw::FeedOptions fo;
+  fo.batch_size = o.batch_size;
+  fo.threads = o.data_threads != 0 ? o.data_threads : tw::DefaultDataThreads(1);
+  tw::ReadyBatch ready;
+  std::vector<tw::Batch> kept;  // a few batches for the IndexBatch figure
   uint64_t n = 0;
-  double index_s = 0;
   const CpuPoint a = CpuNow({});
   const auto start = WallClock::now();
-  while (true) {
-    batch.Clear(reader->schema());
-    TESSERA_ASSIGN_OR_RETURN(uint32_t got, reader->Read(o.batch_size, &batch));
-    if (got == 0) break;
-    const double t = ThreadCpuSeconds();
-    tw::IndexBatch(batch, &index);
-    index_s += ThreadCpuSeconds() - t;
-    keys.swap(index.unique_keys);  // as Prepare does: both buffers keep their capacity
-    rows.swap(index.rows);
-    n += got;
-  }
+  {
+    TESSERA_ASSIGN_OR_RETURN(auto feed, tw::BatchFeed::Start(reader.get(), fo));
+    while (true) {
+      TESSERA_ASSIGN_OR_RETURN(bool more, feed->Next(&ready));
+      if (!more) break;
+      n += ready.batch.size;
+      if (kept.size() < 16) kept.push_back(ready.batch);
+    }
+  }  // the feed's threads have ended: their CPU is in the process figure
   const double s = std::chrono::duration<double>(WallClock::now() - start).count();
-  Run r = FromCpu(n, s > 0 ? static_cast<double>(n) / s : 0, a, CpuNow({}));
-  r.index_us = n > 0 ? 1e6 * index_s / static_cast<double>(n) : 0;
+  const CpuPoint b = CpuNow({});
+  Run r = FromCpu(n, s > 0 ? static_cast<double>(n) / s : 0, a, b);
+  tw::IndexedBatch index;
+  uint64_t indexed = 0;
+  const double t = ThreadCpuSeconds();
+  for (const tw::Batch& batch : kept) {
+    tw::IndexBatch(batch, &index);
+    indexed += batch.size;
+  }
+  r.index_us = indexed > 0 ? 1e6 * (ThreadCpuSeconds() - t) / static_cast<double>(indexed) : 0;
   if (n != samples) {
     return Status::Internal("data_only read " + std::to_string(n) + " samples, not " +
                             std::to_string(samples));
@@ -449,9 +461,10 @@ Summary Summarize(const std::vector<Cell>& cells) {
   Summary m;
   for (const Cell& c : cells) m.by[c.name] = &c;
   const double data = m.WorkerUs("data_only"), compute = m.WorkerUs("compute_only");
+  // The data pipeline runs on the feed's threads (other_threads), not the training thread.
   m.stages = {{"data", data},
-              {"loop", m.Us("feed_1s", &Run::train_thread_us) - data},
-              {"client_io", m.Us("feed_1s", &Run::other_threads_us)},
+              {"loop", m.Us("feed_1s", &Run::train_thread_us)},
+              {"client_io", m.Us("feed_1s", &Run::other_threads_us) - data},
               {"server", m.Us("feed_1s", &Run::servers_us)},
               {"compute", compute}};
   double most = -1;
