@@ -1,0 +1,502 @@
+#include "worker/row_cache.h"
+
+#include <absl/container/flat_hash_map.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ps/mutex.h"
+
+namespace tessera::worker {
+namespace {
+
+// Inner pushes of deferred gradients issued together (one Clock(), one eviction, one Flush).
+// `done` is set by whoever waits for them first.
+struct FlushBatch {
+  Pending pending;
+  std::atomic<bool> done{false};
+  Status Wait() {
+    Status s = pending.Wait();
+    done.store(true, std::memory_order_release);
+    return s;
+  }
+  bool is_done() const { return done.load(std::memory_order_acquire); }
+};
+using BatchPtr = std::shared_ptr<FlushBatch>;
+
+// One held row. Its value and gradient sum live in TableCache::values / grads at slot * dim.
+struct Slot {
+  uint64_t key = 0;
+  bool used = false;   // holds a key
+  bool valid = false;  // the value is filled
+  bool dirty = false;  // the gradient sum holds gradients not yet pushed
+  int64_t value_tick = 0;  // tick of the inner pull that fetched the value
+  int64_t flush_tick = 0;  // dirty: the tick whose Clock() pushes the sum
+  uint64_t fill = 0;       // ticket of the pull that fills the value; 0: none
+  uint64_t pull_stamp = 0;  // the last Pull call that asked for it (not evicted by that call)
+  BatchPtr flushing;        // the push of its last flushed sum, until seen acknowledged
+};
+
+struct KeyInfo {
+  uint32_t count = 0;
+  int32_t slot = -1;  // -1: not held
+};
+
+struct TableCache {
+  uint32_t dim = 0;
+  std::vector<Slot> slots;
+  std::vector<float> values, grads;  // slots.size() * dim each
+  std::vector<int32_t> free;         // unused slots
+  uint64_t held = 0;
+  absl::flat_hash_map<uint64_t, KeyInfo> keys;  // pull counts, and where held keys sit
+  absl::flat_hash_map<uint64_t, BatchPtr> evicted_flushing;  // evicted rows' pushes in flight
+  std::vector<std::vector<int32_t>> due;  // slots by flush_tick % (S + 1)
+};
+
+// A refetch: miss `index` of the call fills `slot` when the pull's ticket is still its ticket.
+struct Fill {
+  uint32_t index;
+  int32_t slot;
+};
+
+class CachingStoreImpl final : public CachingStore {
+ public:
+  CachingStoreImpl(ParamStore* inner, const RowCacheOptions& o)
+      : inner_(inner),
+        rows_(o.rows),
+        s_(o.staleness),
+        admit_count_(o.admit_count),
+        counted_keys_(o.counted_keys != 0 ? o.counted_keys : 8 * o.rows + 65536) {}
+
+  Result<uint32_t> AddTable(const TableSpec& spec) override {
+    TESSERA_ASSIGN_OR_RETURN(uint32_t id, inner_->AddTable(spec));
+    MutexLock lock(mu_);
+    if (tables_.size() <= id) tables_.resize(id + 1);
+    if (spec.kind == TableKind::kSparse && tables_[id] == nullptr) {
+      auto t = std::make_unique<TableCache>();
+      t->dim = spec.dim;
+      t->due.resize(static_cast<size_t>(s_) + 1);
+      tables_[id] = std::move(t);
+    }
+    return id;
+  }
+
+  Pending Pull(uint32_t table, std::span<const uint64_t> keys, float* out) override;
+  Pending Push(uint32_t table, std::span<const uint64_t> keys,
+               std::span<const float> grads) override;
+  Pending Clock() override;
+  Status Flush() override;
+  RowCacheStats stats() const override {
+    MutexLock lock(mu_);
+    RowCacheStats s = stats_;
+    for (const auto& t : tables_) {
+      if (t) {
+        s.rows += t->held;
+        s.counted_keys += t->keys.size();
+      }
+    }
+    return s;
+  }
+
+  Pending DensePull(uint32_t table, uint64_t offset, uint64_t length, float* out) override {
+    return inner_->DensePull(table, offset, length, out);
+  }
+  Pending DensePush(uint32_t table, uint64_t offset, std::span<const float> grads) override {
+    return inner_->DensePush(table, offset, grads);
+  }
+  int64_t clock() const override { return inner_->clock(); }
+  Status SetClock(int64_t clock) override { return inner_->SetClock(clock); }
+  // After a barrier, every worker's deferred gradients are on the servers.
+  Status Barrier(const std::string& name) override {
+    TESSERA_RETURN_IF_ERROR(Flush());
+    return inner_->Barrier(name);
+  }
+  Status PutMeta(const std::string& name, std::string_view value) override {
+    return inner_->PutMeta(name, value);
+  }
+  Result<std::optional<std::string>> GetMeta(const std::string& name) override {
+    return inner_->GetMeta(name);
+  }
+  Status SetLearningRateScale(float scale) override {
+    return inner_->SetLearningRateScale(scale);
+  }
+
+ private:
+  TableCache* Find(uint32_t table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return table < tables_.size() ? tables_[table].get() : nullptr;
+  }
+  // Waits (holding mu_: the push needs nothing of this store) for a flush still in flight.
+  void WaitFlushing(BatchPtr* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (*b == nullptr) return;
+    if (!(*b)->is_done()) {
+      ++stats_.flush_waits;
+      (void)(*b)->Wait();  // an error reaches the caller through Clock() or Flush()
+    }
+    b->reset();
+  }
+  int32_t Admit(TableCache* t, uint64_t key, uint32_t count, uint64_t stamp,
+                std::vector<uint64_t>* ev_keys, std::vector<float>* ev_grads)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddToSum(TableCache* t, int32_t slot, const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Halve(TableCache* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves slot's sum into keys/grads (the caller pushes them) and marks it clean.
+  void TakeSum(TableCache* t, int32_t slot, std::vector<uint64_t>* keys,
+               std::vector<float>* grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes `keys`/`grads` of table `id` as one batch; records it as outstanding.
+  BatchPtr PushBatch(uint32_t id, std::vector<uint64_t> keys, std::vector<float> grads)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NextRandom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    rng_ ^= rng_ << 13;
+    rng_ ^= rng_ >> 7;
+    rng_ ^= rng_ << 17;
+    return rng_;
+  }
+
+  ParamStore* const inner_;
+  const uint64_t rows_;
+  const int32_t s_;
+  const uint32_t admit_count_;
+  const uint64_t counted_keys_;
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<TableCache>> tables_ ABSL_GUARDED_BY(mu_);
+  int64_t ticks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t stamp_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rng_ ABSL_GUARDED_BY(mu_) = 0x9e3779b97f4a7c15ull;
+  // Batches not yet reported by a Clock() (evictions), and all not yet seen acknowledged.
+  std::vector<BatchPtr> unreported_ ABSL_GUARDED_BY(mu_);
+  std::vector<BatchPtr> outstanding_ ABSL_GUARDED_BY(mu_);
+  RowCacheStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+void CachingStoreImpl::TakeSum(TableCache* t, int32_t slot, std::vector<uint64_t>* keys,
+                               std::vector<float>* grads) {
+  Slot& s = t->slots[slot];
+  // A row's flushes reach the inner store in order: the previous one first (in practice
+  // acknowledged long before, a tick or more ago).
+  WaitFlushing(&s.flushing);
+  float* g = t->grads.data() + static_cast<size_t>(slot) * t->dim;
+  keys->push_back(s.key);
+  grads->insert(grads->end(), g, g + t->dim);
+  std::fill(g, g + t->dim, 0.0f);
+  s.dirty = false;
+  --stats_.deferred_rows;
+  ++stats_.flushed_rows;
+}
+
+BatchPtr CachingStoreImpl::PushBatch(uint32_t id, std::vector<uint64_t> keys,
+                                     std::vector<float> grads) {
+  auto b = std::make_shared<FlushBatch>();
+  b->pending = inner_->Push(id, keys, grads);
+  ++stats_.flushes;
+  outstanding_.push_back(b);
+  return b;
+}
+
+// Sampled LFU: the least frequent of a few held rows not asked for by this pull gives way to a
+// more frequent key. Returns the slot, or -1 when the key is not admitted.
+int32_t CachingStoreImpl::Admit(TableCache* t, uint64_t key, uint32_t count, uint64_t stamp,
+                                std::vector<uint64_t>* ev_keys, std::vector<float>* ev_grads) {
+  if (count < admit_count_) return -1;
+  int32_t slot = -1;
+  if (!t->free.empty()) {
+    slot = t->free.back();
+    t->free.pop_back();
+  } else if (t->slots.size() < rows_) {
+    slot = static_cast<int32_t>(t->slots.size());
+    t->slots.emplace_back();
+    t->values.resize(t->slots.size() * t->dim);
+    t->grads.resize(t->slots.size() * t->dim);
+  } else {
+    constexpr int kSamples = 5;
+    int32_t victim = -1;
+    uint32_t victim_count = count;
+    for (int i = 0; i < kSamples; ++i) {
+      const int32_t c = static_cast<int32_t>(NextRandom() % t->slots.size());
+      const Slot& s = t->slots[c];
+      if (!s.used || s.pull_stamp == stamp) continue;
+      const uint32_t n = t->keys.find(s.key)->second.count;
+      if (n < victim_count) {
+        victim = c;
+        victim_count = n;
+      }
+    }
+    if (victim < 0) return -1;
+    Slot& v = t->slots[victim];
+    if (v.dirty) {
+      TakeSum(t, victim, ev_keys, ev_grads);  // the caller pushes it and marks the key
+    } else if (v.flushing != nullptr && !v.flushing->is_done()) {
+      t->evicted_flushing[v.key] = v.flushing;
+    }
+    t->keys.find(v.key)->second.slot = -1;
+    ++stats_.evictions;
+    --t->held;
+    slot = victim;
+  }
+  Slot& s = t->slots[slot];
+  s = Slot{};
+  s.key = key;
+  s.used = true;
+  ++t->held;
+  return slot;
+}
+
+void CachingStoreImpl::Halve(TableCache* t) {
+  while (t->keys.size() > counted_keys_) {
+    for (auto it = t->keys.begin(); it != t->keys.end();) {
+      it->second.count >>= 1;
+      if (it->second.count == 0 && it->second.slot < 0) {
+        t->keys.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, float* out) {
+  MutexLock lock(mu_);
+  TableCache* t = Find(table);
+  if (t == nullptr) return inner_->Pull(table, keys, out);
+  const uint32_t dim = t->dim;
+  const uint64_t stamp = ++stamp_;
+  const int64_t tick = ticks_;
+  std::vector<uint64_t> miss_keys;
+  std::vector<uint32_t> miss_at;  // positions in `keys`
+  std::vector<Fill> fills;
+  std::vector<uint64_t> ticket_of_fill;
+  std::vector<uint64_t> ev_keys;
+  std::vector<float> ev_grads;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint64_t key = keys[i];
+    KeyInfo& info = t->keys[key];
+    if (info.count < UINT32_MAX) ++info.count;
+    if (info.slot >= 0) {
+      Slot& s = t->slots[info.slot];
+      s.pull_stamp = stamp;
+      if (s.valid && tick - s.value_tick <= s_) {
+        const float* v = t->values.data() + static_cast<size_t>(info.slot) * dim;
+        std::copy(v, v + dim, out + i * dim);
+        ++stats_.hits;
+        continue;
+      }
+      // Too old, or not filled yet: fetch it again, once its flushed sum is on the servers.
+      WaitFlushing(&s.flushing);
+      s.valid = false;
+      s.fill = ++ticket_;
+      fills.push_back({static_cast<uint32_t>(miss_keys.size()), info.slot});
+      ticket_of_fill.push_back(s.fill);
+    } else {
+      if (!t->evicted_flushing.empty()) {
+        auto it = t->evicted_flushing.find(key);
+        if (it != t->evicted_flushing.end()) {
+          WaitFlushing(&it->second);
+          t->evicted_flushing.erase(it);
+        }
+      }
+      const int32_t slot = Admit(t, key, info.count, stamp, &ev_keys, &ev_grads);
+      if (slot >= 0) {
+        // Admit looked keys up but inserted none: `info` still refers to this key's entry.
+        info.slot = slot;
+        Slot& s = t->slots[slot];
+        s.pull_stamp = stamp;
+        s.fill = ++ticket_;
+        fills.push_back({static_cast<uint32_t>(miss_keys.size()), slot});
+        ticket_of_fill.push_back(s.fill);
+      }
+    }
+    miss_keys.push_back(key);
+    miss_at.push_back(static_cast<uint32_t>(i));
+  }
+  stats_.misses += miss_keys.size();
+  if (!ev_keys.empty()) {
+    std::vector<uint64_t> evicted = ev_keys;
+    BatchPtr b = PushBatch(table, std::move(ev_keys), std::move(ev_grads));
+    unreported_.push_back(b);
+    for (uint64_t k : evicted) t->evicted_flushing[k] = b;
+  }
+  if (t->keys.size() > counted_keys_) Halve(t);
+  if (miss_keys.empty()) return Pending();
+
+  // Every key a miss: the inner store writes `out` itself.
+  const bool direct = miss_keys.size() == keys.size();
+  auto buf = std::make_shared<std::vector<float>>(direct ? 0 : miss_keys.size() * dim);
+  Pending inner = inner_->Pull(table, miss_keys, direct ? out : buf->data());
+  return Pending([this, table, tick, dim, out, direct, inner, buf, miss_at = std::move(miss_at),
+                  fills = std::move(fills),
+                  tickets = std::move(ticket_of_fill)]() mutable -> Status {
+    TESSERA_RETURN_IF_ERROR(inner.Wait());
+    const float* got = direct ? out : buf->data();
+    if (!direct) {
+      for (size_t m = 0; m < miss_at.size(); ++m) {
+        std::copy(got + m * dim, got + (m + 1) * dim, out + static_cast<size_t>(miss_at[m]) * dim);
+      }
+    }
+    MutexLock lock(mu_);
+    TableCache* t = Find(table);
+    for (size_t f = 0; f < fills.size(); ++f) {
+      Slot& s = t->slots[fills[f].slot];
+      if (!s.used || s.fill != tickets[f]) continue;  // evicted, or fetched again since
+      const float* v = direct ? out + static_cast<size_t>(miss_at[fills[f].index]) * dim
+                              : got + static_cast<size_t>(fills[f].index) * dim;
+      std::copy(v, v + dim, t->values.data() + static_cast<size_t>(fills[f].slot) * dim);
+      s.valid = true;
+      s.value_tick = tick;
+      s.fill = 0;
+    }
+    return Status::OK();
+  });
+}
+
+void CachingStoreImpl::AddToSum(TableCache* t, int32_t slot, const float* g) {
+  Slot& s = t->slots[slot];
+  float* sum = t->grads.data() + static_cast<size_t>(slot) * t->dim;
+  for (uint32_t j = 0; j < t->dim; ++j) sum[j] += g[j];
+  if (s.dirty) return;
+  s.dirty = true;
+  ++stats_.deferred_rows;
+  // Due S ticks after this first gradient; earlier, S ticks after the value's fetch, while
+  // the value is still served at the next tick: then the sum is pushed a tick before the
+  // value expires, and the refetch finds it acknowledged instead of waiting for it.
+  int64_t base = ticks_;
+  if (s.valid && s.value_tick + s_ > ticks_) base = std::min(base, s.value_tick);
+  s.flush_tick = std::max(ticks_ + 1, base + s_);
+  t->due[static_cast<size_t>(s.flush_tick % (s_ + 1))].push_back(slot);
+}
+
+Pending CachingStoreImpl::Push(uint32_t table, std::span<const uint64_t> keys,
+                               std::span<const float> grads) {
+  MutexLock lock(mu_);
+  TableCache* t = Find(table);
+  if (t == nullptr) return inner_->Push(table, keys, grads);
+  const uint32_t dim = t->dim;
+  if (grads.size() != keys.size() * dim) {
+    return Pending::Done(Status::InvalidArgument(
+        "push: " + std::to_string(grads.size()) + " gradient values for " +
+        std::to_string(keys.size()) + " keys of width " + std::to_string(dim)));
+  }
+  std::vector<uint64_t> pass_keys;
+  std::vector<float> pass_grads;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = t->keys.find(keys[i]);
+    if (it != t->keys.end() && it->second.slot >= 0) {
+      AddToSum(t, it->second.slot, grads.data() + i * dim);
+    } else {
+      pass_keys.push_back(keys[i]);
+      pass_grads.insert(pass_grads.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
+    }
+  }
+  if (pass_keys.empty()) return Pending();
+  if (pass_keys.size() == keys.size()) return inner_->Push(table, keys, grads);
+  // Input spans are copied before Push returns (ps/client/client.h; the local store applies
+  // them at once).
+  return inner_->Push(table, pass_keys, pass_grads);
+}
+
+Pending CachingStoreImpl::Clock() {
+  MutexLock lock(mu_);
+  ++ticks_;
+  std::vector<BatchPtr> batches = std::move(unreported_);
+  unreported_.clear();
+  for (uint32_t id = 0; id < tables_.size(); ++id) {
+    TableCache* t = tables_[id].get();
+    if (t == nullptr) continue;
+    auto& bucket = t->due[static_cast<size_t>(ticks_ % (s_ + 1))];
+    std::vector<uint64_t> keys;
+    std::vector<float> grads;
+    std::vector<int32_t> flushed;
+    for (int32_t slot : bucket) {
+      const Slot& s = t->slots[slot];
+      if (!s.used || !s.dirty || s.flush_tick != ticks_) continue;  // flushed or evicted since
+      TakeSum(t, slot, &keys, &grads);
+      flushed.push_back(slot);
+    }
+    bucket.clear();
+    if (!keys.empty()) {
+      BatchPtr b = PushBatch(id, std::move(keys), std::move(grads));
+      for (int32_t slot : flushed) t->slots[slot].flushing = b;
+      batches.push_back(b);
+    }
+    for (auto it = t->evicted_flushing.begin(); it != t->evicted_flushing.end();) {
+      if (it->second->is_done()) {
+        t->evicted_flushing.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  std::erase_if(outstanding_, [](const BatchPtr& b) { return b->is_done(); });
+  // After the flushes: under bounded staleness this clock promises the step's updates.
+  Pending clock = inner_->Clock();
+  return Pending([clock, batches = std::move(batches)]() mutable -> Status {
+    Status st = clock.Wait();
+    for (BatchPtr& b : batches) {
+      Status w = b->Wait();
+      if (st.ok() && !w.ok()) st = w.WithContext("push of deferred gradients");
+    }
+    return st;
+  });
+}
+
+Status CachingStoreImpl::Flush() {
+  std::vector<BatchPtr> wait;
+  {
+    MutexLock lock(mu_);
+    for (uint32_t id = 0; id < tables_.size(); ++id) {
+      TableCache* t = tables_[id].get();
+      if (t == nullptr) continue;
+      std::vector<uint64_t> keys;
+      std::vector<float> grads;
+      std::vector<int32_t> flushed;
+      for (int32_t slot = 0; slot < static_cast<int32_t>(t->slots.size()); ++slot) {
+        if (t->slots[slot].used && t->slots[slot].dirty) {
+          TakeSum(t, slot, &keys, &grads);
+          flushed.push_back(slot);
+        }
+      }
+      for (auto& bucket : t->due) bucket.clear();
+      if (!keys.empty()) {
+        BatchPtr b = PushBatch(id, std::move(keys), std::move(grads));
+        for (int32_t slot : flushed) t->slots[slot].flushing = b;
+      }
+    }
+    unreported_.clear();
+    wait = std::move(outstanding_);
+    outstanding_.clear();
+  }
+  Status st;
+  for (BatchPtr& b : wait) {
+    Status w = b->Wait();
+    if (st.ok() && !w.ok()) st = w.WithContext("push of deferred gradients");
+  }
+  return st;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CachingStore>> CreateCachingStore(ParamStore* inner,
+                                                         const RowCacheOptions& o) {
+  if (inner == nullptr) return Status::InvalidArgument("row cache: no inner store");
+  if (o.rows == 0 || o.rows > kMaxCacheRows) {
+    return Status::InvalidArgument("row cache: rows must be in [1, " +
+                                   std::to_string(kMaxCacheRows) + "], not " +
+                                   std::to_string(o.rows));
+  }
+  if (o.staleness < 1 || o.staleness > kMaxCacheStaleness) {
+    return Status::InvalidArgument("row cache: staleness must be in [1, " +
+                                   std::to_string(kMaxCacheStaleness) + "] clocks, not " +
+                                   std::to_string(o.staleness));
+  }
+  if (o.consistency_staleness == 0) {
+    return Status::InvalidArgument(
+        "row cache: refused under bulk-synchronous consistency, which promises that every pull "
+        "sees every earlier push; use asynchronous or bounded-staleness consistency");
+  }
+  if (o.admit_count == 0) return Status::InvalidArgument("row cache: admit_count must be >= 1");
+  return std::unique_ptr<CachingStore>(new CachingStoreImpl(inner, o));
+}
+
+}  // namespace tessera::worker
