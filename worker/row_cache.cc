@@ -30,6 +30,7 @@ using BatchPtr = std::shared_ptr<FlushBatch>;
 // One held row. Its value and gradient sum live in TableCache::values / grads at slot * dim.
 struct Slot {
   uint64_t key = 0;
+  uint32_t count = 0;  // pulls of the key in the counting window
   bool used = false;   // holds a key
   bool valid = false;  // the value is filled
   bool dirty = false;  // the gradient sum holds gradients not yet pushed
@@ -40,18 +41,17 @@ struct Slot {
   BatchPtr flushing;        // the push of its last flushed sum, until seen acknowledged
 };
 
-struct KeyInfo {
-  uint32_t count = 0;
-  int32_t slot = -1;  // -1: not held
-};
+// Keys ahead whose hash-table group is fetched into the cache while this one is looked up: the
+// tables are far larger than the CPU's caches, and most lookups would wait for memory.
+constexpr size_t kPrefetch = 8;
 
 struct TableCache {
   uint32_t dim = 0;
   std::vector<Slot> slots;
   std::vector<float> values, grads;  // slots.size() * dim each
   std::vector<int32_t> free;         // unused slots
-  uint64_t held = 0;
-  absl::flat_hash_map<uint64_t, KeyInfo> keys;  // pull counts, and where held keys sit
+  absl::flat_hash_map<uint64_t, int32_t> held;     // key -> slot
+  absl::flat_hash_map<uint64_t, uint32_t> counts;  // pull counts of keys not held
   absl::flat_hash_map<uint64_t, BatchPtr> evicted_flushing;  // evicted rows' pushes in flight
   std::vector<std::vector<int32_t>> due;  // slots by flush_tick % (S + 1)
 };
@@ -94,8 +94,8 @@ class CachingStoreImpl final : public CachingStore {
     RowCacheStats s = stats_;
     for (const auto& t : tables_) {
       if (t) {
-        s.rows += t->held;
-        s.counted_keys += t->keys.size();
+        s.rows += t->held.size();
+        s.counted_keys += t->counts.size();
       }
     }
     return s;
@@ -169,6 +169,8 @@ class CachingStoreImpl final : public CachingStore {
   // Batches not yet reported by a Clock() (evictions), and all not yet seen acknowledged.
   std::vector<BatchPtr> unreported_ ABSL_GUARDED_BY(mu_);
   std::vector<BatchPtr> outstanding_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> scratch_slots_ ABSL_GUARDED_BY(mu_);  // Pull's and Push's, reused
+  std::vector<uint32_t> scratch_counts_ ABSL_GUARDED_BY(mu_);
   RowCacheStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -218,10 +220,9 @@ int32_t CachingStoreImpl::Admit(TableCache* t, uint64_t key, uint32_t count, uin
       const int32_t c = static_cast<int32_t>(NextRandom() % t->slots.size());
       const Slot& s = t->slots[c];
       if (!s.used || s.pull_stamp == stamp) continue;
-      const uint32_t n = t->keys.find(s.key)->second.count;
-      if (n < victim_count) {
+      if (s.count < victim_count) {
         victim = c;
-        victim_count = n;
+        victim_count = s.count;
       }
     }
     if (victim < 0) return -1;
@@ -231,29 +232,32 @@ int32_t CachingStoreImpl::Admit(TableCache* t, uint64_t key, uint32_t count, uin
     } else if (v.flushing != nullptr && !v.flushing->is_done()) {
       t->evicted_flushing[v.key] = v.flushing;
     }
-    t->keys.find(v.key)->second.slot = -1;
+    t->held.erase(v.key);
+    t->counts[v.key] = v.count;  // counted on while not held
     ++stats_.evictions;
-    --t->held;
     slot = victim;
   }
   Slot& s = t->slots[slot];
   s = Slot{};
   s.key = key;
+  s.count = count;
   s.used = true;
-  ++t->held;
+  t->counts.erase(key);
+  t->held[key] = slot;
   return slot;
 }
 
 void CachingStoreImpl::Halve(TableCache* t) {
-  while (t->keys.size() > counted_keys_) {
-    for (auto it = t->keys.begin(); it != t->keys.end();) {
-      it->second.count >>= 1;
-      if (it->second.count == 0 && it->second.slot < 0) {
-        t->keys.erase(it++);
+  while (t->counts.size() > counted_keys_) {
+    for (auto it = t->counts.begin(); it != t->counts.end();) {
+      it->second >>= 1;
+      if (it->second == 0) {
+        t->counts.erase(it++);
       } else {
         ++it;
       }
     }
+    for (Slot& s : t->slots) s.count >>= 1;  // held keys age alike
   }
 }
 
@@ -270,15 +274,51 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
   std::vector<uint64_t> ticket_of_fill;
   std::vector<uint64_t> ev_keys;
   std::vector<float> ev_grads;
-  for (size_t i = 0; i < keys.size(); ++i) {
+  // Three passes over the keys, each fetching the memory of the keys a few ahead: the tables
+  // are far larger than the CPU's caches. 1: counts, and where each key is held.
+  const size_t n = keys.size();
+  std::vector<int32_t>& slot_of = scratch_slots_;
+  std::vector<uint32_t>& count_of = scratch_counts_;
+  slot_of.resize(n);
+  count_of.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetch < n) t->held.prefetch(keys[i + kPrefetch]);
+    auto it = t->held.find(keys[i]);
+    if (it != t->held.end()) {
+      slot_of[i] = it->second;
+    } else {
+      slot_of[i] = -1;
+      uint32_t& c = t->counts[keys[i]];
+      if (c < UINT32_MAX) ++c;
+      count_of[i] = c;
+    }
+  }
+  // 2: count the held keys, and mark their rows, which admissions in pass 3 must not evict.
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetch < n && slot_of[i + kPrefetch] >= 0) {
+      __builtin_prefetch(&t->slots[slot_of[i + kPrefetch]]);
+    }
+    if (slot_of[i] < 0) continue;
+    Slot& s = t->slots[slot_of[i]];
+    if (s.count < UINT32_MAX) ++s.count;
+    s.pull_stamp = stamp;
+  }
+  // 3: hits, refetches, admissions.
+  bool admitted = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetch < n && slot_of[i + kPrefetch] >= 0) {
+      __builtin_prefetch(t->values.data() + static_cast<size_t>(slot_of[i + kPrefetch]) * dim);
+    }
     const uint64_t key = keys[i];
-    KeyInfo& info = t->keys[key];
-    if (info.count < UINT32_MAX) ++info.count;
-    if (info.slot >= 0) {
-      Slot& s = t->slots[info.slot];
-      s.pull_stamp = stamp;
+    int32_t slot = slot_of[i];
+    if (slot < 0 && admitted) {  // a key repeated in this pull may be held by now
+      auto it = t->held.find(key);
+      if (it != t->held.end()) slot = it->second;
+    }
+    if (slot >= 0) {
+      Slot& s = t->slots[slot];
       if (s.valid && tick - s.value_tick <= s_) {
-        const float* v = t->values.data() + static_cast<size_t>(info.slot) * dim;
+        const float* v = t->values.data() + static_cast<size_t>(slot) * dim;
         std::copy(v, v + dim, out + i * dim);
         ++stats_.hits;
         continue;
@@ -287,7 +327,7 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
       WaitFlushing(&s.flushing);
       s.valid = false;
       s.fill = ++ticket_;
-      fills.push_back({static_cast<uint32_t>(miss_keys.size()), info.slot});
+      fills.push_back({static_cast<uint32_t>(miss_keys.size()), slot});
       ticket_of_fill.push_back(s.fill);
     } else {
       if (!t->evicted_flushing.empty()) {
@@ -297,10 +337,9 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
           t->evicted_flushing.erase(it);
         }
       }
-      const int32_t slot = Admit(t, key, info.count, stamp, &ev_keys, &ev_grads);
+      slot = Admit(t, key, count_of[i], stamp, &ev_keys, &ev_grads);
       if (slot >= 0) {
-        // Admit looked keys up but inserted none: `info` still refers to this key's entry.
-        info.slot = slot;
+        admitted = true;
         Slot& s = t->slots[slot];
         s.pull_stamp = stamp;
         s.fill = ++ticket_;
@@ -318,7 +357,7 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
     unreported_.push_back(b);
     for (uint64_t k : evicted) t->evicted_flushing[k] = b;
   }
-  if (t->keys.size() > counted_keys_) Halve(t);
+  if (t->counts.size() > counted_keys_) Halve(t);
   if (miss_keys.empty()) return Pending();
 
   // Every key a miss: the inner store writes `out` itself.
@@ -358,12 +397,9 @@ void CachingStoreImpl::AddToSum(TableCache* t, int32_t slot, const float* g) {
   if (s.dirty) return;
   s.dirty = true;
   ++stats_.deferred_rows;
-  // Due S ticks after this first gradient; earlier, S ticks after the value's fetch, while
-  // the value is still served at the next tick: then the sum is pushed a tick before the
-  // value expires, and the refetch finds it acknowledged instead of waiting for it.
-  int64_t base = ticks_;
-  if (s.valid && s.value_tick + s_ > ticks_) base = std::min(base, s.value_tick);
-  s.flush_tick = std::max(ticks_ + 1, base + s_);
+  // Due S ticks after this first gradient. The value expires on its own clock: a refetch that
+  // comes before this flush is acknowledged waits for it (Pull).
+  s.flush_tick = ticks_ + s_;
   t->due[static_cast<size_t>(s.flush_tick % (s_ + 1))].push_back(slot);
 }
 
@@ -380,15 +416,29 @@ Pending CachingStoreImpl::Push(uint32_t table, std::span<const uint64_t> keys,
   }
   std::vector<uint64_t> pass_keys;
   std::vector<float> pass_grads;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto it = t->keys.find(keys[i]);
-    if (it != t->keys.end() && it->second.slot >= 0) {
-      AddToSum(t, it->second.slot, grads.data() + i * dim);
+  // Where each key is held, then the sums (memory fetched a few keys ahead, as in Pull).
+  const size_t n = keys.size();
+  std::vector<int32_t>& slot_of = scratch_slots_;
+  slot_of.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetch < n) t->held.prefetch(keys[i + kPrefetch]);
+    auto it = t->held.find(keys[i]);
+    slot_of[i] = it == t->held.end() ? -1 : it->second;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetch < n && slot_of[i + kPrefetch] >= 0) {
+      const int32_t ahead = slot_of[i + kPrefetch];
+      __builtin_prefetch(&t->slots[ahead]);
+      __builtin_prefetch(t->grads.data() + static_cast<size_t>(ahead) * dim);
+    }
+    if (slot_of[i] >= 0) {
+      AddToSum(t, slot_of[i], grads.data() + i * dim);
     } else {
       pass_keys.push_back(keys[i]);
       pass_grads.insert(pass_grads.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
     }
   }
+  stats_.passed_keys += pass_keys.size();
   if (pass_keys.empty()) return Pending();
   if (pass_keys.size() == keys.size()) return inner_->Push(table, keys, grads);
   // Input spans are copied before Push returns (ps/client/client.h; the local store applies
@@ -477,9 +527,7 @@ Status CachingStoreImpl::Flush() {
 
 }  // namespace
 
-Result<std::unique_ptr<CachingStore>> CreateCachingStore(ParamStore* inner,
-                                                         const RowCacheOptions& o) {
-  if (inner == nullptr) return Status::InvalidArgument("row cache: no inner store");
+Status ValidateRowCacheOptions(const RowCacheOptions& o) {
   if (o.rows == 0 || o.rows > kMaxCacheRows) {
     return Status::InvalidArgument("row cache: rows must be in [1, " +
                                    std::to_string(kMaxCacheRows) + "], not " +
@@ -496,6 +544,13 @@ Result<std::unique_ptr<CachingStore>> CreateCachingStore(ParamStore* inner,
         "sees every earlier push; use asynchronous or bounded-staleness consistency");
   }
   if (o.admit_count == 0) return Status::InvalidArgument("row cache: admit_count must be >= 1");
+  return Status::OK();
+}
+
+Result<std::unique_ptr<CachingStore>> CreateCachingStore(ParamStore* inner,
+                                                         const RowCacheOptions& o) {
+  if (inner == nullptr) return Status::InvalidArgument("row cache: no inner store");
+  TESSERA_RETURN_IF_ERROR(ValidateRowCacheOptions(o));
   return std::unique_ptr<CachingStore>(new CachingStoreImpl(inner, o));
 }
 

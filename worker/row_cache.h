@@ -31,8 +31,8 @@ struct RowCacheOptions {
   /// A key is admitted once it has been pulled this many times in the counting window (the
   /// counts are halved whenever the count table is full); >= 1. Default: 2.
   uint32_t admit_count = 2;
-  /// Keys counted per table at most before the counts are halved (and keys at zero dropped);
-  /// 0: 8 * rows + 65536. Default: 0.
+  /// Keys not held whose pulls are counted, per table, at most: over it, every count (held
+  /// keys' too) is halved and keys at zero are dropped; 0: 8 * rows + 65536. Default: 0.
   uint64_t counted_keys = 0;
 };
 
@@ -42,11 +42,12 @@ struct RowCacheStats {
   uint64_t misses = 0;         ///< Keys of pulls sent to the inner store.
   uint64_t rows = 0;           ///< Rows held now.
   uint64_t deferred_rows = 0;  ///< Rows holding gradients not yet pushed, now.
+  uint64_t passed_keys = 0;    ///< Keys of pushes passed on at once (rows not held).
   uint64_t flushes = 0;        ///< Inner pushes of deferred gradients.
   uint64_t flushed_rows = 0;   ///< Rows' gradient sums those pushes carried.
   uint64_t evictions = 0;      ///< Rows given up for more frequent keys.
   uint64_t flush_waits = 0;    ///< Refetches that waited for the row's flush to be acknowledged.
-  uint64_t counted_keys = 0;   ///< Keys in the count tables now (bounded by counted_keys).
+  uint64_t counted_keys = 0;   ///< Keys not held that are counted now (at most counted_keys).
   /// hits / (hits + misses); 0 before any pull.
   double hit_rate() const {
     return hits + misses > 0 ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0;
@@ -60,11 +61,11 @@ struct RowCacheStats {
 /// the cache while its value is at most S ticks old (fetched by an inner pull issued at most S
 /// ticks earlier); other keys go to the inner store, in one inner Pull per call, and `out` is
 /// filled in key order either way. A push adds a held row's gradient to the row's local sum;
-/// Clock() pushes each sum (one inner Push per table, before the inner Clock) by the tick S
-/// after the sum's first gradient, and earlier where that lets the row be refreshed a tick
-/// after its flush. Evicting a row pushes its sum at once. A row is refetched only once the
-/// inner push of its last flushed sum is acknowledged (the pull waits for it), so a refreshed
-/// value includes every gradient this store has handed on; its age counts from the refetch.
+/// the Clock() call S ticks after the sum's first gradient pushes it (one inner Push per
+/// table, before the inner Clock). Evicting a row pushes its sum at once. A row is refetched
+/// only once the inner push of its last flushed sum is acknowledged (the pull waits for it),
+/// so a refreshed value includes every gradient this store has handed on; its age counts from
+/// the refetch's issue.
 /// Deferred gradients are not acknowledged pushes: Push's result covers only the keys passed
 /// on, and a worker that dies loses up to S ticks of its held rows' gradients. A deferred
 /// gradient is applied with the learning-rate factor in force when it is flushed.
@@ -80,8 +81,11 @@ class CachingStore : public ParamStore {
   virtual RowCacheStats stats() const = 0;
 };
 
-/// A caching store over `inner`. InvalidArgument for options out of bounds and for
-/// bulk-synchronous consistency.
+/// InvalidArgument, saying which, for options out of bounds and for bulk-synchronous
+/// consistency; OK otherwise.
+Status ValidateRowCacheOptions(const RowCacheOptions& options);
+
+/// A caching store over `inner`. Fails as ValidateRowCacheOptions does.
 Result<std::unique_ptr<CachingStore>> CreateCachingStore(ParamStore* inner,
                                                          const RowCacheOptions& options);
 
