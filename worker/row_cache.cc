@@ -30,13 +30,13 @@ using BatchPtr = std::shared_ptr<FlushBatch>;
 // One held row. Its value and gradient sum live in TableCache::values / grads at slot * dim.
 struct Slot {
   uint64_t key = 0;
-  uint32_t count = 0;  // pulls of the key in the counting window
-  bool used = false;   // holds a key
-  bool valid = false;  // the value is filled
-  bool dirty = false;  // the gradient sum holds gradients not yet pushed
-  int64_t value_tick = 0;  // tick of the inner pull that fetched the value
-  int64_t flush_tick = 0;  // dirty: the tick whose Clock() pushes the sum
-  uint64_t fill = 0;       // ticket of the pull that fills the value; 0: none
+  uint32_t count = 0;       // pulls of the key in the counting window
+  bool used = false;        // holds a key
+  bool valid = false;       // the value is filled
+  bool dirty = false;       // the gradient sum holds gradients not yet pushed
+  int64_t value_tick = 0;   // tick of the inner pull that fetched the value
+  int64_t flush_tick = 0;   // dirty: the tick whose Clock() pushes the sum
+  uint64_t fill = 0;        // ticket of the pull that fills the value; 0: none
   uint64_t pull_stamp = 0;  // the last Pull call that asked for it (not evicted by that call)
   BatchPtr flushing;        // the push of its last flushed sum, until seen acknowledged
 };
@@ -48,12 +48,12 @@ constexpr size_t kPrefetch = 8;
 struct TableCache {
   uint32_t dim = 0;
   std::vector<Slot> slots;
-  std::vector<float> values, grads;  // slots.size() * dim each
-  std::vector<int32_t> free;         // unused slots
-  absl::flat_hash_map<uint64_t, int32_t> held;     // key -> slot
-  absl::flat_hash_map<uint64_t, uint32_t> counts;  // pull counts of keys not held
+  std::vector<float> values, grads;                          // slots.size() * dim each
+  std::vector<int32_t> free;                                 // unused slots
+  absl::flat_hash_map<uint64_t, int32_t> held;               // key -> slot
+  absl::flat_hash_map<uint64_t, uint32_t> counts;            // pull counts of keys not held
   absl::flat_hash_map<uint64_t, BatchPtr> evicted_flushing;  // evicted rows' pushes in flight
-  std::vector<std::vector<int32_t>> due;  // slots by flush_tick % (S + 1)
+  std::vector<std::vector<int32_t>> due;                     // slots by flush_tick % (S + 1)
 };
 
 // A refetch: miss `index` of the call fills `slot` when the pull's ticket is still its ticket.
@@ -120,9 +120,7 @@ class CachingStoreImpl final : public CachingStore {
   Result<std::optional<std::string>> GetMeta(const std::string& name) override {
     return inner_->GetMeta(name);
   }
-  Status SetLearningRateScale(float scale) override {
-    return inner_->SetLearningRateScale(scale);
-  }
+  Status SetLearningRateScale(float scale) override { return inner_->SetLearningRateScale(scale); }
 
  private:
   TableCache* Find(uint32_t table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -143,8 +141,8 @@ class CachingStoreImpl final : public CachingStore {
   void AddToSum(TableCache* t, int32_t slot, const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Halve(TableCache* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves slot's sum into keys/grads (the caller pushes them) and marks it clean.
-  void TakeSum(TableCache* t, int32_t slot, std::vector<uint64_t>* keys,
-               std::vector<float>* grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeSum(TableCache* t, int32_t slot, std::vector<uint64_t>* keys, std::vector<float>* grads)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes `keys`/`grads` of table `id` as one batch; records it as outstanding.
   BatchPtr PushBatch(uint32_t id, std::vector<uint64_t> keys, std::vector<float> grads)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -440,10 +438,29 @@ Pending CachingStoreImpl::Push(uint32_t table, std::span<const uint64_t> keys,
   }
   stats_.passed_keys += pass_keys.size();
   if (pass_keys.empty()) return Pending();
-  if (pass_keys.size() == keys.size()) return inner_->Push(table, keys, grads);
+  // The sums the next Clock() would push ride on this push instead, a little early: one push
+  // per table and step, as without the cache. (Clock() skips them: they are clean now.)
+  std::vector<int32_t> riders;
+  for (int32_t slot : t->due[static_cast<size_t>((ticks_ + 1) % (s_ + 1))]) {
+    const Slot& s = t->slots[slot];
+    if (!s.used || !s.dirty || s.flush_tick != ticks_ + 1) continue;
+    TakeSum(t, slot, &pass_keys, &pass_grads);
+    riders.push_back(slot);
+  }
+  if (riders.empty() && pass_keys.size() == keys.size()) {
+    return inner_->Push(table, keys, grads);
+  }
   // Input spans are copied before Push returns (ps/client/client.h; the local store applies
   // them at once).
-  return inner_->Push(table, pass_keys, pass_grads);
+  Pending p = inner_->Push(table, pass_keys, pass_grads);
+  if (riders.empty()) return p;
+  auto b = std::make_shared<FlushBatch>();
+  b->pending = p;
+  ++stats_.flushes;
+  outstanding_.push_back(b);
+  for (int32_t slot : riders) t->slots[slot].flushing = b;
+  // Whoever waits for this push (the trainer's commit) marks the riders' flush acknowledged.
+  return Pending([b] { return b->Wait(); });
 }
 
 Pending CachingStoreImpl::Clock() {

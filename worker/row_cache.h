@@ -43,7 +43,7 @@ struct RowCacheStats {
   uint64_t rows = 0;           ///< Rows held now.
   uint64_t deferred_rows = 0;  ///< Rows holding gradients not yet pushed, now.
   uint64_t passed_keys = 0;    ///< Keys of pushes passed on at once (rows not held).
-  uint64_t flushes = 0;        ///< Inner pushes of deferred gradients.
+  uint64_t flushes = 0;        ///< Inner pushes that carried deferred gradients.
   uint64_t flushed_rows = 0;   ///< Rows' gradient sums those pushes carried.
   uint64_t evictions = 0;      ///< Rows given up for more frequent keys.
   uint64_t flush_waits = 0;    ///< Refetches that waited for the row's flush to be acknowledged.
@@ -62,7 +62,9 @@ struct RowCacheStats {
 /// ticks earlier); other keys go to the inner store, in one inner Pull per call, and `out` is
 /// filled in key order either way. A push adds a held row's gradient to the row's local sum;
 /// the Clock() call S ticks after the sum's first gradient pushes it (one inner Push per
-/// table, before the inner Clock). Evicting a row pushes its sum at once. A row is refetched
+/// table, before the inner Clock), or, a little early, the last push of its table before that
+/// Clock() that passes keys on anyway (the sum rides on it, and that push's result covers it).
+/// Evicting a row pushes its sum at once. A row is refetched
 /// only once the inner push of its last flushed sum is acknowledged (the pull waits for it),
 /// so a refreshed value includes every gradient this store has handed on; its age counts from
 /// the refetch's issue.

@@ -30,8 +30,7 @@ struct Stores {
   }
 };
 
-Stores Make(int32_t staleness, uint32_t admit_count = 1, uint64_t rows = 1000,
-            uint32_t dim = 2) {
+Stores Make(int32_t staleness, uint32_t admit_count = 1, uint64_t rows = 1000, uint32_t dim = 2) {
   Stores st;
   RowCacheOptions o;
   o.rows = rows;
@@ -77,38 +76,48 @@ TEST(RowCache, ServedValuesAreAtMostSClocksOld) {
 // This worker pushes gradients through the cache every clock, in the trainer's order (pull,
 // push, clock). After the Clock() that starts clock T, the inner store holds exactly the sum of
 // a prefix of them that covers every gradient of clocks <= T - S; after Flush, all of them.
+// With `passed` a key not held goes with each push, and the sums due at the next Clock() ride
+// on that push instead.
 TEST(RowCache, GradientsReachTheInnerStoreWithinSClocksSummedExactly) {
   for (int32_t s : {1, 2, 4}) {
-    SCOPED_TRACE("S=" + std::to_string(s));
-    Stores st = Make(s);
-    const std::vector<uint64_t> keys = {5};
-    std::vector<double> pushed;  // gradient of clock t (first coordinate; the second is 10x)
-    bool deferred_seen = false;
-    for (int64_t t = 0; t < 40; ++t) {
-      st.Pull(st.cache.get(), keys);
-      const float g = static_cast<float>(t % 3 + 1);
-      st.Push(st.cache.get(), keys, {g, 10 * g});
-      pushed.push_back(g);
-      const double all = std::accumulate(pushed.begin(), pushed.end(), 0.0);
-      if (-st.Pull(st.inner.get(), keys)[0] < all) deferred_seen = true;
-      ASSERT_TRUE(st.cache->Clock().Wait().ok());
-      const int64_t now = t + 1;
-      const std::vector<float> v = st.Pull(st.inner.get(), keys);
-      const double applied = -v[0];
-      EXPECT_EQ(v[1], 10 * v[0]);
-      // A prefix of the gradients, at least through clock now - S.
-      size_t k = 0;
-      double prefix = 0;
-      while (k < pushed.size() && prefix < applied) prefix += pushed[k++];
-      ASSERT_EQ(prefix, applied) << "not a prefix sum at clock " << now;
-      EXPECT_GE(static_cast<int64_t>(k), now - s + 1) << "a gradient of clock " << k
-                                                   << " is still deferred at clock " << now;
+    for (bool passed : {false, true}) {
+      SCOPED_TRACE("S=" + std::to_string(s) + (passed ? " with keys passed on" : ""));
+      Stores st = Make(s);
+      const std::vector<uint64_t> keys = {5};
+      std::vector<double> pushed;  // gradient of clock t (first coordinate; the second is 10x)
+      bool deferred_seen = false;
+      for (int64_t t = 0; t < 40; ++t) {
+        st.Pull(st.cache.get(), keys);
+        const float g = static_cast<float>(t % 3 + 1);
+        if (passed) {
+          st.Push(st.cache.get(), {5, 100000 + static_cast<uint64_t>(t)}, {g, 10 * g, 1, 1});
+        } else {
+          st.Push(st.cache.get(), keys, {g, 10 * g});
+        }
+        pushed.push_back(g);
+        const double all = std::accumulate(pushed.begin(), pushed.end(), 0.0);
+        if (-st.Pull(st.inner.get(), keys)[0] < all) deferred_seen = true;
+        ASSERT_TRUE(st.cache->Clock().Wait().ok());
+        const int64_t now = t + 1;
+        const std::vector<float> v = st.Pull(st.inner.get(), keys);
+        const double applied = -v[0];
+        EXPECT_EQ(v[1], 10 * v[0]);
+        // A prefix of the gradients, at least through clock now - S.
+        size_t k = 0;
+        double prefix = 0;
+        while (k < pushed.size() && prefix < applied) prefix += pushed[k++];
+        ASSERT_EQ(prefix, applied) << "not a prefix sum at clock " << now;
+        EXPECT_GE(static_cast<int64_t>(k), now - s + 1)
+            << "a gradient of clock " << k << " is still deferred at clock " << now;
+      }
+      // (At S = 1 a sum due at the next Clock() rides on the push that adds to it.)
+      EXPECT_EQ(deferred_seen, !(passed && s == 1));
+      ASSERT_TRUE(st.cache->Flush().ok());
+      const double total = std::accumulate(pushed.begin(), pushed.end(), 0.0);
+      EXPECT_EQ(-st.Pull(st.inner.get(), keys)[0], total);
+      EXPECT_EQ(st.cache->stats().deferred_rows, 0u);
+      EXPECT_EQ(st.cache->stats().passed_keys, passed ? 40u : 0u);
     }
-    EXPECT_TRUE(deferred_seen);
-    ASSERT_TRUE(st.cache->Flush().ok());
-    const double total = std::accumulate(pushed.begin(), pushed.end(), 0.0);
-    EXPECT_EQ(-st.Pull(st.inner.get(), keys)[0], total);
-    EXPECT_EQ(st.cache->stats().deferred_rows, 0u);
   }
 }
 
@@ -117,7 +126,7 @@ TEST(RowCache, GradientsReachTheInnerStoreWithinSClocksSummedExactly) {
 TEST(RowCache, MixedHitsAndMissesFillOutInKeyOrder) {
   Stores st = Make(/*staleness=*/4, /*admit_count=*/2, 1000, /*dim=*/3);
   const std::vector<uint64_t> all = {10, 20, 30, 40, 50};
-  st.Push(st.inner.get(), all, std::vector<float>(15, -1.0f));  // every value 1
+  st.Push(st.inner.get(), all, std::vector<float>(15, -1.0f));            // every value 1
   EXPECT_EQ(st.Pull(st.cache.get(), all), st.Pull(st.inner.get(), all));  // counted once
   st.Pull(st.cache.get(), {20, 40});  // twice: admitted, fetched
   EXPECT_EQ(st.cache->stats().rows, 2u);
@@ -216,9 +225,7 @@ TEST(RowCache, DenseTablesPassThrough) {
   EXPECT_EQ(st.inner->GetMeta("k").value().value(), "v");
   ASSERT_TRUE(st.cache->Clock().Wait().ok());
   EXPECT_EQ(st.cache->clock(), 1);
-  EXPECT_EQ(st.cache->Push(st.table, std::vector<uint64_t>{1}, std::vector<float>{1})
-                .Wait()
-                .code(),
+  EXPECT_EQ(st.cache->Push(st.table, std::vector<uint64_t>{1}, std::vector<float>{1}).Wait().code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -231,10 +238,10 @@ TEST(RowCache, RefusesBulkSynchronousConsistencyAndBadBounds) {
   EXPECT_NE(bsp.status().message().find("bulk-synchronous"), std::string::npos);
   o.consistency_staleness = 3;
   EXPECT_TRUE(CreateCachingStore(inner.get(), o).ok());
-  for (auto bad : {RowCacheOptions{.rows = 0}, RowCacheOptions{.rows = kMaxCacheRows + 1},
-                   RowCacheOptions{.staleness = 0},
-                   RowCacheOptions{.staleness = kMaxCacheStaleness + 1},
-                   RowCacheOptions{.admit_count = 0}}) {
+  for (auto bad :
+       {RowCacheOptions{.rows = 0}, RowCacheOptions{.rows = kMaxCacheRows + 1},
+        RowCacheOptions{.staleness = 0}, RowCacheOptions{.staleness = kMaxCacheStaleness + 1},
+        RowCacheOptions{.admit_count = 0}}) {
     EXPECT_EQ(CreateCachingStore(inner.get(), bad).status().code(), StatusCode::kInvalidArgument);
   }
   EXPECT_FALSE(CreateCachingStore(nullptr, RowCacheOptions{}).ok());

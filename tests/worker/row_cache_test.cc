@@ -6,6 +6,8 @@
 //  - WorkerRowCache (label integration): tessera-worker with --cache_rows on a real
 //    tessera-server: hits in its Prometheus metrics while it trains and in its report, test AUC
 //    near the uncached run's; refused with --consistency=bsp.
+#include "worker/row_cache.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,7 +25,6 @@
 #include "worker/data_source.h"
 #include "worker/model.h"
 #include "worker/param_store.h"
-#include "worker/row_cache.h"
 #include "worker/trainer.h"
 
 #ifndef TESSERA_WORKER_BINARY
@@ -114,11 +115,12 @@ TEST(RowCacheQuality, CachedRunsTestAucWithinBarOfUncached) {
   for (int32_t s : {2, 4}) {
     const Trained cached = TrainInProcess(kTrain, 65536, s);
     const RowCacheStats& c = cached.cache;
-    std::printf("S=%d: test auc %.4f (delta %+.4f, bar %.3f), hit rate %.3f, %llu rows' "
-                "gradients deferred, %llu keys pushed at once\n",
-                s, cached.auc, cached.auc - plain.auc, kAucBar, c.hit_rate(),
-                static_cast<unsigned long long>(c.flushed_rows),
-                static_cast<unsigned long long>(c.passed_keys));
+    std::printf(
+        "S=%d: test auc %.4f (delta %+.4f, bar %.3f), hit rate %.3f, %llu rows' "
+        "gradients deferred, %llu keys pushed at once\n",
+        s, cached.auc, cached.auc - plain.auc, kAucBar, c.hit_rate(),
+        static_cast<unsigned long long>(c.flushed_rows),
+        static_cast<unsigned long long>(c.passed_keys));
     EXPECT_LE(std::fabs(cached.auc - plain.auc), kAucBar) << "S=" << s;
     // The cache was used: a good part of the pulls were hits, most pushes deferred.
     EXPECT_GT(c.hit_rate(), 0.2) << "S=" << s;
@@ -134,8 +136,8 @@ struct WorkerRun {
 
 std::vector<std::string> WorkerArgs(const std::string& server, const std::string& job,
                                     const std::string& dir) {
-  return {TESSERA_WORKER_BINARY, "--servers=" + server, "--job=" + job, "--out_dir=" + dir + "/" + job,
-          "--train_samples=300000", "--validate_every=0"};
+  return {TESSERA_WORKER_BINARY,          "--servers=" + server,    "--job=" + job,
+          "--out_dir=" + dir + "/" + job, "--train_samples=300000", "--validate_every=0"};
 }
 
 WorkerRun RunWorker(std::vector<std::string> args, const std::string& log) {
@@ -186,10 +188,11 @@ TEST(WorkerRowCache, RealServerRunCountsHitsAndMatchesUncached) {
   const auto b = testing::ParseWorkerReport(out);
   ASSERT_TRUE(a.count("test_auc") && b.count("test_auc") && b.count("cache_hit_rate")) << out;
   EXPECT_EQ(a.count("cache_hit_rate"), 0u);
-  std::printf("real server, 300k samples: test auc uncached %.4f cached (S=2) %.4f delta %+.4f, "
-              "hit rate %.3f\n",
-              a.at("test_auc"), b.at("test_auc"), b.at("test_auc") - a.at("test_auc"),
-              b.at("cache_hit_rate"));
+  std::printf(
+      "real server, 300k samples: test auc uncached %.4f cached (S=2) %.4f delta %+.4f, "
+      "hit rate %.3f\n",
+      a.at("test_auc"), b.at("test_auc"), b.at("test_auc") - a.at("test_auc"),
+      b.at("cache_hit_rate"));
   EXPECT_GT(b.at("cache_hit_rate"), 0.2);
   EXPECT_GT(b.at("cache_flushed_rows"), 0);
   // The test read the servers after every deferred gradient was pushed.
