@@ -56,10 +56,24 @@ struct TableCache {
   std::vector<std::vector<int32_t>> due;                     // slots by flush_tick % (S + 1)
 };
 
-// A refetch: miss `index` of the call fills `slot` when the pull's ticket is still its ticket.
+// A fetch into a row: miss `index` of the pull fills `slot` if the slot's ticket is still
+// `ticket` when the values arrive.
 struct Fill {
   uint32_t index;
   int32_t slot;
+  uint64_t ticket;
+};
+
+// What a pull sent to the inner store, kept until its values arrive.
+struct PullMisses {
+  int64_t tick = 0;
+  uint32_t dim = 0;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> at;  // their positions in the pull's keys
+  std::vector<Fill> fills;
+  bool direct = false;     // every key a miss: the inner store wrote `out`
+  std::vector<float> buf;  // otherwise its values, in the order of `keys`
+  Pending inner;
 };
 
 class CachingStoreImpl final : public CachingStore {
@@ -135,6 +149,12 @@ class CachingStoreImpl final : public CachingStore {
     }
     b->reset();
   }
+  void Locate(TableCache* t, std::span<const uint64_t> keys, uint64_t stamp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Serve(TableCache* t, std::span<const uint64_t> keys, float* out, uint64_t stamp,
+             int64_t tick, PullMisses* m, std::vector<uint64_t>* ev_keys,
+             std::vector<float>* ev_grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status FinishMisses(uint32_t table, float* out, PullMisses* m) ABSL_LOCKS_EXCLUDED(mu_);
   int32_t Admit(TableCache* t, uint64_t key, uint32_t count, uint64_t stamp,
                 std::vector<uint64_t>* ev_keys, std::vector<float>* ev_grads)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -259,21 +279,11 @@ void CachingStoreImpl::Halve(TableCache* t) {
   }
 }
 
-Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, float* out) {
-  MutexLock lock(mu_);
-  TableCache* t = Find(table);
-  if (t == nullptr) return inner_->Pull(table, keys, out);
-  const uint32_t dim = t->dim;
-  const uint64_t stamp = ++stamp_;
-  const int64_t tick = ticks_;
-  std::vector<uint64_t> miss_keys;
-  std::vector<uint32_t> miss_at;  // positions in `keys`
-  std::vector<Fill> fills;
-  std::vector<uint64_t> ticket_of_fill;
-  std::vector<uint64_t> ev_keys;
-  std::vector<float> ev_grads;
-  // Three passes over the keys, each fetching the memory of the keys a few ahead: the tables
-  // are far larger than the CPU's caches. 1: counts, and where each key is held.
+// Passes 1 and 2 of a pull (Pull): counts, where each key is held (scratch_slots_; the counts
+// of keys not held in scratch_counts_), and this pull's stamp on its held rows, which
+// admissions must not evict. Each pass fetches the memory of the keys a few ahead: the tables
+// are far larger than the CPU's caches.
+void CachingStoreImpl::Locate(TableCache* t, std::span<const uint64_t> keys, uint64_t stamp) {
   const size_t n = keys.size();
   std::vector<int32_t>& slot_of = scratch_slots_;
   std::vector<uint32_t>& count_of = scratch_counts_;
@@ -291,7 +301,6 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
       count_of[i] = c;
     }
   }
-  // 2: count the held keys, and mark their rows, which admissions in pass 3 must not evict.
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetch < n && slot_of[i + kPrefetch] >= 0) {
       __builtin_prefetch(&t->slots[slot_of[i + kPrefetch]]);
@@ -301,10 +310,17 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
     if (s.count < UINT32_MAX) ++s.count;
     s.pull_stamp = stamp;
   }
-  // 3: hits, refetches, admissions.
+}
+
+// Pass 3 of a pull: hits into `out`; refetches, admissions and plain misses into `m`.
+void CachingStoreImpl::Serve(TableCache* t, std::span<const uint64_t> keys, float* out,
+                             uint64_t stamp, int64_t tick, PullMisses* m,
+                             std::vector<uint64_t>* ev_keys, std::vector<float>* ev_grads) {
+  const uint32_t dim = t->dim;
+  const std::vector<int32_t>& slot_of = scratch_slots_;
   bool admitted = false;
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetch < n && slot_of[i + kPrefetch] >= 0) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetch < keys.size() && slot_of[i + kPrefetch] >= 0) {
       __builtin_prefetch(t->values.data() + static_cast<size_t>(slot_of[i + kPrefetch]) * dim);
     }
     const uint64_t key = keys[i];
@@ -324,9 +340,6 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
       // Too old, or not filled yet: fetch it again, once its flushed sum is on the servers.
       WaitFlushing(&s.flushing);
       s.valid = false;
-      s.fill = ++ticket_;
-      fills.push_back({static_cast<uint32_t>(miss_keys.size()), slot});
-      ticket_of_fill.push_back(s.fill);
     } else {
       if (!t->evicted_flushing.empty()) {
         auto it = t->evicted_flushing.find(key);
@@ -335,20 +348,59 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
           t->evicted_flushing.erase(it);
         }
       }
-      slot = Admit(t, key, count_of[i], stamp, &ev_keys, &ev_grads);
+      slot = Admit(t, key, scratch_counts_[i], stamp, ev_keys, ev_grads);
       if (slot >= 0) {
         admitted = true;
-        Slot& s = t->slots[slot];
-        s.pull_stamp = stamp;
-        s.fill = ++ticket_;
-        fills.push_back({static_cast<uint32_t>(miss_keys.size()), slot});
-        ticket_of_fill.push_back(s.fill);
+        t->slots[slot].pull_stamp = stamp;
       }
     }
-    miss_keys.push_back(key);
-    miss_at.push_back(static_cast<uint32_t>(i));
+    if (slot >= 0) {
+      t->slots[slot].fill = ++ticket_;
+      m->fills.push_back({static_cast<uint32_t>(m->keys.size()), slot, t->slots[slot].fill});
+    }
+    m->keys.push_back(key);
+    m->at.push_back(static_cast<uint32_t>(i));
   }
-  stats_.misses += miss_keys.size();
+}
+
+// Once the inner pull of `m` is done: its values into `out` at their keys' positions, and into
+// the rows it fetched that still wait for them.
+Status CachingStoreImpl::FinishMisses(uint32_t table, float* out, PullMisses* m) {
+  TESSERA_RETURN_IF_ERROR(m->inner.Wait());
+  const uint32_t dim = m->dim;
+  const float* got = m->direct ? out : m->buf.data();
+  if (!m->direct) {
+    for (size_t k = 0; k < m->at.size(); ++k) {
+      std::copy(got + k * dim, got + (k + 1) * dim, out + static_cast<size_t>(m->at[k]) * dim);
+    }
+  }
+  MutexLock lock(mu_);
+  TableCache* t = Find(table);
+  for (const Fill& f : m->fills) {
+    Slot& s = t->slots[f.slot];
+    if (!s.used || s.fill != f.ticket) continue;  // evicted, or fetched again since
+    const float* v = got + static_cast<size_t>(m->direct ? m->at[f.index] : f.index) * dim;
+    std::copy(v, v + dim, t->values.data() + static_cast<size_t>(f.slot) * dim);
+    s.valid = true;
+    s.value_tick = m->tick;
+    s.fill = 0;
+  }
+  return Status::OK();
+}
+
+Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, float* out) {
+  MutexLock lock(mu_);
+  TableCache* t = Find(table);
+  if (t == nullptr) return inner_->Pull(table, keys, out);
+  const uint64_t stamp = ++stamp_;
+  auto m = std::make_shared<PullMisses>();
+  m->tick = ticks_;
+  m->dim = t->dim;
+  std::vector<uint64_t> ev_keys;
+  std::vector<float> ev_grads;
+  Locate(t, keys, stamp);
+  Serve(t, keys, out, stamp, m->tick, m.get(), &ev_keys, &ev_grads);
+  stats_.misses += m->keys.size();
   if (!ev_keys.empty()) {
     std::vector<uint64_t> evicted = ev_keys;
     BatchPtr b = PushBatch(table, std::move(ev_keys), std::move(ev_grads));
@@ -356,36 +408,12 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
     for (uint64_t k : evicted) t->evicted_flushing[k] = b;
   }
   if (t->counts.size() > counted_keys_) Halve(t);
-  if (miss_keys.empty()) return Pending();
-
+  if (m->keys.empty()) return Pending();
   // Every key a miss: the inner store writes `out` itself.
-  const bool direct = miss_keys.size() == keys.size();
-  auto buf = std::make_shared<std::vector<float>>(direct ? 0 : miss_keys.size() * dim);
-  Pending inner = inner_->Pull(table, miss_keys, direct ? out : buf->data());
-  return Pending([this, table, tick, dim, out, direct, inner, buf, miss_at = std::move(miss_at),
-                  fills = std::move(fills),
-                  tickets = std::move(ticket_of_fill)]() mutable -> Status {
-    TESSERA_RETURN_IF_ERROR(inner.Wait());
-    const float* got = direct ? out : buf->data();
-    if (!direct) {
-      for (size_t m = 0; m < miss_at.size(); ++m) {
-        std::copy(got + m * dim, got + (m + 1) * dim, out + static_cast<size_t>(miss_at[m]) * dim);
-      }
-    }
-    MutexLock lock(mu_);
-    TableCache* t = Find(table);
-    for (size_t f = 0; f < fills.size(); ++f) {
-      Slot& s = t->slots[fills[f].slot];
-      if (!s.used || s.fill != tickets[f]) continue;  // evicted, or fetched again since
-      const float* v = direct ? out + static_cast<size_t>(miss_at[fills[f].index]) * dim
-                              : got + static_cast<size_t>(fills[f].index) * dim;
-      std::copy(v, v + dim, t->values.data() + static_cast<size_t>(fills[f].slot) * dim);
-      s.valid = true;
-      s.value_tick = tick;
-      s.fill = 0;
-    }
-    return Status::OK();
-  });
+  m->direct = m->keys.size() == keys.size();
+  if (!m->direct) m->buf.resize(m->keys.size() * m->dim);
+  m->inner = inner_->Pull(table, m->keys, m->direct ? out : m->buf.data());
+  return Pending([this, table, out, m] { return FinishMisses(table, out, m.get()); });
 }
 
 void CachingStoreImpl::AddToSum(TableCache* t, int32_t slot, const float* g) {
