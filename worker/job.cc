@@ -416,6 +416,8 @@ Status Job::RunRank(uint32_t local) {
   std::unique_ptr<Backend> backend;
   if (o_.backend == "cuda") {
     TESSERA_ASSIGN_OR_RETURN(backend, CreateCudaBackend(*layout_, DeviceOfLocalRank(local, gpus_)));
+  } else if (o_.backend == "null") {
+    TESSERA_ASSIGN_OR_RETURN(backend, CreateNullBackend(*layout_));
   } else {
     TESSERA_ASSIGN_OR_RETURN(backend, CreateCpuBackend(*layout_, {o_.threads}));
   }
@@ -566,6 +568,11 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     return Status::InvalidArgument("--local_ranks=" + std::to_string(options.local_ranks) +
                                    " is over the bound " + std::to_string(kMaxLocalRanks) +
                                    " (each local rank is a thread with its own model copy)");
+  }
+  if (options.backend != "cpu" && options.backend != "cuda" && options.backend != "null") {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--backend must be cpu, cuda or null, not '" +
+                                   options.backend + "'");
   }
   if (options.cache_rows > 0) {
     Status cache = ValidateRowCacheOptions(CacheOptions(options));
