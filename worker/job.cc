@@ -63,6 +63,14 @@ Result<Trained> JobTotals(ParamStore* store, const std::string& job, uint32_t nu
   return total;
 }
 
+RowCacheOptions CacheOptions(const JobOptions& o) {
+  RowCacheOptions c;
+  c.rows = o.cache_rows;
+  c.staleness = o.cache_staleness;
+  c.consistency_staleness = o.staleness;
+  return c;
+}
+
 CurveRow TrainingRow(const TrainProgress& p, uint64_t global_batch) {
   CurveRow row;
   row.step = p.step;
@@ -81,6 +89,7 @@ class Job {
 
   Status SetUpLocalRanks();
   Status Connect();
+  Status SetUpCache();
   Status SetUpData();
   Status CreateModel();
   void SetUpTrainer();
@@ -98,6 +107,7 @@ class Job {
   Status RestoreBest(JobReport* report);
   void WriteHtml(JobReport* report);
   Result<uint64_t> CountTrainingShard() const;
+  Status FlushCache();
 
   const JobOptions& o_;
   std::FILE* out_;
@@ -107,6 +117,7 @@ class Job {
   std::shared_ptr<ReduceGroup> group_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<CachingStore> cache_;  // over store_, for training only; null: none
   SkippedLines skipped_lines_;  // outlives every reader opened from dopt_
   DataSourceOptions dopt_;
   std::optional<ModelLayout> layout_;
@@ -164,6 +175,26 @@ Status Job::Connect() {
     TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt));
   }
   store_ = CreateClusterStore(client_.get());
+  return Status::OK();
+}
+
+// The hot-row cache wraps the store the training loop uses; validation and the test read the
+// servers through store_ (RunJob checked the options).
+Status Job::SetUpCache() {
+  if (o_.cache_rows == 0) return Status::OK();
+  TESSERA_ASSIGN_OR_RETURN(cache_, CreateCachingStore(store_.get(), CacheOptions(o_)));
+  std::fprintf(out_, "worker %u hot-row cache: %llu rows per sparse table, staleness %d steps\n",
+               o_.worker_id, static_cast<unsigned long long>(o_.cache_rows), o_.cache_staleness);
+  std::fflush(out_);
+  return Status::OK();
+}
+
+// Pushes the cache's deferred gradients and waits for them: what is read from the servers
+// next (a validation round, the test) includes every step trained.
+Status Job::FlushCache() {
+  if (!cache_) return Status::OK();
+  TESSERA_RETURN_IF_ERROR(cache_->Flush().WithContext("hot-row cache"));
+  if (o_.observer) o_.observer->OnRowCache(cache_->stats());
   return Status::OK();
 }
 
@@ -243,9 +274,15 @@ void Job::SetUpTrainer() {
   topt_.on_progress = [this](const TrainProgress& p) {
     if (o_.observer) o_.observer->OnProgress(p);
     std::fprintf(
-        out_, "worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f\n",
+        out_, "worker %u step %llu samples %llu %.0f samples/s loss %.4f running_auc %.4f",
         o_.worker_id, static_cast<unsigned long long>(p.step),
         static_cast<unsigned long long>(p.samples), p.samples_per_s, p.loss, p.running_auc);
+    if (cache_) {
+      const RowCacheStats c = cache_->stats();
+      if (o_.observer) o_.observer->OnRowCache(c);
+      std::fprintf(out_, " cache_hit_rate %.3f", c.hit_rate());
+    }
+    std::fprintf(out_, "\n");
     std::fflush(out_);
   };
 }
@@ -306,6 +343,7 @@ Status Job::SetUpValidation() {
 
 // A validation round after step p.step; worker 0 prints it and adds it to the curve.
 Result<bool> Job::ValidationPause(const TrainProgress& p) {
+  TESSERA_RETURN_IF_ERROR(FlushCache());
   TESSERA_ASSIGN_OR_RETURN(bool stop, validator_->Round(p.step));
   if (o_.worker_id != 0) return stop;
   const ValidationPoint& v = validator_->history().back();
@@ -385,8 +423,10 @@ Status Job::RunRank(uint32_t local) {
   } else {
     TESSERA_ASSIGN_OR_RETURN(backend, CreateCpuBackend(*layout_, {o_.threads}));
   }
+  ParamStore* store = nullptr;  // local rank 0's: the servers, through the cache where on
+  if (local == 0) store = cache_ ? static_cast<ParamStore*>(cache_.get()) : store_.get();
   TESSERA_ASSIGN_OR_RETURN(auto trainer,
-                           Trainer::Create(topt_, *layout_, local == 0 ? store_.get() : nullptr,
+                           Trainer::Create(topt_, *layout_, store,
                                            backend.get(), reader.get(), reducer.get()));
   TESSERA_RETURN_IF_ERROR(trainer->Init());
   if (o_.observer && local == 0) o_.observer->OnReady(true, "");
@@ -401,6 +441,7 @@ Status Job::Train() {
   train_start_s_ = UnixSeconds();
   TESSERA_RETURN_IF_ERROR(
       RunLocalRanks(nl_, group_.get(), [this](uint32_t local) { return RunRank(local); }));
+  TESSERA_RETURN_IF_ERROR(FlushCache());
   train_end_s_ = UnixSeconds();
   if (o_.observer) o_.observer->OnReady(false, "training finished");
   const TrainResult& tr = trained_;
@@ -410,7 +451,22 @@ Status Job::Train() {
                o_.worker_id, static_cast<unsigned long long>(tr.samples), tr.seconds,
                tr.samples_per_s, static_cast<unsigned long long>(tr.steps),
                static_cast<unsigned long long>(tr.resumed_steps), tr.train_loss);
-  std::fflush(out_);
+  if (cache_) {
+    const RowCacheStats c = cache_->stats();
+    std::fprintf(out_,
+                 "worker %u hot-row cache: hit rate %.3f (%llu hits, %llu misses), %llu rows, "
+                 "%llu keys pushed at once, %llu rows' gradients deferred and pushed in %llu "
+                 "pushes, %llu evictions, %llu refetches waited for a flush\n",
+                 o_.worker_id, c.hit_rate(), static_cast<unsigned long long>(c.hits),
+                 static_cast<unsigned long long>(c.misses),
+                 static_cast<unsigned long long>(c.rows),
+                 static_cast<unsigned long long>(c.passed_keys),
+                 static_cast<unsigned long long>(c.flushed_rows),
+                 static_cast<unsigned long long>(c.flushes),
+                 static_cast<unsigned long long>(c.evictions),
+                 static_cast<unsigned long long>(c.flush_waits));
+    std::fflush(out_);
+  }
   return Status::OK();
 }
 
@@ -469,6 +525,7 @@ Result<JobReport> Job::Test() {
   JobReport report;
   report.train = trained_;
   report.skipped_lines = skipped_lines_.count();
+  if (cache_) report.row_cache = cache_->stats();
   if (!o_.evaluate) return report;
   const TrainResult& tr = trained_;
   TESSERA_RETURN_IF_ERROR(
@@ -524,9 +581,17 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     return Status::InvalidArgument("--data_threads=" + std::to_string(options.data_threads) +
                                    " is over the bound " + std::to_string(kMaxDataThreads));
   }
+  if (options.cache_rows > 0) {
+    Status cache = ValidateRowCacheOptions(CacheOptions(options));
+    if (!cache.ok()) {
+      if (options_error) *options_error = true;
+      return Status::InvalidArgument("--cache_rows/--cache_staleness: " + cache.message());
+    }
+  }
   Job job(options);
   TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());
   TESSERA_RETURN_IF_ERROR(job.Connect());
+  TESSERA_RETURN_IF_ERROR(job.SetUpCache());
   TESSERA_RETURN_IF_ERROR(job.SetUpData());
   TESSERA_RETURN_IF_ERROR(job.CreateModel());
   job.SetUpTrainer();

@@ -16,6 +16,7 @@
 #include "ps/cluster_map_source.h"
 #include "ps/status.h"
 #include "worker/model.h"
+#include "worker/row_cache.h"
 #include "worker/synthetic_data.h"
 #include "worker/trainer.h"
 #include "worker/validation.h"
@@ -34,6 +35,9 @@ class JobObserver {
   virtual void OnReady(bool /*ready*/, std::string_view /*why*/) {}
   /// Worker 0's test figures, before its test line is written.
   virtual void OnTest(double /*auc*/, double /*logloss*/) {}
+  /// The hot-row cache's figures so far (with cache_rows), with each progress report and once
+  /// training has ended.
+  virtual void OnRowCache(const RowCacheStats& /*stats*/) {}
 };
 
 /// What a job runs, on which cluster, with which model and data. A value type; the defaults are
@@ -132,6 +136,15 @@ struct JobOptions {
   /// -1 asynchronous, 0 bulk-synchronous, > 0 bounded staleness in clocks (--consistency,
   /// --staleness). Default: -1.
   int32_t staleness = -1;
+  /// Hot-row cache (worker/row_cache.h, docs/worker.md "Hot-row cache"): rows of the most
+  /// frequently pulled keys held by this node per sparse table, for training only (validation
+  /// and the test read the servers); 0: off. At most kMaxCacheRows; refused with
+  /// bulk-synchronous consistency (an options error) (--cache_rows). Default: 0.
+  uint64_t cache_rows = 0;
+  /// The cache's staleness S in steps: a held value is used for at most S steps after its pull,
+  /// a held row's gradients are pushed at most S steps late; 1..kMaxCacheStaleness
+  /// (--cache_staleness). Default: 2.
+  int32_t cache_staleness = 2;
   /// Job name: table prefix and position records (--job). Default: "ctr".
   std::string job = "ctr";
   /// Resume from this worker's stored position (--resume). Default: true.
@@ -241,6 +254,8 @@ struct JobReport {
   std::string report_html;
   /// Malformed lines skipped (skip_bad_lines).
   uint64_t skipped_lines = 0;
+  /// The hot-row cache's figures at the end of training (with cache_rows).
+  std::optional<RowCacheStats> row_cache;
 };
 
 /// Runs the job on this node: sets up its local ranks, connects, trains, validates, and on

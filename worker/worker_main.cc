@@ -75,6 +75,13 @@ DEFINE_uint32(data_threads, 0,
               "the local ranks, less one, 1 to 8");
 DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
+DEFINE_uint64(cache_rows, 0,
+              "Hot-row cache: rows of the most frequently pulled keys held by this worker per "
+              "sparse table, their gradients pushed at most --cache_staleness steps late "
+              "(docs/worker.md, Hot-row cache); 0: off; not with --consistency=bsp");
+DEFINE_int32(cache_staleness, 2,
+             "Hot-row cache: steps a held value is used after its pull, and a held row's "
+             "gradients may wait before their push (1..64)");
 DEFINE_int32(threads, 1, "CPU backend threads per local rank");
 DEFINE_string(backend, "cpu",
               "cpu | cuda | null (null: no model, zero gradients; measures the feed: data, "
@@ -164,7 +171,16 @@ class WorkerMetrics final : public tw::JobObserver {
                             "Log loss of the node's recent predictions, before their update.")),
         test_auc_(r.AddGauge("tessera_worker_test_auc", "Test AUC (worker 0, after training).")),
         test_logloss_(r.AddGauge("tessera_worker_test_logloss",
-                                 "Test log loss (worker 0, after training).")) {
+                                 "Test log loss (worker 0, after training).")),
+        cache_hits_(r.AddCounter("tessera_worker_cache_hits_total",
+                                 "Keys of pulls served by the hot-row cache (--cache_rows).")),
+        cache_misses_(r.AddCounter("tessera_worker_cache_misses_total",
+                                   "Keys of pulls the hot-row cache sent to the servers.")),
+        cache_flushed_(r.AddCounter("tessera_worker_cache_flushed_rows_total",
+                                    "Rows' deferred gradient sums the hot-row cache pushed.")),
+        cache_rows_(r.AddGauge("tessera_worker_cache_rows", "Rows the hot-row cache holds.")),
+        cache_deferred_(r.AddGauge("tessera_worker_cache_deferred_rows",
+                                   "Held rows whose gradients are not pushed yet.")) {
     r.AddGauge("tessera_worker_info", "Constant 1, labelled with the worker's place and build.",
                {{"worker_id", std::to_string(FLAGS_worker_id)},
                 {"num_workers", std::to_string(FLAGS_num_workers)},
@@ -190,13 +206,25 @@ class WorkerMetrics final : public tw::JobObserver {
     test_auc_.Set(auc);
     test_logloss_.Set(logloss);
   }
+  void OnRowCache(const tw::RowCacheStats& c) override {
+    // Reports come from one thread at a time (progress, then the end of training).
+    cache_hits_.Inc(c.hits - std::min(c.hits, cache_seen_.hits));
+    cache_misses_.Inc(c.misses - std::min(c.misses, cache_seen_.misses));
+    cache_flushed_.Inc(c.flushed_rows - std::min(c.flushed_rows, cache_seen_.flushed_rows));
+    cache_rows_.Set(static_cast<double>(c.rows));
+    cache_deferred_.Set(static_cast<double>(c.deferred_rows));
+    cache_seen_ = c;
+  }
 
  private:
   tessera::metrics::HttpEndpoint* http_ = nullptr;
   tessera::metrics::Gauge& step_;
   tessera::metrics::Counter& samples_;
   tessera::metrics::Gauge &rate_, &loss_, &auc_, &logloss_, &test_auc_, &test_logloss_;
+  tessera::metrics::Counter &cache_hits_, &cache_misses_, &cache_flushed_;
+  tessera::metrics::Gauge &cache_rows_, &cache_deferred_;
   uint64_t samples_seen_ = 0;  // progress reports come from one thread
+  tw::RowCacheStats cache_seen_;
 };
 
 // The cluster: --servers, or the cluster map of --coordinator. Returns the exit status of a bad
@@ -262,6 +290,8 @@ void NodeAndDataFromFlags(tw::JobOptions* o) {
   } else if (FLAGS_consistency == "ssp") {
     o->staleness = std::max(FLAGS_staleness, 1);
   }
+  o->cache_rows = FLAGS_cache_rows;
+  o->cache_staleness = FLAGS_cache_staleness;
   o->job = FLAGS_job;
   o->resume = FLAGS_resume;
   o->progress_interval_s = FLAGS_progress_interval_s;
@@ -393,6 +423,15 @@ void PrintReport(const tw::JobReport& r) {
   report["metrics_csv"] = r.metrics_csv;
   if (!r.report_html.empty()) report["report_html"] = r.report_html;
   if (FLAGS_skip_bad_lines) report["skipped_lines"] = r.skipped_lines;
+  if (r.row_cache) {
+    report["cache_rows"] = FLAGS_cache_rows;
+    report["cache_staleness"] = FLAGS_cache_staleness;
+    report["cache_hits"] = r.row_cache->hits;
+    report["cache_misses"] = r.row_cache->misses;
+    report["cache_hit_rate"] = r.row_cache->hit_rate();
+    report["cache_flushed_rows"] = r.row_cache->flushed_rows;
+    report["cache_deferred_rows"] = r.row_cache->deferred_rows;  // 0: all flushed for the test
+  }
   // A --data path need not be UTF-8; replace what is not rather than throw.
   std::printf("%s\n",
               report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
