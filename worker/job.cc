@@ -233,6 +233,7 @@ void Job::SetUpTrainer() {
   topt_.batch_size = batch_size_;
   topt_.max_steps = o_.max_steps;
   topt_.prefetch = o_.prefetch;
+  topt_.prefetch_depth = o_.prefetch_depth;
   topt_.staleness = o_.staleness;
   topt_.worker_id = o_.worker_id;
   topt_.job = o_.job;
@@ -509,6 +510,12 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     return Status::InvalidArgument("--local_ranks=" + std::to_string(options.local_ranks) +
                                    " is over the bound " + std::to_string(kMaxLocalRanks) +
                                    " (each local rank is a thread with its own model copy)");
+  }
+  if (options.prefetch_depth == 0 || options.prefetch_depth > kMaxPrefetchDepth) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--prefetch_depth=" + std::to_string(options.prefetch_depth) +
+                                   " is not in [1, " + std::to_string(kMaxPrefetchDepth) +
+                                   "] (each prefetched step holds a batch and its rows)");
   }
   Job job(options);
   TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());

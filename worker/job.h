@@ -122,6 +122,10 @@ struct JobOptions {
   uint64_t max_steps = 0;
   /// Pull the next batch while this one computes (--prefetch). Default: true.
   bool prefetch = true;
+  /// Steps prepared ahead of the one computing, their pulls ahead by the rule of
+  /// TrainerOptions::prefetch_depth (BSP: none; SSP: min(depth, staleness); async: depth)
+  /// (--prefetch_depth). 1 .. kMaxPrefetchDepth (64). Default: 2.
+  uint32_t prefetch_depth = 2;
   /// -1 asynchronous, 0 bulk-synchronous, > 0 bounded staleness in clocks (--consistency,
   /// --staleness). Default: -1.
   int32_t staleness = -1;

@@ -51,6 +51,10 @@ struct LrSchedule {
 /// "none" | "linear" | "cosine"; InvalidArgument otherwise.
 Result<LrSchedule::Decay> ParseLrDecay(std::string_view name);
 
+/// The largest TrainerOptions::prefetch_depth and max_pushes_in_flight (each prefetched step
+/// holds a batch and its pulled rows in memory).
+inline constexpr uint32_t kMaxPrefetchDepth = 64;
+
 /// Options of a Trainer.
 struct TrainerOptions {
   /// Samples per step per local rank. Default: 1024.
@@ -58,8 +62,33 @@ struct TrainerOptions {
   /// Stop after this many steps of this node (resumed steps count); 0: when the data ends.
   /// Default: 0.
   uint64_t max_steps = 0;
-  /// Read the next batch and pull its parameters while the current batch computes. Default: true.
+  /// Read the next batches and pull their parameters while the current batch computes
+  /// (prefetch_depth says how far). false: nothing runs ahead (each step reads, pulls, computes
+  /// and pushes in turn). Default: true.
   bool prefetch = true;
+  /// How many steps ahead of the one computing are prepared (read, keys deduplicated and, with
+  /// a reducer, unioned); each has its own buffers (a ring of prefetch_depth + 1 steps). Their
+  /// pulls run ahead by the pull-ahead j (step k's pull is issued before step k - j computes,
+  /// on the client's clock of that moment):
+  ///  - BSP (staleness 0): j = 0. Step k's pull is issued only after step k - 1's pushes are
+  ///    acknowledged and its Clock sent, so it sees every worker's pushes of steps < k, exactly
+  ///    as without prefetch; only data preparation runs ahead.
+  ///  - SSP (staleness s > 0): j = min(prefetch_depth, s). A pull issued at clock c waits on
+  ///    the servers until every worker reached c - s, so step k's values hold every worker's
+  ///    steps <= k - 1 - j - s: up to s + j <= 2s steps behind (s + 1 with depth 1, the
+  ///    behaviour before prefetch_depth existed), never issued more than s clocks early.
+  ///  - asynchronous (staleness < 0): j = prefetch_depth. Step k computes on values that may
+  ///    miss this worker's own last j steps of pushes (and whatever of the other workers'
+  ///    pushes had not arrived when the pull was served).
+  /// 1 .. kMaxPrefetchDepth; InvalidArgument otherwise (also with prefetch false). Default: 2.
+  uint32_t prefetch_depth = 2;
+  /// Steps whose pushes may be submitted and not yet acknowledged and committed (the leader
+  /// waits before pushing another). Position records are written strictly in step order, each
+  /// after that step's pushes and all earlier ones are acknowledged, so a worker that dies
+  /// and restarts redoes at most this many steps (their pushes may have been applied: they are
+  /// applied again). 1: one step at a time. Under BSP every step's pushes are acknowledged
+  /// before its Clock anyway. 1 .. kMaxPrefetchDepth. Default: 2.
+  uint32_t max_pushes_in_flight = 2;
   /// The job's staleness, as in ConsistencyOptions: -1 asynchronous, 0 bulk-synchronous (the
   /// next pull waits for this step's pushes), > 0 bounded. Default: -1.
   int32_t staleness = -1;
@@ -86,7 +115,8 @@ struct TrainerOptions {
   /// leader waits until step S's pushes are applied and the step is committed, then calls
   /// on_pause with a progress report of the steps since the previous report (on_progress is
   /// not called for those); the other local ranks wait for its answer. true: training ends
-  /// after step S (the batch prefetched for the next step is dropped); an error fails Train.
+  /// after step S (the batches prefetched for later steps are dropped once their pulls have
+  /// finished); an error fails Train.
   /// Both or neither. Default: none.
   std::function<bool(uint64_t)> pause_at;
   /// The learning-rate schedule (pushes of the leader). Default: none (factor 1).
@@ -133,6 +163,9 @@ class Trainer {
   Status IssuePull(Step* step);
   Status FinishPull(Step* step);
   Status ComputeAndPush(Step* step, TrainResult* result);
+  // Steps whose pulls run ahead of the one computing (see TrainerOptions::prefetch_depth).
+  uint32_t DataAhead() const;
+  uint32_t PullAhead() const;
   Result<bool> Pause(const TrainProgress& progress);
   std::string MetaKey() const;
 

@@ -69,6 +69,9 @@ DEFINE_uint32(batch_size, 0,
               "epoch has at least 100 steps (at least 32)");
 DEFINE_uint64(max_steps, 0, "Stop after this many steps (0: when the data ends)");
 DEFINE_bool(prefetch, true, "Pull the next batch while this one computes");
+DEFINE_uint32(prefetch_depth, 2,
+              "Steps prepared ahead of the one computing (1..64); their pulls run ahead too: "
+              "none under bsp, min(depth, staleness) under ssp, depth under async");
 DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
 DEFINE_int32(threads, 1, "CPU backend threads per local rank");
@@ -249,6 +252,7 @@ void NodeAndDataFromFlags(tw::JobOptions* o) {
   o->batch_size = FLAGS_batch_size;
   o->max_steps = FLAGS_max_steps;
   o->prefetch = FLAGS_prefetch;
+  o->prefetch_depth = FLAGS_prefetch_depth;
   o->staleness = -1;  // async
   if (FLAGS_consistency == "bsp") {
     o->staleness = 0;
@@ -353,6 +357,7 @@ void PrintReport(const tw::JobReport& r) {
   report["local_ranks"] = std::max<uint32_t>(FLAGS_local_ranks, 1);
   report["consistency"] = FLAGS_consistency;
   report["prefetch"] = FLAGS_prefetch;
+  report["prefetch_depth"] = FLAGS_prefetch_depth;
   report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
   report["train_samples_worker0"] = tr.samples;
   report["train_seconds"] = tr.seconds;
