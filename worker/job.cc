@@ -234,6 +234,7 @@ void Job::SetUpTrainer() {
   topt_.max_steps = o_.max_steps;
   topt_.prefetch = o_.prefetch;
   topt_.prefetch_depth = o_.prefetch_depth;
+  topt_.max_pushes_in_flight = o_.max_pushes_in_flight;
   topt_.staleness = o_.staleness;
   topt_.worker_id = o_.worker_id;
   topt_.job = o_.job;
@@ -516,6 +517,12 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     return Status::InvalidArgument("--prefetch_depth=" + std::to_string(options.prefetch_depth) +
                                    " is not in [1, " + std::to_string(kMaxPrefetchDepth) +
                                    "] (each prefetched step holds a batch and its rows)");
+  }
+  if (options.max_pushes_in_flight == 0 || options.max_pushes_in_flight > kMaxPrefetchDepth) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--max_pushes_in_flight=" +
+                                   std::to_string(options.max_pushes_in_flight) +
+                                   " is not in [1, " + std::to_string(kMaxPrefetchDepth) + "]");
   }
   Job job(options);
   TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());

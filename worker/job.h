@@ -126,6 +126,10 @@ struct JobOptions {
   /// TrainerOptions::prefetch_depth (BSP: none; SSP: min(depth, staleness); async: depth)
   /// (--prefetch_depth). 1 .. kMaxPrefetchDepth (64). Default: 2.
   uint32_t prefetch_depth = 2;
+  /// Steps pushed and not yet acknowledged and committed; a restarted worker redoes at most
+  /// this many (TrainerOptions::max_pushes_in_flight) (--max_pushes_in_flight). 1 ..
+  /// kMaxPrefetchDepth (64). Default: 2.
+  uint32_t max_pushes_in_flight = 2;
   /// -1 asynchronous, 0 bulk-synchronous, > 0 bounded staleness in clocks (--consistency,
   /// --staleness). Default: -1.
   int32_t staleness = -1;

@@ -73,10 +73,11 @@ struct TrainerOptions {
   ///  - BSP (staleness 0): j = 0. Step k's pull is issued only after step k - 1's pushes are
   ///    acknowledged and its Clock sent, so it sees every worker's pushes of steps < k, exactly
   ///    as without prefetch; only data preparation runs ahead.
-  ///  - SSP (staleness s > 0): j = min(prefetch_depth, s). A pull issued at clock c waits on
-  ///    the servers until every worker reached c - s, so step k's values hold every worker's
-  ///    steps <= k - 1 - j - s: up to s + j <= 2s steps behind (s + 1 with depth 1, the
-  ///    behaviour before prefetch_depth existed), never issued more than s clocks early.
+  ///  - SSP (staleness s > 0): j = min(prefetch_depth, s). Step k's pull is issued at clock
+  ///    k - 1 - j or later (never more than s clocks early); the servers serve a pull issued at
+  ///    clock c once every worker's clock reached c - s, so step k's values may lag each
+  ///    worker by up to s + j <= 2s steps instead of s (s + 1 with depth 1, the behaviour
+  ///    before prefetch_depth existed).
   ///  - asynchronous (staleness < 0): j = prefetch_depth. Step k computes on values that may
   ///    miss this worker's own last j steps of pushes (and whatever of the other workers'
   ///    pushes had not arrived when the pull was served).

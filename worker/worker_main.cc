@@ -72,6 +72,9 @@ DEFINE_bool(prefetch, true, "Pull the next batch while this one computes");
 DEFINE_uint32(prefetch_depth, 2,
               "Steps prepared ahead of the one computing (1..64); their pulls run ahead too: "
               "none under bsp, min(depth, staleness) under ssp, depth under async");
+DEFINE_uint32(max_pushes_in_flight, 2,
+              "Steps pushed and not yet acknowledged (1..64); a restarted worker redoes at most "
+              "this many");
 DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
 DEFINE_int32(threads, 1, "CPU backend threads per local rank");
@@ -253,6 +256,7 @@ void NodeAndDataFromFlags(tw::JobOptions* o) {
   o->max_steps = FLAGS_max_steps;
   o->prefetch = FLAGS_prefetch;
   o->prefetch_depth = FLAGS_prefetch_depth;
+  o->max_pushes_in_flight = FLAGS_max_pushes_in_flight;
   o->staleness = -1;  // async
   if (FLAGS_consistency == "bsp") {
     o->staleness = 0;
@@ -358,6 +362,7 @@ void PrintReport(const tw::JobReport& r) {
   report["consistency"] = FLAGS_consistency;
   report["prefetch"] = FLAGS_prefetch;
   report["prefetch_depth"] = FLAGS_prefetch_depth;
+  report["max_pushes_in_flight"] = FLAGS_max_pushes_in_flight;
   report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
   report["train_samples_worker0"] = tr.samples;
   report["train_seconds"] = tr.seconds;
