@@ -496,72 +496,75 @@ uint32_t Trainer::PullAhead() const {
   return std::min(options_.prefetch_depth, static_cast<uint32_t>(options_.staleness));
 }
 
+// The steps of a run in flight: step i of the run (0-based) lives in steps[i % steps.size()];
+// steps [k, prepared) are prepared, steps [k, pulled) have their pulls issued, step k computes
+// next. Pulls in flight write into the steps: destruction (every exit of Train) waits for them.
+struct Trainer::Ring {
+  explicit Ring(size_t size) : steps(size) {}
+  ~Ring() {
+    for (Step& s : steps) {
+      for (Pending& p : s.pulls) (void)p.Wait();
+      s.pulls.clear();
+    }
+  }
+  Step* at(uint64_t i) { return &steps[i % steps.size()]; }
+
+  std::vector<Step> steps;
+  uint64_t k = 0, prepared = 0, pulled = 0;
+  uint64_t budget = 0;    // steps this run may do (max_steps)
+  bool data_end = false;  // a prepared step found the end of the data
+};
+
+// Prepares steps up to k + DataAhead() and issues pulls up to k + PullAhead(). The decisions
+// depend only on what every local rank shares (the global batch sizes), so every rank runs the
+// same collectives in the same order.
+Status Trainer::Fill(Ring* r) {
+  while (!r->data_end && r->prepared < r->budget && r->prepared <= r->k + DataAhead()) {
+    Step* s = r->at(r->prepared);
+    TESSERA_RETURN_IF_ERROR(Prepare(s));
+    ++r->prepared;
+    r->data_end = s->end;
+  }
+  while (r->pulled < r->prepared && r->pulled <= r->k + PullAhead()) {
+    TESSERA_RETURN_IF_ERROR(IssuePull(r->at(r->pulled)));
+    ++r->pulled;
+  }
+  return Status::OK();
+}
+
 Result<TrainResult> Trainer::Train() {
   TrainResult result;
   result.resumed_steps = step_;
   running_ = std::make_unique<RunningMetrics>(options_.running_window);
   const auto start = SteadyClock::now();
   ProgressWindow window(start);
-  // Step i of this run (0-based) lives in ring[i % ring.size()]; steps [k, prepared) are
-  // prepared, steps [k, pulled) have their pulls issued, step k computes next.
-  const uint64_t data_ahead = DataAhead(), pull_ahead = PullAhead();
-  std::vector<Step> ring(data_ahead + 1);
-  uint64_t k = 0, prepared = 0, pulled = 0;
-  // Pulls in flight write into the ring: every exit waits for them before it is dropped.
-  struct DrainPulls {
-    std::vector<Step>& ring;
-    ~DrainPulls() {
-      for (Step& s : ring) {
-        for (Pending& p : s.pulls) (void)p.Wait();
-        s.pulls.clear();
-      }
-    }
-  } drain{ring};
-  const uint64_t budget =
-      options_.max_steps == 0
-          ? std::numeric_limits<uint64_t>::max()
-          : options_.max_steps - std::min(options_.max_steps, step_);  // steps of this run
-  bool data_end = false;  // a prepared step found the end of the data
+  Ring ring(DataAhead() + 1);
+  ring.budget = options_.max_steps == 0 ? std::numeric_limits<uint64_t>::max()
+                                        : options_.max_steps - std::min(options_.max_steps, step_);
   auto fail = [&](Status s) -> Status {
     if (reducer_ != nullptr) {
       reducer_->Abort(s.WithContext("local rank " + std::to_string(reducer_->rank())));
     }
     return s;
   };
-  // Prepares steps up to k + data_ahead and issues pulls up to k + pull_ahead. The decisions
-  // depend only on what every local rank shares (the global batch sizes), so every rank runs
-  // the same collectives in the same order.
-  auto fill = [&]() -> Status {
-    while (!data_end && prepared < budget && prepared <= k + data_ahead) {
-      Step* s = &ring[prepared % ring.size()];
-      TESSERA_RETURN_IF_ERROR(Prepare(s));
-      ++prepared;
-      data_end = s->end;
-    }
-    while (pulled < prepared && pulled <= k + pull_ahead) {
-      TESSERA_RETURN_IF_ERROR(IssuePull(&ring[pulled % ring.size()]));
-      ++pulled;
-    }
-    return Status::OK();
-  };
   auto report = [&] { return window.Next(step_, result, leader_ ? running_.get() : nullptr); };
 
   while (true) {
-    Status s = fill();
+    Status s = Fill(&ring);
     if (!s.ok()) return fail(s);
-    if (k == prepared) break;  // max_steps
-    Step* cur = &ring[k % ring.size()];
+    if (ring.k == ring.prepared) break;  // max_steps
+    Step* cur = ring.at(ring.k);
     if (cur->end) break;
     s = FinishPull(cur);
     if (s.ok()) s = ComputeAndPush(cur, &result);
     if (!s.ok()) return fail(s);
-    ++k;
+    ++ring.k;
     if (options_.pause_at && options_.on_pause && options_.pause_at(step_)) {
       auto stop = Pause(report());
       if (!stop.ok()) return fail(stop.status());
       if (*stop) {
         result.stopped = true;
-        break;  // the prefetched steps are dropped (DrainPulls waits for their pulls)
+        break;  // the prefetched steps are dropped (~Ring waits for their pulls)
       }
     }
     if (leader_ && options_.progress_interval_s > 0 &&

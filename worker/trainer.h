@@ -157,6 +157,7 @@ class Trainer {
 
  private:
   struct Step;
+  struct Ring;
   class Committer;
   Trainer(const TrainerOptions& options, const ModelLayout& layout, ParamStore* store,
           Backend* backend, DataReader* reader, LocalReducer* reducer);
@@ -164,9 +165,11 @@ class Trainer {
   Status IssuePull(Step* step);
   Status FinishPull(Step* step);
   Status ComputeAndPush(Step* step, TrainResult* result);
-  // Steps whose pulls run ahead of the one computing (see TrainerOptions::prefetch_depth).
+  // Steps prepared ahead of the one computing, and those of them whose pulls are issued
+  // (TrainerOptions::prefetch_depth).
   uint32_t DataAhead() const;
   uint32_t PullAhead() const;
+  Status Fill(Ring* ring);
   Result<bool> Pause(const TrainProgress& progress);
   std::string MetaKey() const;
 
