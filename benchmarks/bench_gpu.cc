@@ -4,7 +4,8 @@
 //     bandwidth: the bytes they must move over the time they take, against the peak from the
 //     device's memory clock and bus width, and against a device-to-device copy measured here.
 //  2. The CUDA backend's ForwardBackward against the CPU backend (all cores) on the same model
-//     and batches: samples/s of each, alternating repetitions.
+//     and batches: samples/s of each, alternating repetitions; and the CUDA backend with the
+//     next batch staged (Backend::Stage) before each call, its upload overlapping the kernels.
 //  3. The NCCL reducer over min(GPUs, 2) ranks: ReduceSumOnDevice (the training path) against
 //     the host-staged ReduceSum of the same floats, in GB/s of the reduced data.
 // Without a GPU (or in a build without CUDA) it says why, prints a JSON line with
@@ -101,6 +102,8 @@ struct Figures {
   };
   std::vector<Bag> bags;
   double cuda_sps = 0, cpu_sps = 0;
+  // ForwardBackward with the next batch staged (Backend::Stage) before each call.
+  double cuda_staged_sps = 0;
   int cpu_threads = 0;
   uint32_t nccl_ranks = 0;
   double nccl_device_gbs = 0, nccl_host_gbs = 0;
@@ -276,8 +279,10 @@ int MeasureBackends(int reps, Figures* f) {
   auto cpu = tw::CreateCpuBackend(*layout, {f->cpu_threads});
   auto gpu = tw::CreateCudaBackend(*layout, 0);
   if (!cpu.ok() || !gpu.ok()) return Fail("backends: " + gpu.status().ToString());
-  tw::Backend* backends[2] = {gpu->get(), cpu->get()};
-  std::vector<double> sps[2];
+  // Variant 2: the CUDA backend with the next batch staged before each call, as a trainer that
+  // overlaps the next upload with this step's kernels.
+  tw::Backend* backends[3] = {gpu->get(), cpu->get(), gpu->get()};
+  std::vector<double> sps[3];
   std::vector<float> probs(FLAGS_batch_size);
   tw::ModelGrads grads;
   Status error;
@@ -288,10 +293,15 @@ int MeasureBackends(int reps, Figures* f) {
   }
   if (!error.ok()) return Fail(error.ToString());
   const int calls = FLAGS_quick ? 4 : 8;
-  tessera::bench::ForEachAlternating(2, reps, [&](size_t v, int) {
+  tessera::bench::ForEachAlternating(3, reps, [&](size_t v, int) {
     const auto start = std::chrono::steady_clock::now();
+    if (v == 2) error = backends[v]->Stage(batches[0].Input());
     for (int i = 0; i < calls && error.ok(); ++i) {
       const Prepared& p = batches[i % batches.size()];
+      if (v == 2 && i + 1 < calls) {
+        error = backends[v]->Stage(batches[(i + 1) % batches.size()].Input());
+        if (!error.ok()) break;
+      }
       error = backends[v]->ForwardBackward(p.Input(), 1.0f, probs.data(), &grads);
     }
     const double s =
@@ -302,12 +312,14 @@ int MeasureBackends(int reps, Figures* f) {
   if (!error.ok()) return Fail(error.ToString());
   f->cuda_sps = tessera::bench::Median(sps[0]);
   f->cpu_sps = tessera::bench::Median(sps[1]);
+  f->cuda_staged_sps = tessera::bench::Median(sps[2]);
   std::printf(
       "ForwardBackward, batch %u, embedding %u, MLPs %s / %s (host inputs, one upload and "
       "one download per call): CUDA %.0f samples/s, CPU (%d threads) %.0f samples/s: "
-      "%.1fx\n",
+      "%.1fx; CUDA with the next batch staged (Stage) %.0f samples/s: %.2fx unstaged\n",
       FLAGS_batch_size, mc.embedding_dim, FLAGS_bottom_mlp.c_str(), FLAGS_top_mlp.c_str(),
-      f->cuda_sps, f->cpu_threads, f->cpu_sps, f->cuda_sps / f->cpu_sps);
+      f->cuda_sps, f->cpu_threads, f->cpu_sps, f->cuda_sps / f->cpu_sps, f->cuda_staged_sps,
+      f->cuda_staged_sps / f->cuda_sps);
   return 0;
 }
 
@@ -419,12 +431,12 @@ int main(int argc, char** argv) {
       "\"copy_gbs\": %.0f, \"emb_forward_of_peak\": %.3f, \"emb_backward_of_peak\": %.3f, "
       "\"emb_forward_of_copy\": %.3f, \"emb_backward_of_copy\": %.3f, \"embedding_bag\": %s, "
       "\"cuda_samples_per_s\": %.0f, \"cpu_samples_per_s\": %.0f, \"cpu_threads\": %d, "
-      "\"cuda_vs_cpu\": %.2f, \"nccl_ranks\": %u, \"nccl_device_gbs\": %.2f, "
-      "\"nccl_host_staged_gbs\": %.2f}\n",
+      "\"cuda_vs_cpu\": %.2f, \"cuda_staged_samples_per_s\": %.0f, \"nccl_ranks\": %u, "
+      "\"nccl_device_gbs\": %.2f, \"nccl_host_staged_gbs\": %.2f}\n",
       Json(f.device).c_str(), *count, f.peak_gbs, f.copy_gbs, first.fwd_gbs / f.peak_gbs,
       first.bwd_gbs / f.peak_gbs, first.fwd_gbs / f.copy_gbs, first.bwd_gbs / f.copy_gbs,
-      bags.c_str(), f.cuda_sps, f.cpu_sps, f.cpu_threads, f.cuda_sps / f.cpu_sps, f.nccl_ranks,
-      f.nccl_device_gbs, f.nccl_host_gbs);
+      bags.c_str(), f.cuda_sps, f.cpu_sps, f.cpu_threads, f.cuda_sps / f.cpu_sps, f.cuda_staged_sps,
+      f.nccl_ranks, f.nccl_device_gbs, f.nccl_host_gbs);
   return 0;
 #endif
 }

@@ -72,6 +72,26 @@ class Backend {
   /// host once, on the leader, with one wait per step.
   virtual Status ForwardBackwardReduced(const ModelInput& in, float loss_scale, float* probs,
                                         ModelGrads* grads, LocalReducer* reducer);
+  /// Optional: starts moving a batch that a later call will compute to the device, so that
+  /// the copy overlaps the computation of the calls before it (typically: Stage(next batch),
+  /// then ForwardBackward(this batch)). Copies what `in` has: its batch (offsets, rows,
+  /// weights, dense, labels when not null) and, when params and the sparse rows it needs are
+  /// set, its parameters; a pointer left null is uploaded by the call that computes it. That
+  /// call (Forward, ForwardBackward or ForwardBackwardReduced) uses what was staged when its
+  /// input has the same batch_size and the same pointers (and num_rows for the parameters);
+  /// the caller must not change that memory between the two calls (Stage reads it before it
+  /// returns; the computing call only compares pointers). Only the first or second compute
+  /// call after a Stage may use what it staged (Stage(k + 1), compute k, Stage(k + 2), compute
+  /// k + 1); later calls drop it, and Stage of an empty batch (batch_size 0) drops everything
+  /// staged: call it before reusing the memory of a batch staged but never computed. Two
+  /// batches fit: a third Stage, or a call on another batch while two are staged, replaces the
+  /// one staged first (its call then uploads it again). InvalidArgument when offsets, rows or
+  /// (models with dense features) dense is missing.
+  /// Default: does nothing (the CPU backend reads host memory where it is).
+  virtual Status Stage(const ModelInput& in) {
+    static_cast<void>(in);
+    return Status::OK();
+  }
 };
 
 /// Options of the CPU backend.
@@ -93,6 +113,15 @@ Result<std::unique_ptr<Backend>> CreateCpuBackend(const ModelLayout& layout,
 /// would refuse it.
 std::string_view CpuBackendIsa(std::string_view isa = "auto");
 
+/// A backend without a model, for measuring the feed (data, keys, pulls and pushes) alone:
+/// probabilities 0.5, the loss of those (loss_sum = batch_size * log 2), and zero gradients of
+/// the CPU backend's shapes (embeddings num_rows * embedding_dim on deep models, wide num_rows
+/// on wide ones, params num_params; empty where the model has no such part). It checks its
+/// input as every backend does (CheckModelInput) and reads nothing else. With a reducer it
+/// keeps the default ForwardBackwardReduced (host sums of the zeros and of the losses).
+/// --backend=null of tessera-worker.
+Result<std::unique_ptr<Backend>> CreateNullBackend(const ModelLayout& layout);
+
 /// Whether this build has the CUDA backend and a GPU is present.
 bool CudaBackendAvailable(std::string* why_not = nullptr);
 
@@ -103,10 +132,11 @@ Result<int> CudaDeviceCount();
 /// The CUDA backend (cuBLAS and kernels) on GPU `device`. FailedPrecondition when the build has
 /// no CUDA or no GPU is present; InvalidArgument for a device that does not exist.
 ///
-/// Per call: the inputs are packed into pinned host memory and uploaded with one copy before the
-/// first kernel; device buffers grow geometrically and are kept; every launch is checked; the
-/// loss and the bias gradient are reduced on the device; results come back with one copy and
-/// the call waits once.
+/// Per call: the inputs are packed into pinned host memory and uploaded on a copy stream (one
+/// copy, or only the part Stage did not upload) that the compute stream waits for through an
+/// event; device buffers grow geometrically and are kept; every launch is checked; the loss and
+/// the bias gradient are reduced on the device; results come back with one copy and the call
+/// waits once, for the compute stream only (a batch staged meanwhile keeps uploading).
 Result<std::unique_ptr<Backend>> CreateCudaBackend(const ModelLayout& layout, int device = 0);
 
 }  // namespace tessera::worker

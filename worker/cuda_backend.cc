@@ -2,11 +2,13 @@
 // the embedding bags, the interactions (DLRM's dots, DeepFM's second-order term, the element-wise
 // part of the cross layers) and the loss. Inputs are host buffers (the trainer's pulled rows).
 //
-// One call: the inputs are packed into pinned host memory and uploaded with one copy, before
-// the first kernel; the outputs (loss, probabilities, gradients) live in one device block that
-// comes back with one copy; the call waits once. With an NCCL reducer on the same GPU the
-// gradient block is reduced in place on the device before that copy, and only the leader copies
-// it back.
+// One call: the inputs are packed into pinned host memory (the planning: cuda_plan_internal.h)
+// and uploaded on a copy stream, one copy per part (batch, parameters) that Backend::Stage did
+// not upload already; the compute stream waits for the upload through an event. Two upload
+// slots, so that the next batch's upload (Stage) overlaps this batch's kernels. The outputs
+// (loss, probabilities, gradients) live in one device block that comes back with one copy; the
+// call waits once, for the compute stream. With an NCCL reducer on the same GPU the gradient
+// block is reduced in place on the device before that copy, and only the leader copies it back.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -17,6 +19,7 @@
 
 #include "worker/backend.h"
 #include "worker/cuda_kernels_internal.h"
+#include "worker/cuda_plan_internal.h"
 #include "worker/cuda_util_internal.h"
 #include "worker/embedding_bag.h"
 #include "worker/local_reducer.h"
@@ -35,28 +38,20 @@ using internal::PinnedBuffer;
     }                                                                                              \
   } while (0)
 
-// Byte offsets of the sections of one packed block; each starts on a 256-byte boundary.
-class Sections {
- public:
-  size_t Add(size_t bytes) {
-    const size_t at = size_;
-    size_ += (bytes + 255) / 256 * 256;
-    return at;
-  }
-  size_t size() const { return size_; }
-
- private:
-  size_t size_ = 0;
-};
-
-// Where the inputs (upload) and outputs (download) of the current call sit in their blocks.
-struct Layout {
-  size_t offsets = 0, rows = 0, weights = 0, params = 0, wide = 0, emb = 0, dense = 0, labels = 0;
-  size_t upload_bytes = 0;
-  // Outputs: [loss (a double) | probs | gradients: params, wide, embeddings (contiguous)].
-  size_t loss = 0, probs = 0, grads = 0;
-  size_t grad_floats = 0;
-  size_t download_bytes = 0;
+// An upload slot: pinned staging and the device block the kernels read, for one batch. Two
+// slots, so that a batch staged ahead uploads into one while the other is computed.
+struct Slot {
+  internal::PinnedBuffer<char> host;
+  internal::DeviceBuffer<char> dev;
+  // Recorded on the copy stream after the slot's last upload (the host staging is free again,
+  // the device block is ready), and on the compute stream after the last computation that read
+  // the device block.
+  cudaEvent_t uploaded = nullptr, consumed = nullptr;
+  internal::UploadPlan plan;
+  // A staged batch waiting for its call, and when it was staged (the older one is replaced).
+  bool staged = false;
+  internal::StagedKey key;
+  uint64_t stamp = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -64,14 +59,25 @@ class CudaBackend final : public Backend {
   CudaBackend(const ModelLayout& layout, int device) : layout_(layout), device_(device) {}
   ~CudaBackend() override {
     cudaSetDevice(device_);
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (Slot& s : slots_) {
+      if (s.uploaded != nullptr) cudaEventDestroy(s.uploaded);
+      if (s.consumed != nullptr) cudaEventDestroy(s.consumed);
+    }
     if (blas_ != nullptr) cublasDestroy(blas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   }
 
   Status Init() {
     TESSERA_CUDA(cudaSetDevice(device_));
     TESSERA_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TESSERA_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    for (Slot& s : slots_) {
+      TESSERA_CUDA(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming));
+      TESSERA_CUDA(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming));
+    }
     TESSERA_CUBLAS(cublasCreate(&blas_));
     TESSERA_CUBLAS(cublasSetStream(blas_, stream_));
     // Comparable with the CPU: no TF32 for these small GEMMs.
@@ -83,7 +89,7 @@ class CudaBackend final : public Backend {
 
   Status Forward(const ModelInput& in, float* probs) override {
     TESSERA_RETURN_IF_ERROR(Enqueue(in, 0.0f, /*train=*/false));
-    TESSERA_RETURN_IF_ERROR(Download(lay_.probs, size_t{in.batch_size} * sizeof(float)));
+    TESSERA_RETURN_IF_ERROR(Download(down_.probs, size_t{in.batch_size} * sizeof(float)));
     TESSERA_CUDA(cudaStreamSynchronize(stream_));
     in_flight_ = false;
     CopyOut(in, probs, nullptr);
@@ -93,7 +99,7 @@ class CudaBackend final : public Backend {
   Status ForwardBackward(const ModelInput& in, float loss_scale, float* probs,
                          ModelGrads* grads) override {
     TESSERA_RETURN_IF_ERROR(Enqueue(in, loss_scale, /*train=*/true));
-    TESSERA_RETURN_IF_ERROR(Download(0, lay_.download_bytes));
+    TESSERA_RETURN_IF_ERROR(Download(0, down_.download_bytes));
     TESSERA_CUDA(cudaStreamSynchronize(stream_));
     in_flight_ = false;
     CopyOut(in, probs, grads);
@@ -109,11 +115,11 @@ class CudaBackend final : public Backend {
     // zeroes the outputs).
     TESSERA_RETURN_IF_ERROR(Enqueue(in, loss_scale, /*train=*/true));
     char* out = out_.get();
-    const DeviceSpan spans[] = {{out + lay_.grads, lay_.grad_floats, false},
-                                {out + lay_.loss, 1, true}};
+    const DeviceSpan spans[] = {{out + down_.grads, down_.grad_floats, false},
+                                {out + down_.loss, 1, true}};
     TESSERA_RETURN_IF_ERROR(reducer->ReduceSumOnDevice(spans, stream_));
     // Only the leader pushes: the others copy back their probabilities and loss alone.
-    TESSERA_RETURN_IF_ERROR(Download(0, reducer->leader() ? lay_.download_bytes : lay_.grads));
+    TESSERA_RETURN_IF_ERROR(Download(0, reducer->leader() ? down_.download_bytes : down_.grads));
     TESSERA_RETURN_IF_ERROR(reducer->WaitDevice(stream_));
     in_flight_ = false;
     if (reducer->leader()) {
@@ -123,85 +129,139 @@ class CudaBackend final : public Backend {
       grads->embeddings.clear();
       grads->wide.clear();
       grads->params.clear();
-      std::memcpy(&grads->loss_sum, host_out_.get() + lay_.loss, sizeof(double));
+      std::memcpy(&grads->loss_sum, host_out_.get() + down_.loss, sizeof(double));
     }
+    return Status::OK();
+  }
+
+  Status Stage(const ModelInput& in) override {
+    const ModelConfig& c = layout_.config();
+    if (in.batch_size == 0) {
+      // An empty batch drops what was staged (a caller abandoning a staged batch).
+      for (Slot& s : slots_) s.staged = false;
+      return Status::OK();
+    }
+    if (in.offsets == nullptr || in.rows == nullptr ||
+        (c.deep && c.num_dense > 0 && in.dense == nullptr)) {
+      return Status::InvalidArgument("staged batch lacks offsets, rows or dense features");
+    }
+    TESSERA_RETURN_IF_ERROR(Begin());
+    // An empty slot, else the one staged earlier (a third staged batch replaces the older).
+    Slot* s = &slots_[0];
+    for (Slot& t : slots_) {
+      if (!t.staged) {
+        s = &t;
+        break;
+      }
+      if (t.stamp < s->stamp) s = &t;
+    }
+    s->staged = false;
+    const bool with_params = internal::HasParams(layout_, in);
+    TESSERA_RETURN_IF_ERROR(Upload(s, in, in.labels != nullptr, /*batch=*/true, with_params));
+    s->staged = true;
+    s->key = {in, in.labels != nullptr, with_params, calls_};
+    s->stamp = ++stamps_;
+    in_flight_ = false;
     return Status::OK();
   }
 
  private:
-  void PlanSections(const ModelInput& in, bool train) {
-    const ModelConfig& c = layout_.config();
-    const size_t b = in.batch_size, r = in.num_rows, p = layout_.num_params();
-    const size_t entries = b == 0 ? 0 : in.offsets[b * c.num_fields];
-    const bool hb = c.deep && c.num_dense > 0;
-    Sections up;
-    lay_.offsets = up.Add(b == 0 ? 0 : (b * c.num_fields + 1) * sizeof(uint32_t));
-    lay_.rows = up.Add(entries * sizeof(uint32_t));
-    lay_.weights = up.Add(in.weights != nullptr ? entries * sizeof(float) : 0);
-    lay_.params = up.Add(p * sizeof(float));
-    lay_.wide = up.Add(c.wide ? r * sizeof(float) : 0);
-    lay_.emb = up.Add(c.deep ? r * c.embedding_dim * sizeof(float) : 0);
-    lay_.dense = up.Add(hb ? b * c.num_dense * sizeof(float) : 0);
-    lay_.labels = up.Add(train ? b * sizeof(float) : 0);
-    lay_.upload_bytes = up.size();
-    Sections down;
-    lay_.loss = down.Add(sizeof(double));
-    lay_.probs = down.Add(b * sizeof(float));
-    lay_.grads = down.Add(0);
-    lay_.grad_floats = train ? p + (c.wide ? r : 0) + (c.deep ? r * c.embedding_dim : 0) : 0;
-    lay_.download_bytes = lay_.grads + lay_.grad_floats * sizeof(float);
-  }
-
-  // Packs the inputs into pinned memory and uploads them with one copy.
-  Status Upload(const ModelInput& in, bool train) {
-    const ModelConfig& c = layout_.config();
-    TESSERA_RETURN_IF_ERROR(host_in_.Reserve(lay_.upload_bytes));
-    TESSERA_RETURN_IF_ERROR(in_.Reserve(lay_.upload_bytes));
-    char* h = host_in_.get();
-    const size_t b = in.batch_size, r = in.num_rows;
-    auto put = [&](size_t at, const void* src, size_t bytes) {
-      if (bytes > 0) std::memcpy(h + at, src, bytes);
-    };
-    const size_t entries = b == 0 ? 0 : in.offsets[b * c.num_fields];
-    if (b > 0) {
-      put(lay_.offsets, in.offsets, (b * c.num_fields + 1) * sizeof(uint32_t));
-      put(lay_.rows, in.rows, entries * sizeof(uint32_t));
-      if (in.weights != nullptr) put(lay_.weights, in.weights, entries * sizeof(float));
-      put(lay_.params, in.params, layout_.num_params() * sizeof(float));
-      if (c.wide) put(lay_.wide, in.wide, r * sizeof(float));
-      if (c.deep) put(lay_.emb, in.embeddings, r * c.embedding_dim * sizeof(float));
-      if (c.deep && c.num_dense > 0) put(lay_.dense, in.dense, b * c.num_dense * sizeof(float));
-      if (train) put(lay_.labels, in.labels, b * sizeof(float));
+  // Every public call starts here. A call that failed before its wait may have left copies and
+  // kernels running on the staging memory: wait for them, and drop what was staged (its slot may
+  // have been half rewritten).
+  Status Begin() {
+    TESSERA_CUDA(cudaSetDevice(device_));
+    if (in_flight_) {
+      TESSERA_CUDA(cudaStreamSynchronize(copy_stream_));
+      TESSERA_CUDA(cudaStreamSynchronize(stream_));
+      for (Slot& s : slots_) s.staged = false;
     }
-    if (lay_.upload_bytes > 0 && b > 0) {
-      TESSERA_CUDA(
-          cudaMemcpyAsync(in_.get(), h, lay_.upload_bytes, cudaMemcpyHostToDevice, stream_));
-    }
+    in_flight_ = true;
     return Status::OK();
   }
 
-  // Uploads and enqueues the whole step; waits for nothing. The calling member waits once before
-  // it returns, so the staging memory is free again for the next call.
-  Status Enqueue(const ModelInput& in, float scale, bool train) {
-    TESSERA_RETURN_IF_ERROR(CheckModelInput(layout_.config(), in, train));
-    TESSERA_CUDA(cudaSetDevice(device_));
-    if (in_flight_) {
-      // The previous call failed before its wait: its copies may still read the staging memory.
-      TESSERA_CUDA(cudaStreamSynchronize(stream_));
+  // Packs the batch part and/or the parameter part of `in` into the slot's pinned memory and
+  // copies them to its device block on the copy stream (one copy when both), then records
+  // `uploaded`. The slot's plan becomes that of `in`; with `batch` false the batch part must
+  // already be there, planned the same way (same batch and `with_labels`) and its buffers large
+  // enough (the caller checks: growing would lose it).
+  Status Upload(Slot* s, const ModelInput& in, bool with_labels, bool batch, bool params) {
+    s->plan = internal::PlanUpload(layout_, in, with_labels);
+    const internal::UploadPlan& p = s->plan;
+    // The pinned staging may still be read by the slot's previous upload.
+    TESSERA_CUDA(cudaEventSynchronize(s->uploaded));
+    TESSERA_RETURN_IF_ERROR(s->host.Reserve(p.upload_bytes));
+    TESSERA_RETURN_IF_ERROR(s->dev.Reserve(p.upload_bytes));
+    if (batch) internal::PackBatch(layout_, in, p, s->host.get());
+    if (params) internal::PackParams(layout_, in, p, s->host.get());
+    const size_t from = batch ? 0 : p.batch_bytes;
+    const size_t to = params ? p.upload_bytes : p.batch_bytes;
+    if (to > from) {
+      // The device block may still be read by the slot's previous computation.
+      TESSERA_CUDA(cudaStreamWaitEvent(copy_stream_, s->consumed, 0));
+      TESSERA_CUDA(cudaMemcpyAsync(s->dev.get() + from, s->host.get() + from, to - from,
+                                   cudaMemcpyHostToDevice, copy_stream_));
     }
-    in_flight_ = true;
-    PlanSections(in, train);
-    TESSERA_RETURN_IF_ERROR(Upload(in, train));
-    TESSERA_RETURN_IF_ERROR(out_.Reserve(lay_.download_bytes));
-    TESSERA_RETURN_IF_ERROR(host_out_.Reserve(lay_.download_bytes));
-    TESSERA_CUDA(cudaMemsetAsync(out_.get(), 0, lay_.download_bytes, stream_));
+    TESSERA_CUDA(cudaEventRecord(s->uploaded, copy_stream_));
+    return Status::OK();
+  }
+
+  // The slot holding `in` on the device, uploading what Stage did not: nothing when both parts
+  // were staged, the parameters when only the batch was, everything otherwise (into an empty
+  // slot, else the one staged earlier).
+  Result<Slot*> Place(const ModelInput& in, bool train) {
+    for (Slot& s : slots_) {
+      if (!s.staged) continue;
+      const internal::StageMatch m = internal::MatchStaged(s.key, in, train, calls_);
+      if (!m.batch) continue;
+      s.staged = false;
+      if (m.params) return &s;
+      const internal::UploadPlan p = internal::PlanUpload(layout_, in, s.key.with_labels);
+      if (p.upload_bytes <= s.dev.capacity() && p.upload_bytes <= s.host.capacity()) {
+        TESSERA_RETURN_IF_ERROR(Upload(&s, in, s.key.with_labels, /*batch=*/false, true));
+        return &s;
+      }
+      // The parameters need larger buffers: growing them loses the batch, so upload it all.
+      TESSERA_RETURN_IF_ERROR(Upload(&s, in, train, true, true));
+      return &s;
+    }
+    Slot* s = &slots_[0];
+    for (Slot& t : slots_) {
+      if (!t.staged) {
+        s = &t;
+        break;
+      }
+      if (t.stamp < s->stamp) s = &t;
+    }
+    s->staged = false;
+    TESSERA_RETURN_IF_ERROR(Upload(s, in, train, true, true));
+    return s;
+  }
+
+  // Places the inputs on the device and enqueues the whole step behind their upload; waits for
+  // nothing. The calling member waits for the compute stream once before it returns.
+  Status Enqueue(const ModelInput& in, float scale, bool train) {
+    ++calls_;
+    for (Slot& s : slots_) {
+      if (s.staged && internal::StagedExpired(s.key, calls_)) s.staged = false;
+    }
+    TESSERA_RETURN_IF_ERROR(CheckModelInput(layout_.config(), in, train));
+    TESSERA_RETURN_IF_ERROR(Begin());
+    down_ = internal::PlanDownload(layout_, in, train);
+    TESSERA_RETURN_IF_ERROR(out_.Reserve(down_.download_bytes));
+    TESSERA_RETURN_IF_ERROR(host_out_.Reserve(down_.download_bytes));
+    TESSERA_CUDA(cudaMemsetAsync(out_.get(), 0, down_.download_bytes, stream_));
     if (in.batch_size == 0) return Status::OK();
-    return Compute(in, scale, train);
+    TESSERA_ASSIGN_OR_RETURN(cur_, Place(in, train));
+    TESSERA_CUDA(cudaStreamWaitEvent(stream_, cur_->uploaded, 0));
+    TESSERA_RETURN_IF_ERROR(Compute(in, scale, train));
+    TESSERA_CUDA(cudaEventRecord(cur_->consumed, stream_));
+    return Status::OK();
   }
 
   template <typename T>
   T* InPtr(size_t at) const {
-    return reinterpret_cast<T*>(in_.get() + at);
+    return reinterpret_cast<T*>(cur_->dev.get() + at);
   }
   template <typename T>
   T* OutPtr(size_t at) const {
@@ -231,12 +291,13 @@ class CudaBackend final : public Backend {
     const uint32_t b = in.batch_size, nf = c.num_fields, nd = c.num_dense, d = c.embedding_dim;
     const uint32_t nvec = layout_.num_vectors();
     const bool hb = c.deep && nd > 0;
-    const auto* offsets = InPtr<const uint32_t>(lay_.offsets);
-    const auto* rows = InPtr<const uint32_t>(lay_.rows);
-    const float* weights = in.weights != nullptr ? InPtr<const float>(lay_.weights) : nullptr;
-    const float* params = InPtr<const float>(lay_.params);
-    const float* dense = InPtr<const float>(lay_.dense);
-    float* gparams = OutPtr<float>(lay_.grads);
+    const internal::UploadPlan& lay = cur_->plan;
+    const auto* offsets = InPtr<const uint32_t>(lay.offsets);
+    const auto* rows = InPtr<const uint32_t>(lay.rows);
+    const float* weights = in.weights != nullptr ? InPtr<const float>(lay.weights) : nullptr;
+    const float* params = InPtr<const float>(lay.params);
+    const float* dense = InPtr<const float>(lay.dense);
+    float* gparams = OutPtr<float>(down_.grads);
     float* gwide = gparams + layout_.num_params();
     float* gemb = gwide + (c.wide ? in.num_rows : 0);
     TESSERA_RETURN_IF_ERROR(logit_.Reserve(b));
@@ -247,7 +308,7 @@ class CudaBackend final : public Backend {
       ones_filled_ = ones_.capacity();
     }
     TESSERA_CUDA(internal::LaunchWideForward(
-        offsets, rows, weights, c.wide ? InPtr<const float>(lay_.wide) : nullptr,
+        offsets, rows, weights, c.wide ? InPtr<const float>(lay.wide) : nullptr,
         params + layout_.bias_offset(), b, nf, logit_.get(), stream_));
     internal::EmbeddingBagLaunch bags = Bags(offsets, rows, weights, b, hb);
     const float* top_out = nullptr;
@@ -262,7 +323,7 @@ class CudaBackend final : public Backend {
                                        bottom_.back().get(), d * sizeof(float), d * sizeof(float),
                                        b, cudaMemcpyDeviceToDevice, stream_));
       }
-      TESSERA_CUDA(internal::LaunchEmbeddingBagForward(bags, InPtr<const float>(lay_.emb), t_.get(),
+      TESSERA_CUDA(internal::LaunchEmbeddingBagForward(bags, InPtr<const float>(lay.emb), t_.get(),
                                                        stream_));
       const float* top_in = nullptr;
       TESSERA_RETURN_IF_ERROR(InteractionForward(params, b, &top_in));
@@ -270,8 +331,8 @@ class CudaBackend final : public Backend {
       top_out = top_.back().get();
     }
     TESSERA_CUDA(internal::LaunchLoss(
-        logit_.get(), top_out, train ? InPtr<const float>(lay_.labels) : nullptr, b, scale,
-        OutPtr<float>(lay_.probs), g_.get(), OutPtr<double>(lay_.loss),
+        logit_.get(), top_out, train ? InPtr<const float>(lay.labels) : nullptr, b, scale,
+        OutPtr<float>(down_.probs), g_.get(), OutPtr<double>(down_.loss),
         train ? gparams + layout_.bias_offset() : nullptr, stream_));
     if (!train) return Status::OK();
 
@@ -474,25 +535,30 @@ class CudaBackend final : public Backend {
     const ModelConfig& c = layout_.config();
     const char* h = host_out_.get();
     if (in.batch_size > 0) {
-      std::memcpy(probs, h + lay_.probs, size_t{in.batch_size} * sizeof(float));
+      std::memcpy(probs, h + down_.probs, size_t{in.batch_size} * sizeof(float));
     }
     if (grads == nullptr) return;
-    const float* g = reinterpret_cast<const float*>(h + lay_.grads);
+    const float* g = reinterpret_cast<const float*>(h + down_.grads);
     const size_t p = layout_.num_params(), r = in.num_rows;
     grads->params.assign(g, g + p);
     grads->wide.assign(g + p, g + p + (c.wide ? r : 0));
     const float* ge = g + p + (c.wide ? r : 0);
     grads->embeddings.assign(ge, ge + (c.deep ? r * c.embedding_dim : 0));
-    std::memcpy(&grads->loss_sum, h + lay_.loss, sizeof(double));
+    std::memcpy(&grads->loss_sum, h + down_.loss, sizeof(double));
   }
 
   ModelLayout layout_;
   int device_;
-  cudaStream_t stream_ = nullptr;
+  // Kernels, cuBLAS and the download run on stream_; uploads on copy_stream_.
+  cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  Layout lay_;
-  PinnedBuffer<char> host_in_, host_out_;
-  DeviceBuffer<char> in_, out_;
+  Slot slots_[2];
+  Slot* cur_ = nullptr;  // the slot of the step being enqueued
+  uint64_t stamps_ = 0;
+  uint64_t calls_ = 0;  // compute calls so far, this one included (StagedKey::calls)
+  internal::DownloadPlan down_;
+  PinnedBuffer<char> host_out_;
+  DeviceBuffer<char> out_;
   DeviceBuffer<float> logit_, g_, ones_, t_, inv_denom_, x_, dx_, dt_, dbottom_, ping_, pong_;
   // DCN-v2: x_1 .. x_L, z_0 .. z_{L-1} (z_l = x_l W_l^T + b_l), and dz of one layer.
   std::vector<DeviceBuffer<float>> cross_x_, cross_z_;

@@ -465,6 +465,176 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCudaBackend, ::testing::ValuesIn(BackendCases
 // DeepFM and DCN-v2 (FM kernels, cross layers on cuBLAS) against the CPU backend.
 INSTANTIATE_TEST_SUITE_P(Models, GpuCudaBackend, ::testing::ValuesIn(ModelCases()), CaseName);
 
+// ForwardBackward of `in` on `gpu` against a fresh CPU backend: "" when they agree (CompareAll),
+// else what differs or failed.
+std::string GpuVsCpu(const ModelLayout& layout, Backend* gpu, const ModelInput& in, float scale) {
+  auto cpu = CreateCpuBackend(layout);
+  if (!cpu.ok()) return cpu.status().ToString();
+  Outputs oc, og;
+  oc.probs.assign(in.batch_size, -1.0f);
+  og.probs.assign(in.batch_size, -1.0f);
+  const Status sc = (*cpu)->ForwardBackward(in, scale, oc.probs.data(), &oc.grads);
+  if (!sc.ok()) return "cpu: " + sc.ToString();
+  const Status sg = gpu->ForwardBackward(in, scale, og.probs.data(), &og.grads);
+  if (!sg.ok()) return "gpu: " + sg.ToString();
+  return CompareAll(layout, oc, og);
+}
+
+// The case with two more steps: a small batch, then one larger than all before (the upload
+// slots shrink in use, then grow, between staged batches).
+BackendCase WithMoreShapes(BackendCase c) {
+  c.batches.push_back(7);
+  c.rows.push_back(c.rows[0] / 2 + 1);
+  c.batches.push_back(2 * c.batches[1] + 3);
+  c.rows.push_back(2 * c.rows[1] + 5);
+  return c;
+}
+
+class GpuCudaBackendStaging : public ::testing::TestWithParam<BackendCase> {};
+
+// As a trainer that overlaps the next batch's upload with this batch's computation:
+// Stage(step k + 1), then ForwardBackward(step k), over steps of four shapes back to back. Every
+// step equals the CPU backend, and Forward of a staged batch gives ForwardBackward's
+// probabilities.
+TEST_P(GpuCudaBackendStaging, StageNextThenComputeMatchesCpu) {
+  std::string why;
+  if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;
+  const BackendCase c = WithMoreShapes(GetParam());
+  auto layout = ModelLayout::Create(c.config);
+  ASSERT_TRUE(layout.ok());
+  auto gpu = CreateCudaBackend(*layout, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  std::vector<StepInput> steps;
+  for (size_t k = 0; k < c.batches.size(); ++k) steps.push_back(MakeModelStep(*layout, c, k));
+  ASSERT_TRUE((*gpu)->Stage(steps[0].Input()).ok());
+  for (size_t k = 0; k < steps.size(); ++k) {
+    SCOPED_TRACE("step " + std::to_string(k) + ", batch " + std::to_string(steps[k].batch));
+    if (k + 1 < steps.size()) {
+      ASSERT_TRUE((*gpu)->Stage(steps[k + 1].Input()).ok());
+    }
+    EXPECT_EQ(GpuVsCpu(*layout, gpu->get(), steps[k].Input(), ScaleOf(steps[k], k)), "");
+  }
+  // Forward of a staged batch (labels staged too, unused).
+  const StepInput& last = steps.back();
+  ASSERT_TRUE((*gpu)->Stage(last.Input()).ok());
+  std::vector<float> pf(last.batch), pb(last.batch);
+  ASSERT_TRUE((*gpu)->Forward(last.Input(), pf.data()).ok());
+  ModelGrads g;
+  ASSERT_TRUE((*gpu)->ForwardBackward(last.Input(), 1.0f, pb.data(), &g).ok());
+  for (uint32_t i = 0; i < last.batch; ++i) ASSERT_NEAR(pf[i], pb[i], 1e-6) << i;
+}
+
+// The batch staged before its parameters are pulled (their pointers null, as while the pulls
+// are in flight), then computed with them: equal to the CPU backend; so is the same batch with
+// other parameter memory, and with four times the rows (the slot's buffers must grow, which
+// loses the staged batch: it is uploaded again).
+TEST_P(GpuCudaBackendStaging, BatchStagedBeforeItsParametersMatchesCpu) {
+  std::string why;
+  if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;
+  const BackendCase& c = GetParam();
+  auto layout = ModelLayout::Create(c.config);
+  ASSERT_TRUE(layout.ok());
+  auto gpu = CreateCudaBackend(*layout, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  const StepInput s = MakeModelStep(*layout, c, 1);
+  ModelInput batch_only = s.Input();
+  batch_only.params = nullptr;
+  batch_only.embeddings = nullptr;
+  batch_only.wide = nullptr;
+  ASSERT_TRUE((*gpu)->Stage(batch_only).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, gpu->get(), s.Input(), 1.0f), "");
+
+  const StepInput other = MakeModelStep(*layout, c, 0);  // other parameter values
+  ModelInput mixed = s.Input();
+  std::vector<float> params = other.params;
+  mixed.params = params.data();
+  ASSERT_TRUE((*gpu)->Stage(s.Input()).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, gpu->get(), mixed, 0.5f), "");
+
+  StepInput more = s;
+  const uint32_t extra = 3 * s.num_rows;
+  more.num_rows += extra;
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  for (size_t i = 0; i < size_t{extra} * c.config.embedding_dim && c.config.deep; ++i) {
+    more.emb.push_back(u(rng));
+  }
+  for (size_t i = 0; i < extra && c.config.wide; ++i) more.wide.push_back(u(rng));
+  ModelInput grown = s.Input();
+  grown.num_rows = more.num_rows;
+  grown.embeddings = more.emb.data();
+  grown.wide = more.wide.data();
+  ASSERT_TRUE((*gpu)->Stage(batch_only).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, gpu->get(), grown, 1.0f), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuCudaBackendStaging, ::testing::ValuesIn(BackendCases()),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(Models, GpuCudaBackendStaging, ::testing::ValuesIn(ModelCases()),
+                         CaseName);
+
+// A call on another batch than the staged one computes its own (the staged one waits for its
+// call); a third Stage replaces the oldest of two; a batch staged without labels is uploaded
+// again by ForwardBackward; a staged batch never computed expires (or is dropped by Stage of
+// an empty batch) and its refilled memory is uploaded again; missing pointers are refused.
+TEST(GpuCudaBackendStagingEdges, OtherBatchesThirdStageAndRefusals) {
+  std::string why;
+  if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;
+  const BackendCase c = WithMoreShapes(BackendCases()[2]);
+  auto layout = ModelLayout::Create(c.config);
+  ASSERT_TRUE(layout.ok());
+  auto gpu = CreateCudaBackend(*layout, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  Backend* b = gpu->get();
+  std::vector<StepInput> s;
+  for (size_t k = 0; k < c.batches.size(); ++k) s.push_back(MakeModelStep(*layout, c, k));
+
+  ASSERT_TRUE(b->Stage(s[0].Input()).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[1].Input(), 1.0f), "") << "a batch other than the staged one";
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[0].Input(), 1.0f), "") << "the staged batch after another";
+
+  for (size_t k = 0; k < 3; ++k) ASSERT_TRUE(b->Stage(s[k].Input()).ok());
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(GpuVsCpu(*layout, b, s[k].Input(), 1.0f), "") << "three staged, step " << k;
+  }
+
+  ModelInput no_labels = s[3].Input();
+  no_labels.labels = nullptr;
+  ASSERT_TRUE(b->Stage(no_labels).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[3].Input(), 1.0f), "") << "staged without labels";
+
+  // A batch staged and then abandoned, its memory refilled with another batch of the same
+  // size (same pointers): not taken for it after two calls on other batches, nor after Stage
+  // of an empty batch.
+  auto refill = [](StepInput* x) {
+    for (float& y : x->labels) y = 1.0f - y;
+    for (float& v : x->emb) v = -2.0f * v;
+    for (float& v : x->dense) v = 0.5f - v;
+  };
+  StepInput reused = s[1];
+  ASSERT_TRUE(b->Stage(reused.Input()).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[0].Input(), 1.0f), "");
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[2].Input(), 1.0f), "");
+  refill(&reused);
+  EXPECT_EQ(GpuVsCpu(*layout, b, reused.Input(), 1.0f), "") << "stale batch after two calls";
+  ASSERT_TRUE(b->Stage(reused.Input()).ok());
+  ModelInput none;
+  ASSERT_TRUE(b->Stage(none).ok());
+  refill(&reused);
+  EXPECT_EQ(GpuVsCpu(*layout, b, reused.Input(), 1.0f), "") << "stale batch after a drop";
+
+  ModelInput bad = s[1].Input();
+  bad.rows = nullptr;
+  EXPECT_EQ(b->Stage(bad).code(), StatusCode::kInvalidArgument);
+  bad = s[1].Input();
+  bad.dense = nullptr;
+  EXPECT_EQ(b->Stage(bad).code(), StatusCode::kInvalidArgument);
+  ModelInput empty = s[1].Input();
+  empty.batch_size = 0;
+  EXPECT_TRUE(b->Stage(empty).ok());
+  EXPECT_EQ(GpuVsCpu(*layout, b, s[1].Input(), 1.0f), "") << "after the refusals";
+}
+
 TEST(GpuCudaBackendEdges, EmptyBatchBadRowsAndMissingDevice) {
   std::string why;
   if (!CudaBackendAvailable(&why)) GTEST_SKIP() << "no GPU for the CUDA backend: " << why;

@@ -95,4 +95,13 @@ cudaError_t LaunchLoss(const float* logit, const float* top, const float* labels
                        float scale, float* probs, float* g, double* loss_sum, float* bias_grad,
                        cudaStream_t stream);
 
+/// Scratch bytes LaunchSortUniqueKeys needs for n keys (cuda_keys.cu).
+cudaError_t SortUniqueKeysScratch(size_t n, size_t* bytes);
+/// The distinct values of keys[0..n) in ascending order into out[0 .. *count) (count: one
+/// device uint64); `sorted` holds n keys of scratch, `scratch` the bytes SortUniqueKeysScratch
+/// gave for n. keys, sorted and out must not overlap.
+cudaError_t LaunchSortUniqueKeys(const uint64_t* keys, size_t n, uint64_t* sorted, uint64_t* out,
+                                 uint64_t* count, void* scratch, size_t scratch_bytes,
+                                 cudaStream_t stream);
+
 }  // namespace tessera::worker::internal

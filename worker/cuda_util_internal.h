@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "ps/status.h"
+#include "worker/cuda_plan_internal.h"
 
 namespace tessera::worker::internal {
 
@@ -49,7 +50,7 @@ class CudaMemory {
   /// Room for at least n elements: at least 1.5 times the old capacity when it grows.
   Status Reserve(size_t n) {
     if (n <= cap_) return Status::OK();
-    const size_t want = std::max<size_t>({n, cap_ + cap_ / 2, 64});
+    const size_t want = GrownCapacity(cap_, n);
     Release();
     void* p = nullptr;
     const cudaError_t e = Alloc(&p, want * sizeof(T));

@@ -380,6 +380,8 @@ Status Job::RunRank(uint32_t local) {
   std::unique_ptr<Backend> backend;
   if (o_.backend == "cuda") {
     TESSERA_ASSIGN_OR_RETURN(backend, CreateCudaBackend(*layout_, DeviceOfLocalRank(local, gpus_)));
+  } else if (o_.backend == "null") {
+    TESSERA_ASSIGN_OR_RETURN(backend, CreateNullBackend(*layout_));
   } else {
     TESSERA_ASSIGN_OR_RETURN(backend, CreateCpuBackend(*layout_, {o_.threads}));
   }
@@ -523,6 +525,11 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     return Status::InvalidArgument("--max_pushes_in_flight=" +
                                    std::to_string(options.max_pushes_in_flight) +
                                    " is not in [1, " + std::to_string(kMaxPrefetchDepth) + "]");
+  }
+  if (options.backend != "cpu" && options.backend != "cuda" && options.backend != "null") {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--backend must be cpu, cuda or null, not '" +
+                                   options.backend + "'");
   }
   Job job(options);
   TESSERA_RETURN_IF_ERROR(job.SetUpLocalRanks());

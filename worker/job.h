@@ -73,7 +73,9 @@ struct JobOptions {
   /// shards as given) (--local_ranks). At most kMaxLocalRanks (256, worker/local_ranks.h):
   /// RunJob refuses more as an options error. Default: 1.
   uint32_t local_ranks = 1;
-  /// "cpu" or "cuda" (--backend). Default: "cpu".
+  /// "cpu", "cuda", or "null": no model, zero gradients (CreateNullBackend), which measures the
+  /// feed: data, keys, pulls and pushes without a model; RunJob refuses any other as an options
+  /// error (--backend). Default: "cpu".
   std::string backend = "cpu";
   /// CPU backend threads per local rank (--threads). Default: 1.
   int32_t threads = 1;

@@ -28,7 +28,7 @@ enum class ReducerKind : uint8_t {
 std::string_view ReducerKindName(ReducerKind kind);
 
 /// The reducer of a node: NCCL for the "cuda" backend with more than one local rank, the CPU
-/// group for other backends with more than one, none for one rank.
+/// group for other backends ("cpu", "null") with more than one, none for one rank.
 ReducerKind ChooseReducer(std::string_view backend, uint32_t local_ranks);
 
 /// The GPU of a local rank: the rank modulo the number of GPUs.

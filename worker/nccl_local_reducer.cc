@@ -18,6 +18,7 @@
 
 #include "ps/mutex.h"
 #include "worker/backend.h"
+#include "worker/cuda_kernels_internal.h"
 #include "worker/cuda_util_internal.h"
 #include "worker/local_reducer.h"
 
@@ -140,34 +141,57 @@ class NcclMember final : public LocalReducer {
     return Status::OK();
   }
 
+  // The ranks' keys are gathered on the GPU (padded to the longest list), compacted, sorted and
+  // deduped there (CUB); only the union comes back, with its length, in one copy.
   Status UnionKeys(std::span<const uint64_t> keys, std::vector<uint64_t>* out) override {
     std::vector<uint64_t> counts;
     TESSERA_RETURN_IF_ERROR(AllGather(keys.size(), &counts));
     const uint64_t max = *std::max_element(counts.begin(), counts.end());
+    uint64_t total = 0;
+    for (uint64_t c : counts) total += c;
     const uint32_t n = size();
     out->clear();
-    if (max > 0) {
-      // Every rank's keys padded to the longest list, gathered, unpadded by the known counts.
-      TESSERA_RETURN_IF_ERROR(Stage((max + size_t{n} * max) * sizeof(uint64_t)));
-      auto* h = reinterpret_cast<uint64_t*>(host_.get());
-      auto* d = reinterpret_cast<uint64_t*>(dev_.get());
-      std::copy(keys.begin(), keys.end(), h);
+    if (max == 0) return Status::OK();
+    // Device: [mine: max | gathered: n * max | compact: total | sorted: total | union: total |
+    // its length: 1]; host: [mine: max] then [union: total | its length].
+    const size_t gathered = max, compact = gathered + size_t{n} * max, sorted = compact + total,
+                 unique = sorted + total, words = unique + total + 1;
+    size_t scratch_bytes = 0;
+    TESSERA_RETURN_IF_ERROR(
+        Check(internal::SortUniqueKeysScratch(total, &scratch_bytes), "sizing the key sort"));
+    TESSERA_RETURN_IF_ERROR(Stage(words * sizeof(uint64_t)));
+    if (auto st = scratch_.Reserve(std::max<size_t>(scratch_bytes, 1)); !st.ok()) return Fail(st);
+    auto* h = reinterpret_cast<uint64_t*>(host_.get());
+    auto* d = reinterpret_cast<uint64_t*>(dev_.get());
+    std::copy(keys.begin(), keys.end(), h);
+    TESSERA_RETURN_IF_ERROR(Check(
+        cudaMemcpyAsync(d, h, max * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_), "upload"));
+    TESSERA_RETURN_IF_ERROR(
+        Call(ncclAllGather(d, d + gathered, max, ncclUint64, comm_, stream_), "ncclAllGather"));
+    size_t at = compact;
+    for (uint32_t r = 0; r < n; ++r) {
+      if (counts[r] == 0) continue;
       TESSERA_RETURN_IF_ERROR(
-          Check(cudaMemcpyAsync(d, h, max * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_),
-                "upload"));
-      TESSERA_RETURN_IF_ERROR(
-          Call(ncclAllGather(d, d + max, max, ncclUint64, comm_, stream_), "ncclAllGather"));
-      TESSERA_RETURN_IF_ERROR(Check(cudaMemcpyAsync(h + max, d + max, n * max * sizeof(uint64_t),
-                                                    cudaMemcpyDeviceToHost, stream_),
-                                    "download"));
-      TESSERA_RETURN_IF_ERROR(WaitStream(stream_, "UnionKeys"));
-      for (uint32_t r = 0; r < n; ++r) {
-        const uint64_t* from = h + max + r * max;
-        out->insert(out->end(), from, from + counts[r]);
-      }
+          Check(cudaMemcpyAsync(d + at, d + gathered + size_t{r} * max,
+                                counts[r] * sizeof(uint64_t), cudaMemcpyDeviceToDevice, stream_),
+                "compacting the keys"));
+      at += counts[r];
     }
-    std::sort(out->begin(), out->end());
-    out->erase(std::unique(out->begin(), out->end()), out->end());
+    TESSERA_RETURN_IF_ERROR(Check(
+        internal::LaunchSortUniqueKeys(d + compact, total, d + sorted, d + unique,
+                                       d + unique + total, scratch_.get(), scratch_bytes, stream_),
+        "sorting the keys"));
+    // The union's length sits right after its room: one copy brings both.
+    TESSERA_RETURN_IF_ERROR(Check(cudaMemcpyAsync(h, d + unique, (total + 1) * sizeof(uint64_t),
+                                                  cudaMemcpyDeviceToHost, stream_),
+                                  "download"));
+    TESSERA_RETURN_IF_ERROR(WaitStream(stream_, "UnionKeys"));
+    const uint64_t distinct = h[total];
+    if (distinct > total) {
+      return Fail(Status::Internal("key sort returned " + std::to_string(distinct) +
+                                   " distinct keys of " + std::to_string(total)));
+    }
+    out->assign(h, h + distinct);
     return Status::OK();
   }
 
@@ -365,6 +389,7 @@ class NcclMember final : public LocalReducer {
   std::thread aborter_;  // the communicator's abort (AbortComm)
   PinnedBuffer<char> host_;
   DeviceBuffer<char> dev_;
+  DeviceBuffer<char> scratch_;  // CUB's scratch for the key sort
 };
 
 Result<std::unique_ptr<LocalReducer>> NcclGroup::Join(uint32_t rank) {

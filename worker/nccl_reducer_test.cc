@@ -3,8 +3,10 @@
 // refusals of a node's reducer, which need no GPU (label unit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <random>
 #include <thread>
 
 #ifdef TESSERA_WITH_CUDA
@@ -136,8 +138,65 @@ TEST(GpuNcclReducer, CollectivesEqualTheCpuReducer) {
   }
 }
 
+// UnionKeys sorts and dedupes on the GPU: unsorted keys with repeats, the extremes of the key
+// space, lists of different lengths (one empty when there are 2 ranks), and rounds in which every
+// list is empty, equal to the CPU group's union, on every rank, round after round (the
+// buffers grow and shrink).
+TEST(GpuNcclReducer, UnionOfManyKeysEqualsTheCpuReducer) {
+  std::string why;
+  const uint32_t n = NcclRanksOrSkip(&why);
+  if (n == 0) GTEST_SKIP() << "no GPU for NCCL: " << why;
+  const std::vector<size_t> sizes = {100000, 0, 7, 250000, 1};
+  auto keys_of = [&](uint32_t rank, size_t round) {
+    std::vector<uint64_t> k;
+    if (rank == 1 && round % 2 == 0) return k;  // an empty rank
+    std::mt19937_64 rng(round * 31 + rank);
+    const size_t len = sizes[round] + rank * 13 * (sizes[round] > 0);
+    for (size_t i = 0; i < len; ++i) {
+      // A quarter from a small range (repeats within and across ranks), the rest anywhere.
+      k.push_back(i % 4 == 0 ? rng() % 1000 : rng());
+    }
+    if (len > 2) {
+      k[1] = 0;
+      k[2] = ~uint64_t{0};
+    }
+    return k;
+  };
+  auto run = [&](ReduceGroup* group) {
+    std::vector<std::vector<std::vector<uint64_t>>> seen(n);
+    OnRanks(group, [&](uint32_t r, LocalReducer* red) {
+      for (size_t round = 0; round < sizes.size(); ++round) {
+        std::vector<uint64_t> out = {42};
+        const Status s = red->UnionKeys(keys_of(r, round), &out);
+        EXPECT_TRUE(s.ok()) << s.ToString();
+        seen[r].push_back(out);
+      }
+    });
+    return seen;
+  };
+  NcclReduceGroupOptions o;
+  o.size = n;
+  auto nccl = CreateNcclReduceGroup(o);
+  ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
+  auto cpu = CpuReduceGroup::Create(n);
+  const auto a = run(nccl->get());
+  const auto b = run(cpu->get());
+  for (uint32_t r = 0; r < n; ++r) {
+    for (size_t round = 0; round < sizes.size(); ++round) {
+      SCOPED_TRACE("rank " + std::to_string(r) + ", round " + std::to_string(round));
+      ASSERT_EQ(a[r].size(), sizes.size());
+      EXPECT_EQ(a[r][round].size(), b[r][round].size());
+      EXPECT_TRUE(a[r][round] == b[r][round]);
+      EXPECT_TRUE(std::is_sorted(a[r][round].begin(), a[r][round].end()));
+      EXPECT_TRUE(std::adjacent_find(a[r][round].begin(), a[r][round].end()) == a[r][round].end());
+    }
+  }
+  EXPECT_TRUE(a[0][1].empty());  // round 1: every list is empty
+}
+
 // One training step per rank with the gradients reduced on the GPUs (CUDA backend + NCCL)
-// equals the same step on CPU backends reduced by the CPU group.
+// equals the same step on CPU backends reduced by the CPU group, also with the batch staged
+// before the step.
 TEST(GpuNcclReducer, DeviceReductionOfAStepEqualsTheCpuPath) {
   std::string why;
   const uint32_t n = NcclRanksOrSkip(&why);
@@ -156,12 +215,16 @@ TEST(GpuNcclReducer, DeviceReductionOfAStepEqualsTheCpuPath) {
     steps.back().emb = steps[0].emb;
     steps.back().wide = steps[0].wide;
   }
-  auto run = [&](ReduceGroup* group, bool gpu) {
+  // staged: the batch is staged (Backend::Stage) before the step, as a pipelined trainer does.
+  auto run = [&](ReduceGroup* group, bool gpu, bool staged = false) {
     std::vector<testing::Outputs> out(n);
     OnRanks(group, [&](uint32_t r, LocalReducer* red) {
       auto backend =
           gpu ? CreateCudaBackend(*layout, static_cast<int>(r)) : CreateCpuBackend(*layout);
       ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+      if (staged) {
+        ASSERT_TRUE((*backend)->Stage(steps[r].Input()).ok());
+      }
       out[r].probs.resize(steps[r].batch);
       Status s = (*backend)->ForwardBackwardReduced(steps[r].Input(), 0.5f, out[r].probs.data(),
                                                     &out[r].grads, red);
@@ -180,6 +243,10 @@ TEST(GpuNcclReducer, DeviceReductionOfAStepEqualsTheCpuPath) {
   for (uint32_t r = 1; r < n; ++r) {
     EXPECT_TRUE(a[r].grads.params.empty()) << "a non-leader copied gradients back";
   }
+  auto nccl2 = CreateNcclReduceGroup(o);
+  ASSERT_TRUE(nccl2.ok()) << nccl2.status().ToString();
+  const auto staged = run(nccl2->get(), true, true);
+  EXPECT_EQ(testing::CompareOutputs(*layout, b[0], staged[0]), "") << "batch staged first";
 }
 
 // Abort from any rank ends every other rank's wait within a second: in a collective that the

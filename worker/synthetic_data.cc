@@ -1,42 +1,26 @@
 #include "worker/synthetic_data.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "ps/feature_keys.h"
+#include "ps/mutex.h"
 #include "ps/routing.h"
+#include "worker/synthetic_data_internal.h"
 
 namespace tessera::worker {
 namespace {
 
-// splitmix64: a small, fast generator; the state advances by a constant.
-inline uint64_t Next(uint64_t* s) {
-  *s += 0x9e3779b97f4a7c15ULL;
-  return Mix64(*s);
-}
-inline double Unit(uint64_t h) { return (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53; }
-inline double Normal(uint64_t h1, uint64_t h2) {
-  return std::sqrt(-2.0 * std::log(Unit(h1))) * std::cos(2.0 * std::numbers::pi * Unit(h2));
-}
-inline uint64_t Hash3(uint64_t a, uint64_t b, uint64_t c) {
-  return Mix64(Mix64(a ^ 0x243f6a8885a308d3ULL) ^ Mix64(b + 0x13198a2e03707344ULL) ^
-               (c * 0xa4093822299f31d0ULL + 0x082efa98ec4e6c89ULL));
-}
+using internal::Hash3;
+using internal::Next;
+using internal::Normal;
+using internal::SyntheticTables;
+using internal::Unit;
 
-// Hörmann and Derflinger's rejection-inversion sampler for Zipf(n, s) on {1..n}.
-double HelperLog(double x) { return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1 - x / 2; }
-double HelperExp(double x) { return std::abs(x) > 1e-8 ? std::expm1(x) / x : 1 + x / 2; }
-double HIntegral(double x, double s) {
-  const double lx = std::log(x);
-  return HelperExp((1 - s) * lx) * lx;
-}
-double H(double x, double s) { return std::exp(-s * std::log(x)); }
-double HIntegralInverse(double x, double s) {
-  double t = x * (1 - s);
-  if (t < -1) t = -1;
-  return std::exp(HelperLog(t) * x);
-}
+constexpr uint32_t kAbsent = ~0u;  // a Draw's `where.lo` for a missing field
 
 // Criteo's Kaggle cardinalities.
 constexpr uint64_t kCriteoCard[26] = {
@@ -55,6 +39,59 @@ std::vector<uint64_t> CriteoLikeCardinalities(uint64_t cap) {
   return c;
 }
 
+namespace {
+
+// What the fast generator's tables depend on: the options that define the planted model and
+// the ranks tabulated.
+struct TablesKey {
+  uint64_t seed;
+  std::vector<uint64_t> cardinalities;
+  double zipf_exponent, interaction_std, bias_std, tail_rank;
+  uint32_t planted_dim, table_ranks;
+  bool operator==(const TablesKey&) const = default;
+};
+
+// The tables of live readers, found by their planted model, so that the readers of a job
+// (training, test and validation streams, one per rank) and of a test share one copy and
+// build it once. The last tables built stay held after their readers are gone: a test that
+// creates and drops readers one after the other builds them once too. Immutable tables behind
+// shared_ptrs; one process-wide instance (the sharing is its purpose; it changes no result).
+// Thread-safe: Create may run on several threads at once.
+class TablesCache {
+ public:
+  template <typename Build>
+  std::shared_ptr<const SyntheticTables> Get(const TablesKey& key, Build&& build) {
+    MutexLock l(mu_);
+    std::erase_if(entries_, [](const Entry& e) { return e.tables.expired(); });
+    for (const Entry& e : entries_) {
+      if (e.key == key) {
+        if (auto t = e.tables.lock()) return t;
+      }
+    }
+    // Built under the lock: readers of one model created at once build it once.
+    auto t = std::make_shared<const SyntheticTables>(build());
+    entries_.push_back({key, t});
+    last_ = t;
+    return t;
+  }
+
+ private:
+  struct Entry {
+    TablesKey key;
+    std::weak_ptr<const SyntheticTables> tables;
+  };
+  Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const SyntheticTables> last_ ABSL_GUARDED_BY(mu_);
+};
+
+TablesCache& Cache() {
+  static TablesCache* const cache = new TablesCache;  // never destroyed: readers may outlive main
+  return *cache;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<SyntheticReader>> SyntheticReader::Create(const SyntheticOptions& o) {
   if (o.world == 0 || o.rank >= o.world) return Status::InvalidArgument("rank not in [0, world)");
   if (o.cardinalities.empty() || o.cardinalities.size() > kMaxFields) {
@@ -66,22 +103,29 @@ Result<std::unique_ptr<SyntheticReader>> SyntheticReader::Create(const Synthetic
   if (!(o.zipf_exponent > 0) || o.planted_dim == 0 || o.planted_dim > 8) {
     return Status::InvalidArgument("zipf_exponent must be > 0 and planted_dim in [1, 8]");
   }
-  return std::unique_ptr<SyntheticReader>(new SyntheticReader(o));
+  if (o.table_ranks == 0 || o.table_ranks > (1u << 20)) {
+    return Status::InvalidArgument("table_ranks must be in [1, 2^20], got " +
+                                   std::to_string(o.table_ranks));
+  }
+  std::unique_ptr<SyntheticReader> r(new SyntheticReader(o));
+  if (!o.reference_generator) {
+    const TablesKey key{o.seed,     o.cardinalities, o.zipf_exponent, o.interaction_std,
+                        o.bias_std, o.tail_rank,     o.planted_dim,   o.table_ranks};
+    const internal::PlantedModel model = r->Model();
+    r->tables_ = Cache().Get(key, [&] {
+      return SyntheticTables::Build(model, o.cardinalities, o.zipf_exponent, o.table_ranks,
+                                    kMaxSyntheticTableBytes);
+    });
+  }
+  return r;
 }
 
 SyntheticReader::SyntheticReader(const SyntheticOptions& o) : options_(o) {
   const uint32_t nf = static_cast<uint32_t>(o.cardinalities.size());
   schema_.num_dense = o.num_dense;
   schema_.num_fields = nf;
-  const double s = o.zipf_exponent;
   for (uint32_t f = 0; f < nf; ++f) {
-    Zipf z;
-    z.n = o.cardinalities[f];
-    z.s = s;
-    z.h_x1 = HIntegral(1.5, s) - 1.0;
-    z.h_n = HIntegral(static_cast<double>(z.n) + 0.5, s);
-    z.s_param = 2.0 - HIntegralInverse(HIntegral(2.5, s) - H(2.0, s), s);
-    zipf_.push_back(z);
+    zipf_.push_back(internal::MakeZipf(o.cardinalities[f], o.zipf_exponent, 1));
     missing_.push_back(f < 26 ? kCriteoMissing[f] : 0.0);
   }
   // Interactions: P pairs of k-wide dots of N(0, sigma_v^2) entries have variance P k sigma_v^4.
@@ -96,18 +140,30 @@ SyntheticReader::SyntheticReader(const SyntheticOptions& o) : options_(o) {
   }
 }
 
-uint64_t SyntheticReader::SampleZipf(const Zipf& z, uint64_t* rng) const {
-  while (true) {
-    const double u = z.h_n + Unit(Next(rng)) * (z.h_x1 - z.h_n);
-    const double x = HIntegralInverse(u, z.s);
-    uint64_t k = static_cast<uint64_t>(x + 0.5);
-    k = std::clamp<uint64_t>(k, 1, z.n);
-    if (static_cast<double>(k) - x <= z.s_param ||
-        u >= HIntegral(static_cast<double>(k) + 0.5, z.s) - H(static_cast<double>(k), z.s)) {
-      return k;
-    }
-  }
+SyntheticReader::~SyntheticReader() = default;
+
+internal::PlantedModel SyntheticReader::Model() const {
+  return {options_.seed, options_.tail_rank, sigma_b_, sigma_v_, options_.planted_dim};
 }
+
+uint64_t SyntheticReader::KeyOf(uint32_t field, uint64_t rank) {
+  return internal::KeyOfRank(field, rank);
+}
+
+void SyntheticReader::Planted(uint32_t field, uint64_t rank, double* bias, double* vec) const {
+  if (tables_ != nullptr && rank <= tables_->fields[field].head) {
+    const uint32_t k = tables_->dim;
+    const uint64_t* r = tables_->Record(tables_->fields[field], static_cast<uint32_t>(rank - 1));
+    *bias = std::bit_cast<double>(r[SyntheticTables::kBias]);
+    for (uint32_t d = 0; d < k; ++d)
+      vec[d] = std::bit_cast<double>(r[SyntheticTables::kVector + d]);
+    return;
+  }
+  internal::ComputePlanted(Model(), field, rank, bias, vec);
+}
+
+uint32_t SyntheticReader::tabulated_ranks() const { return tables_ ? tables_->head : 0; }
+size_t SyntheticReader::table_bytes() const { return tables_ ? tables_->bytes : 0; }
 
 Status SyntheticReader::Seek(uint64_t position) {
   if (options_.num_samples != 0) {
@@ -120,8 +176,19 @@ Status SyntheticReader::Seek(uint64_t position) {
 }
 
 void SyntheticReader::Generate(uint64_t index, Batch* batch) const {
+  if (tables_ == nullptr) {
+    GenerateReference(index, batch);
+  } else {
+    GenerateFast(index, batch);
+  }
+}
+
+// The slow exact reference: per sample, 13 Box-Muller normals, rejection-inversion for every
+// field, every chosen id's planted values hashed, and the 325 pairwise dots summed.
+void SyntheticReader::GenerateReference(uint64_t index, Batch* batch) const {
   const SyntheticOptions& o = options_;
   const uint32_t nf = schema_.num_fields, k = o.planted_dim;
+  const internal::PlantedModel model = Model();
   uint64_t rng = Hash3(o.seed, o.stream + 0x51ed270b, index);
   double logit = o.offset;
   for (uint32_t j = 0; j < o.num_dense; ++j) {
@@ -136,22 +203,13 @@ void SyntheticReader::Generate(uint64_t index, Batch* batch) const {
   const uint32_t kk = std::min<uint32_t>(k, 8);
   for (uint32_t f = 0; f < nf; ++f) {
     present[f] = Unit(Next(&rng)) >= missing_[f];
-    const uint64_t rank = SampleZipf(zipf_[f], &rng);
+    const uint64_t rank = internal::SampleZipf(zipf_[f], &rng);
     if (present[f]) {
-      // The id a rank maps to is a fixed scramble, so frequent ids are not small numbers.
-      const uint64_t id = Mix64(rank * 0x9e3779b97f4a7c15ULL + f) & 0xffffffffffULL;
-      batch->keys.push_back(MakeKey(f, id));
+      batch->keys.push_back(KeyOf(f, rank));
       if (!batch->weights.empty()) batch->weights.push_back(1.0f);
-      const double decay = o.tail_rank > 0
-                               ? 1.0 / std::sqrt(1.0 + static_cast<double>(rank - 1) / o.tail_rank)
-                               : 1.0;
-      logit += decay * sigma_b_ *
-               Normal(Hash3(o.seed, f, rank * 64 + 62), Hash3(o.seed, f, rank * 64 + 63));
-      for (uint32_t d = 0; d < kk; ++d) {
-        vecs[f][d] =
-            std::sqrt(decay) * sigma_v_ *
-            Normal(Hash3(o.seed, f, rank * 64 + 2 * d), Hash3(o.seed, f, rank * 64 + 2 * d + 1));
-      }
+      double bias;
+      internal::ComputePlanted(model, f, rank, &bias, vecs[f]);
+      logit += bias;
     }
     batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
   }
@@ -164,6 +222,89 @@ void SyntheticReader::Generate(uint64_t index, Batch* batch) const {
       logit += dot;
     }
   }
+  const double p = 1.0 / (1.0 + std::exp(-logit));
+  batch->labels.push_back(Unit(Next(&rng)) < p ? 1.0f : 0.0f);
+  batch->true_probs.push_back(static_cast<float>(p));
+  ++batch->size;
+}
+
+// The same distribution from tables: the dense features by their quantile table, each present
+// field's rank from its CDF table (a rank beyond the table by rejection-inversion over the
+// tail), the planted values of tabulated ranks looked up, and the pairwise dots as
+// (|sum v|^2 - sum |v|^2) / 2. A sample stream of its own (another seed salt).
+void SyntheticReader::GenerateFast(uint64_t index, Batch* batch) const {
+  const SyntheticOptions& o = options_;
+  const SyntheticTables& t = *tables_;
+  const uint32_t nf = schema_.num_fields, k = t.dim;
+  uint64_t rng = Hash3(o.seed, o.stream + 0x6a09e667f3bcc909ULL, index);
+  double logit = o.offset;
+  const size_t dense_at = batch->dense.size();
+  batch->dense.resize(dense_at + o.num_dense);
+  float* dense = batch->dense.data() + dense_at;
+  for (uint32_t j = 0; j < o.num_dense; ++j) {
+    const double x = t.dense.Quantile(Next(&rng));
+    dense[j] = static_cast<float>(x);
+    logit += dense_w_[j] * (x - 1.0);
+  }
+  // Room for a key per field; trimmed to the present ones below.
+  const size_t keys_at = batch->keys.size(), offsets_at = batch->offsets.size();
+  batch->keys.resize(keys_at + nf);
+  batch->offsets.resize(offsets_at + nf);
+  uint64_t* keys = batch->keys.data() + keys_at;
+  uint32_t* offsets = batch->offsets.data() + offsets_at;
+  // Two passes over the fields: the draws first, prefetching each field's guessed record, so
+  // that the cold lines of a sample's rare ranks load at once rather than one after another.
+  struct Draw {
+    uint64_t r;
+    SyntheticTables::Guess where;
+  };
+  Draw draws[kMaxFields];
+  for (uint32_t f = 0; f < nf; ++f) {
+    if (missing_[f] > 0 && Unit(Next(&rng)) < missing_[f]) {
+      draws[f].where.lo = kAbsent;
+      continue;
+    }
+    const SyntheticTables::Field& field = t.fields[f];
+    draws[f].r = Next(&rng);
+    draws[f].where = t.Locate(field, draws[f].r);
+    if (draws[f].where.guess < field.head)
+      __builtin_prefetch(t.Record(field, draws[f].where.guess));
+  }
+  uint32_t present = 0;
+  double sum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, squares = 0;
+  uint64_t tail[10];  // a tail rank's record
+  for (uint32_t f = 0; f < nf; ++f) {
+    if (draws[f].where.lo == kAbsent) {
+      offsets[f] = static_cast<uint32_t>(keys_at + present);
+      continue;
+    }
+    const SyntheticTables::Field& field = t.fields[f];
+    const uint32_t i = t.Resolve(field, draws[f].r, draws[f].where);
+    const uint64_t* record;
+    if (i < field.head) {
+      record = t.Record(field, i);
+    } else {
+      const uint64_t rank = internal::SampleZipf(field.tail, &rng);
+      double planted[9];
+      internal::ComputePlanted(Model(), f, rank, &planted[0], &planted[1]);
+      tail[0] = KeyOf(f, rank);
+      for (uint32_t w = 0; w <= k; ++w) tail[1 + w] = std::bit_cast<uint64_t>(planted[w]);
+      record = tail;
+    }
+    keys[present++] = record[SyntheticTables::kKey];
+    offsets[f] = static_cast<uint32_t>(keys_at + present);
+    logit += std::bit_cast<double>(record[SyntheticTables::kBias]);
+    for (uint32_t d = 0; d < k; ++d) {
+      const double v = std::bit_cast<double>(record[SyntheticTables::kVector + d]);
+      sum[d] += v;
+      squares += v * v;
+    }
+  }
+  batch->keys.resize(keys_at + present);
+  if (!batch->weights.empty()) batch->weights.resize(batch->weights.size() + present, 1.0f);
+  double norm = 0;
+  for (uint32_t d = 0; d < k; ++d) norm += sum[d] * sum[d];
+  logit += 0.5 * (norm - squares);
   const double p = 1.0 / (1.0 + std::exp(-logit));
   batch->labels.push_back(Unit(Next(&rng)) < p ? 1.0f : 0.0f);
   batch->true_probs.push_back(static_cast<float>(p));

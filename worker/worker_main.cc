@@ -78,7 +78,9 @@ DEFINE_uint32(max_pushes_in_flight, 2,
 DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
 DEFINE_int32(threads, 1, "CPU backend threads per local rank");
-DEFINE_string(backend, "cpu", "cpu | cuda");
+DEFINE_string(backend, "cpu",
+              "cpu | cuda | null (null: no model, zero gradients; measures the feed: data, "
+              "keys, pulls and pushes without a model)");
 DEFINE_uint32(embedding_dim, 8, "Embedding width");
 DEFINE_string(bottom_mlp, "64", "Bottom MLP hidden widths, comma-separated (may be empty)");
 DEFINE_string(top_mlp, "64", "Top MLP hidden widths, comma-separated (may be empty)");
@@ -333,7 +335,7 @@ std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
 // The flags as JobOptions, with the checks of a bad command line (the message printed; the
 // exit status returned instead). The job's observer and output are set by main.
 std::optional<int> OptionsFromFlags(tw::JobOptions* o) {
-  if (!tessera::cli::CheckOneOf(kTool, "backend", FLAGS_backend, {"cpu", "cuda"}) ||
+  if (!tessera::cli::CheckOneOf(kTool, "backend", FLAGS_backend, {"cpu", "cuda", "null"}) ||
       !tessera::cli::CheckOneOf(kTool, "pooling", FLAGS_pooling, {"sum", "mean"}) ||
       !tessera::cli::CheckOneOf(kTool, "consistency", FLAGS_consistency,
                                 {"async", "bsp", "ssp"})) {

@@ -97,6 +97,21 @@ TEST(WorkerCli, ReducerLineNamesTheCpuReducer) {
   EXPECT_NE(one.out.find("reducer: none (1 local rank)"), std::string::npos) << one.out;
 }
 
+// --backend=null runs the whole training loop (data, pulls, pushes) without a model: the CPU
+// reducer over 2 local ranks, every sample of the 20 steps, the loss of probabilities 0.5.
+TEST(WorkerCli, NullBackendRunsTheFeedWithoutAModel) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  WorkerRun r = RunWorker(Args(cluster.endpoints()[0], "clinull", "null", 2),
+                          cluster.dir() + "/null.log", 120);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("reducer: cpu (2 local ranks on CPU threads)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("trained 10240 samples"), std::string::npos) << r.out;  // 20 x 2 x 256
+  EXPECT_NE(r.out.find("20 steps"), std::string::npos) << r.out;
+  EXPECT_NEAR(TrainLoss(r.out), std::log(2.0), 1e-4) << r.out;
+}
+
 // No GPU here: --backend=cuda is refused before the worker connects anywhere (no server runs at
 // that address), with the reason, for one rank and for an NCCL node.
 TEST(WorkerCli, CudaBackendRefusedAtOnceWithoutAGpu) {
@@ -273,7 +288,7 @@ TEST(ToolsCli, EnumFlagsAreChecked) {
   const std::string nowhere = "tcp://127.0.0.1:9";
   const std::vector<Case> cases = {
       {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--backend=tpu"},
-       "tessera-worker: --backend must be one of cpu, cuda (got 'tpu')"},
+       "tessera-worker: --backend must be one of cpu, cuda, null (got 'tpu')"},
       {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--pooling=max"},
        "tessera-worker: --pooling must be one of sum, mean (got 'max')"},
       {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--consistency=eventual"},
