@@ -126,8 +126,8 @@ struct JobOptions {
   bool prefetch = true;
   /// Steps prepared ahead of the one computing, their pulls ahead by the rule of
   /// TrainerOptions::prefetch_depth (BSP: none; SSP: min(depth, staleness); async: depth)
-  /// (--prefetch_depth). 1 .. kMaxPrefetchDepth (64). Default: 2.
-  uint32_t prefetch_depth = 2;
+  /// (--prefetch_depth). 1 .. kMaxPrefetchDepth (64). Default: 1.
+  uint32_t prefetch_depth = 1;
   /// Steps pushed and not yet acknowledged and committed; a restarted worker redoes at most
   /// this many (TrainerOptions::max_pushes_in_flight) (--max_pushes_in_flight). 1 ..
   /// kMaxPrefetchDepth (64). Default: 2.

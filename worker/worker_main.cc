@@ -69,7 +69,7 @@ DEFINE_uint32(batch_size, 0,
               "epoch has at least 100 steps (at least 32)");
 DEFINE_uint64(max_steps, 0, "Stop after this many steps (0: when the data ends)");
 DEFINE_bool(prefetch, true, "Pull the next batch while this one computes");
-DEFINE_uint32(prefetch_depth, 2,
+DEFINE_uint32(prefetch_depth, 1,
               "Steps prepared ahead of the one computing (1..64); their pulls run ahead too: "
               "none under bsp, min(depth, staleness) under ssp, depth under async");
 DEFINE_uint32(max_pushes_in_flight, 2,
