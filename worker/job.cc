@@ -266,6 +266,8 @@ void Job::SetUpTrainer() {
   topt_.max_steps = o_.max_steps;
   topt_.prefetch = o_.prefetch;
   topt_.data_threads = o_.data_threads != 0 ? o_.data_threads : DefaultDataThreads(nl_);
+  topt_.prefetch_depth = o_.prefetch_depth;
+  topt_.max_pushes_in_flight = o_.max_pushes_in_flight;
   topt_.staleness = o_.staleness;
   topt_.worker_id = o_.worker_id;
   topt_.job = o_.job;
@@ -570,6 +572,18 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
     return Status::InvalidArgument("--local_ranks=" + std::to_string(options.local_ranks) +
                                    " is over the bound " + std::to_string(kMaxLocalRanks) +
                                    " (each local rank is a thread with its own model copy)");
+  }
+  if (options.prefetch_depth == 0 || options.prefetch_depth > kMaxPrefetchDepth) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--prefetch_depth=" + std::to_string(options.prefetch_depth) +
+                                   " is not in [1, " + std::to_string(kMaxPrefetchDepth) +
+                                   "] (each prefetched step holds a batch and its rows)");
+  }
+  if (options.max_pushes_in_flight == 0 || options.max_pushes_in_flight > kMaxPrefetchDepth) {
+    if (options_error) *options_error = true;
+    return Status::InvalidArgument("--max_pushes_in_flight=" +
+                                   std::to_string(options.max_pushes_in_flight) +
+                                   " is not in [1, " + std::to_string(kMaxPrefetchDepth) + "]");
   }
   if (options.backend != "cpu" && options.backend != "cuda" && options.backend != "null") {
     if (options_error) *options_error = true;

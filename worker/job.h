@@ -133,6 +133,14 @@ struct JobOptions {
   /// (worker/feed.h: the cores divided among the local ranks, less one, 1 to 8); at most
   /// kMaxDataThreads. Default: 0.
   uint32_t data_threads = 0;
+  /// Steps prepared ahead of the one computing, their pulls ahead by the rule of
+  /// TrainerOptions::prefetch_depth (BSP: none; SSP: min(depth, staleness); async: depth)
+  /// (--prefetch_depth). 1 .. kMaxPrefetchDepth (64). Default: 1.
+  uint32_t prefetch_depth = 1;
+  /// Steps pushed and not yet acknowledged and committed; a restarted worker redoes at most
+  /// this many (TrainerOptions::max_pushes_in_flight) (--max_pushes_in_flight). 1 ..
+  /// kMaxPrefetchDepth (64). Default: 2.
+  uint32_t max_pushes_in_flight = 2;
   /// -1 asynchronous, 0 bulk-synchronous, > 0 bounded staleness in clocks (--consistency,
   /// --staleness). Default: -1.
   int32_t staleness = -1;

@@ -1,10 +1,12 @@
 #include "worker/trainer.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -13,8 +15,11 @@
 
 namespace tessera::worker {
 
-// Waits for a step's pushes in the background and then records the step as committed (its
-// data position and clock) with PutMeta. One step at a time: Submit waits for the previous.
+// Commits steps in the background, strictly in step order: for each submitted step, waits
+// for its pushes (and Clock) and then records it as committed (its data position and clock)
+// with PutMeta. Steps queue up without waiting; the trainer bounds how many with WaitBelow.
+// After the first failure nothing more is committed. Destruction drops the steps not begun
+// (their pushes copied their inputs: nothing of the trainer's is touched afterwards).
 class Trainer::Committer {
  public:
   explicit Committer(ParamStore* store) : store_(store), thread_([this] { Run(); }) {}
@@ -27,49 +32,56 @@ class Trainer::Committer {
     thread_.join();
   }
 
-  /// Waits until no commit is in flight; returns the first error of any commit so far.
-  Status WaitIdle() {
+  /// Waits until fewer than `n` steps are submitted and not yet committed (or a commit
+  /// failed); returns the first error of any commit so far.
+  Status WaitBelow(size_t n) {
     MutexLock lock(mu_);
-    while (busy_) cv_.wait(lock.native());
+    while (status_.ok() && queue_.size() >= n) cv_.wait(lock.native());
     return status_;
   }
+  /// Waits until every submitted step is committed; the first error of any commit so far.
+  Status WaitIdle() { return WaitBelow(1); }
 
   void Submit(std::vector<Pending> pending, std::string key, std::string value,
               std::function<void()> done) {
     MutexLock lock(mu_);
-    while (busy_) cv_.wait(lock.native());
-    pending_ = std::move(pending);
-    key_ = std::move(key);
-    value_ = std::move(value);
-    done_ = std::move(done);
-    busy_ = true;
+    if (!status_.ok()) return;  // an earlier step failed: later ones are never committed
+    queue_.push_back(Item{std::move(pending), std::move(key), std::move(value), std::move(done)});
     cv_.notify_all();
   }
 
  private:
+  struct Item {
+    std::vector<Pending> pending;
+    std::string key, value;
+    std::function<void()> done;
+  };
+
   void Run() ABSL_LOCKS_EXCLUDED(mu_) {
     MutexLock lock(mu_);
     while (true) {
-      while (!stop_ && !busy_) cv_.wait(lock.native());
-      if (busy_) {
-        auto pending = std::move(pending_);
-        std::string key = std::move(key_), value = std::move(value_);
-        auto done = std::move(done_);
-        lock.Unlock();
-        Status s;
-        for (Pending& p : pending) {
-          Status w = p.Wait();
-          if (s.ok() && !w.ok()) s = w.WithContext("push");
-        }
-        if (s.ok()) s = store_->PutMeta(key, value).WithContext("commit");
-        if (s.ok() && done) done();
-        lock.Lock();
-        if (status_.ok() && !s.ok()) status_ = s;
-        busy_ = false;
-        cv_.notify_all();
-        continue;
-      }
+      while (!stop_ && queue_.empty()) cv_.wait(lock.native());
       if (stop_) return;
+      // The item stays at the front (counted as in flight) until it is committed.
+      Item& item = queue_.front();
+      std::vector<Pending> pending = std::move(item.pending);
+      const std::string key = std::move(item.key), value = std::move(item.value);
+      auto done = std::move(item.done);
+      lock.Unlock();
+      Status s;
+      for (Pending& p : pending) {
+        Status w = p.Wait();
+        if (s.ok() && !w.ok()) s = w.WithContext("push");
+      }
+      if (s.ok()) s = store_->PutMeta(key, value).WithContext("commit");
+      if (s.ok() && done) done();
+      lock.Lock();
+      queue_.pop_front();
+      if (status_.ok() && !s.ok()) {
+        status_ = s;
+        queue_.clear();
+      }
+      cv_.notify_all();
     }
   }
 
@@ -77,11 +89,8 @@ class Trainer::Committer {
   Mutex mu_;
   std::condition_variable cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   Status status_ ABSL_GUARDED_BY(mu_);
-  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
-  std::string key_ ABSL_GUARDED_BY(mu_), value_ ABSL_GUARDED_BY(mu_);
-  std::function<void()> done_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
@@ -208,6 +217,15 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
     return Status::InvalidArgument("trainer needs a backend and a reader");
   }
   if (options.batch_size == 0) return Status::InvalidArgument("batch_size is 0");
+  if (options.prefetch_depth == 0 || options.prefetch_depth > kMaxPrefetchDepth) {
+    return Status::InvalidArgument("prefetch_depth is " + std::to_string(options.prefetch_depth) +
+                                   ", not in [1, " + std::to_string(kMaxPrefetchDepth) + "]");
+  }
+  if (options.max_pushes_in_flight == 0 || options.max_pushes_in_flight > kMaxPrefetchDepth) {
+    return Status::InvalidArgument(
+        "max_pushes_in_flight is " + std::to_string(options.max_pushes_in_flight) +
+        ", not in [1, " + std::to_string(kMaxPrefetchDepth) + "]");
+  }
   const ModelConfig& c = layout.config();
   const Schema& s = reader->schema();
   if (s.num_fields != c.num_fields || (c.deep && s.num_dense != c.num_dense)) {
@@ -420,8 +438,9 @@ Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   if (!leader_) return Status::OK();
   running_->Add(probs, b.labels);
 
-  // At most one step in flight uncommitted: a restarted worker redoes at most that step.
-  TESSERA_RETURN_IF_ERROR(committer_->WaitIdle());
+  // At most max_pushes_in_flight steps pushed and uncommitted: a restarted worker redoes at
+  // most those.
+  TESSERA_RETURN_IF_ERROR(committer_->WaitBelow(options_.max_pushes_in_flight));
   const ModelConfig& c = layout_.config();
   if (options_.lr_schedule.active()) {
     TESSERA_RETURN_IF_ERROR(store_->SetLearningRateScale(options_.lr_schedule.Factor(step_)));
@@ -474,23 +493,65 @@ Result<bool> Trainer::Pause(const TrainProgress& progress) {
   return stop;
 }
 
+uint32_t Trainer::DataAhead() const { return options_.prefetch ? options_.prefetch_depth : 0; }
+
+uint32_t Trainer::PullAhead() const {
+  if (!options_.prefetch || options_.staleness == 0) return 0;
+  if (options_.staleness < 0) return options_.prefetch_depth;
+  return std::min(options_.prefetch_depth, static_cast<uint32_t>(options_.staleness));
+}
+
+// The steps of a run in flight: step i of the run (0-based) lives in steps[i % steps.size()];
+// steps [k, prepared) are prepared, steps [k, pulled) have their pulls issued, step k computes
+// next. Pulls in flight write into the steps: destruction (every exit of Train) waits for them.
+struct Trainer::Ring {
+  explicit Ring(size_t size) : steps(size) {}
+  ~Ring() {
+    for (Step& s : steps) {
+      for (Pending& p : s.pulls) (void)p.Wait();
+      s.pulls.clear();
+    }
+  }
+  Step* at(uint64_t i) { return &steps[i % steps.size()]; }
+
+  std::vector<Step> steps;
+  uint64_t k = 0, prepared = 0, pulled = 0;
+  uint64_t budget = 0;    // steps this run may do (max_steps)
+  bool data_end = false;  // a prepared step found the end of the data
+};
+
+// Prepares steps up to k + DataAhead() and issues pulls up to k + PullAhead(). The decisions
+// depend only on what every local rank shares (the global batch sizes), so every rank runs the
+// same collectives in the same order.
+Status Trainer::Fill(Ring* r) {
+  while (!r->data_end && r->prepared < r->budget && r->prepared <= r->k + DataAhead()) {
+    Step* s = r->at(r->prepared);
+    TESSERA_RETURN_IF_ERROR(Prepare(s));
+    ++r->prepared;
+    r->data_end = s->end;
+  }
+  while (r->pulled < r->prepared && r->pulled <= r->k + PullAhead()) {
+    TESSERA_RETURN_IF_ERROR(IssuePull(r->at(r->pulled)));
+    ++r->pulled;
+  }
+  return Status::OK();
+}
+
 Result<TrainResult> Trainer::Train() {
   TrainResult result;
   result.resumed_steps = step_;
   running_ = std::make_unique<RunningMetrics>(options_.running_window);
   const auto start = SteadyClock::now();
   ProgressWindow window(start);
-  Step a, b;
-  Step* cur = &a;
-  Step* next = &b;
+  Ring ring(DataAhead() + 1);
+  ring.budget = options_.max_steps == 0 ? std::numeric_limits<uint64_t>::max()
+                                        : options_.max_steps - std::min(options_.max_steps, step_);
   auto fail = [&](Status s) -> Status {
     if (reducer_ != nullptr) {
       reducer_->Abort(s.WithContext("local rank " + std::to_string(reducer_->rank())));
     }
     return s;
   };
-  auto limit_reached = [&] { return options_.max_steps != 0 && step_ >= options_.max_steps; };
-  const bool pull_early = options_.prefetch && options_.staleness != 0;
   auto report = [&] { return window.Next(step_, result, leader_ ? running_.get() : nullptr); };
   // The feed (started by the first Prepare) stops, its threads joined, when Train returns.
   struct FeedStop {
@@ -498,50 +559,29 @@ Result<TrainResult> Trainer::Train() {
     ~FeedStop() { feed.reset(); }
   } feed_stop{feed_};
 
-  if (!limit_reached()) {
-    Status s = Prepare(cur);
-    if (s.ok()) s = IssuePull(cur);
+  while (true) {
+    Status s = Fill(&ring);
     if (!s.ok()) return fail(s);
-  } else {
-    cur->end = true;
-  }
-  while (!cur->end) {
-    Status s = FinishPull(cur);
+    if (ring.k == ring.prepared) break;  // max_steps
+    Step* cur = ring.at(ring.k);
+    if (cur->end) break;
+    s = FinishPull(cur);
+    if (s.ok()) s = ComputeAndPush(cur, &result);
     if (!s.ok()) return fail(s);
-    bool last = options_.max_steps != 0 && step_ + 1 >= options_.max_steps;
-    if (options_.prefetch && !last) {
-      s = Prepare(next);
-      if (s.ok() && pull_early) s = IssuePull(next);
-      if (!s.ok()) return fail(s);
-    }
-    s = ComputeAndPush(cur, &result);
-    if (!s.ok()) return fail(s);
+    ++ring.k;
     if (options_.pause_at && options_.on_pause && options_.pause_at(step_)) {
       auto stop = Pause(report());
       if (!stop.ok()) return fail(stop.status());
       if (*stop) {
-        // The prefetched pulls write into `next`: they must finish before it is dropped.
-        for (Pending& p : next->pulls) (void)p.Wait();
-        next->pulls.clear();
         result.stopped = true;
-        last = true;
+        break;  // the prefetched steps are dropped (~Ring waits for their pulls)
       }
     }
-    if (last) {
-      next->end = true;
-    } else if (!options_.prefetch) {
-      s = Prepare(next);
-      if (s.ok()) s = IssuePull(next);
-    } else if (!pull_early) {
-      s = IssuePull(next);
-    }
-    if (!s.ok()) return fail(s);
     if (leader_ && options_.progress_interval_s > 0 &&
         window.SecondsSinceReport() >= options_.progress_interval_s) {
       const TrainProgress p = report();
       if (options_.on_progress) options_.on_progress(p);
     }
-    std::swap(cur, next);
   }
   if (leader_) {
     Status s = committer_->WaitIdle();

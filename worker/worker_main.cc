@@ -73,6 +73,12 @@ DEFINE_uint32(data_threads, 0,
               "Threads per local rank that read, parse and index batches ahead of training "
               "(the batches are the same whatever their number); 0: the cores divided among "
               "the local ranks, less one, 1 to 8");
+DEFINE_uint32(prefetch_depth, 1,
+              "Steps prepared ahead of the one computing (1..64); their pulls run ahead too: "
+              "none under bsp, min(depth, staleness) under ssp, depth under async");
+DEFINE_uint32(max_pushes_in_flight, 2,
+              "Steps pushed and not yet acknowledged (1..64); a restarted worker redoes at most "
+              "this many");
 DEFINE_string(consistency, "async", "async | bsp | ssp");
 DEFINE_int32(staleness, 2, "Bound of --consistency=ssp, in clocks");
 DEFINE_uint64(cache_rows, 0,
@@ -284,6 +290,8 @@ void NodeAndDataFromFlags(tw::JobOptions* o) {
   o->max_steps = FLAGS_max_steps;
   o->prefetch = FLAGS_prefetch;
   o->data_threads = FLAGS_data_threads;
+  o->prefetch_depth = FLAGS_prefetch_depth;
+  o->max_pushes_in_flight = FLAGS_max_pushes_in_flight;
   o->staleness = -1;  // async
   if (FLAGS_consistency == "bsp") {
     o->staleness = 0;
@@ -390,6 +398,8 @@ void PrintReport(const tw::JobReport& r) {
   report["local_ranks"] = std::max<uint32_t>(FLAGS_local_ranks, 1);
   report["consistency"] = FLAGS_consistency;
   report["prefetch"] = FLAGS_prefetch;
+  report["prefetch_depth"] = FLAGS_prefetch_depth;
+  report["max_pushes_in_flight"] = FLAGS_max_pushes_in_flight;
   report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
   report["train_samples_worker0"] = tr.samples;
   report["train_seconds"] = tr.seconds;

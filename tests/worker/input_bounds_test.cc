@@ -55,6 +55,20 @@ TEST(WorkerInputBounds, LocalRanksOverTheBoundIsAUsageErrorNamingIt) {
   }
 }
 
+// --prefetch_depth and --max_pushes_in_flight size a ring of steps (each a batch and its rows)
+// and the steps redone after a restart: 0 or over 64 is a usage error naming the range.
+TEST(WorkerInputBounds, PrefetchDepthAndPushesInFlightOutOfRangeAreUsageErrors) {
+  for (const std::string flag : {"--prefetch_depth", "--max_pushes_in_flight"}) {
+    for (const std::string value : {"0", "65"}) {
+      ProgramRun r = RunProgram({TESSERA_WORKER_BINARY, "--servers=tcp://127.0.0.1:9",
+                                 flag + "=" + value},
+                                flag.substr(2) + value);
+      EXPECT_EQ(r.rc, 2) << r.out;
+      EXPECT_NE(r.out.find(flag + "=" + value + " is not in [1, 64]"), std::string::npos)
+          << r.out;
+    }
+  }
+}
 
 // Item 10: the server's --cluster=@/dev/zero and --flagfile=/dev/urandom read without end
 // (~200 MB/s); both are usage errors now, in seconds.
