@@ -413,17 +413,7 @@ Status Trainer::ComputeAndPush(Step* s, TrainResult* result) {
   std::vector<float>& probs = probs_;
   const Batch& b = s->ready.batch;
   probs.resize(b.size);
-  ModelInput in;
-  in.batch_size = b.size;
-  in.dense = b.dense.data();
-  in.labels = b.labels.data();
-  in.offsets = b.offsets.data();
-  in.rows = s->rows.data();
-  in.weights = b.weights.empty() ? nullptr : b.weights.data();
-  in.num_rows = static_cast<uint32_t>(s->keys.size());
-  in.embeddings = s->emb.data();
-  in.wide = s->wide.data();
-  in.params = s->params.data();
+  const ModelInput in = InputOf(s, true);
   const float scale = options_.mean_loss ? 1.0f / static_cast<float>(s->global_size) : 1.0f;
   if (reducer_ != nullptr) {
     // Sums over the local ranks (on the GPU with an NCCL reducer and a CUDA backend).
@@ -523,14 +513,40 @@ struct Trainer::Ring {
 // Prepares steps up to k + DataAhead() and issues pulls up to k + PullAhead(). The decisions
 // depend only on what every local rank shares (the global batch sizes), so every rank runs the
 // same collectives in the same order.
-Status Trainer::Fill(Ring* r) {
+ModelInput Trainer::InputOf(Step* s, bool pulled) const {
+  const Batch& b = s->ready.batch;
+  ModelInput in;
+  in.batch_size = b.size;
+  in.dense = b.dense.data();
+  in.labels = b.labels.data();
+  in.offsets = b.offsets.data();
+  in.rows = s->rows.data();
+  in.weights = b.weights.empty() ? nullptr : b.weights.data();
+  in.num_rows = static_cast<uint32_t>(s->keys.size());
+  if (pulled) {
+    in.embeddings = s->emb.data();
+    in.wide = s->wide.data();
+    in.params = s->params.data();
+  }
+  return in;
+}
+
+Status Trainer::StageNext(Ring* r) {
+  if (r->k + 1 >= r->prepared) return Status::OK();
+  Step* next = r->at(r->k + 1);
+  if (next->end) return Status::OK();
+  // Its pulls may still be in flight: the rows and parameters go with the computing call.
+  return backend_->Stage(InputOf(next, false));
+}
+
+Status Trainer::Fill(Ring* r, uint32_t pull_ahead) {
   while (!r->data_end && r->prepared < r->budget && r->prepared <= r->k + DataAhead()) {
     Step* s = r->at(r->prepared);
     TESSERA_RETURN_IF_ERROR(Prepare(s));
     ++r->prepared;
     r->data_end = s->end;
   }
-  while (r->pulled < r->prepared && r->pulled <= r->k + PullAhead()) {
+  while (r->pulled < r->prepared && r->pulled <= r->k + pull_ahead) {
     TESSERA_RETURN_IF_ERROR(IssuePull(r->at(r->pulled)));
     ++r->pulled;
   }
@@ -559,13 +575,23 @@ Result<TrainResult> Trainer::Train() {
     ~FeedStop() { feed.reset(); }
   } feed_stop{feed_};
 
+  // A batch staged for the backend and never computed is dropped before its memory goes.
+  struct StageDrop {
+    Backend* backend;
+    ~StageDrop() { (void)backend->Stage(ModelInput{}); }
+  } stage_drop{backend_};
+
   while (true) {
-    Status s = Fill(&ring);
+    Status s = Fill(&ring, 0);
     if (!s.ok()) return fail(s);
     if (ring.k == ring.prepared) break;  // max_steps
     Step* cur = ring.at(ring.k);
     if (cur->end) break;
     s = FinishPull(cur);
+    // The steps ahead are pulled once this step's pull is in: a caching store (row_cache.h)
+    // holds the rows a pull brought from when it is waited for, so the next pull finds them.
+    if (s.ok()) s = Fill(&ring, PullAhead());
+    if (s.ok()) s = StageNext(&ring);
     if (s.ok()) s = ComputeAndPush(cur, &result);
     if (!s.ok()) return fail(s);
     ++ring.k;

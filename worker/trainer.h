@@ -176,7 +176,13 @@ class Trainer {
   // (TrainerOptions::prefetch_depth).
   uint32_t DataAhead() const;
   uint32_t PullAhead() const;
-  Status Fill(Ring* ring);
+  // Prepares the steps ahead and issues the pulls of those up to `pull_ahead` past the current.
+  Status Fill(Ring* ring, uint32_t pull_ahead);
+  // The backend's input of a prepared step; its pulled rows and parameters only with `pulled`.
+  ModelInput InputOf(Step* step, bool pulled) const;
+  // Hands the next step's batch to the backend early (Backend::Stage: the CUDA backend uploads
+  // it while this step computes).
+  Status StageNext(Ring* ring);
   Result<bool> Pause(const TrainProgress& progress);
   std::string MetaKey() const;
 
