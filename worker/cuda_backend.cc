@@ -146,16 +146,7 @@ class CudaBackend final : public Backend {
       return Status::InvalidArgument("staged batch lacks offsets, rows or dense features");
     }
     TESSERA_RETURN_IF_ERROR(Begin());
-    // An empty slot, else the one staged earlier (a third staged batch replaces the older).
-    Slot* s = &slots_[0];
-    for (Slot& t : slots_) {
-      if (!t.staged) {
-        s = &t;
-        break;
-      }
-      if (t.stamp < s->stamp) s = &t;
-    }
-    s->staged = false;
+    Slot* s = FreeOrOldestSlot();
     const bool with_params = internal::HasParams(layout_, in);
     TESSERA_RETURN_IF_ERROR(Upload(s, in, in.labels != nullptr, /*batch=*/true, with_params));
     s->staged = true;
@@ -166,6 +157,21 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // An empty upload slot, else the one staged first (a third staged batch replaces the older),
+  // marked empty.
+  Slot* FreeOrOldestSlot() {
+    Slot* s = &slots_[0];
+    for (Slot& t : slots_) {
+      if (!t.staged) {
+        s = &t;
+        break;
+      }
+      if (t.stamp < s->stamp) s = &t;
+    }
+    s->staged = false;
+    return s;
+  }
+
   // Every public call starts here. A call that failed before its wait may have left copies and
   // kernels running on the staging memory: wait for them, and drop what was staged (its slot may
   // have been half rewritten).
@@ -225,15 +231,7 @@ class CudaBackend final : public Backend {
       TESSERA_RETURN_IF_ERROR(Upload(&s, in, train, true, true));
       return &s;
     }
-    Slot* s = &slots_[0];
-    for (Slot& t : slots_) {
-      if (!t.staged) {
-        s = &t;
-        break;
-      }
-      if (t.stamp < s->stamp) s = &t;
-    }
-    s->staged = false;
+    Slot* s = FreeOrOldestSlot();
     TESSERA_RETURN_IF_ERROR(Upload(s, in, train, true, true));
     return s;
   }
