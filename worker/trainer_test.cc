@@ -566,5 +566,95 @@ TEST(TrainerPrefetch, DepthOutOfRangeIsRefused) {
   }
 }
 
+// A CPU backend that records the calls the trainer makes: what each Stage was handed (the batch
+// pointers, whether parameters came with it) and the batch each computing call computed.
+class StageRecordingBackend final : public Backend {
+ public:
+  struct Call {
+    bool stage;
+    uint32_t batch_size;
+    const uint32_t* offsets;
+    const uint32_t* rows;
+    bool with_params;
+  };
+  explicit StageRecordingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  Status Forward(const ModelInput& in, float* probs) override {
+    Record(false, in);
+    return inner_->Forward(in, probs);
+  }
+  Status ForwardBackward(const ModelInput& in, float loss_scale, float* probs,
+                         ModelGrads* grads) override {
+    Record(false, in);
+    return inner_->ForwardBackward(in, loss_scale, probs, grads);
+  }
+  Status Stage(const ModelInput& in) override {
+    Record(true, in);
+    return inner_->Stage(in);
+  }
+  const std::vector<Call>& calls() const { return calls_; }
+
+ private:
+  void Record(bool stage, const ModelInput& in) {
+    calls_.push_back({stage, in.batch_size, in.offsets, in.rows,
+                      in.params != nullptr || in.embeddings != nullptr || in.wide != nullptr});
+  }
+  std::unique_ptr<Backend> inner_;
+  std::vector<Call> calls_;
+};
+
+// With prefetch, the trainer stages step k + 1's batch (its pulled rows and parameters left to
+// the computing call: they may still be in flight) before step k computes, the staged batch is
+// the very memory step k + 1 then computes, and the last call, once Train is done, drops what
+// is staged (an empty batch): Backend::Stage's contract, which the CUDA backend relies on.
+TEST(TrainerPrefetch, NextBatchIsStagedBeforeThisOneComputesAndDroppedAtTheEnd) {
+  auto layout = ModelLayout::Create(Model());
+  ASSERT_TRUE(layout.ok());
+  constexpr uint64_t kSteps = 6;
+  for (int32_t staleness : {-1, 0}) {
+    SCOPED_TRACE("staleness " + std::to_string(staleness));
+    auto store = CreateLocalStore();
+    auto reader = SyntheticReader::Create(Data());
+    ASSERT_TRUE(reader.ok());
+    auto cpu = CreateCpuBackend(*layout, {1});
+    ASSERT_TRUE(cpu.ok());
+    StageRecordingBackend backend(std::move(*cpu));
+    auto trainer = Trainer::Create(Options(staleness, 2, kSteps), *layout, store.get(), &backend,
+                                   reader->get());
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    ASSERT_TRUE((*trainer)->Init().ok());
+    auto r = (*trainer)->Train();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->steps, kSteps);
+
+    const auto& calls = backend.calls();
+    std::vector<const StageRecordingBackend::Call*> computes;
+    for (const auto& c : calls) {
+      if (!c.stage) computes.push_back(&c);
+    }
+    ASSERT_EQ(computes.size(), kSteps);
+    // Steps 2..kSteps are each staged once, right before the step before them computes.
+    uint64_t k = 0;  // computes seen
+    for (size_t i = 0; i + 1 < calls.size(); ++i) {
+      if (!calls[i].stage) {
+        ++k;
+        continue;
+      }
+      ASSERT_LT(k + 1, kSteps) << "call " << i << ": a batch staged after the last step";
+      ASSERT_FALSE(calls[i + 1].stage) << "call " << i << ": two stages in a row";
+      EXPECT_EQ(calls[i].batch_size, kBatch);
+      EXPECT_FALSE(calls[i].with_params) << "call " << i;
+      EXPECT_EQ(calls[i].offsets, computes[k + 1]->offsets) << "call " << i;
+      EXPECT_EQ(calls[i].rows, computes[k + 1]->rows) << "call " << i;
+    }
+    size_t stages = 0;
+    for (const auto& c : calls) stages += c.stage && c.batch_size > 0;
+    EXPECT_EQ(stages, kSteps - 1);
+    ASSERT_FALSE(calls.empty());
+    EXPECT_TRUE(calls.back().stage);
+    EXPECT_EQ(calls.back().batch_size, 0u) << "what was staged is not dropped at the end";
+  }
+}
+
 }  // namespace
 }  // namespace tessera::worker
