@@ -110,8 +110,12 @@ file(RELATIVE_PATH TESSERA_PC_UP /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/tessera.pc.in ${PROJECT_BINARY_DIR}/tessera.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tessera.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# ---- the Python module, where it was built: PREFIX/lib/python3/dist-packages (Debian's layout;
-# PYTHONPATH=PREFIX/lib/python3/dist-packages elsewhere).
+# ---- the Python package, where it was built: PREFIX/lib/python3/dist-packages/tessera (Debian's
+# layout; PYTHONPATH=PREFIX/lib/python3/dist-packages elsewhere).
 if(TARGET tessera_python)
-  install(TARGETS tessera_python LIBRARY DESTINATION lib/python3/dist-packages)
+  install(TARGETS tessera_python LIBRARY DESTINATION lib/python3/dist-packages/tessera)
+  foreach(f ${TESSERA_PYTHON_FILES})
+    install(FILES ${PROJECT_SOURCE_DIR}/python/tessera/${f}
+            DESTINATION lib/python3/dist-packages/tessera)
+  endforeach()
 endif()

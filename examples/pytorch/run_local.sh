@@ -17,7 +17,7 @@ if [[ ! -f $build/build.ninja ]]; then
 fi
 # Incremental: a no-op when both are up to date.
 ninja -C "$build" tessera-server tessera_python
-module=$(ls "$build"/python/tessera*.so 2>/dev/null | head -n1 || true)
+module=$(ls "$build"/python/tessera/_tessera*.so 2>/dev/null | head -n1 || true)
 [[ -n $module ]] || { echo "run_local.sh: no Python module in $build/python (see the" \
   "'Tessera: Python module' line of the CMake configure)" >&2; exit 1; }
 python=${PYTHON:-$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")}

@@ -75,7 +75,7 @@ if [[ $subproject != --subproject ]]; then
   "$tmp/pc-consumer" "$endpoint" || fail "pkg-config consumer run"
   stop_server
   # ---- the Python module, where the build has one
-  if compgen -G "$build/python/tessera*.so" >/dev/null; then
+  if compgen -G "$build/python/tessera/_tessera*.so" >/dev/null; then
     py=/usr/bin/python3
     PYTHONPATH=$prefix/lib/python3/dist-packages "$py" -c \
       'import tessera; assert hasattr(tessera, "Client")' || fail "installed Python module"
