@@ -344,7 +344,9 @@ TEST(LogFilePreallocationTest, ZerosAfterTheRecordsAreTheirEndAndAppendsFollowTh
     ASSERT_NE(log, nullptr);
     EXPECT_EQ(log->last_seq(), 10u);
     EXPECT_EQ(log->bytes(), OffsetOf(11));
+    EXPECT_EQ(log->appended_bytes(), 0u);  // since this Open
     ASSERT_TRUE(log->Append(11, Payload(11)).ok());
+    EXPECT_EQ(log->appended_bytes(), OffsetOf(12) - OffsetOf(11));
   }
   const std::string segment = crashed.path() + "/" + Segments(crashed.path()).back();
   EXPECT_EQ(std::filesystem::file_size(segment), OffsetOf(12));
