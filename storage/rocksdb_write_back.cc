@@ -3,7 +3,6 @@
 // rounds of hand-offs and flushes every memtable (RocksDbEngine::WriteRound); the lane then
 // reaps the result (RocksDbLaneStore::Reap): rows unpinned, or dirty again after a failure.
 #include <glog/logging.h>
-#include <pthread.h>
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 
@@ -13,7 +12,6 @@
 #include <vector>
 
 #include "ps/routing.h"
-#include "ps/thread_priority_internal.h"
 #include "storage/rocksdb_common_internal.h"
 #include "storage/rocksdb_engine_impl_internal.h"
 #include "storage/rocksdb_lane_store_internal.h"
@@ -23,9 +21,6 @@
 
 namespace tessera::internal {
 namespace {
-
-// Nice levels of the row writer below the lanes: a third of a lane's share when both want a core.
-constexpr int kWriterNiceSteps = 5;
 
 // A WriteBatch record's bytes beyond its key and value, at most: tag, column family, lengths.
 constexpr size_t kBatchRecordBytes = 10;
@@ -119,12 +114,6 @@ void RocksDbEngine::Submit(std::shared_ptr<WriteBackJob> job) {
 }
 
 void RocksDbEngine::WriterLoop() {
-  // Write-back is background work: the lanes and the I/O thread (pushes, pulls) come first on a
-  // busy machine. A third of their share when both want a core; a lane over its memory budget
-  // waits for this thread, which then has the core (profile of bench_checkpoint's RocksDB
-  // server: this thread took 24% of its CPU, the lane 33%, at the same priority).
-  pthread_setname_np(pthread_self(), "tessera-rows");  // for top -H, perf and tests
-  if (!LowerThreadPriority(kWriterNiceSteps)) PLOG(WARNING) << "row writer: setpriority";
   std::vector<std::shared_ptr<WriteBackJob>> round;
   for (;;) {
     {

@@ -6,11 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <optional>
-#include <sstream>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -541,45 +537,6 @@ TEST(CheckpointTest, FullAndDeltaExportsReadWithoutServers) {
   EXPECT_EQ((*r1)->Lookup("nope", keys, got.data()).code(), StatusCode::kNotFound);
   EXPECT_EQ(ExportReader::Open(root, 7).status().code(), StatusCode::kNotFound);
   std::filesystem::remove_all(tmp);
-}
-
-// Field 19 (nice) of /proc/PID/task/TID/stat of process `pid`'s thread named `name`; the main
-// thread's (TID = PID) when `name` is empty. nullopt when there is no such thread.
-std::optional<int> NiceOf(pid_t pid, const std::string& name) {
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
-    std::ifstream comm(task.path() / "comm");
-    std::string c;
-    std::getline(comm, c);
-    const bool main = task.path().filename() == std::to_string(pid);
-    if (name.empty() ? !main : c != name) continue;
-    std::ifstream stat(task.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    std::istringstream rest(line.substr(line.rfind(')') + 2));  // from field 3 (state) on
-    std::string field;
-    for (int i = 3; i < 19; ++i) rest >> field;
-    int nice = 0;
-    rest >> nice;
-    return nice;
-  }
-  return std::nullopt;
-}
-
-// The checkpoint and export file writer is background work: 10 nice levels below the server's
-// own threads, relative to them (the server here runs at this test's nice level, whatever it is:
-// under `nice -n 10` an absolute nice of 10 lowered nothing).
-TEST(CheckpointTest, TheFileWriterRunsTenNiceLevelsBelowTheServer) {
-  testing::LocalCluster cluster(testing::Servers(1));
-  ASSERT_TRUE(cluster.Start().ok());
-  const std::optional<int> server = NiceOf(cluster.pid(0), "");
-  ASSERT_TRUE(server.has_value());
-  std::optional<int> writer;
-  for (int i = 0; i < 500 && !(writer = NiceOf(cluster.pid(0), "tessera-files")); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the thread names itself
-  }
-  ASSERT_TRUE(writer.has_value()) << "no thread named tessera-files";
-  EXPECT_EQ(*writer, std::min(19, *server + 10));
 }
 
 }  // namespace

@@ -1,18 +1,15 @@
 #include <glog/logging.h>
-#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 
 #include "ps/server/lane_internal.h"
-#include "ps/thread_priority_internal.h"
 
 namespace tessera::internal {
 namespace {
 
-// Nice levels below the lanes: a tenth of a lane's share when both want a core.
-constexpr int kFileWriterNiceSteps = 10;
+constexpr int kFileWriterNice = 10;  // a tenth of a normal thread's share when both want a core
 
 // An inproc PUSH socket to the I/O thread's reply queue.
 zmq::socket_t ReplySocket(zmq::context_t& ctx, const std::string& endpoint) {
@@ -180,10 +177,10 @@ void FileWriter::Stop() {
 
 void FileWriter::Loop() {
   // Checkpoint and export files are background work: on a busy machine the lanes and the I/O
-  // thread come first (relative to the server's own nice value: under `nice -n 10` an absolute
-  // 10 lowered nothing, and the file writer took a lane's share during a checkpoint).
-  pthread_setname_np(pthread_self(), "tessera-files");  // for top -H, perf and tests
-  if (!LowerThreadPriority(kFileWriterNiceSteps)) PLOG(WARNING) << "file writer: setpriority";
+  // thread come first (Linux applies a nice value per thread).
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kFileWriterNice) != 0) {
+    PLOG(WARNING) << "file writer: setpriority";
+  }
   for (;;) {
     Job job;
     {
