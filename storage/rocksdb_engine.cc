@@ -340,6 +340,7 @@ std::vector<std::pair<std::string, uint64_t>> RocksDbEngine::EngineStats() const
   add("rocksdb_memtable_bytes", rocksdb::DB::Properties::kSizeAllMemTables);
   add("rocksdb_table_readers_bytes", rocksdb::DB::Properties::kEstimateTableReadersMem);
   out.emplace_back("request_log_bytes", log_file_ ? log_file_->bytes() : 0);
+  out.emplace_back("request_log_appended_bytes", log_file_ ? log_file_->appended_bytes() : 0);
   return out;
 }
 
