@@ -17,10 +17,14 @@ Staleness: a pull reads the rows as the servers hold them when it is served. `fo
 batch that was not prefetched first waits for this module's pushes still in flight, so it sees
 every earlier step's update. A prefetched batch's pull goes out before the current step's
 backward pushes, so rows in both batches miss the current step's update (one step stale, as
-the C++ worker's prefetch); pushes already waited for before the prefetch are seen.
+the C++ worker's prefetch); pushes already final when it is sent are in it, pushes still in
+flight then may or may not be. A forward on a prefetched batch waits only for the pushes of
+steps older than the last `max_pushes_in_flight` (default 1) steps.
 
 See python/README.md ("tessera.torch").
 """
+import collections
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -163,18 +167,18 @@ class _PushRows(torch.autograd.Function):
     repeated keys already summed by the pooling's backward) to the table."""
 
     @staticmethod
-    def forward(ctx, anchor, owner, table, pull):
-        ctx.owner, ctx.table, ctx.keys = owner, table, pull.keys
+    def forward(ctx, anchor, owner, table, pull, group):
+        ctx.owner, ctx.table, ctx.keys, ctx.group = owner, table, pull.keys, group
         return pull.device_rows
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.owner._push(ctx.table, ctx.keys, grad)
-        return None, None, None, None
+        ctx.group.append(ctx.owner._push(ctx.table, ctx.keys, grad))
+        return None, None, None, None, None
 
 
 class _Collection(torch.nn.Module):
-    def __init__(self, client, tables, device="cpu", max_prefetch=2):
+    def __init__(self, client, tables, device="cpu", max_prefetch=2, max_pushes_in_flight=1):
         super().__init__()
         if not isinstance(client, tessera.Client):
             raise TypeError("client: expected a tessera.Client, got %s" % type(client).__name__)
@@ -196,8 +200,9 @@ class _Collection(torch.nn.Module):
         self._pin = self.device.type == "cuda"
         self._anchor = torch.empty(0, requires_grad=True)
         self._prefetched = []
-        self._pending = []
+        self._groups = collections.deque()  # per forward: the futures of its backward's pushes
         self._max_prefetch = max_prefetch
+        self._max_pushes_in_flight = max_pushes_in_flight
         self.prefetch_hits = 0
         self.prefetch_misses = 0
 
@@ -257,23 +262,27 @@ class _Collection(torch.nn.Module):
 
     def wait_pushes(self):
         """Waits for this module's pushes in flight (raises the first error)."""
-        pending, self._pending = self._pending, []
-        for f in pending:
-            f.wait()
+        self._wait_groups(0)
+
+    def _wait_groups(self, keep):
+        while len(self._groups) > keep:
+            for f in self._groups.popleft():
+                f.wait()
 
     def _pulls_of(self, features):
         for i, (feats, pulls) in enumerate(self._prefetched):
             if feats is features:
                 del self._prefetched[i]
                 self.prefetch_hits += 1
-                self.wait_pushes()
+                self._wait_groups(self._max_pushes_in_flight)
                 return pulls
         self.prefetch_misses += 1
         self.wait_pushes()  # read your writes: the pull goes out after the last push is in
         return self._start(features)
 
-    def _rows(self, pulls, name):
-        """The rows of one table's pull, on the module's device, in the autograd graph."""
+    def _rows(self, pulls, name, group):
+        """The rows of one table's pull, on the module's device, in the autograd graph (the
+        push of their gradient joins `group`)."""
         p = pulls[name]
         p.future.wait()
         rows = p.rows
@@ -282,7 +291,7 @@ class _Collection(torch.nn.Module):
         inverse = p.inverse.to(self.device, non_blocking=True)
         if torch.is_grad_enabled():
             p.device_rows = rows
-            rows = _PushRows.apply(self._anchor, self, name, p)
+            rows = _PushRows.apply(self._anchor, self, name, p, group)
         return rows, inverse
 
     # ---- pushes
@@ -294,8 +303,13 @@ class _Collection(torch.nn.Module):
             host = torch.empty(grad.shape, dtype=torch.float32, pin_memory=True)
             host.copy_(grad)
             grad = host
-        self._pending.append(
-            self.client.push_async(self.tables[name], keys, grad.contiguous().numpy()))
+        return self.client.push_async(self.tables[name], keys, grad.contiguous().numpy())
+
+    def _new_group(self):
+        group = []
+        if torch.is_grad_enabled():
+            self._groups.append(group)
+        return group
 
 
 class EmbeddingBagCollection(_Collection):
@@ -310,11 +324,12 @@ class EmbeddingBagCollection(_Collection):
 
     def forward(self, features):
         pulls = self._pulls_of(features)
+        group = self._new_group()
         out = {}
         for c in self.configs:
             if c.name not in pulls:
                 continue
-            rows, inverse = self._rows(pulls, c.name)
+            rows, inverse = self._rows(pulls, c.name, group)
             start = 0
             for f in c.features:
                 if f not in features:
@@ -345,11 +360,12 @@ class EmbeddingCollection(_Collection):
             features = {f: b if isinstance(b, Bags) else
                         Bags(b, lengths=np.ones(len(b), np.int64)) for f, b in features.items()}
         pulls = self._pulls_of(features)
+        group = self._new_group()
         out = {}
         for c in self.configs:
             if c.name not in pulls:
                 continue
-            rows, inverse = self._rows(pulls, c.name)
+            rows, inverse = self._rows(pulls, c.name, group)
             start = 0
             for f in c.features:
                 if f in features:
