@@ -27,7 +27,6 @@ import collections
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import tessera
 
@@ -156,25 +155,89 @@ class TableConfig:
         return tessera.TableSpec.sparse(self.name, self.dim, self.optimizer, self.initializer)
 
 
+def _unique(flat):
+    """The unique keys of `flat` (uint64) and what the backward's scatter-add needs: each
+    value's index into the unique keys, the permutation that sorts the values, and where each
+    unique key's run starts in the sorted values (K + 1 bounds)."""
+    n = len(flat)
+    perm = np.argsort(flat)
+    s = flat[perm]
+    first = np.empty(n, bool)
+    first[:1] = True
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    inverse = np.empty(n, np.int64)
+    inverse[perm] = np.cumsum(first) - 1
+    bounds = np.append(np.flatnonzero(first), n)
+    return (s[first], torch.from_numpy(inverse), torch.from_numpy(perm.astype(np.int64)),
+            torch.from_numpy(bounds.astype(np.int64)))
+
+
+def _segment_sum(x, bounds):
+    """Row sums of x over the runs [bounds[i], bounds[i+1]): a float64 running sum read at the
+    bounds (exact to float32 rounding; an empty run is zeros). Faster on CPU than torch's
+    embedding_bag, index_add and scatter_add backward paths, which loop per index."""
+    c = torch.zeros((x.shape[0] + 1,) + tuple(x.shape[1:]), dtype=torch.float64,
+                    device=x.device)
+    c[1:] = torch.cumsum(x, 0, dtype=torch.float64)
+    return (c[bounds[1:]] - c[bounds[:-1]]).to(x.dtype)
+
+
 class _TablePull:
-    """One table's pull for one batch: unique keys, where each value's row is, the rows."""
+    """One table's pull for one batch: the unique keys, where each value's row is, how to sum
+    the values' gradients per key, the rows."""
 
-    __slots__ = ("keys", "inverse", "rows", "future", "device_rows")
+    __slots__ = ("keys", "inverse", "perm", "bounds", "rows", "future", "device_rows")
 
 
-class _PushRows(torch.autograd.Function):
-    """Returns the pulled rows; its backward pushes their gradient (one row per unique key,
-    repeated keys already summed by the pooling's backward) to the table."""
+class _Plan:
+    """One feature's part of a table's lookup: its values' rows (index: slice of the table's
+    inverse), pooled into bags by `bounds` (bag of each value: `seg`) unless unpooled, scaled
+    by weights[w] if w >= 0."""
+
+    __slots__ = ("feature", "index", "bounds", "seg", "w", "num_out")
+
+
+def _lookup(rows, plans, weights):
+    outs = []
+    for p in plans:
+        g = rows[p.index]
+        if p.w >= 0:
+            g = g * weights[p.w][:, None]
+        outs.append(_segment_sum(g, p.bounds) if p.bounds is not None else g)
+    return outs
+
+
+class _Lookup(torch.autograd.Function):
+    """The features' rows of one table, pooled; its backward sums the gradients of repeated
+    keys (a scatter-add by key) and pushes one gradient row per unique key to the table."""
 
     @staticmethod
-    def forward(ctx, anchor, owner, table, pull, group):
-        ctx.owner, ctx.table, ctx.keys, ctx.group = owner, table, pull.keys, group
-        return pull.device_rows
+    def forward(ctx, anchor, owner, name, pull, plans, group, *weights):
+        ctx.owner, ctx.name, ctx.pull, ctx.plans, ctx.group = owner, name, pull, plans, group
+        ctx.save_for_backward(*weights)
+        return tuple(_lookup(pull.device_rows, plans, weights))
 
     @staticmethod
-    def backward(ctx, grad):
-        ctx.group.append(ctx.owner._push(ctx.table, ctx.keys, grad))
-        return None, None, None, None, None
+    def backward(ctx, *gouts):
+        weights = ctx.saved_tensors
+        rows = ctx.pull.device_rows
+        wgrads = [None] * len(weights)
+        parts = []
+        for p, go in zip(ctx.plans, gouts):
+            if go is None:
+                go = rows.new_zeros((p.num_out, rows.shape[1]))
+            gg = go[p.seg] if p.bounds is not None else go  # each value's gradient
+            if p.w >= 0:
+                if ctx.needs_input_grad[6 + p.w]:
+                    wgrads[p.w] = (gg * rows[p.index]).sum(1)
+                gg = gg * weights[p.w][:, None]
+            parts.append(gg)
+        g = parts[0] if len(parts) == 1 else torch.cat(parts)
+        # Repeated keys: their values' gradients summed into one row per unique key.
+        grad_rows = _segment_sum(g[ctx.pull.perm], ctx.pull.bounds)
+        if len(ctx.pull.keys):
+            ctx.group.append(ctx.owner._push(ctx.name, ctx.pull.keys, grad_rows))
+        return (None,) * 6 + tuple(wgrads)
 
 
 class _Collection(torch.nn.Module):
@@ -234,20 +297,15 @@ class _Collection(torch.nn.Module):
             if not vals:
                 continue
             ident = tuple(id(v) for v in vals)
-            if ident in cache:
-                keys, inverse = cache[ident]
-            else:
+            if ident not in cache:
                 parts = [_keys_u64(v, "features['%s'].values" % f)
                          for f, v in zip([f for f in c.features if f in features], vals)]
-                flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                keys, inverse = np.unique(flat, return_inverse=True)
-                inverse = torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False))
-                cache[ident] = (keys, inverse)
+                cache[ident] = _unique(parts[0] if len(parts) == 1 else np.concatenate(parts))
             p = _TablePull()
-            p.keys = keys
-            p.inverse = inverse
-            p.rows = torch.empty((len(keys), c.dim), dtype=torch.float32, pin_memory=self._pin)
-            p.future = self.client.pull_async(self.tables[c.name], keys, out=p.rows.numpy())
+            p.keys, p.inverse, p.perm, p.bounds = cache[ident]
+            p.rows = torch.empty((len(p.keys), c.dim), dtype=torch.float32, pin_memory=self._pin)
+            p.future = (self.client.pull_async(self.tables[c.name], p.keys, out=p.rows.numpy())
+                        if len(p.keys) else None)
             pulls[c.name] = p
         return pulls
 
@@ -256,7 +314,7 @@ class _Collection(torch.nn.Module):
         use; returns at once. Rows are as the servers hold them when the pulls are served (see
         the module docstring on staleness). At most max_prefetch batches wait; an older one
         is dropped (its pulls cancelled)."""
-        self._prefetched.append((features, self._start(features)))
+        self._prefetched.append((features, self._start(self._normalize(features))))
         if len(self._prefetched) > self._max_prefetch:
             self._prefetched.pop(0)
 
@@ -269,7 +327,10 @@ class _Collection(torch.nn.Module):
             for f in self._groups.popleft():
                 f.wait()
 
-    def _pulls_of(self, features):
+    def _normalize(self, features):
+        return features
+
+    def _pulls_of(self, features, normalized):
         for i, (feats, pulls) in enumerate(self._prefetched):
             if feats is features:
                 del self._prefetched[i]
@@ -278,21 +339,55 @@ class _Collection(torch.nn.Module):
                 return pulls
         self.prefetch_misses += 1
         self.wait_pushes()  # read your writes: the pull goes out after the last push is in
-        return self._start(features)
+        return self._start(normalized)
 
-    def _rows(self, pulls, name, group):
-        """The rows of one table's pull, on the module's device, in the autograd graph (the
-        push of their gradient joins `group`)."""
+    def _table_outputs(self, pulls, name, plans, weights, group):
+        """The features' outputs of one table's pull, on the module's device, in the autograd
+        graph when grad is enabled (the push of their gradient joins `group`)."""
         p = pulls[name]
-        p.future.wait()
-        rows = p.rows
-        if self.device.type != "cpu":
-            rows = rows.to(self.device, non_blocking=True)
-        inverse = p.inverse.to(self.device, non_blocking=True)
+        if p.future is not None:
+            p.future.wait()
+        dev = self.device
+        p.device_rows = p.rows.to(dev, non_blocking=True) if dev.type != "cpu" else p.rows
+        if dev.type != "cpu":
+            p.perm, p.bounds = p.perm.to(dev), p.bounds.to(dev)
+        for plan in plans:
+            plan.index = p.inverse[plan.index].to(dev, non_blocking=True) \
+                if dev.type != "cpu" else p.inverse[plan.index]
         if torch.is_grad_enabled():
-            p.device_rows = rows
-            rows = _PushRows.apply(self._anchor, self, name, p, group)
-        return rows, inverse
+            return _Lookup.apply(self._anchor, self, name, p, plans, group, *weights)
+        return _lookup(p.device_rows, plans, weights)
+
+    def _plans(self, config, features, pooled):
+        """The plans of a table's features present in `features`, their weights (float32, on
+        the device) and each feature's scale for mean pooling (or None)."""
+        plans, weights, scales, start = [], [], [], 0
+        for f in config.features:
+            if f not in features:
+                continue
+            b = features[f]
+            p = _Plan()
+            p.feature, p.index, p.w, p.bounds, p.seg = f, slice(start, start + b.num_keys), -1, \
+                None, None
+            start += b.num_keys
+            scale = None
+            if pooled:
+                offsets = b.offsets.to(self.device)
+                lengths = b.lengths().to(self.device)
+                p.bounds = torch.cat([offsets, offsets.new_tensor([b.num_keys])])
+                p.seg = torch.repeat_interleave(
+                    torch.arange(len(offsets), device=self.device), lengths)
+                p.num_out = len(offsets)
+                if config.pooling == "mean":
+                    scale = 1.0 / lengths.clamp(min=1).to(torch.float32)
+                if b.weights is not None:
+                    p.w = len(weights)
+                    weights.append(b.weights.to(device=self.device, dtype=torch.float32))
+            else:
+                p.num_out = b.num_keys
+            plans.append(p)
+            scales.append(scale)
+        return plans, weights, scales
 
     # ---- pushes
     def _push(self, name, keys, grad):
@@ -323,31 +418,16 @@ class EmbeddingBagCollection(_Collection):
     """
 
     def forward(self, features):
-        pulls = self._pulls_of(features)
+        pulls = self._pulls_of(features, features)
         group = self._new_group()
         out = {}
         for c in self.configs:
             if c.name not in pulls:
                 continue
-            rows, inverse = self._rows(pulls, c.name, group)
-            start = 0
-            for f in c.features:
-                if f not in features:
-                    continue
-                b = features[f]
-                idx = inverse[start:start + b.num_keys]
-                start += b.num_keys
-                offsets = b.offsets.to(self.device)
-                w = b.weights
-                if w is not None:
-                    w = w.to(device=self.device, dtype=rows.dtype)
-                    if c.pooling == "mean":
-                        lengths = b.lengths().to(self.device)
-                        w = w / torch.repeat_interleave(lengths, lengths).to(w.dtype)
-                    out[f] = F.embedding_bag(idx, rows, offsets, mode="sum",
-                                             per_sample_weights=w)
-                else:
-                    out[f] = F.embedding_bag(idx, rows, offsets, mode=c.pooling)
+            plans, weights, scales = self._plans(c, features, pooled=True)
+            outs = self._table_outputs(pulls, c.name, plans, weights, group)
+            for p, o, scale in zip(plans, outs, scales):
+                out[p.feature] = o if scale is None else o * scale[:, None]
         return out
 
 
@@ -355,23 +435,26 @@ class EmbeddingCollection(_Collection):
     """Unpooled embeddings: forward(features: {name: Bags or 1-D keys}) -> {name: Tensor
     (num_keys, dim)}, one row per key in order (offsets and weights are not used)."""
 
+    def _normalize(self, features):
+        if not hasattr(features, "items"):
+            raise TypeError("features: expected a mapping of feature name to keys or Bags, "
+                            "got %s" % type(features).__name__)
+        if all(isinstance(b, Bags) for b in features.values()):
+            return features
+        return {f: b if isinstance(b, Bags) else Bags(b, lengths=np.ones(len(b), np.int64))
+                for f, b in features.items()}
+
     def forward(self, features):
-        if not all(isinstance(b, Bags) for b in features.values()):
-            features = {f: b if isinstance(b, Bags) else
-                        Bags(b, lengths=np.ones(len(b), np.int64)) for f, b in features.items()}
-        pulls = self._pulls_of(features)
+        original, features = features, self._normalize(features)
+        pulls = self._pulls_of(original, features)
         group = self._new_group()
         out = {}
         for c in self.configs:
             if c.name not in pulls:
                 continue
-            rows, inverse = self._rows(pulls, c.name, group)
-            start = 0
-            for f in c.features:
-                if f in features:
-                    n = features[f].num_keys
-                    out[f] = F.embedding(inverse[start:start + n], rows)
-                    start += n
+            plans, weights, _ = self._plans(c, features, pooled=False)
+            for p, o in zip(plans, self._table_outputs(pulls, c.name, plans, weights, group)):
+                out[p.feature] = o
         return out
 
 

@@ -101,9 +101,15 @@ class TorchModuleTest(unittest.TestCase):
         rng = np.random.default_rng(11)
         for step in range(steps):
             fa, fb = make_batch(rng, 6, 4, weights), make_batch(rng, 5, 3, weights)
+            for _, _, w, _ in (fa, fb):
+                if w is not None:  # the weights' gradients are checked too
+                    w.requires_grad_()
             outs = ebc({"a": fa[3], "b": fb[3]})
-            refs = []
+            refs, ref_weights = [], []
             for idx, lengths, w, _ in (fa, fb):
+                if w is not None:
+                    w = w.detach().clone().requires_grad_()
+                    ref_weights.append(w)
                 offsets = torch.cumsum(lengths, 0) - lengths
                 if pooling == "mean":
                     # Mean: sum(w_i * row_i) / (keys in the bag); w = 1 without weights.
@@ -119,6 +125,9 @@ class TorchModuleTest(unittest.TestCase):
             opt.zero_grad()
             loss_of(refs).backward()
             opt.step()
+            for (_, _, w, _), want_grad in zip((fa, fb), ref_weights):
+                torch.testing.assert_close(w.grad, want_grad.grad.cpu(), rtol=0, atol=TOL,
+                                           msg="weights' gradient of step %d" % step)
             ebc.wait_pushes()
             torch.testing.assert_close(self.server_rows(name), ref.weight.detach().cpu(),
                                        rtol=0, atol=TOL, msg="rows after step %d" % step)
@@ -158,7 +167,11 @@ class TorchModuleTest(unittest.TestCase):
         rng = np.random.default_rng(5)
         for step in range(4):
             idx = rng.integers(0, NUM_KEYS // 2, size=9)
-            got = ec({"seq": torch.from_numpy(key_of(idx).astype(np.int64))})["seq"]
+            feats = {"seq": torch.from_numpy(key_of(idx).astype(np.int64))}  # plain keys
+            if step % 2:  # prefetched after the last step's pushes are final: as fresh
+                ec.prefetch(feats)
+            got = ec(feats)["seq"]
+            self.assertEqual(ec.prefetch_hits, (step + 1) // 2)
             want = ref(torch.from_numpy(idx))
             torch.testing.assert_close(got, want, rtol=0, atol=TOL)
             (got.sum(1) ** 2).sum().backward()
