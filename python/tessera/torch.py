@@ -241,6 +241,12 @@ class _Lookup(torch.autograd.Function):
 
 
 class _Collection(torch.nn.Module):
+    """client: a tessera.Client. tables: TableConfigs (each table is created on the servers
+    if absent; a feature belongs to one table). device: where outputs live ("cpu" or a CUDA
+    device: rows are pulled into pinned host memory and copied up). max_prefetch: batches
+    whose pulls may wait for their forward (older ones are dropped). max_pushes_in_flight:
+    steps whose pushes a forward on a prefetched batch does not wait for."""
+
     def __init__(self, client, tables, device="cpu", max_prefetch=2, max_pushes_in_flight=1):
         super().__init__()
         if not isinstance(client, tessera.Client):
