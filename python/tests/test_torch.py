@@ -8,7 +8,9 @@ same definition), and checks the rows after every step within 1e-5. Run by ctest
     PYTHONPATH=build/python TESSERA_SERVER=build/tessera-server python3 python/tests/test_torch.py
 """
 
+import json
 import os
+import subprocess
 import sys
 import unittest
 
@@ -254,6 +256,19 @@ class TorchModuleTest(unittest.TestCase):
         ebc.wait_pushes()
         self.assertEqual(seen, list(range(5)))
         self.assertEqual((ebc.prefetch_hits, ebc.prefetch_misses), (5, 0))
+
+    def test_csv_example_learns_through_a_dataloader(self):
+        # examples/pytorch/train_csv.py on its generated CSV: a DataLoader with worker
+        # processes, PrefetchLoader, four tables, mean-pooled bags; it must beat the mean.
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "examples", "pytorch", "train_csv.py")
+        r = subprocess.run([sys.executable, "-B", script, "--servers=" + self.servers.cluster,
+                            "--generate", "--epochs=2", "--table_prefix=csv_test"],
+                           capture_output=True, text=True, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertTrue(report["generated"])
+        self.assertLess(report["test_rmse"], 0.85 * report["mean_only_rmse"], r.stdout)
 
     def test_bad_inputs_raise_clear_errors(self):
         ebc = tt.EmbeddingBagCollection(self.client, [tt.TableConfig("errors", DIM, ["a"])])
