@@ -252,7 +252,21 @@ void RegisterClientTables(py::class_<PyClient>& cls) {
             return Take(std::move(t));
           },
           py::arg("name"), py::arg("timeout_ms") = py::none(),
-          "An existing table by name (NotFoundError if there is none).");
+          "An existing table by name (NotFoundError if there is none).")
+      .def(
+          "drop_table",
+          [](PyClient& self, const std::string& name, std::optional<int64_t> timeout_ms) {
+            auto c = self.Get();
+            Status s = [&] {
+              py::gil_scoped_release nogil;
+              return c->DropTable(name, DeadlineOf(timeout_ms));
+            }();
+            Check(s);
+          },
+          py::arg("name"), py::arg("timeout_ms") = py::none(),
+          "Drops the table on every server: its rows leave memory and disk, and a table "
+          "created again under the name starts empty (a name no server knows: no error). "
+          "Needs the admin right.");
 }
 
 // Sparse data: pulls.

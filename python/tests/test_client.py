@@ -157,6 +157,18 @@ class ClientTest(unittest.TestCase):
             w -= lr * g / (np.sqrt(a) + 1e-8)  # ps/optimizer.cc, Adagrad
         np.testing.assert_allclose(self.client.pull(t, keys), w, rtol=1e-5, atol=1e-6)
 
+    def test_drop_table_and_create_again_empty(self):
+        sgd = tessera.OptimizerSpec("sgd", learning_rate=1.0)
+        t = self.sparse("dropme", 2, sgd)
+        self.client.push(t, [3, 4], -np.ones((2, 2), np.float32))
+        np.testing.assert_array_equal(self.client.pull(t, [3, 4]), np.ones((2, 2), np.float32))
+        self.client.drop_table("dropme")
+        with self.assertRaises(tessera.NotFoundError):
+            self.client.get_table("dropme")
+        self.client.drop_table("dropme")  # again: no error
+        t = self.sparse("dropme", 3, sgd)  # another dim: the old layout went with the rows
+        np.testing.assert_array_equal(self.client.pull(t, [3, 4]), np.zeros((2, 3), np.float32))
+
     def test_push_pull_returns_values_after_push(self):
         t = self.sparse("pushpull", 2, tessera.OptimizerSpec("sgd", learning_rate=1.0))
         got = self.client.push_pull(t, [5, 6], np.ones((2, 2), np.float32))
