@@ -13,12 +13,9 @@
 //   owned    pushes only: Client::DensePush of a shared_ptr'd buffer, which the client sends
 //            without copying it (the tessera side and both raw sides copy the payload into
 //            the message: that is the like-for-like comparison; *_owned_vs_zmq_touch).
-//   zc       the zero-copy raw server that reads every float (bench_raw_zmq.h): the client
-//            sends from its buffer, the server sums each pushed float, or answers a pull from
-//            its memory without a copy (the client copies it into its buffer). Against it:
-//            Tessera's zero-copy push and its pull (keys dense16m_*_vs_raw_zmq).
-//   whole    16 MiB only: the zero-copy push or the pull of a client with dense_chunk_bytes 0
-//            (one request per server), against the chunked client (*_chunked_vs_unchunked).
+//   zc       zero-copy raw server (bench_raw_zmq.h): sums every pushed float, answers a pull
+//            from its memory uncopied; vs Tessera's zero-copy push / pull (dense16m_*_vs_raw_zmq).
+//   whole    16 MiB: a client with dense_chunk_bytes 0 vs the chunked one (*_chunked_vs_unchunked).
 // With 2 servers both sides cut the payload into 64 KiB chunks and give each server a
 // contiguous half of the chunks, as Tessera's dense placement does.
 //
@@ -91,11 +88,8 @@ std::string SizeName(uint64_t bytes) {
 
 // ------------------------------------------------------------------ raw echo server
 
-using tessera::bench::kRawPull;
-using tessera::bench::kRawPush;
-using tessera::bench::kRawPushTouch;
-using tessera::bench::RawHeader;
-using tessera::bench::RunEchoServer;
+using tessera::bench::kRawPull, tessera::bench::kRawPush, tessera::bench::kRawPushTouch;
+using tessera::bench::RawHeader, tessera::bench::RunEchoServer;
 
 volatile sig_atomic_t g_echo_stop = 0;
 
