@@ -9,16 +9,26 @@
 // is the median time the caller's thread spends inside Push/Pull (dedup, packing, sending),
 // the client's share of the work.
 //
+// Pre-deduped rows (--presorted, 1 server): a request of unique sorted keys (the caller did
+// the dedup), Tessera's zero-copy Push(shared_ptr keys, shared_ptr grads) and Pull, alternating
+// with a raw ZeroMQ server in a child process (bench_raw_zmq.h) that gets the same keys and
+// gradients without copies, reads every key and float, and answers a pull with the rows'
+// bytes from its own memory without a copy, which the client copies into the caller's buffer.
+// keys/s there counts the request's keys (all unique).
+//
 // Servers run as child processes (tessera-server next to this program) unless
 // --server_mode=thread. The last line of output is one JSON object.
 #include <gflags/gflags.h>
 #include <unistd.h>
+
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -27,6 +37,7 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_keys.h"
+#include "benchmarks/bench_raw_zmq.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 
@@ -47,6 +58,10 @@ DEFINE_string(server_binary, "",
               "tessera-server executable (default: tessera-server next to this program)");
 DEFINE_uint32(lanes, 2, "Lanes (executor threads) per Tessera server");
 DEFINE_uint64(seed, 42, "Seed of the key and gradient generator");
+DEFINE_string(presorted, "100000x16",
+              "Shape KEYSxDIM of the pre-deduped rows (unique sorted keys) against the raw "
+              "zero-copy ZeroMQ server, 1 server, 1 and 8 in flight; empty: none");
+DEFINE_string(raw_server, "", "Internal: serve as the raw zero-copy ROUTER on this endpoint");
 
 namespace {
 
@@ -111,9 +126,9 @@ std::string JsonNum(double v) {
   return buf;
 }
 
-// Parses --shapes into `shapes`; false after printing what was wrong.
-bool ParseShapes(std::vector<Shape>& shapes) {
-  std::stringstream in(FLAGS_shapes);
+// Parses a list of shapes (--shapes) into `shapes`; false after printing what was wrong.
+bool ParseShapes(const std::string& text, std::vector<Shape>& shapes) {
+  std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     const size_t x = item.find('x');
@@ -263,9 +278,178 @@ int MeasureShape(tessera::Client& client, uint64_t nservers, const Shape& shape,
   return 0;
 }
 
+// ------------------------------------------------------------------ pre-deduped rows
+
+// One pre-deduped cell: Tessera and the raw server, keys/s medians and their ratio.
+struct PresortedRow {
+  std::string name;
+  bool push;
+  uint32_t window;
+  double tessera_keys_per_s = 0, raw_keys_per_s = 0;
+  double ratio() const { return raw_keys_per_s > 0 ? tessera_keys_per_s / raw_keys_per_s : 0; }
+};
+
+volatile sig_atomic_t g_raw_stop = 0;
+
+int RawServerMain() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_raw_stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  try {
+    tessera::bench::RunRawZcServer(FLAGS_raw_server, &g_raw_stop, [](const std::string& ep) {
+      std::printf("raw ready endpoint=%s\n", ep.c_str());
+      std::fflush(stdout);
+    });
+  } catch (const zmq::error_t& e) {
+    std::fprintf(stderr, "raw server: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// Runs `issue`/`complete` with `window` in flight for rep_s seconds (at least `min_ops`
+// completed); returns ops per second.
+template <typename Issue, typename Complete>
+double OpsPerSecond(uint32_t window, double rep_s, uint64_t min_ops, Issue issue,
+                    Complete complete) {
+  const auto start = BenchClock::now();
+  const auto until = start + std::chrono::duration_cast<BenchClock::duration>(
+                                 std::chrono::duration<double>(rep_s));
+  uint64_t issued = 0, done = 0;
+  bool issuing = true;
+  while (issuing || done < issued) {
+    while (issuing && issued - done < window) issue(issued++);
+    complete(done++);
+    if (BenchClock::now() >= until && done >= min_ops) issuing = false;
+  }
+  return static_cast<double>(done) / std::chrono::duration<double>(BenchClock::now() - start).count();
+}
+
+// The request of the pre-deduped cells: unique sorted ids spread over the key space like hashed
+// feature ids, and small gradients.
+struct PresortedRequest {
+  std::shared_ptr<const std::vector<uint64_t>> keys;
+  std::shared_ptr<const std::vector<float>> grads;
+};
+PresortedRequest MakePresorted(const Shape& shape) {
+  std::vector<uint64_t> k(shape.keys);
+  for (uint64_t i = 0; i < shape.keys; ++i) k[i] = tessera::bench::SpreadId(i);
+  std::sort(k.begin(), k.end());
+  k.erase(std::unique(k.begin(), k.end()), k.end());
+  SplitMix64 rng(FLAGS_seed);
+  std::vector<float> g(k.size() * shape.dim);
+  for (float& x : g) x = static_cast<float>(rng.Uniform() - 0.5) * 0.01f;
+  return {std::make_shared<const std::vector<uint64_t>>(std::move(k)),
+          std::make_shared<const std::vector<float>>(std::move(g))};
+}
+
+// The pre-deduped cells on the one-server cluster of `client`: unique sorted keys of
+// --presorted's shape, Tessera against the raw server at `raw_endpoint`, alternating. 0, or 1
+// after printing an error.
+int MeasurePresorted(tessera::Client& client, const std::string& raw_endpoint, const Shape& shape,
+                     const Timing& timing, std::vector<PresortedRow>& rows) {
+  tessera::OptimizerSpec opt;
+  opt.kind = tessera::OptimizerKind::kAdagrad;
+  opt.learning_rate = 0.05f;
+  opt.initial_accumulator = 0.1f;
+  auto table_or = client.CreateTable(
+      tessera::TableSpec::Sparse("bench_presorted_" + shape.Name(), shape.dim, opt));
+  if (!table_or.ok()) {
+    std::fprintf(stderr, "bench_sparse: CreateTable: %s\n", table_or.status().ToString().c_str());
+    return 1;
+  }
+  const tessera::Table table = *table_or;
+  const auto [keys, grads] = MakePresorted(shape);
+  const uint32_t row_bytes = static_cast<uint32_t>(keys->size() * shape.dim * 4);
+  std::vector<std::vector<float>> outs(8, std::vector<float>(keys->size() * shape.dim));
+  tessera::bench::RawZcClient raw(raw_endpoint);
+  tessera::Status error;
+  for (bool push : {true, false}) {
+    for (uint32_t window : {1u, 8u}) {
+      std::vector<tessera::Handle> handles(window);
+      auto tessera_side = [&](double secs) {
+        return OpsPerSecond(
+            window, secs, timing.min_ops,
+            [&](uint64_t id) {
+              handles[id % window] = push ? client.Push(table, keys, grads)
+                                          : client.Pull(table, *keys, outs[id % window].data());
+            },
+            [&](uint64_t id) {
+              tessera::Status s = client.Wait(handles[id % window]);
+              if (!s.ok() && error.ok()) error = s;
+            });
+      };
+      bool raw_ok = true;
+      auto raw_side = [&](double secs) {
+        return OpsPerSecond(
+            window, secs, timing.min_ops,
+            [&](uint64_t id) {
+              if (push) {
+                raw.Issue(id, tessera::bench::kRawZcPush, 0,
+                          {{keys->data(), keys->size() * 8}, {grads->data(), grads->size() * 4}});
+              } else {
+                raw.Issue(id, tessera::bench::kRawZcPull, row_bytes,
+                          {{keys->data(), keys->size() * 8}});
+              }
+            },
+            [&](uint64_t id) {
+              raw_ok = raw.Complete(push ? nullptr : outs[id % window].data()) && raw_ok;
+            });
+      };
+      tessera_side(timing.rep_s / 4);  // warm-up: rows created, connections up
+      raw_side(timing.rep_s / 4);
+      std::vector<double> tes, rw;
+      tessera::bench::ForEachAlternating(2, timing.reps, [&](size_t side, int) {
+        const double ops = side == 0 ? raw_side(timing.rep_s) : tessera_side(timing.rep_s);
+        (side == 0 ? rw : tes).push_back(ops * static_cast<double>(keys->size()));
+        return error.ok() && raw_ok;
+      });
+      PresortedRow row{std::string(push ? "push" : "pull") + "/presorted/" + shape.Name() +
+                           "/s1/w" + std::to_string(window),
+                       push, window, Median(tes), Median(rw)};
+      if (!error.ok() || !raw_ok) {
+        std::fprintf(stderr, "bench_sparse: %s: %s\n", row.name.c_str(),
+                     error.ok() ? "malformed raw reply" : error.ToString().c_str());
+        return 1;
+      }
+      std::printf("%-30s tessera %12.3e keys/s  raw %12.3e keys/s  ratio %5.2f\n",
+                  row.name.c_str(), row.tessera_keys_per_s, row.raw_keys_per_s, row.ratio());
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  return 0;
+}
+
+// Parses --shapes and --presorted, and checks --window and --batches; false after printing
+// what was wrong.
+bool ParseWorkload(std::vector<Shape>& shapes, std::vector<Shape>& presorted) {
+  if (!ParseShapes(FLAGS_shapes, shapes)) return false;
+  if (!FLAGS_presorted.empty() && !ParseShapes(FLAGS_presorted, presorted)) return false;
+  if (FLAGS_window == 0 || FLAGS_batches == 0) {
+    std::fprintf(stderr, "bench_sparse: --window and --batches must be positive\n");
+    return false;
+  }
+  return true;
+}
+
+// Starts the raw server (this program with --raw_server) and measures the pre-deduped cells.
+int RunPresorted(tessera::Client& client, const Shape& shape, const Timing& timing,
+                 std::vector<PresortedRow>& rows) {
+  tessera::bench::ServerProcess raw;
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  auto ep = raw.Start({self, "--raw_server=tcp://127.0.0.1:*"}, "raw ready");
+  if (!ep.ok()) {
+    std::fprintf(stderr, "bench_sparse: %s\n", ep.status().message().c_str());
+    return 1;
+  }
+  return MeasurePresorted(client, *ep, shape, timing, rows);
+}
+
 // The last line of the output: the headline figures (1 server, 1 request in flight) and every
 // row.
-std::string Json(const std::vector<Row>& rows) {
+std::string Json(const std::vector<Row>& rows, const std::vector<PresortedRow>& presorted) {
   std::string json = "{\"bench\":\"sparse\",\"server_mode\":\"" + FLAGS_server_mode +
                      "\",\"zipf_s\":" + JsonNum(FLAGS_zipf_s) +
                      ",\"key_space\":" + std::to_string(FLAGS_key_space);
@@ -283,6 +467,19 @@ std::string Json(const std::vector<Row>& rows) {
     put(base + "_latency_p99_ms", r.lat_p99_ms);
     put(base + "_call_median_ms", r.call_median_ms);
   }
+  for (const PresortedRow& r : presorted) {
+    const std::string key = std::string("sparse_presorted_") + (r.push ? "push" : "pull") +
+                            (r.window == 8 ? "_inflight8" : "") + "_vs_raw_zmq";
+    put(key, r.ratio());
+  }
+  json += ",\"presorted_rows\":[";
+  for (size_t i = 0; i < presorted.size(); ++i) {
+    const PresortedRow& r = presorted[i];
+    json += std::string(i ? "," : "") + "{\"cell\":\"" + r.name +
+            "\",\"tessera_keys_per_s\":" + JsonNum(r.tessera_keys_per_s) +
+            ",\"raw_keys_per_s\":" + JsonNum(r.raw_keys_per_s) + "}";
+  }
+  json += "]";
   json += ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -302,6 +499,7 @@ std::string Json(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("bench_sparse [--quick]\nTessera sparse push (Adagrad) and pull.");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (!FLAGS_raw_server.empty()) return RawServerMain();
   if (FLAGS_server_mode != "process" && FLAGS_server_mode != "thread") {
     std::fprintf(stderr, "bench_sparse: --server_mode must be process or thread\n");
     return 2;
@@ -316,13 +514,9 @@ int main(int argc, char** argv) {
                  server_binary.c_str());
     return 2;
   }
-  std::vector<Shape> shapes;
-  if (!ParseShapes(shapes)) return 2;
+  std::vector<Shape> shapes, presorted_shape;
+  if (!ParseWorkload(shapes, presorted_shape)) return 2;
   const std::vector<uint64_t> counts = tessera::bench::ParseList(FLAGS_server_counts);
-  if (FLAGS_window == 0 || FLAGS_batches == 0) {
-    std::fprintf(stderr, "bench_sparse: --window and --batches must be positive\n");
-    return 2;
-  }
 
   // Requests per repetition at least (1M-key requests take a large part of a second).
   const Timing timing{reps, rep_s, FLAGS_quick ? 2u : 3u};
@@ -341,6 +535,7 @@ int main(int argc, char** argv) {
   PrintHeader(shapes, batches, reps, rep_s);
 
   std::vector<Row> rows;
+  std::vector<PresortedRow> presorted_rows;
   for (uint64_t nservers : counts) {
     if (nservers < 1 || nservers > 64) {
       std::fprintf(stderr, "bench_sparse: server counts must be 1..64\n");
@@ -371,8 +566,13 @@ int main(int argc, char** argv) {
         return rc;
       }
     }
+    if (nservers == 1 && !presorted_shape.empty()) {
+      if (int rc = RunPresorted(*client, presorted_shape[0], timing, presorted_rows); rc != 0) {
+        return rc;
+      }
+    }
     client.reset();
   }
-  std::printf("%s\n", Json(rows).c_str());
+  std::printf("%s\n", Json(rows, presorted_rows).c_str());
   return 0;
 }

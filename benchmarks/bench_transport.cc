@@ -13,6 +13,9 @@
 //   owned    pushes only: Client::DensePush of a shared_ptr'd buffer, which the client sends
 //            without copying it (the tessera side and both raw sides copy the payload into
 //            the message: that is the like-for-like comparison; *_owned_vs_zmq_touch).
+//   zc       zero-copy raw server (bench_raw_zmq.h): sums every pushed float, answers a pull
+//            from its memory uncopied; vs Tessera's zero-copy push / pull (dense16m_*_vs_raw_zmq).
+//   whole    16 MiB: a client with dense_chunk_bytes 0 vs the chunked one (*_chunked_vs_unchunked).
 // With 2 servers both sides cut the payload into 64 KiB chunks and give each server a
 // contiguous half of the chunks, as Tessera's dense placement does.
 //
@@ -20,25 +23,20 @@
 // mode) unless --server_mode=thread. The last line of output is one JSON object.
 #include <gflags/gflags.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +45,7 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_process.h"
+#include "benchmarks/bench_raw_zmq.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 #include "ps/routing.h"
@@ -67,6 +66,9 @@ DEFINE_string(only, "", "Run only cells whose name contains this text (e.g. push
 DEFINE_bool(loaded, true,
             "Also run the 4 KiB cells of 1 server while a busy-looping process per core competes "
             "for the CPUs (cells .../loaded, keys *_loaded)");
+DEFINE_int64(dense_chunk_bytes, -1,
+             "Tessera client's ClientOptions::dense_chunk_bytes (-1: the client's default; 0: "
+             "one request per server)");
 DEFINE_string(echo_server, "",
               "Internal: serve as a raw echo ROUTER bound to this endpoint until SIGTERM");
 
@@ -86,70 +88,10 @@ std::string SizeName(uint64_t bytes) {
 
 // ------------------------------------------------------------------ raw echo server
 
-// The raw protocol: every request and reply starts with this 16-byte frame.
-struct RawHeader {
-  uint64_t id;
-  uint32_t op;  // kRawPush or kRawPull
-  uint32_t bytes;
-};
-constexpr uint32_t kRawPush = 1;
-constexpr uint32_t kRawPull = 2;
-constexpr uint32_t kRawPushTouch = 3;  // a push the server adds into its own floats
+using tessera::bench::kRawPull, tessera::bench::kRawPush, tessera::bench::kRawPushTouch;
+using tessera::bench::RawHeader, tessera::bench::RunEchoServer;
 
 volatile sig_atomic_t g_echo_stop = 0;
-
-// Serves raw requests on `endpoint` until `*stop` (if not null) or g_echo_stop is set. Calls
-// `on_ready` with the bound endpoint once listening.
-void RunEchoServer(const std::string& endpoint, const std::atomic<bool>* stop,
-                   const std::function<void(const std::string&)>& on_ready) {
-  zmq::context_t ctx(1);
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.set(zmq::sockopt::sndhwm, 0);
-  router.set(zmq::sockopt::rcvhwm, 0);
-  router.bind(endpoint);
-  on_ready(router.get(zmq::sockopt::last_endpoint));
-  // The source of pulled bytes (a server produces them from its own memory), and the floats
-  // touching pushes are added into.
-  std::vector<char> store;
-  std::vector<float> sums;
-  zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-  std::vector<zmq::message_t> parts;
-  for (;;) {
-    if ((stop != nullptr && stop->load()) || g_echo_stop) break;
-    try {
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      break;
-    }
-    for (;;) {
-      parts.clear();
-      auto got = zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait);
-      if (!got) break;
-      if (parts.size() < 2 || parts[1].size() != sizeof(RawHeader)) continue;
-      RawHeader h;
-      std::memcpy(&h, parts[1].data(), sizeof(h));
-      std::vector<zmq::message_t> reply;
-      reply.push_back(std::move(parts[0]));
-      reply.emplace_back(&h, sizeof(h));
-      if (h.op == kRawPull) {
-        if (store.size() < h.bytes) store.assign(h.bytes, 1);
-        reply.emplace_back(store.data(), h.bytes);
-      } else if (h.op == kRawPushTouch && parts.size() == 3) {
-        const size_t n = parts[2].size() / sizeof(float);
-        if (sums.size() < n) sums.resize(n, 0.0f);
-        const char* g = static_cast<const char*>(parts[2].data());
-        for (size_t i = 0; i < n; ++i) {
-          float x;
-          std::memcpy(&x, g + i * sizeof(float), sizeof(float));
-          sums[i] += x;
-        }
-      }
-      zmq::send_multipart(router, reply, zmq::send_flags::dontwait);
-    }
-  }
-}
 
 // ------------------------------------------------------------------ servers
 
@@ -178,7 +120,7 @@ class Cluster {
         auto bound = std::make_shared<std::promise<std::string>>();
         std::future<std::string> ready = bound->get_future();
         echo_threads_.emplace_back([this, bound] {
-          RunEchoServer("tcp://127.0.0.1:*", &echo_stop_,
+          RunEchoServer("tcp://127.0.0.1:*", &echo_stop_, &g_echo_stop,
                         [&bound](const std::string& ep) { bound->set_value(ep); });
         });
         echo_endpoints.push_back(ready.get());
@@ -289,7 +231,11 @@ class RawClient {
       if (b >= e) continue;
       ++o.remaining;
       RawHeader h{id, op, static_cast<uint32_t>(e - b)};
-      if (op == kRawPush || op == kRawPushTouch) {
+      if (op == tessera::bench::kRawZcPush) {
+        dealers_[s].send(zmq::const_buffer(&h, sizeof(h)), zmq::send_flags::sndmore);
+        zmq::message_t payload = tessera::bench::ZeroCopyFrame(src + b, e - b);
+        dealers_[s].send(payload, zmq::send_flags::none);
+      } else if (op == kRawPush || op == kRawPushTouch) {
         dealers_[s].send(zmq::const_buffer(&h, sizeof(h)), zmq::send_flags::sndmore);
         // Copied like Tessera copies the caller's span.
         zmq::message_t payload(src + b, e - b);
@@ -367,10 +313,15 @@ struct Row {
   // Pushes: the touching raw server's figures (0 for pulls).
   double touch_mbps = 0, touch_lat_us = 0, touch_rate = 0;
   double owned_mbps = 0;  // Tessera's zero-copy push (pushes only)
+  double zc_mbps = 0;     // the zero-copy raw server that reads the data (bench_raw_zmq.h)
+  double whole_mbps = 0;  // 16 MiB: the unchunked client's zero-copy push or pull
   double tput_ratio() const { return raw_mbps > 0 ? tes_mbps / raw_mbps : 0; }
   double lat_ratio() const { return raw_lat_us > 0 ? tes_lat_us / raw_lat_us : 0; }
   double touch_ratio() const { return touch_mbps > 0 ? tes_mbps / touch_mbps : 0; }
   double owned_touch_ratio() const { return touch_mbps > 0 ? owned_mbps / touch_mbps : 0; }
+  // Tessera against the zero-copy raw server: its zero-copy push (owned), or its pull.
+  double zc_ratio() const { return zc_mbps > 0 ? (cell.push ? owned_mbps : tes_mbps) / zc_mbps : 0; }
+  double zc_copy_ratio() const { return zc_mbps > 0 ? tes_mbps / zc_mbps : 0; }
 };
 
 std::string JsonNum(double v) {
@@ -385,7 +336,7 @@ int EchoServerMain() {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   try {
-    RunEchoServer(FLAGS_echo_server, nullptr, [](const std::string& ep) {
+    RunEchoServer(FLAGS_echo_server, nullptr, &g_echo_stop, [](const std::string& ep) {
       std::printf("echo ready endpoint=%s\n", ep.c_str());
       std::fflush(stdout);
     });
@@ -424,9 +375,12 @@ void PrintHeader(int reps, double rep_s) {
       "raw: the server acks pushes unread; touch: it adds each pushed payload into its own "
       "floats first (pushes only); ratios are Tessera / raw, and Tessera / touch; own: "
       "Tessera's zero-copy push, and its ratio to touch\n");
-  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s %10s %6s %10s %6s\n", "cell",
-              "raw MB/s", "tes MB/s", "ratio", "raw us", "tes us", "ratio", "raw op/s",
-              "tes op/s", "ratio", "touch MB/s", "ratio", "own MB/s", "ratio");
+  std::printf(
+      "zc: the zero-copy raw server that reads every float (bench_raw_zmq.h); its ratio is "
+      "Tessera's zero-copy push (own) or its pull / zc\n");
+  std::printf("%-22s %10s %10s %6s %10s %10s %6s %10s %10s %6s %10s %6s %10s %6s %10s %6s\n",
+              "cell", "raw MB/s", "tes MB/s", "ratio", "raw us", "tes us", "ratio", "raw op/s",
+              "tes op/s", "ratio", "touch MB/s", "ratio", "own MB/s", "ratio", "zc MB/s", "ratio");
   std::fflush(stdout);
 }
 
@@ -440,7 +394,22 @@ struct Target {
   char* dst;
   std::span<const float> grads;                           // src as floats
   std::shared_ptr<const std::vector<float>> owned_grads;  // a copy, for the zero-copy push
+  // A client that sends one request per server (dense_chunk_bytes 0), for the 16 MiB cells'
+  // "whole" side: chunked against unchunked in the same run.
+  tessera::Client& whole_client;
 };
+
+// Prints the table line of `row`.
+void PrintRow(const Row& row) {
+  std::printf(
+      "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f "
+      "%10.1f %6.2f %10.1f %6.2f\n",
+      row.cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(), row.raw_lat_us,
+      row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
+      row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0, row.touch_mbps, row.touch_ratio(),
+      row.owned_mbps, row.owned_touch_ratio(), row.zc_mbps, row.zc_ratio());
+  std::fflush(stdout);
+}
 
 // Measures `cell` against `t`: a warm-up of every path, then `reps` repetitions of `rep_s` per
 // side, alternating; prints its line. The first error of a Tessera request.
@@ -462,16 +431,17 @@ tessera::Result<Row> MeasureCell(const Cell& cell, Target& t, int reps, double r
         [&](uint64_t id) { t.raw.Complete(id); });
   };
   auto run_raw = [&](double secs) { return run_raw_op(secs, push ? kRawPush : kRawPull); };
-  auto run_tessera = [&](double secs, bool owned = false) {
+  auto run_tessera = [&](double secs, bool owned = false, bool whole = false) {
+    tessera::Client& c = whole ? t.whole_client : t.client;
     return RunWindow(
         window, secs, min_ops,
         [&](uint64_t id) {
-          handles[id % window] = !push   ? t.client.DensePull(t.table, 0, nfloats, out)
-                                 : owned ? t.client.DensePush(t.table, 0, t.owned_grads)
-                                         : t.client.DensePush(t.table, 0, t.grads);
+          handles[id % window] = !push   ? c.DensePull(t.table, 0, nfloats, out)
+                                 : owned ? c.DensePush(t.table, 0, t.owned_grads)
+                                         : c.DensePush(t.table, 0, t.grads);
         },
         [&](uint64_t id) {
-          tessera::Status s = t.client.Wait(handles[id % window]);
+          tessera::Status s = c.Wait(handles[id % window]);
           if (!s.ok() && error.ok()) error = s;
         });
   };
@@ -480,14 +450,24 @@ tessera::Result<Row> MeasureCell(const Cell& cell, Target& t, int reps, double r
   if (push) run_raw_op(rep_s / 4, kRawPushTouch);
   run_tessera(rep_s / 4);
   if (push) run_tessera(rep_s / 4, true);
-  Side raw_side, tes_side, touch_side, owned_side;
-  // Sides in turn, the order reversed on odd repetitions: raw, Tessera (, touch, owned).
-  tessera::bench::ForEachAlternating(push ? 4 : 2, reps, [&](size_t side, int) {
-    if (side == 0) {
+  const uint32_t zc_op = push ? tessera::bench::kRawZcPush : tessera::bench::kRawZcPull;
+  run_raw_op(rep_s / 4, zc_op);
+  const bool has_whole = bytes == (uint64_t{16} << 20);
+  if (has_whole) run_tessera(rep_s / 4, push, true);
+  Side raw_side, tes_side, touch_side, owned_side, zc_side, whole_side;
+  // Sides in turn, the order reversed on odd repetitions: raw, Tessera, zero-copy raw
+  // (, touch, owned) (, whole: zero-copy push or pull of the unchunked client).
+  const size_t sides = (push ? 5 : 3) + (has_whole ? 1 : 0);
+  tessera::bench::ForEachAlternating(sides, reps, [&](size_t side, int) {
+    if (has_whole && side == sides - 1) {
+      whole_side.Add(run_tessera(rep_s, push, true), bytes);
+    } else if (side == 0) {
       raw_side.Add(run_raw(rep_s), bytes);
     } else if (side == 1) {
       tes_side.Add(run_tessera(rep_s), bytes);
     } else if (side == 2) {
+      zc_side.Add(run_raw_op(rep_s, zc_op), bytes);
+    } else if (side == 3) {
       touch_side.Add(run_raw_op(rep_s, kRawPushTouch), bytes);
     } else {
       owned_side.Add(run_tessera(rep_s, true), bytes);
@@ -502,26 +482,22 @@ tessera::Result<Row> MeasureCell(const Cell& cell, Target& t, int reps, double r
           Median(tes_side.latencies_us),
           Median(raw_side.ops_per_s),
           Median(tes_side.ops_per_s)};
+  row.zc_mbps = Median(zc_side.mbps);
+  row.whole_mbps = Median(whole_side.mbps);
   if (push) {
     row.touch_mbps = Median(touch_side.mbps);
     row.touch_lat_us = Median(touch_side.latencies_us);
     row.touch_rate = Median(touch_side.ops_per_s);
     row.owned_mbps = Median(owned_side.mbps);
   }
-  std::printf(
-      "%-22s %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %10.0f %10.0f %6.2f %10.1f %6.2f "
-      "%10.1f %6.2f\n",
-      cell.Name().c_str(), row.raw_mbps, row.tes_mbps, row.tput_ratio(), row.raw_lat_us,
-      row.tes_lat_us, row.lat_ratio(), row.raw_rate, row.tes_rate,
-      row.raw_rate > 0 ? row.tes_rate / row.raw_rate : 0, row.touch_mbps, row.touch_ratio(),
-      row.owned_mbps, row.owned_touch_ratio());
-  std::fflush(stdout);
+  PrintRow(row);
   return row;
 }
 
 // Creates the dense table of each size of `sizes` on the cluster of `client` (`nservers`
 // servers) and measures its cells into `rows`. 0, or 1 after printing an error.
-int MeasureSizes(tessera::Client& client, RawClient& raw, uint32_t nservers,
+int MeasureSizes(tessera::Client& client, tessera::Client& whole_client, RawClient& raw,
+                 uint32_t nservers,
                  const std::vector<uint64_t>& sizes, std::vector<char>& src, std::vector<char>& dst,
                  int reps, double rep_s, std::vector<Row>& rows) {
   for (uint64_t bytes : sizes) {
@@ -541,7 +517,8 @@ int MeasureSizes(tessera::Client& client, RawClient& raw, uint32_t nservers,
                   src.data(),
                   dst.data(),
                   grads,
-                  std::make_shared<const std::vector<float>>(grads.begin(), grads.end())};
+                  std::make_shared<const std::vector<float>>(grads.begin(), grads.end()),
+                  whole_client};
     for (bool push : {true, false}) {
       for (uint32_t window : {1u, 8u}) {
         for (bool loaded : {false, true}) {
@@ -573,6 +550,8 @@ std::string JsonRows(const std::vector<Row>& rows) {
             ",\"tessera_latency_us\":" + JsonNum(r.tes_lat_us) +
             ",\"raw_ops_per_s\":" + JsonNum(r.raw_rate) +
             ",\"tessera_ops_per_s\":" + JsonNum(r.tes_rate) +
+            ",\"raw_zc_MBps\":" + JsonNum(r.zc_mbps) +
+            ",\"unchunked_MBps\":" + JsonNum(r.whole_mbps) +
             (r.cell.push ? ",\"touch_MBps\":" + JsonNum(r.touch_mbps) +
                                ",\"touch_latency_us\":" + JsonNum(r.touch_lat_us) +
                                ",\"touch_ops_per_s\":" + JsonNum(r.touch_rate) +
@@ -610,6 +589,24 @@ std::string Json(const std::vector<Row>& rows, int reps) {
         put(base + "_inflight8_vs_zmq", r->tput_ratio());
         if (push) put(base + "_inflight8_vs_zmq_touch", r->touch_ratio());
       }
+    }
+  }
+  // The zero-copy raw server that reads the data (bench_raw_zmq.h), 16 MiB, 1 and 8 in flight.
+  for (bool push : {true, false}) {
+    for (uint32_t window : {1u, 8u}) {
+      const Row* r = find(push, uint64_t{16} << 20, window);
+      if (r == nullptr) continue;
+      const std::string key = std::string("dense16m_") + (push ? "push" : "pull") +
+                              (window == 8 ? "_inflight8" : "") + "_vs_raw_zmq";
+      put(key, r->zc_ratio());
+      // The chunked client against one request per server (both zero-copy for pushes).
+      if (r->whole_mbps > 0) {
+        put(std::string("dense16m_") + (push ? "push" : "pull") +
+                (window == 8 ? "_inflight8" : "") + "_chunked_vs_unchunked",
+            (push ? r->owned_mbps : r->tes_mbps) / r->whole_mbps);
+      }
+      if (push) put(std::string("dense16m_push") + (window == 8 ? "_inflight8" : "") +
+                        "_copy_vs_raw_zmq", r->zc_copy_ratio());
     }
   }
   const Row* sp = find(true, 4096, 1);
@@ -679,15 +676,19 @@ int main(int argc, char** argv) {
     if (!cluster.Start(static_cast<uint32_t>(nservers), self, server_binary)) return 1;
     tessera::ClientOptions co;
     co.servers = cluster.tessera_endpoints();
+    if (FLAGS_dense_chunk_bytes >= 0) co.dense_chunk_bytes = FLAGS_dense_chunk_bytes;
     auto client_or = tessera::Client::Create(co);
-    if (!client_or.ok()) {
-      std::fprintf(stderr, "bench_transport: client: %s\n", client_or.status().ToString().c_str());
+    co.dense_chunk_bytes = 0;
+    auto whole_or = tessera::Client::Create(co);
+    if (!client_or.ok() || !whole_or.ok()) {
+      std::fprintf(stderr, "bench_transport: client: %s\n",
+                   (client_or.ok() ? whole_or.status() : client_or.status()).ToString().c_str());
       return 1;
     }
     std::unique_ptr<tessera::Client> client = std::move(*client_or);
     RawClient raw(cluster.echo_endpoints);
-    if (int rc = MeasureSizes(*client, raw, static_cast<uint32_t>(nservers), sizes, src, dst, reps,
-                              rep_s, rows);
+    if (int rc = MeasureSizes(*client, **whole_or, raw, static_cast<uint32_t>(nservers), sizes, src,
+                              dst, reps, rep_s, rows);
         rc != 0) {
       return rc;
     }

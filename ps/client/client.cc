@@ -10,6 +10,7 @@
 #include <random>
 
 #include "ps/client/client_internal.h"
+#include "ps/client/dense_chunks_internal.h"
 #include "ps/client/key_index_internal.h"
 #include "ps/limits.h"
 #include "ps/message_pool_internal.h"
@@ -21,8 +22,16 @@ namespace {
 // How the keys of one sparse call map to unique keys and to servers; the reply callbacks
 // share it.
 struct SparsePlan {
-  std::vector<uint32_t> unique_of;  // caller index -> unique index
-  std::vector<uint64_t> unique_keys;
+  size_t n = 0;            // caller keys
+  size_t num_unique = 0;   // unique keys
+  // The caller's keys are strictly increasing (unique): a unique index is a caller index, and
+  // unique_of and unique_keys stay empty (no dedup).
+  bool presorted = false;
+  // Presorted keys that all go to one server, in the caller's order: members stays empty
+  // (the server's k-th key is caller key k).
+  bool whole = false;
+  std::vector<uint32_t> unique_of;  // caller index -> unique index (not presorted)
+  std::vector<uint64_t> unique_keys;  // not presorted
   std::vector<std::vector<uint32_t>> members;  // per server: unique indices in sent order
   // Pulls with repeated keys: the rows in unique order, read into the caller's order once
   // every part is in; for a call to one server, its reply itself (no copy), else copied
@@ -31,14 +40,22 @@ struct SparsePlan {
   std::vector<float> unique_values;
 };
 
-// Dedupe: the unique index of every key, in first-seen order.
+// Dedupe: the unique index of every key, in first-seen order; none for strictly increasing
+// keys (one pass finds them), which are their own unique keys.
 std::shared_ptr<SparsePlan> DedupeKeys(std::span<const uint64_t> keys) {
   auto plan = std::make_shared<SparsePlan>();
+  plan->n = keys.size();
+  if (StrictlyIncreasing(keys)) {
+    plan->presorted = true;
+    plan->num_unique = keys.size();
+    return plan;
+  }
   plan->unique_of.resize(keys.size());
   // One table per calling thread, kept between calls: no allocation, no page faults on every
   // request.
   thread_local KeyIndex index;
   index.Dedupe(keys, &plan->unique_keys, plan->unique_of.data());
+  plan->num_unique = plan->unique_keys.size();
   return plan;
 }
 
@@ -49,18 +66,51 @@ struct SparseFrames {
   std::vector<zmq::message_t> grad_msgs;  // pushes: their gradients, duplicates summed
 };
 
+// The caller's buffers of a sparse call that its frames may point into instead of copying
+// them (null: copy), kept alive by a reference in each message.
+struct SparseOwners {
+  std::shared_ptr<const void> keys, grads;
+};
+
+// Presorted keys that all go to one server: its frames are the caller's keys and gradients,
+// whole (without owners, one copy of each).
+SparseFrames PackWhole(std::span<const uint64_t> keys, std::span<const float> grads, bool push,
+                       const SparseOwners& owners) {
+  auto frame = [](const void* p, size_t bytes, const std::shared_ptr<const void>& owner) {
+    if (owner == nullptr) return MessagePool::Shared().Copy(p, bytes);
+    auto* ref = new std::shared_ptr<const void>(owner);
+    // ZeroMQ only reads a message's data; its free function takes a non-const pointer.
+    return zmq::message_t(
+        const_cast<void*>(p), bytes,
+        [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, ref);
+  };
+  SparseFrames f{{static_cast<uint32_t>(keys.size())}, {}, {}};
+  f.key_msgs.push_back(frame(keys.data(), keys.size_bytes(), owners.keys));
+  f.grad_msgs.push_back(push ? frame(grads.data(), grads.size_bytes(), owners.grads)
+                             : zmq::message_t());
+  return f;
+}
+
 // Routes the unique keys of `plan` to servers (filling plan->members) and packs each server's
 // keys and, for a push, gradients (`grads` in the caller's key order, `dim` floats a key).
-SparseFrames PackSparse(const SlotMap& slot_map, std::span<const float> grads, uint32_t dim,
-                        bool push, SparsePlan* plan) {
-  const size_t n = plan->unique_of.size();
+// Presorted keys for one server go whole (PackWhole).
+SparseFrames PackSparse(const SlotMap& slot_map, std::span<const uint64_t> keys,
+                        std::span<const float> grads, uint32_t dim, bool push, SparsePlan* plan,
+                        const SparseOwners& owners) {
+  const size_t n = plan->n;
   const uint32_t S = slot_map.num_servers();
-  const size_t U = plan->unique_keys.size();
+  if (plan->presorted && S == 1) {
+    plan->whole = true;
+    return PackWhole(keys, grads, push, owners);
+  }
+  const std::span<const uint64_t> unique =
+      plan->presorted ? keys : std::span<const uint64_t>(plan->unique_keys);
+  const size_t U = unique.size();
   const bool has_dups = U != n;
   // Route unique keys to servers.
   std::vector<uint32_t> count(S, 0), server_of(U), pos(U);
   for (size_t u = 0; u < U; ++u) {
-    const uint32_t s = slot_map.ServerOfKey(plan->unique_keys[u]);
+    const uint32_t s = slot_map.ServerOfKey(unique[u]);
     server_of[u] = s;
     pos[u] = count[s]++;
   }
@@ -75,7 +125,7 @@ SparseFrames PackSparse(const SlotMap& slot_map, std::span<const float> grads, u
   for (size_t u = 0; u < U; ++u) {
     const uint32_t s = server_of[u];
     plan->members[s][pos[u]] = static_cast<uint32_t>(u);
-    static_cast<uint64_t*>(key_msgs[s].data())[pos[u]] = plan->unique_keys[u];
+    static_cast<uint64_t*>(key_msgs[s].data())[pos[u]] = unique[u];
   }
   if (push) {
     if (!has_dups) {
@@ -102,19 +152,24 @@ SparseFrames PackSparse(const SlotMap& slot_map, std::span<const float> grads, u
 // order (through the rows in unique order when keys repeat).
 void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* out, uint32_t dim,
                   const std::string& name) {
-  const size_t n = plan->unique_of.size();
-  const bool has_dups = plan->unique_keys.size() != n;
+  const size_t n = plan->n;
+  const bool has_dups = plan->num_unique != n;
   call->on_reply = [plan, out, dim, name, has_dups](uint32_t s, const std::vector<uint32_t>* rows,
                                                     const Header& h,
                                                     std::vector<zmq::message_t>& frames) -> Status {
-    const auto& m = plan->members[s];
-    const size_t count = rows != nullptr ? rows->size() : m.size();
+    // A whole call (presorted keys, one server) has no member list: member k is k.
+    const std::vector<uint32_t>* m = plan->whole ? nullptr : &plan->members[s];
+    const size_t count = rows != nullptr ? rows->size() : m != nullptr ? m->size() : plan->n;
     if (frames.size() != 1 || frames[0].size() != count * dim * sizeof(float) ||
         h.count != count) {
       return Status::Internal("malformed pull reply from server " + std::to_string(s) +
                               " for table '" + name + "'");
     }
     const bool aligned = reinterpret_cast<uintptr_t>(frames[0].data()) % alignof(float) == 0;
+    if (m == nullptr && rows == nullptr) {  // the caller's rows, in its order
+      std::memcpy(out, frames[0].data(), frames[0].size());
+      return Status::OK();
+    }
     if (has_dups && plan->members.size() == 1 && rows == nullptr && aligned) {
       plan->reply = std::move(frames[0]);  // the whole call's rows, in unique order
       return Status::OK();
@@ -129,11 +184,12 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
     // Without repeated keys a unique index is a caller index: straight into `out`.
     float* dst = out;
     if (has_dups) {
-      plan->unique_values.resize(plan->unique_keys.size() * dim);
+      plan->unique_values.resize(plan->num_unique * dim);
       dst = plan->unique_values.data();
     }
     for (size_t k = 0; k < count; ++k) {
-      const uint32_t u = m[rows != nullptr ? (*rows)[k] : k];
+      const size_t i = rows != nullptr ? (*rows)[k] : k;
+      const size_t u = m != nullptr ? (*m)[i] : i;
       std::memcpy(dst + size_t{u} * dim, src + k * dim, sizeof(float) * dim);
     }
     return Status::OK();
@@ -226,7 +282,9 @@ Header ClientImpl::BaseHeader(Op op) const {
 }
 
 Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> keys,
-                              std::span<const float> grads, float* out) {
+                              std::span<const float> grads, float* out,
+                              std::shared_ptr<const void> key_owner,
+                              std::shared_ptr<const void> grad_owner) {
   if (t.spec.kind != TableKind::kSparse || t.id == 0) {
     return Handle(CompletedCall(
         Status::InvalidArgument("table '" + t.spec.name + "' is not a sparse table")));
@@ -247,7 +305,8 @@ Handle ClientImpl::SparseCall(Op op, const Table& t, std::span<const uint64_t> k
   const std::shared_ptr<const RoutingMap> map = Routing();
   const uint32_t S = map->primary.num_servers();
   std::shared_ptr<SparsePlan> plan = DedupeKeys(keys);
-  SparseFrames frames = PackSparse(map->primary, grads, dim, push, plan.get());
+  SparseFrames frames = PackSparse(map->primary, keys, grads, dim, push, plan.get(),
+                                   SparseOwners{std::move(key_owner), std::move(grad_owner)});
   auto call = std::make_shared<Call>();
   if (push) call->push = Call::PushKind::kSparse;
   if (pull) SetPullReply(call.get(), plan, out, dim, t.spec.name);
@@ -292,40 +351,49 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
   const uint64_t map_version = map->version;
   const uint32_t S = dense_servers_;
   std::vector<Outgoing> msgs;
-  // Per part: where it starts in `out`, and how many floats it asked for.
-  auto starts = std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>(S);
+  // Per part: its range [b, e) of the call, cut into requests of `chunk` floats (the last
+  // one shorter) that travel and are applied one after another, overlapping.
+  const DenseChunking chunking(options_.dense_chunk_bytes / sizeof(float));
+  auto ranges = std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>(S);
   const Deadline deadline = RequestDeadline();
   for (uint32_t s = 0; s < S; ++s) {
     const DenseRange r = DenseRangeOfServer(t.id, t.spec.length, s, S);
     const uint64_t b = std::max(offset, r.begin), e = std::min(offset + length, r.end);
     if (b >= e) continue;
-    Header h = BaseHeader(op);
-    h.map_version = map_version;
-    h.table_id = t.id;
-    h.elem_type = ElemType::kF32;
-    h.offset = b;
-    h.count = e - b;
-    (*starts)[s] = {b - offset, e - b};
-    std::vector<zmq::message_t> data;
-    if (push) data.push_back(GradientFrame(grads.data() + (b - offset), e - b, owner));
-    // Part s is served by its primary in the map (server s unless a fail-over moved it); the
-    // reply is matched to the part.
-    msgs.push_back(MakeOutgoing(map->DenseOwner(s), h, std::move(data), call, deadline));
-    msgs.back().part = s;
+    (*ranges)[s] = {b, e};
+    for (uint64_t cb = b; cb < e;) {
+      const uint64_t ce = chunking.End(cb, e);
+      Header h = BaseHeader(op);
+      h.map_version = map_version;
+      h.table_id = t.id;
+      h.elem_type = ElemType::kF32;
+      h.offset = cb;
+      h.count = ce - cb;
+      std::vector<zmq::message_t> data;
+      if (push) data.push_back(GradientFrame(grads.data() + (cb - offset), ce - cb, owner));
+      // Part s is served by its primary in the map (server s unless a fail-over moved it);
+      // the reply is matched to the part and, by its offset, to the chunk.
+      msgs.push_back(MakeOutgoing(map->DenseOwner(s), h, std::move(data), call, deadline));
+      msgs.back().part = s;
+      cb = ce;
+    }
   }
   if (!push) {
-    call->on_reply = [starts, out, name = t.spec.name](
+    call->on_reply = [ranges, chunking, offset, out, name = t.spec.name](
                          uint32_t s, const std::vector<uint32_t>*, const Header& h,
                          std::vector<zmq::message_t>& frames) -> Status {
-      const auto [start, count] = (*starts)[s];
-      // The reply's own count is checked against what the part asked for: a reply of another
-      // length would write outside the caller's range.
-      if (frames.size() != 1 || h.count != count || frames[0].size() != count * sizeof(float)) {
+      const auto [b, e] = (*ranges)[s];
+      // The reply's offset and count are checked against a chunk the part asked for: a reply
+      // of another range would write outside it.
+      const bool asked = h.offset >= b && h.offset < e && chunking.Starts(h.offset, b) &&
+                         h.count == chunking.End(h.offset, e) - h.offset;
+      if (frames.size() != 1 || !asked || frames[0].size() != h.count * sizeof(float)) {
         return Status::Internal("malformed dense reply from server " + std::to_string(s) +
                                 " for table '" + name + "': " + std::to_string(h.count) +
-                                " floats, asked for " + std::to_string(count));
+                                " floats at " + std::to_string(h.offset) + ", asked for [" +
+                                std::to_string(b) + ", " + std::to_string(e) + ")");
       }
-      std::memcpy(out + start, frames[0].data(), frames[0].size());
+      std::memcpy(out + (h.offset - offset), frames[0].data(), frames[0].size());
       return Status::OK();
     };
   }
@@ -481,6 +549,16 @@ Handle Client::Pull(const Table& table, std::span<const uint64_t> keys, float* o
 Handle Client::Push(const Table& table, std::span<const uint64_t> keys,
                     std::span<const float> grads) {
   return impl_->SparseCall(Op::kSparsePush, table, keys, grads, nullptr);
+}
+Handle Client::Push(const Table& table, std::shared_ptr<const std::vector<uint64_t>> keys,
+                    std::shared_ptr<const std::vector<float>> grads) {
+  if (keys == nullptr || grads == nullptr) {
+    return Handle(internal::CompletedCall(Status::InvalidArgument("null key or gradient buffer")));
+  }
+  const std::span<const uint64_t> k(*keys);
+  const std::span<const float> g(*grads);
+  return impl_->SparseCall(Op::kSparsePush, table, k, g, nullptr, std::move(keys),
+                           std::move(grads));
 }
 Handle Client::PushPull(const Table& table, std::span<const uint64_t> keys,
                         std::span<const float> grads, float* out) {

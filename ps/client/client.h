@@ -74,6 +74,13 @@ struct ClientOptions {
   /// Default: empty: Checkpoint and Export fail with FailedPrecondition (Restore needs no
   /// local root).
   std::string admin_root;
+  /// Dense calls: each server's range is sent as requests of at most this many bytes
+  /// (rounded up to whole 64 KiB server chunks), one after another on the same connection,
+  /// so that the server applies (or, for a pull, copies out) one chunk while the next is on
+  /// the wire, and the client copies a pulled chunk while the next arrives. Each chunk is a
+  /// request of its own (its own push sequence number; a call that partly failed says so).
+  /// 0: one request per server. Default: 1 MiB.
+  uint64_t dense_chunk_bytes = uint64_t{1} << 20;
 };
 
 /// A table known to the client (from CreateTable or GetTable). Cheap to copy.
@@ -150,9 +157,21 @@ class Client {
 
   /// Sparse pull: writes keys.size() rows of table.spec.dim floats to `out` in the caller's
   /// key order. Keys may repeat and come in any order.
+  ///
+  /// Strictly increasing keys (unique and sorted, one pass finds them) skip the dedup in every
+  /// sparse call, and a call whose keys all go to one server sends them, and its gradients,
+  /// as one block each (pulled rows land in `out` in one copy).
   Handle Pull(const Table& table, std::span<const uint64_t> keys, float* out);
   /// Sparse push: gradients of keys.size() rows (duplicate keys' gradients are summed).
   Handle Push(const Table& table, std::span<const uint64_t> keys, std::span<const float> grads);
+  /// The same without copies where it can: keys that are strictly increasing (so unique;
+  /// one pass over them finds that) skip the dedup, and when they all go to one server the
+  /// request's frames point into `*keys` and `*grads` themselves, which the client keeps alive
+  /// as DensePush's shared_ptr form does (same rules: do not change them while the client
+  /// holds a reference). Other keys (any order, repeats) are deduped and packed as by the span
+  /// form: the same result. InvalidArgument for null.
+  Handle Push(const Table& table, std::shared_ptr<const std::vector<uint64_t>> keys,
+              std::shared_ptr<const std::vector<float>> grads);
   /// Push then pull the same keys in one round trip; `out` receives the values after the push.
   Handle PushPull(const Table& table, std::span<const uint64_t> keys, std::span<const float> grads,
                   float* out);

@@ -201,8 +201,12 @@ class ClientImpl {
   // ---------------------------------------------------------------- calls (client.cc)
   Header BaseHeader(Op op) const;
   uint64_t client_id() const { return client_id_; }
+  // `key_owner` / `grad_owner`, when set, keep `keys` / `grads` alive: a call whose frames
+  // are the caller's buffers whole (strictly increasing keys, one server) points into them.
   Handle SparseCall(Op op, const Table& t, std::span<const uint64_t> keys,
-                    std::span<const float> grads, float* out);
+                    std::span<const float> grads, float* out,
+                    std::shared_ptr<const void> key_owner = nullptr,
+                    std::shared_ptr<const void> grad_owner = nullptr);
   // `owner`, when set, keeps `grads` alive: the push's messages point into it (no copy).
   Handle DenseCall(Op op, const Table& t, uint64_t offset, uint64_t length,
                    std::span<const float> grads, float* out,

@@ -563,7 +563,15 @@ void ClientImpl::ReceiveFrom(uint32_t server) {
     if (s.ok() && f.call->push != Call::PushKind::kNone) {
       std::string& a = f.call->applied_parts;
       a += a.empty() ? "" : ", ";
-      if (f.call->push == Call::PushKind::kDense) a += "part " + std::to_string(f.part) + " on ";
+      if (f.call->push == Call::PushKind::kDense) {
+        // A part goes as chunk requests (dense_chunk_bytes): name the chunk's range too.
+        a += "part " + std::to_string(f.part);
+        if (f.retained) {
+          const Header& rh = f.retained->header;
+          a += " [" + std::to_string(rh.offset) + ", " + std::to_string(rh.offset + rh.count) + ")";
+        }
+        a += " on ";
+      }
       a += "server " + std::to_string(server);
     }
     PartDone(f.call, s);

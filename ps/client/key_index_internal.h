@@ -13,6 +13,15 @@
 
 namespace tessera::internal {
 
+/// Whether `keys` are strictly increasing (so unique): one pass, stops at the first key not
+/// above the one before it. Callers that already hold unique sorted keys skip the dedup.
+inline bool StrictlyIncreasing(std::span<const uint64_t> keys) {
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i] <= keys[i - 1]) return false;
+  }
+  return true;
+}
+
 /// Dedupes the keys of a call: the unique keys in first-seen order, and for every caller key
 /// the index of its unique key. An open-addressing (linear probing) table of 4-byte entries,
 /// each a unique index + 1 (0: empty), compared through the unique keys it points to; sized

@@ -59,5 +59,15 @@ TEST(KeyIndexTest, KeysThatCollideStillGetTheirOwnIndex) {
   ExpectDedupedLikeAMap(index, keys);
 }
 
+TEST(KeyIndexTest, StrictlyIncreasingRefusesRepeatsAndDisorder) {
+  EXPECT_TRUE(StrictlyIncreasing(std::vector<uint64_t>{}));
+  EXPECT_TRUE(StrictlyIncreasing(std::vector<uint64_t>{5}));
+  EXPECT_TRUE(StrictlyIncreasing(std::vector<uint64_t>{0, 1, 7, ~uint64_t{0}}));
+  EXPECT_FALSE(StrictlyIncreasing(std::vector<uint64_t>{1, 2, 2, 3}));  // a repeat
+  EXPECT_FALSE(StrictlyIncreasing(std::vector<uint64_t>{1, 3, 2, 4}));
+  EXPECT_FALSE(StrictlyIncreasing(std::vector<uint64_t>{4, 4}));
+  EXPECT_FALSE(StrictlyIncreasing(std::vector<uint64_t>{9, 1}));
+}
+
 }  // namespace
 }  // namespace tessera::internal
