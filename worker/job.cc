@@ -205,24 +205,8 @@ Result<uint64_t> Job::CountTrainingShard() const {
 }
 
 Status Job::SetUpData() {
-  dopt_.spec = o_.data;
-  dopt_.schema = o_.schema;
-  dopt_.skip_bad_lines = o_.skip_bad_lines;
+  dopt_ = DataOptionsOf(o_);
   dopt_.skipped_lines = &skipped_lines_;
-  dopt_.world = o_.num_workers * o_.local_ranks;
-  dopt_.epochs = o_.epochs;
-  dopt_.shuffle_buffer = o_.shuffle_buffer;
-  dopt_.holdout_mod = o_.holdout_mod;
-  dopt_.train_samples = o_.train_samples;
-  dopt_.test_samples = o_.test_samples;
-  dopt_.synthetic.seed = o_.seed;
-  dopt_.synthetic.zipf_exponent = o_.zipf;
-  dopt_.synthetic.interaction_std = o_.interaction_std;
-  dopt_.synthetic.bias_std = o_.bias_std;
-  dopt_.synthetic.planted_dim = o_.planted_dim;
-  dopt_.synthetic.cardinalities = CriteoLikeCardinalities(o_.synthetic_max_cardinality);
-  dopt_.validation_mod = o_.validate ? o_.validation_mod : 0;
-  dopt_.validation_samples = o_.validation_samples;
   if (batch_size_ == 0) {
     // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
     TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
@@ -237,25 +221,7 @@ Status Job::SetUpData() {
 // The model's shape follows the data's.
 Status Job::CreateModel() {
   TESSERA_ASSIGN_OR_RETURN(auto probe, OpenTestData(dopt_));
-  ModelConfig mc;
-  mc.num_dense = probe->schema().num_dense;
-  mc.num_fields = probe->schema().num_fields;
-  mc.embedding_dim = o_.embedding_dim;
-  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, ParseLayerWidths(o_.bottom_mlp));
-  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, ParseLayerWidths(o_.top_mlp));
-  mc.pooling = o_.pooling;
-  mc.kind = o_.model;
-  mc.num_cross_layers = o_.cross_layers;
-  mc.deep = o_.deep;
-  mc.wide = o_.wide;
-  mc.table_prefix = o_.job;
-  mc.embedding_optimizer.learning_rate = static_cast<float>(o_.emb_lr);
-  mc.embedding_optimizer.initial_accumulator = static_cast<float>(o_.emb_init_acc);
-  mc.dense_optimizer.learning_rate = static_cast<float>(o_.dense_lr);
-  mc.wide_optimizer.learning_rate = static_cast<float>(o_.wide_lr);
-  mc.embedding_optimizer.l2 = static_cast<float>(o_.emb_l2);
-  mc.dense_optimizer.l2 = static_cast<float>(o_.dense_l2);
-  mc.wide_optimizer.l2 = static_cast<float>(o_.wide_l2);
+  TESSERA_ASSIGN_OR_RETURN(const ModelConfig mc, ModelConfigOf(o_, probe->schema()));
   TESSERA_ASSIGN_OR_RETURN(auto layout, ModelLayout::Create(mc));
   layout_.emplace(std::move(layout));
   return Status::OK();
@@ -564,6 +530,51 @@ Result<JobReport> Job::Test() {
 }
 
 }  // namespace
+
+DataSourceOptions DataOptionsOf(const JobOptions& o) {
+  DataSourceOptions d;
+  d.spec = o.data;
+  d.schema = o.schema;
+  d.skip_bad_lines = o.skip_bad_lines;
+  d.world = o.num_workers * o.local_ranks;
+  d.epochs = o.epochs;
+  d.shuffle_buffer = o.shuffle_buffer;
+  d.holdout_mod = o.holdout_mod;
+  d.train_samples = o.train_samples;
+  d.test_samples = o.test_samples;
+  d.synthetic.seed = o.seed;
+  d.synthetic.zipf_exponent = o.zipf;
+  d.synthetic.interaction_std = o.interaction_std;
+  d.synthetic.bias_std = o.bias_std;
+  d.synthetic.planted_dim = o.planted_dim;
+  d.synthetic.cardinalities = CriteoLikeCardinalities(o.synthetic_max_cardinality);
+  d.validation_mod = o.validate ? o.validation_mod : 0;
+  d.validation_samples = o.validation_samples;
+  return d;
+}
+
+Result<ModelConfig> ModelConfigOf(const JobOptions& o, const Schema& schema) {
+  ModelConfig mc;
+  mc.num_dense = schema.num_dense;
+  mc.num_fields = schema.num_fields;
+  mc.embedding_dim = o.embedding_dim;
+  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, ParseLayerWidths(o.bottom_mlp));
+  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, ParseLayerWidths(o.top_mlp));
+  mc.pooling = o.pooling;
+  mc.kind = o.model;
+  mc.num_cross_layers = o.cross_layers;
+  mc.deep = o.deep;
+  mc.wide = o.wide;
+  mc.table_prefix = o.job;
+  mc.embedding_optimizer.learning_rate = static_cast<float>(o.emb_lr);
+  mc.embedding_optimizer.initial_accumulator = static_cast<float>(o.emb_init_acc);
+  mc.dense_optimizer.learning_rate = static_cast<float>(o.dense_lr);
+  mc.wide_optimizer.learning_rate = static_cast<float>(o.wide_lr);
+  mc.embedding_optimizer.l2 = static_cast<float>(o.emb_l2);
+  mc.dense_optimizer.l2 = static_cast<float>(o.dense_l2);
+  mc.wide_optimizer.l2 = static_cast<float>(o.wide_l2);
+  return mc;
+}
 
 Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
   if (options_error) *options_error = false;

@@ -15,6 +15,7 @@
 
 #include "ps/cluster_map_source.h"
 #include "ps/status.h"
+#include "worker/data_source.h"
 #include "worker/model.h"
 #include "worker/row_cache.h"
 #include "worker/synthetic_data.h"
@@ -231,6 +232,14 @@ struct JobOptions {
   /// report.html not written) go to stderr. Borrowed. Default: stdout.
   std::FILE* out = stdout;
 };
+
+/// The data options of a job (its DataSourceOptions as RunJob opens the data): everything but
+/// `skipped_lines`, which the caller points at its own counter where it wants the count.
+DataSourceOptions DataOptionsOf(const JobOptions& options);
+
+/// The model of a job on data of `schema`, as RunJob builds it: widths, kind, the optimizers'
+/// rates and L2, tables under `options.job`. InvalidArgument for bad --bottom_mlp/--top_mlp.
+Result<ModelConfig> ModelConfigOf(const JobOptions& options, const Schema& schema);
 
 /// What a job did on this node.
 struct JobReport {
