@@ -175,6 +175,10 @@ tw::JobOptions JobOf(const std::string& backend, uint64_t samples) {
   o.validate = false;
   o.evaluate = false;
   o.job = "feed";
+  // The model this benchmark measured before widths came from the data.
+  o.embedding_dim = 8;
+  o.bottom_mlp = "64";
+  o.top_mlp = "64";
   return o;
 }
 

@@ -11,6 +11,7 @@
 
 #include "ps/client/client.h"
 #include "ps/curve.h"
+#include "worker/auto_config.h"
 #include "worker/backend.h"
 #include "worker/csv_reader.h"
 #include "worker/data_source.h"
@@ -91,6 +92,7 @@ class Job {
   Status Connect();
   Status SetUpCache();
   Status SetUpData();
+  Status ResolveDefaults();
   Status CreateModel();
   void SetUpTrainer();
   Status SetUpValidation();
@@ -109,7 +111,7 @@ class Job {
   Result<uint64_t> CountTrainingShard() const;
   Status FlushCache();
 
-  const JobOptions& o_;
+  JobOptions o_;  // the caller's, with the defaults from the data resolved (ResolveDefaults)
   std::FILE* out_;
   const uint32_t nl_;    // local ranks
   uint32_t batch_size_;  // the option's, or chosen from the data
@@ -210,11 +212,40 @@ Status Job::SetUpData() {
   if (batch_size_ == 0) {
     // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
     TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
-    batch_size_ = static_cast<uint32_t>(std::clamp<uint64_t>(shard / kMinStepsPerEpoch, 32, 1024));
+    batch_size_ = DefaultBatchSize(shard);
     std::fprintf(out_, "worker %u batch size %u (chosen: %llu training samples a rank)\n",
                  o_.worker_id, batch_size_, static_cast<unsigned long long>(shard));
   }
   global_batch_ = static_cast<uint64_t>(batch_size_) * nl_ * o_.num_workers;
+  return Status::OK();
+}
+
+// The embedding width and MLP sizes the user left to the data, from a profile of the start of
+// shard 0's training part: every worker reads the same samples and picks the same model.
+Status Job::ResolveDefaults() {
+  const bool mlp_auto = o_.bottom_mlp == kAutoMlp || o_.top_mlp == kAutoMlp;
+  if (o_.embedding_dim == 0) {
+    DataSourceOptions first = dopt_;
+    first.rank = 0;
+    first.epochs = 1;
+    first.shuffle_buffer = 0;
+    TESSERA_ASSIGN_OR_RETURN(auto reader, OpenTrainData(first));
+    auto profile = ProfileData(reader.get());
+    if (!profile.ok()) return profile.status().WithContext("profiling the training data");
+    o_.embedding_dim = DefaultEmbeddingDim(*profile);
+    std::fprintf(out_,
+                 "worker %u embedding width %u (chosen: %zu fields, %.0f distinct keys a field "
+                 "in the first %llu training samples)\n",
+                 o_.worker_id, o_.embedding_dim, profile->distinct_keys.size(),
+                 profile->MeanDistinctKeys(), static_cast<unsigned long long>(profile->samples));
+  }
+  if (o_.bottom_mlp == kAutoMlp) o_.bottom_mlp = DefaultMlp(o_.embedding_dim);
+  if (o_.top_mlp == kAutoMlp) o_.top_mlp = DefaultMlp(o_.embedding_dim);
+  if (mlp_auto) {
+    std::fprintf(out_, "worker %u MLPs: bottom %s, top %s (chosen from the width %u)\n",
+                 o_.worker_id, o_.bottom_mlp.c_str(), o_.top_mlp.c_str(), o_.embedding_dim);
+  }
+  std::fflush(out_);
   return Status::OK();
 }
 
@@ -287,7 +318,8 @@ Status Job::SetUpValidation() {
   vopt.worker_id = o_.worker_id;
   vopt.num_workers = o_.num_workers;
   vopt.patience = o_.early_stopping_patience;
-  vopt.by_auc = o_.early_stopping_by_auc;
+  vopt.by_auc = o_.early_stopping != EarlyStopping::kLogloss;
+  vopt.patience_on_both = o_.early_stopping == EarlyStopping::kBoth;
   vopt.last_step = topt_.max_steps;
   if (!o_.admin_root.empty()) vopt.best_dir = o_.job + "-best";
   Batch samples;
@@ -317,13 +349,15 @@ Result<bool> Job::ValidationPause(const TrainProgress& p) {
   const ValidationPoint& v = validator_->history().back();
   std::fprintf(out_, "worker 0 validate step %llu samples %llu auc %.4f logloss %.4f%s\n",
                static_cast<unsigned long long>(v.step), static_cast<unsigned long long>(v.samples),
-               v.auc, v.logloss, validator_->rounds_without_improvement() == 0 ? " (best)" : "");
+               v.auc, v.logloss, validator_->best()->step == v.step ? " (best)" : "");
   if (stop) {
     std::fprintf(out_,
                  "worker 0 early stop after step %llu: no better validation %s for %u "
                  "rounds (best: step %llu auc %.4f logloss %.4f)\n",
                  static_cast<unsigned long long>(p.step),
-                 o_.early_stopping_by_auc ? "auc" : "logloss", o_.early_stopping_patience,
+                 o_.early_stopping == EarlyStopping::kBoth ? "auc or logloss"
+                 : o_.early_stopping == EarlyStopping::kAuc ? "auc" : "logloss",
+                 o_.early_stopping_patience,
                  static_cast<unsigned long long>(validator_->best()->step), validator_->best()->auc,
                  validator_->best()->logloss);
   }
@@ -337,8 +371,17 @@ Result<bool> Job::ValidationPause(const TrainProgress& p) {
   return stop;
 }
 
-// The learning-rate schedule; a decay without decay_steps lasts until the planned end.
+// The learning-rate schedule; a decay without decay_steps lasts until the planned end. Several
+// epochs without a decay given get a cosine one (lr_decay_by_epochs).
 Status Job::SetUpLrSchedule(bool* options_error) {
+  if (o_.lr_decay_by_epochs && o_.lr_schedule.decay == LrSchedule::Decay::kNone &&
+      o_.epochs > 1) {
+    o_.lr_schedule.decay = LrSchedule::Decay::kCosine;
+    std::fprintf(out_, "worker %u learning rates: cosine decay to %g by the planned last step "
+                       "(chosen: %u epochs)\n",
+                 o_.worker_id, o_.lr_schedule.final_scale, o_.epochs);
+    std::fflush(out_);
+  }
   topt_.lr_schedule = o_.lr_schedule;
   if (o_.lr_schedule.decay == LrSchedule::Decay::kNone || o_.lr_schedule.decay_steps != 0) {
     return Status::OK();
@@ -479,6 +522,7 @@ void Job::WriteHtml(JobReport* report) {
   }
   const std::string html =
       (std::filesystem::path(curve_->path()).parent_path() / "report.html").string();
+  report->summary = summary;
   Status written = WriteReport(curve_->path(), summary, html);
   if (written.ok()) {
     report->report_html = html;
@@ -493,7 +537,12 @@ Result<JobReport> Job::Test() {
   JobReport report;
   report.train = trained_;
   report.skipped_lines = skipped_lines_.count();
+  report.embedding_dim = o_.embedding_dim;
+  report.bottom_mlp = o_.bottom_mlp;
+  report.top_mlp = o_.top_mlp;
+  report.lr_schedule = topt_.lr_schedule;
   if (cache_) report.row_cache = cache_->stats();
+  if (validator_) report.best_validation = validator_->best();
   if (!o_.evaluate) return report;
   const TrainResult& tr = trained_;
   TESSERA_RETURN_IF_ERROR(
@@ -553,7 +602,28 @@ DataSourceOptions DataOptionsOf(const JobOptions& o) {
   return d;
 }
 
+Result<EarlyStopping> ParseEarlyStopping(std::string_view name) {
+  if (name == "logloss") return EarlyStopping::kLogloss;
+  if (name == "auc") return EarlyStopping::kAuc;
+  if (name == "both") return EarlyStopping::kBoth;
+  return Status::InvalidArgument("unknown early stopping metric '" + std::string(name) +
+                                 "' (auc, logloss or both)");
+}
+
+const char* EarlyStoppingName(EarlyStopping e) {
+  switch (e) {
+    case EarlyStopping::kLogloss: return "logloss";
+    case EarlyStopping::kAuc: return "auc";
+    case EarlyStopping::kBoth: return "both";
+  }
+  return "both";
+}
+
 Result<ModelConfig> ModelConfigOf(const JobOptions& o, const Schema& schema) {
+  if (o.embedding_dim == 0 || o.bottom_mlp == kAutoMlp || o.top_mlp == kAutoMlp) {
+    return Status::InvalidArgument(
+        "ModelConfigOf: the embedding width or an MLP is still to be chosen from the data");
+  }
   ModelConfig mc;
   mc.num_dense = schema.num_dense;
   mc.num_fields = schema.num_fields;
@@ -618,6 +688,7 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
   TESSERA_RETURN_IF_ERROR(job.Connect());
   TESSERA_RETURN_IF_ERROR(job.SetUpCache());
   TESSERA_RETURN_IF_ERROR(job.SetUpData());
+  TESSERA_RETURN_IF_ERROR(job.ResolveDefaults());
   TESSERA_RETURN_IF_ERROR(job.CreateModel());
   job.SetUpTrainer();
   TESSERA_RETURN_IF_ERROR(job.SetUpValidation());
