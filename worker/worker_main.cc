@@ -373,7 +373,8 @@ std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
   o->lr_decay_by_epochs = FLAGS_lr_decay == "auto";
   auto decay = tw::ParseLrDecay(o->lr_decay_by_epochs ? "none" : FLAGS_lr_decay);
   if (!decay.ok()) {
-    return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
+    return tessera::cli::UsageError(kTool, "--lr_decay must be auto, none, linear or cosine, "
+                                           "not '" + FLAGS_lr_decay + "'");
   }
   if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
     return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
