@@ -602,23 +602,6 @@ DataSourceOptions DataOptionsOf(const JobOptions& o) {
   return d;
 }
 
-Result<EarlyStopping> ParseEarlyStopping(std::string_view name) {
-  if (name == "logloss") return EarlyStopping::kLogloss;
-  if (name == "auc") return EarlyStopping::kAuc;
-  if (name == "both") return EarlyStopping::kBoth;
-  return Status::InvalidArgument("unknown early stopping metric '" + std::string(name) +
-                                 "' (auc, logloss or both)");
-}
-
-const char* EarlyStoppingName(EarlyStopping e) {
-  switch (e) {
-    case EarlyStopping::kLogloss: return "logloss";
-    case EarlyStopping::kAuc: return "auc";
-    case EarlyStopping::kBoth: return "both";
-  }
-  return "both";
-}
-
 Result<ModelConfig> ModelConfigOf(const JobOptions& o, const Schema& schema) {
   if (o.embedding_dim == 0 || o.bottom_mlp == kAutoMlp || o.top_mlp == kAutoMlp) {
     return Status::InvalidArgument(

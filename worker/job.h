@@ -42,17 +42,6 @@ class JobObserver {
   virtual void OnRowCache(const RowCacheStats& /*stats*/) {}
 };
 
-/// What picks the best validation round and stops early.
-enum class EarlyStopping : uint8_t {
-  kLogloss,  ///< the lowest logloss; stop when it has not improved for the patience
-  kAuc,      ///< the highest AUC; stop when it has not improved for the patience
-  kBoth,     ///< the highest AUC; stop when neither AUC nor logloss has improved for it
-};
-/// "logloss" | "auc" | "both"; InvalidArgument otherwise.
-Result<EarlyStopping> ParseEarlyStopping(std::string_view name);
-/// The name ParseEarlyStopping reads.
-const char* EarlyStoppingName(EarlyStopping e);
-
 /// JobOptions::bottom_mlp / top_mlp: sized from the embedding width (DefaultMlp).
 inline constexpr char kAutoMlp[] = "auto";
 

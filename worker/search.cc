@@ -77,6 +77,89 @@ Status WriteTrialsCsv(const std::string& path, const std::vector<TrialResult>& t
   return Status::OK();
 }
 
+// One trial of one rung, as RunSearch runs it.
+struct TrialRun {
+  const JobOptions& base;
+  const TrialConfig& config;
+  const std::string& id;
+  uint32_t rung, trial;
+  uint64_t steps;      // its budget (max_steps)
+  bool last;           // of the last rung: the winner, tested
+  bool audit_test;     // SearchOptions::audit_test
+};
+
+// Runs the trial as a job of its own prefix; *job gets its report.
+Result<TrialResult> RunTrial(const TrialRun& run, JobReport* job, bool* options_error) {
+  JobOptions o = run.base;
+  run.config.ApplyTo(&o);
+  o.job = run.base.job + "-" + run.id + "-r" + std::to_string(run.rung) + "t" +
+          std::to_string(run.trial);
+  o.max_steps = run.steps;
+  o.evaluate = run.last || run.audit_test;
+  o.resume = false;
+  o.observer = run.last ? run.base.observer : nullptr;
+  if (!run.last) {
+    // A trial keeps no best state (no checkpoints) and writes its curve apart.
+    o.admin_root.clear();
+    o.out_dir = (std::filesystem::path(run.base.out_dir) / "trials" / o.job).string();
+  }
+  bool job_options_error = false;
+  auto done = RunJob(o, &job_options_error);
+  if (!done.ok()) {
+    if (options_error) *options_error = job_options_error;
+    return done.status().WithContext("search trial " + o.job);
+  }
+  TrialResult tr;
+  tr.trial = run.trial;
+  tr.rung = run.rung;
+  tr.config = run.config;
+  tr.config.embedding_dim = done->embedding_dim;
+  tr.config.bottom_mlp = done->bottom_mlp;
+  tr.config.top_mlp = done->top_mlp;
+  tr.job = o.job;
+  tr.steps = done->train.steps;
+  tr.resumed_steps = done->train.resumed_steps;
+  tr.seconds = done->train.seconds;
+  if (done->best_validation) {
+    tr.validation_auc = done->best_validation->auc;
+    tr.validation_logloss = done->best_validation->logloss;
+  }
+  if (done->tested) {
+    tr.test_auc = done->test.auc;
+    tr.test_logloss = done->test.logloss;
+  }
+  std::fprintf(run.base.out, "search rung %u trial %u: validation auc %.4f logloss %.4f\n",
+               run.rung, run.trial, tr.validation_auc, tr.validation_logloss);
+  std::fflush(run.base.out);
+  *job = std::move(*done);
+  return tr;
+}
+
+// trials.csv beside the winner's metrics.csv, and the trials table in its report.html; a
+// failure is printed and does not fail the search.
+void WriteTrialsTable(SearchReport* report) {
+  JobReport& jr = report->report;
+  const std::filesystem::path dir = std::filesystem::path(jr.metrics_csv).parent_path();
+  report->trials_csv = (dir / "trials.csv").string();
+  Status csv = WriteTrialsCsv(report->trials_csv, report->trials, report->winner);
+  if (!csv.ok()) {
+    std::fprintf(stderr, "tessera-worker 0: trials.csv: %s\n", csv.ToString().c_str());
+    report->trials_csv.clear();
+  }
+  if (jr.report_html.empty()) return;
+  ReportSummary summary = jr.summary;
+  for (size_t i = 0; i < report->trials.size(); ++i) {
+    const TrialResult& t = report->trials[i];
+    summary.trials.push_back({"r" + std::to_string(t.rung) + "t" + std::to_string(t.trial),
+                              t.config.Describe(), t.steps, t.validation_auc,
+                              t.validation_logloss, t.test_auc, i == report->winner});
+  }
+  Status html = WriteReport(jr.metrics_csv, summary, jr.report_html);
+  if (!html.ok()) {
+    std::fprintf(stderr, "tessera-worker 0: report.html: %s\n", html.ToString().c_str());
+  }
+}
+
 }  // namespace
 
 TrialConfig TrialConfig::Of(const JobOptions& o) {
@@ -201,7 +284,6 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
   TESSERA_ASSIGN_OR_RETURN(const uint64_t full, FullBudgetSteps(base));
   const std::vector<Rung> plan = HalvingPlan(static_cast<uint32_t>(configs.size()), search.eta);
   const std::string id = search.id.empty() ? SearchId() : search.id;
-  std::FILE* out = base.out;
 
   SearchReport report;
   std::vector<uint32_t> alive(configs.size());
@@ -212,53 +294,16 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
         std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(plan[r].fraction * full)));
     std::vector<TrialResult> rung;
     for (uint32_t t : alive) {
-      JobOptions o = base;
-      configs[t].ApplyTo(&o);
-      o.job = base.job + "-" + id + "-r" + std::to_string(r) + "t" + std::to_string(t);
-      o.max_steps = steps;
-      o.evaluate = last || search.audit_test;
-      o.resume = false;
-      o.observer = last ? base.observer : nullptr;
-      if (!last) {
-        // A trial keeps no best state (no checkpoints) and writes its curve apart.
-        o.admin_root.clear();
-        o.out_dir = (std::filesystem::path(base.out_dir) / "trials" / o.job).string();
-      }
-      std::fprintf(out, "search rung %u (%zu trials, %llu steps each) trial %u: %s\n", r,
+      std::fprintf(base.out, "search rung %u (%zu trials, %llu steps each) trial %u: %s\n", r,
                    alive.size(), static_cast<unsigned long long>(steps), t,
                    configs[t].Describe().c_str());
-      std::fflush(out);
-      bool job_options_error = false;
-      auto job = RunJob(o, &job_options_error);
-      if (!job.ok()) {
-        if (options_error) *options_error = job_options_error;
-        return job.status().WithContext("search trial " + o.job);
-      }
-      TrialResult tr;
-      tr.trial = t;
-      tr.rung = r;
-      tr.config = configs[t];
-      tr.config.embedding_dim = job->embedding_dim;
-      tr.config.bottom_mlp = job->bottom_mlp;
-      tr.config.top_mlp = job->top_mlp;
-      tr.job = o.job;
-      tr.steps = job->train.steps;
-      tr.resumed_steps = job->train.resumed_steps;
-      tr.seconds = job->train.seconds;
-      if (job->best_validation) {
-        tr.validation_auc = job->best_validation->auc;
-        tr.validation_logloss = job->best_validation->logloss;
-      }
-      if (job->tested) {
-        tr.test_auc = job->test.auc;
-        tr.test_logloss = job->test.logloss;
-      }
-      std::fprintf(out, "search rung %u trial %u: validation auc %.4f logloss %.4f\n", r, t,
-                   tr.validation_auc, tr.validation_logloss);
-      std::fflush(out);
+      std::fflush(base.out);
+      const TrialRun run{base, configs[t], id, r, t, steps, last, search.audit_test};
+      JobReport job;
+      TESSERA_ASSIGN_OR_RETURN(TrialResult tr, RunTrial(run, &job, options_error));
       if (search.on_trial) search.on_trial(tr);
-      rung.push_back(tr);
-      if (last) report.report = std::move(*job);
+      rung.push_back(std::move(tr));
+      if (last) report.report = std::move(job);
     }
     const size_t keep = last ? 1 : plan[r + 1].trials;
     std::vector<uint32_t> next;
@@ -268,30 +313,10 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
   }
   report.winner = report.trials.size() - 1;
   const TrialResult& w = report.trials[report.winner];
-  std::fprintf(out, "search winner: trial %u (%s), validation auc %.4f, test auc %.4f\n",
+  std::fprintf(base.out, "search winner: trial %u (%s), validation auc %.4f, test auc %.4f\n",
                w.trial, w.config.Describe().c_str(), w.validation_auc, w.test_auc);
-  std::fflush(out);
-
-  // trials.csv beside metrics.csv, and the trials table in report.html.
-  JobReport& jr = report.report;
-  const std::filesystem::path dir = std::filesystem::path(jr.metrics_csv).parent_path();
-  report.trials_csv = (dir / "trials.csv").string();
-  Status csv = WriteTrialsCsv(report.trials_csv, report.trials, report.winner);
-  if (!csv.ok()) {
-    std::fprintf(stderr, "tessera-worker 0: trials.csv: %s\n", csv.ToString().c_str());
-    report.trials_csv.clear();
-  }
-  if (!jr.report_html.empty()) {
-    ReportSummary summary = jr.summary;
-    for (size_t i = 0; i < report.trials.size(); ++i) {
-      const TrialResult& t = report.trials[i];
-      summary.trials.push_back({"r" + std::to_string(t.rung) + "t" + std::to_string(t.trial),
-                                t.config.Describe(), t.steps, t.validation_auc,
-                                t.validation_logloss, t.test_auc, i == report.winner});
-    }
-    Status html = WriteReport(jr.metrics_csv, summary, jr.report_html);
-    if (!html.ok()) std::fprintf(stderr, "tessera-worker 0: report.html: %s\n", html.ToString().c_str());
-  }
+  std::fflush(base.out);
+  WriteTrialsTable(&report);
   return report;
 }
 

@@ -71,6 +71,14 @@ Status Validator::WaitForMeta(const std::string& name, std::string* value) {
   }
 }
 
+Result<EarlyStopping> ParseEarlyStopping(std::string_view name) {
+  if (name == "logloss") return EarlyStopping::kLogloss;
+  if (name == "auc") return EarlyStopping::kAuc;
+  if (name == "both") return EarlyStopping::kBoth;
+  return Status::InvalidArgument("unknown early stopping metric '" + std::string(name) +
+                                 "' (auc, logloss or both)");
+}
+
 uint32_t DefaultBatchSize(uint64_t shard_samples) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(shard_samples / kMinStepsPerEpoch, 32, 1024));
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/client/client.h"
@@ -43,6 +44,15 @@ inline constexpr uint64_t kMinStepsPerEpoch = 100;
 /// That batch for a smallest training shard of `shard_samples` samples a rank:
 /// clamp(shard / kMinStepsPerEpoch, 32, 1024).
 uint32_t DefaultBatchSize(uint64_t shard_samples);
+
+/// What picks the best validation round and stops early.
+enum class EarlyStopping : uint8_t {
+  kLogloss,  ///< the lowest logloss; stop when it has not improved for the patience
+  kAuc,      ///< the highest AUC; stop when it has not improved for the patience
+  kBoth,     ///< the highest AUC; stop when neither AUC nor logloss has improved for it
+};
+/// "logloss" | "auc" | "both"; InvalidArgument otherwise.
+Result<EarlyStopping> ParseEarlyStopping(std::string_view name);
 
 /// Options of a Validator.
 struct ValidationOptions {

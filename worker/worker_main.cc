@@ -405,6 +405,29 @@ std::optional<int> OptionsFromFlags(tw::JobOptions* o) {
   return ScheduleFromFlags(o);
 }
 
+// The search's keys of the report line: the winner and every trial.
+void AddSearch(const tw::SearchReport& search, nlohmann::ordered_json* report) {
+  nlohmann::ordered_json trials = nlohmann::json::array();
+  for (size_t i = 0; i < search.trials.size(); ++i) {
+    const tw::TrialResult& t = search.trials[i];
+    nlohmann::ordered_json row;
+    row["rung"] = t.rung;
+    row["trial"] = t.trial;
+    row["config"] = t.config.Describe();
+    row["steps"] = t.steps;
+    row["validation_auc"] = t.validation_auc;
+    row["validation_logloss"] = t.validation_logloss;
+    if (std::isfinite(t.test_auc)) row["test_auc"] = t.test_auc;
+    row["winner"] = i == search.winner;
+    trials.push_back(row);
+  }
+  const tw::TrialResult& w = search.trials[search.winner];
+  (*report)["search_winner"] = w.config.Describe();
+  (*report)["search_winner_is_default"] = w.trial == 0;
+  if (!search.trials_csv.empty()) (*report)["trials_csv"] = search.trials_csv;
+  (*report)["search_trials"] = trials;
+}
+
 // The report line (examples/ctr/README.md lists its keys). The training figures are worker 0's
 // own (its node's local ranks together, this run only): this process does not see the other
 // workers' counts. "data" stays the first key (scripts find the line by it); NaN (no oracle) is
@@ -467,27 +490,7 @@ void PrintReport(const tw::JobReport& r, const tw::SearchReport* search = nullpt
     report["cache_flushed_rows"] = r.row_cache->flushed_rows;
     report["cache_deferred_rows"] = r.row_cache->deferred_rows;  // 0: all flushed for the test
   }
-  if (search != nullptr) {
-    nlohmann::ordered_json trials = nlohmann::json::array();
-    for (size_t i = 0; i < search->trials.size(); ++i) {
-      const tw::TrialResult& t = search->trials[i];
-      nlohmann::ordered_json row;
-      row["rung"] = t.rung;
-      row["trial"] = t.trial;
-      row["config"] = t.config.Describe();
-      row["steps"] = t.steps;
-      row["validation_auc"] = t.validation_auc;
-      row["validation_logloss"] = t.validation_logloss;
-      if (std::isfinite(t.test_auc)) row["test_auc"] = t.test_auc;
-      row["winner"] = i == search->winner;
-      trials.push_back(row);
-    }
-    const tw::TrialResult& w = search->trials[search->winner];
-    report["search_winner"] = w.config.Describe();
-    report["search_winner_is_default"] = w.trial == 0;
-    if (!search->trials_csv.empty()) report["trials_csv"] = search->trials_csv;
-    report["search_trials"] = trials;
-  }
+  if (search != nullptr) AddSearch(*search, &report);
   // A --data path need not be UTF-8; replace what is not rather than throw.
   std::printf("%s\n",
               report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
