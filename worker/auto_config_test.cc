@@ -67,7 +67,7 @@ TEST(AutoConfig, EmbeddingWidthFollowsTheFourthRootOfTheKeysAField) {
   EXPECT_EQ(width(1), 4u);
   EXPECT_EQ(width(300), 4u);      // 4.16
   EXPECT_EQ(width(1660), 8u);     // 6.38 (MovieLens ml-latest-small)
-  EXPECT_EQ(width(4793), 8u);     // 8.32 (the generated default data)
+  EXPECT_EQ(width(2462), 8u);     // 7.04 (the generated default data)
   EXPECT_EQ(width(20000), 12u);   // 11.9
   EXPECT_EQ(width(65536), 16u);   // 16
   EXPECT_EQ(width(1e6), 32u);     // 31.6

@@ -96,7 +96,7 @@ DEFINE_string(backend, "cpu",
               "keys, pulls and pushes without a model)");
 DEFINE_uint32(embedding_dim, 0,
               "Embedding width; 0: from the data, k^0.25 rounded to a multiple of 4 in "
-              "[4, 32], k the mean distinct keys a field in the first 200,000 training samples");
+              "[4, 32], k the mean distinct keys a field in the first 50,000 training samples");
 DEFINE_string(bottom_mlp, "auto",
               "Bottom MLP hidden widths, comma-separated (may be empty); auto: one layer of 8 * "
               "the embedding width, in [64, 256]");
