@@ -98,9 +98,12 @@ Result<TrialResult> RunTrial(const TrialRun& run, JobReport* job, bool* options_
   o.evaluate = run.last || run.audit_test;
   o.resume = false;
   o.observer = run.last ? run.base.observer : nullptr;
+  // No trial keeps a best state (the winner's final state is tested): the servers hold worker
+  // 0's clock from trial to trial, so a later trial's first checkpoints would wait for a clock
+  // an earlier one reached.
+  o.admin_root.clear();
+  // Trials write their curves apart; the winner's goes to the run directory.
   if (!run.last) {
-    // A trial keeps no best state (no checkpoints) and writes its curve apart.
-    o.admin_root.clear();
     o.out_dir = (std::filesystem::path(run.base.out_dir) / "trials" / o.job).string();
   }
   bool job_options_error = false;
