@@ -269,6 +269,7 @@ void Job::SetUpTrainer() {
   topt_.worker_id = o_.worker_id;
   topt_.job = o_.job;
   topt_.resume = o_.resume;
+  topt_.start_clock = o_.start_clock;
   topt_.progress_interval_s = o_.progress_interval_s;
   topt_.on_progress = [this](const TrainProgress& p) {
     if (o_.observer) o_.observer->OnProgress(p);

@@ -162,6 +162,9 @@ struct JobOptions {
   std::string job = "ctr";
   /// Resume from this worker's stored position (--resume). Default: true.
   bool resume = true;
+  /// Not resuming: this worker's clock starts here (TrainerOptions::start_clock; a search's
+  /// trials follow each other on the same servers). Default: 0.
+  int64_t start_clock = 0;
   /// Seconds between progress lines (--progress_interval_s). Default: 5.
   double progress_interval_s = 5;
   /// The learning-rate schedule (--lr_warmup_steps, --lr_decay, --lr_decay_steps,

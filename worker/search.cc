@@ -86,6 +86,7 @@ struct TrialRun {
   uint64_t steps;      // its budget (max_steps)
   bool last;           // of the last rung: the winner, tested
   bool audit_test;     // SearchOptions::audit_test
+  int64_t start_clock;  // the steps of every trial before it
 };
 
 // Runs the trial as a job of its own prefix; *job gets its report.
@@ -98,12 +99,13 @@ Result<TrialResult> RunTrial(const TrialRun& run, JobReport* job, bool* options_
   o.evaluate = run.last || run.audit_test;
   o.resume = false;
   o.observer = run.last ? run.base.observer : nullptr;
-  // No trial keeps a best state (the winner's final state is tested): the servers hold worker
-  // 0's clock from trial to trial, so a later trial's first checkpoints would wait for a clock
-  // an earlier one reached.
-  o.admin_root.clear();
-  // Trials write their curves apart; the winner's goes to the run directory.
+  // The servers hold worker 0's clock from trial to trial: each trial goes on from the clocks
+  // of those before it, or the winner's best-state checkpoints would wait for a clock an
+  // earlier trial reached.
+  o.start_clock = run.start_clock;
   if (!run.last) {
+    // A trial keeps no best state (no checkpoints) and writes its curve apart.
+    o.admin_root.clear();
     o.out_dir = (std::filesystem::path(run.base.out_dir) / "trials" / o.job).string();
   }
   bool job_options_error = false;
@@ -289,6 +291,7 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
   const std::string id = search.id.empty() ? SearchId() : search.id;
 
   SearchReport report;
+  int64_t clock = 0;  // worker 0's clock on the servers after the trials so far
   std::vector<uint32_t> alive(configs.size());
   std::iota(alive.begin(), alive.end(), 0);
   for (uint32_t r = 0; r < plan.size(); ++r) {
@@ -301,9 +304,10 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
                    alive.size(), static_cast<unsigned long long>(steps), t,
                    configs[t].Describe().c_str());
       std::fflush(base.out);
-      const TrialRun run{base, configs[t], id, r, t, steps, last, search.audit_test};
+      const TrialRun run{base, configs[t], id, r, t, steps, last, search.audit_test, clock};
       JobReport job;
       TESSERA_ASSIGN_OR_RETURN(TrialResult tr, RunTrial(run, &job, options_error));
+      clock += static_cast<int64_t>(tr.steps);
       if (search.on_trial) search.on_trial(tr);
       rung.push_back(std::move(tr));
       if (last) report.report = std::move(job);

@@ -108,8 +108,8 @@ struct SearchReport {
 /// Runs the search with `base`'s cluster, data and schedule: each rung's trials in turn, each
 /// a job (RunJob) under its own prefix with max_steps the rung's fraction of the planned steps,
 /// validated on the validation split and not tested (audit_test aside); the best
-/// ceil(n / eta) by validation AUC go on; the last rung's trial is tested (its final state: no
-/// trial keeps a best-state checkpoint, whatever base.admin_root says) and its report gets
+/// ceil(n / eta) by validation AUC go on; the last rung's trial is tested (with
+/// base.admin_root, its best validated state, restored) and its report gets
 /// the trials table (report.html, trials.csv). One worker only (InvalidArgument otherwise,
 /// with *options_error set), with validation on. The trials' tables stay on the servers.
 Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& search,

@@ -166,6 +166,37 @@ TEST(SearchTest, TrialsTrainOnTablesOfTheirOwn) {
   std::fclose(out);
 }
 
+// The winner keeps its best validated state (--admin_root) after trials that ran more clocks
+// than its first rounds: each trial goes on from the clocks before it, so its checkpoint cuts do
+// not wait for a clock an earlier trial reached (servers give a cut up after 3 s here).
+TEST(SearchTest, TheWinnerCheckpointsItsBestStateAfterEarlierTrials) {
+  testing::LocalClusterOptions copt = testing::Servers(2);
+  copt.extra_flags = {"--checkpoint_cut_timeout_s=3"};
+  LocalCluster cluster(copt);
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string data = WriteClicks(cluster.dir(), 4000, /*flip_test=*/false);
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  JobOptions base = Base(cluster, data, out);
+  base.admin_root = cluster.admin_root();
+  base.validate_every_steps = 5;
+  SearchOptions so;
+  so.eta = 2;
+  so.id = "ckpt";
+  so.configs = {TrialConfig::Of(base), TrialConfig::Of(base)};
+  auto r = RunSearch(base, so);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const JobReport& w = r->report;
+  ASSERT_TRUE(w.tested);
+  ASSERT_TRUE(w.best_validation.has_value());
+  EXPECT_EQ(w.tested_step, w.best_validation->step);
+  if (w.best_validation->step < w.train.steps) {
+    EXPECT_TRUE(w.restored);
+    EXPECT_NEAR(w.restored_validation_auc, w.best_validation->auc, 1e-9);
+  }
+  std::fclose(out);
+}
+
 TEST(SearchTest, RefusesSeveralWorkersAndNoValidation) {
   JobOptions o;
   o.servers = {"tcp://127.0.0.1:9"};
