@@ -22,12 +22,19 @@
 //   server resumes, so next to whatever background work that server still owes), then for
 //   --min_rep_s seconds while a trainer pushes uniform batches. The p99 of each repetition's
 //   pulls; medians over repetitions.
+// - Strict log against the disk (strict, uniform keys): the request-log bytes per second that
+//   strict pushes write (the server's request_log_appended_bytes over a repetition of pushes,
+//   as long as the push repetitions), alternating with the disk's own sequential write rate
+//   measured the way `dd bs=4M conv=fdatasync` does: --disk_write_mib MiB written in 4 MiB
+//   writes to a new file next to the servers' data, one fdatasync at the end, all timed.
 // - Recovery (strict): the server is SIGKILLed right after a push and started again on its data
 //   directory; recovery_s runs from the restart until a new client's pull of a few rows
 //   returns. The rows must read back as before the kill, or the run fails.
 //
 // The last line of output is one JSON object.
+#include <fcntl.h>
 #include <gflags/gflags.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -63,6 +70,8 @@ DEFINE_string(server_flags, "",
               "Extra flags for every tessera-server, comma-separated, e.g. "
               "--row_commit_interval_ms=0");
 DEFINE_uint64(seed, 42, "Seed of the key generator");
+DEFINE_uint32(disk_write_mib, 512,
+              "MiB the disk's sequential write measurement writes (4 MiB writes, then fdatasync)");
 
 namespace {
 
@@ -284,6 +293,81 @@ Result<std::vector<std::vector<ServingRep>>> MeasureServingAll(
   return out;
 }
 
+// The disk's sequential write rate in bytes/s, as `dd if=/dev/zero of=FILE bs=4M
+// count=N conv=fdatasync` reports it: N 4 MiB writes to a new file in `dir`, one fdatasync, the
+// time from open to the end of the fdatasync. The file is deleted after.
+Result<double> DiskSeqWriteRate(const std::string& dir) {
+  constexpr size_t kBlock = size_t{4} << 20;
+  const std::string path = dir + "/disk-seq-write";
+  std::vector<char> block(kBlock);
+  for (size_t i = 0; i < kBlock; ++i) block[i] = static_cast<char>(i * 131 + 7);  // not zeros
+  const size_t blocks = std::max<uint32_t>(1, FLAGS_disk_write_mib / 4);
+  const auto t0 = BenchClock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError("creating " + path);
+  Status s;
+  for (size_t b = 0; b < blocks && s.ok(); ++b) {
+    for (size_t done = 0; done < kBlock;) {
+      const ssize_t w = ::write(fd, block.data() + done, kBlock - done);
+      if (w <= 0) {
+        s = Status::IOError("writing " + path);
+        break;
+      }
+      done += static_cast<size_t>(w);
+    }
+  }
+  if (s.ok() && ::fdatasync(fd) != 0) s = Status::IOError("fdatasync " + path);
+  const double seconds = Seconds(BenchClock::now() - t0);
+  ::close(fd);
+  ::unlink(path.c_str());
+  TESSERA_RETURN_IF_ERROR(s);
+  return static_cast<double>(blocks * kBlock) / seconds;
+}
+
+// A counter of server 0's stats ("name value" lines).
+Result<uint64_t> ServerCounter(Config& c, const std::string& counter) {
+  TESSERA_ASSIGN_OR_RETURN(std::string stats, c.client->ServerStats(0));
+  std::istringstream lines(stats);
+  for (std::string name, value; lines >> name && std::getline(lines, value);) {
+    if (name == counter) return static_cast<uint64_t>(std::stoull(value));
+  }
+  return Status::NotFound(c.name + " reports no " + counter);
+}
+
+// The strict server's request-log bytes per second over one push repetition.
+Result<double> StrictLogRate(Config& c, const Workload& w) {
+  TESSERA_ASSIGN_OR_RETURN(uint64_t before, ServerCounter(c, "request_log_appended_bytes"));
+  const auto t0 = BenchClock::now();
+  TESSERA_RETURN_IF_ERROR(PushFor(c, w.uniform, w.grads, MinRepSeconds()).status());
+  const double seconds = Seconds(BenchClock::now() - t0);
+  TESSERA_ASSIGN_OR_RETURN(uint64_t after, ServerCounter(c, "request_log_appended_bytes"));
+  return static_cast<double>(after - before) / seconds;
+}
+
+// Alternating repetitions of the strict log rate and of the disk's sequential write rate (the
+// servers paused during the latter); samples[0] the log, samples[1] the disk, bytes/s.
+Result<std::vector<std::vector<double>>> MeasureLogVsDisk(
+    const std::vector<tessera::bench::BenchCluster*>& all, Config& strict, const Workload& w,
+    const std::string& dir, int reps) {
+  Status error;
+  auto rates = tessera::bench::AlternateRepetitions(2, reps, [&](size_t i, int) {
+    Result<double> r = Status::OK();
+    if (i == 0) {
+      RunOnly(all, strict.cluster);
+      r = StrictLogRate(strict, w);
+    } else {
+      RunOnly(all, strict.cluster);
+      strict.cluster.Pause();
+      ::sync();  // what the pushes left dirty is written before the timer starts
+      r = DiskSeqWriteRate(dir);
+    }
+    if (!r.ok()) error = r.status();
+    return r.ok() ? std::optional<double>(*r) : std::nullopt;
+  });
+  if (!rates) return error;
+  return *rates;
+}
+
 struct Recovery {
   double ready_s, recovery_s;
   size_t rows;
@@ -394,7 +478,9 @@ void PrintServing(const std::vector<Config*>& configs,
 // Prints the JSON line: the push rates `r` (the variants of main), the serving latencies `s`
 // (memory, strict) and the recovery.
 void PrintJson(const std::vector<std::vector<double>>& r,
-               const std::vector<std::vector<ServingRep>>& s, const Recovery& rec, int reps) {
+               const std::vector<std::vector<ServingRep>>& s,
+               const std::vector<std::vector<double>>& log_disk, const Recovery& rec, int reps) {
+  const double log_rate = Median(log_disk[0]), disk_rate = Median(log_disk[1]);
   const double mem_u = Median(r[0]), relaxed_u = Median(r[1]), strict_u = Median(r[2]);
   const double mem_z = Median(r[3]), strict_z = Median(r[4]);
   const double mem_p99 = MedianOf(s[0], &ServingRep::training, &ReadSummary::p99_ms);
@@ -407,13 +493,15 @@ void PrintJson(const std::vector<std::vector<double>>& r,
       "\"server_strict_vs_memory_push_zipf\":%.3f,\"serving_idle_p99_ms_memory\":%.3f,"
       "\"serving_idle_p99_ms_strict\":%.3f,\"serving_p99_under_training_ms_memory\":%.3f,"
       "\"serving_p99_under_training_ms_strict\":%.3f,"
-      "\"serving_p99_under_training_vs_memory\":%.2f,\"recovery_ready_s\":%.3f,"
-      "\"recovery_s\":%.3f}\n",
+      "\"serving_p99_under_training_vs_memory\":%.2f,\"strict_log_bytes_per_s\":%.0f,"
+      "\"disk_seq_write_bytes_per_s\":%.0f,\"strict_log_vs_disk_seq_write\":%.3f,"
+      "\"recovery_ready_s\":%.3f,\"recovery_s\":%.3f}\n",
       FLAGS_keys, FLAGS_dim, static_cast<unsigned long long>(FLAGS_key_space), FLAGS_zipf_s, reps,
       MinRepSeconds(), mem_u, relaxed_u, strict_u, mem_z, strict_z, strict_u / relaxed_u,
       strict_u / mem_u, strict_z / mem_z, MedianOf(s[0], &ServingRep::idle, &ReadSummary::p99_ms),
       MedianOf(s[1], &ServingRep::idle, &ReadSummary::p99_ms), mem_p99, strict_p99,
-      strict_p99 / mem_p99, rec.ready_s, rec.recovery_s);
+      strict_p99 / mem_p99, log_rate, disk_rate, log_rate / disk_rate, rec.ready_s,
+      rec.recovery_s);
 }
 
 int Fail(const Status& s) {
@@ -475,6 +563,16 @@ int main(int argc, char** argv) {
   if (!serving.ok()) return Fail(serving.status());
   PrintServing(serving_configs, *serving);
 
+  auto log_disk = MeasureLogVsDisk(clusters, strict, w, root.path(), reps);
+  if (!log_disk.ok()) return Fail(log_disk.status().WithContext("strict log against the disk"));
+  std::printf(
+      "strict log: %.1f MB/s of request log during strict pushes (uniform); the disk's "
+      "sequential write (%u MiB in 4 MiB writes + fdatasync, alternating): %.1f MB/s; "
+      "ratio %.3f (medians)\n",
+      Median((*log_disk)[0]) / 1e6, FLAGS_disk_write_mib, Median((*log_disk)[1]) / 1e6,
+      Median((*log_disk)[0]) / Median((*log_disk)[1]));
+  std::fflush(stdout);
+
   RunOnly(clusters, strict.cluster);
   Result<Recovery> rec = MeasureRecovery(strict, w);
   if (!rec.ok()) return Fail(rec.status().WithContext("recovery of rocksdb_strict"));
@@ -487,6 +585,6 @@ int main(int argc, char** argv) {
     std::printf("recovery: the server: %s\n", rec->server_line.c_str());
   }
 
-  PrintJson(*rates, *serving, *rec, reps);
+  PrintJson(*rates, *serving, *log_disk, *rec, reps);
   return 0;
 }

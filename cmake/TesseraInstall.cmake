@@ -5,9 +5,14 @@
 #   target_link_libraries(app PRIVATE tessera::client)
 #   pkg-config --cflags --libs tessera        # PKG_CONFIG_PATH=/opt/tessera/lib/pkgconfig
 #
-# Public headers keep their place under the include root (include/tessera/ps/client/client.h),
-# so code includes them as in this tree: #include "ps/client/client.h". Internal headers
-# (*_internal.h) and test helpers are not installed.
+# Code includes <tessera/client.h> (and <tessera/export_reader.h>, <tessera/status.h>,
+# <tessera/table_spec.h>, <tessera/server.h>) with PREFIX/include as the include root. These
+# forwarding headers (tessera/*.h in the tree) include the public headers, which keep their
+# place under include/tessera/ (include/tessera/ps/client/client.h, ...) and include each other
+# as in the tree ("ps/status.h"): so the package and tessera.pc also put PREFIX/include/tessera
+# on the path. User code including "ps/client/client.h" that way is deprecated and keeps
+# compiling for the 0.1 releases. Internal headers (*_internal.h) and test helpers are not
+# installed.
 include(CMakePackageConfigHelpers)
 
 set(TESSERA_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Tessera)
@@ -61,7 +66,15 @@ endfunction()
 # program outside the tree uses tessera_coord or tessera_control)
 tessera_install_headers(ps client server metrics coord control)
 tessera_install_headers(ps/client)   # Client, ExportReader
+# <tessera/client.h> and the other forwarding headers (server.h only where the server is built).
+install(FILES ${PROJECT_SOURCE_DIR}/tessera/client.h
+              ${PROJECT_SOURCE_DIR}/tessera/export_reader.h
+              ${PROJECT_SOURCE_DIR}/tessera/status.h
+              ${PROJECT_SOURCE_DIR}/tessera/table_spec.h
+        DESTINATION ${TESSERA_INSTALL_INCLUDEDIR})
 if(TARGET tessera_server)
+  install(FILES ${PROJECT_SOURCE_DIR}/tessera/server.h
+          DESTINATION ${TESSERA_INSTALL_INCLUDEDIR})
   tessera_install_headers(ps/server) # Server (embedding a shard in a process)
   tessera_install_headers(ps/metrics)
   tessera_install_headers(storage)
@@ -110,8 +123,12 @@ file(RELATIVE_PATH TESSERA_PC_UP /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/tessera.pc.in ${PROJECT_BINARY_DIR}/tessera.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tessera.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# ---- the Python module, where it was built: PREFIX/lib/python3/dist-packages (Debian's layout;
-# PYTHONPATH=PREFIX/lib/python3/dist-packages elsewhere).
+# ---- the Python package, where it was built: PREFIX/lib/python3/dist-packages/tessera (Debian's
+# layout; PYTHONPATH=PREFIX/lib/python3/dist-packages elsewhere).
 if(TARGET tessera_python)
-  install(TARGETS tessera_python LIBRARY DESTINATION lib/python3/dist-packages)
+  install(TARGETS tessera_python LIBRARY DESTINATION lib/python3/dist-packages/tessera)
+  foreach(f ${TESSERA_PYTHON_FILES})
+    install(FILES ${PROJECT_SOURCE_DIR}/python/tessera/${f}
+            DESTINATION lib/python3/dist-packages/tessera)
+  endforeach()
 endif()

@@ -50,6 +50,8 @@ std::string_view OpName(Op op) {
       return "SlotImport";
     case Op::kSlotDrop:
       return "SlotDrop";
+    case Op::kDropTable:
+      return "DropTable";
   }
   return "Unknown";
 }

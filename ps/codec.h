@@ -39,8 +39,9 @@ enum class Op : uint8_t {
   kSlotExport = 17,
   kSlotImport = 18,
   kSlotDrop = 19,
+  kDropTable = 20,
 };
-inline constexpr uint8_t kMaxOp = 19;
+inline constexpr uint8_t kMaxOp = 20;
 
 /// The ops that write rows: sparse push, sparse push-pull, dense push.
 inline bool IsPush(Op op) {

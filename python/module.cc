@@ -19,7 +19,8 @@
 
 #include "python/module_internal.h"
 
-PYBIND11_MODULE(tessera, m) {
+// The compiled core of the `tessera` package (python/tessera/__init__.py re-exports it).
+PYBIND11_MODULE(_tessera, m) {
   using namespace tessera::python;
   m.doc() =
       "Tessera parameter-server client: sparse and dense tables, NumPy/PyTorch arrays in and "

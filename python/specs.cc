@@ -199,7 +199,7 @@ void RegisterTableSpec(py::module_& m) {
       .def(
           "validate", [](const TableSpec& s) { Check(ValidateTableSpec(s)); },
           "Raises InvalidArgumentError when the spec is malformed.")
-      .def("difference", &DescribeSpecDifference,
+      .def("difference", &DescribeSpecDifference, py::arg("other"),
            "Empty when equal, else the differences, e.g. 'dim: 16 vs 32'.")
       .def("__eq__", [](const TableSpec& a,
                         const TableSpec& b) { return DescribeSpecDifference(a, b).empty(); })

@@ -4,10 +4,11 @@
 # sudo. Safe to run repeatedly.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
+      python3-venv python3-setuptools python3-wheel  # pip install . (python/README.md)
       libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
       librocksdb-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
       libabsl-dev libeigen3-dev libxxhash-dev libcpp-httplib-dev nlohmann-json3-dev
-      pybind11-dev python3-dev python3-numpy libyaml-cpp-dev etcd-server
+      pybind11-dev python3-dev python3-numpy python3-torch libyaml-cpp-dev etcd-server
       clang)  # clang++: the thread-safety analysis (scripts/check_thread_safety.sh)
 if (($# > 0)); then pkgs=("$@"); fi
 missing=()

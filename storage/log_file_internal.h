@@ -43,6 +43,10 @@ struct LogRepairReport {
 };
 
 /// Records of increasing sequence numbers in segment files `<first seq, 20 digits>.tlog`.
+/// A segment this log writes is preallocated to segment_bytes (fallocate, zeros past its
+/// records), so that a write fills blocks the file already has and fdatasync has no file size to
+/// update; a segment is cut to its records when the next one starts and when the log closes. A
+/// zero tail (what kill -9 or a machine crash leaves) is the end of a segment's records.
 /// A record is a 24-byte header (u32 magic, u32 length, u64 seq, u64 XXH3 of the payload seeded
 /// with seq and length; little-endian) followed by the payload. A hole (magic kHoleMagic,
 /// length 0) stands for a record that Repair could not read: it keeps the sequence numbers
@@ -97,6 +101,9 @@ class LogFile {
   uint64_t last_seq() const;
   /// Bytes in the segment files.
   uint64_t bytes() const;
+  /// Bytes of records (headers and payloads) appended since Open: written to the segments, or
+  /// waiting in the buffer (buffered mode). Truncate does not lower it.
+  uint64_t appended_bytes() const;
 
  private:
   struct Segment {
@@ -107,6 +114,9 @@ class LogFile {
   explicit LogFile(const LogFileOptions& o) : options_(o) {}
   Status Recover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status StartSegment(uint64_t first_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Preallocates the active segment (once per segment and open); cuts it back to its records.
+  void Preallocate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TrimActive() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status WriteOut(struct iovec* iov, size_t n, size_t total) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Visits segment `s`'s records after `after`. Damage is Corruption, unless `torn` is given
@@ -120,7 +130,9 @@ class LogFile {
   mutable Mutex mu_;
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);  // by first_seq; the last is active
   int fd_ ABSL_GUARDED_BY(mu_) = -1;                    // the active segment
+  bool preallocated_ ABSL_GUARDED_BY(mu_) = false;      // fd_'s file extended by this log
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t appended_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::string buffer_ ABSL_GUARDED_BY(mu_);             // buffered mode: records not yet written
   uint64_t buffer_first_ ABSL_GUARDED_BY(mu_) = 0;      // the lowest seq in buffer_
   Status broken_ ABSL_GUARDED_BY(mu_);                  // a failed write that could not be undone

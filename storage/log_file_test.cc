@@ -317,3 +317,89 @@ TEST(LogFileTest, BufferedModeWritesOnFlush) {
 
 }  // namespace
 }  // namespace tessera::internal
+
+namespace tessera::internal {
+namespace {
+
+// A segment is preallocated while it is written (its size is segment_bytes, zeros after the
+// records) and cut to its records when the log closes or moves to the next segment. What kill -9
+// leaves (the zeros still there) opens as the records before them, and appends go right after
+// the records, not after the zeros.
+TEST(LogFilePreallocationTest, ZerosAfterTheRecordsAreTheirEndAndAppendsFollowTheRecords) {
+  TempDir dir, crashed;
+  constexpr uint64_t kSegment = 1 << 20;
+  {
+    auto log = MustOpen(dir.path(), kSegment);
+    for (uint64_t s = 1; s <= 10; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+    const std::string segment = dir.path() + "/" + Segments(dir.path()).back();
+    EXPECT_EQ(std::filesystem::file_size(segment), kSegment);
+    // The files as a process killed now leaves them.
+    std::filesystem::copy(dir.path(), crashed.path(),
+                          std::filesystem::copy_options::recursive);
+  }
+  const std::string closed = dir.path() + "/" + Segments(dir.path()).back();
+  EXPECT_EQ(std::filesystem::file_size(closed), OffsetOf(11));
+  {
+    auto log = MustOpen(crashed.path(), kSegment);
+    ASSERT_NE(log, nullptr);
+    EXPECT_EQ(log->last_seq(), 10u);
+    EXPECT_EQ(log->bytes(), OffsetOf(11));
+    EXPECT_EQ(log->appended_bytes(), 0u);  // since this Open
+    ASSERT_TRUE(log->Append(11, Payload(11)).ok());
+    EXPECT_EQ(log->appended_bytes(), OffsetOf(12) - OffsetOf(11));
+  }
+  const std::string segment = crashed.path() + "/" + Segments(crashed.path()).back();
+  EXPECT_EQ(std::filesystem::file_size(segment), OffsetOf(12));
+  auto log = MustOpen(crashed.path(), kSegment);
+  auto all = ReadAll(*log);
+  ASSERT_EQ(all.size(), 11u);
+  for (uint64_t s = 1; s <= 11; ++s) EXPECT_EQ(all[s - 1].second, Payload(s));
+}
+
+// A machine crash can leave an earlier segment with the zeros of its preallocation (its cut
+// to size not yet on disk): Scan and Repair take them for the end of its records.
+TEST(LogFilePreallocationTest, ZerosAfterAnEarlierSegmentsRecordsAreNoDamage) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), /*segment_bytes=*/256);
+    for (uint64_t s = 1; s <= 30; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const auto names = Segments(dir.path());
+  ASSERT_GT(names.size(), 3u);
+  const std::string first = dir.path() + "/" + names[0];
+  std::filesystem::resize_file(first, std::filesystem::file_size(first) + 4096);
+  {
+    auto log = MustOpen(dir.path(), 256);
+    auto all = ReadAll(*log);
+    ASSERT_EQ(all.size(), 30u);
+    for (uint64_t s = 1; s <= 30; ++s) EXPECT_EQ(all[s - 1].first, s);
+  }
+  auto report = LogFile::Repair(dir.path());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->kept, 30u);
+  EXPECT_TRUE(report->lines.empty());
+}
+
+// A segment created and preallocated right before a crash, with no record in it, is dropped
+// at the next open; the records of the segment before it stay the log's end.
+TEST(LogFilePreallocationTest, ASegmentOfOnlyZerosIsDropped) {
+  TempDir dir;
+  {
+    auto log = MustOpen(dir.path(), /*segment_bytes=*/256);
+    for (uint64_t s = 1; s <= 12; ++s) ASSERT_TRUE(log->Append(s, Payload(s)).ok());
+  }
+  const std::string empty = dir.path() + "/" + std::string(18, '0') + "13.tlog";
+  {
+    std::ofstream f(empty, std::ios::binary);
+  }
+  std::filesystem::resize_file(empty, 256);
+  auto log = MustOpen(dir.path(), 256);
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(log->last_seq(), 12u);
+  EXPECT_FALSE(std::filesystem::exists(empty));
+  ASSERT_TRUE(log->Append(13, Payload(13)).ok());
+  EXPECT_EQ(ReadAll(*log).size(), 13u);
+}
+
+}  // namespace
+}  // namespace tessera::internal

@@ -32,6 +32,11 @@ class MemoryLaneStore final : public LaneStore {
     return Status::OK();
   }
 
+  Status DropTable(uint64_t table_id) override {
+    tables_.erase(table_id);  // a snapshot keeps what it froze (copy-on-write blocks)
+    return Status::OK();
+  }
+
   Status Lookup(uint64_t table_id, std::span<const uint64_t> keys,
                 std::span<float* const> out) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));

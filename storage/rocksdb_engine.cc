@@ -207,6 +207,27 @@ Result<std::unique_ptr<LaneStore>> RocksDbEngine::OpenLane(uint32_t lane, uint32
       MaxDirtyBytesPerLane(options_, num_lanes)));
 }
 
+Status RocksDbEngine::DropTableData(uint64_t table_id) {
+  rocksdb::ColumnFamilyHandle* h = nullptr;
+  {
+    MutexLock l(mu_);
+    auto it = families_.find(table_id);
+    if (it != families_.end()) h = it->second;
+  }
+  // One range tombstone over every key of the table's family (sparse keys have 10 bytes, dense
+  // chunk keys 8: all sort below 16 bytes of 0xff), and the layout record, in one durable
+  // write: nothing is read, and the space returns with compaction. The family itself stays (a
+  // table created again under the name reuses it).
+  rocksdb::WriteBatch b;
+  if (h != nullptr) {
+    auto s = b.DeleteRange(h, rocksdb::Slice(), std::string(16, '\xff'));
+    if (!s.ok()) return FromRocks(s, "dropping the rows of table " + std::to_string(table_id));
+  }
+  auto s = b.Delete(meta_cf_, kLayoutPrefix + std::to_string(table_id));
+  if (!s.ok()) return FromRocks(s, "dropping the layout of table " + std::to_string(table_id));
+  return DurableMetaWrite(&b);
+}
+
 Result<rocksdb::ColumnFamilyHandle*> RocksDbEngine::TableFamily(uint64_t table_id,
                                                                 const std::string& layout) {
   MutexLock l(mu_);
@@ -340,6 +361,7 @@ std::vector<std::pair<std::string, uint64_t>> RocksDbEngine::EngineStats() const
   add("rocksdb_memtable_bytes", rocksdb::DB::Properties::kSizeAllMemTables);
   add("rocksdb_table_readers_bytes", rocksdb::DB::Properties::kEstimateTableReadersMem);
   out.emplace_back("request_log_bytes", log_file_ ? log_file_->bytes() : 0);
+  out.emplace_back("request_log_appended_bytes", log_file_ ? log_file_->appended_bytes() : 0);
   return out;
 }
 

@@ -46,6 +46,7 @@ class RocksDbEngine final : public StorageEngine {
   Status ScanMeta(std::string_view prefix,
                   const std::function<void(std::string_view, std::string_view)>& fn) override;
   Status CreateCheckpoint(const std::string& dir) override;
+  Status DropTableData(uint64_t table_id) override;
   bool durable() const override { return true; }
   Status AppendLog(uint64_t seq, std::string_view entry) override;
   Status AppendLogGroup(std::span<const LogEntry> entries) override;

@@ -185,7 +185,7 @@ TEST(RocksDbEngineTest, EngineStatsReportRocksDbMemory) {
   for (const auto& [name, value] : engine->EngineStats()) stats[name] = value;
   for (const char* name :
        {"rocksdb_block_cache_bytes", "rocksdb_block_cache_pinned_bytes", "rocksdb_memtable_bytes",
-        "rocksdb_table_readers_bytes", "request_log_bytes"}) {
+        "rocksdb_table_readers_bytes", "request_log_bytes", "request_log_appended_bytes"}) {
     EXPECT_TRUE(stats.contains(name)) << name;
   }
   EXPECT_GT(stats["rocksdb_block_cache_bytes"], 0u);

@@ -408,6 +408,26 @@ Result<uint64_t> RocksDbLaneStore::DropSlots(uint64_t table_id, std::span<const 
   return static_cast<uint64_t>(cached.size());
 }
 
+Status RocksDbLaneStore::DropTable(uint64_t table_id) {
+  auto it = tables_.find(table_id);
+  if (it == tables_.end()) return Status::OK();
+  // As DropSlots: what changed goes to disk first, so that no write-back in flight can write a
+  // row of the table after the engine deleted them (DropTableData).
+  TESSERA_RETURN_IF_ERROR(Commit());
+  Table* t = it->second.get();
+  if (t->rows) {
+    std::vector<uint32_t> cached;
+    t->rows->ForEachSlot([&](uint32_t at) {
+      cached.push_back(at);
+      return true;
+    });
+    for (uint32_t at : cached) EraseRow(t, at);  // gives the budget back
+    sparse_tables_.erase(std::find(sparse_tables_.begin(), sparse_tables_.end(), t));
+  }
+  tables_.erase(it);
+  return Status::OK();
+}
+
 Status RocksDbLaneStore::PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
                                        const RowMeta& meta) {
   TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));

@@ -67,6 +67,7 @@ class RocksDbLaneStore final : public LaneStore {
                        const RowMeta& meta) override;
   Status DeleteRows(uint64_t table_id, std::span<const uint64_t> keys) override;
   Result<uint64_t> DropSlots(uint64_t table_id, std::span<const uint32_t> slots) override;
+  Status DropTable(uint64_t table_id) override;
   void SetAppliedSeq(uint64_t seq) override { applied_seq_ = std::max(applied_seq_, seq); }
   uint64_t committed_seq() const override { return committed_seq_; }
 

@@ -218,6 +218,14 @@ class LaneStore {
     TESSERA_RETURN_IF_ERROR(DeleteRows(table_id, keys));
     return static_cast<uint64_t>(keys.size());
   }
+  /// Forgets table `table_id` on this lane (DropTable): its rows and chunks leave memory, and
+  /// what the lane had not written to disk yet goes to disk first (a write-back still in flight
+  /// would otherwise write rows after StorageEngine::DropTableData deleted them). Later calls
+  /// naming the table get NotFound until AddTable. A table the lane does not know: OK.
+  virtual Status DropTable(uint64_t table_id) {
+    (void)table_id;
+    return Status::FailedPrecondition("this storage engine cannot drop tables");
+  }
   /// Writes a whole dense chunk (values + state), replacing it.
   virtual Status PutDenseChunk(uint64_t table_id, uint64_t chunk, const float* row,
                                const RowMeta& meta) {
@@ -255,6 +263,14 @@ class StorageEngine {
   /// Durable small records (strict mode: durable when this returns).
   virtual Status PutMeta(std::string_view key, std::string_view value) = 0;
   virtual Result<std::optional<std::string>> GetMeta(std::string_view key) = 0;
+  /// Deletes every row and chunk of table `table_id` on disk and its layout record, durably,
+  /// once every lane has dropped it (LaneStore::DropTable): a table created again under the
+  /// same name starts empty, with any spec. OK for a table with nothing stored. Engines that
+  /// keep nothing across restarts: a no-op.
+  virtual Status DropTableData(uint64_t table_id) {
+    (void)table_id;
+    return Status::OK();
+  }
   /// Visits every record whose key starts with `prefix`.
   virtual Status ScanMeta(
       std::string_view prefix,

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The PyTorch DLRM on a local Tessera server: starts one tessera-server (RocksDB data dir in a
-# temp dir) on a free 127.0.0.1 port, runs train_dlrm.py against it, and prints its report (the
-# last line is JSON with test_auc). The server is stopped on exit, failure or Ctrl-C.
+# A PyTorch example on a local Tessera server: starts one tessera-server (RocksDB data dir in a
+# temp dir) on a free 127.0.0.1 port, runs the example against it (train_dlrm.py, or the script
+# named first), and prints its report (the last line is JSON). The server is stopped on exit,
+# failure or Ctrl-C.
 #
 #   bash examples/pytorch/run_local.sh                          # 2.5M training samples
 #   bash examples/pytorch/run_local.sh --train_samples=1000000  # any train_dlrm.py flag
+#   bash examples/pytorch/run_local.sh train_csv.py [--generate]
 #
 # Environment: TESSERA_BUILD_DIR (default: build), PYTHON (default: the interpreter the build
 # configured the module for, from CMakeCache.txt; else python3).
 set -euo pipefail
 
+example=train_dlrm.py
+if [[ ${1:-} == *.py ]]; then example=$1; shift; fi
 cd "$(dirname "$0")/../.."
 build=${TESSERA_BUILD_DIR:-build}
 if [[ ! -f $build/build.ninja ]]; then
@@ -17,7 +21,7 @@ if [[ ! -f $build/build.ninja ]]; then
 fi
 # Incremental: a no-op when both are up to date.
 ninja -C "$build" tessera-server tessera_python
-module=$(ls "$build"/python/tessera*.so 2>/dev/null | head -n1 || true)
+module=$(ls "$build"/python/tessera/_tessera*.so 2>/dev/null | head -n1 || true)
 [[ -n $module ]] || { echo "run_local.sh: no Python module in $build/python (see the" \
   "'Tessera: Python module' line of the CMake configure)" >&2; exit 1; }
 python=${PYTHON:-$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")}
@@ -56,4 +60,4 @@ done
 grep -q "tessera-server ready" "$work/server.out" || { echo "run_local.sh: no server" >&2; exit 1; }
 
 PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} \
-  "$python" examples/pytorch/train_dlrm.py --servers="$endpoint" "$@"
+  "$python" "examples/pytorch/$example" --servers="$endpoint" "$@"

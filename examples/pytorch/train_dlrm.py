@@ -6,10 +6,12 @@ sum-pooled), the pairwise dot products of the 27 vectors, a top MLP (359 -> 64 -
 [bottom output, dots], a wide part (one FTRL weight per feature key) and a global bias.
 
 Where each parameter lives:
-- embeddings and wide weights: Tessera sparse tables, updated by the servers' optimizers
-  (Adagrad lr 0.05 with initial accumulator 0.01; FTRL alpha 0.05, beta 1, L2 0.1), as in the
-  C++ worker. Each step pulls the batch's rows into NumPy arrays, runs forward and backward in
-  torch on tensors that share those arrays' memory, and pushes the rows' gradients back.
+- embeddings and wide weights: Tessera sparse tables behind one
+  `tessera.torch.EmbeddingBagCollection`, updated by the servers' optimizers (Adagrad lr 0.05
+  with initial accumulator 0.01; FTRL alpha 0.05, beta 1, L2 0.1), as in the C++ worker. Its
+  forward pulls the batch's unique keys' rows, its backward pushes their gradients; a
+  `PrefetchLoader` pulls the next batch while this one computes (one step stale, as the C++
+  worker's prefetch).
 - the MLPs and the bias: torch parameters with torch's Adam (lr 3e-3), the optimizer the C++
   worker runs on the server for them.
 
@@ -27,11 +29,26 @@ import sys
 import threading
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
 
-import tessera
+def _threads_flag(argv):
+    for i, a in enumerate(argv):
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "1"
+
+
+# Before torch loads OpenBLAS and OpenMP, which read these once: --threads bounds them too.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_flag(sys.argv))
+os.environ.setdefault("OMP_NUM_THREADS", _threads_flag(sys.argv))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tessera  # noqa: E402
+import tessera.torch as tt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from synthetic_data import SyntheticData  # noqa: E402
@@ -66,52 +83,45 @@ def mlp(widths):
     return layers
 
 
-class DenseModel(torch.nn.Module):
-    """The model's dense part; the embedding rows and wide weights come in as tensors."""
+class Dlrm(torch.nn.Module):
+    """The C++ worker's model; the embeddings and wide weights are in Tessera tables."""
 
-    def __init__(self, num_dense, num_fields, dim, bottom, top):
+    def __init__(self, client, args, num_dense, num_fields):
         super().__init__()
-        self.bottom = torch.nn.Sequential(*mlp([num_dense] + bottom + [dim]))
-        n = num_fields + 1
-        top_layers = mlp([dim + n * (n - 1) // 2] + top)
-        top_layers.append(torch.nn.Linear(top[-1] if top else dim + n * (n - 1) // 2, 1))
-        self.top = torch.nn.Sequential(*top_layers)
+        dim, n = args.embedding_dim, num_fields + 1
+        self.num_fields, self.dim = num_fields, dim
+        # The C++ worker's tables (worker/model.cc), initializer seed 7.
+        self.sparse = tt.EmbeddingBagCollection(client, [
+            tt.TableConfig(args.table_prefix + "/emb", dim, ["fields"],
+                           tessera.OptimizerSpec("adagrad", learning_rate=args.emb_lr,
+                                                 initial_accumulator=0.01),
+                           tessera.InitializerSpec("uniform", a=-0.05, b=0.05, seed=7)),
+            tt.TableConfig(args.table_prefix + "/wide", 1, ["wide"],
+                           tessera.OptimizerSpec("ftrl", learning_rate=args.wide_lr,
+                                                 ftrl_beta=1.0, l1=0.0, l2=0.1))])
+        self.bottom = torch.nn.Sequential(*mlp([num_dense, 64, dim]))
+        self.top = torch.nn.Sequential(*mlp([dim + n * (n - 1) // 2, 64]),
+                                       torch.nn.Linear(64, 1))
         self.bias = torch.nn.Parameter(torch.zeros(1))
         # Pairs (i, j), j < i, in the C++ model's order (row by row).
         self.li, self.lj = torch.tril_indices(n, n, offset=-1)
 
-    def forward(self, dense, bags, wide_sum):
-        b = self.bottom(dense)
-        t = torch.cat([b[:, None, :], bags], dim=1)
+    def forward(self, batch):
+        pooled = self.sparse(batch["sparse"])
+        b = self.bottom(torch.from_numpy(batch["dense"]))
+        t = torch.cat([b[:, None, :], pooled["fields"].view(-1, self.num_fields, self.dim)], 1)
         dots = torch.bmm(t, t.transpose(1, 2))[:, self.li, self.lj]
-        return self.top(torch.cat([b, dots], dim=1))[:, 0] + self.bias + wide_sum
+        return self.top(torch.cat([b, dots], dim=1))[:, 0] + self.bias + pooled["wide"][:, 0]
 
 
-class Step:
-    """One batch's sparse part: the present keys, their rows, and where they go."""
-
-    def __init__(self, client, emb, wide, batch, dim):
-        present = batch["present"]
-        self.batch = batch
-        self.keys = batch["keys"][present]  # uint64, C-contiguous
-        self.slots = torch.from_numpy(np.flatnonzero(present.ravel()))
-        self.rows = np.empty((len(self.keys), dim), np.float32)
-        self.wide = np.empty((len(self.keys), 1), np.float32)
-        # Both pulls in flight at once; the arrays are written in place.
-        self.pulls = [client.pull_async(emb, self.keys, out=self.rows),
-                      client.pull_async(wide, self.keys, out=self.wide)]
-
-    def wait(self):
-        for p in self.pulls:
-            p.wait()
-
-    def tensors(self, bsz, nf, dim, requires_grad):
-        # torch.from_numpy shares the pulled arrays' memory: no copy on the way in.
-        e = torch.from_numpy(self.rows).requires_grad_(requires_grad)
-        w = torch.from_numpy(self.wide).requires_grad_(requires_grad)
-        bags = torch.zeros(bsz * nf, dim).index_copy(0, self.slots, e).view(bsz, nf, dim)
-        wide_sum = torch.zeros(bsz * nf).index_copy(0, self.slots, w[:, 0]).view(bsz, nf).sum(1)
-        return e, w, bags, wide_sum
+def with_bags(batch):
+    """Adds the batch's sparse input: one bag per (sample, field) for the embeddings (empty
+    where the field is absent) and one per sample for the wide part, over the same keys."""
+    present = batch["present"]
+    keys = batch["keys"][present]  # uint64
+    batch["sparse"] = {"fields": tt.Bags(keys, lengths=present.ravel().astype(np.int64)),
+                       "wide": tt.Bags(keys, lengths=present.sum(1))}
+    return batch
 
 
 def batches(data, stream, first, count, batch_size, block=65536):
@@ -153,46 +163,25 @@ def main():
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     data = SyntheticData(seed=args.seed)
-    nf, nd, dim = data.num_fields, data.num_dense, args.embedding_dim
+    nf, nd = data.num_fields, data.num_dense
 
     client = tessera.Client(args.servers)
-    # The C++ worker's tables (worker/model.cc), initializer seed 7.
-    emb = client.create_table(tessera.TableSpec.sparse(
-        args.table_prefix + "/emb", dim,
-        tessera.OptimizerSpec("adagrad", learning_rate=args.emb_lr, initial_accumulator=0.01),
-        tessera.InitializerSpec("uniform", a=-0.05, b=0.05, seed=7)))
-    wide = client.create_table(tessera.TableSpec.sparse(
-        args.table_prefix + "/wide", 1,
-        tessera.OptimizerSpec("ftrl", learning_rate=args.wide_lr, ftrl_beta=1.0, l1=0.0, l2=0.1)))
-    model = DenseModel(nd, nf, dim, [64], [64])
+    model = Dlrm(client, args, nd, nf)
+    # Only the MLPs and the bias: the tables' rows are updated by the servers.
     opt = torch.optim.Adam(model.parameters(), lr=args.dense_lr)
 
     t0 = last = time.monotonic()
     samples, loss_sum, loss_n, steps = 0, 0.0, 0, 0
-    it = batches(data, 0, 0, args.train_samples, args.batch_size)
-    nxt = next(it, None)
-    step = Step(client, emb, wide, nxt, dim) if nxt is not None else None
-    while step is not None:
-        step.wait()
-        b = step.batch
-        bsz = len(b["labels"])
-        e, w, bags, wide_sum = step.tensors(bsz, nf, dim, requires_grad=True)
-        logit = model(torch.from_numpy(b["dense"]), bags, wide_sum)
+    train = map(with_bags, batches(data, 0, 0, args.train_samples, args.batch_size))
+    for b in tt.PrefetchLoader(train, model.sparse, features=lambda b: b["sparse"]):
         # The sum over the batch, as the C++ worker (Trainer mean_loss = false): the servers'
         # Adagrad and FTRL hyper-parameters are for that scale.
-        loss = F.binary_cross_entropy_with_logits(logit, torch.from_numpy(b["labels"]),
+        loss = F.binary_cross_entropy_with_logits(model(b), torch.from_numpy(b["labels"]),
                                                   reduction="sum")
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # pushes the rows' gradients
         opt.step()
-        # Gradients go out straight from the tensors' memory (C-contiguous float32).
-        pushes = [client.push_async(emb, step.keys, e.grad.numpy()),
-                  client.push_async(wide, step.keys, w.grad.numpy())]
-        # The next batch's pulls go out behind this batch's pushes, so they see them.
-        nxt = next(it, None)
-        step = Step(client, emb, wide, nxt, dim) if nxt is not None else None
-        for p in pushes:
-            p.wait()
+        bsz = len(b["labels"])
         samples += bsz
         steps += 1
         loss_sum += loss.item()
@@ -202,15 +191,13 @@ def main():
             print("step %d samples %d %.0f samples/s loss %.4f" %
                   (steps, samples, samples / (now - t0), loss_sum / loss_n), flush=True)
             loss_sum, loss_n, last = 0.0, 0, now
+    model.sparse.wait_pushes()
     train_s = time.monotonic() - t0
 
     probs, labels, true_probs = [], [], []
     with torch.no_grad():
-        for b in batches(data, 1, 0, args.test_samples, 8192):
-            s = Step(client, emb, wide, b, dim)
-            s.wait()
-            _, _, bags, wide_sum = s.tensors(len(b["labels"]), nf, dim, requires_grad=False)
-            probs.append(torch.sigmoid(model(torch.from_numpy(b["dense"]), bags, wide_sum)).numpy())
+        for b in map(with_bags, batches(data, 1, 0, args.test_samples, 8192)):
+            probs.append(torch.sigmoid(model(b)).numpy())
             labels.append(b["labels"])
             true_probs.append(b["true_probs"])
     probs, labels, true_probs = map(np.concatenate, (probs, labels, true_probs))

@@ -457,6 +457,16 @@ Result<Table> Client::CreateTable(const TableSpec& spec, Deadline deadline) {
   return Table{TableIdForName(spec.name), spec};
 }
 
+Status Client::DropTable(const std::string& name, Deadline deadline) {
+  if (name.empty() || name.size() > kMaxTableNameLength) {
+    return Status::InvalidArgument("DropTable needs a table name of 1.." +
+                                   std::to_string(kMaxTableNameLength) + " bytes");
+  }
+  Header h = impl_->BaseHeader(Op::kDropTable);
+  h.name = name;
+  return impl_->Blocking(h, impl_->AllServers(), deadline).status();
+}
+
 Result<Table> Client::GetTable(const std::string& name, Deadline deadline) {
   Header h = impl_->BaseHeader(Op::kGetTable);
   h.name = name;

@@ -141,6 +141,12 @@ class Client {
   Result<Table> CreateTable(const TableSpec& spec, Deadline deadline = NoDeadline());
   /// Looks up an existing table by name. Blocking.
   Result<Table> GetTable(const std::string& name, Deadline deadline = NoDeadline());
+  /// Drops table `name` on every server: its rows leave memory and disk (durably), requests
+  /// naming it then fail with NotFound, and a table created again under the name starts empty,
+  /// with any spec. A name no server knows: OK (a retried drop finishes). Needs the admin right
+  /// (docs/operations.md); send it once no push to the table is in flight (those fail with
+  /// NotFound), and not while slots move (docs/elasticity.md). Blocking.
+  Status DropTable(const std::string& name, Deadline deadline = NoDeadline());
 
   /// Sparse pull: writes keys.size() rows of table.spec.dim floats to `out` in the caller's
   /// key order. Keys may repeat and come in any order.

@@ -413,7 +413,8 @@ void ClientImpl::SendToRetired(Outgoing o) {
     if (o.call) PartDone(o.call, Status::OK());
     return;
   }
-  if (source_ != nullptr && (o.op == Op::kPutMeta || o.op == Op::kCreateTable)) {
+  if (source_ != nullptr && (o.op == Op::kPutMeta || o.op == Op::kCreateTable ||
+                            o.op == Op::kDropTable)) {
     // Sent to every server of the map (MetaServers, AllServers): the others hold it.
     if (o.call) PartDone(o.call, Status::OK());
     return;

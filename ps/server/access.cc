@@ -53,7 +53,8 @@ Status Authorize(const Header& h, const Rights& rights, uint32_t rank, const Acc
                                     HowToGet(true, policy));
   }
   const bool slot_op = h.op == Op::kSlotExport || h.op == Op::kSlotImport || h.op == Op::kSlotDrop;
-  const bool admin_op = h.op == Op::kCheckpoint || h.op == Op::kRestore || h.op == Op::kExport;
+  const bool admin_op = h.op == Op::kCheckpoint || h.op == Op::kRestore || h.op == Op::kExport ||
+                        h.op == Op::kDropTable;
   if ((slot_op && !rights.peer && !rights.admin) || (admin_op && !rights.admin)) {
     return Status::PermissionDenied(server + std::string(OpName(h.op)) +
                                     ": it needs the admin right" +

@@ -1,5 +1,6 @@
 // The small ops that need no lane split, or the same body on every lane: tables, job
 // metadata, stats, clocks and barriers.
+#include <atomic>
 #include <sstream>
 
 #include "ps/limits.h"
@@ -21,11 +22,52 @@ Status ServerImpl::CreateTable(const std::shared_ptr<Pending>& p) {
     ReplyOk(std::move(p->identity), p->header, r);
     return Status::OK();
   }
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> dropping,
+                           engine_->GetMeta(kDroppedTablePrefix + std::to_string(id)));
+  if (dropping) {
+    return Status::FailedPrecondition("table '" + spec.name +
+                                      "' was dropped and its drop did not finish (a lane "
+                                      "failed): drop it again, then create it");
+  }
   TESSERA_RETURN_IF_ERROR(engine_->PutMeta("table/" + std::to_string(id), EncodeTableSpec(spec)));
   tables_.Add(id, spec);
   p->header.table_id = id;
   RunOnAllLanes(
       p, [id, spec](Lane& lane) { return lane.store().AddTable(id, spec); }, false);
+  return Status::OK();
+}
+
+// DropTable: the table leaves the registry and its record at once, a marker in the same write
+// saying that its rows are still to go; every lane then forgets it (writing back what it had not
+// written, so that nothing of the table is in flight), and the lane that finishes last deletes
+// its rows and layout on disk (DropTableData) and the marker, before the reply. A crash in
+// between: RecoverTables finishes the drop at the next start, before any lane reads a row. A
+// drop of a name the server does not know runs the same steps (idempotent: a retried drop, or
+// one a failure cut short, finishes). Pushes to the table still in flight fail with NotFound.
+Status ServerImpl::DropTable(const std::shared_ptr<Pending>& p) {
+  const std::string& name = p->header.name;
+  if (name.empty() || name.size() > kMaxTableNameLength) {
+    return Status::InvalidArgument("DropTable needs a table name of 1.." +
+                                   std::to_string(kMaxTableNameLength) + " bytes");
+  }
+  const uint64_t id = TableIdForName(name);
+  const std::string marker = kDroppedTablePrefix + std::to_string(id);
+  const MetaWrite begin[] = {{"table/" + std::to_string(id), std::nullopt}, {marker, ""}};
+  TESSERA_RETURN_IF_ERROR(engine_->WriteMeta(begin));
+  tables_.Remove(id);
+  p->header.table_id = id;
+  auto left = std::make_shared<std::atomic<uint32_t>>(static_cast<uint32_t>(lanes_.size()));
+  StorageEngine* engine = engine_.get();
+  RunOnAllLanes(
+      p,
+      [id, left, engine, marker](Lane& lane) -> Status {
+        TESSERA_RETURN_IF_ERROR(lane.store().DropTable(id));
+        if (left->fetch_sub(1) != 1) return Status::OK();
+        TESSERA_RETURN_IF_ERROR(engine->DropTableData(id));
+        const MetaWrite done[] = {{marker, std::nullopt}};
+        return engine->WriteMeta(done);
+      },
+      true);
   return Status::OK();
 }
 

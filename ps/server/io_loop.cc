@@ -339,6 +339,8 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
       return SlotImportOp(p);
     case Op::kSlotDrop:
       return SlotDropOp(p);
+    case Op::kDropTable:
+      return DropTable(p);
     case Op::kInvalid:
       break;
   }

@@ -3,6 +3,7 @@
 
 #include <glog/logging.h>
 
+#include <charconv>
 #include <chrono>
 
 #include "ps/curve.h"
@@ -191,6 +192,23 @@ Status ServerImpl::CheckDataDirLayout() {
 }
 
 Status ServerImpl::RecoverTables(std::vector<std::unique_ptr<LaneStore>>& stores) {
+  // A DropTable cut short by a crash (its table record is gone, its marker is not): the rows
+  // left on disk are deleted now, before any lane reads them (control_ops.cc).
+  std::vector<std::string> dropped;
+  TESSERA_RETURN_IF_ERROR(engine_->ScanMeta(
+      kDroppedTablePrefix, [&](std::string_view k, std::string_view) { dropped.emplace_back(k); }));
+  for (const std::string& key : dropped) {
+    uint64_t id = 0;
+    const char* digits = key.data() + sizeof(kDroppedTablePrefix) - 1;
+    const auto [end, ec] = std::from_chars(digits, key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || end == digits) {
+      return Status::Corruption("unreadable drop marker '" + key + "'");
+    }
+    TESSERA_RETURN_IF_ERROR(engine_->DropTableData(id));
+    const MetaWrite done[] = {{key, std::nullopt}};
+    TESSERA_RETURN_IF_ERROR(engine_->WriteMeta(done));
+    LOG(INFO) << "finished the drop of table id " << id << " that a restart interrupted";
+  }
   std::vector<std::string> records;
   TESSERA_RETURN_IF_ERROR(engine_->ScanMeta(
       "table/", [&](std::string_view, std::string_view v) { records.emplace_back(v); }));

@@ -48,6 +48,9 @@
 
 namespace tessera::internal {
 
+/// Metadata records of drops not finished yet (DropTable), one per table id.
+inline constexpr char kDroppedTablePrefix[] = "dropped-table/";
+
 /// The server of one shard. Start() binds, recovers and starts the threads; Shutdown() stops
 /// them. Everything below the sockets is owned by the I/O thread once it runs, except what the
 /// lanes own (their stores).
@@ -91,6 +94,7 @@ class ServerImpl {
   void PublishIoMetrics();
   // ---- control_ops.cc: tables, job metadata, stats, clocks and barriers
   Status CreateTable(const std::shared_ptr<Pending>& p);
+  Status DropTable(const std::shared_ptr<Pending>& p);
   Status GetTable(const std::shared_ptr<Pending>& p);
   Status MetaOp(const std::shared_ptr<Pending>& p);
   Status StatsOp(const std::shared_ptr<Pending>& p);

@@ -7,6 +7,13 @@ void TableRegistry::Add(uint64_t id, const TableSpec& spec) {
   names_[spec.name] = id;
 }
 
+void TableRegistry::Remove(uint64_t id) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  names_.erase(it->second.spec.name);
+  tables_.erase(it);
+}
+
 Result<const TableInfo*> TableRegistry::Find(const Header& h, TableKind kind, uint32_t rank) const {
   auto it = tables_.find(h.table_id);
   if (it == tables_.end()) {

@@ -28,6 +28,8 @@ class TableRegistry {
 
   /// Adds (or replaces) table `id`.
   void Add(uint64_t id, const TableSpec& spec);
+  /// Removes table `id` (DropTable); a no-op for an unknown id.
+  void Remove(uint64_t id);
   /// The table data request `h` names, of kind `kind`: NotFound for an unknown id (naming
   /// server `rank`), InvalidArgument for one of the other kind.
   Result<const TableInfo*> Find(const Header& h, TableKind kind, uint32_t rank) const;

@@ -3,7 +3,9 @@
 #  1. `cmake --install BUILD --prefix TMP`: headers, libraries, binaries, the CMake package and
 #     tessera.pc land where they belong, and no internal header does;
 #  2. a consumer project outside the tree finds it with find_package(Tessera), links the client
-#     into a shared object and an executable, and runs against the installed tessera-server;
+#     into a shared object and an executable, and runs against the installed tessera-server; it
+#     includes <tessera/client.h> (PREFIX/include as the root, consumer/plugin.cc) and, in
+#     consumer/old_include.cc, the deprecated "ps/client/client.h" (PREFIX/include/tessera);
 #  3. the same program built by plain g++ with `pkg-config --cflags --libs tessera`;
 #  4. with --subproject: the consumer takes Tessera's source tree as a sub-project with
 #     TESSERA_CLIENT_ONLY=ON (as FetchContent would): no RocksDB, glog, gflags or Eigen looked up,
@@ -42,7 +44,9 @@ if [[ $subproject != --subproject ]]; then
   # ---- 1. install
   prefix=$tmp/prefix
   cmake --install "$build" --prefix "$prefix" >"$tmp/install.log"
-  for f in include/tessera/ps/client/client.h include/tessera/ps/client/export_reader.h \
+  for f in include/tessera/client.h include/tessera/export_reader.h include/tessera/status.h \
+           include/tessera/table_spec.h include/tessera/server.h \
+           include/tessera/ps/client/client.h include/tessera/ps/client/export_reader.h \
            include/tessera/ps/status.h include/tessera/ps/table_spec.h \
            lib/cmake/Tessera/TesseraConfig.cmake lib/cmake/Tessera/TesseraConfigVersion.cmake \
            lib/cmake/Tessera/TesseraTargets.cmake lib/pkgconfig/tessera.pc bin/tessera-server \
@@ -68,17 +72,21 @@ if [[ $subproject != --subproject ]]; then
   echo "install_test: pkg-config --cflags --libs tessera: $flags"
   # shellcheck disable=SC2086  # the flags are words
   c++ -O1 -o "$tmp/pc-consumer" "$src/tests/install/consumer/main.cc" \
-      "$src/tests/install/consumer/plugin.cc" -I"$src/tests/install/consumer" $flags ||
+      "$src/tests/install/consumer/plugin.cc" "$src/tests/install/consumer/old_include.cc" \
+      -I"$src/tests/install/consumer" $flags ||
     fail "the consumer does not build with pkg-config's flags"
   stop_server
   start_server "$prefix/bin/tessera-server"  # a fresh (memory-only) server: rows start at 1
   "$tmp/pc-consumer" "$endpoint" || fail "pkg-config consumer run"
   stop_server
   # ---- the Python module, where the build has one
-  if compgen -G "$build/python/tessera*.so" >/dev/null; then
+  if compgen -G "$build/python/tessera/_tessera*.so" >/dev/null; then
     py=/usr/bin/python3
     PYTHONPATH=$prefix/lib/python3/dist-packages "$py" -c \
       'import tessera; assert hasattr(tessera, "Client")' || fail "installed Python module"
+    for f in _tessera.pyi py.typed; do
+      [[ -f $prefix/lib/python3/dist-packages/tessera/$f ]] || fail "not installed: tessera/$f"
+    done
   fi
   echo "install_test: installed package OK"
   exit 0

@@ -35,5 +35,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (std::strcmp(argv[1], "--free-port") == 0) return PrintFreePort();
+  std::printf("consumer: default request timeout %lld ms (read through the old include form)\n",
+              OldIncludeFormRequestTimeoutMs());
   return RunAgainst(argv[1]);
 }

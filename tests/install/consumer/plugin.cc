@@ -1,11 +1,12 @@
-// Uses only the installed public headers of the client library.
+// Uses only the installed public headers of the client library, included as users do:
+// <tessera/client.h> with PREFIX/include as the include root.
 #include "plugin.h"
+
+#include <tessera/client.h>
 
 #include <cmath>
 #include <cstdio>
 #include <vector>
-
-#include "ps/client/client.h"
 
 int RunAgainst(const std::string& endpoint) {
   tessera::ClientOptions options;

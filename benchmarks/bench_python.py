@@ -1,0 +1,158 @@
+"""bench_python: the DLRM trained through tessera.torch against the C++ tessera-worker and
+against the NumPy-level PyTorch example it replaced, same data, model and threads.
+
+Three trainers, each against its own fresh tessera-server (RocksDB data dir in a temp dir) on
+a free 127.0.0.1 port, run one after the other in rounds (A B C, A B C, ...):
+- torch_module:  examples/pytorch/train_dlrm.py (tessera.torch, PrefetchLoader);
+- cpp_worker:    worker/tessera-worker (--threads=1 --data_threads=1 --batch_size=1024, no
+                 validation rounds);
+- numpy_example: benchmarks/pytorch_numpy_dlrm.py (the example before tessera.torch: pulls
+                 into NumPy arrays, bags scattered by hand, gradients pushed from e.grad).
+Each reports training samples/s of its one worker (wall time of the training loop, data
+generated on the fly: the Python ones on a thread with synthetic_data.py, the C++ one on its
+data thread). The ratios are medians of the per-round ratios; the last line is one JSON
+object with `torch_module_vs_cpp_worker` and `torch_module_vs_numpy_example`.
+
+    python3 benchmarks/bench_python.py [--build=build] [--train_samples=200000] [--rounds=3]
+"""
+
+import argparse
+import json
+import os
+import select
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(build, work):
+    port = free_port()
+    out = open(os.path.join(work, "server.out"), "wb")
+    p = subprocess.Popen([os.path.join(build, "tessera-server"),
+                          "--cluster=tcp://127.0.0.1:%d" % port, "--rank=0",
+                          "--data_dir=" + os.path.join(work, "data")],
+                         stdout=subprocess.PIPE, stderr=open(os.path.join(work, "server.log"),
+                                                             "wb"))
+    out.close()
+    seen, deadline = b"", time.monotonic() + 30
+    while time.monotonic() < deadline and b"tessera-server ready" not in seen:
+        if select.select([p.stdout], [], [], 0.1)[0]:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            seen += chunk
+    if b"tessera-server ready" not in seen:
+        p.kill()
+        raise RuntimeError("tessera-server did not start; see " + work)
+    return p, "127.0.0.1:%d" % port
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON line in:\n" + text[-2000:])
+
+
+def run(kind, args, python):
+    work = tempfile.mkdtemp(prefix="tessera-bench-python-")
+    server = None
+    try:
+        server, endpoint = start_server(args.build, work)
+        common = ["--train_samples=%d" % args.train_samples,
+                  "--test_samples=%d" % args.test_samples]
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads),
+                   OMP_NUM_THREADS=str(args.threads),
+                   PYTHONPATH=os.path.join(args.build, "python"))
+        if kind == "cpp_worker":
+            cmd = [os.path.join(args.build, "worker", "tessera-worker"),
+                   "--servers=tcp://" + endpoint, "--num_workers=1", "--batch_size=1024",
+                   "--threads=%d" % args.threads, "--data_threads=1", "--validate_every=0"]
+        else:
+            script = {"torch_module": "examples/pytorch/train_dlrm.py",
+                      "numpy_example": "benchmarks/pytorch_numpy_dlrm.py"}[kind]
+            cmd = [python, "-B", os.path.join(ROOT, script), "--servers=" + endpoint,
+                   "--threads=%d" % args.threads, "--progress_interval_s=1e9"]
+        r = subprocess.run(["nice", "-n", "10"] + cmd + common, cwd=work, env=env,
+                           capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError("%s failed (%d):\n%s" % (kind, r.returncode, r.stderr[-3000:]))
+        j = last_json(r.stdout)
+        rate = j.get("samples_per_s_worker0", j.get("samples_per_s"))
+        return {"samples_per_s": float(rate), "test_auc": float(j["test_auc"])}
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+            server.stdout.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--train_samples", type=int, default=200000)
+    ap.add_argument("--test_samples", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args()
+    args.build = os.path.abspath(args.build)
+
+    def skip(why):
+        print("bench_python: skipped: " + why)
+        print(json.dumps({"bench": "python", "skipped": True, "reason": why}))
+        return 0
+
+    for b in ("tessera-server", os.path.join("worker", "tessera-worker")):
+        if not os.access(os.path.join(args.build, b), os.X_OK):
+            return skip("no %s in %s (build it)" % (b, args.build))
+    probe = subprocess.run([args.python, "-c", "import torch, tessera.torch"],
+                           env=dict(os.environ, PYTHONPATH=os.path.join(args.build, "python")),
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return skip("%s cannot import torch and tessera.torch (Debian: python3-torch; "
+                    "build tessera_python): %s" % (args.python, probe.stderr.strip()[-300:]))
+
+    kinds = ("torch_module", "cpp_worker", "numpy_example")
+    results = {k: [] for k in kinds}
+    for rnd in range(args.rounds):
+        for k in kinds:
+            res = run(k, args, args.python)
+            results[k].append(res)
+            print("round %d %-13s %8.0f samples/s  test auc %.4f" %
+                  (rnd + 1, k, res["samples_per_s"], res["test_auc"]), flush=True)
+
+    def rates(k):
+        return [r["samples_per_s"] for r in results[k]]
+
+    def ratio(a, b):
+        return statistics.median(x / y for x, y in zip(rates(a), rates(b)))
+
+    out = {"bench": "python", "train_samples": args.train_samples, "rounds": args.rounds,
+           "threads": args.threads, "counts": "training samples/s of one worker"}
+    for k in kinds:
+        out[k + "_samples_per_s"] = round(statistics.median(rates(k)))
+        out[k + "_samples_per_s_rounds"] = [round(x) for x in rates(k)]
+        out[k + "_test_auc"] = round(statistics.median(r["test_auc"] for r in results[k]), 4)
+    out["torch_module_vs_cpp_worker"] = round(ratio("torch_module", "cpp_worker"), 3)
+    out["torch_module_vs_numpy_example"] = round(ratio("torch_module", "numpy_example"), 3)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
