@@ -154,28 +154,7 @@ Status Job::SetUpLocalRanks() {
 }
 
 Status Job::Connect() {
-  ClientOptions copt;
-  copt.servers = o_.servers;
-  copt.worker_id = o_.worker_id;
-  copt.consistency.num_workers = o_.num_workers;
-  copt.consistency.staleness = o_.staleness;
-  copt.request_timeout_ms = o_.request_timeout_ms;
-  copt.retry_for_ms = o_.retry_for_ms;
-  copt.admin_root = o_.admin_root;
-  if (!o_.curve_server_key_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(copt.curve_server_key, ReadCurveKeyFile(o_.curve_server_key_file));
-  }
-  if (!o_.curve_client_key_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(copt.curve_client_secret_key,
-                             ReadCurveKeyFile(o_.curve_client_key_file));
-  }
-  if (o_.cluster_map) {
-    auto source = o_.cluster_map();
-    if (!source.ok()) return source.status().WithContext("--coordinator");
-    TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt, std::move(*source)));
-  } else {
-    TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt));
-  }
+  TESSERA_ASSIGN_OR_RETURN(client_, ConnectClient(o_));
   store_ = CreateClusterStore(client_.get());
   return Status::OK();
 }
@@ -542,6 +521,11 @@ Result<JobReport> Job::Test() {
   report.bottom_mlp = o_.bottom_mlp;
   report.top_mlp = o_.top_mlp;
   report.lr_schedule = topt_.lr_schedule;
+  for (const auto& t : layout_->dense_tables()) report.tables.push_back(t.spec.name);
+  if (!layout_->embedding_table().name.empty()) {
+    report.tables.push_back(layout_->embedding_table().name);
+  }
+  if (!layout_->wide_table().name.empty()) report.tables.push_back(layout_->wide_table().name);
   if (cache_) report.row_cache = cache_->stats();
   if (validator_) report.best_validation = validator_->best();
   if (!o_.evaluate) return report;
@@ -580,6 +564,30 @@ Result<JobReport> Job::Test() {
 }
 
 }  // namespace
+
+Result<std::unique_ptr<Client>> ConnectClient(const JobOptions& o) {
+  ClientOptions copt;
+  copt.servers = o.servers;
+  copt.worker_id = o.worker_id;
+  copt.consistency.num_workers = o.num_workers;
+  copt.consistency.staleness = o.staleness;
+  copt.request_timeout_ms = o.request_timeout_ms;
+  copt.retry_for_ms = o.retry_for_ms;
+  copt.admin_root = o.admin_root;
+  if (!o.curve_server_key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(copt.curve_server_key, ReadCurveKeyFile(o.curve_server_key_file));
+  }
+  if (!o.curve_client_key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(copt.curve_client_secret_key,
+                             ReadCurveKeyFile(o.curve_client_key_file));
+  }
+  if (o.cluster_map) {
+    auto source = o.cluster_map();
+    if (!source.ok()) return source.status().WithContext("--coordinator");
+    return Client::Create(copt, std::move(*source));
+  }
+  return Client::Create(copt);
+}
 
 DataSourceOptions DataOptionsOf(const JobOptions& o) {
   DataSourceOptions d;

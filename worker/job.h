@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ps/client/client.h"
 #include "ps/cluster_map_source.h"
 #include "ps/status.h"
 #include "worker/data_source.h"
@@ -245,6 +246,10 @@ struct JobOptions {
   std::FILE* out = stdout;
 };
 
+/// A client of the job's cluster as RunJob connects (servers or cluster map, timeouts, admin
+/// root, CurveZMQ keys), with the job's worker id. Errors: a key file, the map source, Create's.
+Result<std::unique_ptr<Client>> ConnectClient(const JobOptions& options);
+
 /// The data options of a job (its DataSourceOptions as RunJob opens the data): everything but
 /// `skipped_lines`, which the caller points at its own counter where it wants the count.
 DataSourceOptions DataOptionsOf(const JobOptions& options);
@@ -293,6 +298,8 @@ struct JobReport {
   LrSchedule lr_schedule;
   /// What report.html shows (set where it was written).
   ReportSummary summary;
+  /// The names of the job's tables on the servers (all under the job's name).
+  std::vector<std::string> tables;
 };
 
 /// Runs the job on this node: sets up its local ranks, connects, trains, validates, and on

@@ -136,8 +136,31 @@ Result<TrialResult> RunTrial(const TrialRun& run, JobReport* job, bool* options_
   std::fprintf(run.base.out, "search rung %u trial %u: validation auc %.4f logloss %.4f\n",
                run.rung, run.trial, tr.validation_auc, tr.validation_logloss);
   std::fflush(run.base.out);
+  tr.tables = done->tables;
   *job = std::move(*done);
   return tr;
+}
+
+// Drops every trial's tables but the winner's run's; a failure is printed and counted.
+void DropTrialTables(const JobOptions& base, SearchReport* report) {
+  auto client = ConnectClient(base);
+  for (size_t i = 0; i < report->trials.size(); ++i) {
+    if (i == report->winner) continue;
+    for (const std::string& table : report->trials[i].tables) {
+      Status s = client.ok() ? (*client)->DropTable(table) : client.status();
+      if (s.ok()) {
+        ++report->dropped_tables;
+      } else {
+        ++report->tables_not_dropped;
+        std::fprintf(stderr, "tessera-worker 0: dropping %s: %s\n", table.c_str(),
+                     s.ToString().c_str());
+      }
+    }
+  }
+  std::fprintf(base.out, "search dropped %llu tables of the other trials%s\n",
+               static_cast<unsigned long long>(report->dropped_tables),
+               report->tables_not_dropped > 0 ? " (some drops failed: see stderr)" : "");
+  std::fflush(base.out);
 }
 
 // trials.csv beside the winner's metrics.csv, and the trials table in its report.html; a
@@ -324,6 +347,7 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
                w.trial, w.config.Describe().c_str(), w.validation_auc, w.test_auc);
   std::fflush(base.out);
   WriteTrialsTable(&report);
+  DropTrialTables(base, &report);
   return report;
 }
 

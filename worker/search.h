@@ -69,6 +69,8 @@ struct TrialResult {
   /// tested).
   double test_auc = std::numeric_limits<double>::quiet_NaN();
   double test_logloss = std::numeric_limits<double>::quiet_NaN();
+  /// Its tables on the servers (dropped after the search unless it is the winner's run).
+  std::vector<std::string> tables;
 };
 
 /// Which trials of a rung go on: the `keep` best by validation AUC (the earlier trial of
@@ -103,6 +105,10 @@ struct SearchReport {
   JobReport report;
   /// Path of trials.csv (beside metrics.csv).
   std::string trials_csv;
+  /// Tables of the other trials dropped after the search, and those a drop failed for (a line
+  /// on stderr says why; they stay on the servers).
+  uint64_t dropped_tables = 0;
+  uint64_t tables_not_dropped = 0;
 };
 
 /// Runs the search with `base`'s cluster, data and schedule: each rung's trials in turn, each
@@ -111,7 +117,9 @@ struct SearchReport {
 /// ceil(n / eta) by validation AUC go on; the last rung's trial is tested (with
 /// base.admin_root, its best validated state, restored) and its report gets
 /// the trials table (report.html, trials.csv). One worker only (InvalidArgument otherwise,
-/// with *options_error set), with validation on. The trials' tables stay on the servers.
+/// with *options_error set), with validation on. Once the winner is tested, every other trial's
+/// tables are dropped (Client::DropTable; the servers must grant this client the admin right);
+/// the winner's stay.
 Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& search,
                                bool* options_error = nullptr);
 

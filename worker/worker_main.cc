@@ -424,6 +424,8 @@ void AddSearch(const tw::SearchReport& search, nlohmann::ordered_json* report) {
   const tw::TrialResult& w = search.trials[search.winner];
   (*report)["search_winner"] = w.config.Describe();
   (*report)["search_winner_is_default"] = w.trial == 0;
+  (*report)["search_dropped_tables"] = search.dropped_tables;
+  (*report)["search_tables_not_dropped"] = search.tables_not_dropped;
   if (!search.trials_csv.empty()) (*report)["trials_csv"] = search.trials_csv;
   (*report)["search_trials"] = trials;
 }

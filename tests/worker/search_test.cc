@@ -113,6 +113,7 @@ TEST(SearchTest, PicksByValidationEvenWhereTheTestSaysOtherwise) {
 // Two trials of the same config, one after the other: each starts on fresh tables under its
 // own prefix (no resumed steps, its whole budget trained), and a later trial never changes an
 // earlier one's tables (its global bias, read back after every trial, stays bit for bit).
+// After the search the other trials' tables are dropped and the winner's kept.
 TEST(SearchTest, TrialsTrainOnTablesOfTheirOwn) {
   LocalCluster cluster(testing::Servers(2));
   ASSERT_TRUE(cluster.Start().ok());
@@ -163,6 +164,24 @@ TEST(SearchTest, TrialsTrainOnTablesOfTheirOwn) {
   // Rung 0 trains half the full budget, rung 1 all of it.
   EXPECT_EQ(done[0].steps, done[1].steps);
   EXPECT_GE(done[2].steps, 2 * done[0].steps - 1);
+  // Afterwards the other trials' tables are gone from the servers, the winner's are there.
+  uint64_t others = 0;
+  for (const TrialResult& t : done) {
+    ASSERT_FALSE(t.tables.empty()) << t.job;
+    const bool winner = &t == &done[2];
+    for (const std::string& table : t.tables) {
+      EXPECT_EQ(table.rfind(t.job + "/", 0), 0u) << table;
+      auto got = (*client)->GetTable(table, DeadlineAfterMs(10000));
+      if (winner) {
+        EXPECT_TRUE(got.ok()) << table << ": " << got.status().ToString();
+      } else {
+        EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << table;
+        ++others;
+      }
+    }
+  }
+  EXPECT_EQ(r->dropped_tables, others);
+  EXPECT_EQ(r->tables_not_dropped, 0u);
   std::fclose(out);
 }
 
