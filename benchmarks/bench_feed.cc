@@ -175,46 +175,11 @@ tw::JobOptions JobOf(const std::string& backend, uint64_t samples) {
   o.validate = false;
   o.evaluate = false;
   o.job = "feed";
+  // The model this benchmark measured before widths came from the data.
+  o.embedding_dim = 8;
+  o.bottom_mlp = "64";
+  o.top_mlp = "64";
   return o;
-}
-
-// The training data of worker 0 of `o`, as Job::SetUpData opens it.
-tw::DataSourceOptions DataOf(const tw::JobOptions& o) {
-  tw::DataSourceOptions d;
-  d.spec = o.data;
-  d.rank = 0;
-  d.world = o.num_workers * std::max<uint32_t>(o.local_ranks, 1);
-  d.epochs = o.epochs;
-  d.shuffle_buffer = o.shuffle_buffer;
-  d.holdout_mod = o.holdout_mod;
-  d.train_samples = o.train_samples;
-  d.test_samples = o.test_samples;
-  d.synthetic.seed = o.seed;
-  d.synthetic.zipf_exponent = o.zipf;
-  d.synthetic.interaction_std = o.interaction_std;
-  d.synthetic.bias_std = o.bias_std;
-  d.synthetic.planted_dim = o.planted_dim;
-  d.synthetic.cardinalities = tw::CriteoLikeCardinalities(o.synthetic_max_cardinality);
-  d.validation_mod = o.validate ? o.validation_mod : 0;
-  d.validation_samples = o.validation_samples;
-  return d;
-}
-
-// The model of `o` on data of `schema`, as Job::CreateModel builds it.
-Result<tw::ModelLayout> LayoutOf(const tw::JobOptions& o, const tw::Schema& schema) {
-  tw::ModelConfig mc;
-  mc.num_dense = schema.num_dense;
-  mc.num_fields = schema.num_fields;
-  mc.embedding_dim = o.embedding_dim;
-  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, tw::ParseLayerWidths(o.bottom_mlp));
-  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, tw::ParseLayerWidths(o.top_mlp));
-  mc.pooling = o.pooling;
-  mc.kind = o.model;
-  mc.num_cross_layers = o.cross_layers;
-  mc.deep = o.deep;
-  mc.wide = o.wide;
-  mc.table_prefix = o.job;
-  return tw::ModelLayout::Create(mc);
 }
 
 // ---------------------------------------------------------------- the cells
@@ -225,7 +190,7 @@ Result<tw::ModelLayout> LayoutOf(const tw::JobOptions& o, const tw::Schema& sche
 // sample, measured apart on this thread over the same batches after the timed window.
 Result<Run> DataOnly(uint64_t samples) {
   const tw::JobOptions o = JobOf("null", samples);
-  TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(DataOf(o)));
+  TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(tw::DataOptionsOf(o)));
   tw::FeedOptions fo;
   fo.batch_size = o.batch_size;
   fo.threads = o.data_threads != 0 ? o.data_threads : tw::DefaultDataThreads(1);
@@ -277,8 +242,9 @@ constexpr size_t kMaxReadyBatches = 64;
 // (FTRL's start) and dense parameters uniform in [-0.05, 0.05]. One untimed step first.
 Result<Run> ComputeOnly(const std::string& backend_name, uint64_t samples) {
   const tw::JobOptions o = JobOf(backend_name, samples);
-  TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(DataOf(o)));
-  TESSERA_ASSIGN_OR_RETURN(tw::ModelLayout layout, LayoutOf(o, reader->schema()));
+  TESSERA_ASSIGN_OR_RETURN(auto reader, tw::OpenTrainData(tw::DataOptionsOf(o)));
+  TESSERA_ASSIGN_OR_RETURN(const tw::ModelConfig config, tw::ModelConfigOf(o, reader->schema()));
+  TESSERA_ASSIGN_OR_RETURN(tw::ModelLayout layout, tw::ModelLayout::Create(config));
   const tw::ModelConfig& c = layout.config();
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> emb_init(-c.embedding_init_scale, c.embedding_init_scale);

@@ -11,6 +11,7 @@
 
 #include "ps/client/client.h"
 #include "ps/curve.h"
+#include "worker/auto_config.h"
 #include "worker/backend.h"
 #include "worker/csv_reader.h"
 #include "worker/data_source.h"
@@ -91,6 +92,7 @@ class Job {
   Status Connect();
   Status SetUpCache();
   Status SetUpData();
+  Status ResolveDefaults();
   Status CreateModel();
   void SetUpTrainer();
   Status SetUpValidation();
@@ -109,7 +111,7 @@ class Job {
   Result<uint64_t> CountTrainingShard() const;
   Status FlushCache();
 
-  const JobOptions& o_;
+  JobOptions o_;  // the caller's, with the defaults from the data resolved (ResolveDefaults)
   std::FILE* out_;
   const uint32_t nl_;    // local ranks
   uint32_t batch_size_;  // the option's, or chosen from the data
@@ -152,28 +154,7 @@ Status Job::SetUpLocalRanks() {
 }
 
 Status Job::Connect() {
-  ClientOptions copt;
-  copt.servers = o_.servers;
-  copt.worker_id = o_.worker_id;
-  copt.consistency.num_workers = o_.num_workers;
-  copt.consistency.staleness = o_.staleness;
-  copt.request_timeout_ms = o_.request_timeout_ms;
-  copt.retry_for_ms = o_.retry_for_ms;
-  copt.admin_root = o_.admin_root;
-  if (!o_.curve_server_key_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(copt.curve_server_key, ReadCurveKeyFile(o_.curve_server_key_file));
-  }
-  if (!o_.curve_client_key_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(copt.curve_client_secret_key,
-                             ReadCurveKeyFile(o_.curve_client_key_file));
-  }
-  if (o_.cluster_map) {
-    auto source = o_.cluster_map();
-    if (!source.ok()) return source.status().WithContext("--coordinator");
-    TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt, std::move(*source)));
-  } else {
-    TESSERA_ASSIGN_OR_RETURN(client_, Client::Create(copt));
-  }
+  TESSERA_ASSIGN_OR_RETURN(client_, ConnectClient(o_));
   store_ = CreateClusterStore(client_.get());
   return Status::OK();
 }
@@ -205,28 +186,12 @@ Result<uint64_t> Job::CountTrainingShard() const {
 }
 
 Status Job::SetUpData() {
-  dopt_.spec = o_.data;
-  dopt_.schema = o_.schema;
-  dopt_.skip_bad_lines = o_.skip_bad_lines;
+  dopt_ = DataOptionsOf(o_);
   dopt_.skipped_lines = &skipped_lines_;
-  dopt_.world = o_.num_workers * o_.local_ranks;
-  dopt_.epochs = o_.epochs;
-  dopt_.shuffle_buffer = o_.shuffle_buffer;
-  dopt_.holdout_mod = o_.holdout_mod;
-  dopt_.train_samples = o_.train_samples;
-  dopt_.test_samples = o_.test_samples;
-  dopt_.synthetic.seed = o_.seed;
-  dopt_.synthetic.zipf_exponent = o_.zipf;
-  dopt_.synthetic.interaction_std = o_.interaction_std;
-  dopt_.synthetic.bias_std = o_.bias_std;
-  dopt_.synthetic.planted_dim = o_.planted_dim;
-  dopt_.synthetic.cardinalities = CriteoLikeCardinalities(o_.synthetic_max_cardinality);
-  dopt_.validation_mod = o_.validate ? o_.validation_mod : 0;
-  dopt_.validation_samples = o_.validation_samples;
   if (batch_size_ == 0) {
     // Small data sets need small batches: 100 steps an epoch at least (docs/worker.md).
     TESSERA_ASSIGN_OR_RETURN(const uint64_t shard, CountTrainingShard());
-    batch_size_ = static_cast<uint32_t>(std::clamp<uint64_t>(shard / kMinStepsPerEpoch, 32, 1024));
+    batch_size_ = DefaultBatchSize(shard);
     std::fprintf(out_, "worker %u batch size %u (chosen: %llu training samples a rank)\n",
                  o_.worker_id, batch_size_, static_cast<unsigned long long>(shard));
   }
@@ -234,28 +199,39 @@ Status Job::SetUpData() {
   return Status::OK();
 }
 
+// The embedding width and MLP sizes the user left to the data, from a profile of the start of
+// shard 0's training part: every worker reads the same samples and picks the same model.
+Status Job::ResolveDefaults() {
+  const bool mlp_auto = o_.bottom_mlp == kAutoMlp || o_.top_mlp == kAutoMlp;
+  if (o_.embedding_dim == 0) {
+    DataSourceOptions first = dopt_;
+    first.rank = 0;
+    first.epochs = 1;
+    first.shuffle_buffer = 0;
+    TESSERA_ASSIGN_OR_RETURN(auto reader, OpenTrainData(first));
+    auto profile = ProfileData(reader.get());
+    if (!profile.ok()) return profile.status().WithContext("profiling the training data");
+    o_.embedding_dim = DefaultEmbeddingDim(*profile);
+    std::fprintf(out_,
+                 "worker %u embedding width %u (chosen: %zu fields, %.0f distinct keys a field "
+                 "in the first %llu training samples)\n",
+                 o_.worker_id, o_.embedding_dim, profile->distinct_keys.size(),
+                 profile->MeanDistinctKeys(), static_cast<unsigned long long>(profile->samples));
+  }
+  if (o_.bottom_mlp == kAutoMlp) o_.bottom_mlp = DefaultMlp(o_.embedding_dim);
+  if (o_.top_mlp == kAutoMlp) o_.top_mlp = DefaultMlp(o_.embedding_dim);
+  if (mlp_auto) {
+    std::fprintf(out_, "worker %u MLPs: bottom %s, top %s (chosen from the width %u)\n",
+                 o_.worker_id, o_.bottom_mlp.c_str(), o_.top_mlp.c_str(), o_.embedding_dim);
+  }
+  std::fflush(out_);
+  return Status::OK();
+}
+
 // The model's shape follows the data's.
 Status Job::CreateModel() {
   TESSERA_ASSIGN_OR_RETURN(auto probe, OpenTestData(dopt_));
-  ModelConfig mc;
-  mc.num_dense = probe->schema().num_dense;
-  mc.num_fields = probe->schema().num_fields;
-  mc.embedding_dim = o_.embedding_dim;
-  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, ParseLayerWidths(o_.bottom_mlp));
-  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, ParseLayerWidths(o_.top_mlp));
-  mc.pooling = o_.pooling;
-  mc.kind = o_.model;
-  mc.num_cross_layers = o_.cross_layers;
-  mc.deep = o_.deep;
-  mc.wide = o_.wide;
-  mc.table_prefix = o_.job;
-  mc.embedding_optimizer.learning_rate = static_cast<float>(o_.emb_lr);
-  mc.embedding_optimizer.initial_accumulator = static_cast<float>(o_.emb_init_acc);
-  mc.dense_optimizer.learning_rate = static_cast<float>(o_.dense_lr);
-  mc.wide_optimizer.learning_rate = static_cast<float>(o_.wide_lr);
-  mc.embedding_optimizer.l2 = static_cast<float>(o_.emb_l2);
-  mc.dense_optimizer.l2 = static_cast<float>(o_.dense_l2);
-  mc.wide_optimizer.l2 = static_cast<float>(o_.wide_l2);
+  TESSERA_ASSIGN_OR_RETURN(const ModelConfig mc, ModelConfigOf(o_, probe->schema()));
   TESSERA_ASSIGN_OR_RETURN(auto layout, ModelLayout::Create(mc));
   layout_.emplace(std::move(layout));
   return Status::OK();
@@ -272,6 +248,7 @@ void Job::SetUpTrainer() {
   topt_.worker_id = o_.worker_id;
   topt_.job = o_.job;
   topt_.resume = o_.resume;
+  topt_.start_clock = o_.start_clock;
   topt_.progress_interval_s = o_.progress_interval_s;
   topt_.on_progress = [this](const TrainProgress& p) {
     if (o_.observer) o_.observer->OnProgress(p);
@@ -321,7 +298,8 @@ Status Job::SetUpValidation() {
   vopt.worker_id = o_.worker_id;
   vopt.num_workers = o_.num_workers;
   vopt.patience = o_.early_stopping_patience;
-  vopt.by_auc = o_.early_stopping_by_auc;
+  vopt.by_auc = o_.early_stopping != EarlyStopping::kLogloss;
+  vopt.patience_on_both = o_.early_stopping == EarlyStopping::kBoth;
   vopt.last_step = topt_.max_steps;
   if (!o_.admin_root.empty()) vopt.best_dir = o_.job + "-best";
   Batch samples;
@@ -351,13 +329,15 @@ Result<bool> Job::ValidationPause(const TrainProgress& p) {
   const ValidationPoint& v = validator_->history().back();
   std::fprintf(out_, "worker 0 validate step %llu samples %llu auc %.4f logloss %.4f%s\n",
                static_cast<unsigned long long>(v.step), static_cast<unsigned long long>(v.samples),
-               v.auc, v.logloss, validator_->rounds_without_improvement() == 0 ? " (best)" : "");
+               v.auc, v.logloss, validator_->best()->step == v.step ? " (best)" : "");
   if (stop) {
     std::fprintf(out_,
                  "worker 0 early stop after step %llu: no better validation %s for %u "
                  "rounds (best: step %llu auc %.4f logloss %.4f)\n",
                  static_cast<unsigned long long>(p.step),
-                 o_.early_stopping_by_auc ? "auc" : "logloss", o_.early_stopping_patience,
+                 o_.early_stopping == EarlyStopping::kBoth ? "auc or logloss"
+                 : o_.early_stopping == EarlyStopping::kAuc ? "auc" : "logloss",
+                 o_.early_stopping_patience,
                  static_cast<unsigned long long>(validator_->best()->step), validator_->best()->auc,
                  validator_->best()->logloss);
   }
@@ -371,8 +351,17 @@ Result<bool> Job::ValidationPause(const TrainProgress& p) {
   return stop;
 }
 
-// The learning-rate schedule; a decay without decay_steps lasts until the planned end.
+// The learning-rate schedule; a decay without decay_steps lasts until the planned end. Several
+// epochs without a decay given get a cosine one (lr_decay_by_epochs).
 Status Job::SetUpLrSchedule(bool* options_error) {
+  if (o_.lr_decay_by_epochs && o_.lr_schedule.decay == LrSchedule::Decay::kNone &&
+      o_.epochs > 1) {
+    o_.lr_schedule.decay = LrSchedule::Decay::kCosine;
+    std::fprintf(out_, "worker %u learning rates: cosine decay to %g by the planned last step "
+                       "(chosen: %u epochs)\n",
+                 o_.worker_id, o_.lr_schedule.final_scale, o_.epochs);
+    std::fflush(out_);
+  }
   topt_.lr_schedule = o_.lr_schedule;
   if (o_.lr_schedule.decay == LrSchedule::Decay::kNone || o_.lr_schedule.decay_steps != 0) {
     return Status::OK();
@@ -513,6 +502,7 @@ void Job::WriteHtml(JobReport* report) {
   }
   const std::string html =
       (std::filesystem::path(curve_->path()).parent_path() / "report.html").string();
+  report->summary = summary;
   Status written = WriteReport(curve_->path(), summary, html);
   if (written.ok()) {
     report->report_html = html;
@@ -527,7 +517,17 @@ Result<JobReport> Job::Test() {
   JobReport report;
   report.train = trained_;
   report.skipped_lines = skipped_lines_.count();
+  report.embedding_dim = o_.embedding_dim;
+  report.bottom_mlp = o_.bottom_mlp;
+  report.top_mlp = o_.top_mlp;
+  report.lr_schedule = topt_.lr_schedule;
+  for (const auto& t : layout_->dense_tables()) report.tables.push_back(t.spec.name);
+  if (!layout_->embedding_table().name.empty()) {
+    report.tables.push_back(layout_->embedding_table().name);
+  }
+  if (!layout_->wide_table().name.empty()) report.tables.push_back(layout_->wide_table().name);
   if (cache_) report.row_cache = cache_->stats();
+  if (validator_) report.best_validation = validator_->best();
   if (!o_.evaluate) return report;
   const TrainResult& tr = trained_;
   TESSERA_RETURN_IF_ERROR(
@@ -564,6 +564,79 @@ Result<JobReport> Job::Test() {
 }
 
 }  // namespace
+
+Result<std::unique_ptr<Client>> ConnectClient(const JobOptions& o) {
+  ClientOptions copt;
+  copt.servers = o.servers;
+  copt.worker_id = o.worker_id;
+  copt.consistency.num_workers = o.num_workers;
+  copt.consistency.staleness = o.staleness;
+  copt.request_timeout_ms = o.request_timeout_ms;
+  copt.retry_for_ms = o.retry_for_ms;
+  copt.admin_root = o.admin_root;
+  if (!o.curve_server_key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(copt.curve_server_key, ReadCurveKeyFile(o.curve_server_key_file));
+  }
+  if (!o.curve_client_key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(copt.curve_client_secret_key,
+                             ReadCurveKeyFile(o.curve_client_key_file));
+  }
+  if (o.cluster_map) {
+    auto source = o.cluster_map();
+    if (!source.ok()) return source.status().WithContext("--coordinator");
+    return Client::Create(copt, std::move(*source));
+  }
+  return Client::Create(copt);
+}
+
+DataSourceOptions DataOptionsOf(const JobOptions& o) {
+  DataSourceOptions d;
+  d.spec = o.data;
+  d.schema = o.schema;
+  d.skip_bad_lines = o.skip_bad_lines;
+  d.world = o.num_workers * o.local_ranks;
+  d.epochs = o.epochs;
+  d.shuffle_buffer = o.shuffle_buffer;
+  d.holdout_mod = o.holdout_mod;
+  d.train_samples = o.train_samples;
+  d.test_samples = o.test_samples;
+  d.synthetic.seed = o.seed;
+  d.synthetic.zipf_exponent = o.zipf;
+  d.synthetic.interaction_std = o.interaction_std;
+  d.synthetic.bias_std = o.bias_std;
+  d.synthetic.planted_dim = o.planted_dim;
+  d.synthetic.cardinalities = CriteoLikeCardinalities(o.synthetic_max_cardinality);
+  d.validation_mod = o.validate ? o.validation_mod : 0;
+  d.validation_samples = o.validation_samples;
+  return d;
+}
+
+Result<ModelConfig> ModelConfigOf(const JobOptions& o, const Schema& schema) {
+  if (o.embedding_dim == 0 || o.bottom_mlp == kAutoMlp || o.top_mlp == kAutoMlp) {
+    return Status::InvalidArgument(
+        "ModelConfigOf: the embedding width or an MLP is still to be chosen from the data");
+  }
+  ModelConfig mc;
+  mc.num_dense = schema.num_dense;
+  mc.num_fields = schema.num_fields;
+  mc.embedding_dim = o.embedding_dim;
+  TESSERA_ASSIGN_OR_RETURN(mc.bottom_mlp, ParseLayerWidths(o.bottom_mlp));
+  TESSERA_ASSIGN_OR_RETURN(mc.top_mlp, ParseLayerWidths(o.top_mlp));
+  mc.pooling = o.pooling;
+  mc.kind = o.model;
+  mc.num_cross_layers = o.cross_layers;
+  mc.deep = o.deep;
+  mc.wide = o.wide;
+  mc.table_prefix = o.job;
+  mc.embedding_optimizer.learning_rate = static_cast<float>(o.emb_lr);
+  mc.embedding_optimizer.initial_accumulator = static_cast<float>(o.emb_init_acc);
+  mc.dense_optimizer.learning_rate = static_cast<float>(o.dense_lr);
+  mc.wide_optimizer.learning_rate = static_cast<float>(o.wide_lr);
+  mc.embedding_optimizer.l2 = static_cast<float>(o.emb_l2);
+  mc.dense_optimizer.l2 = static_cast<float>(o.dense_l2);
+  mc.wide_optimizer.l2 = static_cast<float>(o.wide_l2);
+  return mc;
+}
 
 Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
   if (options_error) *options_error = false;
@@ -607,6 +680,7 @@ Result<JobReport> RunJob(const JobOptions& options, bool* options_error) {
   TESSERA_RETURN_IF_ERROR(job.Connect());
   TESSERA_RETURN_IF_ERROR(job.SetUpCache());
   TESSERA_RETURN_IF_ERROR(job.SetUpData());
+  TESSERA_RETURN_IF_ERROR(job.ResolveDefaults());
   TESSERA_RETURN_IF_ERROR(job.CreateModel());
   job.SetUpTrainer();
   TESSERA_RETURN_IF_ERROR(job.SetUpValidation());

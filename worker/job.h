@@ -13,9 +13,12 @@
 #include <string_view>
 #include <vector>
 
+#include "ps/client/client.h"
 #include "ps/cluster_map_source.h"
 #include "ps/status.h"
+#include "worker/data_source.h"
 #include "worker/model.h"
+#include "worker/report.h"
 #include "worker/row_cache.h"
 #include "worker/synthetic_data.h"
 #include "worker/trainer.h"
@@ -39,6 +42,9 @@ class JobObserver {
   /// training has ended.
   virtual void OnRowCache(const RowCacheStats& /*stats*/) {}
 };
+
+/// JobOptions::bottom_mlp / top_mlp: sized from the embedding width (DefaultMlp).
+inline constexpr char kAutoMlp[] = "auto";
 
 /// What a job runs, on which cluster, with which model and data. A value type; the defaults are
 /// tessera-worker's (each field names its flag). Borrowed pointers must outlive RunJob.
@@ -157,21 +163,29 @@ struct JobOptions {
   std::string job = "ctr";
   /// Resume from this worker's stored position (--resume). Default: true.
   bool resume = true;
+  /// Not resuming: this worker's clock starts here (TrainerOptions::start_clock; a search's
+  /// trials follow each other on the same servers). Default: 0.
+  int64_t start_clock = 0;
   /// Seconds between progress lines (--progress_interval_s). Default: 5.
   double progress_interval_s = 5;
   /// The learning-rate schedule (--lr_warmup_steps, --lr_decay, --lr_decay_steps,
   /// --lr_final_scale). A decay with decay_steps 0 lasts until the planned last step; where
   /// there is none after the warm-up, RunJob fails with *options_error set. Default: factor 1.
   LrSchedule lr_schedule;
+  /// Where lr_schedule has no decay and epochs > 1: a cosine decay to lr_schedule.final_scale
+  /// until the planned last step (--lr_decay=auto; false: --lr_decay=none). Default: true.
+  bool lr_decay_by_epochs = true;
 
   // ---- the model (ModelConfig; the data gives the number of fields and dense features)
-  /// Embedding width (--embedding_dim). Default: 8.
-  uint32_t embedding_dim = 8;
-  /// Bottom MLP hidden widths, comma-separated, may be empty (--bottom_mlp); read by
-  /// ParseLayerWidths once the data is open (an error fails the job). Default: "64".
-  std::string bottom_mlp = "64";
-  /// Top MLP hidden widths, as bottom_mlp (--top_mlp). Default: "64".
-  std::string top_mlp = "64";
+  /// Embedding width; 0: from the data, DefaultEmbeddingDim of a profile of the training part's
+  /// start (worker/auto_config.h; a line says which) (--embedding_dim). Default: 0.
+  uint32_t embedding_dim = 0;
+  /// Bottom MLP hidden widths, comma-separated, may be empty; "auto": DefaultMlp of the
+  /// embedding width (--bottom_mlp); read by ParseLayerWidths once the data is open (an error
+  /// fails the job). Default: "auto".
+  std::string bottom_mlp = kAutoMlp;
+  /// Top MLP hidden widths, as bottom_mlp (--top_mlp). Default: "auto".
+  std::string top_mlp = kAutoMlp;
   /// Embedding bag pooling (--pooling). Default: sum.
   Pooling pooling = Pooling::kSum;
   /// dlrm, deepfm or dcn (--model). Default: dlrm.
@@ -210,9 +224,9 @@ struct JobOptions {
   uint32_t validation_mod = 10;
   /// Validation samples scored per round, at most (--validation_samples). Default: 20000.
   uint64_t validation_samples = 20000;
-  /// The figure that picks the best round and stops early: AUC (higher is better) when true,
-  /// else log loss (lower is better) (--early_stopping_metric). Default: false (log loss).
-  bool early_stopping_by_auc = false;
+  /// The figure that picks the best round and stops early (--early_stopping_metric).
+  /// Default: kBoth (the best round by AUC; no stop while either figure improves).
+  EarlyStopping early_stopping = EarlyStopping::kBoth;
   /// Stop when the figure has not improved for this many rounds; 0: never
   /// (--early_stopping_patience). Default: 3.
   uint32_t early_stopping_patience = 3;
@@ -232,6 +246,19 @@ struct JobOptions {
   std::FILE* out = stdout;
 };
 
+/// A client of the job's cluster as RunJob connects (servers or cluster map, timeouts, admin
+/// root, CurveZMQ keys), with the job's worker id. Errors: a key file, the map source, Create's.
+Result<std::unique_ptr<Client>> ConnectClient(const JobOptions& options);
+
+/// The data options of a job (its DataSourceOptions as RunJob opens the data): everything but
+/// `skipped_lines`, which the caller points at its own counter where it wants the count.
+DataSourceOptions DataOptionsOf(const JobOptions& options);
+
+/// The model of a job on data of `schema`, as RunJob builds it: widths, kind, the optimizers'
+/// rates and L2, tables under `options.job`. InvalidArgument for bad --bottom_mlp/--top_mlp
+/// and for a width left to the data (0, "auto": RunJob resolves those first).
+Result<ModelConfig> ModelConfigOf(const JobOptions& options, const Schema& schema);
+
 /// What a job did on this node.
 struct JobReport {
   /// This node's training in this run (local rank 0's figures: the node's ranks together).
@@ -248,7 +275,7 @@ struct JobReport {
   double job_end_s = 0;
   /// The test figures.
   EvalResult test;
-  /// The best validation round, where there was one.
+  /// Worker 0: the best validation round, where there was one (also without `evaluate`).
   std::optional<ValidationPoint> best_validation;
   /// The step whose state the test scored: the best round's, restored, or the last step.
   uint64_t tested_step = 0;
@@ -264,6 +291,15 @@ struct JobReport {
   uint64_t skipped_lines = 0;
   /// The hot-row cache's figures at the end of training (with cache_rows).
   std::optional<RowCacheStats> row_cache;
+  /// The model as trained, defaults from the data resolved (embedding width, MLP widths).
+  uint32_t embedding_dim = 0;
+  std::string bottom_mlp, top_mlp;
+  /// The learning-rate schedule as trained (a decay chosen by epochs included).
+  LrSchedule lr_schedule;
+  /// What report.html shows (set where it was written).
+  ReportSummary summary;
+  /// The names of the job's tables on the servers (all under the job's name).
+  std::vector<std::string> tables;
 };
 
 /// Runs the job on this node: sets up its local ranks, connects, trains, validates, and on

@@ -241,6 +241,10 @@ constexpr const char* kStyle = R"css(
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
        margin: 24px 32px; color: #1d2733; background: #f6f7f9; }
 h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 18px 0 6px; }
+table.trials { border-collapse: collapse; background: #fff; font-size: 13px; }
+table.trials td, table.trials th { border: 1px solid #dde1e6; padding: 3px 8px; text-align: left; }
+table.trials tr.winner { background: #e8f5e9; font-weight: 600; }
 .sub { color: #5a6675; font-size: 13px; margin-bottom: 16px; word-break: break-all; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin-bottom: 18px; }
 .card { background: #fff; border: 1px solid #dde1e6; border-radius: 6px; padding: 8px 14px;
@@ -382,7 +386,22 @@ std::string RenderReport(std::span<const CurveRow> rows, const ReportSummary& su
               .color = "#6a4bbd",
               .from_zero = true},
              SeriesOf(rows, &CurveRow::samples_per_s), x);
-  o << "</div>\n<footer>Written by tessera-worker 0 from metrics.csv next to this file "
+  o << "</div>\n";
+  if (!summary.trials.empty()) {
+    o << "<h2>Search trials</h2>\n<table class=\"trials\"><tr><th>trial</th><th>config</th>"
+         "<th>steps</th><th>validation AUC</th><th>validation logloss</th><th>test AUC</th></tr>\n";
+    for (const ReportTrial& t : summary.trials) {
+      o << "<tr" << (t.winner ? " class=\"winner\"" : "") << "><td>" << Escape(t.name)
+        << (t.winner ? " (winner)" : "") << "</td><td>" << Escape(t.config) << "</td><td>"
+        << t.steps << "</td><td>" << Known(t.validation_auc) << "</td><td>"
+        << Known(t.validation_logloss) << "</td><td>"
+        << (std::isfinite(t.test_auc) ? Printf("%.4f", t.test_auc) : std::string("-"))
+        << "</td></tr>\n";
+    }
+    o << "</table>\n<div class=\"sub\">Picked by validation AUC only; each rung keeps the best "
+         "by it and only the winner is tested.</div>\n";
+  }
+  o << "<footer>Written by tessera-worker 0 from metrics.csv next to this file "
        "(columns step, samples, train_loss, validation_auc, validation_logloss, samples_per_s). "
        "Hover a point for its figures.</footer>\n</body></html>\n";
   return o.str();

@@ -14,6 +14,17 @@
 
 namespace tessera::worker {
 
+/// A trial of a search (worker/search.h), a row of the report's trials table.
+struct ReportTrial {
+  std::string name;    ///< e.g. "r0t3": rung 0, trial 3.
+  std::string config;  ///< TrialConfig::Describe().
+  uint64_t steps = 0;
+  double validation_auc = std::numeric_limits<double>::quiet_NaN();
+  double validation_logloss = std::numeric_limits<double>::quiet_NaN();
+  double test_auc = std::numeric_limits<double>::quiet_NaN();  ///< NaN: not tested
+  bool winner = false;
+};
+
 /// The final figures of a run, shown above the curves. NaN and nullopt are unknown (not
 /// shown).
 struct ReportSummary {
@@ -40,6 +51,8 @@ struct ReportSummary {
   double best_validation_logloss = std::numeric_limits<double>::quiet_NaN();
   /// The step whose state the test scored (the best one when it was restored). Default: none.
   std::optional<uint64_t> tested_step;
+  /// The trials of the search this run won (none: no search), as a table below the charts.
+  std::vector<ReportTrial> trials;
 };
 
 /// Reads a training curve as CurveFile writes it: a header line naming the columns (any order;

@@ -192,5 +192,36 @@ TEST(Report, EmptyColumnsOnePointAndNoValidationColumn) {
   EXPECT_EQ(ReadCurveCsv(dir.path() + "/none.csv").status().code(), StatusCode::kNotFound);
 }
 
+// A search's trials: one table row each, in order, the winner marked, text escaped, an
+// untested trial's test AUC shown as "-"; no table without trials.
+TEST(Report, TrialsTableHasARowPerTrial) {
+  ReportSummary summary;
+  summary.trials = {
+      {"r0t0", "dlrm d=8 <b>", 10, 0.71, 0.48, NAN, false},
+      {"r0t1", "dcn d=4 & more", 10, 0.69, 0.49, NAN, false},
+      {"r1t0", "dlrm d=8 <b>", 30, 0.72, 0.47, 0.705, true},
+  };
+  const std::string html = RenderReport({}, summary);
+  const std::regex row("<tr( class=\"winner\")?><td>([^<]*)</td><td>([^<]*)</td><td>(\\d+)</td>"
+                       "<td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td></tr>");
+  std::vector<std::smatch> rows;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), row); it != std::sregex_iterator();
+       ++it) {
+    rows.push_back(*it);
+  }
+  ASSERT_EQ(rows.size(), 3u) << html;
+  EXPECT_EQ(rows[0][2].str(), "r0t0");
+  EXPECT_EQ(rows[0][3].str(), "dlrm d=8 &lt;b&gt;");
+  EXPECT_EQ(rows[0][7].str(), "-");
+  EXPECT_FALSE(rows[0][1].matched);
+  EXPECT_EQ(rows[1][3].str(), "dcn d=4 &amp; more");
+  EXPECT_EQ(rows[1][5].str(), "0.6900");
+  EXPECT_EQ(rows[2][2].str(), "r1t0 (winner)");
+  EXPECT_TRUE(rows[2][1].matched);
+  EXPECT_EQ(rows[2][4].str(), "30");
+  EXPECT_EQ(rows[2][7].str(), "0.7050");
+  EXPECT_EQ(RenderReport({}, ReportSummary{}).find("Search trials"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera::worker

@@ -310,6 +310,9 @@ Status Trainer::Init() {
     TESSERA_RETURN_IF_ERROR(st);
   }
   step_ = 0;
+  if (!resumed && options_.start_clock > 0 && leader_) {
+    TESSERA_RETURN_IF_ERROR(store_->SetClock(options_.start_clock));
+  }
   if (resumed) {
     step_ = pos.step;
     const uint32_t me = reducer_ ? reducer_->rank() : 0;

@@ -106,6 +106,11 @@ struct TrainerOptions {
   std::string job = "ctr";
   /// Resume from the stored position and clock when there is one. Default: true.
   bool resume = true;
+  /// A run that does not resume sets this worker's clock here first (0: leaves it at 0): a job
+  /// that follows another one of the same worker id on the same servers goes on from that one's
+  /// clock, so that its checkpoint cuts do not wait for a clock the earlier job reached.
+  /// Default: 0.
+  int64_t start_clock = 0;
   /// Seconds between progress reports (0: none). Default: 5.
   double progress_interval_s = 5;
   /// Called with each progress report (on the leader). Default: none.

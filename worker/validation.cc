@@ -52,7 +52,8 @@ Validator::Validator(const ValidationOptions& options, const ModelLayout& layout
       store_(store),
       client_(client),
       backend_(backend),
-      samples_(std::move(samples)) {}
+      samples_(std::move(samples)),
+      stopper_(options.by_auc, options.patience_on_both, options.patience) {}
 
 Validator::~Validator() = default;
 
@@ -70,6 +71,35 @@ Status Validator::WaitForMeta(const std::string& name, std::string* value) {
   }
 }
 
+Result<EarlyStopping> ParseEarlyStopping(std::string_view name) {
+  if (name == "logloss") return EarlyStopping::kLogloss;
+  if (name == "auc") return EarlyStopping::kAuc;
+  if (name == "both") return EarlyStopping::kBoth;
+  return Status::InvalidArgument("unknown early stopping metric '" + std::string(name) +
+                                 "' (auc, logloss or both)");
+}
+
+uint32_t DefaultBatchSize(uint64_t shard_samples) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>(shard_samples / kMinStepsPerEpoch, 32, 1024));
+}
+
+bool EarlyStopper::Add(const ValidationPoint& point) {
+  const bool better = !best_ || (by_auc_ ? point.auc > best_->auc : point.logloss < best_->logloss);
+  const double other = by_auc_ ? point.logloss : point.auc;
+  const bool other_better = !any_ || (by_auc_ ? other < best_other_ : other > best_other_);
+  any_ = true;
+  if (other_better) best_other_ = other;
+  if (better) {
+    best_ = point;
+    bad_ = 0;
+  } else if (both_ && other_better) {
+    bad_ = 0;
+  } else {
+    ++bad_;
+  }
+  return better;
+}
+
 Result<bool> Validator::Round(uint64_t step) {
   const std::string round = options_.job + "/val/" + std::to_string(step);
   std::string value;
@@ -85,16 +115,8 @@ Result<bool> Validator::Round(uint64_t step) {
   TESSERA_ASSIGN_OR_RETURN(ValidationPoint point, Score());
   point.step = step;
   history_.push_back(point);
-  const bool better = !best_ || (options_.by_auc ? point.auc > best_->auc
-                                                 : point.logloss < best_->logloss);
-  if (better) {
-    best_ = point;
-    bad_ = 0;
-    TESSERA_RETURN_IF_ERROR(KeepBest(step));
-  } else {
-    ++bad_;
-  }
-  const bool stop = options_.patience > 0 && bad_ >= options_.patience;
+  if (stopper_.Add(point)) TESSERA_RETURN_IF_ERROR(KeepBest(step));
+  const bool stop = stopper_.stop();
   TESSERA_RETURN_IF_ERROR(store_->PutMeta(round, stop ? "stop" : "go"));
   return stop;
 }
@@ -132,7 +154,8 @@ Status Validator::KeepBest(uint64_t step) {
 }
 
 Result<std::optional<uint64_t>> Validator::RestoreBest(uint64_t last_step) {
-  if (options_.worker_id != 0 || !best_ || best_->step == last_step || best_ckpt_.empty()) {
+  const std::optional<ValidationPoint>& best = stopper_.best();
+  if (options_.worker_id != 0 || !best || best->step == last_step || best_ckpt_.empty()) {
     return std::optional<uint64_t>();
   }
   // The checkpoint holds the position records of the best step; the job has gone past it.
@@ -144,7 +167,7 @@ Result<std::optional<uint64_t>> Validator::RestoreBest(uint64_t last_step) {
   }
   TESSERA_RETURN_IF_ERROR(client_->Restore(best_ckpt_).WithContext("restoring the best state"));
   for (const auto& [key, value] : positions) TESSERA_RETURN_IF_ERROR(store_->PutMeta(key, value));
-  return std::optional<uint64_t>(best_->step);
+  return std::optional<uint64_t>(best->step);
 }
 
 }  // namespace tessera::worker

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/client/client.h"
@@ -40,6 +41,19 @@ uint64_t PlannedSteps(uint64_t shard_samples, uint32_t epochs, uint32_t batch_si
 /// epoch at least this many steps a rank.
 inline constexpr uint64_t kMinStepsPerEpoch = 100;
 
+/// That batch for a smallest training shard of `shard_samples` samples a rank:
+/// clamp(shard / kMinStepsPerEpoch, 32, 1024).
+uint32_t DefaultBatchSize(uint64_t shard_samples);
+
+/// What picks the best validation round and stops early.
+enum class EarlyStopping : uint8_t {
+  kLogloss,  ///< the lowest logloss; stop when it has not improved for the patience
+  kAuc,      ///< the highest AUC; stop when it has not improved for the patience
+  kBoth,     ///< the highest AUC; stop when neither AUC nor logloss has improved for it
+};
+/// "logloss" | "auc" | "both"; InvalidArgument otherwise.
+Result<EarlyStopping> ParseEarlyStopping(std::string_view name);
+
 /// Options of a Validator.
 struct ValidationOptions {
   /// Job name: the round records are "<job>/val/<step>" (the decision, written by worker 0)
@@ -65,6 +79,10 @@ struct ValidationOptions {
   /// lower logloss. Default: logloss (docs/worker.md: on MovieLens the AUC of 9k validation
   /// samples stays flat over the epochs where the test AUC falls).
   bool by_auc = false;
+  /// A round that improves either figure (AUC or logloss) resets the count of rounds without
+  /// improvement, so the job stops only once neither has improved for `patience` rounds; the
+  /// best round is still the one by_auc picks. Default: false (only that figure counts).
+  bool patience_on_both = false;
 };
 
 /// The validation figures after one step.
@@ -73,6 +91,30 @@ struct ValidationPoint {
   uint64_t samples = 0;  ///< Validation samples scored.
   double auc = 0.5;
   double logloss = 0;
+};
+
+/// The early-stopping decision over a sequence of validation rounds, without I/O: which round
+/// is the best (by AUC or logloss) and how many rounds in a row did not improve (the picking
+/// figure, or with patience_on_both either figure). Not thread-safe.
+class EarlyStopper {
+ public:
+  EarlyStopper(bool by_auc, bool patience_on_both, uint32_t patience)
+      : by_auc_(by_auc), both_(patience_on_both), patience_(patience) {}
+  /// Takes the next round; returns whether it is the new best.
+  bool Add(const ValidationPoint& point);
+  /// Whether the job stops after the last round added (patience 0: never).
+  bool stop() const { return patience_ > 0 && bad_ >= patience_; }
+  /// Rounds in a row without improvement.
+  uint32_t rounds_without_improvement() const { return bad_; }
+  const std::optional<ValidationPoint>& best() const { return best_; }
+
+ private:
+  bool by_auc_, both_;
+  uint32_t patience_;
+  std::optional<ValidationPoint> best_;
+  double best_other_ = 0;  // the best so far of the figure that does not pick
+  bool any_ = false;
+  uint32_t bad_ = 0;
 };
 
 /// Runs the validation rounds of one worker (its leader rank). In a round after step S every
@@ -107,11 +149,12 @@ class Validator {
   Result<ValidationPoint> Score();
 
   /// Worker 0: the best round so far (highest AUC or lowest logloss, the earliest of equals).
-  std::optional<ValidationPoint> best() const { return best_; }
+  std::optional<ValidationPoint> best() const { return stopper_.best(); }
   /// Worker 0: every round's figures.
   const std::vector<ValidationPoint>& history() const { return history_; }
-  /// Worker 0: rounds since the best.
-  uint32_t rounds_without_improvement() const { return bad_; }
+  /// Worker 0: rounds in a row without improvement (of the picking figure; with
+  /// patience_on_both, of either).
+  uint32_t rounds_without_improvement() const { return stopper_.rounds_without_improvement(); }
   /// Worker 0: the checkpoint name holding the best state; empty when none.
   const std::string& best_checkpoint() const { return best_ckpt_; }
 
@@ -127,9 +170,8 @@ class Validator {
   Client* client_;
   Backend* backend_;
   std::unique_ptr<DataReader> samples_;
-  std::optional<ValidationPoint> best_;
+  EarlyStopper stopper_;
   std::vector<ValidationPoint> history_;
-  uint32_t bad_ = 0;
   std::string best_ckpt_;
 };
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "ps/metrics/metrics.h"
 #include "ps/routing.h"
 #include "worker/job.h"
+#include "worker/search.h"
 
 DEFINE_string(servers, "", "Server endpoints in rank order: comma-separated, or @FILE");
 DEFINE_string(coordinator, "",
@@ -92,9 +94,14 @@ DEFINE_int32(threads, 1, "CPU backend threads per local rank");
 DEFINE_string(backend, "cpu",
               "cpu | cuda | null (null: no model, zero gradients; measures the feed: data, "
               "keys, pulls and pushes without a model)");
-DEFINE_uint32(embedding_dim, 8, "Embedding width");
-DEFINE_string(bottom_mlp, "64", "Bottom MLP hidden widths, comma-separated (may be empty)");
-DEFINE_string(top_mlp, "64", "Top MLP hidden widths, comma-separated (may be empty)");
+DEFINE_uint32(embedding_dim, 0,
+              "Embedding width; 0: from the data, k^0.25 rounded to a multiple of 4 in "
+              "[4, 32], k the mean distinct keys a field in the first 50,000 training samples");
+DEFINE_string(bottom_mlp, "auto",
+              "Bottom MLP hidden widths, comma-separated (may be empty); auto: one layer of 8 * "
+              "the embedding width, in [64, 256]");
+DEFINE_string(top_mlp, "auto", "Top MLP hidden widths, comma-separated (may be empty); auto: "
+              "as --bottom_mlp");
 DEFINE_string(pooling, "sum", "Embedding bag pooling: sum | mean");
 DEFINE_string(model, "dlrm", "dlrm | deepfm | dcn");
 DEFINE_uint32(cross_layers, 3, "--model=dcn: DCN-v2 full-rank cross layers before the top MLP");
@@ -109,7 +116,9 @@ DEFINE_double(dense_l2, 0, "L2 regularization of the MLP weights and biases (app
 DEFINE_double(wide_l2, 0.1, "Wide FTRL L2 strength");
 DEFINE_uint64(lr_warmup_steps, 0,
               "Learning-rate warm-up: the rate rises linearly to its value over this many steps");
-DEFINE_string(lr_decay, "none", "Learning-rate decay after the warm-up: none | linear | cosine");
+DEFINE_string(lr_decay, "auto",
+              "Learning-rate decay after the warm-up: none | linear | cosine | auto (cosine "
+              "when --epochs > 1, else none)");
 DEFINE_uint64(lr_decay_steps, 0,
               "Steps the decay lasts (0: until the planned last step, when there is one)");
 DEFINE_double(lr_final_scale, 0.1, "Learning-rate factor at the end of the decay");
@@ -134,15 +143,22 @@ DEFINE_uint32(validation_mod, 10,
               "Files: every N-th sample of the training part is held out for validation; "
               "synthetic: validation is a stream of its own (--validation_samples)");
 DEFINE_uint64(validation_samples, 20000, "Validation samples scored per round (at most)");
-DEFINE_string(early_stopping_metric, "logloss",
-              "Validation figure that picks the best round and stops early: auc (higher is better) "
-              "| logloss (lower is better)");
+DEFINE_string(early_stopping_metric, "both",
+              "Validation figure that picks the best round and stops early: auc (higher is "
+              "better) | logloss (lower is better) | both (the best round by AUC; no stop while "
+              "either AUC or logloss improves)");
 DEFINE_uint32(early_stopping_patience, 3,
-              "Stop when the validation AUC has not improved for this many rounds (0: never)");
+              "Stop when the validation figure has not improved for this many rounds (0: never)");
 DEFINE_string(admin_root, "",
               "The servers' --admin_root as this worker sees it: worker 0 keeps the best "
               "validated state there as a checkpoint and restores it before the test (empty: the "
               "final state is tested)");
+DEFINE_uint32(search, 0,
+              "Train this many configs (the defaults first, then models, widths, MLPs, "
+              "learning rates and L2 around them) by successive halving against the same servers, "
+              "each under its own table prefix; pick the best on the validation split, test only "
+              "it (docs/worker.md, Search); one worker; 0: no search");
+DEFINE_uint32(search_eta, 3, "--search: the halving factor (each rung keeps 1/eta of its trials)");
 DEFINE_string(out_dir, ".", "Worker 0 writes metrics.csv (the training curve) here");
 DEFINE_string(metrics_address, "127.0.0.1",
               "Address the metrics port listens on: 127.0.0.1 (this machine only) by default; "
@@ -338,24 +354,27 @@ std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
                                              "'epoch' or 0, not '" + FLAGS_validate_every + "'");
     }
   }
-  if (FLAGS_early_stopping_metric != "auc" && FLAGS_early_stopping_metric != "logloss") {
-    return tessera::cli::UsageError(kTool, "--early_stopping_metric must be auc or logloss, "
-                                           "not '" + FLAGS_early_stopping_metric + "'");
+  const auto early_stopping = tw::ParseEarlyStopping(FLAGS_early_stopping_metric);
+  if (!early_stopping.ok()) {
+    return tessera::cli::UsageError(kTool, "--early_stopping_metric: " +
+                                               early_stopping.status().message());
   }
   if (o->validate && FLAGS_validation_mod < 2) {
     return tessera::cli::UsageError(kTool, "--validation_mod must be at least 2");
   }
   o->validation_mod = FLAGS_validation_mod;
   o->validation_samples = FLAGS_validation_samples;
-  o->early_stopping_by_auc = FLAGS_early_stopping_metric == "auc";
+  o->early_stopping = *early_stopping;
   o->early_stopping_patience = FLAGS_early_stopping_patience;
   if (FLAGS_epochs == 0 && FLAGS_max_steps == 0) {
     return tessera::cli::UsageError(kTool, "--epochs=0 repeats the data without end: give "
                                            "--max_steps too");
   }
-  auto decay = tw::ParseLrDecay(FLAGS_lr_decay);
+  o->lr_decay_by_epochs = FLAGS_lr_decay == "auto";
+  auto decay = tw::ParseLrDecay(o->lr_decay_by_epochs ? "none" : FLAGS_lr_decay);
   if (!decay.ok()) {
-    return tessera::cli::UsageError(kTool, "--lr_decay: " + decay.status().message());
+    return tessera::cli::UsageError(kTool, "--lr_decay must be auto, none, linear or cosine, "
+                                           "not '" + FLAGS_lr_decay + "'");
   }
   if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
     return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
@@ -386,11 +405,36 @@ std::optional<int> OptionsFromFlags(tw::JobOptions* o) {
   return ScheduleFromFlags(o);
 }
 
+// The search's keys of the report line: the winner and every trial.
+void AddSearch(const tw::SearchReport& search, nlohmann::ordered_json* report) {
+  nlohmann::ordered_json trials = nlohmann::json::array();
+  for (size_t i = 0; i < search.trials.size(); ++i) {
+    const tw::TrialResult& t = search.trials[i];
+    nlohmann::ordered_json row;
+    row["rung"] = t.rung;
+    row["trial"] = t.trial;
+    row["config"] = t.config.Describe();
+    row["steps"] = t.steps;
+    row["validation_auc"] = t.validation_auc;
+    row["validation_logloss"] = t.validation_logloss;
+    if (std::isfinite(t.test_auc)) row["test_auc"] = t.test_auc;
+    row["winner"] = i == search.winner;
+    trials.push_back(row);
+  }
+  const tw::TrialResult& w = search.trials[search.winner];
+  (*report)["search_winner"] = w.config.Describe();
+  (*report)["search_winner_is_default"] = w.trial == 0;
+  (*report)["search_dropped_tables"] = search.dropped_tables;
+  (*report)["search_tables_not_dropped"] = search.tables_not_dropped;
+  if (!search.trials_csv.empty()) (*report)["trials_csv"] = search.trials_csv;
+  (*report)["search_trials"] = trials;
+}
+
 // The report line (examples/ctr/README.md lists its keys). The training figures are worker 0's
 // own (its node's local ranks together, this run only): this process does not see the other
 // workers' counts. "data" stays the first key (scripts find the line by it); NaN (no oracle) is
 // written as null.
-void PrintReport(const tw::JobReport& r) {
+void PrintReport(const tw::JobReport& r, const tw::SearchReport* search = nullptr) {
   const tw::TrainResult& tr = r.train;
   nlohmann::ordered_json report;
   report["data"] = FLAGS_data;
@@ -401,6 +445,12 @@ void PrintReport(const tw::JobReport& r) {
   report["prefetch_depth"] = FLAGS_prefetch_depth;
   report["max_pushes_in_flight"] = FLAGS_max_pushes_in_flight;
   report["model"] = FLAGS_deep ? FLAGS_model + (FLAGS_wide ? "+wide" : "") : "wide";
+  report["embedding_dim"] = r.embedding_dim;
+  report["bottom_mlp"] = r.bottom_mlp;
+  report["top_mlp"] = r.top_mlp;
+  report["lr_decay"] = r.lr_schedule.decay == tw::LrSchedule::Decay::kCosine   ? "cosine"
+                       : r.lr_schedule.decay == tw::LrSchedule::Decay::kLinear ? "linear"
+                                                                               : "none";
   report["train_samples_worker0"] = tr.samples;
   report["train_seconds"] = tr.seconds;
   report["samples_per_s_worker0"] = tr.samples_per_s;
@@ -442,6 +492,7 @@ void PrintReport(const tw::JobReport& r) {
     report["cache_flushed_rows"] = r.row_cache->flushed_rows;
     report["cache_deferred_rows"] = r.row_cache->deferred_rows;  // 0: all flushed for the test
   }
+  if (search != nullptr) AddSearch(*search, &report);
   // A --data path need not be UTF-8; replace what is not rather than throw.
   std::printf("%s\n",
               report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -469,6 +520,22 @@ int main(int argc, char** argv) {
   options.observer = &worker_metrics;
 
   bool options_error = false;
+  if (FLAGS_search > 0) {
+    tw::SearchOptions so;
+    so.trials = FLAGS_search;
+    so.eta = FLAGS_search_eta;
+    auto search = tw::RunSearch(options, so, &options_error);
+    if (!search.ok() && options_error) {
+      return tessera::cli::UsageError(kTool, search.status().message());
+    }
+    if (!search.ok()) {
+      std::fprintf(stderr, "tessera-worker %u: %s\n", FLAGS_worker_id,
+                   search.status().ToString().c_str());
+      return 1;
+    }
+    PrintReport(search->report, &*search);
+    return 0;
+  }
   auto report = tw::RunJob(options, &options_error);
   if (!report.ok() && options_error) {
     return tessera::cli::UsageError(kTool, report.status().message());

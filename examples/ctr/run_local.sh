@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CTR training job on a local Tessera cluster: 2 tessera-server processes (RocksDB data
-# directories in a temp dir) and 2 tessera-worker processes on 127.0.0.1 train a DLRM click model,
+# directories in a temp dir) and 2 tessera-worker processes (--workers N) on 127.0.0.1 train a DLRM click model,
 # worker 0 evaluates it on the held-out part and prints the report; its JSON line is the last
 # line this script prints. The training curve (metrics.csv), the page with its charts
 # (report.html) and the JSON report (report.json) stay in the run directory (--out DIR, default
@@ -32,9 +32,10 @@ usage: bash examples/ctr/run_local.sh [options] [-- worker flags...]
   --checkpoint DIR   take a checkpoint of the cluster into DIR after training
                      (the servers get DIR's parent as --admin_root: with --resume, both DIRs
                      must be in the same directory)
+  --workers N        tessera-worker processes (default 2)
   --keep             keep the temp dir (server data, logs) and print where it is
   -h, --help         this text
-Other --flag=value (or --flag value) arguments, and everything after --, are passed to both workers
+Other --flag=value (or --flag value) arguments, and everything after --, are passed to every worker
 (see: build/worker/tessera-worker --help), e.g. --train_samples=2000000 --consistency=bsp.
 Environment: TESSERA_BUILD_DIR (default: build).
 EOF
@@ -50,6 +51,7 @@ out=""
 resume=""
 checkpoint=""
 keep=0
+workers=2
 worker_args=()
 while (($# > 0)); do
   case $1 in
@@ -67,6 +69,8 @@ while (($# > 0)); do
     --checkpoint) (($# >= 2)) || { usage >&2; exit 2; }; checkpoint=$(abspath "$2"); shift 2 ;;
     --checkpoint=*) checkpoint=$(abspath "${1#--checkpoint=}"); shift ;;
     --keep) keep=1; shift ;;
+    --workers) (($# >= 2)) || { usage >&2; exit 2; }; workers=$2; shift 2 ;;
+    --workers=*) workers=${1#--workers=}; shift ;;
     --) shift; worker_args+=("$@"); break ;;
     --*=*) worker_args+=("$1"); shift ;;
     # A worker flag in the `--flag value` form; a flag alone (a boolean) when no value follows.
@@ -81,6 +85,7 @@ while (($# > 0)); do
   esac
 done
 
+[[ $workers =~ ^[1-9][0-9]*$ ]] || { echo "run_local.sh: --workers must be a positive number" >&2; exit 2; }
 case $data in
   synthetic) ;;
   criteo:* | libsvm:* | csv:* | movielens:*)
@@ -216,18 +221,21 @@ if [[ -n $resume ]]; then
   ctl restore "$(basename -- "$resume")" || fail "restore of $resume failed"
 fi
 
-# Both workers' progress lines are relayed as they come; worker 0's report (its lines after
+# The workers' progress lines (and a search's lines) are relayed as they come; worker 0's report (its lines after
 # training, the JSON line last) is printed once every process is done.
 wpids=()
-for w in 0 1; do
+for ((w = 0; w < workers; w++)); do
   # The workers see the servers' --admin_root: worker 0 keeps the best validated state there.
-  "$build/worker/tessera-worker" --servers="$cluster" --worker_id=$w --num_workers=2 --data="$data" \
+  "$build/worker/tessera-worker" --servers="$cluster" --worker_id=$w --num_workers="$workers" \
+    --data="$data" \
     --admin_root="$admin_root" --out_dir="$out" \
     "${worker_args[@]}" >"$work/worker$w.out" 2>"$work/worker$w.log" &
   pids+=($!)
   wpids+=($!)
 done
-shown=(0 0)
+shown=()
+rcs=()
+for ((w = 0; w < workers; w++)); do shown[w]=0; rcs[w]=-1; done
 # Prints the complete lines of worker $1's output not shown yet, except JSON lines.
 relay() {
   local w=$1 f="$work/worker$1.out" lines n
@@ -238,16 +246,16 @@ relay() {
   [[ -z $(tail -c 1 "$f") ]] || n=$((n - 1))
   local i
   for ((i = shown[w]; i < n; i++)); do
-    # Worker 0's report (lines not starting with "worker ") waits for the end.
-    [[ $w == 0 && ${lines[i]} != worker\ * ]] && continue
+    # Worker 0's report (lines not starting with "worker " or "search ") waits for the end.
+    [[ $w == 0 && ${lines[i]} != worker\ * && ${lines[i]} != search\ * ]] && continue
     printf '%s\n' "${lines[i]}"
   done
   shown[w]=$n
 }
-rcs=(-1 -1)
-while ((rcs[0] < 0 || rcs[1] < 0)); do
+running() { local w; for ((w = 0; w < workers; w++)); do ((rcs[w] < 0)) && return 0; done; return 1; }
+while running; do
   sleep 1
-  for w in 0 1; do
+  for ((w = 0; w < workers; w++)); do
     relay "$w"
     if ((rcs[w] < 0)) && ! kill -0 "${wpids[$w]}" 2>/dev/null; then
       rc=0
@@ -268,7 +276,7 @@ fi
 
 report=$(grep '^{' "$work/worker0.out" | tail -n 1 || true)
 [[ -n $report ]] || fail "worker 0 printed no report"
-grep -v -e '^worker ' -e '^{' "$work/worker0.out" || true
+grep -v -e '^worker ' -e '^search ' -e '^{' "$work/worker0.out" || true
 printf '%s\n' "$report" >"$out/report.json"
 echo "run_local.sh: training curve $out/metrics.csv"
 [[ -f $out/report.html ]] && echo "run_local.sh: report with charts $out/report.html"

@@ -296,7 +296,7 @@ TEST(ToolsCli, EnumFlagsAreChecked) {
       {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--model=bogus"},
        "--model: unknown model 'bogus' (known: dlrm, deepfm, dcn)"},
       {{TESSERA_WORKER_BINARY, "--servers=" + nowhere, "--early_stopping_metric=f1"},
-       "--early_stopping_metric must be auc or logloss"},
+       "--early_stopping_metric: unknown early stopping metric 'f1' (auc, logloss or both)"},
       {{TESSERA_SERVER_BINARY, "--cluster=" + nowhere, "--durability=lazy"},
        "tessera-server: --durability must be one of strict, relaxed (got 'lazy')"},
   };
