@@ -155,6 +155,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
           << l << "applies " << st.applies << "\n"
           << l << "evicted_rows " << st.evicted_rows << "\n"
           << l << "disk_reads " << st.disk_reads << "\n"
+          << l << "admission_rejects " << st.admission_rejects << "\n"
           << l << "write_backs " << st.commits << "\n"
           << l << "rows_written " << st.rows_written << "\n"
           << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"
