@@ -3,7 +3,8 @@
 // the disk's own rates, measured in the same run, alternating (docs/benchmarks.md, "Scale").
 //
 // One tessera-server child process on RocksDB (strict durability, 2 lanes) and one memory-only
-// server, each filled with the same `rows` rows x dim 16 (Adagrad) through the normal push path.
+// server, each filled with the same `rows` rows x dim 16 (Adagrad) through the normal push path;
+// the measurements start once the durable server is idle (the fill's compactions done).
 //  - Zipf pushes and pulls with --memory_budget_mb at 1/10 of the table's raw bytes, against the
 //    memory-only server (caller keys per second, medians): zipf_push_vs_memory,
 //    zipf_pull_vs_memory.
@@ -18,8 +19,8 @@
 //    256 MiB file on the same file system: strict_log_vs_disk_seq_write.
 //  - Bytes per row: the memory-only server's RSS, the data directory's; a checkpoint and a
 //    restore of the whole table (GB/s of the checkpoint's bytes, and against the sequential
-//    write rate; the restore with --restore). Resharding at this size is not measured (no cheap path: it needs a cluster map
-//    change with a coordinator).
+//    write rate; the restore with --restore). Resharding at this size is not measured (no cheap
+//    path: it needs a cluster map change with a coordinator).
 //
 // Usage: bench_scale [--quick] [--rows=N] [--batches=10000,100000] [--reps=3]. --quick: 10M rows,
 // batches of 10,000 keys. Prints a table and one JSON line.
@@ -45,24 +46,31 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_keys.h"
+#include "benchmarks/bench_process.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 
-DEFINE_bool(quick, false, "10M rows and batches of 10,000 keys (about 5 minutes on 2 cores)");
-DEFINE_uint64(rows, 100000000, "Rows in the table (1000000000 for a 1B-row run on a large machine)");
+DEFINE_bool(quick, false,
+            "10M rows and batches of 10,000 keys (6-12 minutes on a busy 2-core machine, most of "
+            "it the fill)");
+DEFINE_uint64(rows, 100000000,
+              "Rows in the table (1000000000 for a 1B-row run on a large machine)");
 DEFINE_uint32(dim, 16, "Row dimension (Adagrad: as many state floats)");
 DEFINE_string(batches, "10000,100000", "Keys per push or pull; one cell per size");
 DEFINE_int32(reps, 3, "Alternating repetitions (medians)");
 DEFINE_double(min_rep_s, 2, "Shortest phase of a repetition, in seconds");
 DEFINE_string(server, "", "tessera-server binary (default: next to this program)");
 DEFINE_string(dir, "", "Directory for the data (default: a temporary directory)");
+DEFINE_int32(settle_s, 180,
+             "After the fill, wait until the durable server is idle (under 0.1 core over 2 s: "
+             "RocksDB's compactions of the fill done), at most this long");
 DEFINE_bool(checkpoint, true, "Measure a checkpoint of the whole table");
 DEFINE_bool(restore, false,
             "Also restore it (200 s for 10M rows on a loaded 2-core machine: not in --quick)");
 
 namespace {
 
-using namespace tessera;        // NOLINT
+using namespace tessera;         // NOLINT
 using namespace tessera::bench;  // NOLINT
 using Clock = std::chrono::steady_clock;
 
@@ -145,7 +153,8 @@ Status Fill(Server& s) {
     keys.clear();
     for (uint64_t r = first; r < std::min(Rows(), first + kBatch); ++r) keys.push_back(KeyOf(r));
     TESSERA_RETURN_IF_ERROR(
-        s.client->Wait(s.client->Push(s.table, keys, std::span(grads).first(keys.size() * FLAGS_dim)))
+        s.client
+            ->Wait(s.client->Push(s.table, keys, std::span(grads).first(keys.size() * FLAGS_dim)))
             .WithContext(std::string(s.name) + ": fill"));
   }
   return Status::OK();
@@ -181,8 +190,9 @@ Result<double> Run(Server& s, const std::vector<std::vector<uint64_t>>& batches,
   uint64_t keys = 0;
   for (size_t i = 0; i < 2 || Seconds(t0) < FLAGS_min_rep_s; ++i) {
     const auto& b = batches[i % batches.size()];
-    TESSERA_RETURN_IF_ERROR(s.client->Wait(push ? s.client->Push(s.table, b, grads)
-                                                : s.client->Pull(s.table, b, out.data()))
+    TESSERA_RETURN_IF_ERROR(s.client
+                                ->Wait(push ? s.client->Push(s.table, b, grads)
+                                            : s.client->Pull(s.table, b, out.data()))
                                 .WithContext(std::string(s.name) + (push ? ": push" : ": pull")));
     keys += b.size();
   }
@@ -347,6 +357,15 @@ int Main(int argc, char** argv) {
   RunOnly(all, tier.cluster);
   if (!(st = Fill(tier)).ok() || !(st = WaitWrittenBack(tier)).ok()) return fail(st);
   const double fill_tier_s = Seconds(fill0);
+  // The fill's compactions (random keys into leveled RocksDB) go on after it: measured, they
+  // took half the durable server's CPU in the first Zipf phases.
+  const auto settle0 = Clock::now();
+  while (Seconds(settle0) < FLAGS_settle_s) {
+    const double c0 = ProcessCpuSeconds(tier.cluster.pid(0));
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (ProcessCpuSeconds(tier.cluster.pid(0)) - c0 < 0.2) break;
+  }
+  const double settle_s = Seconds(settle0);
   double fill_mem_s = 0;
   double mem_rss_mb = 0;
   if (with_memory) {
@@ -432,12 +451,14 @@ int Main(int argc, char** argv) {
         const double s = Seconds(t0);
         auto after = LaneStat(tier, "disk_reads");
         if (!pull.ok()) return fail(pull.status());
-        if (!before.ok() || !after.ok()) return fail(before.ok() ? after.status() : before.status());
+        if (!before.ok() || !after.ok())
+          return fail(before.ok() ? after.status() : before.status());
         miss_rate.push_back((*after - *before) / s);
         uni_pull_tier.push_back(*pull);
       } else {
         tier.cluster.Pause();
-        disk_read_rate.push_back(DiskRandomRead(read_file, read_bytes, 2, FLAGS_min_rep_s, &direct));
+        disk_read_rate.push_back(
+            DiskRandomRead(read_file, read_bytes, 2, FLAGS_min_rep_s, &direct));
         if (with_memory) {
           RunOnly(all, mem.cluster);
           auto pull = Run(mem, uniform_keys, false);
@@ -471,11 +492,12 @@ int Main(int argc, char** argv) {
   // --- Report.
   const double seq = Median(seq_write);
   const double log_bps = Median(log_rate);
-  std::printf("bench_scale: %llu rows x dim %u (Adagrad), raw %.2f GB; budgets %llu MiB (1/10), "
-              "%llu MiB (1/100); %d reps, alternating\n",
-              static_cast<unsigned long long>(Rows()), FLAGS_dim, raw / 1e9,
-              static_cast<unsigned long long>(budget10), static_cast<unsigned long long>(budget100),
-              FLAGS_reps);
+  std::printf(
+      "bench_scale: %llu rows x dim %u (Adagrad), raw %.2f GB; budgets %llu MiB (1/10), "
+      "%llu MiB (1/100); %d reps, alternating\n",
+      static_cast<unsigned long long>(Rows()), FLAGS_dim, raw / 1e9,
+      static_cast<unsigned long long>(budget10), static_cast<unsigned long long>(budget100),
+      FLAGS_reps);
   std::ostringstream json;
   json << "{\"bench\":\"scale\",\"rows\":" << Rows() << ",\"dim\":" << FLAGS_dim
        << ",\"budget_1_10_mb\":" << budget10 << ",\"budget_1_100_mb\":" << budget100;
@@ -483,10 +505,11 @@ int Main(int argc, char** argv) {
   for (const auto& [b, c] : zipf) {
     const double push_r = with_memory ? Median(c.push_tier) / Median(c.push_mem) : 0;
     const double pull_r = with_memory ? Median(c.pull_tier) / Median(c.pull_mem) : 0;
-    std::printf("zipf s=1.05, batch %llu, budget 1/10: push %.0f vs memory %.0f keys/s (%.2fx); "
-                "pull %.0f vs %.0f (%.2fx)\n",
-                static_cast<unsigned long long>(b), Median(c.push_tier), Median(c.push_mem), push_r,
-                Median(c.pull_tier), Median(c.pull_mem), pull_r);
+    std::printf(
+        "zipf s=1.05, batch %llu, budget 1/10: push %.0f vs memory %.0f keys/s (%.2fx); "
+        "pull %.0f vs %.0f (%.2fx)\n",
+        static_cast<unsigned long long>(b), Median(c.push_tier), Median(c.push_mem), push_r,
+        Median(c.pull_tier), Median(c.pull_mem), pull_r);
     const std::string sfx = first_batch ? "" : "_" + std::to_string(b);
     json << ",\"zipf_push_vs_memory" << sfx << "\":" << push_r << ",\"zipf_pull_vs_memory" << sfx
          << "\":" << pull_r << ",\"zipf_push_tier" << sfx << "\":" << Median(c.push_tier)
@@ -500,17 +523,19 @@ int Main(int argc, char** argv) {
                               : 0;
   const double miss = Median(miss_rate), disk_rr = Median(disk_read_rate);
   std::printf("zipf pull hit rate at 1/10 (whole run): %.3f\n", hit_rate);
-  std::printf("uniform pull, budget 1/100: %.0f keys/s (memory-only %.0f); rows read from disk "
-              "%.0f/s vs the disk's 4 KiB random reads %.0f/s (%s, 2 threads): %.2fx\n",
-              Median(uni_pull_tier), Median(uni_pull_mem), miss, disk_rr,
-              direct ? "O_DIRECT" : "page cache dropped", disk_rr > 0 ? miss / disk_rr : 0);
+  std::printf(
+      "uniform pull, budget 1/100: %.0f keys/s (memory-only %.0f); rows read from disk "
+      "%.0f/s vs the disk's 4 KiB random reads %.0f/s (%s, 2 threads): %.2fx\n",
+      Median(uni_pull_tier), Median(uni_pull_mem), miss, disk_rr,
+      direct ? "O_DIRECT" : "page cache dropped", disk_rr > 0 ? miss / disk_rr : 0);
   std::printf("strict log %.0f MB/s vs the disk's sequential write + fdatasync %.0f MB/s: %.2fx\n",
               log_bps / 1e6, seq / 1e6, seq > 0 ? log_bps / seq : 0);
   const double disk_per_row = double(disk_bytes) / Rows();
   const double mem_per_row = mem_rss_mb * 1048576.0 / Rows();
-  std::printf("bytes per row: memory-only RSS %.0f, on disk %.0f (data dir %.2f GB); tier RSS at "
-              "1/10 %.0f MiB; restart %.1f s\n",
-              mem_per_row, disk_per_row, disk_bytes / 1e9, tier10_rss_mb, restart_s);
+  std::printf(
+      "bytes per row: memory-only RSS %.0f, on disk %.0f (data dir %.2f GB); tier RSS at "
+      "1/10 %.0f MiB; restart %.1f s\n",
+      mem_per_row, disk_per_row, disk_bytes / 1e9, tier10_rss_mb, restart_s);
   if (FLAGS_checkpoint) {
     std::printf("checkpoint %.2f GB in %.1f s (%.2f GB/s, %.2fx of sequential writes)\n",
                 ckpt_bytes / 1e9, ckpt_s, ckpt_bytes / ckpt_s / 1e9, ckpt_bytes / ckpt_s / seq);
@@ -519,8 +544,9 @@ int Main(int argc, char** argv) {
     std::printf("restore %.1f s (%.2f GB/s, %.2fx of sequential writes)\n", restore_s,
                 ckpt_bytes / restore_s / 1e9, ckpt_bytes / restore_s / seq);
   }
-  json << ",\"zipf_pull_hit_rate\":" << hit_rate << ",\"uniform_pull_tier_1_100\":"
-       << Median(uni_pull_tier) << ",\"uniform_pull_memory\":" << Median(uni_pull_mem)
+  json << ",\"zipf_pull_hit_rate\":" << hit_rate
+       << ",\"uniform_pull_tier_1_100\":" << Median(uni_pull_tier)
+       << ",\"uniform_pull_memory\":" << Median(uni_pull_mem)
        << ",\"uniform_miss_reads_per_s\":" << miss << ",\"disk_random_reads_per_s\":" << disk_rr
        << ",\"disk_random_read_o_direct\":" << (direct ? "true" : "false")
        << ",\"uniform_miss_vs_disk_random_read\":" << (disk_rr > 0 ? miss / disk_rr : 0)
@@ -529,7 +555,7 @@ int Main(int argc, char** argv) {
        << ",\"memory_rss_bytes_per_row\":" << mem_per_row
        << ",\"disk_bytes_per_row\":" << disk_per_row << ",\"tier_1_10_rss_mb\":" << tier10_rss_mb
        << ",\"restart_s\":" << restart_s << ",\"fill_tier_s\":" << fill_tier_s
-       << ",\"fill_memory_s\":" << fill_mem_s;
+       << ",\"fill_memory_s\":" << fill_mem_s << ",\"settle_s\":" << settle_s;
   json << ",\"tier_back_pressure_waits\":" << (waits.ok() ? *waits : 0)
        << ",\"tier_admission_rejects\":" << (rejects.ok() ? *rejects : 0);
   if (FLAGS_checkpoint) {

@@ -1,12 +1,11 @@
 // FrequencySketch: estimates never below the counts of the current period, hot keys above cold
 // ones among many, and aging.
-#include "storage/frequency_sketch_internal.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #include "ps/routing.h"
+#include "storage/frequency_sketch_internal.h"
 
 namespace tessera::internal {
 namespace {

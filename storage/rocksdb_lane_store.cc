@@ -117,7 +117,8 @@ std::pair<RocksDbLaneStore::Table*, uint32_t> RocksDbLaneStore::PickVictim() {
       Table* v = sparse_tables_[evict_turn_++ % sparse_tables_.size()];
       const uint32_t slot = v->rows->NextVictim();
       if (slot == CachedRows::kNoSlot) continue;
-      const uint32_t count = sketch_ ? sketch_->Estimate(KeyHash(*v, v->rows->header(slot).key)) : 0;
+      const uint32_t count =
+          sketch_ ? sketch_->Estimate(KeyHash(*v, v->rows->header(slot).key)) : 0;
       if (best == nullptr || count < best_count) {
         best = v;
         best_slot = slot;
@@ -165,7 +166,8 @@ uint32_t RocksDbLaneStore::InsertCold(Table* t, uint64_t key) {
   CachedRows& rows = *t->rows;
   // Entries of rows evicted otherwise pile up behind a pinned front: dropped past this many.
   if (t->cold.size() > rows.size() + 1024) {
-    t->cold.erase(t->cold.begin(), t->cold.begin() + static_cast<std::ptrdiff_t>(t->cold.size() / 2));
+    t->cold.erase(t->cold.begin(),
+                  t->cold.begin() + static_cast<std::ptrdiff_t>(t->cold.size() / 2));
   }
   while (charged_ + RowCost(*t) > row_budget_ && !t->cold.empty()) {
     const Table::ColdRow c = t->cold.front();
