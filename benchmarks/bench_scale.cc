@@ -317,6 +317,8 @@ struct Cell {
   std::vector<double> push_mem, push_tier, pull_mem, pull_tier;
 };
 
+// long function: the run's phases in order (fill, Zipf, restart, uniform, checkpoint, report),
+// sharing the two servers, their pauses and the figures the report prints.
 int Main(int argc, char** argv) {
   CleanUpOnStopSignals();
   gflags::ParseCommandLineFlags(&argc, &argv, true);

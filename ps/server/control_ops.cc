@@ -87,6 +87,7 @@ void WritePushMarkStats(std::ostream& s, const IoCounts& counts, const PushDedup
 }
 }  // namespace
 
+// long function: one line per store counter and lane, in the order operators read them.
 Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
   const uint32_t job_workers = consistency_.job_workers();
   std::ostringstream s;
