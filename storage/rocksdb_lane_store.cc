@@ -33,6 +33,12 @@ constexpr size_t kSweepRowsPerCall = 65536;
 // are read once a batch: replaying a request log after a restart, 8192 took 25-27 ms an entry
 // of 100k keys against 39-54 ms with 1024).
 constexpr size_t kFetchBatch = 8192;
+// With admission by frequency, an eviction takes the first row CLOCK offers that was seen at
+// most kColdCount times lately, else the one seen least often of kVictimSample offers (the
+// others keep their place): one offer alone was a hot row often enough that a stream of cold
+// pushes read a third of a hot set back from disk in a test (4 offers: 5% of it a round).
+constexpr size_t kVictimSample = 16;
+constexpr uint32_t kColdCount = 1;
 
 // What the rows of a table look like on disk: a table reopened with another layout would
 // misread them.
@@ -95,26 +101,45 @@ Status RocksDbLaneStore::AddTable(uint64_t table_id, const TableSpec& spec) {
   if (spec.kind == TableKind::kSparse) {
     t->rows = std::make_unique<CachedRows>(floats);
     sparse_tables_.push_back(t.get());
+    if (budget_ != 0 && !sketch_) {
+      sketch_ = std::make_unique<FrequencySketch>(row_budget_ / RowCost(*t));
+    }
   }
   tables_.emplace(table_id, std::move(t));
   return Status::OK();
+}
+
+std::pair<RocksDbLaneStore::Table*, uint32_t> RocksDbLaneStore::PickVictim() {
+  Table* best = nullptr;
+  uint32_t best_slot = CachedRows::kNoSlot, best_count = 0;
+  for (size_t n = 0; n < (sketch_ ? kVictimSample : 1); ++n) {
+    for (size_t tries = 0; tries < sparse_tables_.size(); ++tries) {
+      Table* v = sparse_tables_[evict_turn_++ % sparse_tables_.size()];
+      const uint32_t slot = v->rows->NextVictim();
+      if (slot == CachedRows::kNoSlot) continue;
+      const uint32_t count =
+          sketch_ ? sketch_->Estimate(KeyHash(*v, v->rows->header(slot).key)) : 0;
+      if (best == nullptr || count < best_count) {
+        best = v;
+        best_slot = slot;
+        best_count = count;
+      }
+      break;
+    }
+    if (best != nullptr && best_count <= kColdCount) break;
+  }
+  return {best, best_slot};
 }
 
 void RocksDbLaneStore::MakeRoom(const Table& t) {
   if (budget_ == 0) return;
   const size_t need = RowCost(t);
   while (charged_ + need > row_budget_) {
-    bool evicted = false;
-    for (size_t tries = 0; tries < sparse_tables_.size() && !evicted; ++tries) {
-      Table* v = sparse_tables_[evict_turn_++ % sparse_tables_.size()];
-      const uint32_t slot = v->rows->NextVictim();
-      if (slot == CachedRows::kNoSlot) continue;
-      EraseRow(v, slot);
-      ++stats_.budget_evictions;
-      evicted = true;
-    }
+    const auto [v, slot] = PickVictim();
     // Everything left is pinned by the uncommitted batch: the budget is exceeded until Commit.
-    if (!evicted) return;
+    if (v == nullptr) return;
+    EraseRow(v, slot);
+    ++stats_.budget_evictions;
   }
 }
 
@@ -122,6 +147,43 @@ uint32_t RocksDbLaneStore::InsertRow(Table* t, uint64_t key) {
   MakeRoom(*t);
   charged_ += RowCost(*t);
   return t->rows->Insert(key);
+}
+
+bool RocksDbLaneStore::Admit(Table* t, uint64_t key) {
+  if (!sketch_ || charged_ + RowCost(*t) <= row_budget_) return true;
+  const auto [v, slot] = PickVictim();
+  if (v != nullptr && sketch_->Estimate(KeyHash(*t, key)) >
+                          sketch_->Estimate(KeyHash(*v, v->rows->header(slot).key))) {
+    EraseRow(v, slot);
+    ++stats_.budget_evictions;
+    return true;
+  }
+  ++stats_.admission_rejects;
+  return false;
+}
+
+uint32_t RocksDbLaneStore::InsertCold(Table* t, uint64_t key) {
+  CachedRows& rows = *t->rows;
+  // Entries of rows evicted otherwise pile up behind a pinned front: dropped past this many.
+  if (t->cold.size() > rows.size() + 1024) {
+    t->cold.erase(t->cold.begin(),
+                  t->cold.begin() + static_cast<std::ptrdiff_t>(t->cold.size() / 2));
+  }
+  while (charged_ + RowCost(*t) > row_budget_ && !t->cold.empty()) {
+    const Table::ColdRow c = t->cold.front();
+    const uint32_t f = rows.header(c.slot).flags;
+    const bool same = (f & CachedRows::kLive) != 0 && rows.header(c.slot).key == c.key &&
+                      (f & CachedRows::kReferenced) == 0;
+    if (same && rows.pinned(c.slot)) break;  // not durable yet (nor, mostly, those behind it)
+    t->cold.pop_front();
+    if (!same) continue;
+    EraseRow(t, c.slot);
+    ++stats_.budget_evictions;
+  }
+  const uint32_t slot = InsertRow(t, key);
+  rows.flags(slot) &= ~CachedRows::kReferenced;
+  t->cold.push_back({slot, key});
+  return slot;
 }
 
 void RocksDbLaneStore::EraseRow(Table* t, uint32_t slot) {
@@ -192,6 +254,7 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
   for (size_t i = 0; i < keys.size(); ++i) {
     ++stats_.lookups;
     if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
+    Touch(*t, keys[i]);
     const uint32_t slot = rows.Find(keys[i]);
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
@@ -210,6 +273,19 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
       const std::string_view stored = Fetched(key);
       if (stored.empty() && t->gated) {
         InitializeValues(t->spec.initializer, key, 0, dim, out[i]);
+        continue;
+      }
+      if (!Admit(t, key)) {
+        // Served without a row in memory: the stored value, or the initializer's (what a row
+        // made here would hold).
+        if (stored.empty()) {
+          InitializeValues(t->spec.initializer, key, 0, dim, out[i]);
+        } else {
+          scratch_row_.resize(t->floats);
+          RowMeta meta;
+          internal::DecodeRow(stored, t->floats, scratch_row_.data(), &meta, "").IgnoreError();
+          std::memcpy(out[i], scratch_row_.data(), sizeof(float) * dim);
+        }
         continue;
       }
       slot = InsertRow(t, key);
@@ -242,12 +318,14 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
   found_.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
+    Touch(*t, keys[i]);
     const uint32_t slot = rows.Find(keys[i]);
     found_[i] = slot;
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
     } else {
       ++stats_.apply_memory_hits;
+      rows.flags(slot) |= CachedRows::kReferenced;
       MarkDirty(t, slot);
     }
   }
@@ -264,7 +342,7 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
         if (!internal::Admitted(t->spec.admission, key, count)) continue;
         t->pending.erase(key);
       }
-      slot = InsertRow(t, key);
+      slot = Admit(t, key) ? InsertRow(t, key) : InsertCold(t, key);
       float* row = rows.mutable_row(slot);
       if (!stored.empty()) {
         internal::DecodeRow(stored, t->floats, row, &rows.mutable_meta(slot), "").IgnoreError();
@@ -278,7 +356,8 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
     ++meta.update_count;
     meta.last_step = static_cast<uint32_t>(ctx.step);
     meta.last_update_s = ctx.now_s;
-    rows.flags(slot) |= CachedRows::kReferenced;
+    // Referenced: rows hit by the first pass (there), and rows admitted (InsertRow), not a row
+    // that InsertCold made (nor its duplicates in this batch).
     float* row = rows.mutable_row(slot);
     t->opt->Apply(row, row + dim, grads[i], dim, 0, dim, meta.update_count, ctx.lr_scale);
     ++stats_.applies;
@@ -518,7 +597,7 @@ Status RocksDbLaneStore::Maintain(const ApplyContext& ctx) {
   // Without the WAL, like the rows: a delete lost in a crash only brings an idle row back.
   if (deletes.Count() > 0) TESSERA_RETURN_IF_ERROR(engine_->WriteRows(&deletes));
   for (Table* t : sparse_tables_) {
-    if (t->dirty_slots.empty() && t->flight_slots.empty()) t->rows->Compact();
+    if (t->dirty_slots.empty() && t->flight_slots.empty()) CompactRows(t);
   }
   return Status::OK();
 }

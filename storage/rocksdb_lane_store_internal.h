@@ -9,14 +9,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ps/optimizer.h"
+#include "ps/routing.h"
 #include "ps/status.h"
+#include "storage/frequency_sketch_internal.h"
 #include "storage/rocksdb_write_back_internal.h"
 #include "storage/row_cache_internal.h"
 #include "storage/row_codec_internal.h"
@@ -92,6 +96,14 @@ class RocksDbLaneStore final : public LaneStore {
     std::vector<uint32_t> dirty_slots;
     std::vector<uint32_t> flight_slots;
     absl::flat_hash_map<uint64_t, uint32_t> pending;  // pushes seen of keys not yet admitted
+    // Rows pushed while the tier refused them (Admit), oldest first: each stays in memory only
+    // until it is durable, then is the first to go (InsertCold). An entry whose slot no longer
+    // holds its key unreferenced (evicted, or used again: promoted) is skipped.
+    struct ColdRow {
+      uint32_t slot;
+      uint64_t key;
+    };
+    std::deque<ColdRow> cold;
     absl::flat_hash_map<uint64_t, DenseChunk> dense;
     std::vector<uint64_t> dirty_chunks;
     std::vector<uint64_t> flight_chunks;
@@ -102,9 +114,29 @@ class RocksDbLaneStore final : public LaneStore {
 
   Result<Table*> Get(uint64_t table_id, TableKind kind);
   size_t RowCost(const Table& t) const { return t.rows->slot_bytes() + kIndexBytesPerRow; }
-  // Evicts unpinned rows (CLOCK, tables in turn) until a row of `t` fits the budget.
+  // The row to evict next: CLOCK's offer (tables in turn), or with admission the one seen least
+  // often lately of several offers. {nullptr, kNoSlot} when every row is pinned.
+  std::pair<Table*, uint32_t> PickVictim();
+  // Evicts unpinned rows (PickVictim) until a row of `t` fits the budget.
   void MakeRoom(const Table& t);
   uint32_t InsertRow(Table* t, uint64_t key);
+  // Admission by frequency (TinyLFU): counts an access of `key`.
+  void Touch(const Table& t, uint64_t key) {
+    if (sketch_) sketch_->Add(KeyHash(t, key));
+  }
+  uint64_t KeyHash(const Table& t, uint64_t key) const { return Mix64(key ^ Mix64(t.id)); }
+  // Whether a missed row of `t` may enter the memory tier: always while the budget has room;
+  // else when `key` was seen more often lately than the row CLOCK would evict for it (which is
+  // then evicted). A scan of cold keys thus leaves the hot rows in memory.
+  bool Admit(Table* t, uint64_t key);
+  // A pushed row that Admit refused: it must stay in memory until durable (pinned, dirty), so
+  // it takes the place of an earlier such row that is durable now, else of a CLOCK victim, and
+  // is not marked referenced.
+  uint32_t InsertCold(Table* t, uint64_t key);
+  // Compacts t's arena (slot numbers change: the cold list is dropped; its rows are CLOCK's).
+  void CompactRows(Table* t) {
+    if (t->rows->Compact()) t->cold.clear();
+  }
   void EraseRow(Table* t, uint32_t slot);
   // A changed row stays pinned in memory until the writer has made it durable.
   void MarkDirty(Table* t, uint32_t slot) {
@@ -151,6 +183,9 @@ class RocksDbLaneStore final : public LaneStore {
   uint64_t charged_ = 0;  // rows in memory x their cost
   absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
   std::vector<Table*> sparse_tables_;  // eviction turns
+  // Access counts for admission; with a budget only (made with the first sparse table, sized
+  // to the rows the budget holds).
+  std::unique_ptr<FrequencySketch> sketch_;
   size_t evict_turn_ = 0;
   std::vector<uint32_t> lane_slots_;
   StoreStats stats_;

@@ -267,7 +267,7 @@ Status RocksDbLaneStore::Reap() {
     }
     t->flight_slots.clear();
     // No slot numbers are held now (unless rows changed again meanwhile): rows may move.
-    if (t->rows && t->dirty_slots.empty()) t->rows->Compact();
+    if (t->rows && t->dirty_slots.empty()) CompactRows(t.get());
     if (!ok) {
       for (uint64_t chunk : t->flight_chunks) MarkChunkDirty(t.get(), chunk, &t->dense.at(chunk));
     }

@@ -53,6 +53,10 @@ struct StoreStats {
   uint64_t disk_reads = 0;
   /// Rows dropped from the memory tier to stay within the budget (still on disk; not lost).
   uint64_t budget_evictions = 0;
+  /// Rows that missed the memory tier and were not let in because their keys were seen less
+  /// often lately than the rows they would have replaced (admission by frequency): a lookup's
+  /// row is served from disk alone, a push's row stays in memory only until written back.
+  uint64_t admission_rejects = 0;
   /// Commits that wrote a batch, and rows (plus dense chunks) they wrote.
   uint64_t commits = 0;
   uint64_t rows_written = 0;

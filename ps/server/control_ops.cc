@@ -129,6 +129,7 @@ void WritePushMarkStats(std::ostream& s, const IoCounts& counts, const PushDedup
 }
 }  // namespace
 
+// long function: one line per store counter and lane, in the order operators read them.
 Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
   const uint32_t job_workers = consistency_.job_workers();
   std::ostringstream s;
@@ -197,6 +198,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
           << l << "applies " << st.applies << "\n"
           << l << "evicted_rows " << st.evicted_rows << "\n"
           << l << "disk_reads " << st.disk_reads << "\n"
+          << l << "admission_rejects " << st.admission_rejects << "\n"
           << l << "write_backs " << st.commits << "\n"
           << l << "rows_written " << st.rows_written << "\n"
           << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"

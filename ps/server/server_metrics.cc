@@ -142,6 +142,7 @@ void ServerMetrics::PublishLane(uint32_t l, const StoreStats& st,
   m.evicted.store(st.evicted_rows, r);
   m.disk_reads.store(st.disk_reads, r);
   m.budget_evictions.store(st.budget_evictions, r);
+  m.admission_rejects.store(st.admission_rejects, r);
   m.write_backs.store(st.commits, r);
   m.rows_written.store(st.rows_written, r);
   m.dirty_bytes.store(dirty_bytes, r);
@@ -189,6 +190,10 @@ void ServerMetrics::AddLaneCollectors() {
   lane("tessera_storage_budget_evictions_total",
        "Rows dropped from memory to stay within the budget (still on disk), by lane.", C,
        &LaneMirror::budget_evictions);
+  lane("tessera_storage_admission_rejects_total",
+       "Rows read from disk but not let into the memory tier (seen less often than the rows "
+       "they would replace), by lane.",
+       C, &LaneMirror::admission_rejects);
   lane("tessera_storage_write_backs_total", "Write-back batches handed to the writer, by lane.",
        C, &LaneMirror::write_backs);
   lane("tessera_storage_rows_written_total", "Rows (and dense chunks) written back, by lane.",

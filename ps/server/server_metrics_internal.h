@@ -69,7 +69,8 @@ class ServerMetrics {
   };
   struct LaneMirror {
     std::atomic<uint64_t> rows{0}, bytes{0}, lookups{0}, memory_hits{0}, applies{0},
-        apply_memory_hits{0}, evicted{0}, disk_reads{0}, budget_evictions{0}, write_backs{0},
+        apply_memory_hits{0}, evicted{0}, disk_reads{0}, budget_evictions{0}, admission_rejects{0},
+        write_backs{0},
         rows_written{0}, dirty_bytes{0}, back_pressure_waits{0}, durable_log_mark{0};
     Mutex tables_mu;
     std::vector<TableMemory> tables ABSL_GUARDED_BY(tables_mu);
