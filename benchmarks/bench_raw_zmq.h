@@ -106,48 +106,7 @@ inline zmq::message_t ZeroCopyFrame(const void* p, size_t bytes) {
   return zmq::message_t(const_cast<void*>(p), bytes, nullptr, nullptr);
 }
 
-/// A ROUTER on `endpoint` that serves only the zero-copy ops until `*stop` is set (polled
-/// every 100 ms); calls `on_ready` with the bound endpoint once listening.
-inline void RunRawZcServer(const std::string& endpoint, const volatile sig_atomic_t* stop,
-                           const std::function<void(const std::string&)>& on_ready) {
-  zmq::context_t ctx(1);
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.set(zmq::sockopt::sndhwm, 0);
-  router.set(zmq::sockopt::rcvhwm, 0);
-  router.bind(endpoint);
-  on_ready(router.get(zmq::sockopt::last_endpoint));
-  std::unique_ptr<char[]> store;
-  size_t store_size = 0;
-  std::vector<std::unique_ptr<char[]>> retired;
-  zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-  std::vector<zmq::message_t> parts;
-  while (!*stop) {
-    try {
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      break;
-    }
-    for (;;) {
-      parts.clear();
-      if (!zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
-        break;
-      }
-      if (parts.size() < 2 || parts[1].size() != sizeof(RawHeader)) continue;
-      RawHeader h;
-      std::memcpy(&h, parts[1].data(), sizeof(h));
-      if (h.op != kRawZcPush && h.op != kRawZcPull) continue;
-      std::vector<zmq::message_t> reply;
-      reply.push_back(std::move(parts[0]));
-      reply.emplace_back(&h, sizeof(h));
-      ServeRawZc(parts, h, reply, store, store_size, retired);
-      zmq::send_multipart(router, reply, zmq::send_flags::dontwait);
-    }
-  }
-}
-
-/// The client of RunRawZcServer: one DEALER; requests complete in the order they were issued.
+/// The client of the raw server's zero-copy ops (RunEchoServer): one DEALER; requests complete in the order they were issued.
 class RawZcClient {
  public:
   explicit RawZcClient(const std::string& endpoint) : ctx_(1), dealer_(ctx_, zmq::socket_type::dealer) {
@@ -188,8 +147,8 @@ inline constexpr uint32_t kRawPush = 1;
 inline constexpr uint32_t kRawPull = 2;
 inline constexpr uint32_t kRawPushTouch = 3;  // a push the server adds into its own floats
 
-/// bench_transport's raw echo server: serves raw requests (the ops above and the zero-copy
-/// ones) on `endpoint` until `*stop` (if not null) or `*signalled` is set. Calls `on_ready`
+/// The raw server of bench_transport and bench_sparse: serves raw requests (the ops above and
+/// the zero-copy ones) on `endpoint` until `*stop` (if not null) or `*signalled` is set. Calls `on_ready`
 /// with the bound endpoint once listening.
 inline void RunEchoServer(const std::string& endpoint, const std::atomic<bool>* stop,
                           const volatile sig_atomic_t* signalled,

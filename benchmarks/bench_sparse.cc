@@ -297,7 +297,7 @@ int RawServerMain() {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   try {
-    tessera::bench::RunRawZcServer(FLAGS_raw_server, &g_raw_stop, [](const std::string& ep) {
+    tessera::bench::RunEchoServer(FLAGS_raw_server, nullptr, &g_raw_stop, [](const std::string& ep) {
       std::printf("raw ready endpoint=%s\n", ep.c_str());
       std::fflush(stdout);
     });
