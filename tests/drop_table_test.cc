@@ -12,6 +12,7 @@
 #include "ps/table_spec.h"
 #include "storage/storage.h"
 #include "tests/cluster_fixture.h"
+#include "tests/raw_peer.h"
 
 namespace tessera {
 namespace {
@@ -132,6 +133,21 @@ TEST(DropTable, RefusesAnEmptyName) {
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->DropTable("").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c->DropTable(std::string(300, 'x')).code(), StatusCode::kInvalidArgument);
+  // The server's own check, past the client's: a raw DropTable with no name, or one longer than
+  // a table name may be, is refused with a clear error and drops nothing.
+  auto keep = c->CreateTable(SparseSpec("keep", 2));
+  ASSERT_TRUE(keep.ok());
+  PushOnes(*c, *keep);
+  testing::RawPeer peer(cluster.endpoints()[0]);
+  for (const std::string& name : {std::string(), std::string(300, 'x')}) {
+    Header h;
+    h.op = Op::kDropTable;
+    h.name = name;
+    const Header r = peer.Call(h);
+    EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << r.message;
+    EXPECT_NE(r.message.find("DropTable needs a table name"), std::string::npos) << r.message;
+  }
+  for (float v : PullAll(*c, *keep)) ASSERT_EQ(v, 1.0f);
 }
 
 // A crash after the drop's first write (table record gone, marker written) and before the rows
