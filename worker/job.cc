@@ -447,7 +447,8 @@ Status Job::Train() {
     std::fprintf(out_,
                  "worker %u hot-row cache: hit rate %.3f (%llu hits, %llu misses), %llu rows, "
                  "%llu keys pushed at once, %llu rows' gradients deferred and pushed in %llu "
-                 "pushes, %llu evictions, %llu refetches waited for a flush\n",
+                 "pushes, %llu evictions, %llu refetches waited for a flush, %llu keys joined a "
+                 "fetch in flight\n",
                  o_.worker_id, c.hit_rate(), static_cast<unsigned long long>(c.hits),
                  static_cast<unsigned long long>(c.misses),
                  static_cast<unsigned long long>(c.rows),
@@ -455,7 +456,8 @@ Status Job::Train() {
                  static_cast<unsigned long long>(c.flushed_rows),
                  static_cast<unsigned long long>(c.flushes),
                  static_cast<unsigned long long>(c.evictions),
-                 static_cast<unsigned long long>(c.flush_waits));
+                 static_cast<unsigned long long>(c.flush_waits),
+                 static_cast<unsigned long long>(c.joined));
     std::fflush(out_);
   }
   return Status::OK();

@@ -37,6 +37,8 @@ struct Slot {
   int64_t value_tick = 0;   // tick of the inner pull that fetched the value
   int64_t flush_tick = 0;   // dirty: the tick whose Clock() pushes the sum
   uint64_t fill = 0;        // ticket of the pull that fills the value; 0: none
+  int64_t fill_tick = 0;    // fill != 0: the tick that pull was issued at
+  Pending fill_pending;     // fill != 0: that pull's completion (once its Pull returned)
   uint64_t pull_stamp = 0;  // the last Pull call that asked for it (not evicted by that call)
   BatchPtr flushing;        // the push of its last flushed sum, until seen acknowledged
 };
@@ -64,6 +66,14 @@ struct Fill {
   uint64_t ticket;
 };
 
+// A key of a pull served by an earlier pull's fetch of its row (`lender`, still in flight).
+struct Join {
+  uint32_t at;  // its position in the pull's keys
+  int32_t slot;
+  uint64_t key;
+  Pending lender;
+};
+
 // What a pull sent to the inner store, kept until its values arrive.
 struct PullMisses {
   int64_t tick = 0;
@@ -71,6 +81,7 @@ struct PullMisses {
   std::vector<uint64_t> keys;
   std::vector<uint32_t> at;  // their positions in the pull's keys
   std::vector<Fill> fills;
+  std::vector<Join> joins;
   bool direct = false;     // every key a miss: the inner store wrote `out`
   std::vector<float> buf;  // otherwise its values, in the order of `keys`
   Pending inner;
@@ -155,6 +166,7 @@ class CachingStoreImpl final : public CachingStore {
              int64_t tick, PullMisses* m, std::vector<uint64_t>* ev_keys,
              std::vector<float>* ev_grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status FinishMisses(uint32_t table, float* out, PullMisses* m) ABSL_LOCKS_EXCLUDED(mu_);
+  Status FinishJoins(uint32_t table, float* out, PullMisses* m) ABSL_LOCKS_EXCLUDED(mu_);
   int32_t Admit(TableCache* t, uint64_t key, uint32_t count, uint64_t stamp,
                 std::vector<uint64_t>* ev_keys, std::vector<float>* ev_grads)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,6 +331,7 @@ void CachingStoreImpl::Serve(TableCache* t, std::span<const uint64_t> keys, floa
   const uint32_t dim = t->dim;
   const std::vector<int32_t>& slot_of = scratch_slots_;
   bool admitted = false;
+  const uint64_t first_ticket = ticket_ + 1;  // tickets below it: earlier pulls' fetches
   for (size_t i = 0; i < keys.size(); ++i) {
     if (i + kPrefetch < keys.size() && slot_of[i + kPrefetch] >= 0) {
       __builtin_prefetch(t->values.data() + static_cast<size_t>(slot_of[i + kPrefetch]) * dim);
@@ -335,6 +348,13 @@ void CachingStoreImpl::Serve(TableCache* t, std::span<const uint64_t> keys, floa
         const float* v = t->values.data() + static_cast<size_t>(slot) * dim;
         std::copy(v, v + dim, out + i * dim);
         ++stats_.hits;
+        continue;
+      }
+      if (!s.valid && s.fill != 0 && s.fill < first_ticket && tick - s.fill_tick <= s_) {
+        // An earlier pull's fetch of the row is in flight and its value will be fresh enough.
+        m->joins.push_back({static_cast<uint32_t>(i), slot, key, s.fill_pending});
+        ++stats_.hits;
+        ++stats_.joined;
         continue;
       }
       // Too old, or not filled yet: fetch it again, once its flushed sum is on the servers.
@@ -366,7 +386,18 @@ void CachingStoreImpl::Serve(TableCache* t, std::span<const uint64_t> keys, floa
 // Once the inner pull of `m` is done: its values into `out` at their keys' positions, and into
 // the rows it fetched that still wait for them.
 Status CachingStoreImpl::FinishMisses(uint32_t table, float* out, PullMisses* m) {
-  TESSERA_RETURN_IF_ERROR(m->inner.Wait());
+  if (Status st = m->inner.Wait(); !st.ok()) {
+    MutexLock lock(mu_);  // the rows it was to fill are fetched again by the next pull
+    TableCache* t = Find(table);
+    for (const Fill& f : m->fills) {
+      Slot& s = t->slots[f.slot];
+      if (s.used && s.fill == f.ticket) {
+        s.fill = 0;
+        s.fill_pending = Pending();
+      }
+    }
+    return st;
+  }
   const uint32_t dim = m->dim;
   const float* got = m->direct ? out : m->buf.data();
   if (!m->direct) {
@@ -384,6 +415,43 @@ Status CachingStoreImpl::FinishMisses(uint32_t table, float* out, PullMisses* m)
     s.valid = true;
     s.value_tick = m->tick;
     s.fill = 0;
+    s.fill_pending = Pending();
+  }
+  return Status::OK();
+}
+
+// Once the earlier pulls that `m` joined are done: their rows' values into `out`; rows whose
+// fetch failed or that were evicted or refetched meanwhile (the value is gone, or not fresh
+// enough for this pull) are fetched now.
+Status CachingStoreImpl::FinishJoins(uint32_t table, float* out, PullMisses* m) {
+  for (Join& j : m->joins) (void)j.lender.Wait();  // its error is its own pull's result
+  const uint32_t dim = m->dim;
+  std::vector<uint64_t> again;
+  std::vector<uint32_t> again_at;
+  {
+    MutexLock lock(mu_);
+    TableCache* t = Find(table);
+    for (const Join& j : m->joins) {
+      const Slot& s = t->slots[j.slot];
+      if (s.used && s.key == j.key && s.valid && m->tick - s.value_tick <= s_) {
+        const float* v = t->values.data() + static_cast<size_t>(j.slot) * dim;
+        std::copy(v, v + dim, out + static_cast<size_t>(j.at) * dim);
+      } else {
+        again.push_back(j.key);
+        again_at.push_back(j.at);
+        --stats_.hits;
+        --stats_.joined;
+        ++stats_.misses;
+      }
+    }
+  }
+  m->joins.clear();  // drops the lenders' completions
+  if (again.empty()) return Status::OK();
+  std::vector<float> buf(again.size() * dim);
+  TESSERA_RETURN_IF_ERROR(inner_->Pull(table, again, buf.data()).Wait());
+  for (size_t k = 0; k < again.size(); ++k) {
+    std::copy(buf.data() + k * dim, buf.data() + (k + 1) * dim,
+              out + static_cast<size_t>(again_at[k]) * dim);
   }
   return Status::OK();
 }
@@ -408,12 +476,27 @@ Pending CachingStoreImpl::Pull(uint32_t table, std::span<const uint64_t> keys, f
     for (uint64_t k : evicted) t->evicted_flushing[k] = b;
   }
   if (t->counts.size() > counted_keys_) Halve(t);
-  if (m->keys.empty()) return Pending();
-  // Every key a miss: the inner store writes `out` itself.
-  m->direct = m->keys.size() == keys.size();
-  if (!m->direct) m->buf.resize(m->keys.size() * m->dim);
-  m->inner = inner_->Pull(table, m->keys, m->direct ? out : m->buf.data());
-  return Pending([this, table, out, m] { return FinishMisses(table, out, m.get()); });
+  if (m->keys.empty() && m->joins.empty()) return Pending();
+  if (!m->keys.empty()) {
+    // Every key a miss: the inner store writes `out` itself.
+    m->direct = m->keys.size() == keys.size();
+    if (!m->direct) m->buf.resize(m->keys.size() * m->dim);
+    m->inner = inner_->Pull(table, m->keys, m->direct ? out : m->buf.data());
+  }
+  Pending done([this, table, out, m]() -> Status {
+    Status st = FinishMisses(table, out, m.get());
+    Status joins = FinishJoins(table, out, m.get());
+    return st.ok() ? joins : st;
+  });
+  // Later pulls of the rows this one fetches may join it (Serve) until its values arrive.
+  for (const Fill& f : m->fills) {
+    Slot& s = t->slots[f.slot];
+    if (s.used && s.fill == f.ticket) {
+      s.fill_tick = m->tick;
+      s.fill_pending = done;
+    }
+  }
+  return done;
 }
 
 void CachingStoreImpl::AddToSum(TableCache* t, int32_t slot, const float* g) {

@@ -47,6 +47,9 @@ struct RowCacheStats {
   uint64_t flushed_rows = 0;   ///< Rows' gradient sums those pushes carried.
   uint64_t evictions = 0;      ///< Rows given up for more frequent keys.
   uint64_t flush_waits = 0;    ///< Refetches that waited for the row's flush to be acknowledged.
+  /// Keys of pulls served by a fetch of their row that an earlier pull had in flight (no inner
+  /// key of their own; counted in `hits` too).
+  uint64_t joined = 0;
   uint64_t counted_keys = 0;   ///< Keys not held that are counted now (at most counted_keys).
   /// hits / (hits + misses); 0 before any pull.
   double hit_rate() const {
@@ -67,7 +70,10 @@ struct RowCacheStats {
 /// Evicting a row pushes its sum at once. A row is refetched
 /// only once the inner push of its last flushed sum is acknowledged (the pull waits for it),
 /// so a refreshed value includes every gradient this store has handed on; its age counts from
-/// the refetch's issue.
+/// the refetch's issue. A pull that finds a held row's fetch still in flight (an earlier pull's,
+/// issued at most S ticks before this one) does not fetch it again: it waits for that fetch and
+/// serves its value (or, should the row be evicted or the fetch fail meanwhile, fetches it on
+/// its own), so pulls issued ahead (prefetch) send each hot row once.
 /// Deferred gradients are not acknowledged pushes: Push's result covers only the keys passed
 /// on, and a worker that dies loses up to S ticks of its held rows' gradients. A deferred
 /// gradient is applied with the learning-rate factor in force when it is flushed.

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace tessera::worker {
@@ -227,6 +229,158 @@ TEST(RowCache, DenseTablesPassThrough) {
   EXPECT_EQ(st.cache->clock(), 1);
   EXPECT_EQ(st.cache->Push(st.table, std::vector<uint64_t>{1}, std::vector<float>{1}).Wait().code(),
             StatusCode::kInvalidArgument);
+}
+
+// An inner store whose pulls read the real local store when they are waited, not when they are
+// issued (as a remote pull's answer comes after its request), and fail if issued while `fail`
+// is set; it counts the keys pulls ask for.
+class LateStore final : public ParamStore {
+ public:
+  explicit LateStore(ParamStore* inner) : inner_(inner) {}
+  Result<uint32_t> AddTable(const TableSpec& spec) override { return inner_->AddTable(spec); }
+  Pending Pull(uint32_t table, std::span<const uint64_t> keys, float* out) override {
+    pulled_keys += keys.size();
+    if (fail) return Pending([] { return Status::Unavailable("pull lost"); });
+    return Pending([this, table, k = std::vector<uint64_t>(keys.begin(), keys.end()), out] {
+      return inner_->Pull(table, k, out).Wait();
+    });
+  }
+  Pending Push(uint32_t table, std::span<const uint64_t> keys,
+               std::span<const float> grads) override {
+    return inner_->Push(table, keys, grads);
+  }
+  Pending DensePull(uint32_t table, uint64_t offset, uint64_t length, float* out) override {
+    return inner_->DensePull(table, offset, length, out);
+  }
+  Pending DensePush(uint32_t table, uint64_t offset, std::span<const float> grads) override {
+    return inner_->DensePush(table, offset, grads);
+  }
+  Pending Clock() override { return inner_->Clock(); }
+  int64_t clock() const override { return inner_->clock(); }
+  Status SetClock(int64_t clock) override { return inner_->SetClock(clock); }
+  Status Barrier(const std::string& name) override { return inner_->Barrier(name); }
+  Status PutMeta(const std::string& name, std::string_view value) override {
+    return inner_->PutMeta(name, value);
+  }
+  Result<std::optional<std::string>> GetMeta(const std::string& name) override {
+    return inner_->GetMeta(name);
+  }
+  Status SetLearningRateScale(float scale) override { return inner_->SetLearningRateScale(scale); }
+
+  uint64_t pulled_keys = 0;
+  bool fail = false;
+
+ private:
+  ParamStore* const inner_;
+};
+
+struct LateStores {
+  std::unique_ptr<ParamStore> local = CreateLocalStore();
+  LateStore late{local.get()};
+  std::unique_ptr<CachingStore> cache;
+  uint32_t table = 0;
+  // Pulls `keys` through the cache without waiting; `out` must outlive the wait.
+  Pending Issue(const std::vector<uint64_t>& keys, std::vector<float>* out) {
+    out->assign(keys.size() * 2, -999.0f);
+    return cache->Pull(table, keys, out->data());
+  }
+};
+
+// Rows 1..4 at value {k, k} in the local store, behind a cache of `rows` rows (dim 2).
+std::unique_ptr<LateStores> MakeLate(int32_t staleness, uint64_t rows = 1000) {
+  auto st = std::make_unique<LateStores>();
+  RowCacheOptions o;
+  o.rows = rows;
+  o.staleness = staleness;
+  o.admit_count = 1;
+  st->cache = CreateCachingStore(&st->late, o).value();
+  st->table = st->cache->AddTable(TableSpec::Sparse("emb", 2, kSgd)).value();
+  for (uint64_t k = 1; k <= 4; ++k) {
+    const float g = -static_cast<float>(k);
+    EXPECT_TRUE(st->local->Push(st->table, std::vector<uint64_t>{k}, std::vector<float>{g, g})
+                    .Wait()
+                    .ok());
+  }
+  return st;
+}
+
+std::vector<float> Values(const std::vector<uint64_t>& keys) {
+  std::vector<float> v;
+  for (uint64_t k : keys) v.insert(v.end(), 2, static_cast<float>(k));
+  return v;
+}
+
+// A pull issued while an earlier pull's fetch of a held row is in flight (prefetch) does not
+// send the row's key again: it serves that fetch's value, whichever pull is waited first.
+TEST(RowCache, PullsIssuedAheadShareARowsFetchInFlight) {
+  auto st = MakeLate(/*staleness=*/2);
+  std::vector<float> a, b;
+  Pending pa = st->Issue({1, 2, 3}, &a);
+  Pending pb = st->Issue({3, 1, 2, 4}, &b);
+  EXPECT_EQ(st->late.pulled_keys, 4u);  // 1, 2, 3 once, and 4
+  ASSERT_TRUE(pb.Wait().ok());          // waits for a's fetch of its rows
+  EXPECT_EQ(b, Values({3, 1, 2, 4}));
+  ASSERT_TRUE(pa.Wait().ok());
+  EXPECT_EQ(a, Values({1, 2, 3}));
+  EXPECT_EQ(st->cache->stats().joined, 3u);
+  // Past S clocks the rows are fetched again, once for both pulls.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(st->cache->Clock().Wait().ok());
+  pa = st->Issue({1, 2}, &a);
+  pb = st->Issue({2, 1}, &b);
+  EXPECT_EQ(st->late.pulled_keys, 6u);
+  ASSERT_TRUE(pa.Wait().ok());
+  ASSERT_TRUE(pb.Wait().ok());
+  EXPECT_EQ(a, Values({1, 2}));
+  EXPECT_EQ(b, Values({2, 1}));
+  EXPECT_EQ(st->cache->stats().joined, 5u);
+}
+
+// A fetch in flight is not joined by a pull issued more than S clocks after it: that value
+// would be too old for it.
+TEST(RowCache, APullDoesNotJoinAFetchOlderThanSClocks) {
+  auto st = MakeLate(/*staleness=*/2);
+  std::vector<float> a, b;
+  Pending pa = st->Issue({1}, &a);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(st->cache->Clock().Wait().ok());
+  Pending pb = st->Issue({1}, &b);
+  EXPECT_EQ(st->late.pulled_keys, 2u);
+  EXPECT_EQ(st->cache->stats().joined, 0u);
+  ASSERT_TRUE(pb.Wait().ok());
+  ASSERT_TRUE(pa.Wait().ok());
+  EXPECT_EQ(b, Values({1}));
+}
+
+// A joined fetch that fails, or whose row is evicted before its values arrive, leaves the
+// joining pull to fetch the row itself: it still gets the right values.
+TEST(RowCache, AJoinFetchesTheRowItselfWhenTheFetchFailsOrTheRowGoes) {
+  {
+    auto st = MakeLate(/*staleness=*/2);
+    std::vector<float> a, b;
+    st->late.fail = true;
+    Pending pa = st->Issue({1, 2}, &a);
+    st->late.fail = false;
+    Pending pb = st->Issue({1, 2}, &b);
+    ASSERT_TRUE(pb.Wait().ok());
+    EXPECT_EQ(b, Values({1, 2}));
+    EXPECT_EQ(pa.Wait().code(), StatusCode::kUnavailable);
+    EXPECT_EQ(st->late.pulled_keys, 4u);
+    EXPECT_EQ(st->cache->stats().joined, 0u);
+  }
+  {
+    auto st = MakeLate(/*staleness=*/2, /*rows=*/1);
+    std::vector<float> a, b, c;
+    Pending pa = st->Issue({1}, &a);     // holds row 1 (count 1), fetch in flight
+    Pending pb = st->Issue({1}, &b);     // joins it (row 1's count 2)
+    Pending pc = st->Issue({2, 2, 2}, &c);  // count 3: row 2 takes the only slot
+    EXPECT_EQ(st->cache->stats().evictions, 1u);
+    ASSERT_TRUE(pb.Wait().ok());
+    EXPECT_EQ(b, Values({1}));
+    ASSERT_TRUE(pa.Wait().ok());
+    ASSERT_TRUE(pc.Wait().ok());
+    EXPECT_EQ(a, Values({1}));
+    EXPECT_EQ(c, Values({2, 2, 2}));
+    EXPECT_EQ(st->late.pulled_keys, 1u + 3u + 1u);
+  }
 }
 
 TEST(RowCache, RefusesBulkSynchronousConsistencyAndBadBounds) {
