@@ -12,7 +12,7 @@
 namespace tessera::internal {
 namespace {
 
-// Rows (and dense chunks) of a checkpoint for one lane, and the credit it holds while queued.
+// Rows (and dense chunks) of a checkpoint for one lane, and the credit it holds until applied.
 struct RestoreBatch {
   std::vector<uint64_t> tables, keys;
   std::vector<RowMeta> metas;
@@ -211,8 +211,8 @@ Status ServerImpl::RestoreRows(
     const std::string& dir, const AdminMarker& marker,
     const std::function<void(uint32_t, std::function<Status(Lane&)>)>& submit, uint64_t* loaded) {
   // Rows, in batches per lane. A queued batch holds a credit of restore_credits_ until its
-  // lane has applied and committed it and its rows are freed: the reader waits for one before
-  // it queues the next, so memory stays bounded whatever the checkpoint's size.
+  // lane has applied it and its copy of the rows is freed: the reader waits for one before it
+  // queues the next, so memory stays bounded whatever the checkpoint's size.
   constexpr size_t kBatchFloats = (size_t{16} << 20) / sizeof(float);
   const size_t batch_rows = RestoreBatchRows(options_);
   const uint32_t nl = static_cast<uint32_t>(lanes_.size());
@@ -224,7 +224,13 @@ Status ServerImpl::RestoreRows(
     auto b = std::move(batches[l]);
     batches[l].reset();
     b->credit = RestoreCredit(&restore_credits_);
-    submit(l, [b](Lane& lane) { return ApplyRestoreBatch(lane, *b); });
+    submit(l, [b](Lane& lane) {
+      Status s = ApplyRestoreBatch(lane, *b);
+      // The rows are in the lane's store now: their copy and the credit go at once, not after
+      // the lane's other tasks and commit, so the reader reads on meanwhile.
+      *b = RestoreBatch();
+      return s;
+    });
     return Status::OK();
   };
   absl::flat_hash_map<uint64_t, std::unique_ptr<Optimizer>> optimizers;

@@ -14,10 +14,10 @@ namespace tessera::internal {
 
 /// A counting semaphore of restore batches. The reader (the I/O thread) takes a credit with
 /// Acquire() before it queues a batch to a lane; the batch holds it (RestoreCredit) and gives it
-/// back when it is destroyed, after its lane has applied and committed it. Counts the most
-/// credits out at once and the acquisitions that had to wait, for stats and metrics.
-/// Thread-safe: the I/O thread acquires, the lanes release, anyone reads the counts. Must
-/// outlive every credit it gave out.
+/// back with its copy of the rows once its lane has applied them. Counts the most credits out
+/// at once and the acquisitions that had to wait, for stats and metrics. Thread-safe: the I/O
+/// thread acquires, the lanes release, anyone reads the counts. Must outlive every credit it
+/// gave out.
 class RestoreCredits {
  public:
   /// `limit`: most credits out at once; at least 1 (0 is taken as 1).
