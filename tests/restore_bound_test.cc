@@ -4,8 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "ps/initializer.h"
 #include "tests/cluster_fixture.h"
 #include "tests/raw_peer.h"
+#include "tests/spawn.h"
 
 namespace tessera {
 namespace {
@@ -79,13 +78,6 @@ std::vector<float> TrainAndCheckpoint(LocalCluster& a) {
   auto cut = c->Checkpoint("ckpt");
   EXPECT_TRUE(cut.ok()) << cut.status().ToString();
   return Dump(*c, *emb, *mlp);
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 TEST(RestoreBound, ARestoreOfManyTimesTheBoundQueuesAtMostTheBoundAndBringsBackEveryRow) {
@@ -153,12 +145,12 @@ TEST(RestoreBound, AServerStoppedInTheMiddleOfARestoreGivesItUpAndExits) {
   h.name = "ckpt";
   ASSERT_TRUE(peer.Send(h));
   const auto t0 = std::chrono::steady_clock::now();
-  while (ReadAll(c.log_path(0)).find("restoring from") == std::string::npos) {
-    ASSERT_LT(testing::MsSince(t0), 30000) << ReadAll(c.log_path(0));
+  while (testing::ReadLog(c.log_path(0)).find("restoring from") == std::string::npos) {
+    ASSERT_LT(testing::MsSince(t0), 30000) << testing::ReadLog(c.log_path(0));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_EQ(c.Stop(0, 30), 0) << ReadAll(c.log_path(0));
-  const std::string log = ReadAll(c.log_path(0));
+  EXPECT_EQ(c.Stop(0, 30), 0) << testing::ReadLog(c.log_path(0));
+  const std::string log = testing::ReadLog(c.log_path(0));
   const size_t stopped = log.find("stopped after");
   ASSERT_NE(stopped, std::string::npos) << log;
   std::printf("restore %s\n", log.substr(stopped, log.find('\n', stopped) - stopped).c_str());
