@@ -141,6 +141,11 @@ void LocalCluster::Kill(uint32_t i) {
   pids_[i] = -1;
 }
 
+int64_t StatValue(const std::string& stats, const std::string& name) {
+  const size_t pos = stats.find("\n" + name + " ");
+  return pos == std::string::npos ? -1 : std::stoll(stats.substr(pos + name.size() + 2));
+}
+
 int LocalCluster::Stop(uint32_t i, int timeout_s) {
   if (pids_[i] <= 0) return -1;
   kill(pids_[i], SIGTERM);

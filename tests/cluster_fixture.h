@@ -77,6 +77,10 @@ class LocalCluster {
 /// or "" when nothing answered within `timeout_ms`.
 std::string HttpGet(uint32_t port, const std::string& path, int timeout_ms = 5000);
 
+/// The value of line `name` ("name value") of a server's stats text (Client::ServerStats),
+/// -1 when it has no such line (the first line, the version, is not one).
+int64_t StatValue(const std::string& stats, const std::string& name);
+
 /// Runs `argv` and returns its exit code, with stdout+stderr in *output (for CLI tests).
 int RunCommand(const std::vector<std::string>& argv, std::string* output, int timeout_s = 60);
 

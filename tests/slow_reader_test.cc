@@ -24,6 +24,7 @@ namespace {
 using testing::LocalCluster;
 using testing::LocalClusterOptions;
 using testing::MsSince;
+using testing::StatValue;
 
 // VmRSS of process `pid`, in bytes (0 if unreadable).
 uint64_t ResidentBytes(pid_t pid) {
@@ -38,11 +39,6 @@ uint64_t ResidentBytes(pid_t pid) {
     in.ignore(1 << 10, '\n');
   }
   return 0;
-}
-
-int64_t StatValue(const std::string& text, const std::string& name) {
-  const size_t pos = text.find("\n" + name + " ");
-  return pos == std::string::npos ? -1 : std::stoll(text.substr(pos + name.size() + 2));
 }
 
 // A raw DEALER for a client that does not read: its own receive queue and kernel buffer are

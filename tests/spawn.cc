@@ -5,6 +5,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
+
 namespace tessera::testing {
 
 pid_t SpawnChild(const std::vector<std::string>& argv, int out_fd, int err_fd) {
@@ -26,6 +29,13 @@ pid_t SpawnChild(const std::vector<std::string>& argv, int out_fd, int err_fd) {
 int OpenLog(const std::string& path, bool truncate) {
   return open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND),
               0644);
+}
+
+std::string ReadLog(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 }  // namespace tessera::testing

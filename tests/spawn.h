@@ -19,4 +19,7 @@ pid_t SpawnChild(const std::vector<std::string>& argv, int out_fd, int err_fd);
 /// (SpawnChild's dup2 keeps it open in the child). -1 on failure.
 int OpenLog(const std::string& path, bool truncate = false);
 
+/// The whole of the file at `path` (a child's log); empty when it cannot be read.
+std::string ReadLog(const std::string& path);
+
 }  // namespace tessera::testing

@@ -12,6 +12,33 @@
 namespace tessera::internal {
 namespace {
 
+// Rows (and dense chunks) of a checkpoint for one lane, and the credit it holds until applied.
+struct RestoreBatch {
+  std::vector<uint64_t> tables, keys;
+  std::vector<RowMeta> metas;
+  std::vector<size_t> starts;  // each row's first float in `floats`
+  std::vector<float> floats;
+  std::vector<bool> dense;
+  RestoreCredit credit;
+};
+
+Status ApplyRestoreBatch(Lane& lane, const RestoreBatch& b) {
+  for (size_t i = 0; i < b.keys.size(); ++i) {
+    const float* row = b.floats.data() + b.starts[i];
+    TESSERA_RETURN_IF_ERROR(
+        b.dense[i] ? lane.store().PutDenseChunk(b.tables[i], b.keys[i], row, b.metas[i])
+                   : lane.store().PutRows(b.tables[i], std::span<const uint64_t>(&b.keys[i], 1),
+                                          std::span<const float* const>(&row, 1),
+                                          std::span<const RowMeta>(&b.metas[i], 1)));
+  }
+  return Status::OK();
+}
+
+// Rows (or dense chunks) per restore batch: ServerOptions::restore_batch_rows, 0 the default.
+size_t RestoreBatchRows(const ServerOptions& o) {
+  return o.restore_batch_rows != 0 ? o.restore_batch_rows : 65536;
+}
+
 // A checkpoint record must be a whole row (or dense chunk) of its table: value and optimizer
 // state, of the table's kind, at a chunk index inside the tensor.
 Status CheckRestoredRecord(const TableSpec& spec, const Optimizer& opt, const Record& r,
@@ -183,31 +210,28 @@ Result<std::vector<std::pair<uint64_t, TableSpec>>> ServerImpl::RestoreTables(
 Status ServerImpl::RestoreRows(
     const std::string& dir, const AdminMarker& marker,
     const std::function<void(uint32_t, std::function<Status(Lane&)>)>& submit, uint64_t* loaded) {
-  // Rows, in batches per lane.
-  struct Batch {
-    std::vector<uint64_t> tables, keys;
-    std::vector<RowMeta> metas;
-    std::vector<std::vector<float>> rows;
-    std::vector<bool> dense;
-  };
+  // Rows, in batches per lane. A queued batch holds a credit of restore_credits_ until its
+  // lane has applied it and its copy of the rows is freed: the reader waits for one before it
+  // queues the next, so memory stays bounded whatever the checkpoint's size.
+  constexpr size_t kBatchFloats = (size_t{16} << 20) / sizeof(float);
+  const size_t batch_rows = RestoreBatchRows(options_);
   const uint32_t nl = static_cast<uint32_t>(lanes_.size());
-  std::vector<std::shared_ptr<Batch>> batches(nl);
-  auto flush = [&](uint32_t l) {
-    if (!batches[l] || batches[l]->keys.empty()) return;
+  std::vector<std::shared_ptr<RestoreBatch>> batches(nl);
+  auto flush = [&](uint32_t l) -> Status {
+    if (!batches[l] || batches[l]->keys.empty()) return Status::OK();
+    // Cancelled when the server stops meanwhile: Shutdown joins this thread, not the restore.
+    TESSERA_RETURN_IF_ERROR(restore_credits_.Acquire(io_.stop));
     auto b = std::move(batches[l]);
     batches[l].reset();
-    submit(l, [b](Lane& lane) -> Status {
-      for (size_t i = 0; i < b->keys.size(); ++i) {
-        const float* row = b->rows[i].data();
-        TESSERA_RETURN_IF_ERROR(
-            b->dense[i]
-                ? lane.store().PutDenseChunk(b->tables[i], b->keys[i], row, b->metas[i])
-                : lane.store().PutRows(b->tables[i], std::span<const uint64_t>(&b->keys[i], 1),
-                                       std::span<const float* const>(&row, 1),
-                                       std::span<const RowMeta>(&b->metas[i], 1)));
-      }
-      return Status::OK();
+    b->credit = RestoreCredit(&restore_credits_);
+    submit(l, [b](Lane& lane) {
+      Status s = ApplyRestoreBatch(lane, *b);
+      // The rows are in the lane's store now: their copy and the credit go at once, not after
+      // the lane's other tasks and commit, so the reader reads on meanwhile.
+      *b = RestoreBatch();
+      return s;
     });
+    return Status::OK();
   };
   absl::flat_hash_map<uint64_t, std::unique_ptr<Optimizer>> optimizers;
   const RowFilter held = HeldRows(/*with_backups=*/true);
@@ -222,15 +246,18 @@ Status ServerImpl::RestoreRows(
     if (dense ? !held.KeepChunk(r.table_id, r.key) : !held.KeepRow(r.key)) return Status::OK();
     const uint32_t lane =
         dense ? LaneOfChunk(r.table_id, r.key, nl) : LaneOfSlot(SlotOfKey(r.key), nl);
-    if (!batches[lane]) batches[lane] = std::make_shared<Batch>();
-    Batch& b = *batches[lane];
+    if (!batches[lane]) batches[lane] = std::make_shared<RestoreBatch>();
+    RestoreBatch& b = *batches[lane];
     b.tables.push_back(r.table_id);
     b.keys.push_back(r.key);
     b.metas.push_back(RowMeta{r.meta.update_count, r.meta.last_step, r.meta.last_update_s});
-    b.rows.push_back(r.row);
+    b.starts.push_back(b.floats.size());
+    b.floats.insert(b.floats.end(), r.row.begin(), r.row.end());
     b.dense.push_back(dense);
     ++*loaded;
-    if (b.keys.size() >= 65536) flush(lane);
+    if (b.keys.size() >= batch_rows || b.floats.size() >= kBatchFloats) {
+      TESSERA_RETURN_IF_ERROR(flush(lane));
+    }
     return Status::OK();
   };
   for (uint32_t old : marker.server_ids) {
@@ -246,7 +273,7 @@ Status ServerImpl::RestoreRows(
                          edge_.admin_root));
     }
   }
-  for (uint32_t l = 0; l < nl; ++l) flush(l);
+  for (uint32_t l = 0; l < nl; ++l) TESSERA_RETURN_IF_ERROR(flush(l));
   return Status::OK();
 }
 
@@ -283,9 +310,18 @@ Status ServerImpl::RestoreOp(const std::shared_ptr<Pending>& p) {
     }
   }
   uint64_t loaded = 0;
-  TESSERA_RETURN_IF_ERROR(RestoreRows(dir, *marker, submit, &loaded));
+  LOG(INFO) << "restoring from " << dir << " (batches of " << RestoreBatchRows(options_)
+            << " rows, at most " << restore_credits_.limit() << " queued to the lanes)";
+  Status rows = RestoreRows(dir, *marker, submit, &loaded);
+  if (!rows.ok()) {
+    // The rows read so far stay (restoring again overwrites them).
+    LOG(WARNING) << "restore from " << dir << " stopped after " << loaded
+                 << " rows/chunks: " << rows.ToString();
+    return rows;
+  }
   LOG(INFO) << "restored " << loaded << " rows/chunks from " << dir << " ("
-            << marker->server_ids.size() << " servers)";
+            << marker->server_ids.size() << " servers; at most " << restore_credits_.out_max()
+            << " batches queued, the reader waited " << restore_credits_.waits() << " times)";
   FinishPart(*p, Status::OK(), router_);  // the guard
   NoteDroppedReply(*p);
   return Status::OK();

@@ -173,6 +173,8 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
     << "max_clock " << consistency_.MaxClock() << "\n"
     << "max_push_clock " << cut_.max_push_clock() << "\n"
     << "checkpoint_pending " << (cut_.pending() ? 1 : 0) << "\n"
+    << "restore_queued_batches_max " << restore_credits_.out_max() << "\n"
+    << "restore_back_pressure_waits " << restore_credits_.waits() << "\n"
     << "connections " << edge_.connections.open() << "\n"
     << "refused_connections " << counts_.refused_connections << "\n"
     << "idle_connections_displaced " << edge_.connections.idle_displaced() << "\n"

@@ -174,6 +174,8 @@ void ServerImpl::PublishIoMetrics() {
       .idle_connections_displaced = edge_.connections.idle_displaced(),
       .replica_held_expired = repl_.park.expired(),
       .replica_refused_ahead = repl_.park.refused_ahead(),
+      .restore_queued_batches_max = restore_credits_.out_max(),
+      .restore_back_pressure_waits = restore_credits_.waits(),
       .checkpoint_pending = cut_.pending(),
       .table_names = tables_.Names(),
       .engine = engine_->EngineStats(),

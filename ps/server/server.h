@@ -75,6 +75,14 @@ struct ServerOptions {
   /// wait meanwhile); then it is given up (DeadlineExceeded) and what it held goes on. 0: the
   /// default. Default: 120000 (2 minutes).
   uint32_t checkpoint_cut_timeout_ms = 120000;
+  /// Rows (or dense chunks) a restore hands one lane at a time; a batch also ends at 16 MiB
+  /// of floats. 0: the default. Default: 65,536.
+  uint32_t restore_batch_rows = 65536;
+  /// Most restore batches queued to the lanes and not yet applied: past it the checkpoint
+  /// reader waits for a lane (back-pressure), so a restore holds at most this many batches
+  /// plus one being filled per lane, whatever the checkpoint's size. 0: twice the lanes.
+  /// Default: 0.
+  uint32_t restore_max_queued_batches = 0;
   /// Most client connections served at once; later ones get ResourceExhausted for every
   /// request until an earlier one closes. Each takes a file descriptor (RLIMIT_NOFILE).
   /// 0: no limit. Default: 1024.

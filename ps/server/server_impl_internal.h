@@ -16,6 +16,7 @@
 // and admin_ops.cc (checkpoints, restore, exports).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,6 +40,7 @@
 #include "ps/server/replication_queue_internal.h"
 #include "ps/server/request_internal.h"
 #include "ps/server/request_log_internal.h"
+#include "ps/server/restore_credits_internal.h"
 #include "ps/server/slot_migration_internal.h"
 #include "ps/server/snapshot_internal.h"
 #include "ps/server/table_registry_internal.h"
@@ -213,6 +215,11 @@ class ServerImpl {
   std::unique_ptr<RequestLog> log_;
   // Pushes logged by the next group write, with their lane parts (FlushStaged).
   std::vector<StagedRun> staged_;
+  // Restore batches queued to the lanes (restore_credits_internal.h); before lanes_, whose
+  // queued batches hold its credits.
+  RestoreCredits restore_credits_{options_.restore_max_queued_batches != 0
+                                      ? options_.restore_max_queued_batches
+                                      : 2 * std::max<uint32_t>(options_.lanes, 1)};
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::unique_ptr<FileWriter> writer_;
   IoThread io_;  // io_state_internal.h

@@ -100,6 +100,13 @@ DEFINE_string(admin_root, "",
 DEFINE_uint32(checkpoint_cut_timeout_s, 120,
               "Longest a checkpoint waits for the workers to reach its cut (pushes of later "
               "steps wait meanwhile); then it is given up and training goes on");
+DEFINE_uint32(restore_batch_rows, 65536,
+              "Rows (or dense chunks) a restore hands one lane at a time, at most 16 MiB of "
+              "floats (0: the default)");
+DEFINE_uint32(restore_max_queued_batches, 0,
+              "Most restore batches queued to the lanes and not yet applied; past it the "
+              "checkpoint reader waits, so a restore's memory does not grow with the "
+              "checkpoint (0: twice --lanes)");
 DEFINE_uint32(idle_connection_timeout_s, 60,
               "A connection that sent no request for this long loses its place to one that "
               "needs it while --max_connections are open (0: never)");
@@ -476,6 +483,8 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->storage.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
   o->admin_root = FLAGS_admin_root;
   o->checkpoint_cut_timeout_ms = FLAGS_checkpoint_cut_timeout_s * 1000;
+  o->restore_batch_rows = FLAGS_restore_batch_rows;
+  o->restore_max_queued_batches = FLAGS_restore_max_queued_batches;
   o->max_connections = FLAGS_max_connections;
   o->max_connections_per_ip = FLAGS_max_connections_per_ip;
   o->idle_connection_timeout_ms = FLAGS_idle_connection_timeout_s * 1000;

@@ -235,6 +235,13 @@ void ServerMetrics::AddIoCollectors() {
      &IoState::log_truncated_to);
   io("tessera_server_checkpoint_pending", "1 while a checkpoint waits for its cut.", G,
      &IoState::checkpoint_pending);
+  io("tessera_server_restore_queued_batches_max",
+     "Most restore batches queued to the lanes at once (--restore_max_queued_batches bounds "
+     "it).",
+     G, &IoState::restore_queued_batches_max);
+  io("tessera_server_restore_back_pressure_waits_total",
+     "Times a restore's checkpoint reader waited for a lane to apply a batch.", C,
+     &IoState::restore_back_pressure_waits);
   io("tessera_server_refused_connections_total", "Connections over --max_connections.", C,
      &IoState::refused_connections);
   io("tessera_server_dropped_replies_total", "Replies dropped: the client's queue was full.", C,

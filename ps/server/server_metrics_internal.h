@@ -55,6 +55,9 @@ class ServerMetrics {
     uint64_t unknown_client_pushes = 0, push_marks_in_memory = 0, push_marks_spilled = 0,
              idle_connections_displaced = 0, replica_held_expired = 0,
              replica_refused_ahead = 0;
+    // Restores (restore_credits_internal.h): the most batches queued to the lanes at once,
+    // and the times the checkpoint reader waited for a lane.
+    uint64_t restore_queued_batches_max = 0, restore_back_pressure_waits = 0;
     bool checkpoint_pending = false;
     std::vector<std::pair<uint64_t, std::string>> table_names;  // id, name
     std::vector<std::pair<std::string, uint64_t>> engine;  // StorageEngine::EngineStats()

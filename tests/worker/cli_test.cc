@@ -20,13 +20,9 @@
 #include <vector>
 
 #include "ps/client/client.h"
-#include "tests/cluster_fixture.h"
-#include "tests/worker/worker_process.h"
+#include "tests/worker/worker_cluster_fixture.h"
 #include "worker/backend.h"
 
-#ifndef TESSERA_WORKER_BINARY
-#error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
-#endif
 #if !defined(TESSERA_CTL_BINARY) || !defined(TESSERA_LOOKUP_BINARY) || \
     !defined(TESSERA_DEMO_BINARY) || !defined(TESSERA_VERSION)
 #error "TESSERA_{CTL,LOOKUP,DEMO}_BINARY and TESSERA_VERSION must be defined"
@@ -37,6 +33,8 @@ namespace {
 
 using testing::ChildProcess;
 using testing::LocalCluster;
+using testing::ProgramRun;
+using testing::RunToEnd;
 
 // A short BSP training run of one node: 20 steps of 256 samples per local rank.
 std::vector<std::string> Args(const std::string& servers, const std::string& job,
@@ -58,24 +56,6 @@ std::vector<std::string> Args(const std::string& servers, const std::string& job
           "--request_timeout_ms=20000"};
 }
 
-struct WorkerRun {
-  int rc = -1;
-  double seconds = 0;
-  std::string out;
-};
-
-WorkerRun RunWorker(const std::vector<std::string>& argv, const std::string& log,
-                    double timeout_s) {
-  ChildProcess p;
-  WorkerRun r;
-  const auto start = std::chrono::steady_clock::now();
-  if (!p.Start(argv, log)) return r;
-  r.rc = p.Wait(timeout_s);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.out = p.Output();
-  return r;
-}
-
 // The mean training loss the worker reports; NaN when there is no such line.
 double TrainLoss(const std::string& out) {
   std::smatch m;
@@ -87,12 +67,12 @@ TEST(WorkerCli, ReducerLineNamesTheCpuReducer) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());
   const std::string servers = cluster.endpoints()[0];
-  WorkerRun two = RunWorker(Args(servers, "cli2", "cpu", 2), cluster.dir() + "/two.log", 120);
+  ProgramRun two = RunToEnd(Args(servers, "cli2", "cpu", 2), cluster.dir() + "/two.log", 120);
   ASSERT_EQ(two.rc, 0) << two.out;
   EXPECT_NE(two.out.find("reducer: cpu (2 local ranks on CPU threads)"), std::string::npos)
       << two.out;
   EXPECT_NE(two.out.find("20 steps"), std::string::npos) << two.out;
-  WorkerRun one = RunWorker(Args(servers, "cli1", "cpu", 1), cluster.dir() + "/one.log", 120);
+  ProgramRun one = RunToEnd(Args(servers, "cli1", "cpu", 1), cluster.dir() + "/one.log", 120);
   ASSERT_EQ(one.rc, 0) << one.out;
   EXPECT_NE(one.out.find("reducer: none (1 local rank)"), std::string::npos) << one.out;
 }
@@ -102,7 +82,7 @@ TEST(WorkerCli, ReducerLineNamesTheCpuReducer) {
 TEST(WorkerCli, NullBackendRunsTheFeedWithoutAModel) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());
-  WorkerRun r = RunWorker(Args(cluster.endpoints()[0], "clinull", "null", 2),
+  ProgramRun r = RunToEnd(Args(cluster.endpoints()[0], "clinull", "null", 2),
                           cluster.dir() + "/null.log", 120);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("reducer: cpu (2 local ranks on CPU threads)"), std::string::npos)
@@ -120,7 +100,7 @@ TEST(WorkerCli, CudaBackendRefusedAtOnceWithoutAGpu) {
     GTEST_SKIP() << "a GPU is present: WorkerCliGpu covers --backend=cuda";
   }
   for (uint32_t ranks : {1u, 2u}) {
-    WorkerRun r = RunWorker(Args("tcp://127.0.0.1:9", "nogpu", "cuda", ranks),
+    ProgramRun r = RunToEnd(Args("tcp://127.0.0.1:9", "nogpu", "cuda", ranks),
                             ::testing::TempDir() + "/nogpu.log", 30);
     EXPECT_EQ(r.rc, 1) << r.out;
     EXPECT_LT(r.seconds, 10.0) << r.out;
@@ -137,16 +117,16 @@ TEST(WorkerCliGpu, CudaRunsTrainLikeCpuAndMultiGpuNodesUseNccl) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());
   const std::string servers = cluster.endpoints()[0];
-  WorkerRun cpu = RunWorker(Args(servers, "gcpu", "cpu", 1), cluster.dir() + "/cpu.log", 300);
-  WorkerRun cuda = RunWorker(Args(servers, "gcuda", "cuda", 1), cluster.dir() + "/cuda.log", 300);
+  ProgramRun cpu = RunToEnd(Args(servers, "gcpu", "cpu", 1), cluster.dir() + "/cpu.log", 300);
+  ProgramRun cuda = RunToEnd(Args(servers, "gcuda", "cuda", 1), cluster.dir() + "/cuda.log", 300);
   ASSERT_EQ(cpu.rc, 0) << cpu.out;
   ASSERT_EQ(cuda.rc, 0) << cuda.out;
   EXPECT_NE(cuda.out.find("reducer: none (1 local rank)"), std::string::npos) << cuda.out;
   EXPECT_NEAR(TrainLoss(cuda.out), TrainLoss(cpu.out), 2e-3 * TrainLoss(cpu.out))
       << cpu.out << cuda.out;
   if (*gpus >= 2) {
-    WorkerRun cpu2 = RunWorker(Args(servers, "gcpu2", "cpu", 2), cluster.dir() + "/cpu2.log", 300);
-    WorkerRun nccl = RunWorker(Args(servers, "gnccl", "cuda", 2), cluster.dir() + "/nccl.log", 300);
+    ProgramRun cpu2 = RunToEnd(Args(servers, "gcpu2", "cpu", 2), cluster.dir() + "/cpu2.log", 300);
+    ProgramRun nccl = RunToEnd(Args(servers, "gnccl", "cuda", 2), cluster.dir() + "/nccl.log", 300);
     ASSERT_EQ(cpu2.rc, 0) << cpu2.out;
     ASSERT_EQ(nccl.rc, 0) << nccl.out;
     EXPECT_NE(nccl.out.find("reducer: nccl (2 local ranks on GPUs 0,1)"), std::string::npos)
@@ -154,7 +134,7 @@ TEST(WorkerCliGpu, CudaRunsTrainLikeCpuAndMultiGpuNodesUseNccl) {
     EXPECT_NEAR(TrainLoss(nccl.out), TrainLoss(cpu2.out), 2e-3 * TrainLoss(cpu2.out))
         << cpu2.out << nccl.out;
   } else {
-    WorkerRun two = RunWorker(Args(servers, "g2", "cuda", 2), cluster.dir() + "/two.log", 30);
+    ProgramRun two = RunToEnd(Args(servers, "g2", "cuda", 2), cluster.dir() + "/two.log", 30);
     EXPECT_EQ(two.rc, 1) << two.out;
     EXPECT_LT(two.seconds, 10.0) << two.out;
     EXPECT_NE(two.out.find("2 local ranks need 2 GPUs for NCCL"), std::string::npos) << two.out;
@@ -164,10 +144,10 @@ TEST(WorkerCliGpu, CudaRunsTrainLikeCpuAndMultiGpuNodesUseNccl) {
 // ---------------------------------------------------------------- every program's command line
 
 // A program run to its end with `args` (stdout and stderr together).
-WorkerRun RunTool(const std::vector<std::string>& args, const std::string& name) {
+ProgramRun RunTool(const std::vector<std::string>& args, const std::string& name) {
   // The pid in the name: ctest -j runs these tests side by side, and two of them running the
   // same tool wrote one log file (ToolsCli.Help... and ToolsCli.Version... failed together).
-  return RunWorker(
+  return RunToEnd(
       args, ::testing::TempDir() + "/tool-" + name + "-" + std::to_string(getpid()) + ".log", 30);
 }
 
@@ -197,7 +177,7 @@ const Tool kTools[] = {
 TEST(ToolsCli, HelpListsTheProgramsOwnFlagsFirstAndExitsZero) {
   for (const Tool& t : kTools) {
     for (const char* help : {"--help", "-h"}) {
-      WorkerRun r = RunTool({t.binary, help}, t.name);
+      ProgramRun r = RunTool({t.binary, help}, t.name);
       EXPECT_EQ(r.rc, 0) << t.name << " " << help << "\n" << r.out;
       const std::vector<std::string> lines = Lines(r.out);
       ASSERT_GE(lines.size(), 5u) << t.name << "\n" << r.out;
@@ -214,7 +194,7 @@ TEST(ToolsCli, HelpListsTheProgramsOwnFlagsFirstAndExitsZero) {
                                                         << r.out;
       }
     }
-    WorkerRun full = RunTool({t.binary, "--helpfull"}, t.name);
+    ProgramRun full = RunTool({t.binary, "--helpfull"}, t.name);
     EXPECT_EQ(full.rc, 0) << t.name << "\n" << full.out;
     EXPECT_NE(full.out.find("tryfromenv"), std::string::npos) << t.name << "\n" << full.out;
     if (t.glog) {
@@ -222,37 +202,37 @@ TEST(ToolsCli, HelpListsTheProgramsOwnFlagsFirstAndExitsZero) {
     }
   }
   // Defaults read as typed: the worker's --dense_lr is 0.003, not 0.0030000000000000001.
-  WorkerRun worker = RunTool({TESSERA_WORKER_BINARY, "--help"}, "worker-help");
+  ProgramRun worker = RunTool({TESSERA_WORKER_BINARY, "--help"}, "worker-help");
   EXPECT_NE(worker.out.find("--dense_lr=DOUBLE  (default: 0.003)"), std::string::npos)
       << worker.out;
 }
 
 TEST(ToolsCli, VersionPrintsNameAndProjectVersion) {
   for (const Tool& t : kTools) {
-    WorkerRun r = RunTool({t.binary, "--version"}, t.name);
+    ProgramRun r = RunTool({t.binary, "--version"}, t.name);
     EXPECT_EQ(r.rc, 0) << t.name << "\n" << r.out;
     EXPECT_EQ(r.out, std::string(t.name) + " " + TESSERA_VERSION + "\n");
   }
 }
 
 TEST(ToolsCli, CtlListsItsCommandsAndRejectsUnknownOnes) {
-  WorkerRun help = RunTool({TESSERA_CTL_BINARY, "--help"}, "ctl-help");
+  ProgramRun help = RunTool({TESSERA_CTL_BINARY, "--help"}, "ctl-help");
   EXPECT_EQ(help.rc, 0) << help.out;
   for (const char* cmd : {"checkpoint NAME", "restore NAME", "export NAME", "stats", "tables",
                           "keygen DIR"}) {
     EXPECT_NE(help.out.find(std::string("  ") + cmd), std::string::npos) << cmd << help.out;
   }
-  WorkerRun none = RunTool({TESSERA_CTL_BINARY}, "ctl-none");
+  ProgramRun none = RunTool({TESSERA_CTL_BINARY}, "ctl-none");
   EXPECT_EQ(none.rc, 2) << none.out;
   EXPECT_NE(none.out.find("tessera-ctl: missing command"), std::string::npos) << none.out;
   EXPECT_NE(none.out.find("checkpoint NAME"), std::string::npos) << none.out;
-  WorkerRun unknown =
+  ProgramRun unknown =
       RunTool({TESSERA_CTL_BINARY, "--cluster=tcp://127.0.0.1:9", "frobnicate"}, "ctl-unknown");
   EXPECT_EQ(unknown.rc, 2) << unknown.out;
   EXPECT_NE(unknown.out.find("tessera-ctl: unknown command 'frobnicate'"), std::string::npos)
       << unknown.out;
   EXPECT_NE(unknown.out.find("restore NAME"), std::string::npos) << unknown.out;
-  WorkerRun arity = RunTool({TESSERA_CTL_BINARY, "--cluster=tcp://127.0.0.1:9", "checkpoint"},
+  ProgramRun arity = RunTool({TESSERA_CTL_BINARY, "--cluster=tcp://127.0.0.1:9", "checkpoint"},
                             "ctl-arity");
   EXPECT_EQ(arity.rc, 2) << arity.out;
   EXPECT_NE(arity.out.find("checkpoint takes one argument"), std::string::npos) << arity.out;
@@ -271,7 +251,7 @@ TEST(ToolsCli, PortOutOfRangeIsRefusedNamingTheEndpoint) {
       {TESSERA_SERVER_BINARY, "--cluster=tcp://127.0.0.1:7000", "--listen=" + bad},
   };
   for (const auto& args : runs) {
-    WorkerRun r = RunTool(args, "port");
+    ProgramRun r = RunTool(args, "port");
     EXPECT_EQ(r.rc, 2) << args[0] << "\n" << r.out;
     EXPECT_NE(r.out.find("'" + bad + "'"), std::string::npos) << args[0] << "\n" << r.out;
     EXPECT_NE(r.out.find("1..65535"), std::string::npos) << args[0] << "\n" << r.out;
@@ -301,7 +281,7 @@ TEST(ToolsCli, EnumFlagsAreChecked) {
        "tessera-server: --durability must be one of strict, relaxed (got 'lazy')"},
   };
   for (const Case& c : cases) {
-    WorkerRun r = RunTool(c.args, "enum");
+    ProgramRun r = RunTool(c.args, "enum");
     EXPECT_EQ(r.rc, 2) << c.args.back() << "\n" << r.out;
     EXPECT_LT(r.seconds, 10.0) << r.out;
     EXPECT_NE(r.out.find(c.message), std::string::npos) << r.out;
@@ -310,13 +290,13 @@ TEST(ToolsCli, EnumFlagsAreChecked) {
 
 // tessera-lookup takes gflags' syntax like the others: --flag=value and --flag value.
 TEST(ToolsCli, LookupTakesGflagsSyntax) {
-  WorkerRun both = RunTool({TESSERA_LOOKUP_BINARY, "--cluster", "tcp://127.0.0.1:9",
+  ProgramRun both = RunTool({TESSERA_LOOKUP_BINARY, "--cluster", "tcp://127.0.0.1:9",
                             "--export_dir=x", "--keys=1"},
                            "lookup-both");
   EXPECT_EQ(both.rc, 2) << both.out;
   EXPECT_NE(both.out.find("give exactly one of --cluster and --export_dir"), std::string::npos)
       << both.out;
-  WorkerRun missing = RunTool({TESSERA_LOOKUP_BINARY, "--export_dir",
+  ProgramRun missing = RunTool({TESSERA_LOOKUP_BINARY, "--export_dir",
                                ::testing::TempDir() + "/no-export", "--keys=1"},
                               "lookup-missing");
   EXPECT_EQ(missing.rc, 1) << missing.out;  // the flags are fine; the export is not there
@@ -339,7 +319,7 @@ TEST(ToolsCli, WorkerJsonReportStaysValidWithQuotesInThePath) {
       f << (click ? 1 : 0) << " " << a << ":1 " << 100 + b << ":1\n";
     }
   }
-  WorkerRun r = RunWorker({TESSERA_WORKER_BINARY, "--servers=" + cluster.endpoints()[0],
+  ProgramRun r = RunToEnd({TESSERA_WORKER_BINARY, "--servers=" + cluster.endpoints()[0],
                            "--data=libsvm:" + path, "--job=json", "--batch_size=64",
                            "--bottom_mlp=8", "--top_mlp=8", "--request_timeout_ms=20000"},
                           cluster.dir() + "/json.log", 120);
@@ -380,7 +360,7 @@ TEST(WorkerCli, LearningRateScheduleReachesTheServers) {
       if (x == "--max_steps=20") x = "--max_steps=5";
     }
     a.insert(a.end(), more.begin(), more.end());
-    return RunWorker(a, cluster.dir() + "/" + job + ".log", 120);
+    return RunToEnd(a, cluster.dir() + "/" + job + ".log", 120);
   };
   auto bias = [&](const std::string& job) {
     ClientOptions o;
@@ -392,15 +372,15 @@ TEST(WorkerCli, LearningRateScheduleReachesTheServers) {
     if (!t.ok() || !(*c)->Wait((*c)->DensePull(*t, 0, 1, &b)).ok()) return std::nanf("");
     return b;
   };
-  WorkerRun slow = run("warm", {"--lr_warmup_steps=1000000000"});
+  ProgramRun slow = run("warm", {"--lr_warmup_steps=1000000000"});
   ASSERT_EQ(slow.rc, 0) << slow.out;
-  WorkerRun plain = run("plain", {});
+  ProgramRun plain = run("plain", {});
   ASSERT_EQ(plain.rc, 0) << plain.out;
   const float b_slow = bias("warm"), b_plain = bias("plain");
   EXPECT_LT(std::fabs(b_slow), 1e-6f) << "bias after 5 steps of a warm-up: " << b_slow;
   EXPECT_GT(std::fabs(b_plain), 1e-4f) << "bias after 5 plain steps: " << b_plain;
 
-  WorkerRun bad = run("bad", {"--lr_decay=step"});
+  ProgramRun bad = run("bad", {"--lr_decay=step"});
   EXPECT_EQ(bad.rc, 2) << bad.out;
   EXPECT_NE(bad.out.find("--lr_decay"), std::string::npos) << bad.out;
   bad = run("bad2", {"--lr_decay=cosine", "--lr_final_scale=2"});
@@ -476,7 +456,7 @@ TEST(WorkerCsv, TrainsOnACsvFileAndWritesTheReport) {
     }
   }
   const std::string out = cluster.dir() + "/run";
-  WorkerRun r = RunWorker(
+  ProgramRun r = RunToEnd(
       {TESSERA_WORKER_BINARY, "--servers=" + cluster.endpoints()[0], "--data=csv:" + path,
        "--schema=label=click;numeric=price:log;categorical=site_id,app_id,hour;header=true",
        "--skip_bad_lines", "--job=csv", "--epochs=2", "--batch_size=64", "--bottom_mlp=8",

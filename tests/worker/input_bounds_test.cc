@@ -10,35 +10,19 @@
 #include <string>
 #include <vector>
 
-#include "tests/cluster_fixture.h"
-#include "tests/worker/worker_process.h"
-
-#ifndef TESSERA_WORKER_BINARY
-#error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
-#endif
+#include "tests/worker/worker_cluster_fixture.h"
 
 namespace tessera {
 namespace {
 
-struct ProgramRun {
-  int rc = -1;
-  double seconds = 0;
-  std::string out;
-};
+using testing::ProgramRun;
 
 // Runs `argv` to its end (killed after `timeout_s`), stdout and stderr together.
 ProgramRun RunProgram(const std::vector<std::string>& argv, const std::string& name,
-               double timeout_s = 60) {
-  testing::ChildProcess p;
-  ProgramRun r;
-  const auto start = std::chrono::steady_clock::now();
-  const std::string log =
-      ::testing::TempDir() + "/bounds-" + name + "-" + std::to_string(getpid()) + ".log";
-  if (!p.Start(argv, log)) return r;
-  r.rc = p.Wait(timeout_s);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.out = p.Output();
-  return r;
+                      double timeout_s = 60) {
+  return testing::RunToEnd(
+      argv, ::testing::TempDir() + "/bounds-" + name + "-" + std::to_string(getpid()) + ".log",
+      timeout_s);
 }
 
 // Item 9: --local_ranks=100000 spawned threads until std::system_error aborted the worker.

@@ -14,12 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/cluster_fixture.h"
-#include "tests/worker/worker_process.h"
+#include "tests/worker/worker_cluster_fixture.h"
 
-#ifndef TESSERA_WORKER_BINARY
-#error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
-#endif
 #ifndef TESSERA_MOVIELENS_DIR
 #error "TESSERA_MOVIELENS_DIR must name the ml-latest-small directory"
 #endif
@@ -47,7 +43,7 @@ std::map<std::string, double> RunJob(const std::vector<std::string>& flags, uint
     ADD_FAILURE() << s.ToString();
     return {};
   }
-  const std::string servers = cluster.endpoints()[0] + "," + cluster.endpoints()[1];
+  const std::string servers = testing::ServerList(cluster);
   std::vector<std::unique_ptr<ChildProcess>> procs;
   for (uint32_t w = 0; w < workers; ++w) {
     std::vector<std::string> argv = {TESSERA_WORKER_BINARY, "--servers=" + servers,

@@ -10,13 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "ps/client/client.h"
-#include "tests/cluster_fixture.h"
-#include "tests/worker/worker_process.h"
-
-#ifndef TESSERA_WORKER_BINARY
-#error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
-#endif
+#include "tests/worker/worker_cluster_fixture.h"
 
 namespace tessera {
 namespace {
@@ -49,25 +43,17 @@ bool ParsePosition(const std::string& s, Position* p) {
   return true;
 }
 
+// Pushes the server has applied since it started.
 uint64_t Pushes(Client* admin) {
-  auto stats = admin->ServerStats(0);
-  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-  if (!stats.ok()) return 0;
-  std::smatch m;
-  if (!std::regex_search(*stats, m, std::regex(R"((^|\n)pushes (\d+))"))) {
-    ADD_FAILURE() << "no pushes line in\n" << *stats;
-    return 0;
-  }
-  return std::stoull(m[2]);
+  const int64_t n = testing::ServerStat(*admin, 0, "pushes");
+  EXPECT_GE(n, 0) << "no pushes line in the server's stats";
+  return n < 0 ? 0 : static_cast<uint64_t>(n);
 }
 
 TEST(WorkerRestartTest, SigkilledWorkerResumesFromItsStoredPosition) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());
-  ClientOptions co;
-  co.servers = cluster.endpoints();
-  co.worker_id = 1000;  // not a worker of the job
-  auto admin_or = Client::Create(co);
+  auto admin_or = testing::ConnectObserver(cluster);
   ASSERT_TRUE(admin_or.ok()) << admin_or.status().ToString();
   Client* admin = admin_or->get();
 

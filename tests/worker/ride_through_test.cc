@@ -15,19 +15,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "ps/client/client.h"
 #include "ps/record_file_internal.h"
-#include "tests/cluster_fixture.h"
-#include "tests/worker/worker_process.h"
-
-#ifndef TESSERA_WORKER_BINARY
-#error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
-#endif
+#include "tests/worker/worker_cluster_fixture.h"
 
 namespace tessera {
 namespace {
@@ -38,13 +31,7 @@ using testing::LocalCluster;
 constexpr uint32_t kServers = 2;
 
 // Pushes server `rank` has applied since it started (its stats line), or -1 when unreachable.
-int64_t Pushes(Client* admin, uint32_t rank) {
-  auto stats = admin->ServerStats(rank, DeadlineAfterMs(5000));
-  if (!stats.ok()) return -1;
-  std::smatch m;
-  if (!std::regex_search(*stats, m, std::regex(R"((^|\n)pushes (\d+))"))) return -1;
-  return std::stoll(m[2]);
-}
+int64_t Pushes(Client* admin, uint32_t rank) { return testing::ServerStat(*admin, rank, "pushes"); }
 
 // Every row and dense chunk of a checkpoint: (table, kind, key) -> value and optimizer state.
 using Rows = std::map<std::tuple<uint64_t, int, uint64_t>, std::vector<float>>;
@@ -69,8 +56,7 @@ JobResult RunJob(uint32_t workers, bool faults, const std::vector<int64_t>& push
     ADD_FAILURE() << s.ToString();
     return result;
   }
-  std::string servers;
-  for (auto& e : cluster.endpoints()) servers += (servers.empty() ? "" : ",") + e;
+  const std::string servers = testing::ServerList(cluster);
   std::vector<std::unique_ptr<ChildProcess>> procs;
   for (uint32_t w = 0; w < workers; ++w) {
     const std::vector<std::string> argv = {TESSERA_WORKER_BINARY,
@@ -94,11 +80,7 @@ JobResult RunJob(uint32_t workers, bool faults, const std::vector<int64_t>& push
       return result;
     }
   }
-  ClientOptions co;
-  co.servers = cluster.endpoints();
-  co.worker_id = 1000;  // not a worker of the job
-  co.admin_root = cluster.admin_root();
-  auto admin = Client::Create(co);
+  auto admin = testing::ConnectObserver(cluster);
   if (!admin.ok()) {
     ADD_FAILURE() << admin.status().ToString();
     return result;
@@ -142,12 +124,9 @@ JobResult RunJob(uint32_t workers, bool faults, const std::vector<int64_t>& push
     }
   }
   for (uint32_t r = 0; r < kServers; ++r) {
-    auto stats = (*admin)->ServerStats(r);
-    if (!stats.ok()) continue;
-    std::smatch m;
-    if (std::regex_search(*stats, m, std::regex(R"((^|\n)retried_pushes (\d+))"))) {
-      result.retried_pushes += std::stoull(m[2]);
-    }
+    const int64_t retried = testing::ServerStat(**admin, r, "retried_pushes");
+    if (retried < 0) continue;
+    result.retried_pushes += static_cast<uint64_t>(retried);
     pushes[r] += Pushes(admin->get(), r);
   }
   result.report["pushes_server0"] = static_cast<double>(pushes[0]);

@@ -19,17 +19,12 @@
 #include <thread>
 #include <vector>
 
-#include "tests/cluster_fixture.h"
-#include "tests/worker/worker_process.h"
+#include "tests/worker/worker_cluster_fixture.h"
 #include "worker/backend.h"
 #include "worker/data_source.h"
 #include "worker/model.h"
 #include "worker/param_store.h"
 #include "worker/trainer.h"
-
-#ifndef TESSERA_WORKER_BINARY
-#error "TESSERA_WORKER_BINARY must name the tessera-worker executable"
-#endif
 
 namespace tessera {
 namespace {
@@ -128,25 +123,15 @@ TEST(RowCacheQuality, CachedRunsTestAucWithinBarOfUncached) {
   }
 }
 
-// One tessera-worker run on `server`; returns its exit code and output.
-struct WorkerRun {
-  int rc = -1;
-  std::string out;
-};
-
 std::vector<std::string> WorkerArgs(const std::string& server, const std::string& job,
                                     const std::string& dir) {
   return {TESSERA_WORKER_BINARY,          "--servers=" + server,    "--job=" + job,
           "--out_dir=" + dir + "/" + job, "--train_samples=300000", "--validate_every=0"};
 }
 
-WorkerRun RunWorker(std::vector<std::string> args, const std::string& log) {
-  ChildProcess p;
-  WorkerRun r;
-  if (!p.Start(args, log)) return r;
-  r.rc = p.Wait(600);
-  r.out = p.Output();
-  return r;
+// One tessera-worker run; its exit code and output.
+testing::ProgramRun RunWorker(const std::vector<std::string>& args, const std::string& log) {
+  return testing::RunToEnd(args, log, 600);
 }
 
 // A cached run on a real server: its hits show in /metrics while it trains, its report gives
@@ -157,7 +142,7 @@ TEST(WorkerRowCache, RealServerRunCountsHitsAndMatchesUncached) {
   LocalCluster cluster(testing::Servers(1));
   ASSERT_TRUE(cluster.Start().ok());
   const std::string server = cluster.endpoints()[0];
-  const WorkerRun plain =
+  const testing::ProgramRun plain =
       RunWorker(WorkerArgs(server, "plain", cluster.dir()), cluster.dir() + "/plain.log");
   ASSERT_EQ(plain.rc, 0) << plain.out;
 
@@ -208,14 +193,14 @@ TEST(WorkerRowCache, RefusedUnderBulkSynchronousConsistency) {
   std::vector<std::string> args = WorkerArgs(cluster.endpoints()[0], "bsp", cluster.dir());
   args.push_back("--consistency=bsp");
   args.push_back("--cache_rows=1000");
-  const WorkerRun r = RunWorker(args, cluster.dir() + "/bsp.log");
+  const testing::ProgramRun r = RunWorker(args, cluster.dir() + "/bsp.log");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("bulk-synchronous"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("trained"), std::string::npos) << r.out;
   args.back() = "--cache_rows=10";
   args.push_back("--consistency=async");
   args.push_back("--cache_staleness=0");
-  const WorkerRun s0 = RunWorker(args, cluster.dir() + "/s0.log");
+  const testing::ProgramRun s0 = RunWorker(args, cluster.dir() + "/s0.log");
   EXPECT_EQ(s0.rc, 2) << s0.out;
   EXPECT_NE(s0.out.find("staleness must be in [1, 64]"), std::string::npos) << s0.out;
 }

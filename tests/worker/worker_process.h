@@ -7,10 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,17 +93,33 @@ class ChildProcess {
   }
 
   /// The child's output so far.
-  std::string Output() const {
-    std::ifstream in(log_path_);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
+  std::string Output() const { return ReadLog(log_path_); }
 
  private:
   pid_t pid_ = -1;
   int exit_code_ = -1;
   std::string log_path_;
 };
+
+/// What RunToEnd saw: the exit code (-1: killed at the timeout or not started), the seconds
+/// it ran, its stdout and stderr together.
+struct ProgramRun {
+  int rc = -1;
+  double seconds = 0;
+  std::string out;
+};
+
+/// Runs `argv` to its end, its output to `log_path`; killed after `timeout_s`.
+inline ProgramRun RunToEnd(const std::vector<std::string>& argv, const std::string& log_path,
+                           double timeout_s) {
+  ChildProcess p;
+  ProgramRun r;
+  const auto start = std::chrono::steady_clock::now();
+  if (!p.Start(argv, log_path)) return r;
+  r.rc = p.Wait(timeout_s);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.out = p.Output();
+  return r;
+}
 
 }  // namespace tessera::testing
