@@ -53,6 +53,11 @@ std::string_view OpName(Op op);
 /// Element type of the array frames.
 enum class ElemType : uint8_t { kNone = 0, kF32 = 1, kU64 = 2, kBytes = 3 };
 
+/// `dim` of a DensePull request whose sender takes the values as several data frames: one per
+/// server chunk (kDenseChunkFloats) the range touches, in order, which a server sends from its
+/// table without copying them. 0 (or a server of an older build): one data frame.
+inline constexpr uint32_t kDensePullChunkFrames = 1;
+
 /// The decoded envelope. Requests and replies use the same fields (see docs/wire-protocol.md).
 struct Header {
   uint32_t version = kProtocolVersion;

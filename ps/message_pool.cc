@@ -87,4 +87,16 @@ uint64_t MessagePool::reused() const {
   return reused_;
 }
 
+zmq::message_t SharedMessage(const void* data, size_t bytes, std::shared_ptr<const void> owner) {
+  // ZeroMQ's free function gets a void* hint: the reference travels there as a heap object.
+  auto ref = std::make_unique<std::shared_ptr<const void>>(std::move(owner));
+  // ZeroMQ only reads a message's data; its free function takes a non-const pointer.
+  zmq::message_t m(
+      const_cast<void*>(data), bytes,
+      [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); },
+      ref.get());
+  ref.release();  // the message owns it now
+  return m;
+}
+
 }  // namespace tessera::internal

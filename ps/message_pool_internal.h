@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <zmq.hpp>
@@ -61,5 +62,9 @@ class MessagePool {
   size_t retained_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+/// A message of the `bytes` bytes at `data`, sent without a copy: it holds `owner` (which must
+/// keep those bytes unchanged) until ZeroMQ frees the message, on whichever thread that is.
+zmq::message_t SharedMessage(const void* data, size_t bytes, std::shared_ptr<const void> owner);
 
 }  // namespace tessera::internal

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,24 @@ TEST(MessagePoolTest, ZeroMQGivesTheBufferBackAfterSendingIt) {
   EXPECT_EQ(pool.retained(), 0u);
   shared = zmq::message_t();
   EXPECT_EQ(pool.retained(), size_t{256} << 10);
+}
+
+// A shared message sends the owner's bytes themselves and holds the owner until ZeroMQ frees
+// the message, also when a copy of the message (a frame queued twice) outlives the first.
+TEST(SharedMessageTest, HoldsItsOwnerUntilTheLastCopyIsFreed) {
+  auto owner = std::make_shared<std::vector<float>>(1000, 3.0f);
+  std::weak_ptr<std::vector<float>> watch = owner;
+  const float* data = owner->data();
+  zmq::message_t copy;
+  {
+    zmq::message_t m = SharedMessage(data + 10, 40 * sizeof(float), std::move(owner));
+    EXPECT_EQ(m.data(), data + 10);
+    EXPECT_EQ(m.size(), 40 * sizeof(float));
+    copy.copy(m);
+  }
+  EXPECT_FALSE(watch.expired()) << "released while a copy of the message was alive";
+  copy.rebuild();
+  EXPECT_TRUE(watch.expired()) << "not released once the message was freed";
 }
 
 }  // namespace

@@ -96,6 +96,13 @@ class MemoryLaneStore final : public LaneStore {
     return Status::OK();
   }
 
+  Result<std::shared_ptr<const float>> DenseShare(uint64_t table_id, uint64_t chunk,
+                                                 uint32_t* len) override {
+    TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
+    TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
+    return t->dense->Share(chunk, len);
+  }
+
   Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                     const float* grad, const ApplyContext& ctx) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "ps/initializer.h"
@@ -521,6 +522,52 @@ INSTANTIATE_TEST_SUITE_P(Engines, StoreConformanceTest,
 TEST(MemoryEngineTest, CheckpointIsRefused) {
   auto engine = NewMemoryStorageEngine();
   EXPECT_EQ(engine->CreateCheckpoint("/tmp/nowhere").code(), StatusCode::kFailedPrecondition);
+}
+
+// A shared chunk (what a dense pull reply sends) keeps the values it had while pushes change
+// the chunk, and a chunk no one holds any more is written in place again.
+TEST(MemoryEngineTest, DenseShareKeepsItsMomentWhilePushesGoOn) {
+  auto engine = NewMemoryStorageEngine();
+  auto lane = engine->OpenLane(0, 1);
+  ASSERT_TRUE(lane.ok());
+  LaneStore& store = **lane;
+  const uint64_t length = kDenseChunkFloats + 100;  // two chunks, the second short
+  const uint64_t id = TableIdForName("dense");
+  ASSERT_TRUE(store
+                  .AddTable(id, TableSpec::Dense("dense", length, {OptimizerKind::kSgd, 1.0f},
+                                                 {InitializerKind::kConstant, 2.0f}))
+                  .ok());
+  uint32_t len = 0;
+  auto first = store.DenseShare(id, 1, &len);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_NE(*first, nullptr);
+  EXPECT_EQ(len, 100u);
+  const std::vector<float> g(10, 0.5f);
+  ASSERT_TRUE(store.DenseApply(id, 1, 90, 100, g.data(), {1, 1}).ok());
+  EXPECT_EQ(std::vector<float>(first->get(), first->get() + 100), std::vector<float>(100, 2.0f))
+      << "a push changed a chunk a holder still had";
+  std::vector<float> out(100);
+  ASSERT_TRUE(store.DenseRead(id, 1, 0, 100, out.data()).ok());
+  EXPECT_EQ(out[89], 2.0f);
+  EXPECT_EQ(out[90], 1.5f);
+  auto second = store.DenseShare(id, 1, &len);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second).get()[99], 1.5f);
+  const float* where = second->get();
+  // The holders let go on another thread, as ZeroMQ's I/O thread does.
+  std::thread([a = std::move(*first), b = std::move(*second)]() mutable {
+    a.reset();
+    b.reset();
+  }).join();
+  ASSERT_TRUE(store.DenseApply(id, 1, 90, 100, g.data(), {2, 1}).ok());
+  auto third = store.DenseShare(id, 1, &len);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->get(), where) << "a chunk no one held was copied";
+  EXPECT_EQ(third->get()[99], 1.0f);
+  EXPECT_EQ(store.DenseShare(id, 2, &len).status().code(), StatusCode::kInvalidArgument);
+  const uint64_t sparse = TableIdForName("sparse");
+  ASSERT_TRUE(store.AddTable(sparse, TableSpec::Sparse("sparse", 2)).ok());
+  EXPECT_EQ(store.DenseShare(sparse, 0, &len).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(MemoryEngineTest, LanesAreIndependent) {

@@ -149,9 +149,21 @@ std::shared_ptr<DenseChunks::Chunk>& DenseChunks::Slot(uint64_t chunk, uint32_t*
 
 float* DenseChunks::Get(uint64_t chunk, uint32_t* len, RowMeta** meta) {
   std::shared_ptr<Chunk>& c = Slot(chunk, len);
-  if (c.use_count() > 1) c = std::make_shared<Chunk>(*c);  // a frozen view holds it
+  if (c.use_count() > 1) {
+    // A frozen view or a pull reply still being sent holds it (Share): it keeps the old state.
+    c = std::make_shared<Chunk>(*c);
+  } else {
+    // The last holder let go, perhaps on another thread (a release decrement): its reads
+    // happen before the writes that follow.
+    std::atomic_thread_fence(std::memory_order_acquire);
+  }
   if (meta != nullptr) *meta = &c->meta;
   return c->data.data();
+}
+
+std::shared_ptr<const float> DenseChunks::Share(uint64_t chunk, uint32_t* len) {
+  const std::shared_ptr<Chunk>& c = Slot(chunk, len);
+  return std::shared_ptr<const float>(c, c->data.data());  // holds the chunk, points at its row
 }
 
 const float* DenseChunks::Read(uint64_t chunk, uint32_t* len) {

@@ -158,7 +158,7 @@ inline void PrefetchAhead(const SparseRows& rows, std::span<const uint64_t> keys
 }
 
 /// One dense table's chunks owned by a lane: value then state per chunk, created lazily, shared
-/// with frozen views copy-on-write like SparseRows' blocks.
+/// copy-on-write with frozen views (like SparseRows' blocks) and with pull replies (Share).
 class DenseChunks {
  public:
   struct Chunk {
@@ -173,6 +173,10 @@ class DenseChunks {
   float* Get(uint64_t chunk, uint32_t* len, RowMeta** meta = nullptr);
   /// The same for reading.
   const float* Read(uint64_t chunk, uint32_t* len);
+  /// Chunk `chunk`'s row as it is now, for a holder on any thread: Get() copies the chunk
+  /// before a write while the returned pointer (or a Freeze()) holds it, so what it points to
+  /// never changes. Created like Get() if absent.
+  std::shared_ptr<const float> Share(uint64_t chunk, uint32_t* len);
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (auto& [c, ch] : chunks_) fn(c, ch->data.data(), ch->meta);

@@ -100,6 +100,17 @@ class LaneStore {
   virtual Status DenseRead(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                            float* out) = 0;
 
+  /// Dense: chunk `chunk`'s values as they are now, shared rather than copied: `*len` values
+  /// (then the optimizer state) that stay unchanged while the returned pointer lives, on any
+  /// thread; a later DenseApply or PutDenseChunk of the chunk writes to a copy (copy-on-write).
+  /// The caller may release the pointer on any thread. Null from an engine that cannot share
+  /// a chunk (the caller reads it with DenseRead); errors as DenseRead's.
+  virtual Result<std::shared_ptr<const float>> DenseShare(uint64_t table_id, uint64_t chunk,
+                                                         uint32_t* len) {
+    (void)table_id, (void)chunk, (void)len;
+    return std::shared_ptr<const float>();
+  }
+
   /// Dense: applies grad[0 .. end-begin) to elements [begin, end) of chunk `chunk`.
   virtual Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                             const float* grad, const ApplyContext& ctx) = 0;

@@ -211,11 +211,25 @@ void SetPullReply(Call* call, const std::shared_ptr<SparsePlan>& plan, float* ou
 // frees it).
 zmq::message_t GradientFrame(const float* p, uint64_t n, const std::shared_ptr<const void>& owner) {
   if (owner == nullptr) return MessagePool::Shared().Copy(p, n * sizeof(float));
-  auto* ref = new std::shared_ptr<const void>(owner);
-  // ZeroMQ only reads a message's data; its free function takes a non-const pointer.
-  return zmq::message_t(
-      const_cast<float*>(p), n * sizeof(float),
-      [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, ref);
+  return SharedMessage(p, n * sizeof(float), owner);
+}
+
+// Whether the data frames of a DensePull reply of `count` floats at `offset` are one frame of
+// them all, or one frame per server chunk the range touches, each of that chunk's part.
+bool DenseReplyFramesFit(const std::vector<zmq::message_t>& frames, uint64_t offset,
+                         uint64_t count) {
+  if (frames.size() == 1) return frames[0].size() == count * sizeof(float);
+  const uint64_t end = offset + count;
+  if (frames.size() != (end - 1) / kDenseChunkFloats - offset / kDenseChunkFloats + 1) {
+    return false;
+  }
+  uint64_t at = offset;
+  for (const zmq::message_t& f : frames) {
+    const uint64_t next = std::min(end, (at / kDenseChunkFloats + 1) * kDenseChunkFloats);
+    if (f.size() != (next - at) * sizeof(float)) return false;
+    at = next;
+  }
+  return true;
 }
 
 }  // namespace
@@ -369,6 +383,8 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
       h.elem_type = ElemType::kF32;
       h.offset = cb;
       h.count = ce - cb;
+      // A pull's values may come as one frame per server chunk, sent from the table uncopied.
+      if (!push) h.dim = kDensePullChunkFrames;
       std::vector<zmq::message_t> data;
       if (push) data.push_back(GradientFrame(grads.data() + (cb - offset), ce - cb, owner));
       // Part s is served by its primary in the map (server s unless a fail-over moved it);
@@ -387,13 +403,20 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
       // of another range would write outside it.
       const bool asked = h.offset >= b && h.offset < e && chunking.Starts(h.offset, b) &&
                          h.count == chunking.End(h.offset, e) - h.offset;
-      if (frames.size() != 1 || !asked || frames[0].size() != h.count * sizeof(float)) {
+      // One frame, or one per server chunk of the range (kDensePullChunkFrames), in order.
+      const bool shaped = asked && DenseReplyFramesFit(frames, h.offset, h.count);
+      if (!shaped) {
         return Status::Internal("malformed dense reply from server " + std::to_string(s) +
                                 " for table '" + name + "': " + std::to_string(h.count) +
-                                " floats at " + std::to_string(h.offset) + ", asked for [" +
+                                " floats at " + std::to_string(h.offset) + " in " +
+                                std::to_string(frames.size()) + " frame(s), asked for [" +
                                 std::to_string(b) + ", " + std::to_string(e) + ")");
       }
-      std::memcpy(out + (h.offset - offset), frames[0].data(), frames[0].size());
+      char* dst = reinterpret_cast<char*>(out + (h.offset - offset));
+      for (const zmq::message_t& f : frames) {
+        std::memcpy(dst, f.data(), f.size());
+        dst += f.size();
+      }
       return Status::OK();
     };
   }

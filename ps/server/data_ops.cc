@@ -450,7 +450,14 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool push = h.op == Op::kDensePush;
   if (!push) {
-    p->out = MessagePool::Shared().Message(h.count * sizeof(float));
+    if (h.dim == kDensePullChunkFrames) {
+      // One frame per server chunk of the range, set by its lane (RunDensePart).
+      const uint64_t first = h.offset / kDenseChunkFloats;
+      const uint64_t last = (h.offset + h.count - 1) / kDenseChunkFloats;
+      p->out_frames.resize(last - first + 1);
+    } else {
+      p->out = MessagePool::Shared().Message(h.count * sizeof(float));
+    }
     p->has_out = true;
     ++counts_.pulls;
   } else {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ps/message_pool_internal.h"
 #include "ps/server/lane_internal.h"
 
 namespace tessera::internal {
@@ -219,6 +220,30 @@ Status RunSparsePart(Lane& lane, Pending& p, const std::vector<uint32_t>& idx, u
   return Status::OK();
 }
 
+namespace {
+
+// Sets the reply frame of segment `s` of dense pull `p` (one frame per server chunk): the
+// chunk's memory itself, shared copy-on-write (a later push to the chunk writes to a copy,
+// so the frame is the chunk as it was between two pushes while ZeroMQ sends it), or a copy
+// where the engine cannot share a chunk.
+Status ShareDenseSegment(LaneStore& store, Pending& p, uint64_t table_id, const DenseSegment& s) {
+  zmq::message_t& frame = p.out_frames[s.chunk - p.header.offset / kDenseChunkFloats];
+  const size_t bytes = sizeof(float) * (s.end - s.begin);
+  uint32_t len = 0;
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const float> row,
+                           store.DenseShare(table_id, s.chunk, &len));
+  if (row == nullptr) {
+    frame = MessagePool::Shared().Message(bytes);
+    return store.DenseRead(table_id, s.chunk, s.begin, s.end, static_cast<float*>(frame.data()));
+  }
+  if (s.end > len || s.begin > s.end) return Status::InvalidArgument("dense range out of chunk");
+  const float* data = row.get() + s.begin;
+  frame = SharedMessage(data, bytes, std::move(row));
+  return Status::OK();
+}
+
+}  // namespace
+
 Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& segs,
                     uint64_t table_id, bool push, float lr_scale) {
   ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
@@ -226,6 +251,8 @@ Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& seg
     if (push) {
       TESSERA_RETURN_IF_ERROR(
           lane.store().DenseApply(table_id, s.chunk, s.begin, s.end, p.values + s.pos, ctx));
+    } else if (!p.out_frames.empty()) {
+      TESSERA_RETURN_IF_ERROR(ShareDenseSegment(lane.store(), p, table_id, s));
     } else {
       float* out = static_cast<float*>(p.out.data()) + s.pos;
       TESSERA_RETURN_IF_ERROR(lane.store().DenseRead(table_id, s.chunk, s.begin, s.end, out));

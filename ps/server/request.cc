@@ -50,7 +50,13 @@ void SendReply(zmq::socket_t& sock, Pending& p) {
   }
   EncodeHeader(h, &env);
   parts.emplace_back(env.data(), env.size());
-  if (status.ok() && p.has_out) parts.push_back(std::move(p.out));
+  if (status.ok() && p.has_out) {
+    if (p.out_frames.empty()) {
+      parts.push_back(std::move(p.out));
+    } else {
+      for (zmq::message_t& f : p.out_frames) parts.push_back(std::move(f));
+    }
+  }
   if (!text.empty()) parts.emplace_back(text.data(), text.size());
   if (p.metrics != nullptr) {
     size_t bytes = 0;

@@ -63,8 +63,10 @@ struct Pending {
   const float* values = nullptr;
   std::vector<uint64_t> key_copy;
   std::vector<float> value_copy;
-  // Reply data frame, written in place by the lanes.
+  // Reply data frame, written in place by the lanes; or, for a DensePull that takes one frame
+  // per server chunk (kDensePullChunkFrames), those frames, each set by the lane of its chunk.
   zmq::message_t out;
+  std::vector<zmq::message_t> out_frames;
   bool has_out = false;
   PartCounter parts;
   Mutex mu;

@@ -1,0 +1,203 @@
+// Dense pulls sent from the table's memory (one reply frame per server chunk, shared
+// copy-on-write) against real tessera-server processes: while pushes change the table, every
+// server chunk (kDenseChunkFloats floats at a multiple of kDenseChunkFloats) of a pull is the
+// chunk as it was between two pushes, never half of one; and a request of a client that takes
+// one frame only (kDensePullChunkFrames not set: an older build) still gets one frame.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ps/client/client.h"
+#include "ps/codec.h"
+#include "ps/routing.h"
+#include "tests/cluster_fixture.h"
+#include "tests/raw_peer.h"
+
+namespace tessera {
+namespace {
+
+using testing::LocalCluster;
+using testing::RawPeer;
+
+std::unique_ptr<Client> Connect(const LocalCluster& c) {
+  ClientOptions o;
+  o.servers = c.endpoints();
+  auto r = Client::Create(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+// SGD with step 1 from zeros: a push of gradients -1 adds exactly 1 to every element it covers.
+TableSpec CountingTable(const std::string& name, uint64_t length) {
+  OptimizerSpec sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.learning_rate = 1.0f;
+  return TableSpec::Dense(name, length, sgd);
+}
+
+// What a puller found wrong, or "" when every server chunk of `v` (a pull of the whole table)
+// holds one whole number of pushes, no fewer than the same chunk in this puller's previous
+// pull (`*last`, updated) and no more than `pushed_max` (pushes sent so far).
+std::string CheckPull(const std::vector<float>& v, std::vector<float>* last, float pushed_max) {
+  for (size_t c = 0; c * kDenseChunkFloats < v.size(); ++c) {
+    const size_t b = c * kDenseChunkFloats, e = std::min(v.size(), b + kDenseChunkFloats);
+    const float x = v[b];
+    for (size_t i = b; i < e; ++i) {
+      if (v[i] != x) {
+        return "server chunk " + std::to_string(c) + " is torn: element " + std::to_string(b) +
+               " is " + std::to_string(x) + ", element " + std::to_string(i) + " is " +
+               std::to_string(v[i]);
+      }
+    }
+    if (x != static_cast<float>(static_cast<int64_t>(x)) || x < (*last)[c] || x > pushed_max) {
+      return "server chunk " + std::to_string(c) + " holds " + std::to_string(x) +
+             ": not a whole number of pushes in [" + std::to_string((*last)[c]) + ", " +
+             std::to_string(pushed_max) + "]";
+    }
+    (*last)[c] = x;
+  }
+  return "";
+}
+
+// One server (2 lanes), a dense table of 8 MiB (128 server chunks, the last one short): a
+// client pushes +1 to the whole table (zero-copy, cut into 1 MiB requests) over and over while
+// two others pull the whole table (1 MiB requests, each answered with one frame per server
+// chunk from the table's memory). Every pulled server chunk is uniform (no push half applied
+// in it), a whole number of pushes, never fewer than in the same puller's previous pull, and
+// never more than were sent. After the last push the whole table holds exactly their count.
+TEST(DensePullConsistencyTest, EveryPulledServerChunkIsAStateBetweenTwoPushes) {
+  LocalCluster cluster(testing::Servers(1));
+  ASSERT_TRUE(cluster.Start().ok());
+  auto pusher = Connect(cluster);
+  ASSERT_NE(pusher, nullptr);
+  constexpr uint64_t kLength = 128 * kDenseChunkFloats - 4321;
+  auto t = pusher->CreateTable(CountingTable("counting", kLength));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  // The pullers run until the pusher is done; it goes on until they have pulled enough times
+  // while it pushed (at least kMinPushes pushes, kMinPulls pulls each), so the two interleave.
+  constexpr int kMinPushes = 60, kMinPulls = 25;
+  std::atomic<int> pushes_sent{0};
+  std::atomic<bool> done{false};
+  std::atomic<int> pulls[2] = {0, 0};
+  std::string failure[2];
+  std::vector<std::thread> pullers;
+  for (int w = 0; w < 2; ++w) {
+    pullers.emplace_back([&, w] {
+      auto c = Connect(cluster);
+      if (c == nullptr) {
+        failure[w] = "cannot connect";
+        return;
+      }
+      auto table = c->GetTable("counting");
+      if (!table.ok()) {
+        failure[w] = table.status().ToString();
+        return;
+      }
+      std::vector<float> v(kLength), last((kLength + kDenseChunkFloats - 1) / kDenseChunkFloats);
+      while (!done.load()) {
+        std::fill(v.begin(), v.end(), -1.0f);
+        const Status s = c->Wait(c->DensePull(*table, 0, kLength, v.data()));
+        // Read after the pull's reply: a push counted here was sent before the pull ended.
+        const float sent = static_cast<float>(pushes_sent.load());
+        if (!s.ok()) {
+          failure[w] = "pull: " + s.ToString();
+          return;
+        }
+        failure[w] = CheckPull(v, &last, sent);
+        if (!failure[w].empty()) return;
+        pulls[w].fetch_add(1);
+      }
+    });
+  }
+  auto grads = std::make_shared<const std::vector<float>>(kLength, -1.0f);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (pushes_sent.load() < kMinPushes || pulls[0].load() < kMinPulls ||
+         pulls[1].load() < kMinPulls) {
+    if (!failure[0].empty() || !failure[1].empty()) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "pushes " << pushes_sent.load() << ", pulls " << pulls[0].load() << " and "
+        << pulls[1].load() << " after 60 s";
+    pushes_sent.fetch_add(1);  // before it can be seen applied
+    const Status s = pusher->Wait(pusher->DensePush(*t, 0, grads));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  done.store(true);
+  for (auto& th : pullers) th.join();
+  EXPECT_EQ(failure[0], "");
+  EXPECT_EQ(failure[1], "");
+  std::vector<float> final_values(kLength, -1.0f);
+  ASSERT_TRUE(pusher->Wait(pusher->DensePull(*t, 0, kLength, final_values.data())).ok());
+  const float n = static_cast<float>(pushes_sent.load());
+  EXPECT_EQ(std::count(final_values.begin(), final_values.end(), n),
+            static_cast<std::ptrdiff_t>(kLength))
+      << "the table does not hold " << n << " pushes everywhere";
+}
+
+// Raw DensePull requests of a range that starts and ends inside server chunks: without
+// kDensePullChunkFrames the reply is one frame (what a client of an older build reads); with
+// it, one frame per server chunk the range touches, in order. Both hold the same values, on a
+// memory-only server (chunks shared) and on a RocksDB one (chunks copied into their frames).
+class DensePullFramesTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DensePullFramesTest, ReplyFramesFollowWhatTheRequestTakes) {
+  testing::LocalClusterOptions options = testing::Servers(1);
+  options.with_data_dirs = GetParam();
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  constexpr uint64_t kLength = 3 * kDenseChunkFloats + 100;
+  auto t = c->CreateTable(CountingTable("frames", kLength));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<float> g(kLength);
+  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
+  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
+  constexpr uint64_t kOffset = 1000, kCount = 2 * kDenseChunkFloats + 500;  // 3 server chunks
+  RawPeer peer(cluster.endpoints()[0]);
+  for (const uint32_t dim : {0u, kDensePullChunkFrames}) {
+    Header h;
+    h.op = Op::kDensePull;
+    h.table_id = t->id;
+    h.elem_type = ElemType::kF32;
+    h.offset = kOffset;
+    h.count = kCount;
+    h.dim = dim;
+    std::vector<std::string> frames;
+    const Header r = peer.Call(h, {}, &frames);
+    ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
+    EXPECT_EQ(r.offset, kOffset);
+    EXPECT_EQ(r.count, kCount);
+    std::vector<size_t> sizes;
+    for (const std::string& f : frames) sizes.push_back(f.size());
+    if (dim == 0) {
+      EXPECT_EQ(sizes, std::vector<size_t>({kCount * 4}));
+    } else {
+      EXPECT_EQ(sizes, std::vector<size_t>({(kDenseChunkFloats - kOffset) * 4,
+                                            kDenseChunkFloats * 4,
+                                            (kOffset + kCount - 2 * kDenseChunkFloats) * 4}));
+    }
+    std::string joined;
+    for (const std::string& f : frames) joined += f;
+    ASSERT_EQ(joined.size(), kCount * 4);
+    std::vector<float> v(kCount);
+    std::memcpy(v.data(), joined.data(), joined.size());
+    for (uint64_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(v[i], static_cast<float>(kOffset + i)) << "element " << kOffset + i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, DensePullFramesTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "RocksDb" : "Memory");
+                         });
+
+}  // namespace
+}  // namespace tessera
