@@ -157,8 +157,12 @@ DEFINE_uint32(search, 0,
               "Train this many configs (the defaults first, then models, widths, MLPs, "
               "learning rates and L2 around them) by successive halving against the same servers, "
               "each under its own table prefix; pick the best on the validation split, test only "
-              "it (docs/worker.md, Search); one worker; 0: no search");
+              "it (docs/worker.md, Search); 0: no search");
 DEFINE_uint32(search_eta, 3, "--search: the halving factor (each rung keeps 1/eta of its trials)");
+DEFINE_string(search_id, "",
+              "--search: names the trials' table prefixes <job>-<id>-r<rung>t<trial> (1 to 32 "
+              "letters, digits, '-', '_'); every worker of the job must be given the same one "
+              "(required with --num_workers > 1); empty: from the clock");
 DEFINE_string(out_dir, ".", "Worker 0 writes metrics.csv (the training curve) here");
 DEFINE_string(metrics_address, "127.0.0.1",
               "Address the metrics port listens on: 127.0.0.1 (this machine only) by default; "
@@ -524,6 +528,7 @@ int main(int argc, char** argv) {
     tw::SearchOptions so;
     so.trials = FLAGS_search;
     so.eta = FLAGS_search_eta;
+    so.id = FLAGS_search_id;
     auto search = tw::RunSearch(options, so, &options_error);
     if (!search.ok() && options_error) {
       return tessera::cli::UsageError(kTool, search.status().message());
@@ -533,7 +538,8 @@ int main(int argc, char** argv) {
                    search.status().ToString().c_str());
       return 1;
     }
-    PrintReport(search->report, &*search);
+    // Worker 0 tested the winner and reports the search; the others printed their lines.
+    if (search->report.tested) PrintReport(search->report, &*search);
     return 0;
   }
   auto report = tw::RunJob(options, &options_error);
