@@ -122,6 +122,8 @@ DEFINE_string(lr_decay, "auto",
 DEFINE_uint64(lr_decay_steps, 0,
               "Steps the decay lasts (0: until the planned last step, when there is one)");
 DEFINE_double(lr_final_scale, 0.1, "Learning-rate factor at the end of the decay");
+DEFINE_double(emb_init_scale, tessera::worker::ModelConfig{}.embedding_init_scale,
+              "Embedding rows start uniform in [-s, s]");
 DEFINE_double(emb_init_acc,
               tessera::worker::ModelConfig::DefaultEmbeddingOptimizer().initial_accumulator,
               "Embedding Adagrad initial accumulator");
@@ -344,6 +346,7 @@ void ModelFromFlags(tw::ModelKind kind, tw::JobOptions* o) {
   o->dense_l2 = FLAGS_dense_l2;
   o->wide_l2 = FLAGS_wide_l2;
   o->emb_init_acc = FLAGS_emb_init_acc;
+  o->emb_init_scale = FLAGS_emb_init_scale;
 }
 
 // Validation, early stopping and the learning-rate schedule. Returns the exit status of a bad
@@ -382,6 +385,9 @@ std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
   }
   if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
     return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
+  }
+  if (!(FLAGS_emb_init_scale >= 0 && FLAGS_emb_init_scale <= 1)) {
+    return tessera::cli::UsageError(kTool, "--emb_init_scale must be in [0, 1]");
   }
   o->lr_schedule.warmup_steps = FLAGS_lr_warmup_steps;
   o->lr_schedule.decay = *decay;
