@@ -632,6 +632,7 @@ Result<ModelConfig> ModelConfigOf(const JobOptions& o, const Schema& schema) {
   mc.table_prefix = o.job;
   mc.embedding_optimizer.learning_rate = static_cast<float>(o.emb_lr);
   mc.embedding_optimizer.initial_accumulator = static_cast<float>(o.emb_init_acc);
+  mc.embedding_init_scale = static_cast<float>(o.emb_init_scale);
   mc.dense_optimizer.learning_rate = static_cast<float>(o.dense_lr);
   mc.wide_optimizer.learning_rate = static_cast<float>(o.wide_lr);
   mc.embedding_optimizer.l2 = static_cast<float>(o.emb_l2);

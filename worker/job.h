@@ -212,6 +212,8 @@ struct JobOptions {
   double wide_l2 = 0.1;
   /// Embedding Adagrad initial accumulator (--emb_init_acc). Default: ModelConfig's.
   double emb_init_acc = ModelConfig::DefaultEmbeddingOptimizer().initial_accumulator;
+  /// Embedding rows start uniform in [-s, s] (--emb_init_scale). Default: ModelConfig's.
+  double emb_init_scale = ModelConfig{}.embedding_init_scale;
 
   // ---- validation and the test
   /// Validation rounds at all (--validate_every other than 0). Default: true.

@@ -1,13 +1,17 @@
 #include "worker/search.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "worker/data_source.h"
@@ -15,6 +19,10 @@
 
 namespace tessera::worker {
 namespace {
+
+// How long a worker other than 0 waits for worker 0's pick of a rung: worker 0 picks right
+// after the rung's last validation round, which every worker takes part in.
+constexpr std::chrono::seconds kPickWait{1800};
 
 std::string Num(double v) {
   char buf[32];
@@ -47,6 +55,21 @@ Result<uint32_t> DefaultWidth(const JobOptions& base) {
   TESSERA_ASSIGN_OR_RETURN(auto reader, OpenTrainData(first));
   TESSERA_ASSIGN_OR_RETURN(DataProfile profile, ProfileData(reader.get()));
   return DefaultEmbeddingDim(profile);
+}
+
+// What a worker other than 0 puts before its search lines ("worker 1 search ..."): worker 0's
+// lines are the search's, the others' say which worker follows.
+std::string LinePrefix(const JobOptions& base) {
+  return base.worker_id == 0 ? std::string() : "worker " + std::to_string(base.worker_id) + " ";
+}
+
+// A search id becomes part of table names: letters, digits, '-' and '_', at most 32.
+bool ValidSearchId(const std::string& id) {
+  if (id.empty() || id.size() > 32) return false;
+  for (char c : id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+  }
+  return true;
 }
 
 std::string SearchId() {
@@ -133,8 +156,14 @@ Result<TrialResult> RunTrial(const TrialRun& run, JobReport* job, bool* options_
     tr.test_auc = done->test.auc;
     tr.test_logloss = done->test.logloss;
   }
-  std::fprintf(run.base.out, "search rung %u trial %u: validation auc %.4f logloss %.4f\n",
-               run.rung, run.trial, tr.validation_auc, tr.validation_logloss);
+  if (run.base.worker_id == 0) {
+    std::fprintf(run.base.out, "search rung %u trial %u: validation auc %.4f logloss %.4f\n",
+                 run.rung, run.trial, tr.validation_auc, tr.validation_logloss);
+  } else {
+    std::fprintf(run.base.out, "%ssearch rung %u trial %u: trained %llu steps\n",
+                 LinePrefix(run.base).c_str(), run.rung, run.trial,
+                 static_cast<unsigned long long>(tr.steps));
+  }
   std::fflush(run.base.out);
   tr.tables = done->tables;
   *job = std::move(*done);
@@ -186,6 +215,64 @@ void WriteTrialsTable(SearchReport* report) {
   if (!html.ok()) {
     std::fprintf(stderr, "tessera-worker 0: report.html: %s\n", html.ToString().c_str());
   }
+}
+
+// The trials of a rung that go on, the same on every worker: worker 0, the only one that scores
+// the validation rounds, ranks them (BestByValidation) and puts the list under `key` on the
+// servers ("3,0,5"); the others wait for it (polling, as a validation round does) and check it.
+// One worker: the ranking alone.
+Result<std::vector<uint32_t>> SharedPick(const JobOptions& base, const std::string& key,
+                                         const std::vector<TrialResult>& rung, size_t keep,
+                                         size_t num_configs) {
+  std::vector<uint32_t> picked;
+  if (base.worker_id == 0) {
+    for (size_t i : BestByValidation(rung, keep)) picked.push_back(rung[i].trial);
+    if (base.num_workers == 1) return picked;
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto client, ConnectClient(base));
+  if (base.worker_id == 0) {
+    std::string value;
+    for (uint32_t t : picked) value += (value.empty() ? "" : ",") + std::to_string(t);
+    TESSERA_RETURN_IF_ERROR(client->PutMeta(key, value).WithContext("--search: the pick"));
+    return picked;
+  }
+  const auto give_up = std::chrono::steady_clock::now() + kPickWait;
+  auto wait = std::chrono::milliseconds(1);
+  std::optional<std::string> value;
+  while (true) {
+    TESSERA_ASSIGN_OR_RETURN(value, client->GetMeta(key));
+    if (value.has_value()) break;
+    if (std::chrono::steady_clock::now() > give_up) {
+      return Status::DeadlineExceeded("--search: no pick '" + key + "' from worker 0 after " +
+                                      std::to_string(kPickWait.count()) + " s");
+    }
+    std::this_thread::sleep_for(wait);
+    wait = std::min(wait * 2, std::chrono::milliseconds(50));
+  }
+  // Every index names a trial of this rung, once; as many as the rung keeps.
+  std::set<uint32_t> in_rung;
+  for (const TrialResult& t : rung) in_rung.insert(t.trial);
+  std::set<uint32_t> seen;
+  size_t start = 0;
+  while (start <= value->size()) {
+    const size_t comma = std::min(value->find(',', start), value->size());
+    const std::string item = value->substr(start, comma - start);
+    uint32_t t = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), t);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || t >= num_configs ||
+        in_rung.count(t) == 0 || !seen.insert(t).second) {
+      return Status::Corruption("--search: the pick '" + key + "' is '" + *value +
+                                "': not a list of this rung's trials");
+    }
+    picked.push_back(t);
+    start = comma + 1;
+  }
+  if (picked.size() != std::min(keep, rung.size())) {
+    return Status::Corruption("--search: the pick '" + key + "' is '" + *value + "': " +
+                              std::to_string(picked.size()) + " trials, expected " +
+                              std::to_string(std::min(keep, rung.size())));
+  }
+  return picked;
 }
 
 }  // namespace
@@ -300,7 +387,14 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
     if (options_error) *options_error = true;
     return Status::InvalidArgument("--search: " + why);
   };
-  if (base.num_workers != 1) return refuse("runs on one worker (--num_workers=1)");
+  if (!search.id.empty() && !ValidSearchId(search.id)) {
+    return refuse("the search id '" + search.id +
+                  "' must be 1 to 32 letters, digits, '-' or '_' (it names tables)");
+  }
+  if (base.num_workers > 1 && search.id.empty()) {
+    return refuse("with more than one worker, every worker needs the same search id "
+                  "(--search_id): it names the trials' tables");
+  }
   if (!base.validate) return refuse("picks on the validation split: --validate_every must not be 0");
   if (search.eta < 2) return refuse("the halving factor must be at least 2");
   std::vector<TrialConfig> configs = search.configs;
@@ -314,7 +408,7 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
   const std::string id = search.id.empty() ? SearchId() : search.id;
 
   SearchReport report;
-  int64_t clock = 0;  // worker 0's clock on the servers after the trials so far
+  int64_t clock = 0;  // this worker's clock on the servers after the trials so far
   std::vector<uint32_t> alive(configs.size());
   std::iota(alive.begin(), alive.end(), 0);
   for (uint32_t r = 0; r < plan.size(); ++r) {
@@ -323,9 +417,9 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
         std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(plan[r].fraction * full)));
     std::vector<TrialResult> rung;
     for (uint32_t t : alive) {
-      std::fprintf(base.out, "search rung %u (%zu trials, %llu steps each) trial %u: %s\n", r,
-                   alive.size(), static_cast<unsigned long long>(steps), t,
-                   configs[t].Describe().c_str());
+      std::fprintf(base.out, "%ssearch rung %u (%zu trials, %llu steps each) trial %u: %s\n",
+                   LinePrefix(base).c_str(), r, alive.size(),
+                   static_cast<unsigned long long>(steps), t, configs[t].Describe().c_str());
       std::fflush(base.out);
       const TrialRun run{base, configs[t], id, r, t, steps, last, search.audit_test, clock};
       JobReport job;
@@ -335,17 +429,27 @@ Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& sear
       rung.push_back(std::move(tr));
       if (last) report.report = std::move(job);
     }
-    const size_t keep = last ? 1 : plan[r + 1].trials;
-    std::vector<uint32_t> next;
-    for (size_t i : BestByValidation(rung, keep)) next.push_back(rung[i].trial);
+    if (!last) {
+      const std::string key = base.job + "-" + id + "/search/r" + std::to_string(r);
+      TESSERA_ASSIGN_OR_RETURN(std::vector<uint32_t> next,
+                               SharedPick(base, key, rung, plan[r + 1].trials, configs.size()));
+      alive = std::move(next);
+    }
     for (TrialResult& tr : rung) report.trials.push_back(std::move(tr));
-    alive = std::move(next);
   }
   report.winner = report.trials.size() - 1;
   const TrialResult& w = report.trials[report.winner];
-  std::fprintf(base.out, "search winner: trial %u (%s), validation auc %.4f, test auc %.4f\n",
-               w.trial, w.config.Describe().c_str(), w.validation_auc, w.test_auc);
+  if (base.worker_id == 0) {
+    std::fprintf(base.out, "search winner: trial %u (%s), validation auc %.4f, test auc %.4f\n",
+                 w.trial, w.config.Describe().c_str(), w.validation_auc, w.test_auc);
+  } else {
+    std::fprintf(base.out, "%ssearch winner: trial %u (%s), worker 0's pick\n",
+                 LinePrefix(base).c_str(), w.trial, w.config.Describe().c_str());
+  }
   std::fflush(base.out);
+  // Worker 0 alone: it holds the figures, and it tests the winner after every worker's last
+  // step (the job's barrier), so no trial's tables are in use any more.
+  if (base.worker_id != 0) return report;
   WriteTrialsTable(&report);
   DropTrialTables(base, &report);
   return report;

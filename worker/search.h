@@ -85,8 +85,10 @@ struct SearchOptions {
   uint32_t eta = 3;
   /// The configs; empty: SearchTrials(base, width from the data, trials). Default: empty.
   std::vector<TrialConfig> configs;
-  /// Names the search's table prefixes "<job>-<id>-r<rung>t<trial>"; empty: from the clock
-  /// (a later search never meets an earlier one's tables). Default: empty.
+  /// Names the search's table prefixes "<job>-<id>-r<rung>t<trial>" (1 to 32 letters, digits,
+  /// '-' or '_'); empty: from the clock (a later search never meets an earlier one's tables),
+  /// which only one worker may do: with more than one, every worker must be given the same id.
+  /// Default: empty.
   std::string id;
   /// Tests every trial after it trains (reported, never used to pick): for tests that check
   /// the pick. Default: false.
@@ -116,10 +118,16 @@ struct SearchReport {
 /// validated on the validation split and not tested (audit_test aside); the best
 /// ceil(n / eta) by validation AUC go on; the last rung's trial is tested (with
 /// base.admin_root, its best validated state, restored) and its report gets
-/// the trials table (report.html, trials.csv). One worker only (InvalidArgument otherwise,
-/// with *options_error set), with validation on. Once the winner is tested, every other trial's
-/// tables are dropped (Client::DropTable; the servers must grant this client the admin right);
-/// the winner's stay.
+/// the trials table (report.html, trials.csv). Validation on (InvalidArgument otherwise, with
+/// *options_error set). With base.num_workers > 1 every worker calls RunSearch with the same
+/// options but its worker_id and the same search.id (refused without one): each trial is a job
+/// of all the workers, as a normal run; worker 0, the one that scores validation, puts each
+/// rung's pick on the servers ("<job>-<id>/search/r<rung>") and the others train what it names
+/// (they wait up to 30 minutes for it; their TrialResults carry no validation figures). Once
+/// the winner is tested, worker 0 drops every other trial's tables (Client::DropTable; the
+/// servers must grant this client the admin right); the winner's stay. The trials table,
+/// trials.csv and the drops are worker 0's; the others' reports list the same trials and
+/// winner.
 Result<SearchReport> RunSearch(const JobOptions& base, const SearchOptions& search,
                                bool* options_error = nullptr);
 

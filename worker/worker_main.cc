@@ -122,6 +122,8 @@ DEFINE_string(lr_decay, "auto",
 DEFINE_uint64(lr_decay_steps, 0,
               "Steps the decay lasts (0: until the planned last step, when there is one)");
 DEFINE_double(lr_final_scale, 0.1, "Learning-rate factor at the end of the decay");
+DEFINE_double(emb_init_scale, tessera::worker::ModelConfig{}.embedding_init_scale,
+              "Embedding rows start uniform in [-s, s]");
 DEFINE_double(emb_init_acc,
               tessera::worker::ModelConfig::DefaultEmbeddingOptimizer().initial_accumulator,
               "Embedding Adagrad initial accumulator");
@@ -157,8 +159,12 @@ DEFINE_uint32(search, 0,
               "Train this many configs (the defaults first, then models, widths, MLPs, "
               "learning rates and L2 around them) by successive halving against the same servers, "
               "each under its own table prefix; pick the best on the validation split, test only "
-              "it (docs/worker.md, Search); one worker; 0: no search");
+              "it (docs/worker.md, Search); 0: no search");
 DEFINE_uint32(search_eta, 3, "--search: the halving factor (each rung keeps 1/eta of its trials)");
+DEFINE_string(search_id, "",
+              "--search: names the trials' table prefixes <job>-<id>-r<rung>t<trial> (1 to 32 "
+              "letters, digits, '-', '_'); every worker of the job must be given the same one "
+              "(required with --num_workers > 1); empty: from the clock");
 DEFINE_string(out_dir, ".", "Worker 0 writes metrics.csv (the training curve) here");
 DEFINE_string(metrics_address, "127.0.0.1",
               "Address the metrics port listens on: 127.0.0.1 (this machine only) by default; "
@@ -340,6 +346,7 @@ void ModelFromFlags(tw::ModelKind kind, tw::JobOptions* o) {
   o->dense_l2 = FLAGS_dense_l2;
   o->wide_l2 = FLAGS_wide_l2;
   o->emb_init_acc = FLAGS_emb_init_acc;
+  o->emb_init_scale = FLAGS_emb_init_scale;
 }
 
 // Validation, early stopping and the learning-rate schedule. Returns the exit status of a bad
@@ -378,6 +385,9 @@ std::optional<int> ScheduleFromFlags(tw::JobOptions* o) {
   }
   if (!(FLAGS_lr_final_scale >= 0 && FLAGS_lr_final_scale <= 1)) {
     return tessera::cli::UsageError(kTool, "--lr_final_scale must be in [0, 1]");
+  }
+  if (!(FLAGS_emb_init_scale >= 0 && FLAGS_emb_init_scale <= 1)) {
+    return tessera::cli::UsageError(kTool, "--emb_init_scale must be in [0, 1]");
   }
   o->lr_schedule.warmup_steps = FLAGS_lr_warmup_steps;
   o->lr_schedule.decay = *decay;
@@ -524,6 +534,7 @@ int main(int argc, char** argv) {
     tw::SearchOptions so;
     so.trials = FLAGS_search;
     so.eta = FLAGS_search_eta;
+    so.id = FLAGS_search_id;
     auto search = tw::RunSearch(options, so, &options_error);
     if (!search.ok() && options_error) {
       return tessera::cli::UsageError(kTool, search.status().message());
@@ -533,7 +544,8 @@ int main(int argc, char** argv) {
                    search.status().ToString().c_str());
       return 1;
     }
-    PrintReport(search->report, &*search);
+    // Worker 0 tested the winner and reports the search; the others printed their lines.
+    if (search->report.tested) PrintReport(search->report, &*search);
     return 0;
   }
   auto report = tw::RunJob(options, &options_error);

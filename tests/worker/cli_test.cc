@@ -288,6 +288,32 @@ TEST(ToolsCli, EnumFlagsAreChecked) {
   }
 }
 
+// A search of several workers without a common --search_id, a search id that cannot name
+// tables, and an embedding init scale outside [0, 1] are refused at once with exit 2 and a line
+// that says why (no server runs at the address).
+TEST(WorkerCli, SearchIdAndInitScaleAreChecked) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string nowhere = "--servers=tcp://127.0.0.1:9";
+  const std::vector<Case> cases = {
+      {{TESSERA_WORKER_BINARY, nowhere, "--num_workers=2", "--search=2"},
+       "--search: with more than one worker, every worker needs the same search id "
+       "(--search_id)"},
+      {{TESSERA_WORKER_BINARY, nowhere, "--search=2", "--search_id=a.b"},
+       "--search: the search id 'a.b' must be 1 to 32 letters, digits, '-' or '_'"},
+      {{TESSERA_WORKER_BINARY, nowhere, "--emb_init_scale=-0.5"},
+       "tessera-worker: --emb_init_scale must be in [0, 1]"},
+  };
+  for (const Case& c : cases) {
+    ProgramRun r = RunTool(c.args, "search_id");
+    EXPECT_EQ(r.rc, 2) << c.args.back() << "\n" << r.out;
+    EXPECT_LT(r.seconds, 10.0) << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << r.out;
+  }
+}
+
 // tessera-lookup takes gflags' syntax like the others: --flag=value and --flag value.
 TEST(ToolsCli, LookupTakesGflagsSyntax) {
   ProgramRun both = RunTool({TESSERA_LOOKUP_BINARY, "--cluster", "tcp://127.0.0.1:9",

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <string>
@@ -216,12 +218,125 @@ TEST(SearchTest, TheWinnerCheckpointsItsBestStateAfterEarlierTrials) {
   std::fclose(out);
 }
 
-TEST(SearchTest, RefusesSeveralWorkersAndNoValidation) {
+// A search of two workers: RunSearch on each (threads of this process, each with its own
+// client), the same options but the worker id. Gives each worker's result; a search that has
+// not ended after 180 s (workers that disagree on a trial wait for each other forever) fails
+// the test, and the servers are killed so that the workers' requests fail and they return.
+std::vector<Result<SearchReport>> SearchOnTwoWorkers(LocalCluster* cluster, const JobOptions& base,
+                                                     const SearchOptions& so,
+                                                     std::vector<std::FILE*> outs) {
+  std::vector<std::future<Result<SearchReport>>> running;
+  for (uint32_t w = 0; w < 2; ++w) {
+    JobOptions o = base;
+    o.num_workers = 2;
+    o.worker_id = w;
+    o.out = outs[w];
+    running.push_back(std::async(std::launch::async, [o, so] { return RunSearch(o, so); }));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  for (auto& r : running) {
+    if (r.wait_until(deadline) != std::future_status::ready) {
+      ADD_FAILURE() << "the 2-worker search has not ended after 180 s: the workers disagree?";
+      cluster->Kill(0);
+      cluster->Kill(1);
+      break;
+    }
+  }
+  std::vector<Result<SearchReport>> done;
+  for (auto& r : running) done.push_back(r.get());
+  return done;
+}
+
+// Two workers search together: trial 0 learns next to nothing (rates 1e-6), trial 1 learns the
+// clicks, whose test labels are flipped (so trial 1 tests worse). Worker 0, the one that
+// validates, picks trial 1 by validation, and worker 1 (which scores no validation and by
+// itself would rank its trials as equals, the first first) trains the same winner. Every trial
+// is trained by both workers (the same steps on each, the job's samples twice worker 0's), and
+// afterwards the other trials' tables are gone and the winner's are there.
+TEST(SearchTest, TwoWorkersTrainEachTrialTogetherAndAgreeOnTheWinner) {
+  LocalCluster cluster(testing::Servers(2));
+  ASSERT_TRUE(cluster.Start().ok());
+  const std::string data = WriteClicks(cluster.dir(), 6000, /*flip_test=*/true);
+  std::vector<std::FILE*> outs = {std::tmpfile(), std::tmpfile()};
+  ASSERT_NE(outs[0], nullptr);
+  ASSERT_NE(outs[1], nullptr);
+  const JobOptions base = Base(cluster, data, outs[0]);
+  SearchOptions so;
+  so.eta = 2;
+  so.id = "two";
+  TrialConfig learns = TrialConfig::Of(base);
+  TrialConfig still = learns;
+  still.emb_lr = 1e-6;
+  still.dense_lr = 1e-6;
+  so.configs = {still, learns};
+  auto done = SearchOnTwoWorkers(&cluster, base, so, outs);
+  ASSERT_TRUE(done[0].ok()) << done[0].status().ToString();
+  ASSERT_TRUE(done[1].ok()) << done[1].status().ToString();
+  const SearchReport& r0 = *done[0];
+  const SearchReport& r1 = *done[1];
+  ASSERT_EQ(r0.trials.size(), 3u);  // rung 0: both at half the budget; rung 1: the winner
+  ASSERT_EQ(r1.trials.size(), 3u);
+  // The pick, by worker 0's validation rounds: trial 1, better there, worse on the test.
+  EXPECT_GT(r0.trials[1].validation_auc, r0.trials[0].validation_auc + 0.05);
+  const TrialResult& w0 = r0.trials[r0.winner];
+  const TrialResult& w1 = r1.trials[r1.winner];
+  EXPECT_EQ(w0.trial, 1u);
+  EXPECT_EQ(w0.rung, 1u);
+  EXPECT_TRUE(r0.report.tested);
+  EXPECT_LT(r0.report.test.auc, 0.5);
+  EXPECT_FALSE(r1.report.tested);
+  // Both workers trained the same trials, each to the same step, and agree on the winner.
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r0.trials[i].trial, r1.trials[i].trial) << i;
+    EXPECT_EQ(r0.trials[i].job, r1.trials[i].job) << i;
+    EXPECT_EQ(r0.trials[i].steps, r1.trials[i].steps) << i;
+    EXPECT_GT(r0.trials[i].steps, 0u) << i;
+  }
+  EXPECT_EQ(w1.trial, w0.trial);
+  EXPECT_EQ(w1.config.Describe(), w0.config.Describe());
+  // The winner's run is a job of both workers: its samples are both workers' (each its half).
+  EXPECT_EQ(r0.report.job_samples, 2 * r0.report.train.samples);
+  // Worker 0 dropped the other trials' tables; the winner's stay. Worker 1 dropped none.
+  ClientOptions copt;
+  copt.servers = cluster.endpoints();
+  copt.worker_id = 7;
+  auto client = Client::Create(copt);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  uint64_t others = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const TrialResult& t = r0.trials[i];
+    ASSERT_FALSE(t.tables.empty()) << t.job;
+    for (const std::string& table : t.tables) {
+      auto got = (*client)->GetTable(table, DeadlineAfterMs(10000));
+      if (i == r0.winner) {
+        EXPECT_TRUE(got.ok()) << table << ": " << got.status().ToString();
+      } else {
+        EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << table;
+        ++others;
+      }
+    }
+  }
+  EXPECT_GT(others, 0u);
+  EXPECT_EQ(r0.dropped_tables, others);
+  EXPECT_EQ(r0.tables_not_dropped, 0u);
+  EXPECT_EQ(r1.dropped_tables, 0u);
+  std::fclose(outs[0]);
+  std::fclose(outs[1]);
+}
+
+TEST(SearchTest, RefusesSeveralWorkersWithoutAnIdABadIdAndNoValidation) {
   JobOptions o;
   o.servers = {"tcp://127.0.0.1:9"};
   o.num_workers = 2;
   bool options_error = false;
   EXPECT_EQ(RunSearch(o, {}, &options_error).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(options_error);
+  SearchOptions bad_id;
+  bad_id.id = "a/b";
+  options_error = false;
+  auto r = RunSearch(o, bad_id, &options_error);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'a/b'"), std::string::npos) << r.status().ToString();
   EXPECT_TRUE(options_error);
   o.num_workers = 1;
   o.validate = false;
