@@ -118,6 +118,11 @@ RocksDbEngine::~RocksDbEngine() {
     }
     writer_cv_.notify_all();
     writer_.join();
+    // Rounds written back and not flushed yet (the lanes commit theirs when they close).
+    if (db_ != nullptr && written_round_ != flushed_round()) {
+      Status s = FlushRounds();
+      if (!s.ok()) LOG(ERROR) << "flushing the rows of " << options_.data_dir << ": " << s.ToString();
+    }
   }
   if (flusher_.joinable()) {
     {
@@ -301,11 +306,14 @@ Status RocksDbEngine::CreateCheckpoint(const std::string& dir) {
   if (options_.durability == Durability::kRelaxed) {
     TESSERA_RETURN_IF_ERROR(FromRocks(db_->FlushWAL(options_.fsync), "flushing the WAL"));
   }
+  // Rows written back but not flushed are in no WAL: flushed first, or the checkpoint would
+  // lack them.
+  TESSERA_RETURN_IF_ERROR(FlushMemtables());
   rocksdb::Checkpoint* raw = nullptr;
   TESSERA_RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_, &raw), "checkpoint"));
   std::unique_ptr<rocksdb::Checkpoint> cp(raw);
-  // Memtables are flushed only when the WAL is large; a small WAL is copied instead (a shorter
-  // pause), and replayed when the checkpoint is opened.
+  // Memtables hold only what the WAL holds now: a small WAL is copied (and replayed when the
+  // checkpoint is opened) rather than flushed again.
   return FromRocks(cp->CreateCheckpoint(dir, /*log_size_for_flush=*/uint64_t{64} << 20),
                    "creating checkpoint '" + dir + "'");
 }

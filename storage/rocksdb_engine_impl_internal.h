@@ -9,6 +9,7 @@
 #include <rocksdb/write_batch.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -72,6 +73,8 @@ class RocksDbEngine final : public StorageEngine {
     open_lanes_.erase(lane);
   }
   Status FlushMemtables();
+  // Every write-back round up to this one is durable (its rows and marks flushed).
+  uint64_t flushed_round() const { return flushed_round_.load(std::memory_order_acquire); }
 
  private:
   RocksDbEngine(const StorageOptions& options) : options_(options) {}
@@ -83,6 +86,8 @@ class RocksDbEngine final : public StorageEngine {
   // Writes a round of hand-offs, then flushes every memtable: their rows and marks are on disk
   // together or not at all.
   void WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round);
+  // Flushes the memtables (writer thread): every round written so far becomes durable.
+  Status FlushRounds();
   Status BackgroundError() {
     if (!has_bg_error_.load(std::memory_order_acquire)) return Status::OK();
     MutexLock l(mu_);
@@ -114,6 +119,11 @@ class RocksDbEngine final : public StorageEngine {
   std::vector<std::shared_ptr<WriteBackJob>> jobs_ ABSL_GUARDED_BY(writer_mu_);
   bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
   bool resume_ = false;  // writer thread only (not annotated): the last round failed
+  // Write-back rounds: the last one written (writer thread only), the last one flushed, and
+  // when the oldest unflushed one was written (writer thread only).
+  uint64_t written_round_ = 0;
+  std::atomic<uint64_t> flushed_round_{0};
+  std::chrono::steady_clock::time_point first_unflushed_;
 
   // Relaxed mode: a thread flushes the log buffer (and the WAL) every relaxed_window_ms / 2.
   std::thread flusher_;

@@ -67,7 +67,7 @@ RocksDbLaneStore::RocksDbLaneStore(RocksDbEngine* engine, uint32_t lane, uint32_
           ->Get(rocksdb::ReadOptions(), engine_->meta_cf(), LaneMarkKey(lane, num_lanes), &mark)
           .ok() &&
       mark.size() == 8) {
-    committed_seq_ = applied_seq_ = SeqOfKey(mark);
+    committed_seq_ = written_seq_ = applied_seq_ = SeqOfKey(mark);
   }
 }
 

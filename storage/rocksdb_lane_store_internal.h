@@ -73,7 +73,7 @@ class RocksDbLaneStore final : public LaneStore {
   Result<uint64_t> DropSlots(uint64_t table_id, std::span<const uint32_t> slots) override;
   Status DropTable(uint64_t table_id) override;
   void SetAppliedSeq(uint64_t seq) override { applied_seq_ = std::max(applied_seq_, seq); }
-  uint64_t committed_seq() const override { return committed_seq_; }
+  uint64_t committed_seq() const override;
 
  private:
   struct DenseChunk {
@@ -160,12 +160,15 @@ class RocksDbLaneStore final : public LaneStore {
   bool HasDirty() const;
   // Bytes of the write-back batch of the dirty rows and chunks, at most (its reservation).
   size_t WriteBackBytes() const;
-  // Encodes the dirty rows and the applied mark into a batch for the writer; the rows stay
-  // pinned until Reap().
-  Status HandOff();
-  // After the writer finished the hand-off in flight: unpins its rows (ok) or marks them dirty
-  // again (failed: they go out with the next hand-off). Returns the writer's status.
+  // Encodes the dirty rows and the applied mark into a batch for the writer (`flush`: made
+  // durable before the writer is done with it); the rows stay pinned until Reap().
+  Status HandOff(bool flush);
+  // After the writer finished the hand-off in flight: unpins its rows (ok: they are in
+  // RocksDB's memtables, durable once the writer flushes its round) or marks them dirty again
+  // (failed: they go out with the next hand-off). Returns the writer's status.
   Status Reap();
+  // Moves committed_seq_ on past the rounds the writer has flushed since.
+  void PruneUnflushed();
   // Lane's slots, in order.
   const std::vector<uint32_t>& lane_slots() const { return lane_slots_; }
   Status SweepDisk(Table* t, const ApplyContext& ctx, rocksdb::WriteBatch* batch);
@@ -201,7 +204,14 @@ class RocksDbLaneStore final : public LaneStore {
   std::string encode_buf_;
   std::vector<float> scratch_row_;
   uint64_t applied_seq_ = 0;              // request-log entries applied (in memory)
+  uint64_t written_seq_ = 0;              // ... and in RocksDB with the rows (memtables)
   uint64_t committed_seq_ = 0;            // ... and durable with the rows
+  // Hand-offs written but not known to be flushed: the writer's round and the mark they carry.
+  struct Unflushed {
+    uint64_t round;
+    uint64_t seq;
+  };
+  std::deque<Unflushed> unflushed_;
   std::shared_ptr<WriteBackJob> flight_;  // the hand-off being written, if any
   std::shared_ptr<WriteBackJob> spare_;   // the last one, for its buffers
   uint64_t flight_seq_ = 0;               // the mark it carries

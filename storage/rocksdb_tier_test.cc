@@ -2,8 +2,10 @@
 // memory through scans of cold keys (lookups and pushes), and rows it refuses lose nothing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "ps/routing.h"
@@ -162,6 +164,88 @@ TEST(RocksDbTierTest, PushesOfColdKeysAreWrittenBackWithoutFlushingTheHotRows) {
   ASSERT_TRUE(lane->Scan(id, collect(&got)).ok());
   ASSERT_TRUE(ref->Scan(id, collect(&want)).ok());
   EXPECT_EQ(got.size(), 60000u + kHot);
+  EXPECT_TRUE(got == want);
+}
+
+// Rows written back wait in RocksDB's memtables for a flush (StorageOptions::
+// row_flush_interval_ms): evicted meanwhile, they are read back from there with their optimizer
+// state (pushed again, nothing is lost or reset); the durable mark stays behind until a flush,
+// which Commit() forces (also when nothing is dirty) and the writer makes by itself once the
+// interval is over; reopened, every row is there.
+TEST(RocksDbTierTest, RowsWrittenBackAreServedFromTheMemtablesUntilFlushed) {
+  TempDir dir;
+  StorageOptions o;
+  o.memory_budget_bytes = kBudget;
+  o.row_flush_interval_ms = 3600 * 1000;  // no flush by time in this part
+  const uint64_t id = TableIdForName("tier");
+  auto mem = NewMemoryStorageEngine();
+  auto ref = MustLane(mem.get());
+  ASSERT_TRUE(ref->AddTable(id, Spec()).ok());
+  constexpr uint64_t kRows = 20000;  // 5x what the budget holds
+  uint64_t step = 1;
+  {
+    auto engine = MustOpen(dir.path(), o);
+    auto lane = MustLane(engine.get());
+    ASSERT_TRUE(lane->AddTable(id, Spec()).ok());
+    // Every row pushed twice, written back after each push of 1000 rows: the second push of a
+    // row reads it back (evicted since) from the memtables.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint64_t first = 0; first < kRows; first += 1000, ++step) {
+        Batch b(Range(ColdKey, first, 1000));
+        ASSERT_TRUE(lane->Apply(id, b.keys, b.grads, Ctx(step)).ok());
+        ASSERT_TRUE(ref->Apply(id, b.keys, b.grads, Ctx(step)).ok());
+        lane->SetAppliedSeq(step);
+        ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
+      }
+    }
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());  // the last hand-off reaped
+    EXPECT_EQ(lane->dirty_bytes(), 0u);
+    EXPECT_GT(lane->stats().disk_reads, kRows / 2) << "the second pass read rows back";
+    EXPECT_EQ(lane->committed_seq(), 0u) << "durable before any flush";
+    Batch got(Range(ColdKey, 0, kRows)), want(Range(ColdKey, 0, kRows));
+    ASSERT_TRUE(lane->Lookup(id, got.keys, got.out).ok());
+    ASSERT_TRUE(ref->Lookup(id, want.keys, want.out).ok());
+    EXPECT_TRUE(got.values == want.values);
+    // Nothing dirty, every mark written: Commit still flushes.
+    ASSERT_TRUE(lane->Commit().ok());
+    EXPECT_EQ(lane->committed_seq(), step - 1);
+  }
+  {
+    o.row_flush_interval_ms = 50;
+    auto engine = MustOpen(dir.path(), o);
+    auto lane = MustLane(engine.get());
+    ASSERT_TRUE(lane->AddTable(id, Spec()).ok());
+    EXPECT_EQ(lane->committed_seq(), step - 1);
+    Batch b(Range(ColdKey, 0, 1000));
+    ASSERT_TRUE(lane->Apply(id, b.keys, b.grads, Ctx(step)).ok());
+    ASSERT_TRUE(ref->Apply(id, b.keys, b.grads, Ctx(step)).ok());
+    lane->SetAppliedSeq(step);
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
+    // The writer flushes by itself an interval after the write (generous bound for a loaded
+    // machine; no Commit here).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (lane->committed_seq() != step && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(lane->committed_seq(), step);
+  }
+  auto engine = MustOpen(dir.path(), o);
+  auto lane = MustLane(engine.get());
+  ASSERT_TRUE(lane->AddTable(id, Spec()).ok());
+  std::map<uint64_t, std::vector<float>> got, want;
+  auto collect = [](std::map<uint64_t, std::vector<float>>* m) {
+    return [m](uint64_t k, const float* v, const float* s, const RowMeta& meta) {
+      std::vector<float>& r = (*m)[k];
+      r.assign(v, v + kDim);
+      r.insert(r.end(), s, s + kDim);
+      r.push_back(static_cast<float>(meta.update_count));
+      return true;
+    };
+  };
+  ASSERT_TRUE(lane->Scan(id, collect(&got)).ok());
+  ASSERT_TRUE(ref->Scan(id, collect(&want)).ok());
+  EXPECT_EQ(got.size(), kRows);
   EXPECT_TRUE(got == want);
 }
 

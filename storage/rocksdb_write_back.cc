@@ -7,6 +7,7 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -115,16 +116,43 @@ void RocksDbEngine::Submit(std::shared_ptr<WriteBackJob> job) {
 
 void RocksDbEngine::WriterLoop() {
   std::vector<std::shared_ptr<WriteBackJob>> round;
+  const auto interval = std::chrono::milliseconds(options_.row_flush_interval_ms);
   for (;;) {
+    bool flush_due = false;
     {
       MutexLock l(writer_mu_);
-      while (!writer_stop_ && jobs_.empty()) writer_cv_.wait(l.native());
-      if (jobs_.empty()) return;  // stopping, nothing left
+      // Rounds written and not flushed yet are flushed at most `interval` after the first one.
+      while (!writer_stop_ && jobs_.empty()) {
+        if (written_round_ == flushed_round()) {
+          writer_cv_.wait(l.native());
+        } else if (writer_cv_.wait_until(l.native(), first_unflushed_ + interval) ==
+                       std::cv_status::timeout &&
+                   jobs_.empty()) {
+          flush_due = !writer_stop_;
+          break;
+        }
+      }
+      if (!flush_due && jobs_.empty()) return;  // stopping, nothing left (the lanes committed)
       round.swap(jobs_);
+    }
+    if (flush_due) {
+      Status s = FlushRounds();
+      if (!s.ok()) {
+        LOG(WARNING) << "write-back flush: " << s.ToString();
+        first_unflushed_ = std::chrono::steady_clock::now();  // tried again an interval later
+      }
+      continue;
     }
     WriteRound(round);
     round.clear();
   }
+}
+
+Status RocksDbEngine::FlushRounds() {
+  Status s = FlushMemtables();
+  resume_ = !s.ok();
+  if (s.ok()) flushed_round_.store(written_round_, std::memory_order_release);
+  return s;
 }
 
 void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round) {
@@ -142,20 +170,31 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
   // ahead of the file, then a kill -9, left the next entry after a gap that made every later
   // start fail (Corruption: record N follows M).
   if (s.ok() && log_file_ != nullptr) s = log_file_->Flush();
+  const bool was_flushed = written_round_ == flushed_round();
+  const uint64_t id = ++written_round_;
+  bool flush = options_.row_flush_interval_ms == 0;
   for (auto& job : round) {
+    job->round = id;
+    flush |= job->flush;
     if (s.ok()) s = job->AppendSortedRows();
     if (s.ok()) s = WriteRows(&job->batch);
     // In the memtables now (or failed: Reap marks the rows dirty again): the batch's bytes go
     // before the flush, not after the round.
     job->TrimBuffers(/*batch_too=*/true);
   }
+  const auto now = std::chrono::steady_clock::now();
+  if (was_flushed) first_unflushed_ = now;
+  flush |= now - first_unflushed_ >= std::chrono::milliseconds(options_.row_flush_interval_ms);
   // Rows went in without the WAL: they and their marks are durable once every memtable is
-  // flushed, atomically across the column families (atomic_flush).
-  if (s.ok()) s = FlushMemtables();
+  // flushed, atomically across the column families (atomic_flush; RocksDB's own flushes, when
+  // the memtables are full, are atomic too). Until then the lanes read them from the memtables.
+  if (s.ok() && flush) s = FlushRounds();
   resume_ = !s.ok();
   if (!s.ok()) LOG(WARNING) << "write-back: " << s.ToString();
+  const uint64_t flushed = flushed_round();
   for (auto& job : round) {
     job->error = s;
+    job->durable = flushed >= job->round;
     job->state.store(s.ok() ? WriteBackJob::kDone : WriteBackJob::kFailed,
                      std::memory_order_release);
     job->state.notify_all();
@@ -196,13 +235,14 @@ uint64_t RocksDbLaneStore::dirty_bytes() const {
   return bytes;
 }
 
-Status RocksDbLaneStore::HandOff() {
+Status RocksDbLaneStore::HandOff(bool flush) {
   std::shared_ptr<WriteBackJob> job = std::move(spare_);
   if (job) {
     job->Reset();
   } else {
     job = std::make_shared<WriteBackJob>();
   }
+  job->flush = flush;
   // Reserved at its final size (a WriteBatch grows by doubling: the copies and page faults of a
   // million-row write-back were a fifth of the writer's time). Allocated here, touched by
   // whoever encodes the rows.
@@ -274,12 +314,41 @@ Status RocksDbLaneStore::Reap() {
     t->flight_chunks.clear();
   }
   const Status error = job->error;
+  const bool durable = job->durable;
+  const uint64_t round = job->round;
   spare_ = std::move(job);
   if (!ok) return error;
-  committed_seq_ = flight_seq_;
+  // In the memtables now, where reads find them: the rows need not stay pinned. The mark is
+  // durable once the writer has flushed the round.
+  written_seq_ = flight_seq_;
   ++stats_.commits;
   stats_.rows_written += flight_rows_;
+  if (durable) {
+    committed_seq_ = flight_seq_;
+    unflushed_.clear();  // a flush covers every earlier round
+  } else {
+    unflushed_.push_back({round, flight_seq_});
+  }
+  PruneUnflushed();
   return Status::OK();
+}
+
+void RocksDbLaneStore::PruneUnflushed() {
+  const uint64_t flushed = engine_->flushed_round();
+  while (!unflushed_.empty() && unflushed_.front().round <= flushed) {
+    committed_seq_ = unflushed_.front().seq;
+    unflushed_.pop_front();
+  }
+}
+
+uint64_t RocksDbLaneStore::committed_seq() const {
+  uint64_t seq = committed_seq_;
+  const uint64_t flushed = engine_->flushed_round();
+  for (const Unflushed& u : unflushed_) {
+    if (u.round > flushed) break;
+    seq = u.seq;
+  }
+  return seq;
 }
 
 Status RocksDbLaneStore::WriteBack(bool wait) {
@@ -291,14 +360,24 @@ Status RocksDbLaneStore::WriteBack(bool wait) {
     flight_->Wait();
     reaped = Reap();
   }
-  if (!HasDirty() && applied_seq_ == committed_seq_) return reaped;
-  Status s = HandOff();
+  PruneUnflushed();
+  if (!HasDirty() && applied_seq_ == written_seq_) return reaped;
+  Status s = HandOff(/*flush=*/false);
   return reaped.ok() ? s : reaped;
 }
 
 Status RocksDbLaneStore::Commit() {
-  (void)WriteBack(/*wait=*/true);  // a failed earlier hand-off goes out again with this one
-  if (!flight_) return Status::OK();
+  if (flight_) {
+    // A failed hand-off's rows are dirty again: they go out with the one below.
+    flight_->Wait();
+    (void)Reap();
+  }
+  PruneUnflushed();
+  if (!HasDirty() && applied_seq_ == committed_seq_) return Status::OK();
+  // Rows written back but not flushed yet are made durable by this hand-off's flush too (it
+  // carries at least the mark).
+  Status s = HandOff(/*flush=*/true);
+  if (!s.ok() || !flight_) return s;
   flight_->Wait();
   return Reap();
 }

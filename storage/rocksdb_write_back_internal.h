@@ -45,6 +45,13 @@ struct WriteBackJob {
     }
     return records.get();
   }
+  // The lane's: the writer flushes the memtables after this job's round (Commit: the rows
+  // durable on return). Other rounds stay in the memtables until a flush (docs/storage.md).
+  bool flush = false;
+  // The writer's, set before state leaves kQueued: the round that wrote the batch, and whether
+  // that round was flushed (the rows and the mark durable) before the job was done.
+  uint64_t round = 0;
+  bool durable = false;
   Status error;         // set before state leaves kQueued
   std::atomic<int> state{kQueued};
 
@@ -53,6 +60,8 @@ struct WriteBackJob {
     for (Family& f : families) f.slots.clear();
     used_families = 0;
     batch.Clear();
+    flush = durable = false;
+    round = 0;
     error = Status::OK();
     state.store(kQueued, std::memory_order_relaxed);
   }

@@ -121,9 +121,11 @@ class LaneStore {
   virtual Status Commit() = 0;
 
   /// Write-back: hands the rows changed so far, with the applied-log mark, to the engine's
-  /// writer and returns without waiting for the disk. They are durable, and committed_seq()
-  /// advances, once the writer has written them (a later call notices); until then they stay
-  /// pinned in memory, where reads find them. One hand-off is in flight per lane: with `wait`
+  /// writer and returns without waiting for the disk. Once the writer has written them they
+  /// are read from the engine (RocksDB's memtables) and need not stay in memory; they are
+  /// durable, and committed_seq() advances, once the engine has flushed them (at most
+  /// StorageOptions::row_flush_interval_ms later). Until written they stay pinned in memory,
+  /// where reads find them. One hand-off is in flight per lane: with `wait`
   /// false and one in flight this returns at once; with `wait` true it waits for it first (the
   /// server's back-pressure). Returns the error of a hand-off that failed; its rows stay dirty
   /// and go out with the next one. Default: Commit().
@@ -168,8 +170,8 @@ class LaneStore {
   /// Commit() or WriteBack() stores the mark atomically with the rows (see
   /// StorageEngine::AppendLog).
   virtual void SetAppliedSeq(uint64_t seq) { (void)seq; }
-  /// The mark durable with the rows (recovered on open; advanced by Commit() and by WriteBack()
-  /// calls that find a hand-off written); 0 if none.
+  /// The mark durable with the rows (recovered on open; advanced by Commit() and by the
+  /// engine's flushes of what WriteBack() handed off); 0 if none.
   virtual uint64_t committed_seq() const { return 0; }
 
   /// Housekeeping the lane calls on a schedule, between request batches (suggested: every 1 s;
@@ -392,6 +394,14 @@ struct StorageOptions {
   /// to the block cache, whose capacity grows by this much): RocksDB's memory stays near
   /// block_cache_bytes + write_buffer_bytes however many tables there are. Default: 64 MiB.
   uint64_t write_buffer_bytes = uint64_t{64} << 20;
+  /// Durable storage: the longest time, in milliseconds, rows written back stay in RocksDB's
+  /// memtables before a flush makes them durable (a lane's Commit() flushes at once, and RocksDB
+  /// flushes by itself when the memtables are full). Until then they are read from the
+  /// memtables, the lanes' durable log marks stay behind, and a restart replays the request log
+  /// from those marks. Longer: fewer and larger files for RocksDB to compact (a flush per
+  /// write-back made the files of a 10M-row fill 8 MB each; docs/storage.md). 0: a flush after
+  /// every write-back. Default: 5000.
+  uint32_t row_flush_interval_ms = 5000;
   /// RocksDB background threads (flushes and compactions). Default: 2.
   int background_jobs = 2;
   /// Extra RocksDB column-family options for table families, in RocksDB's option-string format

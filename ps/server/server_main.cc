@@ -62,6 +62,10 @@ DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms
 DEFINE_uint32(write_back_interval_ms, 1000,
               "With --data_dir: pushes are acknowledged once logged; changed rows are written "
               "back about this often per lane (0: before every acknowledgement)");
+DEFINE_uint32(row_flush_interval_ms, 5000,
+              "With --data_dir: rows written back wait in RocksDB's memtables at most this long "
+              "before a flush makes them durable (and moves the request log's mark on); 0: a "
+              "flush after every write-back");
 DEFINE_uint64(max_dirty_mb, 0,
               "With --data_dir: MiB of changed rows not yet written back beyond which pushes "
               "wait for the writer; with a budget, kept back from it for the write-back copies "
@@ -481,6 +485,7 @@ bool OptionsFromFlags(const std::vector<std::string>& cluster, tessera::ServerOp
   o->maintenance_interval_ms = FLAGS_maintenance_interval_ms;
   o->write_back_interval_ms = FLAGS_write_back_interval_ms;
   o->storage.max_dirty_bytes = FLAGS_max_dirty_mb << 20;
+  o->storage.row_flush_interval_ms = FLAGS_row_flush_interval_ms;
   o->admin_root = FLAGS_admin_root;
   o->checkpoint_cut_timeout_ms = FLAGS_checkpoint_cut_timeout_s * 1000;
   o->restore_batch_rows = FLAGS_restore_batch_rows;
