@@ -22,6 +22,7 @@ thread). The ratios are medians of the per-round ratios; the last line is one JS
 `torch_dense_only_vs_cpp_worker`.
 
     python3 benchmarks/bench_python.py [--build=build] [--train_samples=200000] [--rounds=3]
+                                       [--pregenerate]
 """
 
 import argparse
@@ -105,6 +106,8 @@ def run(kind, args, python):
                       "numpy_example": "benchmarks/pytorch_numpy_dlrm.py"}[kind]
             cmd = [python, "-B", os.path.join(ROOT, script), "--servers=" + endpoint,
                    "--threads=%d" % args.threads, "--progress_interval_s=1e9"]
+            if args.pregenerate:
+                cmd.append("--pregenerate")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run(["nice", "-n", "10"] + cmd + common, cwd=work, env=env,
                            capture_output=True, text=True, timeout=1800)
@@ -134,6 +137,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--pregenerate", action="store_true",
+                    help="the Python trainers generate their training batches before their "
+                         "timed loop (the C++ worker still generates on its data thread)")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
 
@@ -169,7 +175,8 @@ def main():
     def ratio(a, b):
         return statistics.median(x / y for x, y in zip(rates(a), rates(b)))
 
-    out = {"bench": "python", "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0], "train_samples": args.train_samples, "rounds": args.rounds,
+    out = {"bench": "python", "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0],
+           "pregenerate": args.pregenerate, "train_samples": args.train_samples, "rounds": args.rounds,
            "threads": args.threads, "counts": "training samples/s of one worker"}
     for k in kinds:
         out[k + "_samples_per_s"] = round(statistics.median(rates(k)))

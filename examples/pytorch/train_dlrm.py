@@ -166,6 +166,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--table_prefix", default="pytorch")
     ap.add_argument("--progress_interval_s", type=float, default=5.0)
+    ap.add_argument("--pregenerate", action="store_true",
+                    help="generate every training batch before the timed loop (benchmarks: the "
+                         "data source's cost left out; the batches' Bags are still built in it)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -178,7 +181,9 @@ def main():
     # Only the MLPs and the bias: the tables' rows are updated by the servers.
     opt = torch.optim.Adam(model.parameters(), lr=args.dense_lr)
 
-    train = map(with_bags, iter(loader(data, 0, 0, args.train_samples, args.batch_size)))
+    source = (list(SyntheticBatches(data, 0, 0, args.train_samples, args.batch_size))
+              if args.pregenerate else loader(data, 0, 0, args.train_samples, args.batch_size))
+    train = map(with_bags, iter(source))
     t0 = last = time.monotonic()
     samples, loss_sum, loss_n, steps = 0, 0.0, 0, 0
     for b in tt.PrefetchLoader(train, model.sparse, features=lambda b: b["sparse"]):
