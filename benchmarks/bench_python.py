@@ -176,8 +176,8 @@ def main():
         return statistics.median(x / y for x, y in zip(rates(a), rates(b)))
 
     out = {"bench": "python", "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0],
-           "pregenerate": args.pregenerate, "train_samples": args.train_samples, "rounds": args.rounds,
-           "threads": args.threads, "counts": "training samples/s of one worker"}
+           "pregenerate": args.pregenerate, "train_samples": args.train_samples,
+           "rounds": args.rounds, "threads": args.threads, "counts": "training samples/s of one worker"}
     for k in kinds:
         out[k + "_samples_per_s"] = round(statistics.median(rates(k)))
         out[k + "_samples_per_s_rounds"] = [round(x) for x in rates(k)]

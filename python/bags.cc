@@ -57,8 +57,8 @@ void CheckRows(const py::array& a, const char* what, int64_t rows, int64_t dim) 
   const bool ok = (a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == dim) ||
                   (a.ndim() == 1 && dim == 1 && a.shape(0) == rows);
   if (!ok) {
-    throw py::value_error(std::string(what) + ": expected shape (" + std::to_string(rows) +
-                          ", " + std::to_string(dim) + "), got " + std::to_string(a.ndim()) +
+    throw py::value_error(std::string(what) + ": expected shape (" + std::to_string(rows) + ", " +
+                          std::to_string(dim) + "), got " + std::to_string(a.ndim()) +
                           " dimensions with " + std::to_string(a.size()) + " floats");
   }
 }
@@ -75,8 +75,7 @@ struct BagArgs {
   const float* w = nullptr;
 };
 
-BagArgs CheckBags(const py::handle& inverse, const py::handle& bounds,
-                  const py::handle& weights) {
+BagArgs CheckBags(const py::handle& inverse, const py::handle& bounds, const py::handle& weights) {
   BagArgs b;
   b.inverse = Strict<int64_t>(inverse, "inverse", "int64", false);
   Check1d(b.inverse, "inverse", -1);
@@ -99,8 +98,8 @@ BagArgs CheckBags(const py::handle& inverse, const py::handle& bounds,
     for (int64_t i = 0; i < b.num_bags; ++i) {
       if (b.bnd[i + 1] < b.bnd[i]) {
         throw py::value_error("bounds: decreasing at bag " + std::to_string(i) + " (" +
-                              std::to_string(b.bnd[i]) + " then " +
-                              std::to_string(b.bnd[i + 1]) + ")");
+                              std::to_string(b.bnd[i]) + " then " + std::to_string(b.bnd[i + 1]) +
+                              ")");
       }
     }
   }
@@ -164,8 +163,7 @@ int64_t ScatterLoop(const BagArgs& b, const float* grad_out, int64_t num_rows, i
 
 // Sorted unique keys and each key's index into them: a hash pass finds the unique keys in
 // order of first appearance, a sort of those (not of every key) orders them.
-void UniqueLoop(const uint64_t* keys, int64_t n, std::vector<uint64_t>& uniq,
-                int64_t* inverse) {
+void UniqueLoop(const uint64_t* keys, int64_t n, std::vector<uint64_t>& uniq, int64_t* inverse) {
   size_t cap = 16;
   while (cap < static_cast<size_t>(n) * 2) cap <<= 1;
   const size_t mask = cap - 1;

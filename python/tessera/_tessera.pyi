@@ -301,7 +301,9 @@ class ExportReader:
 # of exactly the dtype named, read or written in place: anything else is a TypeError, a wrong
 # shape, bound or index a ValueError.
 
-def unique_keys(keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+def unique_keys(
+    keys: npt.NDArray[np.uint64],
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
     """(unique, inverse): the distinct keys in increasing order and each key's index into
     them, so that unique[inverse] == keys."""
 
