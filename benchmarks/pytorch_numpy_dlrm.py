@@ -149,6 +149,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--table_prefix", default="pytorch")
     ap.add_argument("--progress_interval_s", type=float, default=5.0)
+    ap.add_argument("--pregenerate", action="store_true",
+                    help="generate every training batch before the timed loop (bench_python's "
+                         "--pregenerate: the data source's cost left out of both Python trainers)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -168,9 +171,11 @@ def main():
     model = DenseModel(nd, nf, dim, [64], [64])
     opt = torch.optim.Adam(model.parameters(), lr=args.dense_lr)
 
+    it = batches(data, 0, 0, args.train_samples, args.batch_size)
+    if args.pregenerate:
+        it = iter(list(it))
     t0 = last = time.monotonic()
     samples, loss_sum, loss_n, steps = 0, 0.0, 0, 0
-    it = batches(data, 0, 0, args.train_samples, args.batch_size)
     nxt = next(it, None)
     step = Step(client, emb, wide, nxt, dim) if nxt is not None else None
     while step is not None:

@@ -35,6 +35,8 @@ void RegisterSpecs(py::module_& m);
 void RegisterClient(py::module_& m);
 // latest_export_version and ExportReader (export_reader.cc).
 void RegisterExportReader(py::module_& m);
+// unique_keys, bag_sum, bag_sum_backward: tessera.torch's CPU kernels (bags.cc).
+void RegisterBags(py::module_& m);
 
 // ------------------------------------------------------------------ errors (errors.cc)
 

@@ -24,9 +24,7 @@ training and test streams, so the test AUC compares with `tessera-worker`'s.
 import argparse
 import json
 import os
-import queue
 import sys
-import threading
 import time
 
 
@@ -98,7 +96,8 @@ class Dlrm(torch.nn.Module):
                            tessera.InitializerSpec("uniform", a=-0.05, b=0.05, seed=7)),
             tt.TableConfig(args.table_prefix + "/wide", 1, ["wide"],
                            tessera.OptimizerSpec("ftrl", learning_rate=args.wide_lr,
-                                                 ftrl_beta=1.0, l1=0.0, l2=0.1))])
+                                                 ftrl_beta=1.0, l1=0.0, l2=0.1))],
+            max_pushes_in_flight=2)  # as tessera-worker (--max_pushes_in_flight=2)
         self.bottom = torch.nn.Sequential(*mlp([num_dense, 64, dim]))
         self.top = torch.nn.Sequential(*mlp([dim + n * (n - 1) // 2, 64]),
                                        torch.nn.Linear(64, 1))
@@ -124,24 +123,33 @@ def with_bags(batch):
     return batch
 
 
-def batches(data, stream, first, count, batch_size, block=65536):
-    """Batches of samples [first, first + count), generated a block ahead on a thread (NumPy
-    releases the GIL in its loops, so generation overlaps training)."""
-    q = queue.Queue(maxsize=2)
+class SyntheticBatches(torch.utils.data.IterableDataset):
+    """Batches of samples [first, first + count) of a stream, generated a block at a time.
+    Iterated by a DataLoader worker process (`loader`), so generation runs beside training on
+    another core without holding the training loop's GIL (the C++ worker's --data_threads)."""
 
-    def produce():
-        for start in range(first, first + count, block):
-            q.put(data.generate(stream, start, min(block, first + count - start)))
-        q.put(None)
+    def __init__(self, data, stream, first, count, batch_size, block=65536):
+        super().__init__()
+        self.data, self.stream, self.first, self.count = data, stream, first, count
+        self.batch_size, self.block = batch_size, block
 
-    threading.Thread(target=produce, daemon=True).start()
-    while True:
-        blk = q.get()
-        if blk is None:
-            return
-        n = len(blk["labels"])
-        for s in range(0, n, batch_size):
-            yield {k: v[s:s + batch_size] for k, v in blk.items()}
+    def __iter__(self):
+        end = self.first + self.count
+        for start in range(self.first, end, self.block):
+            blk = self.data.generate(self.stream, start, min(self.block, end - start))
+            for s in range(0, len(blk["labels"]), self.batch_size):
+                yield {k: v[s:s + self.batch_size] for k, v in blk.items()}
+
+
+def _as_is(batch):
+    return batch  # NumPy arrays pass as they are (uint64 keys have no torch dtype)
+
+
+def loader(data, stream, first, count, batch_size):
+    """One worker process generating batches ahead (it starts on iter())."""
+    return torch.utils.data.DataLoader(
+        SyntheticBatches(data, stream, first, count, batch_size), batch_size=None,
+        collate_fn=_as_is, num_workers=1, prefetch_factor=4)
 
 
 def main():
@@ -158,6 +166,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--table_prefix", default="pytorch")
     ap.add_argument("--progress_interval_s", type=float, default=5.0)
+    ap.add_argument("--pregenerate", action="store_true",
+                    help="generate every training batch before the timed loop (benchmarks: the "
+                         "data source's cost left out; the batches' Bags are still built in it)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -170,9 +181,11 @@ def main():
     # Only the MLPs and the bias: the tables' rows are updated by the servers.
     opt = torch.optim.Adam(model.parameters(), lr=args.dense_lr)
 
+    source = (list(SyntheticBatches(data, 0, 0, args.train_samples, args.batch_size))
+              if args.pregenerate else loader(data, 0, 0, args.train_samples, args.batch_size))
+    train = map(with_bags, iter(source))
     t0 = last = time.monotonic()
     samples, loss_sum, loss_n, steps = 0, 0.0, 0, 0
-    train = map(with_bags, batches(data, 0, 0, args.train_samples, args.batch_size))
     for b in tt.PrefetchLoader(train, model.sparse, features=lambda b: b["sparse"]):
         # The sum over the batch, as the C++ worker (Trainer mean_loss = false): the servers'
         # Adagrad and FTRL hyper-parameters are for that scale.
@@ -196,7 +209,7 @@ def main():
 
     probs, labels, true_probs = [], [], []
     with torch.no_grad():
-        for b in map(with_bags, batches(data, 1, 0, args.test_samples, 8192)):
+        for b in map(with_bags, loader(data, 1, 0, args.test_samples, 8192)):
             probs.append(torch.sigmoid(model(b)).numpy())
             labels.append(b["labels"])
             true_probs.append(b["true_probs"])

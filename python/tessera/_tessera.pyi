@@ -295,3 +295,35 @@ class ExportReader:
         self, table: str, offset: int = 0, length: int | None = None, out: _Out | None = None
     ) -> _Rows: ...
     def row_count(self, table: str) -> int: ...
+
+# ---------------------------------------------------------------- bag kernels (bags.cc)
+# tessera.torch's CPU kernels. Arrays are C-contiguous numpy arrays (CPU tensors via .numpy())
+# of exactly the dtype named, read or written in place: anything else is a TypeError, a wrong
+# shape, bound or index a ValueError.
+
+def unique_keys(
+    keys: npt.NDArray[np.uint64],
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """(unique, inverse): the distinct keys in increasing order and each key's index into
+    them, so that unique[inverse] == keys."""
+
+def bag_sum(
+    rows: npt.NDArray[np.float32],
+    inverse: npt.NDArray[np.int64],
+    bounds: npt.NDArray[np.int64] | None,
+    weights: npt.NDArray[np.float32] | None,
+    out: npt.NDArray[np.float32],
+) -> None:
+    """out[j] = sum of weights[i] * rows[inverse[i]] over bag j's values
+    bounds[j] <= i < bounds[j + 1] (bounds None: bag j is value j; weights None: 1).
+    out (num_bags, dim) is overwritten; an empty bag is zeros."""
+
+def bag_sum_backward(
+    grad_out: npt.NDArray[np.float32],
+    inverse: npt.NDArray[np.int64],
+    bounds: npt.NDArray[np.int64] | None,
+    weights: npt.NDArray[np.float32] | None,
+    grad_rows: npt.NDArray[np.float32],
+) -> None:
+    """bag_sum's backward: grad_rows[inverse[i]] += weights[i] * grad_out[bag of i] for every
+    value i (added to, not cleared)."""

@@ -156,26 +156,16 @@ class TableConfig:
 
 
 def _unique(flat):
-    """The unique keys of `flat` (uint64) and what the backward's scatter-add needs: each
-    value's index into the unique keys, the permutation that sorts the values, and where each
-    unique key's run starts in the sorted values (K + 1 bounds)."""
-    n = len(flat)
-    perm = np.argsort(flat)
-    s = flat[perm]
-    first = np.empty(n, bool)
-    first[:1] = True
-    np.not_equal(s[1:], s[:-1], out=first[1:])
-    inverse = np.empty(n, np.int64)
-    inverse[perm] = np.cumsum(first) - 1
-    bounds = np.append(np.flatnonzero(first), n)
-    return (s[first], torch.from_numpy(inverse), torch.from_numpy(perm.astype(np.int64)),
-            torch.from_numpy(bounds.astype(np.int64)))
+    """The unique keys of `flat` (uint64, increasing) and each value's index into them (an
+    int64 tensor), from the compiled core (one hash pass and a sort of the unique keys)."""
+    keys, inverse = tessera._tessera.unique_keys(flat)
+    return keys, torch.from_numpy(inverse)
 
 
 def _segment_sum(x, bounds):
     """Row sums of x over the runs [bounds[i], bounds[i+1]): a float64 running sum read at the
-    bounds (exact to float32 rounding; an empty run is zeros). Faster on CPU than torch's
-    embedding_bag, index_add and scatter_add backward paths, which loop per index."""
+    bounds (exact to float32 rounding; an empty run is zeros). The device path's pooling; on
+    the CPU the compiled core's bag_sum does it in one pass."""
     c = torch.zeros((x.shape[0] + 1,) + tuple(x.shape[1:]), dtype=torch.float64,
                     device=x.device)
     c[1:] = torch.cumsum(x, 0, dtype=torch.float64)
@@ -183,28 +173,77 @@ def _segment_sum(x, bounds):
 
 
 class _TablePull:
-    """One table's pull for one batch: the unique keys, where each value's row is, how to sum
-    the values' gradients per key, the rows."""
+    """One table's pull for one batch: the unique keys, where each value's row is, the rows
+    (and on a device, how to sum the values' gradients per key: perm, bounds)."""
 
     __slots__ = ("keys", "inverse", "perm", "bounds", "rows", "future", "device_rows")
 
 
 class _Plan:
     """One feature's part of a table's lookup: its values' rows (index: slice of the table's
-    inverse), pooled into bags by `bounds` (bag of each value: `seg`) unless unpooled, scaled
-    by weights[w] if w >= 0."""
+    inverse), pooled into bags by `bounds` (K + 1 bag bounds; None: unpooled), scaled by
+    weights[w] if w >= 0. `host`: the CPU kernels' arrays (index, bounds, weights), or None
+    on a device."""
 
-    __slots__ = ("feature", "index", "bounds", "seg", "w", "num_out")
+    __slots__ = ("feature", "index", "bounds", "seg", "w", "num_out", "host")
+
+    def segments(self):
+        """Each value's bag (int64, on the bounds' device); computed on first use."""
+        if self.seg is None:
+            b = self.bounds
+            self.seg = torch.repeat_interleave(torch.arange(len(b) - 1, device=b.device),
+                                               b[1:] - b[:-1])
+        return self.seg
 
 
 def _lookup(rows, plans, weights):
     outs = []
     for p in plans:
+        if p.host is not None:
+            index, bounds, w = p.host
+            out = torch.empty((p.num_out, rows.shape[1]), dtype=torch.float32)
+            tessera._tessera.bag_sum(rows.numpy(), index, bounds, w, out.numpy())
+            outs.append(out)
+            continue
         g = rows[p.index]
         if p.w >= 0:
             g = g * weights[p.w][:, None]
         outs.append(_segment_sum(g, p.bounds) if p.bounds is not None else g)
     return outs
+
+
+def _device_grad_rows(ctx, gouts, weights, wgrads):
+    """The backward on a device: each value's gradient, summed per key by a sort."""
+    rows = ctx.pull.device_rows
+    parts = []
+    for p, go in zip(ctx.plans, gouts):
+        if go is None:
+            go = rows.new_zeros((p.num_out, rows.shape[1]))
+        gg = go[p.segments()] if p.bounds is not None else go  # each value's gradient
+        if p.w >= 0:
+            if ctx.needs_input_grad[6 + p.w]:
+                wgrads[p.w] = (gg * rows[p.index]).sum(1)
+            gg = gg * weights[p.w][:, None]
+        parts.append(gg)
+    g = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return _segment_sum(g[ctx.pull.perm], ctx.pull.bounds)
+
+
+def _host_grad_rows(ctx, gouts, weights, wgrads):
+    """The backward on the CPU: the compiled core's bag_sum_backward adds each value's
+    gradient into its key's row (repeated keys summed) in one pass per feature."""
+    rows = ctx.pull.device_rows
+    grad_rows = torch.zeros(rows.shape, dtype=torch.float32)
+    for p, go in zip(ctx.plans, gouts):
+        if go is None:
+            continue
+        go = go.detach().to(torch.float32).contiguous()
+        index, bounds, w = p.host
+        if p.w >= 0 and ctx.needs_input_grad[6 + p.w]:
+            gg = go[p.segments()] if p.bounds is not None else go
+            wgrads[p.w] = (gg * rows[p.index]).sum(1)
+        tessera._tessera.bag_sum_backward(go.numpy(), index, bounds, w, grad_rows.numpy())
+    return grad_rows
 
 
 class _Lookup(torch.autograd.Function):
@@ -220,21 +259,10 @@ class _Lookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *gouts):
         weights = ctx.saved_tensors
-        rows = ctx.pull.device_rows
         wgrads = [None] * len(weights)
-        parts = []
-        for p, go in zip(ctx.plans, gouts):
-            if go is None:
-                go = rows.new_zeros((p.num_out, rows.shape[1]))
-            gg = go[p.seg] if p.bounds is not None else go  # each value's gradient
-            if p.w >= 0:
-                if ctx.needs_input_grad[6 + p.w]:
-                    wgrads[p.w] = (gg * rows[p.index]).sum(1)
-                gg = gg * weights[p.w][:, None]
-            parts.append(gg)
-        g = parts[0] if len(parts) == 1 else torch.cat(parts)
-        # Repeated keys: their values' gradients summed into one row per unique key.
-        grad_rows = _segment_sum(g[ctx.pull.perm], ctx.pull.bounds)
+        on_host = all(p.host is not None for p in ctx.plans)
+        grad_rows = (_host_grad_rows if on_host else _device_grad_rows)(ctx, gouts, weights,
+                                                                       wgrads)
         if len(ctx.pull.keys):
             ctx.group.append(ctx.owner._push(ctx.name, ctx.pull.keys, grad_rows))
         return (None,) * 6 + tuple(wgrads)
@@ -308,7 +336,8 @@ class _Collection(torch.nn.Module):
                          for f, v in zip([f for f in c.features if f in features], vals)]
                 cache[ident] = _unique(parts[0] if len(parts) == 1 else np.concatenate(parts))
             p = _TablePull()
-            p.keys, p.inverse, p.perm, p.bounds = cache[ident]
+            p.keys, p.inverse = cache[ident]
+            p.perm = p.bounds = None
             p.rows = torch.empty((len(p.keys), c.dim), dtype=torch.float32, pin_memory=self._pin)
             p.future = (self.client.pull_async(self.tables[c.name], p.keys, out=p.rows.numpy())
                         if len(p.keys) else None)
@@ -354,12 +383,21 @@ class _Collection(torch.nn.Module):
         if p.future is not None:
             p.future.wait()
         dev = self.device
-        p.device_rows = p.rows.to(dev, non_blocking=True) if dev.type != "cpu" else p.rows
-        if dev.type != "cpu":
-            p.perm, p.bounds = p.perm.to(dev), p.bounds.to(dev)
-        for plan in plans:
-            plan.index = p.inverse[plan.index].to(dev, non_blocking=True) \
-                if dev.type != "cpu" else p.inverse[plan.index]
+        if dev.type == "cpu":
+            p.device_rows = p.rows
+            inverse = p.inverse.numpy()
+            for plan in plans:
+                plan.host = (inverse[plan.index],) + plan.host[1:]
+                plan.index = p.inverse[plan.index]
+        else:
+            p.device_rows = p.rows.to(dev, non_blocking=True)
+            # The backward's scatter-add by key: the values sorted by key, and each key's run.
+            inv = p.inverse
+            p.perm = torch.sort(inv, stable=True)[1].to(dev)
+            counts = torch.bincount(inv, minlength=len(p.keys))
+            p.bounds = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(dev)
+            for plan in plans:
+                plan.index = p.inverse[plan.index].to(dev, non_blocking=True)
         if torch.is_grad_enabled():
             return _Lookup.apply(self._anchor, self, name, p, plans, group, *weights)
         return _lookup(p.device_rows, plans, weights)
@@ -368,29 +406,33 @@ class _Collection(torch.nn.Module):
         """The plans of a table's features present in `features`, their weights (float32, on
         the device) and each feature's scale for mean pooling (or None)."""
         plans, weights, scales, start = [], [], [], 0
+        on_host = self.device.type == "cpu"
         for f in config.features:
             if f not in features:
                 continue
             b = features[f]
             p = _Plan()
-            p.feature, p.index, p.w, p.bounds, p.seg = f, slice(start, start + b.num_keys), -1, \
-                None, None
+            p.feature, p.index, p.w, p.bounds, p.seg, p.host = \
+                f, slice(start, start + b.num_keys), -1, None, None, None
             start += b.num_keys
-            scale = None
+            scale, w = None, None
             if pooled:
                 offsets = b.offsets.to(self.device)
-                lengths = b.lengths().to(self.device)
                 p.bounds = torch.cat([offsets, offsets.new_tensor([b.num_keys])])
-                p.seg = torch.repeat_interleave(
-                    torch.arange(len(offsets), device=self.device), lengths)
                 p.num_out = len(offsets)
                 if config.pooling == "mean":
+                    lengths = p.bounds[1:] - p.bounds[:-1]
                     scale = 1.0 / lengths.clamp(min=1).to(torch.float32)
                 if b.weights is not None:
                     p.w = len(weights)
-                    weights.append(b.weights.to(device=self.device, dtype=torch.float32))
+                    w = b.weights.to(device=self.device, dtype=torch.float32).contiguous()
+                    weights.append(w)
             else:
                 p.num_out = b.num_keys
+            if on_host:
+                # The index is filled in when the pull's inverse is known (_table_outputs).
+                p.host = (None, p.bounds.numpy() if p.bounds is not None else None,
+                          w.detach().numpy() if w is not None else None)
             plans.append(p)
             scales.append(scale)
         return plans, weights, scales
