@@ -212,6 +212,21 @@ void ServerImpl::GiveBackSeq(const Header& h, bool resend) {
   }
 }
 
+// True when push `h`, refused with `refused` before it was taken, comes again under the same
+// number: one counted in another server's sequence (client_origin: the client resends such a
+// push where its keys are now, never renumbered) refused for its map version (the reply
+// carries another version than the request's, so the client routes it again). Its later
+// pushes of that sequence then wait for it (PushDedup::Refused): taken first, they would put
+// the mark above it and its resend would be answered as a retry, applied nowhere.
+bool ServerImpl::ResentUnderItsNumber(const Header& h, const Status& refused) {
+  if (!IsPush(h.op) || h.replica_from != 0 || h.client_origin == 0 || h.client_id == 0 ||
+      refused.code() != StatusCode::kFailedPrecondition || !options_.follow_cluster_map) {
+    return false;
+  }
+  // The version the reply carries (not Current(), which may move to a newer map now).
+  return fence_.ReplyVersion() != h.map_version;
+}
+
 // True when a gate kept `p`: held behind a parked push of its client (HeldBehindClient),
 // parked by the checkpoint cut (ParkedByCut), a slot copy (ParkedByImport) or the
 // staleness bound (ParkedByStaleness), to be readmitted later.

@@ -63,10 +63,12 @@ PushDedup::Verdict PushDedup::Check(uint64_t client, uint64_t seq) const {
   }
   const Entry& e = it->second;
   if (seq <= e.logged) return Verdict::kApplied;
-  if (e.returned != 0) {
-    if (seq == e.returned) return Verdict::kNew;
-    if (seq > e.returned &&
-        std::chrono::steady_clock::now() - e.returned_at < options_.resend_window) {
+  if (!e.returned.empty()) {
+    // The lowest refused one is new; while the gap is open, the client's pushes after it wait
+    // (the other refused ones too: the client sends them again in their order).
+    const uint64_t lowest = *e.returned.begin();
+    if (seq == lowest) return Verdict::kNew;
+    if (seq > lowest && GapOpen(e)) {
       return Verdict::kBlocked;
     }
   }
@@ -101,7 +103,7 @@ void PushDedup::Spill() {
   // Only clients at rest: one with a push in flight or a gap open keeps its state here.
   std::vector<std::pair<uint64_t, uint64_t>> at_rest;  // (touched, client)
   for (const auto& [c, e] : clients_) {
-    if (e.accepted <= e.logged && e.returned == 0) at_rest.emplace_back(e.touched, c);
+    if (e.accepted <= e.logged && !GapOpen(e)) at_rest.emplace_back(e.touched, c);
   }
   const size_t n = std::min(at_rest.size(), std::max<size_t>(1, clients_.size() / 4));
   if (n == 0) return;
@@ -153,7 +155,7 @@ void PushDedup::Accept(uint64_t client, uint64_t seq) {
   if (client == 0) return;
   Entry& e = Touch(client);
   e.accepted = std::max(e.accepted, seq);
-  if (seq == e.returned) e.returned = 0;  // the refused one is back: the gap is closed
+  e.returned.erase(seq);  // the refused one is back: the gap moves to the next, if any
 }
 
 void PushDedup::Logged(uint64_t client, uint64_t seq) {
@@ -161,7 +163,7 @@ void PushDedup::Logged(uint64_t client, uint64_t seq) {
   Entry& e = Touch(client);
   e.logged = std::max(e.logged, seq);
   e.accepted = std::max(e.accepted, seq);
-  if (e.returned != 0 && e.returned <= e.logged) e.returned = 0;
+  e.returned.erase(e.returned.begin(), e.returned.upper_bound(e.logged));
 }
 
 void PushDedup::Abandon(uint64_t client, uint64_t seq, bool resend) {
@@ -169,18 +171,33 @@ void PushDedup::Abandon(uint64_t client, uint64_t seq, bool resend) {
   if (client == 0 || it == clients_.end()) return;
   Entry& e = it->second;
   if (e.accepted == seq) e.accepted = std::max(e.logged, seq - 1);
-  if (!resend && seq == e.returned) e.returned = 0;
-  if (resend && seq > e.logged) {
-    const auto now = std::chrono::steady_clock::now();
-    const bool open = e.returned != 0 && now - e.returned_at < options_.resend_window;
-    if (!open || seq < e.returned) e.returned = open ? std::min(e.returned, seq) : seq;
-    e.returned_at = now;
-  }
+  if (!resend) e.returned.erase(seq);
+  if (resend && seq > e.logged) OpenGap(e, seq);
+}
+
+void PushDedup::Refused(uint64_t client, uint64_t seq) {
+  if (client == 0) return;
+  // Touched even when unknown here: the client's next pushes of this sequence are checked
+  // against the gap, not taken as new (kUnknown) while it is on its way again.
+  Entry& e = Touch(client);
+  if (seq > e.logged) OpenGap(e, seq);
+}
+
+void PushDedup::OpenGap(Entry& e, uint64_t seq) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!GapOpen(e)) e.returned.clear();  // those left past the window block nothing any more
+  e.returned.insert(seq);
+  e.returned_at = now;
+}
+
+bool PushDedup::GapOpen(const Entry& e) const {
+  return !e.returned.empty() &&
+         std::chrono::steady_clock::now() - e.returned_at < options_.resend_window;
 }
 
 void PushDedup::ClearGap(uint64_t client, uint64_t seq) {
   auto it = clients_.find(client);
-  if (client != 0 && it != clients_.end() && it->second.returned == seq) it->second.returned = 0;
+  if (client != 0 && it != clients_.end()) it->second.returned.erase(seq);
 }
 
 std::string PushDedup::Encode() const {

@@ -1,6 +1,7 @@
 // Exactly-once pushes: the push sequence numbers each client has had logged on this server.
 #pragma once
 
+#include <absl/container/btree_set.h>
 #include <absl/container/flat_hash_map.h>
 
 #include <chrono>
@@ -42,11 +43,12 @@ struct PushDedupOptions {
 /// such a push rather than apply it blind. Not thread-safe: the server's I/O thread owns it.
 ///
 /// A push refused after its number was taken, that the client will send again under the same
-/// number (refused Unavailable: Abandon with `resend`), leaves a gap: until that number comes
-/// again, or for at most `resend_window`, the client's pushes above it are kBlocked (refused
-/// Unavailable, not taken), since one of them logged would put the mark above the refused
-/// one, whose resend would then be taken for a retry and never applied. The client sends its
-/// pushes again in their order, so the refused one comes first.
+/// number (refused Unavailable: Abandon with `resend`; or refused before it was taken:
+/// Refused), leaves a gap: until each number so refused comes again, or for at most
+/// `resend_window` after the latest refusal, the client's pushes above the lowest of them are
+/// kBlocked (refused Unavailable, not taken), since one of them logged would put the mark
+/// above a refused one, whose resend would then be taken for a retry and never applied. The
+/// client sends its pushes again in their order, so the refused ones come first.
 class PushDedup {
  public:
   /// kUnknown: the client is known nowhere and `seq` > 1. kUnreadable: the store failed.
@@ -78,6 +80,11 @@ class PushDedup {
   /// Push `seq` was refused in a way the client does not send it again under its number (a
   /// stale map: it gets a new one; an error): the gap it left, if any, is closed.
   void ClearGap(uint64_t client, uint64_t seq);
+  /// Push `seq` was refused before it was taken, and its client sends it again under the same
+  /// number (one counted in another server's sequence, refused for its map version): it
+  /// leaves a gap like Abandon with `resend`, also for a client not seen before, so that a
+  /// later push of the sequence taken before the resend does not put the mark above it.
+  void Refused(uint64_t client, uint64_t seq);
 
   /// The logged marks held in memory as bytes (u32 count, then u64 client, u64 mark each;
   /// little-endian). The spilled ones are in the store already.
@@ -96,12 +103,19 @@ class PushDedup {
     uint64_t logged = 0;
     uint64_t touched = 0;
     uint64_t seen_s = 0;    // wall-clock seconds when last seen (for the retention)
-    uint64_t returned = 0;  // the lowest number refused for a resend not seen yet; 0: none
+    // The numbers refused for a resend and not seen again yet (the gap is at the lowest), and
+    // when the latest was refused: they block later pushes for resend_window from then.
+    absl::btree_set<uint64_t> returned;
     std::chrono::steady_clock::time_point returned_at;
   };
   // The spilled mark of `client`: nullopt when none; an error when the store fails.
   Result<std::optional<uint64_t>> Spilled(uint64_t client) const;
   Entry& Touch(uint64_t client);
+  // Adds `seq`, which the client sends again, to the gap of `e` (a new gap when the last one
+  // is past the window).
+  void OpenGap(Entry& e, uint64_t seq);
+  // True while the gap of `e` blocks the client's later pushes.
+  bool GapOpen(const Entry& e) const;
   // Moves the least recently seen quarter of the clients at rest to the store.
   void Spill();
   // Deletes the spilled marks older than the retention in the next sixteenth of the key space.

@@ -71,6 +71,31 @@ TEST(PushDedup, LaterPushesWaitForOneRefusedForAResend) {
   EXPECT_EQ(d.Check(3, 10), V::kNew);
 }
 
+// A push refused before it was taken that its client sends again under the same number (a
+// push counted in another server's sequence, refused for its map version) leaves a gap too,
+// also for a client this table has not seen: a later push of the sequence is blocked rather
+// than taken, which would put the mark above the refused one (its resend then answered as a
+// retry and applied nowhere).
+TEST(PushDedup, APushRefusedBeforeItWasTakenBlocksTheLaterOnesUntilItComesAgain) {
+  PushDedup d(std::chrono::milliseconds(60'000));
+  d.Refused(9, 77);  // a client never seen here
+  d.Refused(9, 78);  // refused in the same burst
+  EXPECT_EQ(d.Check(9, 79), V::kBlocked);  // taken once the server had the map
+  EXPECT_EQ(d.Check(9, 78), V::kBlocked);  // its turn comes after 77
+  EXPECT_EQ(d.Check(9, 77), V::kNew);      // the resend
+  d.Accept(9, 77);
+  // 78 is still on its way: 79 still waits for it.
+  EXPECT_EQ(d.Check(9, 79), V::kBlocked);
+  EXPECT_EQ(d.Check(9, 78), V::kNew);
+  d.Accept(9, 78);
+  EXPECT_EQ(d.Check(9, 79), V::kNew);
+  d.Logged(9, 78);
+  // A retry of a logged push refused for its map: nothing to wait for.
+  d.Refused(9, 77);
+  EXPECT_EQ(d.Check(9, 79), V::kNew);
+  EXPECT_EQ(d.Check(9, 77), V::kApplied);
+}
+
 TEST(PushDedup, MarksSurviveEncodeAndMerge) {
   PushDedup d;
   d.Logged(1, 10);

@@ -368,9 +368,15 @@ Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   }
   if (s.ok()) s = dense ? Dense(p) : Sparse(p);
   // A push refused other than Unavailable is not sent again under its number (a stale map
-  // gets it a new one): a gap its earlier refusal left is closed (PushDedup::kBlocked).
+  // gets it a new one): a gap its earlier refusal left is closed (PushDedup::kBlocked). One
+  // counted in another server's sequence and refused for its map version is sent again
+  // under its number: its later pushes wait for it.
   if (!s.ok() && IsPush(h.op) && s.code() != StatusCode::kUnavailable) {
-    dedup_.ClearGap(h.client_id, h.client_seq);
+    if (ResentUnderItsNumber(h, s)) {
+      dedup_.Refused(h.client_id, h.client_seq);
+    } else {
+      dedup_.ClearGap(h.client_id, h.client_seq);
+    }
   }
   return s;
 }
@@ -407,7 +413,8 @@ void ServerImpl::Readmit(std::vector<std::shared_ptr<Pending>> parked) {
     if (!s.ok()) {
       // Nothing of it was logged: its number goes back, and so do those held behind it.
       if (last_of_client) ReleaseHeld(client, &s);
-      GiveBackSeq(p->header, /*resend=*/s.code() == StatusCode::kUnavailable);
+      GiveBackSeq(p->header, /*resend=*/s.code() == StatusCode::kUnavailable ||
+                                 ResentUnderItsNumber(p->header, s));
       ReplyError(std::move(p->identity), p->header, s);
       continue;
     }

@@ -178,6 +178,7 @@ class ServerImpl {
   bool HeldBehindClient(const std::shared_ptr<Pending>& p);
   void ReleaseHeld(uint64_t client, const Status* refused);
   void GiveBackSeq(const Header& h, bool resend);
+  bool ResentUnderItsNumber(const Header& h, const Status& refused);
   Status Resubmit(const std::shared_ptr<Pending>& p);
   // ---- admin_scope.cc: what checkpoints, restores and exports cover under a map
   RowFilter HeldRows(bool with_backups);
