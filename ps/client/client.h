@@ -137,7 +137,9 @@ class Client {
   /// a new client).
   static Result<std::unique_ptr<Client>> Create(const ClientOptions& options,
                                                 std::unique_ptr<ClusterMapSource> map_source);
-  /// Times a request is routed again by a newer map after stale-map refusals before it fails.
+  /// Times a request is routed again after stale-map refusals that showed no map newer than
+  /// an earlier refusal of it did, before it fails (refusals by ever newer maps, as a backup
+  /// rebuild or a slot move gives, are bounded by retry_for_ms only).
   static constexpr uint32_t kMaxStaleMapRetries = 8;
   ~Client();
   Client(const Client&) = delete;

@@ -166,8 +166,14 @@ void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status
   KeepNumberIfUnsettled(o, server_version);
   // A server behind the request's version catches up by itself (its watch, or its poll for a
   // first map): waiting for it is bounded by the retry limit only. Refusals that make the
-  // client load a newer map are counted.
-  if (server_version > o.header.map_version) ++o.stale_retries;
+  // client load a newer map are counted unless they show a map newer than any earlier refusal
+  // of this request did: a backup rebuild or a slot move steps the map through many versions
+  // in a second or two (24 in a rebuild of 10,923 slots), and rerouting after each is
+  // progress, bounded by retry_for_ms.
+  if (server_version > o.header.map_version) {
+    if (server_version <= o.stale_seen) ++o.stale_retries;
+    o.stale_seen = std::max(o.stale_seen, server_version);
+  }
   if (o.stale_retries > Client::kMaxStaleMapRetries || now >= o.give_up) {
     if (o.call) {
       PartDone(o.call, Status::FailedPrecondition(
@@ -282,6 +288,7 @@ void ClientImpl::SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64
     piece.part = o.part;
     piece.op = o.op;
     piece.stale_retries = o.stale_retries;
+    piece.stale_seen = o.stale_seen;
     piece.last_error = o.last_error;
     auto rows = std::make_shared<std::vector<uint32_t>>(idx.size());
     zmq::message_t key_frame(idx.size() * sizeof(uint64_t));
