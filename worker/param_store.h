@@ -52,6 +52,41 @@ class ParamStore {
   virtual Status SetLearningRateScale(float scale) = 0;
 };
 
+/// A store that passes every call to `inner` (borrowed; must outlive it): the base of stores
+/// that change a few calls and leave the rest to the store they wrap.
+class ForwardingStore : public ParamStore {
+ public:
+  explicit ForwardingStore(ParamStore* inner) : inner_(inner) {}
+  Result<uint32_t> AddTable(const TableSpec& spec) override { return inner_->AddTable(spec); }
+  Pending Pull(uint32_t table, std::span<const uint64_t> keys, float* out) override {
+    return inner_->Pull(table, keys, out);
+  }
+  Pending Push(uint32_t table, std::span<const uint64_t> keys,
+               std::span<const float> grads) override {
+    return inner_->Push(table, keys, grads);
+  }
+  Pending DensePull(uint32_t table, uint64_t offset, uint64_t length, float* out) override {
+    return inner_->DensePull(table, offset, length, out);
+  }
+  Pending DensePush(uint32_t table, uint64_t offset, std::span<const float> grads) override {
+    return inner_->DensePush(table, offset, grads);
+  }
+  Pending Clock() override { return inner_->Clock(); }
+  int64_t clock() const override { return inner_->clock(); }
+  Status SetClock(int64_t clock) override { return inner_->SetClock(clock); }
+  Status Barrier(const std::string& name) override { return inner_->Barrier(name); }
+  Status PutMeta(const std::string& name, std::string_view value) override {
+    return inner_->PutMeta(name, value);
+  }
+  Result<std::optional<std::string>> GetMeta(const std::string& name) override {
+    return inner_->GetMeta(name);
+  }
+  Status SetLearningRateScale(float scale) override { return inner_->SetLearningRateScale(scale); }
+
+ protected:
+  ParamStore* const inner_;
+};
+
 /// A store on a Tessera cluster through `client` (borrowed; must outlive the store).
 std::unique_ptr<ParamStore> CreateClusterStore(Client* client);
 

@@ -234,10 +234,9 @@ TEST(RowCache, DenseTablesPassThrough) {
 // An inner store whose pulls read the real local store when they are waited, not when they are
 // issued (as a remote pull's answer comes after its request), and fail if issued while `fail`
 // is set; it counts the keys pulls ask for.
-class LateStore final : public ParamStore {
+class LateStore final : public ForwardingStore {
  public:
-  explicit LateStore(ParamStore* inner) : inner_(inner) {}
-  Result<uint32_t> AddTable(const TableSpec& spec) override { return inner_->AddTable(spec); }
+  explicit LateStore(ParamStore* inner) : ForwardingStore(inner) {}
   Pending Pull(uint32_t table, std::span<const uint64_t> keys, float* out) override {
     pulled_keys += keys.size();
     if (fail) return Pending([] { return Status::Unavailable("pull lost"); });
@@ -245,33 +244,8 @@ class LateStore final : public ParamStore {
       return inner_->Pull(table, k, out).Wait();
     });
   }
-  Pending Push(uint32_t table, std::span<const uint64_t> keys,
-               std::span<const float> grads) override {
-    return inner_->Push(table, keys, grads);
-  }
-  Pending DensePull(uint32_t table, uint64_t offset, uint64_t length, float* out) override {
-    return inner_->DensePull(table, offset, length, out);
-  }
-  Pending DensePush(uint32_t table, uint64_t offset, std::span<const float> grads) override {
-    return inner_->DensePush(table, offset, grads);
-  }
-  Pending Clock() override { return inner_->Clock(); }
-  int64_t clock() const override { return inner_->clock(); }
-  Status SetClock(int64_t clock) override { return inner_->SetClock(clock); }
-  Status Barrier(const std::string& name) override { return inner_->Barrier(name); }
-  Status PutMeta(const std::string& name, std::string_view value) override {
-    return inner_->PutMeta(name, value);
-  }
-  Result<std::optional<std::string>> GetMeta(const std::string& name) override {
-    return inner_->GetMeta(name);
-  }
-  Status SetLearningRateScale(float scale) override { return inner_->SetLearningRateScale(scale); }
-
   uint64_t pulled_keys = 0;
   bool fail = false;
-
- private:
-  ParamStore* const inner_;
 };
 
 struct LateStores {

@@ -32,7 +32,7 @@ constexpr uint64_t kSteps = 12;
 // 1, gradient -1) and its Pending completes when both are acknowledged; with every pull of the
 // embedding table it also pulls the counter, at the same clock and through the same staleness
 // gate, and records the value it saw and the clock the pull was issued at.
-class CountingStore final : public ParamStore {
+class CountingStore final : public ForwardingStore {
  public:
   struct PullRecord {
     int64_t clock;
@@ -40,7 +40,7 @@ class CountingStore final : public ParamStore {
   };
 
   CountingStore(ParamStore* inner, std::string emb_name, std::string count_name)
-      : inner_(inner), emb_name_(std::move(emb_name)), count_name_(std::move(count_name)) {}
+      : ForwardingStore(inner), emb_name_(std::move(emb_name)), count_name_(std::move(count_name)) {}
 
   Result<uint32_t> AddTable(const TableSpec& spec) override {
     TESSERA_ASSIGN_OR_RETURN(uint32_t id, inner_->AddTable(spec));
@@ -92,23 +92,6 @@ class CountingStore final : public ParamStore {
       return s.ok() ? t : s;
     });
   }
-  Pending DensePull(uint32_t table, uint64_t offset, uint64_t length, float* out) override {
-    return inner_->DensePull(table, offset, length, out);
-  }
-  Pending DensePush(uint32_t table, uint64_t offset, std::span<const float> grads) override {
-    return inner_->DensePush(table, offset, grads);
-  }
-  Pending Clock() override { return inner_->Clock(); }
-  int64_t clock() const override { return inner_->clock(); }
-  Status SetClock(int64_t clock) override { return inner_->SetClock(clock); }
-  Status Barrier(const std::string& name) override { return inner_->Barrier(name); }
-  Status PutMeta(const std::string& name, std::string_view value) override {
-    return inner_->PutMeta(name, value);
-  }
-  Result<std::optional<std::string>> GetMeta(const std::string& name) override {
-    return inner_->GetMeta(name);
-  }
-  Status SetLearningRateScale(float scale) override { return inner_->SetLearningRateScale(scale); }
 
   // In the order the trainer waited for them: step 1, 2, ...
   std::vector<PullRecord> pulls() const {
@@ -117,7 +100,6 @@ class CountingStore final : public ParamStore {
   }
 
  private:
-  ParamStore* inner_;
   const std::string emb_name_, count_name_;
   mutable Mutex mu_;
   uint32_t emb_ ABSL_GUARDED_BY(mu_) = ~0u;
