@@ -29,6 +29,22 @@ TableSpec Spec() {
   return TableSpec::Sparse("tier", kDim, {OptimizerKind::kAdagrad, 0.05f},
                            {InitializerKind::kUniform, -0.1f, 0.1f, 9});
 }
+// Each row of a table: value, optimizer state and update count, by key.
+using Rows = std::map<uint64_t, std::vector<float>>;
+Rows AllRows(LaneStore& lane, uint64_t table) {
+  Rows rows;
+  Status s = lane.Scan(table, [&rows](uint64_t k, const float* v, const float* st,
+                                      const RowMeta& meta) {
+    std::vector<float>& r = rows[k];
+    r.assign(v, v + kDim);
+    r.insert(r.end(), st, st + kDim);
+    r.push_back(static_cast<float>(meta.update_count));
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return rows;
+}
+
 ApplyContext Ctx(uint64_t step) { return {step, static_cast<uint32_t>(1000 + step)}; }
 uint64_t HotKey(uint64_t i) { return Mix64(i); }
 uint64_t ColdKey(uint64_t i) { return Mix64(i + (uint64_t{1} << 40)); }
@@ -151,18 +167,7 @@ TEST(RocksDbTierTest, PushesOfColdKeysAreWrittenBackWithoutFlushingTheHotRows) {
   auto engine = MustOpen(dir.path(), o);
   auto lane = MustLane(engine.get());
   ASSERT_TRUE(lane->AddTable(id, Spec()).ok());
-  std::map<uint64_t, std::vector<float>> got, want;
-  auto collect = [](std::map<uint64_t, std::vector<float>>* m) {
-    return [m](uint64_t k, const float* v, const float* s, const RowMeta& meta) {
-      std::vector<float>& r = (*m)[k];
-      r.assign(v, v + kDim);
-      r.insert(r.end(), s, s + kDim);
-      r.push_back(static_cast<float>(meta.update_count));
-      return true;
-    };
-  };
-  ASSERT_TRUE(lane->Scan(id, collect(&got)).ok());
-  ASSERT_TRUE(ref->Scan(id, collect(&want)).ok());
+  const Rows got = AllRows(*lane, id), want = AllRows(*ref, id);
   EXPECT_EQ(got.size(), 60000u + kHot);
   EXPECT_TRUE(got == want);
 }
@@ -233,18 +238,7 @@ TEST(RocksDbTierTest, RowsWrittenBackAreServedFromTheMemtablesUntilFlushed) {
   auto engine = MustOpen(dir.path(), o);
   auto lane = MustLane(engine.get());
   ASSERT_TRUE(lane->AddTable(id, Spec()).ok());
-  std::map<uint64_t, std::vector<float>> got, want;
-  auto collect = [](std::map<uint64_t, std::vector<float>>* m) {
-    return [m](uint64_t k, const float* v, const float* s, const RowMeta& meta) {
-      std::vector<float>& r = (*m)[k];
-      r.assign(v, v + kDim);
-      r.insert(r.end(), s, s + kDim);
-      r.push_back(static_cast<float>(meta.update_count));
-      return true;
-    };
-  };
-  ASSERT_TRUE(lane->Scan(id, collect(&got)).ok());
-  ASSERT_TRUE(ref->Scan(id, collect(&want)).ok());
+  const Rows got = AllRows(*lane, id), want = AllRows(*ref, id);
   EXPECT_EQ(got.size(), kRows);
   EXPECT_TRUE(got == want);
 }
