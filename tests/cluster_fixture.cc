@@ -1,5 +1,7 @@
 #include "tests/cluster_fixture.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -139,6 +141,13 @@ void LocalCluster::Kill(uint32_t i) {
   int st;
   waitpid(pids_[i], &st, 0);
   pids_[i] = -1;
+}
+
+std::unique_ptr<Client> ConnectClient(const LocalCluster& cluster, ClientOptions o) {
+  o.servers = cluster.endpoints();
+  auto r = Client::Create(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
 }
 
 int64_t StatValue(const std::string& stats, const std::string& name) {

@@ -4,9 +4,11 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "ps/client/client.h"
 #include "ps/status.h"
 
 namespace tessera::testing {
@@ -76,6 +78,10 @@ class LocalCluster {
 /// GET `path` from http://127.0.0.1:`port`: the whole response (status line, headers, body),
 /// or "" when nothing answered within `timeout_ms`.
 std::string HttpGet(uint32_t port, const std::string& path, int timeout_ms = 5000);
+
+/// A client of `cluster`'s servers (`o.servers` set to them); null, with a test failure saying
+/// why, when it cannot be created.
+std::unique_ptr<Client> ConnectClient(const LocalCluster& cluster, ClientOptions o = {});
 
 /// The value of line `name` ("name value") of a server's stats text (Client::ServerStats),
 /// -1 when it has no such line (the first line, the version, is not one).

@@ -26,13 +26,7 @@ namespace {
 using testing::LocalCluster;
 using testing::RawPeer;
 
-std::unique_ptr<Client> Connect(const LocalCluster& c) {
-  ClientOptions o;
-  o.servers = c.endpoints();
-  auto r = Client::Create(o);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? std::move(r).value() : nullptr;
-}
+std::unique_ptr<Client> Connect(const LocalCluster& c) { return testing::ConnectClient(c); }
 
 // SGD with step 1 from zeros: a push of gradients -1 adds exactly 1 to every element it covers.
 TableSpec CountingTable(const std::string& name, uint64_t length) {

@@ -27,11 +27,8 @@ constexpr uint64_t kDenseLength = 40000;  // three dense chunks
 
 std::unique_ptr<Client> Connect(const LocalCluster& c) {
   ClientOptions o;
-  o.servers = c.endpoints();
   o.admin_root = c.admin_root();
-  auto r = Client::Create(o);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? std::move(r).value() : nullptr;
+  return testing::ConnectClient(c, o);
 }
 
 std::vector<uint64_t> AllKeys() {

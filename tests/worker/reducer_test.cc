@@ -34,16 +34,10 @@ constexpr uint32_t kServers = 2;
 constexpr uint32_t kBatch = 256;  // per local rank
 constexpr uint64_t kSteps = 8;
 
-std::unique_ptr<Client> Connect(const LocalCluster& c) {
-  ClientOptions o;
-  o.servers = c.endpoints();
-  // No clock-based waiting: the trainers run bulk-synchronously on their own (staleness 0 in
-  // TrainerOptions waits for each step's pushes before the next pull), which makes the result
-  // deterministic up to float summation order.
-  auto r = Client::Create(o);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? std::move(r).value() : nullptr;
-}
+// No clock-based waiting: the trainers run bulk-synchronously on their own (staleness 0 in
+// TrainerOptions waits for each step's pushes before the next pull), which makes the result
+// deterministic up to float summation order.
+std::unique_ptr<Client> Connect(const LocalCluster& c) { return testing::ConnectClient(c); }
 
 SyntheticOptions Data(uint32_t rank, uint32_t world) {
   SyntheticOptions s;
