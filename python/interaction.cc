@@ -50,67 +50,95 @@ void CheckOut(const py::array& a, const char* what, int64_t rows, int64_t cols) 
   }
 }
 
-// One sample's vectors as d rows of n floats (vt[k * n + j] = v_j[k]), so that the dots of
-// v_i with all v_j, j < i, are i independent sums that vectorize over j.
-void Transpose(const float* v0, const float* fields, int64_t n, int64_t d, float* vt) {
-  for (int64_t k = 0; k < d; ++k) vt[k * n] = v0[k];
-  for (int64_t j = 1; j < n; ++j) {
-    const float* v = fields + (j - 1) * d;
-    for (int64_t k = 0; k < d; ++k) vt[k * n + j] = v[k];
-  }
-}
+// The kernels work on blocks of kLanes floats (fixed-length loops the compiler turns into
+// vector instructions), over buffers padded with zeros to whole blocks.
+constexpr int64_t kLanes = 8;
 
+int64_t Padded(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
+
+// x86-64: a copy for AVX2 with FMA besides the baseline one, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_VECTOR_CLONES __attribute__((target_clones("default", "arch=haswell")))
+#else
+#define TESSERA_VECTOR_CLONES
+#endif
+
+// Per sample: its n vectors transposed into d rows of np floats (vt[k * np + j] = v_j[k],
+// zeros past n), then for each i the dots with v_0 .. v_{i-1} a block of kLanes j at a time.
+TESSERA_VECTOR_CLONES
 void ForwardLoop(const Shapes& s, const float* dense, const float* sparse, float* out) {
-  const int64_t n = s.fields + 1, d = s.dim;
-  std::vector<float> vt(static_cast<size_t>(n * d));
+  const int64_t n = s.fields + 1, d = s.dim, np = Padded(n);
+  std::vector<float> vt(static_cast<size_t>(d * np), 0.0f);
   for (int64_t b = 0; b < s.batch; ++b) {
     const float* v0 = dense + b * d;
     const float* fields = sparse + b * s.fields * d;
     float* o = out + b * s.width;
     std::copy(v0, v0 + d, o);
-    Transpose(v0, fields, n, d, vt.data());
+    for (int64_t k = 0; k < d; ++k) vt[k * np] = v0[k];
+    for (int64_t j = 1; j < n; ++j) {
+      const float* v = fields + (j - 1) * d;
+      for (int64_t k = 0; k < d; ++k) vt[k * np + j] = v[k];
+    }
     float* dots = o + d;
     for (int64_t i = 1; i < n; ++i) {
       float* row = dots + i * (i - 1) / 2;  // the dots of v_i with v_0 .. v_{i-1}
-      std::fill(row, row + i, 0.0f);
-      for (int64_t k = 0; k < d; ++k) {
-        const float a = vt[k * n + i];
-        const float* col = vt.data() + k * n;
-        for (int64_t j = 0; j < i; ++j) row[j] += a * col[j];
+      for (int64_t j0 = 0; j0 < i; j0 += kLanes) {
+        float acc[kLanes] = {};
+        for (int64_t k = 0; k < d; ++k) {
+          const float a = vt[k * np + i];
+          const float* col = vt.data() + k * np + j0;
+          for (int64_t l = 0; l < kLanes; ++l) acc[l] += a * col[l];
+        }
+        const int64_t m = std::min(kLanes, i - j0);
+        for (int64_t l = 0; l < m; ++l) row[j0 + l] = acc[l];
       }
     }
   }
 }
 
 // grad_v_i = sum over pairs (i, j) of g_ij v_j plus sum over pairs (j, i) of g_ji v_j; the
-// dense vector's gradient also gets grad_out's first d columns (the pass-through).
+// dense vector's gradient also gets grad_out's first d columns (the pass-through). Rows are
+// padded to dp floats (zeros past d).
+TESSERA_VECTOR_CLONES
 void BackwardLoop(const Shapes& s, const float* grad_out, const float* dense, const float* sparse,
                   float* grad_dense, float* grad_sparse) {
-  const int64_t n = s.fields + 1, d = s.dim;
-  std::vector<float> v(static_cast<size_t>(n * d)), gv(static_cast<size_t>(n * d));
+  const int64_t n = s.fields + 1, d = s.dim, dp = Padded(d);
+  std::vector<float> v(static_cast<size_t>(n * dp), 0.0f), gv(static_cast<size_t>(n * dp));
   for (int64_t b = 0; b < s.batch; ++b) {
     const float* g = grad_out + b * s.width;
     std::copy(dense + b * d, dense + (b + 1) * d, v.begin());
-    std::copy(sparse + b * s.fields * d, sparse + (b + 1) * s.fields * d, v.begin() + d);
+    for (int64_t j = 1; j < n; ++j) {
+      const float* src = sparse + (b * s.fields + j - 1) * d;
+      std::copy(src, src + d, v.begin() + j * dp);
+    }
+    std::fill(gv.begin(), gv.end(), 0.0f);
     std::copy(g, g + d, gv.begin());
-    std::fill(gv.begin() + d, gv.end(), 0.0f);
     const float* dots = g + d;
     for (int64_t i = 1; i < n; ++i) {
       const float* gi = dots + i * (i - 1) / 2;
-      const float* vi = v.data() + i * d;
-      float* gvi = gv.data() + i * d;
-      for (int64_t j = 0; j < i; ++j) {
-        const float gij = gi[j];
-        const float* vj = v.data() + j * d;
-        float* gvj = gv.data() + j * d;
-        for (int64_t k = 0; k < d; ++k) {
-          gvi[k] += gij * vj[k];
-          gvj[k] += gij * vi[k];
+      for (int64_t k0 = 0; k0 < dp; k0 += kLanes) {
+        // v_i's block and its gradient in locals: the stores into gv (rows j < i) cannot
+        // alias them, so the lane loops vectorize.
+        float vi[kLanes], acc[kLanes] = {};
+        std::copy(v.data() + i * dp + k0, v.data() + i * dp + k0 + kLanes, vi);
+        for (int64_t j = 0; j < i; ++j) {
+          const float gij = gi[j];
+          const float* vj = v.data() + j * dp + k0;
+          float* gvj = gv.data() + j * dp + k0;
+          for (int64_t l = 0; l < kLanes; ++l) {
+            acc[l] += gij * vj[l];
+            gvj[l] += gij * vi[l];
+          }
         }
+        float* gvi = gv.data() + i * dp + k0;
+        for (int64_t l = 0; l < kLanes; ++l) gvi[l] += acc[l];
       }
     }
     std::copy(gv.begin(), gv.begin() + d, grad_dense + b * d);
-    std::copy(gv.begin() + d, gv.end(), grad_sparse + b * s.fields * d);
+    for (int64_t j = 1; j < n; ++j) {
+      std::copy(gv.begin() + j * dp, gv.begin() + j * dp + d,
+                grad_sparse + (b * s.fields + j - 1) * d);
+    }
   }
 }
 
