@@ -326,8 +326,7 @@ int Main(int argc, char** argv) {
   };
   // The memory-only server holds the whole table where it fits (its RSS ran at ~1.6x the raw
   // bytes): 1B rows do not fit a small machine.
-  const bool with_memory =
-      !FLAGS_log_only && 1.6 * raw < ProcMeminfoMb("MemAvailable") * 1048576.0;
+  const bool with_memory = !FLAGS_log_only && 1.6 * raw < ProcMeminfoMb("MemAvailable") * 1048576.0;
   const auto fill0 = Clock::now();
   Status st = Open(tier, binary, with_budget(budget10), true);
   if (!st.ok()) return fail(st);

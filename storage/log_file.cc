@@ -246,7 +246,8 @@ Status LogFile::ScanSegment(const Segment& s, std::string* torn, uint64_t after,
     if (!r && AllZero(data.substr(off))) return Status::OK();  // the preallocation's zeros
     // A reused segment: the old bytes after its records (or a torn record) end them, unless a
     // record of this segment verifies further on.
-    if (!r && f.nonce != 0 && NextVerifiedRecord(data, off + 1, f.nonce) == std::string_view::npos) {
+    if (!r && f.nonce != 0 &&
+        NextVerifiedRecord(data, off + 1, f.nonce) == std::string_view::npos) {
       return Status::OK();
     }
     if (!r) {
@@ -556,10 +557,9 @@ Status LogFile::Truncate(uint64_t upto) {
     }
     for (size_t i = 0; i < drop; ++i) gone.push_back(std::move(segments_[i].path));
     segments_.erase(segments_.begin(), segments_.begin() + static_cast<ptrdiff_t>(drop));
-    spare = recycles() ? std::min<size_t>(gone.size(), options_.spare_segments -
-                                                           std::min<size_t>(spares_.size(),
-                                                                            options_.spare_segments))
-                       : 0;
+    const size_t room = options_.spare_segments - std::min<size_t>(spares_.size(),
+                                                                   options_.spare_segments);
+    spare = recycles() ? std::min(gone.size(), room) : 0;
   }
   // Unlinked (or renamed to spares) without the lock: freeing a 64 MiB file takes milliseconds,
   // and appends go on. The newest are kept: the most of their blocks written.

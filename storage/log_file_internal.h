@@ -65,8 +65,8 @@ struct LogRepairReport {
 /// contiguous and Scan skips it. Thread-safe.
 class LogFile {
  public:
-  static constexpr uint32_t kMagic = 0x474c5354;      // "TSLG"
-  static constexpr uint32_t kHoleMagic = 0x484c5354;  // "TSLH"
+  static constexpr uint32_t kMagic = 0x474c5354;         // "TSLG"
+  static constexpr uint32_t kHoleMagic = 0x484c5354;     // "TSLH"
   static constexpr uint32_t kSegmentMagic = 0x534c5354;  // "TSLS"
   static constexpr size_t kSegmentHeaderBytes = 16;
   static constexpr size_t kHeaderBytes = 24;

@@ -37,7 +37,8 @@ std::unique_ptr<LogFile> MustOpen(const std::string& dir) {
 // Records 1..40 are large (old segments of 3 records, ~1.2 KiB); later ones small, so a reused
 // segment closes before its records reach the end of the old ones.
 std::string Payload(uint64_t seq) {
-  return "entry-" + std::to_string(seq) + std::string(seq <= 40 ? 390 : 40 + seq % 7, 'a' + seq % 26);
+  return "entry-" + std::to_string(seq) +
+         std::string(seq <= 40 ? 390 : 40 + seq % 7, 'a' + seq % 26);
 }
 
 std::vector<std::pair<uint64_t, std::string>> ReadAll(LogFile& log, uint64_t after,

@@ -28,7 +28,6 @@ bool AllZero(std::string_view data) {
          (data[0] == 0 && std::memcmp(data.data(), data.data() + 1, data.size() - 1) == 0);
 }
 
-
 Result<SegmentFormat> ReadSegmentFormat(std::string_view data, const std::string& path) {
   uint32_t magic = 0, version = 0;
   if (data.size() >= 4) std::memcpy(&magic, data.data(), 4);
@@ -86,7 +85,6 @@ void EncodeHeader(uint64_t seq, uint32_t len, uint64_t sum, char* h) {
   std::memcpy(h + 8, &seq, 8);
   std::memcpy(h + 16, &sum, 8);
 }
-
 
 // The record that starts at `off` of `data`, when its header and checksum verify; otherwise
 // what is wrong in `*what` (when given).
