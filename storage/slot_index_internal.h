@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ps/routing.h"
+#include "storage/huge_pages_internal.h"
 
 namespace tessera::internal {
 
@@ -114,7 +115,7 @@ class SlotIndex {
     return Mix64(process + n.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15ull);
   }
   void Rehash(size_t cap) {
-    std::vector<Entry> old = std::move(entries_);
+    std::vector<Entry, HugePageAllocator<Entry>> old = std::move(entries_);
     entries_.assign(cap, Entry{});
     mask_ = cap - 1;
     for (const Entry& e : old) {
@@ -126,7 +127,7 @@ class SlotIndex {
   }
 
   uint64_t seed_;
-  std::vector<Entry> entries_;
+  std::vector<Entry, HugePageAllocator<Entry>> entries_;
   size_t mask_ = 0;
   size_t size_ = 0;
 };
