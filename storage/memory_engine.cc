@@ -43,6 +43,7 @@ class MemoryLaneStore final : public LaneStore {
     const uint32_t dim = t->spec.dim;
     const bool gated = t->spec.admission.min_count > 1 || t->spec.admission.probability < 1;
     for (size_t i = 0; i < keys.size(); ++i) {
+      internal::PrefetchAhead(*t->rows, keys, i);
       ++stats_.lookups;
       const float* row = t->rows->Find(keys[i]);
       if (row != nullptr) {

@@ -16,6 +16,7 @@
 #include "ps/routing.h"
 #include "ps/table_spec.h"
 #include "storage/huge_pages_internal.h"
+#include "storage/prefetch_internal.h"
 #include "storage/slot_index_internal.h"
 #include "storage/storage.h"
 
@@ -130,10 +131,10 @@ class SparseRows {
     const uint32_t i = *slot % kRowsPerBlock;
     const std::byte* row = mem + rows_offset_ + size_t{i} * stride_ * sizeof(float);
     // A row of up to 3 cache lines (blocks are line-aligned: a 64- or 128-byte row takes 1 or 2).
-    __builtin_prefetch(row, 1);
-    __builtin_prefetch(row + 64, 1);
-    __builtin_prefetch(row + stride_ * sizeof(float) - 1, 1);
-    __builtin_prefetch(mem + metas_offset_ + size_t{i} * sizeof(RowMeta), 1);
+    PrefetchLine(row);
+    if (stride_ * sizeof(float) > 64) PrefetchLine(row + 64);
+    PrefetchLine(row + stride_ * sizeof(float) - 1);
+    PrefetchLine(mem + metas_offset_ + size_t{i} * sizeof(RowMeta));
   }
   /// The metadata of the row of `key`, which must exist.
   const RowMeta& MetaOf(uint64_t key) const;

@@ -3,12 +3,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "ps/optimizer.h"
+#include "ps/table_spec.h"
+#include "storage/storage.h"
 #include "storage/huge_pages_internal.h"
 #include "storage/row_table_internal.h"
 
@@ -90,6 +94,84 @@ TEST(BlockPoolTest, FrozenViewOutlivesItsRowsOnAnotherThread) {
   reader.join();
   EXPECT_EQ(seen, kRows);
   EXPECT_EQ(wrong, 0u);
+}
+
+// Every row of table `id` with its state and metadata, by key (updated rows: Scan's contract).
+std::map<uint64_t, std::vector<float>> AllRows(LaneStore& lane, uint64_t id,
+                                               const TableSpec& spec) {
+  const uint32_t dim = spec.dim, state_floats = Optimizer::Make(spec.optimizer)->StateFloats(dim);
+  std::map<uint64_t, std::vector<float>> rows;
+  Status s = lane.Scan(id, [&](uint64_t key, const float* value, const float* state,
+                               const RowMeta& meta) {
+    std::vector<float>& r = rows[key];
+    r.assign(value, value + dim);
+    r.insert(r.end(), state, state + state_floats);
+    r.push_back(static_cast<float>(meta.update_count));
+    r.push_back(static_cast<float>(meta.last_step));
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return rows;
+}
+
+// The memory tier's Lookup and Apply of a whole request (whose loops load rows ahead of their
+// turn) against the same keys one call per key: same rows out, same rows and state after, on
+// random keys with repeats in a request, absent keys, rows created in the middle of a request,
+// and a table whose admission (2 pushes) makes a row's existence depend on the order.
+TEST(MemoryLaneStoreBatchTest, RequestsGiveWhatOneKeyCallsGive) {
+  OptimizerSpec ada;
+  ada.kind = OptimizerKind::kAdagrad;
+  OptimizerSpec ftrl;
+  ftrl.kind = OptimizerKind::kFtrl;
+  TableSpec gated = TableSpec::Sparse("gated", 4, ada);
+  gated.admission.min_count = 2;
+  const std::vector<TableSpec> tables = {TableSpec::Sparse("emb", 8, ada),
+                                         TableSpec::Sparse("wide", 1, ftrl), gated};
+  auto batched_engine = NewMemoryStorageEngine(), single_engine = NewMemoryStorageEngine();
+  auto batched = std::move(batched_engine->OpenLane(0, 1)).value();
+  auto single = std::move(single_engine->OpenLane(0, 1)).value();
+  for (size_t t = 0; t < tables.size(); ++t) {
+    ASSERT_TRUE(batched->AddTable(t + 1, tables[t]).ok());
+    ASSERT_TRUE(single->AddTable(t + 1, tables[t]).ok());
+  }
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 40; ++round) {
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const uint64_t id = t + 1;
+      const uint32_t dim = tables[t].dim;
+      std::vector<uint64_t> keys(1 + rng() % 400);
+      for (uint64_t& k : keys) k = rng() % 3000;  // repeats; absent keys for many rounds
+      std::vector<float> grads(keys.size() * dim);
+      for (float& g : grads) g = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 64;
+      std::vector<const float*> grad_ptrs;
+      for (size_t i = 0; i < keys.size(); ++i) grad_ptrs.push_back(&grads[i * dim]);
+      const ApplyContext ctx{static_cast<uint64_t>(round + 1), 1000, 1.0f};
+      if (round % 2 == 0) {  // pushes then pulls, and pulls only, in turn
+        ASSERT_TRUE(batched->Apply(id, keys, grad_ptrs, ctx).ok());
+        for (size_t i = 0; i < keys.size(); ++i) {
+          ASSERT_TRUE(single->Apply(id, {&keys[i], 1}, {&grad_ptrs[i], 1}, ctx).ok());
+        }
+      }
+      std::vector<float> got(keys.size() * dim), want(keys.size() * dim);
+      std::vector<float*> got_ptrs, want_ptrs;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        got_ptrs.push_back(&got[i * dim]);
+        want_ptrs.push_back(&want[i * dim]);
+      }
+      ASSERT_TRUE(batched->Lookup(id, keys, got_ptrs).ok());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        ASSERT_TRUE(single->Lookup(id, {&keys[i], 1}, {&want_ptrs[i], 1}).ok());
+      }
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * got.size()))
+          << "table " << tables[t].name << ", round " << round;
+    }
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const auto want = AllRows(*single, t + 1, tables[t]);
+    EXPECT_GT(want.size(), 100u);
+    EXPECT_TRUE(AllRows(*batched, t + 1, tables[t]) == want) << "table " << tables[t].name;
+    EXPECT_EQ(batched->stats().rows_in_memory, single->stats().rows_in_memory);
+  }
 }
 
 }  // namespace

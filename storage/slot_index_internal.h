@@ -12,6 +12,7 @@
 
 #include "ps/routing.h"
 #include "storage/huge_pages_internal.h"
+#include "storage/prefetch_internal.h"
 
 namespace tessera::internal {
 
@@ -89,7 +90,7 @@ class SlotIndex {
     return most;
   }
   /// Starts loading the line where `key`'s probe begins.
-  void Prefetch(uint64_t key) const { __builtin_prefetch(&entries_[Home(key)]); }
+  void Prefetch(uint64_t key) const { PrefetchLine(&entries_[Home(key)]); }
   /// fn(key, slot) for every entry, in table order; false from fn stops.
   template <typename Fn>
   void ForEach(Fn&& fn) const {
