@@ -31,6 +31,20 @@ Status CheckLrScale(float scale) {
   return Status::OK();
 }
 
+// A dense request's `dim`: how a DensePull takes its values (0 one frame, 1 a frame per server
+// chunk), 0 for a DensePush. Any other value is refused: a push's `dim` goes to the request log
+// as it came, and one over the log's bound would make the log unreadable at the next start.
+Status CheckDenseDim(const Header& h) {
+  if (h.op == Op::kDensePull && h.dim > kDensePullChunkFrames) {
+    return Status::InvalidArgument("DensePull dim must be 0 (values as one frame) or 1 (a frame "
+                                   "per server chunk), got " + std::to_string(h.dim));
+  }
+  if (h.op == Op::kDensePush && h.dim != 0) {
+    return Status::InvalidArgument("DensePush dim must be 0, got " + std::to_string(h.dim));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 // True when `h` retries a push this server accepted already (PushDedup).
@@ -421,6 +435,7 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
                                    std::to_string(h.offset + h.count) + ") outside table '" +
                                    t->spec.name + "' of length " + std::to_string(t->spec.length));
   }
+  TESSERA_RETURN_IF_ERROR(CheckDenseDim(h));
   TESSERA_ASSIGN_OR_RETURN(const uint32_t part, DensePartOf(h, t->spec.length, t->spec.name));
   if (h.replica_from != 0) {
     // A primary's forwarded push: fenced by the part's primary and backup (a retry of one
