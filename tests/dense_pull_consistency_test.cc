@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ps/client/client.h"
+#include "ps/client/dense_reply_internal.h"
 #include "ps/codec.h"
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"
@@ -280,7 +282,7 @@ TEST_P(DensePullFramesTest, HostileDimIsRefusedAndLosesNothing) {
     h.offset = 0;
     h.count = kLength;
     const std::string minus_ones = testing::Bytes(std::vector<float>(kLength, -1.0f));
-    for (const uint32_t dim : {2u, 4u, 1u << 20, (1u << 20) + 1, 0x80000000u, 0xffffffffu}) {
+    for (const uint32_t dim : {3u, 4u, 1u << 20, (1u << 20) + 1, 0x80000000u, 0xffffffffu}) {
       h.op = Op::kDensePull;
       h.dim = dim;
       std::vector<std::string> frames;
@@ -319,6 +321,57 @@ TEST_P(DensePullFramesTest, HostileDimIsRefusedAndLosesNothing) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(std::count(v.begin(), v.end(), 1.0f), static_cast<std::ptrdiff_t>(kLength))
       << "after the restart the table does not hold exactly the accepted push";
+}
+
+// Raw DensePull requests with kDensePullRunFrames: an index frame, then frames of several
+// server chunks each, which together hold every chunk of the range once (read here with the
+// client's own reader, CopyDenseReply). On a memory-only server a frame is the adjacent chunks
+// of one lane within one run of the table's memory (DenseRuns: 8 lane chunks of a 2-lane
+// server, 16 table chunks); a RocksDB server copies each lane's chunks into one frame.
+TEST_P(DensePullFramesTest, RunFramesHoldEachChunkOnceAndOneFramePerLaneRun) {
+  testing::LocalClusterOptions options = testing::Servers(1);
+  options.with_data_dirs = GetParam();
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  constexpr uint64_t kC = kDenseChunkFloats, kLength = 40 * kC + 7;
+  auto t = c->CreateTable(CountingTable("runs", kLength));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<float> g(kLength);
+  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
+  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
+  RawPeer peer(cluster.endpoints()[0]);
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, 16 * kC}, {1000, 20 * kC}, {kLength - 1, 1}, {0, kLength}, {kC - 1, 2}, {31 * kC, kC}};
+  for (const auto& [offset, count] : ranges) {
+    SCOPED_TRACE("range [" + std::to_string(offset) + ", " + std::to_string(offset + count) + ")");
+    Header h;
+    h.op = Op::kDensePull;
+    h.table_id = t->id;
+    h.elem_type = ElemType::kF32;
+    h.offset = offset;
+    h.count = count;
+    h.dim = kDensePullRunFrames;
+    std::vector<std::string> frames;
+    const Header reply = peer.Call(h, {}, &frames);
+    ASSERT_EQ(reply.status, StatusCode::kOk) << reply.message;
+    EXPECT_EQ(reply.dim, kDensePullRunFrames);
+    // The frames the design gives: one per (lane, run) touched, or per lane when copied.
+    std::set<std::pair<uint32_t, uint64_t>> groups;
+    for (uint64_t k = offset / kC; k <= (offset + count - 1) / kC; ++k) {
+      groups.emplace(LaneOfChunk(t->id, k, 2), GetParam() ? 0 : (k / 2) / 8);
+    }
+    EXPECT_EQ(frames.size(), 1 + groups.size());
+    std::vector<zmq::message_t> msgs;
+    for (const std::string& f : frames) msgs.emplace_back(f.data(), f.size());
+    std::vector<float> v(count, -1.0f);
+    ASSERT_TRUE(internal::CopyDenseReply(msgs, offset, count, v.data()))
+        << frames.size() << " frame(s) of another shape";
+    for (uint64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(v[i], static_cast<float>(offset + i)) << "element " << offset + i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DensePullFramesTest, ::testing::Values(false, true),

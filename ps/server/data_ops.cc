@@ -35,9 +35,10 @@ Status CheckLrScale(float scale) {
 // chunk), 0 for a DensePush. Any other value is refused: a push's `dim` goes to the request log
 // as it came, and one over the log's bound would make the log unreadable at the next start.
 Status CheckDenseDim(const Header& h) {
-  if (h.op == Op::kDensePull && h.dim > kDensePullChunkFrames) {
-    return Status::InvalidArgument("DensePull dim must be 0 (values as one frame) or 1 (a frame "
-                                   "per server chunk), got " + std::to_string(h.dim));
+  if (h.op == Op::kDensePull && h.dim > kDensePullRunFrames) {
+    return Status::InvalidArgument("DensePull dim must be 0 (values as one frame), 1 (a frame "
+                                   "per server chunk) or 2 (an index, then frames of several "
+                                   "chunks), got " + std::to_string(h.dim));
   }
   if (h.op == Op::kDensePush && h.dim != 0) {
     return Status::InvalidArgument("DensePush dim must be 0, got " + std::to_string(h.dim));
@@ -480,7 +481,11 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool push = h.op == Op::kDensePush;
   if (!push) {
-    if (h.dim == kDensePullChunkFrames) {
+    if (h.dim == kDensePullRunFrames) {
+      // Frames of adjacent chunks, set by each lane (RunDensePart), and their index.
+      p->lane_frames.resize(lanes_.size());
+      p->lane_index.resize(lanes_.size());
+    } else if (h.dim == kDensePullChunkFrames) {
       // One frame per server chunk of the range, set by its lane (RunDensePart).
       const uint64_t first = h.offset / kDenseChunkFloats;
       const uint64_t last = (h.offset + h.count - 1) / kDenseChunkFloats;
@@ -503,8 +508,9 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   for (uint32_t l = 0; l < by_lane.size(); ++l) {
     if (by_lane[l].empty()) continue;
     auto segs = std::make_shared<std::vector<DenseSegment>>(std::move(by_lane[l]));
-    parts.push_back(LanePart{l, [raw, segs, table_id, push, lr_scale](Lane& lane) {
-                               return RunDensePart(lane, *raw, *segs, table_id, push, lr_scale);
+    parts.push_back(LanePart{l, [raw, segs, table_id, push, lr_scale, l](Lane& lane) {
+                               return RunDensePart(lane, l, *raw, *segs, table_id, push,
+                                                   lr_scale);
                              }});
   }
   SubmitParts(p, std::move(parts), push, h.count <= kInlineMaxDenseFloats);
