@@ -1,3 +1,4 @@
+// DenseRuns (dense_runs_internal.h): a memory-only lane's dense chunks, grouped in runs.
 #include <atomic>
 
 #include "ps/initializer.h"
@@ -6,8 +7,8 @@
 
 namespace tessera::internal {
 
-DenseRuns::DenseRuns(const TableSpec& spec, const Optimizer* opt, uint64_t table_id,
-                     uint32_t lane, uint32_t lanes)
+DenseRuns::DenseRuns(const TableSpec& spec, const Optimizer* opt, uint64_t table_id, uint32_t lane,
+                     uint32_t lanes)
     : spec_(spec),
       opt_(opt),
       chunks_((spec.length + kDenseChunkFloats - 1) / kDenseChunkFloats),
@@ -16,7 +17,7 @@ DenseRuns::DenseRuns(const TableSpec& spec, const Optimizer* opt, uint64_t table
       run_slots_(RunSlots(lanes_)) {}
 
 std::pair<DenseRuns::Run*, uint32_t> DenseRuns::Slot(uint64_t chunk, bool write,
-                                                    std::shared_ptr<Run>** owner) {
+                                                     std::shared_ptr<Run>** owner) {
   const bool mine = chunk % lanes_ == residue_;
   const uint64_t lane_index = chunk / lanes_;
   const uint64_t key = mine ? 2 * (lane_index / run_slots_) : 2 * chunk + 1;
@@ -73,14 +74,16 @@ std::shared_ptr<const float> DenseRuns::Share(uint64_t chunk, uint32_t* len) {
   auto [run, slot] = Slot(chunk, /*write=*/false, &owner);
   *len = DenseChunkLength(spec_.length, chunk);
   // Holds the run, points at the chunk's values.
-  return std::shared_ptr<const float>(*owner, run->values.data() + size_t{slot} * kDenseChunkFloats);
+  return std::shared_ptr<const float>(*owner,
+                                      run->values.data() + size_t{slot} * kDenseChunkFloats);
 }
 
 uint64_t DenseRuns::MemoryBytes() const {
   uint64_t b = 0;
   for (const auto& [key, e] : runs_) {
     const Run* run = e.run.get();
-    b += sizeof(Run) + run->values.capacity() * sizeof(float) + run->meta.capacity() * sizeof(RowMeta);
+    b += sizeof(Run) + run->values.capacity() * sizeof(float) +
+         run->meta.capacity() * sizeof(RowMeta);
     for (const auto& s : run->state) b += s.capacity() * sizeof(float) + sizeof(s);
   }
   return b;

@@ -29,11 +29,11 @@ namespace tessera::internal {
 class DenseRuns {
  public:
   struct Run {
-    uint64_t first_chunk = 0;  // chunk of slot 0
-    uint32_t stride = 1;       // chunk of slot i: first_chunk + i * stride
-    std::vector<float> values;               // slot i's values at i * kDenseChunkFloats
-    std::vector<std::vector<float>> state;   // per slot (empty: no optimizer state)
-    std::vector<RowMeta> meta;               // per slot
+    uint64_t first_chunk = 0;               // chunk of slot 0
+    uint32_t stride = 1;                    // chunk of slot i: first_chunk + i * stride
+    std::vector<float> values;              // slot i's values at i * kDenseChunkFloats
+    std::vector<std::vector<float>> state;  // per slot (empty: no optimizer state)
+    std::vector<RowMeta> meta;              // per slot
     uint64_t chunk(uint32_t slot) const { return first_chunk + uint64_t{slot} * stride; }
   };
   /// A run as frozen, and which of its chunks existed then (1 per slot).
@@ -91,9 +91,9 @@ class DenseRuns {
 
   TableSpec spec_;
   const Optimizer* opt_;
-  uint64_t chunks_;      // chunks of the table
+  uint64_t chunks_;  // chunks of the table
   uint32_t lanes_;
-  uint64_t residue_;     // chunk % lanes_ of this lane's chunks
+  uint64_t residue_;  // chunk % lanes_ of this lane's chunks
   uint32_t run_slots_;
   // Key: 2 * run index for this lane's runs, 2 * chunk + 1 for a chunk of another lane.
   absl::flat_hash_map<uint64_t, Entry> runs_;

@@ -22,10 +22,10 @@ std::unique_ptr<LaneStore> LaneWithTable(uint32_t lane, const std::string& name,
   auto store = engine->OpenLane(lane, 2);
   EXPECT_TRUE(store.ok());
   *id = TableIdForName(name);
-  EXPECT_TRUE((*store)
-                  ->AddTable(*id, TableSpec::Dense(name, length, opt,
-                                                   {InitializerKind::kConstant, 2.0f}))
-                  .ok());
+  EXPECT_TRUE(
+      (*store)
+          ->AddTable(*id, TableSpec::Dense(name, length, opt, {InitializerKind::kConstant, 2.0f}))
+          .ok());
   return std::move(*store);
 }
 
@@ -104,8 +104,7 @@ TEST(DenseRunsTest, ChunksOfAnotherLaneAndScansWithOptimizerState) {
     m.update_count = 1;
     ASSERT_TRUE(copy->PutDenseChunk(id, c, rows[c].data(), m).ok());
   }
-  ASSERT_TRUE(copy
-                  ->ScanDense(id,
+  ASSERT_TRUE(copy->ScanDense(id,
                               [&](uint64_t c, const float* row, uint32_t len, const RowMeta&) {
                                 EXPECT_EQ(std::vector<float>(row, row + 2 * len), rows[c])
                                     << "chunk " << c;

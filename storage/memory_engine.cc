@@ -305,8 +305,8 @@ class MemoryLaneSnapshot final : public LaneSnapshot {
     bool go = true;
     std::vector<float> row;
     for (const auto& [run, present] : t->dense) {
-      DenseRuns::VisitRun(*run, present, [&](uint64_t chunk, const float* values, const float* state,
-                                    const RowMeta& meta) {
+      DenseRuns::VisitRun(*run, present, [&](uint64_t chunk, const float* values,
+                                             const float* state, const RowMeta& meta) {
         if (go) go = VisitDenseChunk(t->spec, *t->opt, chunk, values, state, meta, &row, fn);
       });
     }

@@ -215,7 +215,8 @@ TEST_P(DensePullFramesTest, OneFloatChunkBordersAndAWholeTableOfWholeChunks) {
   const std::vector<Range> ranges = {
       {0, 1, {4}},           {kLength - 1, 1, {4}},      {kC - 1, 1, {4}},
       {kC, 1, {4}},          {kC - 1, 2, {4, 4}},        {0, kLength, {kC * 4, kC * 4}},
-      {0, kC, {kC * 4}},     {kC, kC, {kC * 4}},         {1, kLength - 2, {(kC - 1) * 4, (kC - 1) * 4}},
+      {0, kC, {kC * 4}},     {kC, kC, {kC * 4}},
+      {1, kLength - 2, {(kC - 1) * 4, (kC - 1) * 4}},
   };
   RawPeer peer(cluster.endpoints()[0]);
   for (const Range& r : ranges) {
@@ -258,8 +259,8 @@ TEST_P(DensePullFramesTest, OneFloatChunkBordersAndAWholeTableOfWholeChunks) {
   }
 }
 
-// Hostile `dim` values of dense requests: a DensePull's other than 0 or 1, a DensePush's other
-// than 0 (the request log keeps a push's dim, and one over its bound would make the log
+// Hostile `dim` values of dense requests: a DensePull's other than 0, 1 or 2, a DensePush's
+// other than 0 (the request log keeps a push's dim, and one over its bound would make the log
 // unreadable at the next start) are refused with InvalidArgument naming the value; nothing is
 // applied, the server keeps serving, and after a kill and restart (the request log read again)
 // the table holds exactly the accepted push.
