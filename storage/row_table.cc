@@ -184,55 +184,6 @@ SparseRows::Frozen SparseRows::Freeze() const {
   return f;
 }
 
-std::shared_ptr<DenseChunks::Chunk>& DenseChunks::Slot(uint64_t chunk, uint32_t* len) {
-  *len = DenseChunkLength(spec_.length, chunk);
-  auto [it, inserted] = chunks_.try_emplace(chunk);
-  if (inserted) {
-    const uint32_t n = *len;
-    it->second = std::make_shared<Chunk>();
-    it->second->data.resize(size_t{n} + opt_->StateFloats(n));
-    InitializeValues(spec_.initializer, 0, chunk * kDenseChunkFloats, n, it->second->data.data());
-    opt_->InitState(it->second->data.data() + n, n);
-  }
-  return it->second;
-}
-
-float* DenseChunks::Get(uint64_t chunk, uint32_t* len, RowMeta** meta) {
-  std::shared_ptr<Chunk>& c = Slot(chunk, len);
-  if (c.use_count() > 1) {
-    // A frozen view or a pull reply still being sent holds it (Share): it keeps the old state.
-    c = std::make_shared<Chunk>(*c);
-  } else {
-    // The last holder let go, perhaps on another thread (a release decrement): its reads
-    // happen before the writes that follow.
-    std::atomic_thread_fence(std::memory_order_acquire);
-  }
-  if (meta != nullptr) *meta = &c->meta;
-  return c->data.data();
-}
-
-std::shared_ptr<const float> DenseChunks::Share(uint64_t chunk, uint32_t* len) {
-  const std::shared_ptr<Chunk>& c = Slot(chunk, len);
-  return std::shared_ptr<const float>(c, c->data.data());  // holds the chunk, points at its row
-}
-
-const float* DenseChunks::Read(uint64_t chunk, uint32_t* len) {
-  return Slot(chunk, len)->data.data();
-}
-
-uint64_t DenseChunks::MemoryBytes() const {
-  uint64_t b = 0;
-  for (auto& [c, ch] : chunks_) b += ch->data.capacity() * sizeof(float) + sizeof(Chunk);
-  return b;
-}
-
-DenseChunks::Frozen DenseChunks::Freeze() const {
-  Frozen f;
-  f.reserve(chunks_.size());
-  for (auto& [c, ch] : chunks_) f.emplace_back(c, ch);
-  return f;
-}
-
 bool Admitted(const AdmissionSpec& spec, uint64_t key, uint32_t count) {
   if (count < spec.min_count) return false;
   if (spec.probability >= 1.0f) return true;

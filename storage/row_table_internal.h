@@ -194,40 +194,6 @@ inline void PrefetchAhead(const SparseRows& rows, std::span<const uint64_t> keys
   if (i + kRowAhead < keys.size()) rows.PrefetchRow(keys[i + kRowAhead]);
 }
 
-/// One dense table's chunks owned by a lane: value then state per chunk, created lazily, shared
-/// copy-on-write with frozen views (like SparseRows' blocks) and with pull replies (Share).
-class DenseChunks {
- public:
-  struct Chunk {
-    std::vector<float> data;
-    RowMeta meta;
-  };
-  using Frozen = std::vector<std::pair<uint64_t, std::shared_ptr<const Chunk>>>;
-
-  DenseChunks(const TableSpec& spec, const Optimizer* opt) : spec_(spec), opt_(opt) {}
-  /// Chunk `chunk`'s row (value then state) and metadata, which the caller may change; created
-  /// with the initializer if absent.
-  float* Get(uint64_t chunk, uint32_t* len, RowMeta** meta = nullptr);
-  /// The same for reading.
-  const float* Read(uint64_t chunk, uint32_t* len);
-  /// Chunk `chunk`'s row as it is now, for a holder on any thread: Get() copies the chunk
-  /// before a write while the returned pointer (or a Freeze()) holds it, so what it points to
-  /// never changes. Created like Get() if absent.
-  std::shared_ptr<const float> Share(uint64_t chunk, uint32_t* len);
-  template <typename Fn>
-  void ForEach(Fn&& fn) const {
-    for (auto& [c, ch] : chunks_) fn(c, ch->data.data(), ch->meta);
-  }
-  uint64_t MemoryBytes() const;
-  Frozen Freeze() const;
-
- private:
-  std::shared_ptr<Chunk>& Slot(uint64_t chunk, uint32_t* len);
-  TableSpec spec_;
-  const Optimizer* opt_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<Chunk>> chunks_;
-};
-
 /// Length of dense chunk `chunk` of a tensor of `length` floats.
 inline uint32_t DenseChunkLength(uint64_t length, uint64_t chunk) {
   const uint64_t begin = chunk * kDenseChunkFloats;
