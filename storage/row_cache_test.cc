@@ -199,10 +199,17 @@ TEST(CachedRowsTest, FindEachAgreesWithFindOnCollidingRepeatedAndAbsentKeys) {
     std::vector<uint64_t> batch;
     for (size_t i = 0; i < n; ++i) {
       switch (rng() % 4) {
-        case 0: batch.push_back(rng()); break;  // absent
-        case 1: batch.push_back(colliding[rng() % colliding.size()]); break;
-        case 2: batch.push_back(batch.empty() ? present[0] : batch[rng() % batch.size()]); break;
-        default: batch.push_back(present[rng() % present.size()]);
+        case 0:
+          batch.push_back(rng());
+          break;  // absent
+        case 1:
+          batch.push_back(colliding[rng() % colliding.size()]);
+          break;
+        case 2:
+          batch.push_back(batch.empty() ? present[0] : batch[rng() % batch.size()]);
+          break;
+        default:
+          batch.push_back(present[rng() % present.size()]);
       }
     }
     size_t calls = 0, ahead = 0;

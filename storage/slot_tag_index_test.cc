@@ -1,10 +1,10 @@
-#include "storage/slot_tag_index_internal.h"
-
 #include <gtest/gtest.h>
 
 #include <random>
 #include <unordered_map>
 #include <vector>
+
+#include "storage/slot_tag_index_internal.h"
 
 namespace tessera::internal {
 namespace {
