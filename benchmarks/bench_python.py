@@ -2,8 +2,8 @@
 against the NumPy-level PyTorch example it replaced, same data, model and threads.
 
 Three trainers, each against its own fresh tessera-server (RocksDB data dir in a temp dir) on
-a free 127.0.0.1 port, and the dense part alone, run one after the other in rounds
-(A B C D, A B C D, ...):
+a free 127.0.0.1 port, and the dense part alone (two ways), run one after the other in rounds
+(A B C D E, A B C D E, ...):
 - torch_module:  examples/pytorch/train_dlrm.py (tessera.torch, PrefetchLoader; data generated
                  by one DataLoader worker process);
 - cpp_worker:    worker/tessera-worker (--threads=1 --data_threads=1, no validation rounds);
@@ -12,14 +12,16 @@ a free 127.0.0.1 port, and the dense part alone, run one after the other in roun
                  e.grad, data generated on a Python thread);
 - torch_dense_only: benchmarks/torch_dense_step.py, the model's dense part alone in torch
                  (forward, backward, Adam on one fixed batch; no server, no data): the ceiling
-                 of any torch trainer of this model here.
+                 of a torch trainer of this model here whose pairwise dots are torch.bmm;
+- torch_dense_fused: the same with the pairwise dots by tessera.torch.dot_interaction, as
+                 train_dlrm.py computes them: the ceiling of torch_module.
 All train the same model (batch 1024, 26 fields of width 8, MLPs 13-64-8 and 359-64-1, wide
 part, one pass over --train_samples, max cardinality 20000), flags spelled out below. Each
 reports training samples/s of its one worker (wall time of the training loop, data generated
 on the fly: synthetic_data.py in the Python trainers, the C++ worker's generator on its data
 thread). The ratios are medians of the per-round ratios; the last line is one JSON object with
-`torch_module_vs_cpp_worker`, `torch_module_vs_numpy_example` and the ceiling
-`torch_dense_only_vs_cpp_worker`.
+`torch_module_vs_cpp_worker`, `torch_module_vs_numpy_example` and the ceilings
+`torch_dense_only_vs_cpp_worker` and `torch_dense_fused_vs_cpp_worker`.
 
     python3 benchmarks/bench_python.py [--build=build] [--train_samples=200000] [--rounds=3]
                                        [--pregenerate]
@@ -81,7 +83,7 @@ def run(kind, args, python):
     work = tempfile.mkdtemp(prefix="tessera-bench-python-")
     server, endpoint = None, None
     try:
-        if kind != "torch_dense_only":
+        if not kind.startswith("torch_dense"):
             server, endpoint = start_server(args.build, work)
         # The model and the data, spelled out for all three (the C++ worker's "auto" widths
         # and the Python trainers' defaults are these today; a change of either must not go
@@ -97,10 +99,11 @@ def run(kind, args, python):
                    "--servers=tcp://" + endpoint, "--num_workers=1", "--threads=%d" % args.threads,
                    "--data_threads=1", "--validate_every=0", "--bottom_mlp=64", "--top_mlp=64",
                    "--epochs=1", "--synthetic_max_cardinality=20000"]
-        elif kind == "torch_dense_only":
+        elif kind.startswith("torch_dense"):
             cmd = [python, "-B", os.path.join(ROOT, "benchmarks", "torch_dense_step.py"),
                    "--threads=%d" % args.threads, "--steps=%d" % max(
-                       args.train_samples // 1024 // 2, 20)]
+                       args.train_samples // 1024 // 2, 20),
+                   "--interaction=" + ("fused" if kind == "torch_dense_fused" else "bmm")]
         else:
             script = {"torch_module": "examples/pytorch/train_dlrm.py",
                       "numpy_example": "benchmarks/pytorch_numpy_dlrm.py"}[kind]
@@ -158,7 +161,8 @@ def main():
         return skip("%s cannot import torch and tessera.torch (Debian: python3-torch; "
                     "build tessera_python): %s" % (args.python, probe.stderr.strip()[-300:]))
 
-    kinds = ("torch_module", "cpp_worker", "numpy_example", "torch_dense_only")
+    kinds = ("torch_module", "cpp_worker", "numpy_example", "torch_dense_only",
+             "torch_dense_fused")
     load_start = os.getloadavg()[0]
     results = {k: [] for k in kinds}
     for rnd in range(args.rounds):
@@ -191,10 +195,14 @@ def main():
             r["cpu_us_per_sample"] for r in results[k]), 1)
     out["torch_module_vs_cpp_worker"] = round(ratio("torch_module", "cpp_worker"), 3)
     out["torch_module_vs_numpy_example"] = round(ratio("torch_module", "numpy_example"), 3)
-    # The ceiling: torch's dense step alone against the C++ worker (no trainer on torch can
-    # pass it on this machine and thread count), and how much of it the module keeps.
+    # The ceilings: torch's dense step alone against the C++ worker, with torch.bmm's pairwise
+    # dots and with tessera.torch.dot_interaction's (the module's: no trainer of it passes that
+    # on this machine and thread count), and how much of the latter the module keeps.
     out["torch_dense_only_vs_cpp_worker"] = round(ratio("torch_dense_only", "cpp_worker"), 3)
+    out["torch_dense_fused_vs_cpp_worker"] = round(ratio("torch_dense_fused", "cpp_worker"), 3)
     out["torch_module_vs_torch_dense_only"] = round(ratio("torch_module", "torch_dense_only"), 3)
+    out["torch_module_vs_torch_dense_fused"] = round(
+        ratio("torch_module", "torch_dense_fused"), 3)
     print(json.dumps(out), flush=True)
     return 0
 

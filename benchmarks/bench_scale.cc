@@ -14,22 +14,27 @@
 //    large as the server's data directory, with O_DIRECT (the device, not the page cache), from
 //    as many threads as the server has lanes: uniform_miss_vs_disk_random_read. Before each of
 //    the server's phases the page cache of its data files is dropped (posix_fadvise DONTNEED).
-//  - The strict server's request-log bytes per second while it takes Zipf pushes (the segment
-//    files' growth, sampled every 20 ms) against write(2) of 1 MiB blocks + one fdatasync of a
-//    256 MiB file on the same file system: strict_log_vs_disk_seq_write.
+//  - The strict server's request-log bytes per second while it takes Zipf pushes (its
+//    request_log_appended_bytes stat: the records' headers and payloads written; the segment
+//    files' sizes do not tell, a segment being preallocated to its 64 MiB when it starts) against
+//    write(2) of 1 MiB blocks + one fdatasync of a 256 MiB file on the same file system, the
+//    server paused and the page cache synced first: strict_log_vs_disk_seq_write.
 //  - Bytes per row: the memory-only server's RSS, the data directory's; a checkpoint and a
 //    restore of the whole table (GB/s of the checkpoint's bytes, and against the sequential
 //    write rate; the restore with --restore). Resharding at this size is not measured (no cheap
 //    path: it needs a cluster map change with a coordinator).
 //
-// Usage: bench_scale [--quick] [--rows=N] [--batches=10000,100000] [--reps=3] [--only=zipf]
-// [--tier_server_b=PATH]. --quick: 10M rows, batches of 10,000 keys. --only=zipf: the fill and
-// the Zipf phase only (no restart, uniform, checkpoint). --tier_server_b: a second server binary
-// for the durable server; the Zipf phase then alternates the two binaries on the same data
-// (restarted between them, each turn after the same warm-up) and the memory-only server, and
-// adds the keys *_b (an A/B of two builds with one fill). Both binaries then run restarted, with
-// a memory tier that holds only the rows read since: compare *_b with the keys without _b of
-// the same run, not with a run without --tier_server_b. Prints a table and one JSON line.
+// Usage: bench_scale [--quick] [--rows=N] [--batches=10000,100000] [--reps=3] [--log_only]
+// [--fsync] [--only=zipf] [--tier_server_b=PATH]. --quick: 10M rows, batches of 10,000 keys.
+// --log_only: the fill and the strict log phase alone (e.g. --log_only --rows=1000000
+// --batches=10000 for a one-minute A/B of the log); --fsync: the durable server runs with
+// --fsync. --only=zipf: the fill and the Zipf phase only (no restart, uniform, checkpoint).
+// --tier_server_b: a second server binary for the durable server; the Zipf phase then alternates
+// the two binaries on the same data (restarted between them, each turn after the same warm-up)
+// and the memory-only server, and adds the keys *_b (an A/B of two builds with one fill). Both
+// binaries then run restarted, with a memory tier that holds only the rows read since: compare
+// *_b with the keys without _b of the same run, not with a run without --tier_server_b. Prints
+// a table and one JSON line.
 #include <fcntl.h>
 #include <gflags/gflags.h>
 #include <sys/stat.h>
@@ -71,6 +76,13 @@ DEFINE_int32(settle_s, 180,
              "After the fill, wait until the durable server is idle (under 0.1 core over 2 s: "
              "RocksDB's compactions of the fill done), at most this long");
 DEFINE_bool(checkpoint, true, "Measure a checkpoint of the whole table");
+DEFINE_bool(log_only, false,
+            "Only the strict log phase: the durable server's fill, its warm-up and alternating "
+            "Zipf pushes (log bytes) and sequential disk writes; no memory-only server, pulls, "
+            "restart or checkpoint. With --rows smaller than --quick's for quick A/B runs");
+DEFINE_bool(fsync, false,
+            "Run the durable server with --fsync (each group of log records fdatasync'd before "
+            "its pushes are acknowledged) instead of strict alone");
 DEFINE_string(only, "", "\"zipf\": only the fill and the Zipf phase (empty: every phase)");
 DEFINE_string(tier_server_b, "",
               "A second tessera-server binary for the durable server, alternated with --server "
@@ -181,6 +193,16 @@ Result<uint64_t> LaneStat(Server& s, const std::string& name) {
   return sum;
 }
 
+// Server-wide stat `name` (a ServerStats line "<name> V").
+Result<uint64_t> ServerStat(Server& s, const std::string& name) {
+  TESSERA_ASSIGN_OR_RETURN(std::string stats, s.client->ServerStats(0));
+  std::istringstream lines(stats);
+  for (std::string key, value; lines >> key && std::getline(lines, value);) {
+    if (key == name) return static_cast<uint64_t>(std::stoull(value));
+  }
+  return Status::NotFound(std::string(s.name) + " reports no " + name);
+}
+
 Status WaitWrittenBack(Server& s) {
   const auto t0 = Clock::now();
   for (;;) {
@@ -208,48 +230,6 @@ Result<double> Run(Server& s, const std::vector<std::vector<uint64_t>>& batches,
   }
   return keys / Seconds(t0);
 }
-
-// Bytes appended to the request log's segments while it lives: each segment's largest size
-// seen (sampled every 20 ms; a segment is removed only long after it is closed) less its size
-// at the start.
-class LogBytes {
- public:
-  explicit LogBytes(std::string dir) : dir_(std::move(dir)) {
-    Sample(&start_);
-    thread_ = std::thread([this] {
-      while (!stop_.load()) {
-        Sample(&seen_);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    });
-  }
-  uint64_t Stop() {
-    stop_ = true;
-    thread_.join();
-    Sample(&seen_);
-    uint64_t bytes = 0;
-    for (const auto& [name, size] : seen_) {
-      const auto it = start_.find(name);
-      bytes += size - std::min(size, it == start_.end() ? 0 : it->second);
-    }
-    return bytes;
-  }
-
- private:
-  void Sample(std::map<std::string, uint64_t>* into) {
-    std::error_code ec;
-    for (auto& f : std::filesystem::directory_iterator(dir_, ec)) {
-      const uint64_t size = f.file_size(ec);
-      if (ec) continue;
-      uint64_t& m = (*into)[f.path().filename().string()];
-      m = std::max(m, size);
-    }
-  }
-  std::string dir_;
-  std::map<std::string, uint64_t> start_, seen_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 // The disk's sequential write rate: 256 MiB in 1 MiB write(2)s, then one fdatasync (bytes/s).
 double DiskSeqWrite(const std::string& dir) {
@@ -359,8 +339,9 @@ int Main(int argc, char** argv) {
   };
 
   Server mem{"memory"}, tier{"tier"};
-  const std::vector<std::string> tier_flags = {"--data_dir=" + data, "--admin_root=" + root,
-                                               "--durability=strict"};
+  std::vector<std::string> tier_flags = {"--data_dir=" + data, "--admin_root=" + root,
+                                         "--durability=strict"};
+  if (FLAGS_fsync) tier_flags.push_back("--fsync");
   auto with_budget = [&](uint64_t mb) {
     std::vector<std::string> f = tier_flags;
     f.push_back("--memory_budget_mb=" + std::to_string(mb));
@@ -368,7 +349,7 @@ int Main(int argc, char** argv) {
   };
   // The memory-only server holds the whole table where it fits (its RSS ran at ~1.6x the raw
   // bytes): 1B rows do not fit a small machine.
-  const bool with_memory = 1.6 * raw < ProcMeminfoMb("MemAvailable") * 1048576.0;
+  const bool with_memory = !FLAGS_log_only && 1.6 * raw < ProcMeminfoMb("MemAvailable") * 1048576.0;
   const auto fill0 = Clock::now();
   Status st = Open(tier, binary, with_budget(budget10), true);
   if (!st.ok()) return fail(st);
@@ -443,15 +424,29 @@ int Main(int argc, char** argv) {
         }
         Server& s = tier_turn ? tier : mem;
         RunOnly(all, s.cluster);
-        std::unique_ptr<LogBytes> log;
-        if (v == 0) log = std::make_unique<LogBytes>(data + "/request-log");
+        // The strict log is measured on --server's turns.
+        Result<uint64_t> appended0 = uint64_t{0};
+        if (v == 0 && !(appended0 = ServerStat(s, "request_log_appended_bytes")).ok()) {
+          return fail(appended0.status());
+        }
         const auto t0 = Clock::now();
         auto push = Run(s, batches, true);
         const double push_s = Seconds(t0);
         if (!push.ok()) return fail(push.status());
         if (v == 0) {
-          log_rate.push_back(log->Stop() / push_s);
+          auto appended = ServerStat(s, "request_log_appended_bytes");
+          if (!appended.ok()) return fail(appended.status());
+          log_rate.push_back((*appended - *appended0) / push_s);
+          // The disk alone, as bench_durability measures it: the server paused, what its pushes
+          // left dirty written first.
+          tier.cluster.Pause();
+          ::sync();
           seq_write.push_back(DiskSeqWrite(root));
+          RunOnly(all, s.cluster);
+        }
+        if (FLAGS_log_only) {
+          (v == 0 ? c.push_tier : v == 1 ? c.push_mem : c.push_tier_b).push_back(*push);
+          continue;
         }
         auto pull = Run(s, batches, false);
         if (!pull.ok()) return fail(pull.status());
@@ -460,6 +455,23 @@ int Main(int argc, char** argv) {
         if (v != 1) (v == 0 ? bytes_per_row_a : bytes_per_row_b) = TierBytesPerRow(tier);
       }
     }
+  }
+  if (FLAGS_log_only) {
+    const double seq = Median(seq_write), log_bps = Median(log_rate);
+    const double keys = Median(zipf.begin()->second.push_tier);
+    std::printf(
+        "strict%s log %.1f MB/s (pushes %.0f caller keys/s, %.1f log bytes a key) vs the disk's "
+        "sequential write + fdatasync %.0f MB/s: %.3fx\n",
+        FLAGS_fsync ? " + fsync" : "", log_bps / 1e6, keys, keys > 0 ? log_bps / keys : 0,
+        seq / 1e6, seq > 0 ? log_bps / seq : 0);
+    std::printf(
+        "{\"bench\":\"scale\",\"log_only\":true,\"fsync\":%s,\"rows\":%llu,"
+        "\"strict_log_mb_s\":%g,\"disk_seq_write_mb_s\":%g,\"strict_log_vs_disk_seq_write\":%g,"
+        "\"zipf_push_tier\":%g}\n",
+        FLAGS_fsync ? "true" : "false", static_cast<unsigned long long>(Rows()), log_bps / 1e6,
+        seq / 1e6, seq > 0 ? log_bps / seq : 0, keys);
+    tier.cluster.Resume();
+    return 0;
   }
   const bool all_phases = FLAGS_only != "zipf";
   if (all_phases && tier_binary != binary) {

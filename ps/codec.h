@@ -57,6 +57,11 @@ enum class ElemType : uint8_t { kNone = 0, kF32 = 1, kU64 = 2, kBytes = 3 };
 /// server chunk (kDenseChunkFloats) the range touches, in order, which a server sends from its
 /// table without copying them. 0 (or a server of an older build): one data frame.
 inline constexpr uint32_t kDensePullChunkFrames = 1;
+/// `dim` of a DensePull request whose sender takes an index frame then frames of several
+/// server chunks each (adjacent chunks of one lane, sent from the table without copying), in
+/// any order the index gives (docs/wire-protocol.md). A server of an older build answers one
+/// frame.
+inline constexpr uint32_t kDensePullRunFrames = 2;
 
 /// The decoded envelope. Requests and replies use the same fields (see docs/wire-protocol.md).
 struct Header {

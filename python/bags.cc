@@ -22,27 +22,6 @@
 namespace tessera::python {
 namespace {
 
-// Below this many values the GIL stays held: releasing and re-taking it costs more than the
-// loop when another Python thread (a data loader) is running, as re-taking it may wait out
-// that thread's switch interval (5 ms by default).
-constexpr int64_t kReleaseGilAbove = 1 << 18;
-
-template <typename T>
-py::array_t<T, py::array::c_style> Strict(const py::handle& obj, const char* what,
-                                          const char* dtype, bool writable) {
-  if (!py::isinstance<py::array_t<T, py::array::c_style>>(obj)) {
-    throw py::type_error(std::string(what) + ": expected a C-contiguous " + dtype +
-                         " numpy array (read in place, not converted), got " +
-                         py::str(py::type::handle_of(obj)).cast<std::string>() +
-                         (py::isinstance<py::array>(obj)
-                              ? " of dtype " + py::str(obj.attr("dtype")).cast<std::string>()
-                              : std::string()));
-  }
-  auto a = py::reinterpret_borrow<py::array_t<T, py::array::c_style>>(obj);
-  if (writable && !a.writeable()) throw py::value_error(std::string(what) + ": is read-only");
-  return a;
-}
-
 void Check1d(const py::array& a, const char* what, int64_t n) {
   if (a.ndim() != 1 || (n >= 0 && a.shape(0) != n)) {
     throw py::value_error(std::string(what) + ": expected a 1-D array" +
@@ -109,14 +88,6 @@ BagArgs CheckBags(const py::handle& inverse, const py::handle& bounds, const py:
     b.w = b.weights->data();
   }
   return b;
-}
-
-// Runs `f` with the GIL released when the batch is large enough to be worth it.
-template <typename F>
-auto MaybeWithoutGil(int64_t work, F&& f) {
-  if (work <= kReleaseGilAbove) return f();
-  py::gil_scoped_release nogil;
-  return f();
 }
 
 [[noreturn]] void BadIndex(int64_t at, int64_t index, int64_t rows) {

@@ -14,8 +14,8 @@
 //   Python threads run meanwhile. A Client may be used from several Python threads at once.
 //
 // One file per surface, each with a Register function (module_internal.h): errors.cc,
-// specs.cc, client.cc with client_admin.cc, export_reader.cc, bags.cc (tessera.torch's CPU
-// kernels); arrays.cc holds the array checks.
+// specs.cc, client.cc with client_admin.cc, export_reader.cc, bags.cc and
+// interaction.cc (tessera.torch's CPU kernels); arrays.cc holds the array checks.
 #include <pybind11/pybind11.h>
 
 #include "python/module_internal.h"
@@ -31,4 +31,5 @@ PYBIND11_MODULE(_tessera, m) {
   RegisterClient(m);
   RegisterExportReader(m);
   RegisterBags(m);
+  RegisterInteraction(m);
 }

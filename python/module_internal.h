@@ -37,6 +37,9 @@ void RegisterClient(py::module_& m);
 void RegisterExportReader(py::module_& m);
 // unique_keys, bag_sum, bag_sum_backward: tessera.torch's CPU kernels (bags.cc).
 void RegisterBags(py::module_& m);
+// dot_interaction and its backward: tessera.torch's CPU kernel of DLRM's pairwise dots
+// (interaction.cc).
+void RegisterInteraction(py::module_& m);
 
 // ------------------------------------------------------------------ errors (errors.cc)
 
@@ -86,6 +89,39 @@ std::span<const float> Floats(const py::array& a);
 // InvalidArgumentError when offset is past the table's length.
 std::pair<uint64_t, uint64_t> DenseRange(const TableSpec& spec, uint64_t offset,
                                          std::optional<uint64_t> length);
+
+// ------------------------------------------------------------------ kernels' arrays
+
+// Below this many values the GIL stays held: releasing and re-taking it costs more than the
+// loop when another Python thread (a data loader) is running, as re-taking it may wait out
+// that thread's switch interval (5 ms by default).
+inline constexpr int64_t kReleaseGilAbove = 1 << 18;
+
+// `obj` as a C-contiguous array of T read (or written) in place: TypeError naming `what` and
+// `dtype` for anything else (no conversion), ValueError when `writable` and it is read-only.
+template <typename T>
+py::array_t<T, py::array::c_style> Strict(const py::handle& obj, const char* what,
+                                          const char* dtype, bool writable) {
+  if (!py::isinstance<py::array_t<T, py::array::c_style>>(obj)) {
+    throw py::type_error(std::string(what) + ": expected a C-contiguous " + dtype +
+                         " numpy array (read in place, not converted), got " +
+                         py::str(py::type::handle_of(obj)).cast<std::string>() +
+                         (py::isinstance<py::array>(obj)
+                              ? " of dtype " + py::str(obj.attr("dtype")).cast<std::string>()
+                              : std::string()));
+  }
+  auto a = py::reinterpret_borrow<py::array_t<T, py::array::c_style>>(obj);
+  if (writable && !a.writeable()) throw py::value_error(std::string(what) + ": is read-only");
+  return a;
+}
+
+// Runs `f` with the GIL released when the batch is large enough to be worth it.
+template <typename F>
+auto MaybeWithoutGil(int64_t work, F&& f) {
+  if (work <= kReleaseGilAbove) return f();
+  py::gil_scoped_release nogil;
+  return f();
+}
 
 // ------------------------------------------------------------------ client
 

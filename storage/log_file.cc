@@ -4,8 +4,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include <xxhash.h>
 
 #include <algorithm>
 #include <array>
@@ -15,13 +13,16 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <random>
 
 #include "storage/log_file_internal.h"
+#include "storage/log_record_internal.h"
 
 namespace tessera::internal {
 namespace {
 
 constexpr char kSuffix[] = ".tlog";
+constexpr char kSpareSuffix[] = ".tlog.spare";
 // The active segment is closed and deleted by Truncate only from this size on: smaller ones
 // are not worth a new file per truncation.
 constexpr uint64_t kCloseActiveBytes = uint64_t{4} << 20;
@@ -30,34 +31,6 @@ Status Errno(const std::string& what) {
   const int e = errno;
   std::string msg = what + ": " + std::strerror(e);
   return e == ENOSPC ? Status::IOError("no space left: " + msg) : Status::IOError(msg);
-}
-
-// Whether every byte of `data` is zero: the preallocated, never written tail of a segment.
-bool AllZero(std::string_view data) {
-  return data.empty() ||
-         (data[0] == 0 && std::memcmp(data.data(), data.data() + 1, data.size() - 1) == 0);
-}
-
-uint64_t Seed(uint64_t seq, uint64_t len) { return seq ^ (len << 32); }
-
-uint64_t Checksum(uint64_t seq, std::string_view payload) {
-  return XXH3_64bits_withSeed(payload.data(), payload.size(), Seed(seq, payload.size()));
-}
-
-// The same as Checksum() of the parts put together.
-uint64_t Checksum(uint64_t seq, std::span<const std::string_view> parts, uint64_t len) {
-  XXH3_state_t state;
-  XXH3_64bits_reset_withSeed(&state, Seed(seq, len));
-  for (std::string_view p : parts) XXH3_64bits_update(&state, p.data(), p.size());
-  return XXH3_64bits_digest(&state);
-}
-
-void EncodeHeader(uint64_t seq, uint32_t len, uint64_t sum, char* h) {
-  const uint32_t magic = LogFile::kMagic;
-  std::memcpy(h, &magic, 4);
-  std::memcpy(h + 4, &len, 4);
-  std::memcpy(h + 8, &seq, 8);
-  std::memcpy(h + 16, &sum, 8);
 }
 
 std::string SegmentName(uint64_t first_seq) {
@@ -111,63 +84,20 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// The nonce of the segment open as `fd` (0: version 1).
+Result<uint64_t> ReadNonce(int fd, const std::string& path) {
+  char h[LogFile::kSegmentHeaderBytes] = {};
+  if (::pread(fd, h, sizeof(h), 0) < 0) return Errno("reading '" + path + "'");
+  TESSERA_ASSIGN_OR_RETURN(const SegmentFormat f,
+                           ReadSegmentFormat(std::string_view(h, sizeof(h)), path));
+  return f.nonce;
+}
+
 // What a Corruption of the log tells the operator to do.
 constexpr char kRepairHint[] =
     "; stop the server, back up the directory and run tessera-server --repair_log with the same "
     "--data_dir and --request_log_dir to keep every record that verifies (docs/operations.md, "
     "\"Recovery\")";
-
-// A record (or a hole) whose header and checksum verify.
-struct VerifiedRecord {
-  uint64_t seq = 0;
-  uint64_t bytes = 0;  // header and payload
-  bool hole = false;
-  std::string_view payload;
-};
-
-// The record that starts at `off` of `data`, when its header and checksum verify; otherwise
-// what is wrong in `*what` (when given).
-std::optional<VerifiedRecord> VerifiedRecordAt(std::string_view data, size_t off,
-                                               std::string* what = nullptr) {
-  auto bad = [&](const char* why) -> std::optional<VerifiedRecord> {
-    if (what != nullptr) *what = why;
-    return std::nullopt;
-  };
-  if (data.size() - off < LogFile::kHeaderBytes) return bad("a header cut short");
-  uint32_t magic, len;
-  uint64_t seq, sum;
-  std::memcpy(&magic, data.data() + off, 4);
-  std::memcpy(&len, data.data() + off + 4, 4);
-  std::memcpy(&seq, data.data() + off + 8, 8);
-  std::memcpy(&sum, data.data() + off + 16, 8);
-  const bool hole = magic == LogFile::kHoleMagic;
-  if ((magic != LogFile::kMagic && !hole) || (hole && len != 0)) {
-    return bad("not a record header");
-  }
-  if (len > data.size() - off - LogFile::kHeaderBytes) return bad("a record cut short");
-  const std::string_view payload(data.data() + off + LogFile::kHeaderBytes, len);
-  if (Checksum(seq, payload) != sum) return bad("checksum mismatch");
-  return VerifiedRecord{seq, LogFile::kHeaderBytes + len, hole, payload};
-}
-
-// The offset of the first record at or after `from` whose header and checksum verify (a
-// 64-bit checksum over the seq, length and payload: damage does not pass for a record), or
-// npos.
-size_t NextVerifiedRecord(std::string_view data, size_t from) {
-  // Both magics start with these bytes (little-endian "TSL").
-  constexpr std::string_view kPrefix("TSL", 3);
-  for (size_t at = data.find(kPrefix, from); at != std::string_view::npos;
-       at = data.find(kPrefix, at + 1)) {
-    if (VerifiedRecordAt(data, at)) return at;
-  }
-  return std::string_view::npos;
-}
-
-void EncodeHole(uint64_t seq, char* h) {
-  EncodeHeader(seq, 0, Checksum(seq, std::string_view()), h);
-  const uint32_t magic = LogFile::kHoleMagic;
-  std::memcpy(h, &magic, 4);
-}
 
 // Replaces `path` whole with `data`: written aside, synced, renamed over it (the caller syncs
 // the directory).
@@ -213,12 +143,26 @@ LogFile::~LogFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+void LogFile::AdoptSpare(const std::filesystem::directory_entry& e) {
+  std::error_code ec;
+  if (!e.is_regular_file(ec)) return;
+  if (recycles() && spares_.size() < options_.spare_segments) {
+    spares_.push_back(e.path().string());
+  } else {
+    std::filesystem::remove(e.path(), ec);  // not reused by this log
+  }
+}
+
 Status LogFile::Recover() {
   std::error_code ec;
   std::filesystem::create_directories(options_.dir, ec);
   if (ec) return Status::IOError("creating '" + options_.dir + "': " + ec.message());
   for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
     const std::string name = e.path().filename().string();
+    if (name.ends_with(kSpareSuffix)) {
+      AdoptSpare(e);
+      continue;
+    }
     if (name.size() != 20 + sizeof(kSuffix) - 1 || !name.ends_with(kSuffix)) continue;
     uint64_t first = 0;
     auto [p, err] = std::from_chars(name.data(), name.data() + 20, first);
@@ -261,9 +205,10 @@ Status LogFile::Recover() {
     // Only a tail that is torn may be cut: a record that verifies after the damage was written
     // (and maybe acknowledged) after it, so the damage is corruption, not a crash's leftover.
     TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(last.path));
-    const size_t next = NextVerifiedRecord(file->view(), valid + 1);
+    TESSERA_ASSIGN_OR_RETURN(const SegmentFormat f, ReadSegmentFormat(file->view(), last.path));
+    const size_t next = NextVerifiedRecord(file->view(), valid + 1, f.nonce);
     if (next != std::string_view::npos) {
-      const uint64_t seq = VerifiedRecordAt(file->view(), next)->seq;
+      const uint64_t seq = VerifiedRecordAt(file->view(), next, f.nonce)->seq;
       return Status::Corruption(
           "request log " + last.path + " at byte " + std::to_string(valid) + ": " + torn +
           ", and record " + std::to_string(seq) + " at byte " + std::to_string(next) +
@@ -272,9 +217,10 @@ Status LogFile::Recover() {
     }
   }
   // Written at offsets (pwritev at the end of its records), not O_APPEND: past the records may
-  // lie the zeros of a preallocation.
-  fd_ = ::open(last.path.c_str(), O_WRONLY | O_CLOEXEC);
+  // lie the zeros of a preallocation or a reused file's old bytes.
+  fd_ = ::open(last.path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd_ < 0) return Errno("opening '" + last.path + "'");
+  TESSERA_ASSIGN_OR_RETURN(last.nonce, ReadNonce(fd_, last.path));
   if (!torn.empty()) {
     LOG(WARNING) << "request log: cutting " << (last.bytes - valid) << " bytes of a torn record "
                  << "off the end of " << last.path << " (it was never acknowledged)";
@@ -289,12 +235,21 @@ Status LogFile::ScanSegment(const Segment& s, std::string* torn, uint64_t after,
                             const std::function<Status(uint64_t, std::string_view)>& fn,
                             uint64_t* expect, uint64_t* valid_bytes) {
   TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(s.path));
-  const std::string_view data = file->view();
-  size_t off = 0;
+  // Past s.bytes lies what this log did not write (zeros, a reused file's old bytes).
+  const std::string_view data = file->view().substr(0, s.bytes);
+  TESSERA_ASSIGN_OR_RETURN(const SegmentFormat f, ReadSegmentFormat(data, s.path));
+  size_t off = f.start;
+  *valid_bytes = off;
   std::string what;
   while (off < data.size()) {
-    const std::optional<VerifiedRecord> r = VerifiedRecordAt(data, off, &what);
+    const std::optional<VerifiedRecord> r = VerifiedRecordAt(data, off, f.nonce, &what);
     if (!r && AllZero(data.substr(off))) return Status::OK();  // the preallocation's zeros
+    // A reused segment: the old bytes after its records (or a torn record) end them, unless a
+    // record of this segment verifies further on.
+    if (!r && f.nonce != 0 &&
+        NextVerifiedRecord(data, off + 1, f.nonce) == std::string_view::npos) {
+      return Status::OK();
+    }
     if (!r) {
       if (torn != nullptr) {  // Recover decides whether it is a torn tail
         *torn = what;
@@ -338,15 +293,18 @@ Result<LogRepairReport> LogFile::Repair(const std::string& dir) {
   for (const Segment& seg : segments) {
     TESSERA_ASSIGN_OR_RETURN(auto file, MappedFile::Open(seg.path));
     const std::string_view data = file->view();
-    std::string out;
+    TESSERA_ASSIGN_OR_RETURN(const SegmentFormat f, ReadSegmentFormat(data, seg.path));
+    std::string out(data.substr(0, f.start));
     bool changed = false;
-    size_t off = 0;
+    size_t off = f.start;
     while (off < data.size()) {
       std::string what;
-      const std::optional<VerifiedRecord> r = VerifiedRecordAt(data, off, &what);
+      const std::optional<VerifiedRecord> r = VerifiedRecordAt(data, off, f.nonce, &what);
       if (!r && AllZero(data.substr(off))) break;  // the preallocation's zeros: no damage
-      if (!r || r->seq < expect) {
-        const size_t next = NextVerifiedRecord(data, off + 1);
+      const bool skip = !r || r->seq < expect;
+      const size_t next = skip ? NextVerifiedRecord(data, off + 1, f.nonce) : off;
+      if (!r && f.nonce != 0 && next == std::string_view::npos) break;  // a reused file's old bytes
+      if (skip) {
         const size_t end = next == std::string_view::npos ? data.size() : next;
         if (r) what = "record " + std::to_string(r->seq) + " out of sequence";
         report.lines.push_back(seg.path + " bytes " + std::to_string(off) + ".." +
@@ -362,7 +320,7 @@ Result<LogRepairReport> LogFile::Repair(const std::string& dir) {
                                "in " + seg.path + ")");
         for (; expect < r->seq; ++expect) {
           char h[kHeaderBytes];
-          EncodeHole(expect, h);
+          EncodeHole(expect, f.nonce, h);
           out.append(h, kHeaderBytes);
           ++report.lost_records;
         }
@@ -402,9 +360,15 @@ Status LogFile::StartSegment(uint64_t first_seq) {
     ::close(fd_);
   }
   preallocated_ = false;
+  fd_ = -1;
   const std::string path = (std::filesystem::path(options_.dir) / SegmentName(first_seq)).string();
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) return Errno("creating '" + path + "'");
+  Segment seg{first_seq, 0, path};
+  if (recycles() && ReuseSpare(path, &seg.nonce)) {
+    seg.bytes = kSegmentHeaderBytes;
+  } else {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Errno("creating '" + path + "'");
+  }
   Preallocate();
   if (options_.fsync) {
     if (Status s = SyncDir(options_.dir); !s.ok()) {
@@ -416,8 +380,35 @@ Status LogFile::StartSegment(uint64_t first_seq) {
       return s;
     }
   }
-  segments_.push_back(Segment{first_seq, 0, path});
+  segments_.push_back(std::move(seg));
   return Status::OK();
+}
+
+bool LogFile::ReuseSpare(const std::string& path, uint64_t* nonce) {
+  while (!spares_.empty()) {
+    const std::string spare = std::move(spares_.back());
+    spares_.pop_back();
+    if (nonce_state_ == 0) {
+      nonce_state_ = (uint64_t{std::random_device()()} << 32) ^ std::random_device()() ^
+                     static_cast<uint64_t>(::getpid());
+    }
+    *nonce = SplitMix64(&nonce_state_);
+    if (*nonce == 0) *nonce = 1;
+    char h[kSegmentHeaderBytes];
+    EncodeSegmentHeader(*nonce, h);
+    // The new header is durable before the file has the segment's name: under that name its old
+    // records never verify, whatever a crash keeps.
+    const int fd = ::open(spare.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0 && ::pwrite(fd, h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) &&
+        ::fdatasync(fd) == 0 && ::rename(spare.c_str(), path.c_str()) == 0) {
+      fd_ = fd;
+      return true;
+    }
+    LOG(WARNING) << "request log: not reusing " << spare << ": " << std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    ::unlink(spare.c_str());
+  }
+  return false;
 }
 
 Status LogFile::WriteOut(struct iovec* iov, size_t n, size_t total) {
@@ -496,6 +487,7 @@ Status LogFile::Append(std::span<const Entry> entries) {
   Preallocate();  // a segment this log reopened
   iov_.clear();
   for (size_t e = 0; e < entries.size(); ++e) {
+    SealRecords(headers[e].data(), kHeaderBytes, segments_.back().nonce);
     iov_.push_back({headers[e].data(), kHeaderBytes});
     for (std::string_view p : entries[e].parts) {
       if (!p.empty()) iov_.push_back({const_cast<char*>(p.data()), p.size()});
@@ -519,6 +511,7 @@ Status LogFile::FlushLocked() {
     TESSERA_RETURN_IF_ERROR(StartSegment(buffer_first_));
   }
   Preallocate();
+  SealRecords(buffer_.data(), buffer_.size(), segments_.back().nonce);
   struct iovec iov = {buffer_.data(), buffer_.size()};
   Status s = WriteOut(&iov, 1, buffer_.size());
   // Failed: these records were acknowledged in the relaxed mode; they are lost with the
@@ -549,6 +542,7 @@ Status LogFile::Scan(uint64_t after,
 
 Status LogFile::Truncate(uint64_t upto) {
   std::vector<std::string> gone;
+  size_t spare = 0;  // how many of them to keep as spares
   {
     MutexLock l(mu_);
     size_t drop = 0;
@@ -563,13 +557,27 @@ Status LogFile::Truncate(uint64_t upto) {
     }
     for (size_t i = 0; i < drop; ++i) gone.push_back(std::move(segments_[i].path));
     segments_.erase(segments_.begin(), segments_.begin() + static_cast<ptrdiff_t>(drop));
+    const size_t room = options_.spare_segments - std::min<size_t>(spares_.size(),
+                                                                   options_.spare_segments);
+    spare = recycles() ? std::min(gone.size(), room) : 0;
   }
-  // Unlinked without the lock: freeing a 64 MiB file takes milliseconds, and appends go on.
+  // Unlinked (or renamed to spares) without the lock: freeing a 64 MiB file takes milliseconds,
+  // and appends go on. The newest are kept: the most of their blocks written.
   Status result;
-  for (const std::string& path : gone) {
+  std::vector<std::string> spares;
+  for (size_t i = 0; i < gone.size(); ++i) {
+    const std::string& path = gone[i];
+    if (i + spare >= gone.size() && ::rename(path.c_str(), (path + ".spare").c_str()) == 0) {
+      spares.push_back(path + ".spare");
+      continue;
+    }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT && result.ok()) {
       result = Errno("deleting '" + path + "'");
     }
+  }
+  if (!spares.empty()) {
+    MutexLock l(mu_);
+    for (std::string& p : spares) spares_.push_back(std::move(p));
   }
   return result;
 }

@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <span>
@@ -28,6 +29,11 @@ struct LogFileOptions {
   bool buffered = false;
   /// A segment is closed and a new one started once it holds this many bytes.
   uint64_t segment_bytes = uint64_t{64} << 20;
+  /// With fsync (and not buffered): segments that Truncate drops are kept as spares, at most this
+  /// many, and a new segment reuses one instead of a new file. Writes into a reused file's blocks
+  /// need no block allocation or extent conversion, which an fdatasync would commit to the
+  /// file system's journal. 0: every segment is a new file.
+  uint32_t spare_segments = 2;
 };
 
 /// What LogFile::Repair kept and dropped.
@@ -47,14 +53,22 @@ struct LogRepairReport {
 /// records), so that a write fills blocks the file already has and fdatasync has no file size to
 /// update; a segment is cut to its records when the next one starts and when the log closes. A
 /// zero tail (what kill -9 or a machine crash leaves) is the end of a segment's records.
+/// With fsync, a segment may reuse the file of one that Truncate dropped (a spare,
+/// `<its old name>.spare`; LogFileOptions::spare_segments): such a segment starts with a 16-byte
+/// header (u32 magic kSegmentMagic, u32 version 2, u64 random nonce, not 0), and its records'
+/// stored checksums are XOR'd with the nonce, so the old records after its own never verify;
+/// the bytes after its last record that verifies are its end when no record verifies after them
+/// (old bytes, or a torn record: never acknowledged). A segment without that header is version 1.
 /// A record is a 24-byte header (u32 magic, u32 length, u64 seq, u64 XXH3 of the payload seeded
 /// with seq and length; little-endian) followed by the payload. A hole (magic kHoleMagic,
 /// length 0) stands for a record that Repair could not read: it keeps the sequence numbers
 /// contiguous and Scan skips it. Thread-safe.
 class LogFile {
  public:
-  static constexpr uint32_t kMagic = 0x474c5354;      // "TSLG"
-  static constexpr uint32_t kHoleMagic = 0x484c5354;  // "TSLH"
+  static constexpr uint32_t kMagic = 0x474c5354;         // "TSLG"
+  static constexpr uint32_t kHoleMagic = 0x484c5354;     // "TSLH"
+  static constexpr uint32_t kSegmentMagic = 0x534c5354;  // "TSLS"
+  static constexpr size_t kSegmentHeaderBytes = 16;
   static constexpr size_t kHeaderBytes = 24;
   static constexpr size_t kMaxBuffer = size_t{4} << 20;
   static constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 31;
@@ -108,12 +122,19 @@ class LogFile {
  private:
   struct Segment {
     uint64_t first_seq;  // the seq its name gives (its first record, when it has one)
-    uint64_t bytes;
+    uint64_t bytes;      // its header (a reused segment) and records
     std::string path;
+    uint64_t nonce = 0;  // a reused segment's (set for the active one only)
   };
   explicit LogFile(const LogFileOptions& o) : options_(o) {}
   Status Recover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps a spare found at Open for reuse, or deletes it (no reuse, or enough kept).
+  void AdoptSpare(const std::filesystem::directory_entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status StartSegment(uint64_t first_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens a spare as the segment at `path` with a new nonce (header synced before the rename);
+  // false when none could be (then a new file is made).
+  bool ReuseSpare(const std::string& path, uint64_t* nonce) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool recycles() const { return options_.fsync && !options_.buffered; }
   // Preallocates the active segment (once per segment and open); cuts it back to its records.
   void Preallocate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimActive() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -137,6 +158,8 @@ class LogFile {
   uint64_t buffer_first_ ABSL_GUARDED_BY(mu_) = 0;      // the lowest seq in buffer_
   Status broken_ ABSL_GUARDED_BY(mu_);                  // a failed write that could not be undone
   std::vector<struct iovec> iov_ ABSL_GUARDED_BY(mu_);  // Append's scratch
+  std::vector<std::string> spares_ ABSL_GUARDED_BY(mu_);  // files to reuse as segments
+  uint64_t nonce_state_ ABSL_GUARDED_BY(mu_) = 0;         // SplitMix64 of the nonces
 };
 
 }  // namespace tessera::internal

@@ -5,6 +5,7 @@
 
 #include "ps/mutex.h"
 #include "storage/copy_on_write_internal.h"
+#include "storage/dense_runs_internal.h"
 #include "storage/row_table_internal.h"
 #include "storage/storage.h"
 
@@ -13,11 +14,27 @@ namespace {
 
 using internal::Admitted;
 using internal::DenseChunkLength;
-using internal::DenseChunks;
+using internal::DenseRuns;
 using internal::SparseRows;
+
+// Calls a ChunkVisitor with dense chunk `chunk` as one row (values, then optimizer state):
+// the values themselves when the optimizer keeps no state, else a copy in `*row`.
+bool VisitDenseChunk(const TableSpec& spec, const Optimizer& opt, uint64_t chunk,
+                     const float* values, const float* state, const RowMeta& meta,
+                     std::vector<float>* row, const LaneStore::ChunkVisitor& fn) {
+  const uint32_t len = DenseChunkLength(spec.length, chunk);
+  const uint32_t state_floats = opt.StateFloats(len);
+  if (state_floats == 0) return fn(chunk, values, len, meta);
+  row->resize(size_t{len} + state_floats);
+  std::memcpy(row->data(), values, sizeof(float) * len);
+  std::memcpy(row->data() + len, state, sizeof(float) * state_floats);
+  return fn(chunk, row->data(), len, meta);
+}
 
 class MemoryLaneStore final : public LaneStore {
  public:
+  MemoryLaneStore(uint32_t lane, uint32_t lanes) : lane_(lane), lanes_(lanes) {}
+
   Status AddTable(uint64_t table_id, const TableSpec& spec) override {
     if (tables_.contains(table_id)) return Status::OK();
     auto t = std::make_unique<Table>();
@@ -26,7 +43,7 @@ class MemoryLaneStore final : public LaneStore {
     if (spec.kind == TableKind::kSparse) {
       t->rows = std::make_unique<SparseRows>(spec, t->opt.get());
     } else {
-      t->dense = std::make_unique<DenseChunks>(spec, t->opt.get());
+      t->dense = std::make_unique<DenseRuns>(spec, t->opt.get(), table_id, lane_, lanes_);
     }
     tables_.emplace(table_id, std::move(t));
     return Status::OK();
@@ -43,6 +60,7 @@ class MemoryLaneStore final : public LaneStore {
     const uint32_t dim = t->spec.dim;
     const bool gated = t->spec.admission.min_count > 1 || t->spec.admission.probability < 1;
     for (size_t i = 0; i < keys.size(); ++i) {
+      internal::PrefetchAhead(*t->rows, keys, i);
       ++stats_.lookups;
       const float* row = t->rows->Find(keys[i]);
       if (row != nullptr) {
@@ -107,15 +125,15 @@ class MemoryLaneStore final : public LaneStore {
                     const float* grad, const ApplyContext& ctx) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
-    uint32_t len;
-    RowMeta* m;
-    float* row = t->dense->Get(chunk, &len, &m);
-    if (end > len || begin > end) return Status::InvalidArgument("dense range out of chunk");
-    RowMeta& meta = *m;
+    if (end > DenseChunkLength(t->spec.length, chunk) || begin > end) {
+      return Status::InvalidArgument("dense range out of chunk");
+    }
+    const DenseRuns::Chunk c = t->dense->Get(chunk);
+    RowMeta& meta = *c.meta;
     ++meta.update_count;
     meta.last_step = static_cast<uint32_t>(ctx.step);
     meta.last_update_s = ctx.now_s;
-    t->opt->Apply(row, row + len, grad, len, begin, end, meta.update_count, ctx.lr_scale);
+    t->opt->Apply(c.values, c.state, grad, c.len, begin, end, meta.update_count, ctx.lr_scale);
     ++stats_.applies;
     return Status::OK();
   }
@@ -180,8 +198,10 @@ class MemoryLaneStore final : public LaneStore {
   Status ScanDense(uint64_t table_id, const ChunkVisitor& fn) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     bool go = true;
-    t->dense->ForEach([&](uint64_t chunk, const float* row, const RowMeta& meta) {
-      if (go) go = fn(chunk, row, DenseChunkLength(t->spec.length, chunk), meta);
+    std::vector<float> row;
+    t->dense->ForEach([&](uint64_t chunk, const float* values, const float* state,
+                          const RowMeta& meta) {
+      if (go) go = VisitDenseChunk(t->spec, *t->opt, chunk, values, state, meta, &row, fn);
     });
     return Status::OK();
   }
@@ -200,11 +220,10 @@ class MemoryLaneStore final : public LaneStore {
                        const RowMeta& meta) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
     TESSERA_RETURN_IF_ERROR(CheckChunk(*t, chunk));
-    uint32_t len;
-    RowMeta* m;
-    float* dst = t->dense->Get(chunk, &len, &m);
-    std::memcpy(dst, row, sizeof(float) * (len + t->opt->StateFloats(len)));
-    *m = meta;
+    const DenseRuns::Chunk c = t->dense->Get(chunk);
+    std::memcpy(c.values, row, sizeof(float) * c.len);
+    std::memcpy(c.state, row + c.len, sizeof(float) * t->opt->StateFloats(c.len));
+    *c.meta = meta;
     return Status::OK();
   }
 
@@ -237,7 +256,7 @@ class MemoryLaneStore final : public LaneStore {
     TableSpec spec;
     std::unique_ptr<Optimizer> opt;
     std::unique_ptr<SparseRows> rows;
-    std::unique_ptr<DenseChunks> dense;
+    std::unique_ptr<DenseRuns> dense;
     absl::flat_hash_map<uint64_t, uint32_t> pending;  // push counts of keys not yet admitted
   };
 
@@ -253,6 +272,7 @@ class MemoryLaneStore final : public LaneStore {
     return internal::FindLaneTable(tables_, table_id, kind);
   }
 
+  const uint32_t lane_, lanes_;  // which lane of how many (DenseRuns groups its chunks)
   absl::flat_hash_map<uint64_t, std::unique_ptr<Table>> tables_;
   StoreStats stats_;
 };
@@ -263,7 +283,8 @@ class MemoryLaneSnapshot final : public LaneSnapshot {
   struct Table {
     TableSpec spec;
     SparseRows::Frozen rows;
-    DenseChunks::Frozen dense;
+    DenseRuns::Frozen dense;
+    std::unique_ptr<Optimizer> opt;  // its state's size (ScanDense)
     bool scanned = false;
   };
   explicit MemoryLaneSnapshot(absl::flat_hash_map<uint64_t, Table> tables)
@@ -282,8 +303,13 @@ class MemoryLaneSnapshot final : public LaneSnapshot {
 
   Status ScanDense(uint64_t table_id, const LaneStore::ChunkVisitor& fn) override {
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kDense));
-    for (const auto& [chunk, c] : t->dense) {
-      if (!fn(chunk, c->data.data(), DenseChunkLength(t->spec.length, chunk), c->meta)) break;
+    bool go = true;
+    std::vector<float> row;
+    for (const auto& [run, present] : t->dense) {
+      DenseRuns::VisitRun(*run, present, [&](uint64_t chunk, const float* values,
+                                             const float* state, const RowMeta& meta) {
+        if (go) go = VisitDenseChunk(t->spec, *t->opt, chunk, values, state, meta, &row, fn);
+      });
     }
     return Status::OK();
   }
@@ -305,15 +331,18 @@ Result<std::unique_ptr<LaneSnapshot>> MemoryLaneStore::TakeSnapshot() {
     MemoryLaneSnapshot::Table& f = tables[id];
     f.spec = t->spec;
     if (t->rows) f.rows = t->rows->Freeze();
-    if (t->dense) f.dense = t->dense->Freeze();
+    if (t->dense) {
+      f.dense = t->dense->Freeze();
+      f.opt = Optimizer::Make(t->spec.optimizer);
+    }
   }
   return std::unique_ptr<LaneSnapshot>(new MemoryLaneSnapshot(std::move(tables)));
 }
 
 class MemoryEngine final : public StorageEngine {
  public:
-  Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t, uint32_t) override {
-    return std::unique_ptr<LaneStore>(new MemoryLaneStore());
+  Result<std::unique_ptr<LaneStore>> OpenLane(uint32_t lane, uint32_t num_lanes) override {
+    return std::unique_ptr<LaneStore>(new MemoryLaneStore(lane, num_lanes));
   }
   Status PutMeta(std::string_view key, std::string_view value) override {
     MutexLock l(mu_);

@@ -6,10 +6,60 @@
 
 namespace tessera::internal {
 
+namespace {
+
+// The first slab of a pool holds this many pieces; each next one twice the last, up to a huge
+// page (a table of a few rows costs a few blocks' memory, not a huge page).
+constexpr size_t kFirstSlabPieces = 16;
+
+}  // namespace
+
+BlockPool::BlockPool(size_t bytes) : piece_((bytes + 63) / 64 * 64) {}
+
+BlockPool::~BlockPool() {
+  MutexLock l(mu_);
+  for (std::byte* s : slabs_) FreeHugePageable(s);
+}
+
+std::byte* BlockPool::Allocate() {
+  MutexLock l(mu_);
+  if (!free_.empty()) {
+    std::byte* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  if (next_ == end_) {
+    // Slabs double from kFirstSlabPieces pieces up to a huge page (or one piece, if larger).
+    size_t bytes = last_slab_bytes_ == 0 ? kFirstSlabPieces * piece_ : 2 * last_slab_bytes_;
+    if (bytes >= kHugePageBytes) bytes = std::max(kHugePageBytes, piece_);
+    std::byte* slab = static_cast<std::byte*>(AllocateHugePageable(bytes));
+    slabs_.push_back(slab);
+    slab_bytes_ += bytes;
+    last_slab_bytes_ = bytes;
+    next_ = slab;
+    end_ = slab + bytes / piece_ * piece_;
+  }
+  std::byte* p = next_;
+  next_ += piece_;
+  return p;
+}
+
+void BlockPool::Free(std::byte* p) {
+  MutexLock l(mu_);
+  free_.push_back(p);
+}
+
+uint64_t BlockPool::SlabBytes() const {
+  MutexLock l(mu_);
+  return slab_bytes_;
+}
+
 SparseRows::SparseRows(const TableSpec& spec, const Optimizer* opt)
     : spec_(spec), opt_(opt), dim_(spec.dim), stride_(spec.dim + opt->StateFloats(spec.dim)) {
   rows_offset_ = sizeof(uint64_t) * kRowsPerBlock;
   metas_offset_ = rows_offset_ + sizeof(float) * kRowsPerBlock * stride_;
+  pool_ = std::make_shared<BlockPool>(metas_offset_ + sizeof(RowMeta) * kRowsPerBlock +
+                                      kRowsPerBlock);
 }
 
 SparseRows::Block SparseRows::NewBlock() const {
@@ -19,7 +69,7 @@ SparseRows::Block SparseRows::NewBlock() const {
   b.bytes = metas_offset_ + metas + kRowsPerBlock;
   // Line-aligned: rows of 16 floats (dim 16 under SGD, dim 8 under Adagrad) then take one cache
   // line each, not two, and rows of 32 (dim 16 under Adagrad) two, not three.
-  b.mem.reset(static_cast<std::byte*>(::operator new[](b.bytes, std::align_val_t{64})));
+  b.mem = std::unique_ptr<std::byte[], PoolDelete>(pool_->Allocate(), PoolDelete{pool_});
   b.keys = reinterpret_cast<uint64_t*>(b.mem.get());
   b.rows = reinterpret_cast<float*>(b.mem.get() + rows_offset_);
   b.metas = reinterpret_cast<RowMeta*>(b.mem.get() + metas_offset_);

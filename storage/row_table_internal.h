@@ -11,13 +11,47 @@
 #include <vector>
 
 #include "ps/initializer.h"
+#include "ps/mutex.h"
 #include "ps/optimizer.h"
 #include "ps/routing.h"
 #include "ps/table_spec.h"
+#include "storage/huge_pages_internal.h"
+#include "storage/prefetch_internal.h"
 #include "storage/slot_index_internal.h"
 #include "storage/storage.h"
 
 namespace tessera::internal {
+
+/// Pieces of memory of one size (a table's blocks), carved from slabs that grow from a few
+/// pieces to a huge page each (AllocateHugePageable): the rows of a large table then lie in a
+/// few huge pages, and a request's random rows cost a cache miss each but rarely a TLB miss.
+/// A freed piece is reused by the next Allocate; slabs are freed with the pool. Thread-safe
+/// (a frozen view may free blocks on another thread).
+class BlockPool {
+ public:
+  /// Pieces of `bytes` (rounded up to a cache line), each line-aligned.
+  explicit BlockPool(size_t bytes);
+  ~BlockPool();
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  std::byte* Allocate() ABSL_LOCKS_EXCLUDED(mu_);
+  void Free(std::byte* p) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t piece_bytes() const { return piece_; }
+  /// Bytes of the slabs allocated so far.
+  uint64_t SlabBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const size_t piece_;
+  mutable Mutex mu_;
+  std::vector<std::byte*> slabs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::byte*> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t slab_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t last_slab_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest slab's unused tail: [next_, end_).
+  std::byte* next_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::byte* end_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
 
 /// Rows of one sparse table in one lane: a hash map from key to a row slot in a block arena.
 /// Each slot holds dim values, then the optimizer state. Blocks are shared with snapshots
@@ -30,14 +64,16 @@ class SparseRows {
   // every block, so a block copies at most kRowsPerBlock rows per key pushed (4096-row blocks
   // made the first push after a snapshot copy the whole table: a 200 ms pause at 1M rows).
   static constexpr uint32_t kRowsPerBlock = 16;
-  /// Frees a block's memory, which is aligned to a cache line.
-  struct AlignedDelete {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  /// Gives a block's memory back to its table's pool (which it keeps alive: a frozen view
+  /// may hold blocks after the table is gone).
+  struct PoolDelete {
+    std::shared_ptr<BlockPool> pool;
+    void operator()(std::byte* p) const { pool->Free(p); }
   };
-  /// kRowsPerBlock slots: key, floats, metadata and a live flag each, in one allocation (a
-  /// copy-on-write copy is one allocation and one memcpy).
+  /// kRowsPerBlock slots: key, floats, metadata and a live flag each, in one piece of the
+  /// table's BlockPool (a copy-on-write copy is one piece and one memcpy).
   struct Block {
-    std::unique_ptr<std::byte[], AlignedDelete> mem;
+    std::unique_ptr<std::byte[], PoolDelete> mem;
     size_t bytes = 0;
     uint64_t* keys = nullptr;
     float* rows = nullptr;
@@ -95,10 +131,10 @@ class SparseRows {
     const uint32_t i = *slot % kRowsPerBlock;
     const std::byte* row = mem + rows_offset_ + size_t{i} * stride_ * sizeof(float);
     // A row of up to 3 cache lines (blocks are line-aligned: a 64- or 128-byte row takes 1 or 2).
-    __builtin_prefetch(row, 1);
-    __builtin_prefetch(row + 64, 1);
-    __builtin_prefetch(row + stride_ * sizeof(float) - 1, 1);
-    __builtin_prefetch(mem + metas_offset_ + size_t{i} * sizeof(RowMeta), 1);
+    PrefetchLine(row);
+    if (stride_ * sizeof(float) > 64) PrefetchLine(row + 64);
+    PrefetchLine(row + stride_ * sizeof(float) - 1);
+    PrefetchLine(mem + metas_offset_ + size_t{i} * sizeof(RowMeta));
   }
   /// The metadata of the row of `key`, which must exist.
   const RowMeta& MetaOf(uint64_t key) const;
@@ -137,6 +173,7 @@ class SparseRows {
   uint32_t dim_;
   uint32_t stride_;
   SlotIndex index_;
+  std::shared_ptr<BlockPool> pool_;
   std::vector<std::shared_ptr<Block>> blocks_;
   // blocks_[b]->mem.get(), without the two dependent loads (PrefetchRow); kept by Allocate and
   // Own. Rows and metadata lie at these offsets of a block's memory.

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "ps/routing.h"
+#include "storage/huge_pages_internal.h"
+#include "storage/prefetch_internal.h"
 
 namespace tessera::internal {
 
@@ -88,7 +90,7 @@ class SlotIndex {
     return most;
   }
   /// Starts loading the line where `key`'s probe begins.
-  void Prefetch(uint64_t key) const { __builtin_prefetch(&entries_[Home(key)]); }
+  void Prefetch(uint64_t key) const { PrefetchLine(&entries_[Home(key)]); }
   /// fn(key, slot) for every entry, in table order; false from fn stops.
   template <typename Fn>
   void ForEach(Fn&& fn) const {
@@ -114,7 +116,7 @@ class SlotIndex {
     return Mix64(process + n.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15ull);
   }
   void Rehash(size_t cap) {
-    std::vector<Entry> old = std::move(entries_);
+    std::vector<Entry, HugePageAllocator<Entry>> old = std::move(entries_);
     entries_.assign(cap, Entry{});
     mask_ = cap - 1;
     for (const Entry& e : old) {
@@ -126,7 +128,7 @@ class SlotIndex {
   }
 
   uint64_t seed_;
-  std::vector<Entry> entries_;
+  std::vector<Entry, HugePageAllocator<Entry>> entries_;
   size_t mask_ = 0;
   size_t size_ = 0;
 };

@@ -462,6 +462,57 @@ TEST_F(ClientFailover, AnUnansweredPushRefusedAsStaleKeepsItsNumberUnlessTheRefu
   }
 }
 
+// A backup rebuild or a slot move steps the map through many versions in a second or two (24 in
+// FailoverTest's rebuild of 10,923 slots), and a request in flight may be refused by each of
+// them in turn. Each refusal shows a newer map than the last: progress, bounded by retry_for_ms
+// only, not by a count of reroutes (docs/elasticity.md). Here server 1 refuses a push and a pull
+// 24 times each (the old bound was 8), each time at one version past the request's, and the map
+// source publishes that version (same owners) before the refusal goes out.
+TEST_F(ClientFailover, RequestsRideThroughAMapSteppingThroughManyVersions) {
+  Start(2);
+  constexpr uint32_t kRefusals = 24;
+  auto refused = std::make_shared<std::atomic<uint32_t>>(0);
+  servers_[1]->SetPolicy([this, refused](const Received& r, Header* reply,
+                                        std::vector<std::string>* frames) {
+    if (refused->load() < kRefusals) {
+      refused->fetch_add(1);
+      RoutingMap next = v1_;
+      next.version = r.h.map_version + 1;
+      source_->Publish(next);
+      reply->status = StatusCode::kFailedPrecondition;
+      reply->message = "stale cluster map (test): request has version " +
+                       std::to_string(r.h.map_version) + ", server 1 is at " +
+                       std::to_string(next.version);
+      reply->map_version = next.version;
+      return true;
+    }
+    return servers_[1]->DefaultReply(r, reply, frames);
+  });
+  const Table t = Sparse(2);
+  const std::vector<uint64_t> keys = KeysOf(v1_.primary, 1, 4);
+  const Status pushed =
+      client_->Wait(client_->Push(t, keys, std::vector<float>(keys.size() * 2, 1.0f)),
+                    DeadlineAfterMs(30000));
+  ASSERT_TRUE(pushed.ok()) << pushed.ToString();
+  std::vector<Received> got = servers_[1]->Of(Op::kSparsePush);
+  ASSERT_EQ(got.size(), kRefusals + 1);
+  for (uint32_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].h.map_version, i + 1) << "attempt " << i;
+    EXPECT_EQ(got[i].frames, got[0].frames) << "attempt " << i;
+  }
+  EXPECT_EQ(client_->cluster_map_version(), kRefusals + 1);
+
+  refused->store(0);
+  std::vector<float> out(keys.size() * 2, -1.0f);
+  const Status pulled = client_->Wait(client_->Pull(t, keys, out.data()), DeadlineAfterMs(30000));
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(servers_[1]->Of(Op::kSparsePull).size(), kRefusals + 1);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(out[2 * i], FakeServer::PullValue(1, keys[i])) << i;
+  }
+  EXPECT_EQ(client_->stale_map_retries(), 2 * kRefusals);
+}
+
 // A push is all-or-nothing per server, not across servers: a call whose part failed for good
 // after another part was applied says which parts were applied.
 TEST_F(ClientFailover, APushPartlyAppliedSaysWhichPartsWereApplied) {

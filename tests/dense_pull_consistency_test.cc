@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ps/client/client.h"
+#include "ps/client/dense_reply_internal.h"
 #include "ps/codec.h"
 #include "ps/routing.h"
 #include "tests/cluster_fixture.h"
@@ -184,6 +186,191 @@ TEST_P(DensePullFramesTest, ReplyFramesFollowWhatTheRequestTakes) {
     std::memcpy(v.data(), joined.data(), joined.size());
     for (uint64_t i = 0; i < kCount; ++i) {
       ASSERT_EQ(v[i], static_cast<float>(kOffset + i)) << "element " << kOffset + i;
+    }
+  }
+}
+
+// The edges of the framing, on a table of exactly two server chunks: a pull of one float (at
+// the start, at the last element, either side of the chunk border), a pull of two floats across
+// the border, and the whole table. Without kDensePullChunkFrames one frame of all the values;
+// with it one frame per server chunk touched, each cut to the range; the client reads both
+// shapes into the caller's buffer (its pulls of the same ranges).
+TEST_P(DensePullFramesTest, OneFloatChunkBordersAndAWholeTableOfWholeChunks) {
+  testing::LocalClusterOptions options = testing::Servers(1);
+  options.with_data_dirs = GetParam();
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  constexpr uint64_t kC = kDenseChunkFloats, kLength = 2 * kC;
+  auto t = c->CreateTable(CountingTable("edges", kLength));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<float> g(kLength);
+  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
+  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
+  struct Range {
+    uint64_t offset, count;
+    std::vector<size_t> chunk_frames;  // frame sizes in bytes with kDensePullChunkFrames
+  };
+  const std::vector<Range> ranges = {
+      {0, 1, {4}},           {kLength - 1, 1, {4}},      {kC - 1, 1, {4}},
+      {kC, 1, {4}},          {kC - 1, 2, {4, 4}},        {0, kLength, {kC * 4, kC * 4}},
+      {0, kC, {kC * 4}},     {kC, kC, {kC * 4}},
+      {1, kLength - 2, {(kC - 1) * 4, (kC - 1) * 4}},
+  };
+  RawPeer peer(cluster.endpoints()[0]);
+  for (const Range& r : ranges) {
+    SCOPED_TRACE("range [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.count) +
+                 ")");
+    for (const uint32_t dim : {0u, kDensePullChunkFrames}) {
+      Header h;
+      h.op = Op::kDensePull;
+      h.table_id = t->id;
+      h.elem_type = ElemType::kF32;
+      h.offset = r.offset;
+      h.count = r.count;
+      h.dim = dim;
+      std::vector<std::string> frames;
+      const Header reply = peer.Call(h, {}, &frames);
+      ASSERT_EQ(reply.status, StatusCode::kOk) << reply.message;
+      EXPECT_EQ(reply.dim, dim);
+      std::vector<size_t> sizes;
+      std::string joined;
+      for (const std::string& f : frames) {
+        sizes.push_back(f.size());
+        joined += f;
+      }
+      EXPECT_EQ(sizes, dim == 0 ? std::vector<size_t>{r.count * 4} : r.chunk_frames);
+      ASSERT_EQ(joined.size(), r.count * 4);
+      std::vector<float> v(r.count);
+      std::memcpy(v.data(), joined.data(), joined.size());
+      for (uint64_t i = 0; i < r.count; ++i) {
+        ASSERT_EQ(v[i], static_cast<float>(r.offset + i)) << "element " << r.offset + i;
+      }
+    }
+    std::vector<float> out(r.count + 2, -1.0f);
+    const Status s = c->Wait(c->DensePull(*t, r.offset, r.count, out.data() + 1));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(out.front(), -1.0f) << "written before the caller's range";
+    EXPECT_EQ(out.back(), -1.0f) << "written after the caller's range";
+    for (uint64_t i = 0; i < r.count; ++i) {
+      ASSERT_EQ(out[i + 1], static_cast<float>(r.offset + i)) << "element " << r.offset + i;
+    }
+  }
+}
+
+// Hostile `dim` values of dense requests: a DensePull's other than 0, 1 or 2, a DensePush's
+// other than 0 (the request log keeps a push's dim, and one over its bound would make the log
+// unreadable at the next start) are refused with InvalidArgument naming the value; nothing is
+// applied, the server keeps serving, and after a kill and restart (the request log read again)
+// the table holds exactly the accepted push.
+TEST_P(DensePullFramesTest, HostileDimIsRefusedAndLosesNothing) {
+  testing::LocalClusterOptions options = testing::Servers(1);
+  options.with_data_dirs = GetParam();
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  constexpr uint64_t kLength = kDenseChunkFloats + 10;
+  TableSpec spec = CountingTable("hostile", kLength);
+  {
+    auto c = Connect(cluster);
+    ASSERT_NE(c, nullptr);
+    auto t = c->CreateTable(spec);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    RawPeer peer(cluster.endpoints()[0]);
+    Header h;
+    h.table_id = t->id;
+    h.elem_type = ElemType::kF32;
+    h.offset = 0;
+    h.count = kLength;
+    const std::string minus_ones = testing::Bytes(std::vector<float>(kLength, -1.0f));
+    for (const uint32_t dim : {3u, 4u, 1u << 20, (1u << 20) + 1, 0x80000000u, 0xffffffffu}) {
+      h.op = Op::kDensePull;
+      h.dim = dim;
+      std::vector<std::string> frames;
+      Header r = peer.Call(h, {}, &frames);
+      EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << "pull dim " << dim << ": " << r.message;
+      EXPECT_NE(r.message.find("DensePull dim must be 0"), std::string::npos) << r.message;
+      EXPECT_NE(r.message.find(std::to_string(dim)), std::string::npos) << r.message;
+      EXPECT_TRUE(frames.empty());
+    }
+    for (const uint32_t dim : {1u, 2u, (1u << 20) + 1, 0x80000000u, 0xffffffffu}) {
+      h.op = Op::kDensePush;
+      h.dim = dim;
+      Header r = peer.Call(h, {minus_ones});
+      EXPECT_EQ(r.status, StatusCode::kInvalidArgument) << "push dim " << dim << ": " << r.message;
+      EXPECT_NE(r.message.find("DensePush dim must be 0, got " + std::to_string(dim)),
+                std::string::npos)
+          << r.message;
+    }
+    // The server still serves: one push of +1 everywhere, then a pull sees exactly it.
+    h.op = Op::kDensePush;
+    h.dim = 0;
+    const Header ok = peer.Call(h, {minus_ones});
+    ASSERT_EQ(ok.status, StatusCode::kOk) << ok.message;
+    std::vector<float> v(kLength, -1.0f);
+    ASSERT_TRUE(c->Wait(c->DensePull(*t, 0, kLength, v.data())).ok());
+    EXPECT_EQ(std::count(v.begin(), v.end(), 1.0f), static_cast<std::ptrdiff_t>(kLength));
+  }
+  if (!GetParam()) return;  // a memory-only server keeps nothing over a restart
+  ASSERT_TRUE(cluster.Restart(0).ok()) << "the server does not start again";
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  auto t = c->GetTable("hostile");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<float> v(kLength, -1.0f);
+  const Status s = c->Wait(c->DensePull(*t, 0, kLength, v.data()));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(std::count(v.begin(), v.end(), 1.0f), static_cast<std::ptrdiff_t>(kLength))
+      << "after the restart the table does not hold exactly the accepted push";
+}
+
+// Raw DensePull requests with kDensePullRunFrames: an index frame, then frames of several
+// server chunks each, which together hold every chunk of the range once (read here with the
+// client's own reader, CopyDenseReply). On a memory-only server a frame is the adjacent chunks
+// of one lane within one run of the table's memory (DenseRuns: 8 lane chunks of a 2-lane
+// server, 16 table chunks); a RocksDB server copies each lane's chunks into one frame.
+TEST_P(DensePullFramesTest, RunFramesHoldEachChunkOnceAndOneFramePerLaneRun) {
+  testing::LocalClusterOptions options = testing::Servers(1);
+  options.with_data_dirs = GetParam();
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto c = Connect(cluster);
+  ASSERT_NE(c, nullptr);
+  constexpr uint64_t kC = kDenseChunkFloats, kLength = 40 * kC + 7;
+  auto t = c->CreateTable(CountingTable("runs", kLength));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<float> g(kLength);
+  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
+  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
+  RawPeer peer(cluster.endpoints()[0]);
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, 16 * kC}, {1000, 20 * kC}, {kLength - 1, 1}, {0, kLength}, {kC - 1, 2}, {31 * kC, kC}};
+  for (const auto& [offset, count] : ranges) {
+    SCOPED_TRACE("range [" + std::to_string(offset) + ", " + std::to_string(offset + count) + ")");
+    Header h;
+    h.op = Op::kDensePull;
+    h.table_id = t->id;
+    h.elem_type = ElemType::kF32;
+    h.offset = offset;
+    h.count = count;
+    h.dim = kDensePullRunFrames;
+    std::vector<std::string> frames;
+    const Header reply = peer.Call(h, {}, &frames);
+    ASSERT_EQ(reply.status, StatusCode::kOk) << reply.message;
+    EXPECT_EQ(reply.dim, kDensePullRunFrames);
+    // The frames the design gives: one per (lane, run) touched, or per lane when copied.
+    std::set<std::pair<uint32_t, uint64_t>> groups;
+    for (uint64_t k = offset / kC; k <= (offset + count - 1) / kC; ++k) {
+      groups.emplace(LaneOfChunk(t->id, k, 2), GetParam() ? 0 : (k / 2) / 8);
+    }
+    EXPECT_EQ(frames.size(), 1 + groups.size());
+    std::vector<zmq::message_t> msgs;
+    for (const std::string& f : frames) msgs.emplace_back(f.data(), f.size());
+    std::vector<float> v(count, -1.0f);
+    ASSERT_TRUE(internal::CopyDenseReply(msgs, offset, count, v.data()))
+        << frames.size() << " frame(s) of another shape";
+    for (uint64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(v[i], static_cast<float>(offset + i)) << "element " << offset + i;
     }
   }
 }

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -258,8 +259,9 @@ class FuzzPeer {
   // A random op: data ops most often, admin ops (which write files) least; op 0 and ops this
   // build does not know now and then.
   Op PickOp() {
-    static constexpr uint8_t kWeights[kMaxOp + 1] = {1, 2, 2, 2, 4, 4, 4, 4, 4,
-                                                     3, 2, 2, 2, 1, 1, 1, 1};
+    static constexpr uint8_t kWeights[] = {1, 2, 2, 2, 4, 4, 4, 4, 4, 3, 2,
+                                           2, 2, 1, 1, 1, 1, 1, 1, 1, 1};
+    static_assert(std::size(kWeights) == kMaxOp + 1, "a weight for every op");
     uint32_t total = 1;  // unknown ops
     for (uint8_t w : kWeights) total += w;
     uint32_t pick = rng_() % total;
@@ -321,10 +323,16 @@ class FuzzPeer {
                               : TableSpec::Sparse("t" + std::to_string(rng_() % 4), 1 + rng_() % 8);
         }
         break;
+      case Op::kDropTable:
+        // Tables the fuzz made, or none: never the two the test's client reads at the end.
+        h.name = rng_() % 4 ? "t" + std::to_string(rng_() % 4) : "nope";
+        break;
       default:
         break;
     }
-    if (rng_() % 10 == 0) h.name = std::string(rng_() % 40, static_cast<char>('a' + rng_() % 26));
+    if (rng_() % 10 == 0 && h.op != Op::kDropTable) {
+      h.name = std::string(rng_() % 40, static_cast<char>('a' + rng_() % 26));
+    }
     std::string env = Env(h);
     if (rng_() % 3 == 0) {
       const int flips = 1 + rng_() % 4;

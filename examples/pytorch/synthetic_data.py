@@ -24,13 +24,13 @@ VALUE_MASK = U64((1 << (64 - FIELD_BITS)) - 1)
 
 def mix64(k):
     """ps/routing.h Mix64 on uint64 arrays (wrapping arithmetic)."""
-    k = np.asarray(k, dtype=U64)
+    k = np.array(k, dtype=U64)  # a copy: updated in place below (fewer temporaries)
     with np.errstate(over="ignore"):
-        k = k ^ (k >> U64(33))
-        k = k * U64(0xFF51AFD7ED558CCD)
-        k = k ^ (k >> U64(33))
-        k = k * U64(0xC4CEB9FE1A85EC53)
-        k = k ^ (k >> U64(33))
+        k ^= k >> U64(33)
+        k *= U64(0xFF51AFD7ED558CCD)
+        k ^= k >> U64(33)
+        k *= U64(0xC4CEB9FE1A85EC53)
+        k ^= k >> U64(33)
     return k
 
 
@@ -78,6 +78,21 @@ def _h(x, s):
 def _h_integral_inverse(x, s):
     t = np.maximum(x * (1 - s), -1.0)
     return np.exp(_helper_log(t) * x)
+
+
+def _distinct(ranks, card):
+    """(the distinct values of `ranks` in increasing order, each rank's index into them), as
+    np.unique(ranks, return_inverse=True); ranks lie in [1, card]. A table of card + 1 entries
+    where that is not much larger than the block (no sort), else np.unique."""
+    if card > 4 * len(ranks) + 65536:
+        uniq, at = np.unique(ranks, return_inverse=True)
+        return uniq, at.ravel()
+    seen = np.zeros(card + 1, bool)
+    seen[ranks] = True
+    uniq = np.flatnonzero(seen)
+    where = np.empty(card + 1, np.int64)
+    where[uniq] = np.arange(len(uniq))
+    return uniq.astype(U64), where[ranks]
 
 
 class Rng:
@@ -160,21 +175,24 @@ class SyntheticData:
         seed = U64(self.seed)
         for f in range(nf):
             present[:, f] = unit(rng.next()) >= CRITEO_MISSING[f]
-            rank = self._zipf(f, rng)
+            # A key's id, bias and planted vector depend on (field, rank) alone, and Zipf ranks
+            # repeat: each is computed once per distinct rank of the block (the same values,
+            # elementwise, as per sample) and gathered.
+            rank, at = _distinct(self._zipf(f, rng), self.card[f])
             with np.errstate(over="ignore"):
                 ident = mix64(rank * GOLDEN + U64(f)) & U64(0xFFFFFFFFFF)
-            keys[:, f] = np.where(present[:, f], make_key(f, ident), U64(0))
+            keys[:, f] = np.where(present[:, f], make_key(f, ident)[at], U64(0))
             decay = (1.0 / np.sqrt(1.0 + (rank - U64(1)).astype(np.float64) / self.tail_rank)
-                     if self.tail_rank > 0 else np.ones(count))
+                     if self.tail_rank > 0 else np.ones(len(rank)))
             p = present[:, f]
             base = rank * U64(64)
             bias = decay * self.sigma_b * normal(hash3(seed, f, base + U64(62)),
                                                  hash3(seed, f, base + U64(63)))
-            logit += np.where(p, bias, 0.0)
+            logit += np.where(p, bias[at], 0.0)
             for d in range(min(k, 8)):
                 v = np.sqrt(decay) * self.sigma_v * normal(hash3(seed, f, base + U64(2 * d)),
                                                            hash3(seed, f, base + U64(2 * d + 1)))
-                v = np.where(p, v, 0.0)
+                v = np.where(p, v[at], 0.0)
                 vsum[:, d] += v
                 vsq += v * v
         # sum_{f<g} <v_f, v_g> = (|sum_f v_f|^2 - sum_f |v_f|^2) / 2

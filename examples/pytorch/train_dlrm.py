@@ -102,15 +102,13 @@ class Dlrm(torch.nn.Module):
         self.top = torch.nn.Sequential(*mlp([dim + n * (n - 1) // 2, 64]),
                                        torch.nn.Linear(64, 1))
         self.bias = torch.nn.Parameter(torch.zeros(1))
-        # Pairs (i, j), j < i, in the C++ model's order (row by row).
-        self.li, self.lj = torch.tril_indices(n, n, offset=-1)
 
     def forward(self, batch):
         pooled = self.sparse(batch["sparse"])
         b = self.bottom(torch.from_numpy(batch["dense"]))
-        t = torch.cat([b[:, None, :], pooled["fields"].view(-1, self.num_fields, self.dim)], 1)
-        dots = torch.bmm(t, t.transpose(1, 2))[:, self.li, self.lj]
-        return self.top(torch.cat([b, dots], dim=1))[:, 0] + self.bias + pooled["wide"][:, 0]
+        # [b, the pairwise dots of b and the 26 pooled fields] in one compiled-core op.
+        x = tt.dot_interaction(b, pooled["fields"].view(-1, self.num_fields, self.dim))
+        return self.top(x)[:, 0] + self.bias + pooled["wide"][:, 0]
 
 
 def with_bags(batch):
@@ -134,9 +132,17 @@ class SyntheticBatches(torch.utils.data.IterableDataset):
         self.batch_size, self.block = batch_size, block
 
     def __iter__(self):
-        end = self.first + self.count
-        for start in range(self.first, end, self.block):
-            blk = self.data.generate(self.stream, start, min(self.block, end - start))
+        end, start = self.first + self.count, self.first
+        # The first blocks are small and then double up to `block`: the first batch is out
+        # after a couple of batches' generation instead of a whole block's (~0.2 s), and later
+        # blocks keep the generator's per-call cost small. The samples are the same.
+        # Whole batches per block: only the last batch of the stream may be short.
+        block = max(self.block // self.batch_size, 1) * self.batch_size
+        size = min(2 * self.batch_size, block)
+        while start < end:
+            blk = self.data.generate(self.stream, start, min(size, end - start))
+            start += len(blk["labels"])
+            size = min(2 * size, block)
             for s in range(0, len(blk["labels"]), self.batch_size):
                 yield {k: v[s:s + self.batch_size] for k, v in blk.items()}
 
@@ -179,7 +185,8 @@ def main():
     client = tessera.Client(args.servers)
     model = Dlrm(client, args, nd, nf)
     # Only the MLPs and the bias: the tables' rows are updated by the servers.
-    opt = torch.optim.Adam(model.parameters(), lr=args.dense_lr)
+    # foreach: one multi-tensor update of the 9 tensors instead of a loop over them.
+    opt = torch.optim.Adam(model.parameters(), lr=args.dense_lr, foreach=True)
 
     source = (list(SyntheticBatches(data, 0, 0, args.train_samples, args.batch_size))
               if args.pregenerate else loader(data, 0, 0, args.train_samples, args.batch_size))

@@ -11,6 +11,7 @@
 
 #include "ps/client/client_internal.h"
 #include "ps/client/dense_chunks_internal.h"
+#include "ps/client/dense_reply_internal.h"
 #include "ps/client/key_index_internal.h"
 #include "ps/limits.h"
 #include "ps/message_pool_internal.h"
@@ -214,24 +215,6 @@ zmq::message_t GradientFrame(const float* p, uint64_t n, const std::shared_ptr<c
   return SharedMessage(p, n * sizeof(float), owner);
 }
 
-// Whether the data frames of a DensePull reply of `count` floats at `offset` are one frame of
-// them all, or one frame per server chunk the range touches, each of that chunk's part.
-bool DenseReplyFramesFit(const std::vector<zmq::message_t>& frames, uint64_t offset,
-                         uint64_t count) {
-  if (frames.size() == 1) return frames[0].size() == count * sizeof(float);
-  const uint64_t end = offset + count;
-  if (frames.size() != (end - 1) / kDenseChunkFloats - offset / kDenseChunkFloats + 1) {
-    return false;
-  }
-  uint64_t at = offset;
-  for (const zmq::message_t& f : frames) {
-    const uint64_t next = std::min(end, (at / kDenseChunkFloats + 1) * kDenseChunkFloats);
-    if (f.size() != (next - at) * sizeof(float)) return false;
-    at = next;
-  }
-  return true;
-}
-
 }  // namespace
 
 uint64_t RandomClientId() {
@@ -383,8 +366,9 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
       h.elem_type = ElemType::kF32;
       h.offset = cb;
       h.count = ce - cb;
-      // A pull's values may come as one frame per server chunk, sent from the table uncopied.
-      if (!push) h.dim = kDensePullChunkFrames;
+      // A pull's values may come as frames of several server chunks each, sent from the
+      // table uncopied (an index frame says which chunks each holds).
+      if (!push) h.dim = kDensePullRunFrames;
       std::vector<zmq::message_t> data;
       if (push) data.push_back(GradientFrame(grads.data() + (cb - offset), ce - cb, owner));
       // Part s is served by its primary in the map (server s unless a fail-over moved it);
@@ -403,19 +387,16 @@ Handle ClientImpl::DenseCall(Op op, const Table& t, uint64_t offset, uint64_t le
       // of another range would write outside it.
       const bool asked = h.offset >= b && h.offset < e && chunking.Starts(h.offset, b) &&
                          h.count == chunking.End(h.offset, e) - h.offset;
-      // One frame, or one per server chunk of the range (kDensePullChunkFrames), in order.
-      const bool shaped = asked && DenseReplyFramesFit(frames, h.offset, h.count);
+      // One frame, or an index frame then frames of server chunks (kDensePullRunFrames),
+      // copied to the caller's buffer once the whole shape has been checked.
+      const bool shaped =
+          asked && CopyDenseReply(frames, h.offset, h.count, out + (h.offset - offset));
       if (!shaped) {
         return Status::Internal("malformed dense reply from server " + std::to_string(s) +
                                 " for table '" + name + "': " + std::to_string(h.count) +
                                 " floats at " + std::to_string(h.offset) + " in " +
                                 std::to_string(frames.size()) + " frame(s), asked for [" +
                                 std::to_string(b) + ", " + std::to_string(e) + ")");
-      }
-      char* dst = reinterpret_cast<char*>(out + (h.offset - offset));
-      for (const zmq::message_t& f : frames) {
-        std::memcpy(dst, f.data(), f.size());
-        dst += f.size();
       }
       return Status::OK();
     };

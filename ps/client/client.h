@@ -124,8 +124,9 @@ class Client {
   /// ps/coord/etcd_map_source.h, library tessera_coord), `options.servers` must be empty.
   /// Every data request carries the map's version; the client watches the source, and a
   /// request a server refuses as "stale cluster map" is routed again by a newer map and sent
-  /// again (at most kMaxStaleMapRetries times for a client behind the map, and while a server
-  /// is behind the client's map for as long as retry_for_ms allows; a push under a new
+  /// again, for as long as retry_for_ms allows (each reroute of a client behind the map goes
+  /// by a newer map than the last, so a map stepping through many versions is followed; a
+  /// server behind the client's map is given time to catch up); a push under a new
   /// sequence number when the refusal proves that no attempt of it was taken anywhere, else
   /// under its number, counted in the refusing server's sequence, so that a backup that logged
   /// it from that server answers it as a retry; a retry of a push whose reply was lost keeps
@@ -137,9 +138,9 @@ class Client {
   /// a new client).
   static Result<std::unique_ptr<Client>> Create(const ClientOptions& options,
                                                 std::unique_ptr<ClusterMapSource> map_source);
-  /// Times a request is routed again after stale-map refusals that showed no map newer than
-  /// an earlier refusal of it did, before it fails (refusals by ever newer maps, as a backup
-  /// rebuild or a slot move gives, are bounded by retry_for_ms only).
+  /// Unused since 2026-12: stale-map reroutes are bounded by ClientOptions::retry_for_ms
+  /// alone (each goes by a newer map than the last). Kept one release for source compatibility.
+  [[deprecated("stale-map reroutes are bounded by retry_for_ms alone")]]
   static constexpr uint32_t kMaxStaleMapRetries = 8;
   ~Client();
   Client(const Client&) = delete;

@@ -119,8 +119,7 @@ struct Outgoing {
   // Null: the whole part; else the positions (in the part's key order) of the keys this
   // request carries, after Reroute split the part among servers.
   std::shared_ptr<const std::vector<uint32_t>> rows;
-  uint32_t stale_retries = 0;    // stale-map refusals so far that showed no newer map
-  uint64_t stale_seen = 0;       // the newest version a stale-map refusal of it carried
+  uint32_t reroutes = 0;         // stale-map refusals so far (for the error message)
   Clock::time_point not_before{};  // waiting for a map: not sent before this
   uint64_t send_order = 0;       // per server, assigned when first handed to SendOne
   Status last_error;             // why the last attempt failed

@@ -165,22 +165,16 @@ void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status
   if (DroppedAsCancelled(o)) return;
   KeepNumberIfUnsettled(o, server_version);
   // A server behind the request's version catches up by itself (its watch, or its poll for a
-  // first map): waiting for it is bounded by the retry limit only. Refusals that make the
-  // client load a newer map are counted unless they show a map newer than any earlier refusal
-  // of this request did: a backup rebuild or a slot move steps the map through many versions
-  // in a second or two (24 in a rebuild of 10,923 slots), and rerouting after each is
-  // progress, bounded by retry_for_ms.
-  if (server_version > o.header.map_version) {
-    if (server_version <= o.stale_seen) ++o.stale_retries;
-    o.stale_seen = std::max(o.stale_seen, server_version);
-  }
-  if (o.stale_retries > Client::kMaxStaleMapRetries || now >= o.give_up) {
+  // first map), and a client behind the server's waits for that version before it routes the
+  // request again: each reroute goes by a newer map than the attempt before, so a backup
+  // rebuild or a slot move stepping the map through many versions in a second or two (24 in a
+  // rebuild of 10,923 slots) is progress. Both are bounded by retry_for_ms alone.
+  ++o.reroutes;
+  if (now >= o.give_up) {
     if (o.call) {
       PartDone(o.call, Status::FailedPrecondition(
-                           why.message() + " (gave up after routing it again " +
-                           std::to_string(std::min(o.stale_retries,
-                                                   Client::kMaxStaleMapRetries)) +
-                           " times)"));
+                           why.message() + " (still refused when retry_for_ms ran out, after " +
+                           "routing it again " + std::to_string(o.reroutes - 1) + " times)"));
     }
     return;
   }
@@ -287,8 +281,7 @@ void ClientImpl::SplitAndReroute(Outgoing o, const RoutingMap& map, const uint64
     piece.header.count = idx.size();
     piece.part = o.part;
     piece.op = o.op;
-    piece.stale_retries = o.stale_retries;
-    piece.stale_seen = o.stale_seen;
+    piece.reroutes = o.reroutes;
     piece.last_error = o.last_error;
     auto rows = std::make_shared<std::vector<uint32_t>>(idx.size());
     zmq::message_t key_frame(idx.size() * sizeof(uint64_t));

@@ -31,6 +31,21 @@ Status CheckLrScale(float scale) {
   return Status::OK();
 }
 
+// A dense request's `dim`: how a DensePull takes its values (0 one frame, 1 a frame per server
+// chunk), 0 for a DensePush. Any other value is refused: a push's `dim` goes to the request log
+// as it came, and one over the log's bound would make the log unreadable at the next start.
+Status CheckDenseDim(const Header& h) {
+  if (h.op == Op::kDensePull && h.dim > kDensePullRunFrames) {
+    return Status::InvalidArgument("DensePull dim must be 0 (values as one frame), 1 (a frame "
+                                   "per server chunk) or 2 (an index, then frames of several "
+                                   "chunks), got " + std::to_string(h.dim));
+  }
+  if (h.op == Op::kDensePush && h.dim != 0) {
+    return Status::InvalidArgument("DensePush dim must be 0, got " + std::to_string(h.dim));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 // True when `h` retries a push this server accepted already (PushDedup).
@@ -421,6 +436,7 @@ Status ServerImpl::Dense(const std::shared_ptr<Pending>& p) {
                                    std::to_string(h.offset + h.count) + ") outside table '" +
                                    t->spec.name + "' of length " + std::to_string(t->spec.length));
   }
+  TESSERA_RETURN_IF_ERROR(CheckDenseDim(h));
   TESSERA_ASSIGN_OR_RETURN(const uint32_t part, DensePartOf(h, t->spec.length, t->spec.name));
   if (h.replica_from != 0) {
     // A primary's forwarded push: fenced by the part's primary and backup (a retry of one
@@ -465,7 +481,11 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool push = h.op == Op::kDensePush;
   if (!push) {
-    if (h.dim == kDensePullChunkFrames) {
+    if (h.dim == kDensePullRunFrames) {
+      // Frames of adjacent chunks, set by each lane (RunDensePart), and their index.
+      p->lane_frames.resize(lanes_.size());
+      p->lane_index.resize(lanes_.size());
+    } else if (h.dim == kDensePullChunkFrames) {
       // One frame per server chunk of the range, set by its lane (RunDensePart).
       const uint64_t first = h.offset / kDenseChunkFloats;
       const uint64_t last = (h.offset + h.count - 1) / kDenseChunkFloats;
@@ -488,8 +508,9 @@ Status ServerImpl::SubmitDense(const std::shared_ptr<Pending>& p) {
   for (uint32_t l = 0; l < by_lane.size(); ++l) {
     if (by_lane[l].empty()) continue;
     auto segs = std::make_shared<std::vector<DenseSegment>>(std::move(by_lane[l]));
-    parts.push_back(LanePart{l, [raw, segs, table_id, push, lr_scale](Lane& lane) {
-                               return RunDensePart(lane, *raw, *segs, table_id, push, lr_scale);
+    parts.push_back(LanePart{l, [raw, segs, table_id, push, lr_scale, l](Lane& lane) {
+                               return RunDensePart(lane, l, *raw, *segs, table_id, push,
+                                                   lr_scale);
                              }});
   }
   SubmitParts(p, std::move(parts), push, h.count <= kInlineMaxDenseFloats);

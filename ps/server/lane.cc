@@ -242,11 +242,74 @@ Status ShareDenseSegment(LaneStore& store, Pending& p, uint64_t table_id, const 
   return Status::OK();
 }
 
+// Sets lane slot `slot`'s reply frames of dense pull `p` that takes frames of several chunks
+// (kDensePullRunFrames), from its segments `segs` (in chunk order): segments whose shared
+// chunks lie side by side in one block of the engine (DenseRuns) go as one frame that points
+// into the table (held, copy-on-write, as ShareDenseSegment's); where the engine cannot share
+// a chunk, all of the lane's segments are copied into one frame. The index gets, per frame,
+// its number of chunks, then those chunks.
+Status ShareDenseRuns(LaneStore& store, Pending& p, uint64_t table_id,
+                      const std::vector<DenseSegment>& segs, uint32_t slot) {
+  std::vector<zmq::message_t>& frames = p.lane_frames[slot];
+  std::vector<uint64_t>& index = p.lane_index[slot];
+  const char* begin = nullptr;  // the frame being built: bytes at begin, held by owner
+  size_t bytes = 0;
+  std::shared_ptr<const float> owner;
+  size_t count_at = 0;  // its chunk count in the index
+  for (const DenseSegment& s : segs) {
+    uint32_t len = 0;
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const float> row,
+                             store.DenseShare(table_id, s.chunk, &len));
+    if (row == nullptr) {
+      frames.clear();
+      index.clear();
+      owner = nullptr;
+      break;
+    }
+    if (s.end > len || s.begin > s.end) return Status::InvalidArgument("dense range out of chunk");
+    const char* data = reinterpret_cast<const char*>(row.get() + s.begin);
+    // Joins the frame when it continues it in memory within the same block.
+    const bool joins = owner != nullptr && begin + bytes == data && !owner.owner_before(row) &&
+                       !row.owner_before(owner);
+    if (!joins) {
+      if (owner != nullptr) frames.push_back(SharedMessage(begin, bytes, std::move(owner)));
+      begin = data;
+      bytes = 0;
+      owner = std::move(row);
+      count_at = index.size();
+      index.push_back(0);
+    }
+    bytes += sizeof(float) * (s.end - s.begin);
+    ++index[count_at];
+    index.push_back(s.chunk);
+  }
+  if (owner != nullptr) {
+    frames.push_back(SharedMessage(begin, bytes, std::move(owner)));
+    return Status::OK();
+  }
+  size_t total = 0;
+  for (const DenseSegment& s : segs) total += sizeof(float) * (s.end - s.begin);
+  zmq::message_t frame = MessagePool::Shared().Message(total);
+  float* out = static_cast<float*>(frame.data());
+  index.push_back(segs.size());
+  for (const DenseSegment& s : segs) {
+    TESSERA_RETURN_IF_ERROR(store.DenseRead(table_id, s.chunk, s.begin, s.end, out));
+    out += s.end - s.begin;
+    index.push_back(s.chunk);
+  }
+  frames.push_back(std::move(frame));
+  return Status::OK();
+}
+
 }  // namespace
 
-Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& segs,
-                    uint64_t table_id, bool push, float lr_scale) {
+Status RunDensePart(Lane& lane, uint32_t lane_index, Pending& p,
+                    const std::vector<DenseSegment>& segs, uint64_t table_id, bool push,
+                    float lr_scale) {
   ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
+  if (!push && !p.lane_frames.empty()) {
+    return ShareDenseRuns(lane.store(), p, table_id, segs, lane_index);
+  }
   for (const DenseSegment& s : segs) {
     if (push) {
       TESSERA_RETURN_IF_ERROR(

@@ -120,9 +120,11 @@ class Lane {
 Status RunSparsePart(Lane& lane, Pending& p, const std::vector<uint32_t>& idx, uint64_t table_id,
                      uint32_t dim, bool push, bool pull, float lr_scale);
 /// A lane's part of a dense pull or push `p`: its segments `segs` of the range; a push applies
-/// p.values at each segment's place, a pull writes p.out.
-Status RunDensePart(Lane& lane, Pending& p, const std::vector<DenseSegment>& segs,
-                    uint64_t table_id, bool push, float lr_scale);
+/// p.values at each segment's place, a pull writes p.out (or its reply frames: p.out_frames,
+/// or slot `lane_index` of p.lane_frames and p.lane_index).
+Status RunDensePart(Lane& lane, uint32_t lane_index, Pending& p,
+                    const std::vector<DenseSegment>& segs, uint64_t table_id, bool push,
+                    float lr_scale);
 
 /// Runs file work off the lanes (writing checkpoint and export snapshots), one job at a time,
 /// then finishes one part of the job's request. Submit() and Stop() are thread-safe.

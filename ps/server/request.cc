@@ -51,7 +51,16 @@ void SendReply(zmq::socket_t& sock, Pending& p) {
   EncodeHeader(h, &env);
   parts.emplace_back(env.data(), env.size());
   if (status.ok() && p.has_out) {
-    if (p.out_frames.empty()) {
+    if (!p.lane_frames.empty()) {
+      std::string index;
+      for (const auto& li : p.lane_index) {
+        index.append(reinterpret_cast<const char*>(li.data()), li.size() * sizeof(uint64_t));
+      }
+      parts.emplace_back(index.data(), index.size());
+      for (auto& lf : p.lane_frames) {
+        for (zmq::message_t& f : lf) parts.push_back(std::move(f));
+      }
+    } else if (p.out_frames.empty()) {
       parts.push_back(std::move(p.out));
     } else {
       for (zmq::message_t& f : p.out_frames) parts.push_back(std::move(f));

@@ -67,6 +67,11 @@ struct Pending {
   // per server chunk (kDensePullChunkFrames), those frames, each set by the lane of its chunk.
   zmq::message_t out;
   std::vector<zmq::message_t> out_frames;
+  // A DensePull that takes frames of several chunks (kDensePullRunFrames): per lane, its
+  // frames and its part of the index (per frame: chunk count, then the chunks), each slot set
+  // by its lane; the reply sends the index of all lanes, then their frames, in lane order.
+  std::vector<std::vector<zmq::message_t>> lane_frames;
+  std::vector<std::vector<uint64_t>> lane_index;
   bool has_out = false;
   PartCounter parts;
   Mutex mu;

@@ -327,3 +327,20 @@ def bag_sum_backward(
 ) -> None:
     """bag_sum's backward: grad_rows[inverse[i]] += weights[i] * grad_out[bag of i] for every
     value i (added to, not cleared)."""
+
+def dot_interaction(
+    dense: npt.NDArray[np.float32],
+    sparse: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+) -> None:
+    """DLRM's dot interaction: out (B, d + n(n-1)/2), n = F + 1, gets [dense, <v_i, v_j> for
+    i = 1..n-1, j = 0..i-1] of dense (B, d) and sparse (B, F, d) (v_0: the dense row)."""
+
+def dot_interaction_backward(
+    grad_out: npt.NDArray[np.float32],
+    dense: npt.NDArray[np.float32],
+    sparse: npt.NDArray[np.float32],
+    grad_dense: npt.NDArray[np.float32],
+    grad_sparse: npt.NDArray[np.float32],
+) -> None:
+    """dot_interaction's backward: grad_dense (B, d) and grad_sparse (B, F, d) overwritten."""

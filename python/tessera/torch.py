@@ -10,6 +10,9 @@
 - `Bags`: one feature's keys of a batch, cut into bags by offsets or lengths (as
   `torch.nn.EmbeddingBag`'s input); `PrefetchLoader`: an iterator over a DataLoader that issues
   the next batch's pulls while the current batch computes.
+- `dot_interaction`: DLRM's pairwise dots of the dense vector and the pooled fields, with its
+  backward in the compiled core on the CPU (one pass per sample instead of torch's per-sample
+  `bmm` and pair gather).
 
 A module is not thread-safe: one training loop drives it (the `tessera.Client` under it is).
 
@@ -31,7 +34,7 @@ import torch
 import tessera
 
 __all__ = ["Bags", "TableConfig", "EmbeddingBagCollection", "EmbeddingCollection",
-           "TesseraDense", "PrefetchLoader"]
+           "TesseraDense", "PrefetchLoader", "dot_interaction"]
 
 _POOLINGS = ("sum", "mean")
 
@@ -607,3 +610,55 @@ class PrefetchLoader:
 
     def __len__(self):
         return len(self.loader)
+
+
+class _DotInteraction(torch.autograd.Function):
+    """dot_interaction on CPU float32 tensors: forward and backward in the compiled core."""
+
+    @staticmethod
+    def forward(ctx, dense, sparse):
+        dense, sparse = dense.detach().contiguous(), sparse.detach().contiguous()
+        n = sparse.shape[1] + 1
+        out = torch.empty((dense.shape[0], dense.shape[1] + n * (n - 1) // 2),
+                          dtype=torch.float32)
+        tessera._tessera.dot_interaction(dense.numpy(), sparse.numpy(), out.numpy())
+        ctx.save_for_backward(dense, sparse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        dense, sparse = ctx.saved_tensors
+        grad_dense, grad_sparse = torch.empty_like(dense), torch.empty_like(sparse)
+        tessera._tessera.dot_interaction_backward(
+            grad_out.detach().to(torch.float32).contiguous().numpy(), dense.numpy(),
+            sparse.numpy(), grad_dense.numpy(), grad_sparse.numpy())
+        return grad_dense, grad_sparse
+
+
+def dot_interaction(dense, sparse):
+    """DLRM's dot interaction: [dense, the dots of every pair of the n = F + 1 vectors].
+
+    dense: (B, d), each sample's dense vector (the bottom MLP's output); sparse: (B, F, d),
+    its F pooled fields. Returns (B, d + n(n-1)/2): dense, then <v_i, v_j> for i = 1..n-1,
+    j = 0..i-1 (row by row), where v_0 is the dense vector and v_1..v_F the fields: the same
+    as torch.cat([dense, torch.bmm(t, t.transpose(1, 2))[:, li, lj]], 1) with t = the n
+    vectors stacked and (li, lj) = torch.tril_indices(n, n, -1), and differentiable in both
+    inputs. CPU float32 tensors take the compiled core (forward and backward one pass per
+    sample); others (CUDA, float64) take that torch expression.
+    """
+    if not isinstance(dense, torch.Tensor) or not isinstance(sparse, torch.Tensor):
+        raise TypeError("dot_interaction: expected torch tensors, got %s and %s" %
+                        (type(dense).__name__, type(sparse).__name__))
+    if dense.dim() != 2 or sparse.dim() != 3 or sparse.shape[0] != dense.shape[0] or \
+            sparse.shape[2] != dense.shape[1]:
+        raise ValueError("dot_interaction: expected dense (B, d) and sparse (B, F, d), got %s "
+                         "and %s" % (tuple(dense.shape), tuple(sparse.shape)))
+    if dense.device != sparse.device or dense.dtype != sparse.dtype:
+        raise ValueError("dot_interaction: dense (%s, %s) and sparse (%s, %s) differ in device "
+                         "or dtype" % (dense.device, dense.dtype, sparse.device, sparse.dtype))
+    if dense.device.type == "cpu" and dense.dtype == torch.float32:
+        return _DotInteraction.apply(dense, sparse)
+    n = sparse.shape[1] + 1
+    li, lj = torch.tril_indices(n, n, offset=-1, device=dense.device)
+    t = torch.cat([dense[:, None, :], sparse], 1)
+    return torch.cat([dense, torch.bmm(t, t.transpose(1, 2))[:, li, lj]], 1)

@@ -346,6 +346,51 @@ class ClientTest(unittest.TestCase):
         w0.close()
         w1.close()
 
+    def test_pull_waits_release_gil(self):
+        # pull() and Future.wait() on servers that are stopped (SIGSTOP): another Python thread
+        # must run meanwhile (tessera.torch waits on its pulls and pushes this way while a
+        # DataLoader thread or the autograd engine needs the GIL). Both calls finish once the
+        # servers resume, within a generous deadline.
+        t = self.sparse("gil_pull", 4, tessera.OptimizerSpec("sgd"))
+        keys = np.arange(1, 65, dtype=np.uint64)
+        self.client.pull(t, keys)  # connected and routed before the servers stop
+        for how in ("pull", "future"):
+            with self.subTest(how=how):
+                state = {"inside": False, "done": False, "error": None, "rows": None}
+
+                def waiter():
+                    state["inside"] = True
+                    try:
+                        if how == "pull":
+                            state["rows"] = self.client.pull(t, keys, timeout_ms=30000)
+                        else:
+                            f = self.client.pull_async(t, keys)
+                            state["rows"] = f.wait(timeout_ms=30000)
+                    except Exception as e:  # reported below
+                        state["error"] = e
+                    state["done"] = True
+
+                for p in self.servers.procs:
+                    p.send_signal(signal.SIGSTOP)
+                th = threading.Thread(target=waiter)
+                try:
+                    th.start()
+                    progress = 0
+                    start = time.monotonic()
+                    while time.monotonic() - start < 0.5:
+                        if state["inside"] and not state["done"]:
+                            progress += 1
+                    self.assertGreater(progress, 1000,
+                                       "no Python progress while %s waited" % how)
+                    self.assertFalse(state["done"], "the %s finished on stopped servers" % how)
+                finally:
+                    for p in self.servers.procs:
+                        p.send_signal(signal.SIGCONT)
+                th.join(timeout=60)
+                self.assertFalse(th.is_alive(), "the %s did not finish after SIGCONT" % how)
+                self.assertIsNone(state["error"])
+                self.assertEqual(state["rows"].shape, (64, 4))
+
     # ------------------------------------------------------------ checkpoint and export
 
     def test_checkpoint_restore_and_export_reader(self):

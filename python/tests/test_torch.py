@@ -306,5 +306,109 @@ class TorchModuleTest(unittest.TestCase):
         self.assertEqual(tuple(out.shape), (2, DIM))
 
 
+def bmm_interaction(dense, sparse):
+    """The torch expression dot_interaction replaces (train_dlrm.py's before it)."""
+    n = sparse.shape[1] + 1
+    li, lj = torch.tril_indices(n, n, offset=-1)
+    t = torch.cat([dense[:, None, :], sparse], 1)
+    return torch.cat([dense, torch.bmm(t, t.transpose(1, 2))[:, li, lj]], 1)
+
+
+@unittest.skipIf(torch is None, "torch is not installed (Debian: python3-torch)")
+class DotInteractionTest(unittest.TestCase):
+    """tessera.torch.dot_interaction (python/interaction.cc) against the bmm expression: no
+    server needed."""
+
+    def check(self, batch, fields, dim, seed):
+        g = torch.Generator().manual_seed(seed)
+        dense = torch.randn(batch, dim, generator=g, dtype=torch.float64)
+        sparse = torch.randn(batch, fields, dim, generator=g, dtype=torch.float64)
+        n = fields + 1
+        grad = torch.randn(batch, dim + n * (n - 1) // 2, generator=g, dtype=torch.float64)
+        # The reference in float64; the kernel in float32 within 1e-5 (relative to the scale
+        # of a dot of `dim` unit normals).
+        d64, s64 = dense.clone().requires_grad_(), sparse.clone().requires_grad_()
+        want = bmm_interaction(d64, s64)
+        (want * grad).sum().backward()
+        d32 = dense.float().requires_grad_()
+        s32 = sparse.float().requires_grad_()
+        got = tt.dot_interaction(d32, s32)
+        self.assertEqual(got.dtype, torch.float32)
+        self.assertEqual(tuple(got.shape), tuple(want.shape))
+        (got * grad.float()).sum().backward()
+        scale = max(1.0, float(dim))
+        tol = TOL * scale * max(1.0, float(n))
+        np.testing.assert_allclose(got.detach().double().numpy(), want.detach().numpy(),
+                                   atol=tol, rtol=0)
+        np.testing.assert_allclose(d32.grad.double().numpy(), d64.grad.numpy(), atol=tol,
+                                   rtol=0)
+        np.testing.assert_allclose(s32.grad.double().numpy(), s64.grad.numpy(), atol=tol,
+                                   rtol=0)
+
+    def test_forward_and_backward_equal_bmm(self):
+        for batch, fields, dim in ((1, 1, 1), (3, 2, 3), (64, 26, 8), (17, 5, 16), (0, 4, 8)):
+            with self.subTest(batch=batch, fields=fields, dim=dim):
+                self.check(batch, fields, dim, seed=batch * 100 + fields)
+
+    def test_inputs_that_need_a_copy_and_the_torch_path(self):
+        g = torch.Generator().manual_seed(5)
+        dense = torch.randn(8, 6, generator=g)
+        sparse = torch.randn(8, 6, 3, generator=g).transpose(1, 2)  # (8, 3, 6), strided
+        self.assertFalse(sparse.is_contiguous())
+        torch.testing.assert_close(tt.dot_interaction(dense, sparse),
+                                   bmm_interaction(dense, sparse), atol=1e-5, rtol=0)
+        # float64 takes the torch expression (as CUDA tensors do): same values.
+        torch.testing.assert_close(tt.dot_interaction(dense.double(), sparse.double()),
+                                   bmm_interaction(dense.double(), sparse.double()))
+
+    def test_trains_like_bmm(self):
+        # A few SGD steps of a tiny model through each: the same parameters after them.
+        def run(interaction):
+            torch.manual_seed(3)
+            lin = torch.nn.Linear(4, 4)
+            emb = torch.nn.Parameter(torch.randn(16, 3, 4) * 0.3)
+            top = torch.nn.Linear(4 + 6, 1)
+            opt = torch.optim.SGD(list(lin.parameters()) + [emb] + list(top.parameters()),
+                                  lr=0.05)
+            x = torch.randn(16, 4)
+            for _ in range(5):
+                opt.zero_grad()
+                top(interaction(lin(x), emb)).square().sum().backward()
+                opt.step()
+            return [p.detach().clone() for p in (lin.weight, emb, top.weight)]
+        for a, b in zip(run(tt.dot_interaction), run(bmm_interaction)):
+            torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+    def test_bad_inputs_raise_clear_errors(self):
+        with self.assertRaisesRegex(ValueError, r"expected dense \(B, d\) and sparse \(B, F, d\)"):
+            tt.dot_interaction(torch.zeros(4, 8), torch.zeros(4, 3, 7))
+        with self.assertRaisesRegex(ValueError, r"expected dense \(B, d\)"):
+            tt.dot_interaction(torch.zeros(4, 8), torch.zeros(5, 3, 8))
+        with self.assertRaisesRegex(ValueError, "differ in device or dtype"):
+            tt.dot_interaction(torch.zeros(4, 8), torch.zeros(4, 3, 8, dtype=torch.float64))
+        with self.assertRaisesRegex(ValueError, "differ in device or dtype"):
+            tt.dot_interaction(torch.zeros(4, 8), torch.zeros(4, 3, 8, device="meta"))
+        with self.assertRaisesRegex(TypeError, "expected torch tensors"):
+            tt.dot_interaction(np.zeros((4, 8), np.float32), torch.zeros(4, 3, 8))
+        # The compiled core reads and writes in place: it converts nothing.
+        core = tessera._tessera
+        d, sp = np.zeros((4, 8), np.float32), np.zeros((4, 3, 8), np.float32)
+        with self.assertRaisesRegex(TypeError, "dense: expected a C-contiguous float32"):
+            core.dot_interaction(d.astype(np.float64), sp, np.zeros((4, 14), np.float32))
+        with self.assertRaisesRegex(TypeError, "sparse: expected a C-contiguous float32"):
+            core.dot_interaction(d, sp.transpose(0, 2, 1).copy().transpose(0, 2, 1),
+                                 np.zeros((4, 14), np.float32))
+        with self.assertRaisesRegex(ValueError, r"out: expected shape \(4, 14\)"):
+            core.dot_interaction(d, sp, np.zeros((4, 13), np.float32))
+        with self.assertRaisesRegex(ValueError, "out: is read-only"):
+            ro = np.zeros((4, 14), np.float32)
+            ro.flags.writeable = False
+            core.dot_interaction(d, sp, ro)
+        with self.assertRaisesRegex(ValueError, r"grad_sparse: expected the shape of sparse"):
+            core.dot_interaction_backward(np.zeros((4, 14), np.float32), d, sp,
+                                          np.zeros((4, 8), np.float32),
+                                          np.zeros((4, 2, 8), np.float32))
+
+
 if __name__ == "__main__":
     unittest.main()
