@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ps/routing.h"
+#include "storage/prefetch_internal.h"
 #include "storage/slot_tag_index_internal.h"
 #include "storage/storage.h"
 
@@ -211,8 +212,8 @@ class CachedRows {
     if (slot != kNoSlot) {
       // Header and floats: every line the slot touches.
       const std::byte* p = SlotPtr(slot);
-      for (size_t off = 0; off < slot_bytes_; off += 64) __builtin_prefetch(p + off, 1);
-      __builtin_prefetch(p + slot_bytes_ - 1, 1);
+      for (size_t off = 0; off < slot_bytes_; off += 64) PrefetchLine(p + off);
+      PrefetchLine(p + slot_bytes_ - 1);
     }
     return slot;
   }

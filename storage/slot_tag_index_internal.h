@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ps/routing.h"
+#include "storage/prefetch_internal.h"
 
 namespace tessera::internal {
 
@@ -80,8 +81,8 @@ class SlotTagIndex {
   /// Starts loading the entries where `key`'s probe begins (its line and the next one's start).
   void Prefetch(uint64_t key) const {
     const size_t i = Hash(key) & mask_;
-    __builtin_prefetch(&entries_[i]);
-    __builtin_prefetch(&entries_[std::min(i + 4, mask_)]);
+    PrefetchLine(&entries_[i]);
+    PrefetchLine(&entries_[std::min(i + 4, mask_)]);
   }
 
   /// Adds `key` (absent: the caller checked) in `slot` (< kNoSlot).
