@@ -25,9 +25,16 @@
 //    path: it needs a cluster map change with a coordinator).
 //
 // Usage: bench_scale [--quick] [--rows=N] [--batches=10000,100000] [--reps=3] [--log_only]
-// [--fsync]. --quick: 10M rows, batches of 10,000 keys. --log_only: the fill and the strict log
-// phase alone (e.g. --log_only --rows=1000000 --batches=10000 for a one-minute A/B of the log);
-// --fsync: the durable server runs with --fsync. Prints a table and one JSON line.
+// [--fsync] [--only=zipf] [--tier_server_b=PATH]. --quick: 10M rows, batches of 10,000 keys.
+// --log_only: the fill and the strict log phase alone (e.g. --log_only --rows=1000000
+// --batches=10000 for a one-minute A/B of the log); --fsync: the durable server runs with
+// --fsync. --only=zipf: the fill and the Zipf phase only (no restart, uniform, checkpoint).
+// --tier_server_b: a second server binary for the durable server; the Zipf phase then alternates
+// the two binaries on the same data (restarted between them, each turn after the same warm-up)
+// and the memory-only server, and adds the keys *_b (an A/B of two builds with one fill). Both
+// binaries then run restarted, with a memory tier that holds only the rows read since: compare
+// *_b with the keys without _b of the same run, not with a run without --tier_server_b. Prints
+// a table and one JSON line.
 #include <fcntl.h>
 #include <gflags/gflags.h>
 #include <sys/stat.h>
@@ -76,6 +83,10 @@ DEFINE_bool(log_only, false,
 DEFINE_bool(fsync, false,
             "Run the durable server with --fsync (each group of log records fdatasync'd before "
             "its pushes are acknowledged) instead of strict alone");
+DEFINE_string(only, "", "\"zipf\": only the fill and the Zipf phase (empty: every phase)");
+DEFINE_string(tier_server_b, "",
+              "A second tessera-server binary for the durable server, alternated with --server "
+              "in the Zipf phase on the same data, both restarted first (JSON keys *_b)");
 DEFINE_bool(restore, false,
             "Also restore it (200 s for 10M rows on a loaded 2-core machine: not in --quick)");
 
@@ -293,14 +304,26 @@ double DiskRandomRead(const std::string& path, uint64_t bytes, int threads, doub
 }
 
 struct Cell {
-  std::vector<double> push_mem, push_tier, pull_mem, pull_tier;
+  std::vector<double> push_mem, push_tier, pull_mem, pull_tier, push_tier_b, pull_tier_b;
 };
+
+// Memory-tier bytes per row of the durable server (its lanes' bytes_in_memory / rows_in_memory).
+double TierBytesPerRow(Server& s) {
+  auto bytes = LaneStat(s, "bytes_in_memory");
+  auto rows = LaneStat(s, "rows_in_memory");
+  return bytes.ok() && rows.ok() && *rows > 0 ? double(*bytes) / double(*rows) : 0;
+}
 
 // long function: the run's phases in order (fill, Zipf, restart, uniform, checkpoint, report),
 // sharing the two servers, their pauses and the figures the report prints.
 int Main(int argc, char** argv) {
   CleanUpOnStopSignals();
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (!FLAGS_only.empty() && FLAGS_only != "zipf") {
+    std::fprintf(stderr, "bench_scale: --only=%s: expected \"zipf\" or nothing\n",
+                 FLAGS_only.c_str());
+    return 2;
+  }
   const std::string binary = FLAGS_server.empty() ? DefaultServerBinary(argv[0]) : FLAGS_server;
   std::vector<uint64_t> batch_sizes = ParseList(FLAGS_quick ? "10000" : FLAGS_batches);
   const TempDir tmp("tessera-bench-scale-");
@@ -361,30 +384,56 @@ int Main(int argc, char** argv) {
   // --- Zipf at 1/10, against the memory-only server; the strict log against the disk.
   std::map<uint64_t, Cell> zipf;
   std::vector<double> log_rate, seq_write;
+  // Variants: 0 the durable server (--server), 1 the memory-only one, 2 the durable server on
+  // --tier_server_b (restarted on the same data whenever the binary changes).
+  const bool with_b = !FLAGS_tier_server_b.empty();
+  std::string tier_binary = binary;
+  double bytes_per_row_a = 0, bytes_per_row_b = 0;
   for (uint64_t b : batch_sizes) {
     const auto batches = ZipfBatches(16, b, Rows(), 1.05, 11 + b);
-    // Warm-up: the memory tier learns the hot set.
-    RunOnly(all, tier.cluster);
-    for (int i = 0; i < 2; ++i) {
-      if (auto r = Run(tier, batches, false); !r.ok()) return fail(r.status());
+    auto warm_up = [&]() -> Status {
+      // The memory tier learns the hot set.
+      RunOnly(all, tier.cluster);
+      for (int i = 0; i < 2; ++i) TESSERA_RETURN_IF_ERROR(Run(tier, batches, false).status());
+      return Status::OK();
+    };
+    // With two binaries each is restarted before its first turn: a restarted memory tier holds
+    // only the rows read since (not the fill's), so both start alike.
+    if (with_b) {
+      tier_binary.clear();
+    } else if (!(st = warm_up()).ok()) {
+      return fail(st);
     }
     Cell& c = zipf[b];
-    const int variants = with_memory ? 2 : 1;
+    std::vector<int> order = {0};
+    if (with_memory) order.push_back(1);
+    if (with_b) order.push_back(2);
     for (int rep = 0; rep < FLAGS_reps; ++rep) {
-      for (int v = 0; v < variants; ++v) {
-        // Without the memory-only server every turn is the durable server's.
-        const bool tier_turn = variants == 1 || (v == 0) == (rep % 2 == 0);
+      for (size_t k = 0; k < order.size(); ++k) {
+        const int v = order[rep % 2 == 0 ? k : order.size() - 1 - k];
+        const bool tier_turn = v != 1;
+        const std::string& want = v == 2 ? FLAGS_tier_server_b : binary;
+        if (tier_turn && want != tier_binary) {
+          RunOnly(all, tier.cluster);
+          if (auto w = WaitWrittenBack(tier); !w.ok()) return fail(w);
+          tier.client.reset();
+          tier.cluster.Stop();
+          if (!(st = Open(tier, want, with_budget(budget10), false)).ok()) return fail(st);
+          tier_binary = want;
+          if (!(st = warm_up()).ok()) return fail(st);
+        }
         Server& s = tier_turn ? tier : mem;
         RunOnly(all, s.cluster);
+        // The strict log is measured on --server's turns.
         Result<uint64_t> appended0 = uint64_t{0};
-        if (tier_turn && !(appended0 = ServerStat(s, "request_log_appended_bytes")).ok()) {
+        if (v == 0 && !(appended0 = ServerStat(s, "request_log_appended_bytes")).ok()) {
           return fail(appended0.status());
         }
         const auto t0 = Clock::now();
         auto push = Run(s, batches, true);
         const double push_s = Seconds(t0);
         if (!push.ok()) return fail(push.status());
-        if (tier_turn) {
+        if (v == 0) {
           auto appended = ServerStat(s, "request_log_appended_bytes");
           if (!appended.ok()) return fail(appended.status());
           log_rate.push_back((*appended - *appended0) / push_s);
@@ -396,13 +445,14 @@ int Main(int argc, char** argv) {
           RunOnly(all, s.cluster);
         }
         if (FLAGS_log_only) {
-          (tier_turn ? c.push_tier : c.push_mem).push_back(*push);
+          (v == 0 ? c.push_tier : v == 1 ? c.push_mem : c.push_tier_b).push_back(*push);
           continue;
         }
         auto pull = Run(s, batches, false);
         if (!pull.ok()) return fail(pull.status());
-        (tier_turn ? c.push_tier : c.push_mem).push_back(*push);
-        (tier_turn ? c.pull_tier : c.pull_mem).push_back(*pull);
+        (v == 0 ? c.push_tier : v == 1 ? c.push_mem : c.push_tier_b).push_back(*push);
+        (v == 0 ? c.pull_tier : v == 1 ? c.pull_mem : c.pull_tier_b).push_back(*pull);
+        if (v != 1) (v == 0 ? bytes_per_row_a : bytes_per_row_b) = TierBytesPerRow(tier);
       }
     }
   }
@@ -423,6 +473,15 @@ int Main(int argc, char** argv) {
     tier.cluster.Resume();
     return 0;
   }
+  const bool all_phases = FLAGS_only != "zipf";
+  if (all_phases && tier_binary != binary) {
+    // The later phases run on --server.
+    RunOnly(all, tier.cluster);
+    if (!(st = WaitWrittenBack(tier)).ok()) return fail(st);
+    tier.client.reset();
+    tier.cluster.Stop();
+    if (!(st = Open(tier, binary, with_budget(budget10), false)).ok()) return fail(st);
+  }
   RunOnly(all, tier.cluster);
   auto waits = LaneStat(tier, "back_pressure_waits");
   auto rejects = LaneStat(tier, "admission_rejects");
@@ -431,70 +490,73 @@ int Main(int argc, char** argv) {
   const double tier10_rss_mb = ProcStatusMb(tier.cluster.pid(0), "VmRSS");
   if (!(st = WaitWrittenBack(tier)).ok()) return fail(st);
 
-  // --- Restart at 1/100: recovery time; uniform pulls against the disk's random reads.
-  tier.client.reset();
-  tier.cluster.Stop();
-  const uint64_t disk_bytes = BytesUnder(data);
-  const auto r0 = Clock::now();
-  if (!(st = Open(tier, binary, with_budget(budget100), false)).ok()) return fail(st);
-  const double restart_s = Seconds(r0);
-  all[0] = &tier.cluster;
-  const std::string read_file = root + "/random-read";
-  if (!MakeReadFile(read_file, std::max<uint64_t>(disk_bytes, 64 << 20))) {
-    return fail(Status::IOError("cannot write " + read_file));
-  }
-  const uint64_t read_bytes = std::max<uint64_t>(disk_bytes, 64 << 20);
+  uint64_t disk_bytes = 0;
+  double restart_s = 0, ckpt_s = 0, restore_s = 0, ckpt_bytes = 0;
   std::vector<double> miss_rate, disk_read_rate, uni_pull_tier, uni_pull_mem;
   bool direct = true;
-  const auto uniform = UniformBatches(16, batch_sizes[0], Rows(), 5);
-  std::vector<std::vector<uint64_t>> uniform_keys = uniform;
-  for (auto& b : uniform_keys) {
-    for (auto& k : b) k = KeyOf(k);
-  }
-  for (int rep = 0; rep < FLAGS_reps; ++rep) {
-    for (int v = 0; v < 2; ++v) {
-      if ((v == 0) == (rep % 2 == 0)) {
-        RunOnly(all, tier.cluster);
-        DropCache(data);
-        auto before = LaneStat(tier, "disk_reads");
-        const auto t0 = Clock::now();
-        auto pull = Run(tier, uniform_keys, false);
-        const double s = Seconds(t0);
-        auto after = LaneStat(tier, "disk_reads");
-        if (!pull.ok()) return fail(pull.status());
-        if (!before.ok() || !after.ok())
-          return fail(before.ok() ? after.status() : before.status());
-        miss_rate.push_back((*after - *before) / s);
-        uni_pull_tier.push_back(*pull);
-      } else {
-        tier.cluster.Pause();
-        disk_read_rate.push_back(
-            DiskRandomRead(read_file, read_bytes, 2, FLAGS_min_rep_s, &direct));
-        if (with_memory) {
-          RunOnly(all, mem.cluster);
-          auto pull = Run(mem, uniform_keys, false);
+  if (all_phases) {
+    // --- Restart at 1/100: recovery time; uniform pulls against the disk's random reads.
+    tier.client.reset();
+    tier.cluster.Stop();
+    disk_bytes = BytesUnder(data);
+    const auto r0 = Clock::now();
+    if (!(st = Open(tier, binary, with_budget(budget100), false)).ok()) return fail(st);
+    restart_s = Seconds(r0);
+    all[0] = &tier.cluster;
+    const std::string read_file = root + "/random-read";
+    if (!MakeReadFile(read_file, std::max<uint64_t>(disk_bytes, 64 << 20))) {
+      return fail(Status::IOError("cannot write " + read_file));
+    }
+    const uint64_t read_bytes = std::max<uint64_t>(disk_bytes, 64 << 20);
+    const auto uniform = UniformBatches(16, batch_sizes[0], Rows(), 5);
+    std::vector<std::vector<uint64_t>> uniform_keys = uniform;
+    for (auto& b : uniform_keys) {
+      for (auto& k : b) k = KeyOf(k);
+    }
+    for (int rep = 0; rep < FLAGS_reps; ++rep) {
+      for (int v = 0; v < 2; ++v) {
+        if ((v == 0) == (rep % 2 == 0)) {
+          RunOnly(all, tier.cluster);
+          DropCache(data);
+          auto before = LaneStat(tier, "disk_reads");
+          const auto t0 = Clock::now();
+          auto pull = Run(tier, uniform_keys, false);
+          const double s = Seconds(t0);
+          auto after = LaneStat(tier, "disk_reads");
           if (!pull.ok()) return fail(pull.status());
-          uni_pull_mem.push_back(*pull);
+          if (!before.ok() || !after.ok())
+            return fail(before.ok() ? after.status() : before.status());
+          miss_rate.push_back((*after - *before) / s);
+          uni_pull_tier.push_back(*pull);
+        } else {
+          tier.cluster.Pause();
+          disk_read_rate.push_back(
+              DiskRandomRead(read_file, read_bytes, 2, FLAGS_min_rep_s, &direct));
+          if (with_memory) {
+            RunOnly(all, mem.cluster);
+            auto pull = Run(mem, uniform_keys, false);
+            if (!pull.ok()) return fail(pull.status());
+            uni_pull_mem.push_back(*pull);
+          }
         }
       }
     }
-  }
-  std::filesystem::remove(read_file);
+    std::filesystem::remove(read_file);
 
-  // --- Checkpoint and restore of the whole table (the tier server, at 1/100).
-  double ckpt_s = 0, restore_s = 0, ckpt_bytes = 0;
-  if (FLAGS_checkpoint) {
-    RunOnly(all, tier.cluster);
-    if (!(st = WaitWrittenBack(tier)).ok()) return fail(st);
-    const auto c0 = Clock::now();
-    auto cut = tier.client->Checkpoint("ckpt");
-    ckpt_s = Seconds(c0);
-    if (!cut.ok()) return fail(cut.status());
-    ckpt_bytes = static_cast<double>(BytesUnder(root + "/ckpt"));
-    if (FLAGS_restore) {
-      const auto q0 = Clock::now();
-      if (!(st = tier.client->Restore("ckpt")).ok()) return fail(st);
-      restore_s = Seconds(q0);
+    // --- Checkpoint and restore of the whole table (the tier server, at 1/100).
+    if (FLAGS_checkpoint) {
+      RunOnly(all, tier.cluster);
+      if (!(st = WaitWrittenBack(tier)).ok()) return fail(st);
+      const auto c0 = Clock::now();
+      auto cut = tier.client->Checkpoint("ckpt");
+      ckpt_s = Seconds(c0);
+      if (!cut.ok()) return fail(cut.status());
+      ckpt_bytes = static_cast<double>(BytesUnder(root + "/ckpt"));
+      if (FLAGS_restore) {
+        const auto q0 = Clock::now();
+        if (!(st = tier.client->Restore("ckpt")).ok()) return fail(st);
+        restore_s = Seconds(q0);
+      }
     }
   }
   mem.cluster.Resume();
@@ -527,6 +589,16 @@ int Main(int argc, char** argv) {
          << ",\"zipf_push_memory" << sfx << "\":" << Median(c.push_mem) << ",\"zipf_pull_tier"
          << sfx << "\":" << Median(c.pull_tier) << ",\"zipf_pull_memory" << sfx
          << "\":" << Median(c.pull_mem);
+    if (with_b) {
+      const double push_b = with_memory ? Median(c.push_tier_b) / Median(c.push_mem) : 0;
+      const double pull_b = with_memory ? Median(c.pull_tier_b) / Median(c.pull_mem) : 0;
+      std::printf("  server b: push %.0f keys/s (%.2fx of memory), pull %.0f (%.2fx)\n",
+                  Median(c.push_tier_b), push_b, Median(c.pull_tier_b), pull_b);
+      json << ",\"zipf_push_vs_memory_b" << sfx << "\":" << push_b << ",\"zipf_pull_vs_memory_b"
+           << sfx << "\":" << pull_b << ",\"zipf_push_tier_b" << sfx
+           << "\":" << Median(c.push_tier_b) << ",\"zipf_pull_tier_b" << sfx
+           << "\":" << Median(c.pull_tier_b);
+    }
     first_batch = false;
   }
   const double hit_rate = zipf_hits.ok() && zipf_lookups.ok() && *zipf_lookups > 0
@@ -547,14 +619,16 @@ int Main(int argc, char** argv) {
       "bytes per row: memory-only RSS %.0f, on disk %.0f (data dir %.2f GB); tier RSS at "
       "1/10 %.0f MiB; restart %.1f s\n",
       mem_per_row, disk_per_row, disk_bytes / 1e9, tier10_rss_mb, restart_s);
-  if (FLAGS_checkpoint) {
+  if (FLAGS_checkpoint && all_phases) {
     std::printf("checkpoint %.2f GB in %.1f s (%.2f GB/s, %.2fx of sequential writes)\n",
                 ckpt_bytes / 1e9, ckpt_s, ckpt_bytes / ckpt_s / 1e9, ckpt_bytes / ckpt_s / seq);
   }
-  if (FLAGS_restore) {
+  if (FLAGS_restore && all_phases) {
     std::printf("restore %.1f s (%.2f GB/s, %.2fx of sequential writes)\n", restore_s,
                 ckpt_bytes / restore_s / 1e9, ckpt_bytes / restore_s / seq);
   }
+  json << ",\"tier_memory_bytes_per_row\":" << bytes_per_row_a;
+  if (with_b) json << ",\"tier_memory_bytes_per_row_b\":" << bytes_per_row_b;
   json << ",\"zipf_pull_hit_rate\":" << hit_rate
        << ",\"uniform_pull_tier_1_100\":" << Median(uni_pull_tier)
        << ",\"uniform_pull_memory\":" << Median(uni_pull_mem)
@@ -569,12 +643,12 @@ int Main(int argc, char** argv) {
        << ",\"fill_memory_s\":" << fill_mem_s << ",\"settle_s\":" << settle_s;
   json << ",\"tier_back_pressure_waits\":" << (waits.ok() ? *waits : 0)
        << ",\"tier_admission_rejects\":" << (rejects.ok() ? *rejects : 0);
-  if (FLAGS_checkpoint) {
+  if (FLAGS_checkpoint && all_phases) {
     json << ",\"checkpoint_gb\":" << ckpt_bytes / 1e9 << ",\"checkpoint_s\":" << ckpt_s
          << ",\"checkpoint_gb_s\":" << ckpt_bytes / ckpt_s / 1e9
          << ",\"checkpoint_vs_disk_seq_write\":" << ckpt_bytes / ckpt_s / seq;
   }
-  if (FLAGS_restore) {
+  if (FLAGS_restore && all_phases) {
     json << ",\"restore_s\":" << restore_s << ",\"restore_gb_s\":" << ckpt_bytes / restore_s / 1e9
          << ",\"restore_vs_disk_seq_write\":" << ckpt_bytes / restore_s / seq;
   }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "storage/prefetch_internal.h"
+
 namespace tessera::internal {
 
 /// Approximate access counts of up to about `capacity` keys of interest (the rows a memory tier
@@ -37,6 +39,11 @@ class FrequencySketch {
       }
     }
     if (changed && ++adds_ >= period_) Age();
+  }
+
+  /// Starts loading the counters of `hash` (an Add of it soon after finds them in cache).
+  void Prefetch(uint64_t hash) const {
+    PrefetchLine(&words_[(hash & block_mask_) * kBlockWords]);
   }
 
   /// The key's count in the current period (halved once per period), 0..15.

@@ -251,19 +251,17 @@ Status RocksDbLaneStore::Lookup(uint64_t table_id, std::span<const uint64_t> key
   const uint32_t dim = t->spec.dim;
   CachedRows& rows = *t->rows;
   misses_.clear();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ++stats_.lookups;
-    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
+  stats_.lookups += keys.size();
+  rows.FindEach(keys, TouchAhead(*t), [&](size_t i, uint32_t slot) {
     Touch(*t, keys[i]);
-    const uint32_t slot = rows.Find(keys[i]);
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
-      continue;
+      return;
     }
     ++stats_.memory_hits;
     rows.flags(slot) |= CachedRows::kReferenced;
     std::memcpy(out[i], rows.row(slot), sizeof(float) * dim);
-  }
+  });
   if (misses_.empty()) return Status::OK();
   TESSERA_RETURN_IF_ERROR(Fetch(t, keys, misses_));
   for (uint32_t i : misses_) {
@@ -316,10 +314,8 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
   // Finds a key, each a chain of cache misses, were a third of a strict server's CPU.)
   misses_.clear();
   found_.resize(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kPrefetchAhead < keys.size()) rows.Prefetch(keys[i + kPrefetchAhead]);
+  rows.FindEach(keys, TouchAhead(*t), [&](size_t i, uint32_t slot) {
     Touch(*t, keys[i]);
-    const uint32_t slot = rows.Find(keys[i]);
     found_[i] = slot;
     if (slot == CachedRows::kNoSlot) {
       misses_.push_back(static_cast<uint32_t>(i));
@@ -328,7 +324,7 @@ Status RocksDbLaneStore::Apply(uint64_t table_id, std::span<const uint64_t> keys
       rows.flags(slot) |= CachedRows::kReferenced;
       MarkDirty(t, slot);
     }
-  }
+  });
   if (!misses_.empty()) TESSERA_RETURN_IF_ERROR(Fetch(t, keys, misses_));
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint64_t key = keys[i];

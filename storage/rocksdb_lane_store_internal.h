@@ -124,6 +124,12 @@ class RocksDbLaneStore final : public LaneStore {
   void Touch(const Table& t, uint64_t key) {
     if (sketch_) sketch_->Add(KeyHash(t, key));
   }
+  // For CachedRows::FindEach: loads the sketch's counters of a key some keys before its Touch.
+  auto TouchAhead(const Table& t) const {
+    return [this, &t](uint64_t key) {
+      if (sketch_) sketch_->Prefetch(KeyHash(t, key));
+    };
+  }
   uint64_t KeyHash(const Table& t, uint64_t key) const { return Mix64(key ^ Mix64(t.id)); }
   // Whether a missed row of `t` may enter the memory tier: always while the budget has room;
   // else when `key` was seen more often lately than the row CLOCK would evict for it (which is

@@ -13,10 +13,12 @@ namespace {
 constexpr size_t kTargetBlockBytes = 4 * 1024;
 }  // namespace
 
-CachedRows::CachedRows(uint32_t floats)
+CachedRows::CachedRows(uint32_t floats) : CachedRows(floats, SlotTagIndex<SlotKey>::NewSeed()) {}
+
+CachedRows::CachedRows(uint32_t floats, uint64_t index_seed)
     : floats_(floats),
       slot_bytes_((sizeof(Header) + size_t{floats} * sizeof(float) + 7) / 8 * 8),
-      index_(0, SlotHash{this}, SlotEq{this}) {
+      index_(SlotKey{this}, index_seed) {
   const size_t rows = std::max<size_t>(1, kTargetBlockBytes / slot_bytes_);
   block_shift_ = static_cast<uint32_t>(std::bit_width(std::bit_floor(rows)) - 1);
   block_mask_ = (uint32_t{1} << block_shift_) - 1;
@@ -43,7 +45,7 @@ uint32_t CachedRows::Insert(uint64_t key) {
   h.key = key;
   h.meta = RowMeta{};
   h.flags = kLive | kReferenced;
-  index_.insert(slot);  // hashes the key just written
+  index_.Insert(key, slot);
   return slot;
 }
 
@@ -51,7 +53,7 @@ void CachedRows::Erase(uint32_t slot) {
   if ((header(slot).flags & kLive) == 0) return;
   // The key becomes a free-list link: a Frozen that still holds the row keeps its key.
   Header& h = *reinterpret_cast<Header*>(OwnedSlotPtr(slot));
-  index_.erase(slot);  // while the key is still in the header
+  index_.Erase(h.key, slot);  // while the key is still in the header
   if (PinnedFlags(h.flags)) {
     if ((h.flags >> kGenShift) == dirty_gen_) {
       --dirty_rows_;
@@ -85,9 +87,7 @@ uint32_t CachedRows::NextVictim() {
 uint64_t CachedRows::MemoryBytes() const {
   // A block: its bytes and the shared_ptr's control block (about 32 bytes with malloc's header).
   const uint64_t arena = uint64_t{blocks_.size()} * (BlockBytes() + 32);
-  // absl's SwissTable: one 4-byte slot and one control byte per bucket.
-  const uint64_t index = index_.capacity() * (sizeof(uint32_t) + 1);
-  return arena + index + blocks_.capacity() * (sizeof(blocks_[0]) + 1) + sizeof(*this);
+  return arena + IndexBytes() + blocks_.capacity() * (sizeof(blocks_[0]) + 1) + sizeof(*this);
 }
 
 void CachedRows::BeginFlight() {
@@ -146,9 +146,8 @@ bool CachedRows::Compact() {
     }
     if (next_hole == holes.size() || holes[next_hole] >= s) break;
     const uint32_t dst = holes[next_hole++];
-    index_.erase(s);
+    index_.Renumber(header(s).key, s, dst);
     std::memcpy(OwnedSlotPtr(dst), SlotPtr(s), slot_bytes_);
-    index_.insert(dst);
     flags(s) = 0;
     --top;
   }
@@ -163,7 +162,7 @@ bool CachedRows::Compact() {
   blocks_.shrink_to_fit();
   frozen_.resize(keep_blocks);
   frozen_.shrink_to_fit();
-  index_.rehash(0);
+  index_.ShrinkToFit();
   return released;
 }
 

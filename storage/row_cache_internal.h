@@ -2,28 +2,32 @@
 // with a compact index and a CLOCK (second-chance) eviction order.
 #pragma once
 
-#include <absl/container/flat_hash_set.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ps/routing.h"
+#include "storage/prefetch_internal.h"
+#include "storage/slot_tag_index_internal.h"
 #include "storage/storage.h"
 
 namespace tessera::internal {
 
-/// Lookups and applies of a batch of keys prefetch the index entries of the key this many keys
-/// ahead: a random key's index probe is a cache miss otherwise.
-inline constexpr size_t kPrefetchAhead = 8;
+/// A batch's lookups (CachedRows::FindEach) load the index entries of the key this many keys
+/// ahead and the slot (header and row) of the key kRowAhead ahead: a random key's probe and
+/// slot are each a cache miss otherwise, one waiting for the other.
+inline constexpr size_t kIndexAhead = 16;
+inline constexpr size_t kRowAhead = 8;
 
 /// Rows of one sparse table cached in memory. A slot holds a 24-byte header (key, RowMeta,
 /// flags) followed by the row's floats (value, then optimizer state); slots live in blocks of
 /// at most 8 KiB (a power of two of slots) allocated once and reused through an intrusive free
-/// list. The index is a hash set of 4-byte slot numbers whose hash and equality read the key
-/// from the slot, so a row costs its slot plus about 5-11 bytes of index (see MemoryBytes()).
+/// list. The index (SlotTagIndex) holds a 4-byte entry a row, slot number and hash tag, and
+/// compares the key in the slot, so a row costs its slot plus 5.3-10.7 bytes of index (see
+/// MemoryBytes()).
 ///
 /// Freeze() shares every block with a Frozen view copy-on-write: the first change to a shared
 /// block's keys, metas or floats copies that block, so the view keeps the rows as they were and
@@ -79,8 +83,10 @@ class CachedRows {
     uint32_t block_shift_ = 0, block_mask_ = 0;
   };
 
-  /// `floats` per row: value plus optimizer state.
+  /// `floats` per row: value plus optimizer state. `index_seed`: the index's hash seed (tests
+  /// choose keys that collide in it; by default another per table and process).
   explicit CachedRows(uint32_t floats);
+  CachedRows(uint32_t floats, uint64_t index_seed);
   CachedRows(const CachedRows&) = delete;
   CachedRows& operator=(const CachedRows&) = delete;
 
@@ -90,13 +96,33 @@ class CachedRows {
   size_t slot_bytes() const { return slot_bytes_; }
 
   /// The slot of `key`, or kNoSlot.
-  uint32_t Find(uint64_t key) const {
-    auto it = index_.find(KeyRef{key});
-    return it == index_.end() ? kNoSlot : *it;
+  uint32_t Find(uint64_t key) const { return index_.Find(key); }
+  /// fn(i, Find(keys[i])) for each key in order, pipelined: the index entries of key i +
+  /// kIndexAhead are loaded first (and ahead(key) is called for that key, to load the caller's
+  /// own lines), then the slot of key i + kRowAhead is found from the index alone (its tag) and
+  /// its header and row loaded, then key i's key is checked in its slot. `fn` may change flags,
+  /// metas and floats but must not insert or erase.
+  template <typename Ahead, typename Fn>
+  void FindEach(std::span<const uint64_t> keys, Ahead&& ahead, Fn&& fn) const {
+    const size_t n = keys.size();
+    uint32_t candidate[kRowAhead];
+    for (size_t i = 0; i < std::min(n, kIndexAhead); ++i) {
+      index_.Prefetch(keys[i]);
+      ahead(keys[i]);
+    }
+    for (size_t i = 0; i < std::min(n, kRowAhead); ++i) candidate[i] = PrefetchSlot(keys[i]);
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kIndexAhead < n) {
+        index_.Prefetch(keys[i + kIndexAhead]);
+        ahead(keys[i + kIndexAhead]);
+      }
+      uint32_t slot = candidate[i % kRowAhead];
+      if (i + kRowAhead < n) candidate[i % kRowAhead] = PrefetchSlot(keys[i + kRowAhead]);
+      // No candidate: absent. A candidate of another key (same tag): probe again.
+      if (slot != kNoSlot && header(slot).key != keys[i]) slot = index_.Find(keys[i]);
+      fn(i, slot);
+    }
   }
-  /// Starts loading the index's cache lines for `key` (a Find of it soon after costs one miss,
-  /// the slot's header, instead of two or three).
-  void Prefetch(uint64_t key) const { index_.prefetch(KeyRef{key}); }
   /// A new slot for `key`, which must be absent. The header is reset (meta zero, flags kLive |
   /// kReferenced); the floats are uninitialized.
   uint32_t Insert(uint64_t key);
@@ -164,6 +190,8 @@ class CachedRows {
 
   /// Bytes allocated: blocks, index, block table.
   uint64_t MemoryBytes() const;
+  /// Bytes of index (part of MemoryBytes()).
+  uint64_t IndexBytes() const { return index_.capacity() * sizeof(uint32_t); }
   /// Blocks copied because a Frozen shared them (since construction).
   uint64_t copied_blocks() const { return copied_blocks_; }
 
@@ -173,22 +201,22 @@ class CachedRows {
   bool Compact();
 
  private:
-  struct KeyRef {
-    uint64_t key;
-  };
-  struct SlotHash {
-    using is_transparent = void;
+  struct SlotKey {
     const CachedRows* rows;
-    size_t operator()(uint32_t slot) const { return Mix64(rows->header(slot).key); }
-    size_t operator()(KeyRef k) const { return Mix64(k.key); }
+    uint64_t operator()(uint32_t slot) const { return rows->header(slot).key; }
   };
-  struct SlotEq {
-    using is_transparent = void;
-    const CachedRows* rows;
-    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
-    bool operator()(uint32_t a, KeyRef b) const { return rows->header(a).key == b.key; }
-    bool operator()(KeyRef a, uint32_t b) const { return rows->header(b).key == a.key; }
-  };
+
+  // The candidate slot of `key` (SlotTagIndex::Candidate), its header and row lines loading.
+  uint32_t PrefetchSlot(uint64_t key) const {
+    const uint32_t slot = index_.Candidate(key);
+    if (slot != kNoSlot) {
+      // Header and floats: every line the slot touches.
+      const std::byte* p = SlotPtr(slot);
+      for (size_t off = 0; off < slot_bytes_; off += 64) PrefetchLine(p + off);
+      PrefetchLine(p + slot_bytes_ - 1);
+    }
+    return slot;
+  }
 
   std::byte* SlotPtr(uint32_t slot) const {
     return blocks_[slot >> block_shift_].get() + size_t{slot & block_mask_} * slot_bytes_;
@@ -213,7 +241,7 @@ class CachedRows {
   // Per block: 1 while a Frozen taken since its last Unshare may hold it.
   std::vector<uint8_t> frozen_;
   uint64_t copied_blocks_ = 0;
-  absl::flat_hash_set<uint32_t, SlotHash, SlotEq> index_;
+  SlotTagIndex<SlotKey> index_;
   uint32_t next_slot_ = 0;  // slots [0, next_slot_) have been handed out
   uint32_t free_head_ = kNoSlot;
   uint32_t free_count_ = 0;

@@ -182,6 +182,56 @@ TEST(CachedRowsTest, VisitAndReleaseVisitsEachSlotOnceAndGivesTheBlocksBack) {
   EXPECT_EQ(rows.copied_blocks(), 0u);  // nothing left shared
 }
 
+// FindEach gives each key of a batch its slot as Find does: keys present, absent, repeated,
+// and keys whose index tags and home entries collide (a slot found from the index alone that
+// holds another key), in batches shorter and longer than the pipeline.
+TEST(CachedRowsTest, FindEachAgreesWithFindOnCollidingRepeatedAndAbsentKeys) {
+  CachedRows rows(4, /*index_seed=*/0);
+  // Hashes (seed 0) equal in the low 20 and the top 32 bits: same home entry, same tag.
+  std::vector<uint64_t> colliding;
+  for (uint64_t j = 1; j <= 6; ++j) colliding.push_back(Unmix64(0x5a5a5a5a'00000123ull | j << 20));
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> present;
+  for (int i = 0; i < 3000; ++i) present.push_back(rng());
+  for (size_t j = 0; j < colliding.size(); j += 2) present.push_back(colliding[j]);  // 1, 3, 5
+  for (uint64_t k : present) rows.Insert(k);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{12}, size_t{40}, size_t{5000}}) {
+    std::vector<uint64_t> batch;
+    for (size_t i = 0; i < n; ++i) {
+      switch (rng() % 4) {
+        case 0:
+          batch.push_back(rng());
+          break;  // absent
+        case 1:
+          batch.push_back(colliding[rng() % colliding.size()]);
+          break;
+        case 2:
+          batch.push_back(batch.empty() ? present[0] : batch[rng() % batch.size()]);
+          break;
+        default:
+          batch.push_back(present[rng() % present.size()]);
+      }
+    }
+    size_t calls = 0, ahead = 0;
+    rows.FindEach(
+        batch, [&](uint64_t) { ++ahead; },
+        [&](size_t i, uint32_t slot) {
+          ASSERT_EQ(i, calls++);
+          ASSERT_EQ(slot, rows.Find(batch[i])) << "key " << batch[i] << " at " << i;
+          if (slot != CachedRows::kNoSlot) {
+            ASSERT_EQ(rows.header(slot).key, batch[i]);
+          }
+        });
+    EXPECT_EQ(calls, n);
+    EXPECT_EQ(ahead, n);
+  }
+  // The colliding keys present are found, the others not.
+  for (size_t j = 0; j < colliding.size(); ++j) {
+    const uint32_t slot = rows.Find(colliding[j]);
+    EXPECT_EQ(slot != CachedRows::kNoSlot, j % 2 == 0) << j;
+  }
+}
+
 TEST(CachedRowsTest, MemoryPerRowIsCloseToTheRowBytes) {
   // dim 16 + Adagrad state: 32 floats = 128 raw bytes per row.
   CachedRows rows(32);
