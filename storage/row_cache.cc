@@ -13,7 +13,7 @@ namespace {
 constexpr size_t kTargetBlockBytes = 4 * 1024;
 }  // namespace
 
-CachedRows::CachedRows(uint32_t floats) : CachedRows(floats, SlotTagIndex<SlotKey>::NewSeed()) {}
+CachedRows::CachedRows(uint32_t floats) : CachedRows(floats, NewIndexSeed()) {}
 
 CachedRows::CachedRows(uint32_t floats, uint64_t index_seed)
     : floats_(floats),

@@ -12,6 +12,7 @@
 
 #include "ps/routing.h"
 #include "storage/huge_pages_internal.h"
+#include "storage/index_seed_internal.h"
 #include "storage/prefetch_internal.h"
 
 namespace tessera::internal {
@@ -29,7 +30,7 @@ namespace tessera::internal {
 /// 0.11 s). Not thread-safe.
 class SlotIndex {
  public:
-  SlotIndex() : SlotIndex(NewSeed()) {}
+  SlotIndex() : SlotIndex(NewIndexSeed()) {}
   /// With the given hash seed (0: positions from Mix64(key) alone).
   explicit SlotIndex(uint64_t seed) : seed_(seed) { Rehash(16); }
 
@@ -107,14 +108,6 @@ class SlotIndex {
   };
   static_assert(sizeof(Entry) == 16);
   size_t Home(uint64_t key) const { return Mix64(key ^ seed_) & mask_; }
-  // A seed for a new table: another for each table of the process, and random per process
-  // (tables on two servers must differ too).
-  static uint64_t NewSeed() {
-    static const uint64_t process =
-        (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-    static std::atomic<uint64_t> n{0};
-    return Mix64(process + n.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15ull);
-  }
   void Rehash(size_t cap) {
     std::vector<Entry, HugePageAllocator<Entry>> old = std::move(entries_);
     entries_.assign(cap, Entry{});

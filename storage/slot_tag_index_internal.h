@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ps/routing.h"
+#include "storage/index_seed_internal.h"
 #include "storage/prefetch_internal.h"
 
 namespace tessera::internal {
@@ -35,20 +36,13 @@ class SlotTagIndex {
  public:
   static constexpr uint32_t kNoSlot = 0xffffffffu;
 
-  /// A seed for a new index: another for each index of the process, and random per process.
-  static uint64_t NewSeed() {
-    static const uint64_t process =
-        (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-    static std::atomic<uint64_t> n{0};
-    return Mix64(process + n.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15ull);
-  }
 
   /// With the given hash seed (0: positions from Mix64(key) alone, for tests).
   SlotTagIndex(KeyOf key_of, uint64_t seed) : key_of_(std::move(key_of)), seed_(seed) {
     entries_.assign(16, kEmpty);
     mask_ = 15;
   }
-  explicit SlotTagIndex(KeyOf key_of) : SlotTagIndex(std::move(key_of), NewSeed()) {}
+  explicit SlotTagIndex(KeyOf key_of) : SlotTagIndex(std::move(key_of), NewIndexSeed()) {}
 
   size_t size() const { return size_; }
   /// Entries allocated (4 bytes each).
