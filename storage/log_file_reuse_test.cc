@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "storage/log_file_internal.h"
+#include "storage/log_test_util_internal.h"
 #include "storage/test_util_internal.h"
 
 namespace tessera::internal {
@@ -39,18 +40,6 @@ std::unique_ptr<LogFile> MustOpen(const std::string& dir) {
 std::string Payload(uint64_t seq) {
   return "entry-" + std::to_string(seq) +
          std::string(seq <= 40 ? 390 : 40 + seq % 7, 'a' + seq % 26);
-}
-
-std::vector<std::pair<uint64_t, std::string>> ReadAll(LogFile& log, uint64_t after,
-                                                      Status* status = nullptr) {
-  std::vector<std::pair<uint64_t, std::string>> out;
-  Status s = log.Scan(after, [&](uint64_t seq, std::string_view p) {
-    out.emplace_back(seq, std::string(p));
-    return Status::OK();
-  });
-  if (status != nullptr) *status = s;
-  else EXPECT_TRUE(s.ok()) << s.ToString();
-  return out;
 }
 
 std::vector<std::string> Files(const std::string& dir, const std::string& suffix) {

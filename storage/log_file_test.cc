@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/log_test_util_internal.h"
 #include "storage/test_util_internal.h"
 
 namespace tessera::internal {
@@ -29,19 +30,6 @@ std::unique_ptr<LogFile> MustOpen(const std::string& dir, uint64_t segment_bytes
 }
 
 std::string Payload(uint64_t seq) { return "entry-" + std::to_string(seq) + std::string(seq % 7, 'x'); }
-
-// Every record after `after`, as (seq, payload).
-std::vector<std::pair<uint64_t, std::string>> ReadAll(LogFile& log, uint64_t after = 0,
-                                                      Status* status = nullptr) {
-  std::vector<std::pair<uint64_t, std::string>> out;
-  Status s = log.Scan(after, [&](uint64_t seq, std::string_view p) {
-    out.emplace_back(seq, std::string(p));
-    return Status::OK();
-  });
-  if (status != nullptr) *status = s;
-  else EXPECT_TRUE(s.ok()) << s.ToString();
-  return out;
-}
 
 std::vector<std::string> Segments(const std::string& dir) {
   std::vector<std::string> names;

@@ -140,52 +140,80 @@ TEST(DensePullConsistencyTest, EveryPulledServerChunkIsAStateBetweenTwoPushes) {
 // kDensePullChunkFrames the reply is one frame (what a client of an older build reads); with
 // it, one frame per server chunk the range touches, in order. Both hold the same values, on a
 // memory-only server (chunks shared) and on a RocksDB one (chunks copied into their frames).
-class DensePullFramesTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(DensePullFramesTest, ReplyFramesFollowWhatTheRequestTakes) {
-  testing::LocalClusterOptions options = testing::Servers(1);
-  options.with_data_dirs = GetParam();
-  LocalCluster cluster(options);
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
-  constexpr uint64_t kLength = 3 * kDenseChunkFloats + 100;
-  auto t = c->CreateTable(CountingTable("frames", kLength));
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  std::vector<float> g(kLength);
-  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
-  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
-  constexpr uint64_t kOffset = 1000, kCount = 2 * kDenseChunkFloats + 500;  // 3 server chunks
-  RawPeer peer(cluster.endpoints()[0]);
-  for (const uint32_t dim : {0u, kDensePullChunkFrames}) {
+class DensePullFramesTest : public ::testing::TestWithParam<bool> {
+ protected:
+  // One server, memory-only or RocksDB by the parameter, a client of it and a counting table
+  // `name` of `length` floats whose element i holds i.
+  void StartWithIotaTable(const std::string& name, uint64_t length) {
+    testing::LocalClusterOptions options = testing::Servers(1);
+    options.with_data_dirs = GetParam();
+    cluster_ = std::make_unique<LocalCluster>(options);
+    ASSERT_TRUE(cluster_->Start().ok());
+    client_ = Connect(*cluster_);
+    ASSERT_NE(client_, nullptr);
+    auto t = client_->CreateTable(CountingTable(name, length));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    table_ = *t;
+    std::vector<float> g(length);
+    for (uint64_t i = 0; i < length; ++i) g[i] = -static_cast<float>(i);
+    ASSERT_TRUE(client_->Wait(client_->DensePush(table_, 0, g)).ok());
+  }
+  // A raw DensePull of [offset, offset + count) of the table, its frames in `frames`.
+  Header RawPull(RawPeer& peer, uint64_t offset, uint64_t count, uint32_t dim,
+                 std::vector<std::string>* frames) {
     Header h;
     h.op = Op::kDensePull;
-    h.table_id = t->id;
+    h.table_id = table_.id;
     h.elem_type = ElemType::kF32;
-    h.offset = kOffset;
-    h.count = kCount;
+    h.offset = offset;
+    h.count = count;
     h.dim = dim;
+    return peer.Call(h, {}, frames);
+  }
+  // The frames' sizes; and that, joined, they hold elements offset .. offset + count - 1.
+  static std::vector<size_t> ExpectIota(const std::vector<std::string>& frames, uint64_t offset,
+                                        uint64_t count) {
+    std::vector<size_t> sizes;
+    std::string joined;
+    for (const std::string& f : frames) {
+      sizes.push_back(f.size());
+      joined += f;
+    }
+    EXPECT_EQ(joined.size(), count * 4);
+    std::vector<float> v(joined.size() / 4);
+    std::memcpy(v.data(), joined.data(), v.size() * 4);
+    for (uint64_t i = 0; i < v.size(); ++i) {
+      if (v[i] != static_cast<float>(offset + i)) {
+        ADD_FAILURE() << "element " << offset + i << " holds " << v[i];
+        break;
+      }
+    }
+    return sizes;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<Client> client_;
+  Table table_;
+};
+
+TEST_P(DensePullFramesTest, ReplyFramesFollowWhatTheRequestTakes) {
+  constexpr uint64_t kLength = 3 * kDenseChunkFloats + 100;
+  ASSERT_NO_FATAL_FAILURE(StartWithIotaTable("frames", kLength));
+  constexpr uint64_t kOffset = 1000, kCount = 2 * kDenseChunkFloats + 500;  // 3 server chunks
+  RawPeer peer(cluster_->endpoints()[0]);
+  for (const uint32_t dim : {0u, kDensePullChunkFrames}) {
     std::vector<std::string> frames;
-    const Header r = peer.Call(h, {}, &frames);
+    const Header r = RawPull(peer, kOffset, kCount, dim, &frames);
     ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
     EXPECT_EQ(r.offset, kOffset);
     EXPECT_EQ(r.count, kCount);
-    std::vector<size_t> sizes;
-    for (const std::string& f : frames) sizes.push_back(f.size());
+    const std::vector<size_t> sizes = ExpectIota(frames, kOffset, kCount);
     if (dim == 0) {
       EXPECT_EQ(sizes, std::vector<size_t>({kCount * 4}));
     } else {
       EXPECT_EQ(sizes, std::vector<size_t>({(kDenseChunkFloats - kOffset) * 4,
                                             kDenseChunkFloats * 4,
                                             (kOffset + kCount - 2 * kDenseChunkFloats) * 4}));
-    }
-    std::string joined;
-    for (const std::string& f : frames) joined += f;
-    ASSERT_EQ(joined.size(), kCount * 4);
-    std::vector<float> v(kCount);
-    std::memcpy(v.data(), joined.data(), joined.size());
-    for (uint64_t i = 0; i < kCount; ++i) {
-      ASSERT_EQ(v[i], static_cast<float>(kOffset + i)) << "element " << kOffset + i;
     }
   }
 }
@@ -196,18 +224,8 @@ TEST_P(DensePullFramesTest, ReplyFramesFollowWhatTheRequestTakes) {
 // with it one frame per server chunk touched, each cut to the range; the client reads both
 // shapes into the caller's buffer (its pulls of the same ranges).
 TEST_P(DensePullFramesTest, OneFloatChunkBordersAndAWholeTableOfWholeChunks) {
-  testing::LocalClusterOptions options = testing::Servers(1);
-  options.with_data_dirs = GetParam();
-  LocalCluster cluster(options);
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
   constexpr uint64_t kC = kDenseChunkFloats, kLength = 2 * kC;
-  auto t = c->CreateTable(CountingTable("edges", kLength));
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  std::vector<float> g(kLength);
-  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
-  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartWithIotaTable("edges", kLength));
   struct Range {
     uint64_t offset, count;
     std::vector<size_t> chunk_frames;  // frame sizes in bytes with kDensePullChunkFrames
@@ -218,38 +236,20 @@ TEST_P(DensePullFramesTest, OneFloatChunkBordersAndAWholeTableOfWholeChunks) {
       {0, kC, {kC * 4}},     {kC, kC, {kC * 4}},
       {1, kLength - 2, {(kC - 1) * 4, (kC - 1) * 4}},
   };
-  RawPeer peer(cluster.endpoints()[0]);
+  RawPeer peer(cluster_->endpoints()[0]);
   for (const Range& r : ranges) {
     SCOPED_TRACE("range [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.count) +
                  ")");
     for (const uint32_t dim : {0u, kDensePullChunkFrames}) {
-      Header h;
-      h.op = Op::kDensePull;
-      h.table_id = t->id;
-      h.elem_type = ElemType::kF32;
-      h.offset = r.offset;
-      h.count = r.count;
-      h.dim = dim;
       std::vector<std::string> frames;
-      const Header reply = peer.Call(h, {}, &frames);
+      const Header reply = RawPull(peer, r.offset, r.count, dim, &frames);
       ASSERT_EQ(reply.status, StatusCode::kOk) << reply.message;
       EXPECT_EQ(reply.dim, dim);
-      std::vector<size_t> sizes;
-      std::string joined;
-      for (const std::string& f : frames) {
-        sizes.push_back(f.size());
-        joined += f;
-      }
-      EXPECT_EQ(sizes, dim == 0 ? std::vector<size_t>{r.count * 4} : r.chunk_frames);
-      ASSERT_EQ(joined.size(), r.count * 4);
-      std::vector<float> v(r.count);
-      std::memcpy(v.data(), joined.data(), joined.size());
-      for (uint64_t i = 0; i < r.count; ++i) {
-        ASSERT_EQ(v[i], static_cast<float>(r.offset + i)) << "element " << r.offset + i;
-      }
+      EXPECT_EQ(ExpectIota(frames, r.offset, r.count),
+                dim == 0 ? std::vector<size_t>{r.count * 4} : r.chunk_frames);
     }
     std::vector<float> out(r.count + 2, -1.0f);
-    const Status s = c->Wait(c->DensePull(*t, r.offset, r.count, out.data() + 1));
+    const Status s = client_->Wait(client_->DensePull(table_, r.offset, r.count, out.data() + 1));
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(out.front(), -1.0f) << "written before the caller's range";
     EXPECT_EQ(out.back(), -1.0f) << "written after the caller's range";
@@ -330,38 +330,21 @@ TEST_P(DensePullFramesTest, HostileDimIsRefusedAndLosesNothing) {
 // of one lane within one run of the table's memory (DenseRuns: 8 lane chunks of a 2-lane
 // server, 16 table chunks); a RocksDB server copies each lane's chunks into one frame.
 TEST_P(DensePullFramesTest, RunFramesHoldEachChunkOnceAndOneFramePerLaneRun) {
-  testing::LocalClusterOptions options = testing::Servers(1);
-  options.with_data_dirs = GetParam();
-  LocalCluster cluster(options);
-  ASSERT_TRUE(cluster.Start().ok());
-  auto c = Connect(cluster);
-  ASSERT_NE(c, nullptr);
   constexpr uint64_t kC = kDenseChunkFloats, kLength = 40 * kC + 7;
-  auto t = c->CreateTable(CountingTable("runs", kLength));
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  std::vector<float> g(kLength);
-  for (uint64_t i = 0; i < kLength; ++i) g[i] = -static_cast<float>(i);  // element i holds i
-  ASSERT_TRUE(c->Wait(c->DensePush(*t, 0, g)).ok());
-  RawPeer peer(cluster.endpoints()[0]);
+  ASSERT_NO_FATAL_FAILURE(StartWithIotaTable("runs", kLength));
+  RawPeer peer(cluster_->endpoints()[0]);
   const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
       {0, 16 * kC}, {1000, 20 * kC}, {kLength - 1, 1}, {0, kLength}, {kC - 1, 2}, {31 * kC, kC}};
   for (const auto& [offset, count] : ranges) {
     SCOPED_TRACE("range [" + std::to_string(offset) + ", " + std::to_string(offset + count) + ")");
-    Header h;
-    h.op = Op::kDensePull;
-    h.table_id = t->id;
-    h.elem_type = ElemType::kF32;
-    h.offset = offset;
-    h.count = count;
-    h.dim = kDensePullRunFrames;
     std::vector<std::string> frames;
-    const Header reply = peer.Call(h, {}, &frames);
+    const Header reply = RawPull(peer, offset, count, kDensePullRunFrames, &frames);
     ASSERT_EQ(reply.status, StatusCode::kOk) << reply.message;
     EXPECT_EQ(reply.dim, kDensePullRunFrames);
     // The frames the design gives: one per (lane, run) touched, or per lane when copied.
     std::set<std::pair<uint32_t, uint64_t>> groups;
     for (uint64_t k = offset / kC; k <= (offset + count - 1) / kC; ++k) {
-      groups.emplace(LaneOfChunk(t->id, k, 2), GetParam() ? 0 : (k / 2) / 8);
+      groups.emplace(LaneOfChunk(table_.id, k, 2), GetParam() ? 0 : (k / 2) / 8);
     }
     EXPECT_EQ(frames.size(), 1 + groups.size());
     std::vector<zmq::message_t> msgs;

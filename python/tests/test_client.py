@@ -42,6 +42,18 @@ def die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
+
+def _progress_while_waiting(state, seconds=0.5):
+    """Loop iterations this thread makes in `seconds` while another thread is inside a call
+    that waits (state["inside"] and not state["done"]): many only if that call released the
+    GIL."""
+    progress = 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if state["inside"] and not state["done"]:
+            progress += 1
+    return progress
+
 class LocalCluster:
     """NUM_SERVERS tessera-server processes with RocksDB data dirs and an admin root in a temp dir."""
 
@@ -333,11 +345,7 @@ class ClientTest(unittest.TestCase):
         th = threading.Thread(target=worker0)
         th.start()
         # This thread must run while worker 0 waits in the barrier: only if the GIL is released.
-        progress = 0
-        start = time.monotonic()
-        while time.monotonic() - start < 0.5:
-            if state["inside"] and not state["done"]:
-                progress += 1
+        progress = _progress_while_waiting(state)
         self.assertGreater(progress, 1000, "no Python progress while barrier() was waiting")
         self.assertFalse(state["done"])
         w1.barrier("gil", timeout_ms=5000)
@@ -375,11 +383,7 @@ class ClientTest(unittest.TestCase):
                 th = threading.Thread(target=waiter)
                 try:
                     th.start()
-                    progress = 0
-                    start = time.monotonic()
-                    while time.monotonic() - start < 0.5:
-                        if state["inside"] and not state["done"]:
-                            progress += 1
+                    progress = _progress_while_waiting(state)
                     self.assertGreater(progress, 1000,
                                        "no Python progress while %s waited" % how)
                     self.assertFalse(state["done"], "the %s finished on stopped servers" % how)
