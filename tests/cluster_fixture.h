@@ -39,7 +39,9 @@ inline LocalClusterOptions Servers(uint32_t n) {
 
 /// A cluster of tessera-server processes on free loopback ports, in a temp dir of its own.
 /// Every process is killed and the temp dir removed on destruction (children also die with
-/// the test process: PR_SET_PDEATHSIG). Not thread-safe.
+/// the test process: PR_SET_PDEATHSIG); with TESSERA_KEEP_CLUSTER_DIR set in the environment
+/// the dir (servers' logs and data) is kept for a post-mortem and its path printed. Not
+/// thread-safe.
 class LocalCluster {
  public:
   explicit LocalCluster(LocalClusterOptions options);

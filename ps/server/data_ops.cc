@@ -228,16 +228,27 @@ void ServerImpl::GiveBackSeq(const Header& h, bool resend) {
 }
 
 // True when push `h`, refused with `refused` before it was taken, comes again under the same
-// number: one counted in another server's sequence (client_origin: the client resends such a
-// push where its keys are now, never renumbered) refused for its map version (the reply
-// carries another version than the request's, so the client routes it again). Its later
-// pushes of that sequence then wait for it (PushDedup::Refused): taken first, they would put
-// the mark above it and its resend would be answered as a retry, applied nowhere.
+// number, so that its later pushes of that sequence must wait for it (PushDedup::Refused):
+// taken first, they would put the mark above it and its resend would be answered as a retry,
+// applied nowhere. Two such refusals:
+//  - one counted in another server's sequence (client_origin: the client resends such a push
+//    where its keys are now, never renumbered) refused for its map version (the reply carries
+//    another version than the request's, so the client routes it again);
+//  - one forwarded by a primary that this server fenced off (CheckReplica: the sender is no
+//    longer the primary of its slots here). That primary answers its client Unavailable
+//    (FailEntry), and the client sends the push again under the same number: to the same
+//    server, or, once its map retires it, to the slots' new primary, this server among them,
+//    with that primary as its origin, the same dedup key as the forwarded copy's. A cut-off
+//    primary resuming after a fail-over forwards a burst of such pushes; clearing the gap
+//    here instead let the client's later rerouted pushes be taken first (issue 35's random
+//    fault test lost an acknowledged push so).
 bool ServerImpl::ResentUnderItsNumber(const Header& h, const Status& refused) {
-  if (!IsPush(h.op) || h.replica_from != 0 || h.client_origin == 0 || h.client_id == 0 ||
-      refused.code() != StatusCode::kFailedPrecondition || !options_.follow_cluster_map) {
+  if (!IsPush(h.op) || h.client_id == 0 || refused.code() != StatusCode::kFailedPrecondition ||
+      !options_.follow_cluster_map) {
     return false;
   }
+  if (h.replica_from != 0) return true;
+  if (h.client_origin == 0) return false;
   // The version the reply carries (not Current(), which may move to a newer map now).
   return fence_.ReplyVersion() != h.map_version;
 }

@@ -369,8 +369,9 @@ Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
   if (s.ok()) s = dense ? Dense(p) : Sparse(p);
   // A push refused other than Unavailable is not sent again under its number (a stale map
   // gets it a new one): a gap its earlier refusal left is closed (PushDedup::kBlocked). One
-  // counted in another server's sequence and refused for its map version is sent again
-  // under its number: its later pushes wait for it.
+  // that comes again under its number (ResentUnderItsNumber: counted in another server's
+  // sequence and refused for its map version, or forwarded by a primary fenced off here)
+  // leaves a gap: its later pushes wait for it.
   if (!s.ok() && IsPush(h.op) && s.code() != StatusCode::kUnavailable) {
     if (ResentUnderItsNumber(h, s)) {
       dedup_.Refused(h.client_id, h.client_seq);

@@ -113,5 +113,53 @@ TEST_F(ForwardedPushTest, AForgedForwardedPushIsRefusedAndThePrimaryServesOn) {
   EXPECT_EQ(ServerStat(2, "replica_refused_ahead"), 1);
 }
 
+// A primary cut off by a fail-over resumes and forwards the pushes it still held to its old
+// backup, now the slots' primary, which fences them off (FailedPrecondition). Its client
+// sends each of them again there under the same number, with that primary as the origin;
+// the client's later pushes of that numbering must wait for it. They were taken first once
+// (the refusal closed the gap a resend leaves), the mark went above the refused number, and
+// its resend was answered as a retry and applied nowhere: an acknowledged push lost (issue
+// 35's random fault test, ReplicatedRandomFaults.FailOverRebuildAndScale). Here server 2
+// stands for the new primary: a push forwarded by "server 0" for server 2's slots, then the
+// client's pushes of server 0's numbering (client_origin 1) in the wrong order.
+TEST_F(ForwardedPushTest, AFencedOffForwardedPushKeepsItsNumberForTheClientsResend) {
+  auto c = CoordinatorClient();
+  ASSERT_NE(c, nullptr);
+  const Table t = Sparse(*c, "emb");
+  const std::vector<uint64_t> all = KeysOf(2, 8);  // server 2's slots at version 1
+  const std::vector<uint64_t> first(all.begin(), all.begin() + 4);
+  const std::vector<uint64_t> second(all.begin() + 4, all.end());
+  const std::vector<float> ones(first.size() * kDim, 1.0f);
+  constexpr uint64_t kClient = 0x7e55e7a;
+  auto push = [&](const std::vector<uint64_t>& keys, uint64_t seq, uint16_t replica_from) {
+    Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
+    h.map_version = 1;
+    h.client_id = kClient;
+    h.client_origin = 1;  // counted in server 0's sequence
+    h.client_seq = seq;
+    h.replica_from = replica_from;
+    return RawPeer(cluster_->endpoints()[2]).Call(h, {Bytes(keys), Bytes(ones)});
+  };
+  // Push 5 of server 0's numbering, forwarded by server 0, which is not the primary here.
+  Header r = push(first, 5, /*replica_from=*/1);
+  ASSERT_EQ(r.status, StatusCode::kFailedPrecondition) << r.message;
+  EXPECT_NE(r.message.find("replication refused"), std::string::npos) << r.message;
+  // The client's push 6 comes before its resend of 5: it waits (Unavailable, not taken).
+  r = push(second, 6, /*replica_from=*/0);
+  EXPECT_EQ(r.status, StatusCode::kUnavailable) << r.message;
+  // Then 5 and 6 in order: each applied once.
+  r = push(first, 5, 0);
+  ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
+  r = push(second, 6, 0);
+  ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
+  std::vector<float> out(all.size() * kDim, -999.0f);
+  const Status s = c->Wait(c->Pull(t, all, out.data()));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(out[i], -1.0f) << "key " << all[i / kDim] << " (push " << (i / kDim < 4 ? 5 : 6)
+                             << ")";
+  }
+}
+
 }  // namespace
 }  // namespace tessera::testing

@@ -162,7 +162,8 @@ class PushLedger {
           }
         }
         ADD_FAILURE() << "push " << p.id << " (" << OutcomeName(p.outcome) << ": "
-                      << p.status << ", sent " << p.sent_at_ms << " ms into the run)"
+                      << p.status << ", sent " << p.sent_at_ms << " ms into the run, its result at "
+                      << p.done_at_ms << " ms)"
                       << (lost ? " lost" : "") << (doubled ? " applied twice" : "")
                       << (torn ? " not all-or-nothing" : "") << "; times applied per key:"
                       << keys;
@@ -189,6 +190,7 @@ class PushLedger {
     Handle handle;
     std::chrono::steady_clock::time_point sent;
     double sent_at_ms = 0;
+    double done_at_ms = 0;  // when the ledger took its final result (ms into the run)
     Outcome outcome = Outcome::kInFlight;
     std::string status;
   };
@@ -204,6 +206,7 @@ class PushLedger {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p.sent)
             .count();
     figures.longest_wait_ms = std::max(figures.longest_wait_ms, waited);
+    p.done_at_ms = p.sent_at_ms + waited;
     p.status = s.ToString();
     if (s.ok()) {
       p.outcome = Outcome::kAcknowledged;
