@@ -330,6 +330,45 @@ TEST_F(ClientFailover, PushInFlightToARetiredPrimaryGoesToTheNewOwnerUnderItsNum
   EXPECT_EQ(servers_[0]->Of(Op::kClock).size(), 0u);
 }
 
+// A retired id given back (a restarted server registered again, `tessera-ctl scale` gave it
+// its id) gets a new push numbering: the pushes of its last stay that were sent again to the
+// slots' new owners are known there under (numbering, that id), and the backup of its new
+// process would get its pushes forwarded under the same key. Numbered on, a later push
+// forwarded so put the mark above one of them still on its way, whose resend was then answered
+// as a retry and applied nowhere (ReplicatedRandomFaults.FailOverRebuildAndScale, seed
+// 2466295921).
+TEST_F(ClientFailover, AnIdGivenBackGetsANewPushNumbering) {
+  Start(2);
+  const Table t = Sparse(2);
+  AdvanceSequence(t, 0, 2);  // server 0's numbers 1 and 2
+  const Received before = servers_[0]->Of(Op::kSparsePush).at(1);
+  ASSERT_EQ(before.h.client_seq, 2u);
+  source_->Publish(Retire0(2, {1}));
+  const std::vector<uint64_t> keys = KeysOf(v1_.primary, 0, 2);
+  const std::vector<float> grads(keys.size() * 2, 0.5f);
+  // Routed to server 1 until the client handled the retirement and took the map that gives
+  // the id back.
+  RoutingMap v3 = v1_;
+  v3.version = 3;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (servers_[0]->Of(Op::kSparsePush).size() == 2 && std::chrono::steady_clock::now() < end) {
+    source_->Publish(v3);
+    ASSERT_TRUE(client_->Wait(client_->Push(t, keys, grads), DeadlineAfterMs(5000)).ok());
+  }
+  const std::vector<Received> got = servers_[0]->Of(Op::kSparsePush);
+  ASSERT_EQ(got.size(), 3u) << "the client never sent to the id given back";
+  EXPECT_EQ(got[2].h.client_seq, 1u);
+  EXPECT_NE(got[2].h.client_id, before.h.client_id);
+  EXPECT_NE(got[2].h.client_id, 0u);
+  EXPECT_EQ(got[2].h.client_origin, 0u);
+  // The numbering goes on from there.
+  ASSERT_TRUE(client_->Wait(client_->Push(t, keys, grads), DeadlineAfterMs(5000)).ok());
+  const std::vector<Received> next = servers_[0]->Of(Op::kSparsePush);
+  ASSERT_EQ(next.size(), 4u);
+  EXPECT_EQ(next[3].h.client_seq, 2u);
+  EXPECT_EQ(next[3].h.client_id, got[2].h.client_id);
+}
+
 TEST_F(ClientFailover, ASplitPushKeepsItsNumberInEveryPiece) {
   Start(3, {1, 2});
   servers_[0]->SetPolicy(Silent);

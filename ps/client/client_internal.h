@@ -292,7 +292,8 @@ class ClientImpl {
     // been taken by a process that is gone.
     uint64_t drops = 0;
     // The id this server's push numbering runs under: 0 for the client's own id, another
-    // random one after the server refused the numbering (RenumberPush).
+    // random one after the server refused the numbering (RenumberPush) or its id was given
+    // back after a retirement (ReviveServers).
     uint64_t push_client = 0;
     // The cluster map version that retired this id (its address emptied; 0: live). Nothing
     // is sent to a retired id again: SendOne hands such requests to SendToRetired.

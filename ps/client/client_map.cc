@@ -106,8 +106,14 @@ void ClientImpl::SendClockTo(uint32_t server) {
 
 Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>& ids) {
   // The caller holds clock_mu_ and io_mu_. Each id (retired by a fail-over or a scale-down, or
-  // known only retired) is connected to its new address, its clock sent; its push numbers go
-  // on from where they were.
+  // known only retired) is connected to its new address, its clock sent, and its pushes get a
+  // new numbering (a new id to number them under; the first push of a numbering is new
+  // everywhere). Numbered on, they would share a dedup key with the pushes of the id's last
+  // stay that were sent again elsewhere under their numbers (client_origin): the new owner of
+  // those slots, when it backs up the new process, would take this process's later numbers
+  // forwarded to it ahead of such a resend still on its way, and answer the resend as a
+  // retry, applied nowhere (ReplicatedRandomFaults.FailOverRebuildAndScale lost an
+  // acknowledged push so).
   for (size_t i : ids) {
     ServerConn& s = servers_[i];
     if (!s.dealer) {  // known only retired: no sockets yet
@@ -126,6 +132,8 @@ Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>&
     s.address = m.addresses[i];
     s.retired_by = 0;
     s.connected = false;
+    s.push_client = RandomClientId();
+    s.push_seq = 0;
     SendClockTo(static_cast<uint32_t>(i));
   }
   return Status::OK();
