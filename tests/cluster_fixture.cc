@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -51,9 +52,10 @@ LocalCluster::~LocalCluster() {
   for (uint32_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] > 0) Kill(i);
   }
-  if (!dir_.empty() && std::getenv("TESSERA_KEEP_CLUSTER_DIR") != nullptr) {
+  if (dir_.empty()) return;
+  if (std::getenv("TESSERA_KEEP_CLUSTER_DIR") != nullptr) {
     std::fprintf(stderr, "kept %s\n", dir_.c_str());
-  } else if (!dir_.empty()) {
+  } else {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }

@@ -131,6 +131,7 @@ TEST_F(ForwardedPushTest, AFencedOffForwardedPushKeepsItsNumberForTheClientsRese
   const std::vector<uint64_t> second(all.begin() + 4, all.end());
   const std::vector<float> ones(first.size() * kDim, 1.0f);
   constexpr uint64_t kClient = 0x7e55e7a;
+  RawPeer peer(cluster_->endpoints()[2]);
   auto push = [&](const std::vector<uint64_t>& keys, uint64_t seq, uint16_t replica_from) {
     Header h = SparseHeader(Op::kSparsePush, t.id, keys.size(), kDim);
     h.map_version = 1;
@@ -138,7 +139,7 @@ TEST_F(ForwardedPushTest, AFencedOffForwardedPushKeepsItsNumberForTheClientsRese
     h.client_origin = 1;  // counted in server 0's sequence
     h.client_seq = seq;
     h.replica_from = replica_from;
-    return RawPeer(cluster_->endpoints()[2]).Call(h, {Bytes(keys), Bytes(ones)});
+    return peer.Call(h, {Bytes(keys), Bytes(ones)});
   };
   // Push 5 of server 0's numbering, forwarded by server 0, which is not the primary here.
   Header r = push(first, 5, /*replica_from=*/1);
