@@ -43,6 +43,7 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_etcd.h"
+#include "benchmarks/bench_process.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 #include "ps/control/scale.h"
@@ -110,6 +111,8 @@ tessera::Result<std::pair<double, uint64_t>> TimeCheckpoint(Tier& tier, int n) {
   return std::make_pair(secs, bytes);
 }
 
+std::vector<std::string> ServerFlags();
+
 tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, const std::string& url,
                                                  const std::string& dir, uint64_t rows,
                                                  bool replicated) {
@@ -127,6 +130,7 @@ tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, cons
                                      "--coordinator=" + url,
                                      "--coordinator_ttl_s=" + std::to_string(FLAGS_ttl_s),
                                      "--admin_root=" + dir + "/admin"};
+    for (const std::string& f : ServerFlags()) argv.push_back(f);
     tier->servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
     auto started = tier->servers.back()->Start(argv);
     if (!started.ok()) return started.status();
@@ -187,9 +191,51 @@ std::thread Pusher(Tier& tier, uint64_t rows, Pushes& pushes, uint64_t seed) {
   });
 }
 
-// Push keys/s of `tier` over `seconds` (median of 0.25 s windows).
-tessera::Result<double> Measure(Tier& tier, uint64_t rows, double seconds, uint64_t seed) {
+// CPU seconds (user + system) of the server processes of `tier`.
+double TierCpuSeconds(const Tier& tier) {
+  double s = 0;
+  for (const auto& server : tier.servers) s += tessera::bench::ProcessCpuSeconds(server->pid());
+  return s;
+}
+
+// Waits until the servers of `a` and `b` are quiet (together under a tenth of a core over the
+// last 3 s) or 30 s passed: the fill's write-backs (each second), RocksDB flushes (5 s after
+// the first unflushed write-back) and compactions of a tier started just before would
+// otherwise run in the first phases. Returns the seconds waited.
+double Settle(const Tier& a, const Tier& b) {
+  const auto t0 = Clock::now();
+  std::vector<double> cpu = {TierCpuSeconds(a) + TierCpuSeconds(b)};  // every 0.5 s
+  while (Clock::now() - t0 < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    cpu.push_back(TierCpuSeconds(a) + TierCpuSeconds(b));
+    if (cpu.size() > 6 && cpu.back() - cpu[cpu.size() - 7] < 0.3) break;
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// What pushing to a tier cost: the CPU seconds of its servers over the whole alternation (its
+// write-backs and RocksDB flushes run on while the other tier pushes), those of this process
+// while it pushed to the tier (the client; the other tier's client idles meanwhile), and the
+// keys its pushes carried.
+struct PhaseCost {
+  double server_cpu_s = 0;
+  double client_cpu_s = 0;
+  uint64_t keys = 0;
+  void Add(const PhaseCost& o) {
+    server_cpu_s += o.server_cpu_s;
+    client_cpu_s += o.client_cpu_s;
+    keys += o.keys;
+  }
+  double ServerUsPerKey() const { return keys ? server_cpu_s * 1e6 / keys : 0; }
+  double ClientUsPerKey() const { return keys ? client_cpu_s * 1e6 / keys : 0; }
+};
+
+// Push keys/s of `tier` over `seconds` (median of 0.25 s windows); adds the phase's keys and
+// client CPU to `cost`.
+tessera::Result<double> Measure(Tier& tier, uint64_t rows, double seconds, uint64_t seed,
+                                PhaseCost* cost) {
   Pushes pushes;
+  const double client0 = tessera::bench::ProcessCpuSeconds(getpid());
   std::thread t = Pusher(tier, rows, pushes, seed);
   const auto from = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
@@ -197,6 +243,10 @@ tessera::Result<double> Measure(Tier& tier, uint64_t rows, double seconds, uint6
   pushes.stop = true;
   t.join();
   if (!pushes.error.ok()) return pushes.error;
+  PhaseCost phase;
+  phase.client_cpu_s = tessera::bench::ProcessCpuSeconds(getpid()) - client0;
+  for (const auto& [at, keys] : pushes.done) phase.keys += keys;
+  cost->Add(phase);
   return tessera::bench::Median(Windows(pushes, from, to, std::min(0.25, seconds / 4)));
 }
 
@@ -263,14 +313,20 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   // The same client loop on each tier in turn, four times (the machine's load drifts; the
   // ratio of the medians compares like with like).
   std::vector<double> plain_rates, repl_rates;
+  const double settle_s = Settle(**plain, **repl);
+  PhaseCost plain_cost, repl_cost;
+  plain_cost.server_cpu_s = -TierCpuSeconds(**plain);
+  repl_cost.server_cpu_s = -TierCpuSeconds(**repl);
   for (int round = 0; round < 4; ++round) {
-    auto a = Measure(**plain, rows, phase_s / 2, 7 + round);
+    auto a = Measure(**plain, rows, phase_s / 2, 7 + round, &plain_cost);
     if (!a.ok()) return Fail(a.status().WithContext("unreplicated tier"));
-    auto b = Measure(**repl, rows, phase_s / 2, 7 + round);
+    auto b = Measure(**repl, rows, phase_s / 2, 7 + round, &repl_cost);
     if (!b.ok()) return Fail(b.status().WithContext("replicated tier"));
     plain_rates.push_back(*a);
     repl_rates.push_back(*b);
   }
+  plain_cost.server_cpu_s += TierCpuSeconds(**plain);
+  repl_cost.server_cpu_s += TierCpuSeconds(**repl);
   // A checkpoint of each tier, alternated twice: a replicated map writes each row once (by its
   // primary), so the bytes match; the time is the copy of the rows off the lanes plus fsync.
   std::vector<double> plain_ckpt, repl_ckpt;
@@ -294,11 +350,23 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   const auto [failover_s, after] = *killed;
   std::printf("replication (3 servers with data directories, one client, %u keys per push; "
               "median of 0.25 s windows, tiers alternated 4 times):\n", FLAGS_keys);
+  std::printf("  (after %.1f s for both tiers' fills to be written back)\n", settle_s);
   std::printf("  push keys/s without backups  %12.0f\n", plain_rate);
   std::printf("  push keys/s, --replication=2 %12.0f  (%.2fx)\n", repl_rate, repl_rate / plain_rate);
   std::printf("  kill -9 of server 1: fail-over %.2f s (lease TTL %u s); push keys/s after %.0f "
               "(%.2fx of before, 2 servers left)\n",
               failover_s, FLAGS_ttl_s, after, after / repl_rate);
+  // CPU per key (each caller key once: the pushes' keys are unique) of the tiers' servers
+  // (over the whole alternation) and of the client (its four phases). On a machine the job
+  // saturates, replicated_cpu_ratio is what replicated_ratio tends to; it does not swing with
+  // the windows' push counts. (The last phase's rows still to be written back are not in it.)
+  const double plain_us = plain_cost.ServerUsPerKey() + plain_cost.ClientUsPerKey();
+  const double repl_us = repl_cost.ServerUsPerKey() + repl_cost.ClientUsPerKey();
+  const double cpu_ratio = repl_us > 0 ? plain_us / repl_us : 0;
+  std::printf("  CPU us per key (servers + client): without backups %.3f + %.3f, "
+              "--replication=2 %.3f + %.3f (unreplicated / replicated: %.2f)\n",
+              plain_cost.ServerUsPerKey(), plain_cost.ClientUsPerKey(),
+              repl_cost.ServerUsPerKey(), repl_cost.ClientUsPerKey(), cpu_ratio);
   const double plain_ckpt_s = tessera::bench::Median(plain_ckpt);
   const double repl_ckpt_s = tessera::bench::Median(repl_ckpt);
   std::printf("  checkpoint (no pushes running; median of 2, alternated): unreplicated %.3f s, "
@@ -309,11 +377,16 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
               "\"push_keys_per_s_replicated\":%.0f,\"replicated_ratio\":%.3f,\"ttl_s\":%u,"
               "\"failover_s\":%.3f,\"push_keys_per_s_after_failover\":%.0f,"
               "\"checkpoint_s_unreplicated\":%.3f,\"checkpoint_s_replicated\":%.3f,"
-              "\"checkpoint_bytes_unreplicated\":%llu,\"checkpoint_bytes_replicated\":%llu}\n",
+              "\"checkpoint_bytes_unreplicated\":%llu,\"checkpoint_bytes_replicated\":%llu,"
+              "\"server_cpu_us_per_key_unreplicated\":%.3f,\"server_cpu_us_per_key_replicated\":%.3f,"
+              "\"client_cpu_us_per_key_unreplicated\":%.3f,\"client_cpu_us_per_key_replicated\":%.3f,"
+              "\"replicated_cpu_ratio\":%.3f,\"settle_s\":%.1f}\n",
               static_cast<unsigned long long>(rows), plain_rate, repl_rate,
               repl_rate / plain_rate, FLAGS_ttl_s, failover_s, after, plain_ckpt_s, repl_ckpt_s,
               static_cast<unsigned long long>(plain_bytes),
-              static_cast<unsigned long long>(repl_bytes));
+              static_cast<unsigned long long>(repl_bytes), plain_cost.ServerUsPerKey(),
+              repl_cost.ServerUsPerKey(), plain_cost.ClientUsPerKey(), repl_cost.ClientUsPerKey(),
+              cpu_ratio, settle_s);
   return 0;
 }
 
