@@ -304,29 +304,46 @@ tessera::Result<std::pair<double, double>> KillAndTimeFailover(Tier& tier, uint6
   return std::pair<double, double>{failover_s, after};
 }
 
+// The push keys/s (median windows) and the CPU of the unreplicated and the replicated tier.
+struct Alternation {
+  double plain_rate = 0, repl_rate = 0;
+  PhaseCost plain_cost, repl_cost;
+};
+
+// The same client loop on each tier in turn, four times (the machine's load drifts; the ratio
+// of the medians compares like with like).
+tessera::Result<Alternation> Alternate(Tier& plain, Tier& repl, uint64_t rows, double phase_s) {
+  Alternation r;
+  std::vector<double> plain_rates, repl_rates;
+  r.plain_cost.server_cpu_s = -TierCpuSeconds(plain);
+  r.repl_cost.server_cpu_s = -TierCpuSeconds(repl);
+  for (int round = 0; round < 4; ++round) {
+    auto a = Measure(plain, rows, phase_s / 2, 7 + round, &r.plain_cost);
+    if (!a.ok()) return a.status().WithContext("unreplicated tier");
+    auto b = Measure(repl, rows, phase_s / 2, 7 + round, &r.repl_cost);
+    if (!b.ok()) return b.status().WithContext("replicated tier");
+    plain_rates.push_back(*a);
+    repl_rates.push_back(*b);
+  }
+  r.plain_cost.server_cpu_s += TierCpuSeconds(plain);
+  r.repl_cost.server_cpu_s += TierCpuSeconds(repl);
+  r.plain_rate = tessera::bench::Median(plain_rates);
+  r.repl_rate = tessera::bench::Median(repl_rates);
+  return r;
+}
+
 int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uint64_t rows,
              double phase_s) {
   auto plain = StartTier(binary, etcd.url("plain"), root + "/plain", rows, false);
   if (!plain.ok()) return Fail(plain.status().WithContext("unreplicated tier"));
   auto repl = StartTier(binary, etcd.url("replicated"), root + "/replicated", rows, true);
   if (!repl.ok()) return Fail(repl.status().WithContext("replicated tier"));
-  // The same client loop on each tier in turn, four times (the machine's load drifts; the
-  // ratio of the medians compares like with like).
-  std::vector<double> plain_rates, repl_rates;
   const double settle_s = Settle(**plain, **repl);
-  PhaseCost plain_cost, repl_cost;
-  plain_cost.server_cpu_s = -TierCpuSeconds(**plain);
-  repl_cost.server_cpu_s = -TierCpuSeconds(**repl);
-  for (int round = 0; round < 4; ++round) {
-    auto a = Measure(**plain, rows, phase_s / 2, 7 + round, &plain_cost);
-    if (!a.ok()) return Fail(a.status().WithContext("unreplicated tier"));
-    auto b = Measure(**repl, rows, phase_s / 2, 7 + round, &repl_cost);
-    if (!b.ok()) return Fail(b.status().WithContext("replicated tier"));
-    plain_rates.push_back(*a);
-    repl_rates.push_back(*b);
-  }
-  plain_cost.server_cpu_s += TierCpuSeconds(**plain);
-  repl_cost.server_cpu_s += TierCpuSeconds(**repl);
+  auto alt = Alternate(**plain, **repl, rows, phase_s);
+  if (!alt.ok()) return Fail(alt.status());
+  const double plain_rate = alt->plain_rate, repl_rate = alt->repl_rate;
+  const PhaseCost& plain_cost = alt->plain_cost;
+  const PhaseCost& repl_cost = alt->repl_cost;
   // A checkpoint of each tier, alternated twice: a replicated map writes each row once (by its
   // primary), so the bytes match; the time is the copy of the rows off the lanes plus fsync.
   std::vector<double> plain_ckpt, repl_ckpt;
@@ -342,8 +359,6 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
     repl_bytes = b->second;
   }
   (*plain)->servers.clear();
-  const double plain_rate = tessera::bench::Median(plain_rates);
-  const double repl_rate = tessera::bench::Median(repl_rates);
   // kill -9 of server 1 while pushing on the replicated tier.
   auto killed = KillAndTimeFailover(**repl, rows, phase_s);
   if (!killed.ok()) return Fail(killed.status());
