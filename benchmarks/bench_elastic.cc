@@ -111,7 +111,15 @@ tessera::Result<std::pair<double, uint64_t>> TimeCheckpoint(Tier& tier, int n) {
   return std::make_pair(secs, bytes);
 }
 
-std::vector<std::string> ServerFlags();
+// The server flags of --server_flags.
+std::vector<std::string> ServerFlags() {
+  std::vector<std::string> flags;
+  std::stringstream extra(FLAGS_server_flags);
+  for (std::string f; std::getline(extra, f, ',');) {
+    if (!f.empty()) flags.push_back(f);
+  }
+  return flags;
+}
 
 tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, const std::string& url,
                                                  const std::string& dir, uint64_t rows,
@@ -198,21 +206,6 @@ double TierCpuSeconds(const Tier& tier) {
   return s;
 }
 
-// Waits until the servers of `a` and `b` are quiet (together under a tenth of a core over the
-// last 3 s) or 30 s passed: the fill's write-backs (each second), RocksDB flushes (5 s after
-// the first unflushed write-back) and compactions of a tier started just before would
-// otherwise run in the first phases. Returns the seconds waited.
-double Settle(const Tier& a, const Tier& b) {
-  const auto t0 = Clock::now();
-  std::vector<double> cpu = {TierCpuSeconds(a) + TierCpuSeconds(b)};  // every 0.5 s
-  while (Clock::now() - t0 < std::chrono::seconds(30)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    cpu.push_back(TierCpuSeconds(a) + TierCpuSeconds(b));
-    if (cpu.size() > 6 && cpu.back() - cpu[cpu.size() - 7] < 0.3) break;
-  }
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // What pushing to a tier cost: the CPU seconds of its servers over the whole alternation (its
 // write-backs and RocksDB flushes run on while the other tier pushes), those of this process
 // while it pushed to the tier (the client; the other tier's client idles meanwhile), and the
@@ -221,11 +214,6 @@ struct PhaseCost {
   double server_cpu_s = 0;
   double client_cpu_s = 0;
   uint64_t keys = 0;
-  void Add(const PhaseCost& o) {
-    server_cpu_s += o.server_cpu_s;
-    client_cpu_s += o.client_cpu_s;
-    keys += o.keys;
-  }
   double ServerUsPerKey() const { return keys ? server_cpu_s * 1e6 / keys : 0; }
   double ClientUsPerKey() const { return keys ? client_cpu_s * 1e6 / keys : 0; }
 };
@@ -243,10 +231,8 @@ tessera::Result<double> Measure(Tier& tier, uint64_t rows, double seconds, uint6
   pushes.stop = true;
   t.join();
   if (!pushes.error.ok()) return pushes.error;
-  PhaseCost phase;
-  phase.client_cpu_s = tessera::bench::ProcessCpuSeconds(getpid()) - client0;
-  for (const auto& [at, keys] : pushes.done) phase.keys += keys;
-  cost->Add(phase);
+  cost->client_cpu_s += tessera::bench::ProcessCpuSeconds(getpid()) - client0;
+  for (const auto& [at, keys] : pushes.done) cost->keys += keys;
   return tessera::bench::Median(Windows(pushes, from, to, std::min(0.25, seconds / 4)));
 }
 
@@ -315,8 +301,7 @@ struct Alternation {
 tessera::Result<Alternation> Alternate(Tier& plain, Tier& repl, uint64_t rows, double phase_s) {
   Alternation r;
   std::vector<double> plain_rates, repl_rates;
-  r.plain_cost.server_cpu_s = -TierCpuSeconds(plain);
-  r.repl_cost.server_cpu_s = -TierCpuSeconds(repl);
+  const double plain_cpu0 = TierCpuSeconds(plain), repl_cpu0 = TierCpuSeconds(repl);
   for (int round = 0; round < 4; ++round) {
     auto a = Measure(plain, rows, phase_s / 2, 7 + round, &r.plain_cost);
     if (!a.ok()) return a.status().WithContext("unreplicated tier");
@@ -325,8 +310,8 @@ tessera::Result<Alternation> Alternate(Tier& plain, Tier& repl, uint64_t rows, d
     plain_rates.push_back(*a);
     repl_rates.push_back(*b);
   }
-  r.plain_cost.server_cpu_s += TierCpuSeconds(plain);
-  r.repl_cost.server_cpu_s += TierCpuSeconds(repl);
+  r.plain_cost.server_cpu_s = TierCpuSeconds(plain) - plain_cpu0;
+  r.repl_cost.server_cpu_s = TierCpuSeconds(repl) - repl_cpu0;
   r.plain_rate = tessera::bench::Median(plain_rates);
   r.repl_rate = tessera::bench::Median(repl_rates);
   return r;
@@ -338,7 +323,12 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   if (!plain.ok()) return Fail(plain.status().WithContext("unreplicated tier"));
   auto repl = StartTier(binary, etcd.url("replicated"), root + "/replicated", rows, true);
   if (!repl.ok()) return Fail(repl.status().WithContext("replicated tier"));
-  const double settle_s = Settle(**plain, **repl);
+  // Both tiers quiet first (their servers together under a tenth of a core over 3 s, at most
+  // 30 s): the fill's write-backs (each second), RocksDB flushes (5 s after the first
+  // unflushed write-back) and compactions of the tier started last would otherwise run in the
+  // first phases of both.
+  const double settle_s = tessera::bench::WaitUntilQuiet(
+      [&] { return TierCpuSeconds(**plain) + TierCpuSeconds(**repl); }, 3, 0.3, 30);
   auto alt = Alternate(**plain, **repl, rows, phase_s);
   if (!alt.ok()) return Fail(alt.status());
   const double plain_rate = alt->plain_rate, repl_rate = alt->repl_rate;
@@ -405,15 +395,6 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   return 0;
 }
 
-// The server flags of --server_flags.
-std::vector<std::string> ServerFlags() {
-  std::vector<std::string> flags;
-  std::stringstream extra(FLAGS_server_flags);
-  for (std::string f; std::getline(extra, f, ',');) {
-    if (!f.empty()) flags.push_back(f);
-  }
-  return flags;
-}
 
 // Pushes every row of `table` (`rows` rows) once, --keys at a time.
 Status Fill(tessera::Client& c, const tessera::Table& table, uint64_t rows,

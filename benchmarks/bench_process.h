@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tessera::bench {
@@ -44,6 +46,24 @@ inline double ProcessCpuSeconds(pid_t pid) {
     if (i == 15) stime = std::strtod(f.c_str(), nullptr);
   }
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Waits, window after window of `window_s`, until `cpu_seconds()` (a sum of processes' CPU
+// seconds) grew by less than `quiet_cpu_s` over one, or `limit_s` passed (checked before each
+// window); returns the seconds waited. For the background work (write-backs, flushes,
+// compactions) servers go on with after a fill.
+template <typename CpuSeconds>
+double WaitUntilQuiet(CpuSeconds&& cpu_seconds, double window_s, double quiet_cpu_s,
+                      double limit_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const auto waited = [&t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  while (waited() < limit_s) {
+    const double c0 = cpu_seconds();
+    std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
+    if (cpu_seconds() - c0 < quiet_cpu_s) break;
+  }
+  return waited();
 }
 
 // Runs `argv` (argv[0] a path) with stdout into a pipe (stderr passes through) and returns its

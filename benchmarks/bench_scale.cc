@@ -358,13 +358,8 @@ int Main(int argc, char** argv) {
   const double fill_tier_s = Seconds(fill0);
   // The fill's compactions (random keys into leveled RocksDB) go on after it: measured, they
   // took half the durable server's CPU in the first Zipf phases.
-  const auto settle0 = Clock::now();
-  while (Seconds(settle0) < FLAGS_settle_s) {
-    const double c0 = ProcessCpuSeconds(tier.cluster.pid(0));
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    if (ProcessCpuSeconds(tier.cluster.pid(0)) - c0 < 0.2) break;
-  }
-  const double settle_s = Seconds(settle0);
+  const double settle_s = tessera::bench::WaitUntilQuiet(
+      [&tier] { return ProcessCpuSeconds(tier.cluster.pid(0)); }, 2, 0.2, FLAGS_settle_s);
   double fill_mem_s = 0;
   double mem_rss_mb = 0;
   if (with_memory) {
