@@ -16,7 +16,8 @@ namespace tessera::internal {
 /// Options of every table's column family: 4 KiB blocks with an in-block hash index, whole-key
 /// bloom filters (10 bits/key) on every level and over the memtable, index and filter blocks
 /// charged to `block_cache` (L0's pinned), no compression, leveled compaction with dynamic level
-/// sizes, 64 MiB memtables (3) and files, 256 MiB L1. `block_cache` is shared, not copied; it may
+/// sizes, 64 MiB memtables (3) and files, 256 MiB L1, an insert hint for sparse row keys (one per
+/// memtable; range tombstones kept out of it). `block_cache` is shared, not copied; it may
 /// be nullptr (RocksDB then makes a private 32 MiB cache per family). The meta and log families
 /// keep RocksDB's defaults.
 rocksdb::ColumnFamilyOptions TunedTableOptions(const std::shared_ptr<rocksdb::Cache>& block_cache);

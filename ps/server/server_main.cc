@@ -51,6 +51,10 @@ DEFINE_uint64(block_cache_mb, 64,
               "With --data_dir: RocksDB block cache in MiB (rows read back from disk)");
 DEFINE_uint64(write_buffer_mb, 64,
               "With --data_dir: RocksDB memtables of all tables together, in MiB");
+DEFINE_string(rocksdb_table_options, "",
+              "With --data_dir: RocksDB column family options applied over Tessera's tuning of "
+              "every table, as RocksDB's option string (e.g. \"write_buffer_size=33554432\"); "
+              "for experiments, a bad string fails the start (docs/storage.md)");
 DEFINE_string(durability, "strict",
               "strict: an acknowledged push survives kill -9; relaxed: it may be lost for up "
               "to --relaxed_window_ms");
@@ -221,6 +225,7 @@ bool StorageFromFlags(tessera::StorageOptions* s) {
   s->memory_budget_bytes = FLAGS_memory_budget_mb << 20;
   s->block_cache_bytes = FLAGS_block_cache_mb << 20;
   s->write_buffer_bytes = FLAGS_write_buffer_mb << 20;
+  s->rocksdb_table_options = FLAGS_rocksdb_table_options;
   if (!tessera::cli::CheckOneOf(kTool, "durability", FLAGS_durability, {"strict", "relaxed"})) {
     return false;
   }
