@@ -50,6 +50,7 @@
 
 #include "benchmarks/bench_cluster.h"
 #include "benchmarks/bench_keys.h"
+#include "benchmarks/bench_process.h"
 #include "benchmarks/bench_stats.h"
 #include "ps/client/client.h"
 
@@ -151,10 +152,7 @@ Result<std::unique_ptr<tessera::Client>> Connect(const tessera::bench::BenchClus
 
 Status StartConfig(Config& c, const std::string& binary) {
   std::vector<std::string> flags = c.flags;
-  std::stringstream extra(FLAGS_server_flags);
-  for (std::string f; std::getline(extra, f, ',');) {
-    if (!f.empty()) flags.push_back(f);
-  }
+  for (std::string& f : tessera::bench::SplitFlags(FLAGS_server_flags)) flags.push_back(f);
   TESSERA_RETURN_IF_ERROR(c.cluster.Start(1, "process", binary, 2, flags));
   TESSERA_ASSIGN_OR_RETURN(c.client, Connect(c.cluster));
   const tessera::OptimizerSpec adagrad{.kind = tessera::OptimizerKind::kAdagrad,

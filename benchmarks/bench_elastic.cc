@@ -112,14 +112,7 @@ tessera::Result<std::pair<double, uint64_t>> TimeCheckpoint(Tier& tier, int n) {
 }
 
 // The server flags of --server_flags.
-std::vector<std::string> ServerFlags() {
-  std::vector<std::string> flags;
-  std::stringstream extra(FLAGS_server_flags);
-  for (std::string f; std::getline(extra, f, ',');) {
-    if (!f.empty()) flags.push_back(f);
-  }
-  return flags;
-}
+std::vector<std::string> ServerFlags() { return tessera::bench::SplitFlags(FLAGS_server_flags); }
 
 tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, const std::string& url,
                                                  const std::string& dir, uint64_t rows,

@@ -48,6 +48,16 @@ inline double ProcessCpuSeconds(pid_t pid) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// The flags of a comma-separated list (a benchmark's --server_flags), empty items skipped.
+inline std::vector<std::string> SplitFlags(const std::string& list) {
+  std::vector<std::string> flags;
+  std::stringstream items(list);
+  for (std::string f; std::getline(items, f, ',');) {
+    if (!f.empty()) flags.push_back(f);
+  }
+  return flags;
+}
+
 // Waits, window after window of `window_s`, until `cpu_seconds()` (a sum of processes' CPU
 // seconds) grew by less than `quiet_cpu_s` over one, or `limit_s` passed (checked before each
 // window); returns the seconds waited. For the background work (write-backs, flushes,

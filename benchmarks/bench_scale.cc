@@ -84,6 +84,9 @@ DEFINE_bool(fsync, false,
             "Run the durable server with --fsync (each group of log records fdatasync'd before "
             "its pushes are acknowledged) instead of strict alone");
 DEFINE_string(only, "", "\"zipf\": only the fill and the Zipf phase (empty: every phase)");
+DEFINE_string(server_flags, "",
+              "Extra flags for the durable server, comma-separated (e.g. "
+              "--write_back_interval_ms=5000); not for the memory-only one");
 DEFINE_string(tier_server_b, "",
               "A second tessera-server binary for the durable server, alternated with --server "
               "in the Zipf phase on the same data, both restarted first (JSON keys *_b)");
@@ -342,6 +345,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> tier_flags = {"--data_dir=" + data, "--admin_root=" + root,
                                          "--durability=strict"};
   if (FLAGS_fsync) tier_flags.push_back("--fsync");
+  for (std::string& f : tessera::bench::SplitFlags(FLAGS_server_flags)) tier_flags.push_back(f);
   auto with_budget = [&](uint64_t mb) {
     std::vector<std::string> f = tier_flags;
     f.push_back("--memory_budget_mb=" + std::to_string(mb));
