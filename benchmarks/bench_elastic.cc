@@ -36,7 +36,6 @@
 #include <mutex>
 #include <random>
 #include <span>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,9 +110,6 @@ tessera::Result<std::pair<double, uint64_t>> TimeCheckpoint(Tier& tier, int n) {
   return std::make_pair(secs, bytes);
 }
 
-// The server flags of --server_flags.
-std::vector<std::string> ServerFlags() { return tessera::bench::SplitFlags(FLAGS_server_flags); }
-
 tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, const std::string& url,
                                                  const std::string& dir, uint64_t rows,
                                                  bool replicated) {
@@ -131,7 +127,7 @@ tessera::Result<std::unique_ptr<Tier>> StartTier(const std::string& binary, cons
                                      "--coordinator=" + url,
                                      "--coordinator_ttl_s=" + std::to_string(FLAGS_ttl_s),
                                      "--admin_root=" + dir + "/admin"};
-    for (const std::string& f : ServerFlags()) argv.push_back(f);
+    for (const std::string& f : tessera::bench::SplitFlags(FLAGS_server_flags)) argv.push_back(f);
     tier->servers.push_back(std::make_unique<tessera::bench::ServerProcess>());
     auto started = tier->servers.back()->Start(argv);
     if (!started.ok()) return started.status();
@@ -388,7 +384,6 @@ int Failover(const std::string& binary, Etcd& etcd, const std::string& root, uin
   return 0;
 }
 
-
 // Pushes every row of `table` (`rows` rows) once, --keys at a time.
 Status Fill(tessera::Client& c, const tessera::Table& table, uint64_t rows,
             const std::vector<float>& grads) {
@@ -496,7 +491,7 @@ int main(int argc, char** argv) {
   if (Status s = etcd.Start(root.path(), FLAGS_etcd); !s.ok()) return Fail(s);
   if (!FLAGS_scale) return FLAGS_failover ? Failover(binary, etcd, root.path(), rows, phase_s) : 0;
   const std::string url = etcd.url("bench");
-  const std::vector<std::string> flags = ServerFlags();
+  const std::vector<std::string> flags = tessera::bench::SplitFlags(FLAGS_server_flags);
   // Three servers on free ports named in --cluster (each registers its entry in etcd); the map
   // names the first two.
   auto servers = tessera::bench::StartMapServers(binary, url, flags);
