@@ -41,6 +41,21 @@ class SparseRowInsertHint : public rocksdb::SliceTransform {
   }
 };
 
+// InvalidArgument when `text` (StorageOptions::rocksdb_table_options) gives an option a negative
+// value: RocksDB reads unsigned options modulo 2^64 ("write_buffer_size=-1" opened with a
+// 16 EiB memtable), and the options worth tuning here are counts, sizes and ratios.
+Status CheckNoNegativeValue(const std::string& text, const std::string& shown) {
+  for (size_t at = text.find('='); at != std::string::npos; at = text.find('=', at + 1)) {
+    const size_t value = text.find_first_not_of(" \t", at + 1);
+    if (value != std::string::npos && text[value] == '-') {
+      return Status::InvalidArgument("rocksdb_table_options '" + shown +
+                                     "': a negative value (RocksDB would read an unsigned "
+                                     "option modulo 2^64)");
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 rocksdb::ColumnFamilyOptions TunedTableOptions(const std::shared_ptr<rocksdb::Cache>& block_cache) {
@@ -110,14 +125,20 @@ Result<RocksDbTuning> TuneRocksDb(const StorageOptions& options) {
   tuning.db.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(buffers, cache);
   tuning.table = TunedTableOptions(cache);
   if (!options.rocksdb_table_options.empty()) {
+    const std::string& text = options.rocksdb_table_options;
+    // Errors quote the string, cut short: a megabyte of options is not echoed back whole.
+    const std::string shown = text.size() <= 200 ? text
+                                                 : text.substr(0, 200) + "... (" +
+                                                       std::to_string(text.size()) + " bytes)";
+    TESSERA_RETURN_IF_ERROR(CheckNoNegativeValue(text, shown));
     rocksdb::ConfigOptions config;
     config.ignore_unknown_options = false;
     rocksdb::ColumnFamilyOptions overridden;
-    auto s = rocksdb::GetColumnFamilyOptionsFromString(config, tuning.table,
-                                                       options.rocksdb_table_options, &overridden);
+    auto s = rocksdb::GetColumnFamilyOptionsFromString(config, tuning.table, text, &overridden);
     if (!s.ok()) {
-      return Status::InvalidArgument("rocksdb_table_options '" + options.rocksdb_table_options +
-                                     "': " + s.ToString());
+      std::string why = s.ToString();
+      if (why.size() > 300) why = why.substr(0, 300) + "...";
+      return Status::InvalidArgument("rocksdb_table_options '" + shown + "': " + why);
     }
     tuning.table = overridden;
   }

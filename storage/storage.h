@@ -406,7 +406,8 @@ struct StorageOptions {
   int background_jobs = 2;
   /// Extra RocksDB column-family options for table families, in RocksDB's option-string format
   /// (e.g. "compression=kLZ4Compression;block_based_table_factory={block_size=16384}"), applied
-  /// over Tessera's tuning (docs/storage.md). For experiments; a bad string fails the open with
+  /// over Tessera's tuning (docs/storage.md). For experiments; a bad string, or one giving an
+  /// option a negative value (RocksDB reads unsigned ones modulo 2^64), fails the open with
   /// InvalidArgument. Default: empty.
   std::string rocksdb_table_options;
 };

@@ -345,5 +345,26 @@ TEST_F(BadInputTest, ReplicaFromOnAnythingButAPushIsRefused) {
   EXPECT_TRUE(client_->ServerStats(0).ok());
 }
 
+// tessera-server --rocksdb_table_options reaches the storage engine's check: a string RocksDB
+// refuses, and one with a negative value (RocksDB would wrap it), stop the start with the
+// option named (the engine's own cases: RocksDbTuningTest.BadTableOptionStringsAreRefusedClearly).
+TEST(BadServerFlags, BadRocksDbTableOptionsStopTheStart) {
+  const std::string dir =
+      ::testing::TempDir() + "bad_table_options_" + std::to_string(::getpid());
+  for (const char* bad : {"no_such_option=1", "write_buffer_size=-1"}) {
+    std::string out;
+    const int rc = testing::RunCommand(
+        {TESSERA_SERVER_BINARY,
+         "--cluster=tcp://127.0.0.1:" + std::to_string(testing::PickFreePort()), "--rank=0",
+         "--data_dir=" + dir, std::string("--rocksdb_table_options=") + bad},
+        &out);
+    EXPECT_EQ(rc, 1) << bad << ": " << out;
+    EXPECT_NE(out.find("cannot start: InvalidArgument: rocksdb_table_options '"),
+              std::string::npos)
+        << out;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tessera
