@@ -447,7 +447,8 @@ TEST_P(StoreConformanceTest, SnapshotKeepsItsMomentWhileTheLaneGoesOn) {
   push(0, 4000, 1);
   ASSERT_TRUE(lane_->Commit().ok());                   // durable
   push(4000, 7000, 2);
-  ASSERT_TRUE(lane_->WriteBack(/*wait=*/false).ok());  // handed off (perhaps written already)
+  // Handed off (perhaps written already).
+  ASSERT_TRUE(lane_->WriteBack(/*wait=*/false, /*flush_soon=*/false).ok());
   push(7000, kRows, 3);                                // dirty
   auto snapshot = lane_->TakeSnapshot();
   ASSERT_TRUE(snapshot.ok()) << snapshot.status().ToString();

@@ -124,6 +124,8 @@ class RocksDbEngine final : public StorageEngine {
   uint64_t written_round_ = 0;
   std::atomic<uint64_t> flushed_round_{0};
   std::chrono::steady_clock::time_point first_unflushed_;
+  // Writer thread only: a round written since the last flush carried a flush_soon hand-off.
+  bool flush_soon_ = false;
 
   // Relaxed mode: a thread flushes the log buffer (and the WAL) every relaxed_window_ms / 2.
   std::thread flusher_;

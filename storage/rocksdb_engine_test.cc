@@ -222,7 +222,7 @@ TEST(RocksDbEngineTest, BudgetKeepsRoomForTheWriteBackCopy) {
   for (int step = 1; step <= 400; ++step) {
     for (auto& k : keys) k = rng() % 200000;  // ~19 MB of rows: ten times the budget
     ASSERT_TRUE(lane->Apply(id, keys, gp, Ctx(step)).ok());
-    ASSERT_TRUE(lane->WriteBack(/*wait=*/lane->dirty_bytes() > reserve).ok());
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/lane->dirty_bytes() > reserve, /*flush_soon=*/false).ok());
     most = std::max(most, lane->stats().bytes_in_memory);
   }
   ASSERT_TRUE(lane->Commit().ok());

@@ -50,7 +50,7 @@ class RocksDbLaneStore final : public LaneStore {
   Status DenseApply(uint64_t table_id, uint64_t chunk, uint32_t begin, uint32_t end,
                     const float* grad, const ApplyContext& ctx) override;
   Status Commit() override;
-  Status WriteBack(bool wait) override;
+  Status WriteBack(bool wait, bool flush_soon) override;
   uint64_t dirty_bytes() const override;
   bool write_back_busy() const override {
     return flight_ && flight_->state.load(std::memory_order_acquire) == WriteBackJob::kQueued;
@@ -167,8 +167,9 @@ class RocksDbLaneStore final : public LaneStore {
   // Bytes of the write-back batch of the dirty rows and chunks, at most (its reservation).
   size_t WriteBackBytes() const;
   // Encodes the dirty rows and the applied mark into a batch for the writer (`flush`: made
-  // durable before the writer is done with it); the rows stay pinned until Reap().
-  Status HandOff(bool flush);
+  // durable before the writer is done with it; `flush_soon`: WriteBack's); the rows stay pinned
+  // until Reap().
+  Status HandOff(bool flush, bool flush_soon);
   // After the writer finished the hand-off in flight: unpins its rows (ok: they are in
   // RocksDB's memtables, durable once the writer flushes its round) or marks them dirty again
   // (failed: they go out with the next hand-off). Returns the writer's status.

@@ -141,7 +141,7 @@ TEST(RocksDbTierTest, PushesOfColdKeysAreWrittenBackWithoutFlushingTheHotRows) {
     for (int n = 0; n < 4; ++n, ++step) {
       ASSERT_TRUE(lane->Apply(id, hot.keys, hot.grads, Ctx(step)).ok());
       ASSERT_TRUE(ref->Apply(id, hot.keys, hot.grads, Ctx(step)).ok());
-      ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
+      ASSERT_TRUE(lane->WriteBack(/*wait=*/true, /*flush_soon=*/false).ok());
     }
     for (uint64_t first = 0; first < 60000; first += 1500, ++step) {
       Batch cold(Range(ColdKey, first, 1500));
@@ -200,10 +200,11 @@ TEST(RocksDbTierTest, RowsWrittenBackAreServedFromTheMemtablesUntilFlushed) {
         ASSERT_TRUE(lane->Apply(id, b.keys, b.grads, Ctx(step)).ok());
         ASSERT_TRUE(ref->Apply(id, b.keys, b.grads, Ctx(step)).ok());
         lane->SetAppliedSeq(step);
-        ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
+        ASSERT_TRUE(lane->WriteBack(/*wait=*/true, /*flush_soon=*/false).ok());
       }
     }
-    ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());  // the last hand-off reaped
+    // The last hand-off reaped.
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true, /*flush_soon=*/false).ok());
     EXPECT_EQ(lane->dirty_bytes(), 0u);
     EXPECT_GT(lane->stats().disk_reads, kRows / 2) << "the second pass read rows back";
     EXPECT_EQ(lane->committed_seq(), 0u) << "durable before any flush";
@@ -225,8 +226,8 @@ TEST(RocksDbTierTest, RowsWrittenBackAreServedFromTheMemtablesUntilFlushed) {
     ASSERT_TRUE(lane->Apply(id, b.keys, b.grads, Ctx(step)).ok());
     ASSERT_TRUE(ref->Apply(id, b.keys, b.grads, Ctx(step)).ok());
     lane->SetAppliedSeq(step);
-    ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
-    ASSERT_TRUE(lane->WriteBack(/*wait=*/true).ok());
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true, /*flush_soon=*/false).ok());
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true, /*flush_soon=*/false).ok());
     // The writer flushes by itself an interval after the write (generous bound for a loaded
     // machine; no Commit here).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -241,6 +242,36 @@ TEST(RocksDbTierTest, RowsWrittenBackAreServedFromTheMemtablesUntilFlushed) {
   const Rows got = AllRows(*lane, id), want = AllRows(*ref, id);
   EXPECT_EQ(got.size(), kRows);
   EXPECT_TRUE(got == want);
+}
+
+// A periodic hand-off (flush_soon, the server's interval) is durable once written: the writer
+// flushes right after it. One forced by the dirty bound waits in the memtables for the row
+// flush interval (or the next periodic one), so that such hand-offs make fewer, larger files.
+TEST(RocksDbTierTest, APeriodicHandOffIsFlushedOnceWrittenAForcedOneWaits) {
+  TempDir dir;
+  StorageOptions o;
+  o.row_flush_interval_ms = 3600 * 1000;  // no flush by time
+  const uint64_t id = TableIdForName("tier");
+  auto engine = MustOpen(dir.path(), o);
+  auto lane = MustLane(engine.get());
+  ASSERT_TRUE(lane->AddTable(id, Spec()).ok());
+  uint64_t step = 1;
+  auto push = [&](bool flush_soon) {
+    Batch b(Range(ColdKey, 0, 1000));
+    ASSERT_TRUE(lane->Apply(id, b.keys, b.grads, Ctx(step)).ok());
+    lane->SetAppliedSeq(step++);
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true, flush_soon).ok());
+    // Reaps the hand-off (waits for the writer): nothing is dirty, nothing more goes out.
+    ASSERT_TRUE(lane->WriteBack(/*wait=*/true, /*flush_soon=*/false).ok());
+    ASSERT_EQ(lane->dirty_bytes(), 0u);
+  };
+  push(/*flush_soon=*/false);
+  push(/*flush_soon=*/false);
+  EXPECT_EQ(lane->committed_seq(), 0u) << "forced hand-offs wait for a flush";
+  push(/*flush_soon=*/true);
+  EXPECT_EQ(lane->committed_seq(), 3u) << "the periodic hand-off was flushed with the two before";
+  push(/*flush_soon=*/false);
+  EXPECT_EQ(lane->committed_seq(), 3u);
 }
 
 }  // namespace

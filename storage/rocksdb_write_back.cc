@@ -151,7 +151,10 @@ void RocksDbEngine::WriterLoop() {
 Status RocksDbEngine::FlushRounds() {
   Status s = FlushMemtables();
   resume_ = !s.ok();
-  if (s.ok()) flushed_round_.store(written_round_, std::memory_order_release);
+  if (s.ok()) {
+    flushed_round_.store(written_round_, std::memory_order_release);
+    flush_soon_ = false;
+  }
   return s;
 }
 
@@ -176,6 +179,7 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
   for (auto& job : round) {
     job->round = id;
     flush |= job->flush;
+    flush_soon_ |= job->flush_soon;
     if (s.ok()) s = job->AppendSortedRows();
     if (s.ok()) s = WriteRows(&job->batch);
     // In the memtables now (or failed: Reap marks the rows dirty again): the batch's bytes go
@@ -185,6 +189,12 @@ void RocksDbEngine::WriteRound(std::vector<std::shared_ptr<WriteBackJob>>& round
   const auto now = std::chrono::steady_clock::now();
   if (was_flushed) first_unflushed_ = now;
   flush |= now - first_unflushed_ >= std::chrono::milliseconds(options_.row_flush_interval_ms);
+  if (flush_soon_ && !flush) {
+    // A lane's periodic hand-off: flushed once the hand-offs queued meanwhile are written too
+    // (the lanes come due at the same instants), so that one flush covers them all.
+    MutexLock l(writer_mu_);
+    flush = jobs_.empty();
+  }
   // Rows went in without the WAL: they and their marks are durable once every memtable is
   // flushed, atomically across the column families (atomic_flush; RocksDB's own flushes, when
   // the memtables are full, are atomic too). Until then the lanes read them from the memtables.
@@ -235,7 +245,7 @@ uint64_t RocksDbLaneStore::dirty_bytes() const {
   return bytes;
 }
 
-Status RocksDbLaneStore::HandOff(bool flush) {
+Status RocksDbLaneStore::HandOff(bool flush, bool flush_soon) {
   std::shared_ptr<WriteBackJob> job = std::move(spare_);
   if (job) {
     job->Reset();
@@ -243,6 +253,7 @@ Status RocksDbLaneStore::HandOff(bool flush) {
     job = std::make_shared<WriteBackJob>();
   }
   job->flush = flush;
+  job->flush_soon = flush_soon;
   // Reserved at its final size (a WriteBatch grows by doubling: the copies and page faults of a
   // million-row write-back were a fifth of the writer's time). Allocated here, touched by
   // whoever encodes the rows.
@@ -351,7 +362,7 @@ uint64_t RocksDbLaneStore::committed_seq() const {
   return seq;
 }
 
-Status RocksDbLaneStore::WriteBack(bool wait) {
+Status RocksDbLaneStore::WriteBack(bool wait, bool flush_soon) {
   Status reaped;
   if (flight_) {
     if (!wait && flight_->state.load(std::memory_order_acquire) == WriteBackJob::kQueued) {
@@ -362,7 +373,7 @@ Status RocksDbLaneStore::WriteBack(bool wait) {
   }
   PruneUnflushed();
   if (!HasDirty() && applied_seq_ == written_seq_) return reaped;
-  Status s = HandOff(/*flush=*/false);
+  Status s = HandOff(/*flush=*/false, flush_soon);
   return reaped.ok() ? s : reaped;
 }
 
@@ -376,7 +387,7 @@ Status RocksDbLaneStore::Commit() {
   if (!HasDirty() && applied_seq_ == committed_seq_) return Status::OK();
   // Rows written back but not flushed yet are made durable by this hand-off's flush too (it
   // carries at least the mark).
-  Status s = HandOff(/*flush=*/true);
+  Status s = HandOff(/*flush=*/true, /*flush_soon=*/false);
   if (!s.ok() || !flight_) return s;
   flight_->Wait();
   return Reap();

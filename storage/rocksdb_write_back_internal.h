@@ -48,6 +48,9 @@ struct WriteBackJob {
   // The lane's: the writer flushes the memtables after this job's round (Commit: the rows
   // durable on return). Other rounds stay in the memtables until a flush (docs/storage.md).
   bool flush = false;
+  // The lane's: the writer flushes once this job's round, and the rounds of the jobs queued
+  // behind it, are written (WriteBack's flush_soon).
+  bool flush_soon = false;
   // The writer's, set before state leaves kQueued: the round that wrote the batch, and whether
   // that round was flushed (the rows and the mark durable) before the job was done.
   uint64_t round = 0;
@@ -60,7 +63,7 @@ struct WriteBackJob {
     for (Family& f : families) f.slots.clear();
     used_families = 0;
     batch.Clear();
-    flush = durable = false;
+    flush = flush_soon = durable = false;
     round = 0;
     error = Status::OK();
     state.store(kQueued, std::memory_order_relaxed);

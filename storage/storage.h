@@ -127,16 +127,21 @@ class LaneStore {
   /// StorageOptions::row_flush_interval_ms later). Until written they stay pinned in memory,
   /// where reads find them. One hand-off is in flight per lane: with `wait`
   /// false and one in flight this returns at once; with `wait` true it waits for it first (the
-  /// server's back-pressure). Returns the error of a hand-off that failed; its rows stay dirty
-  /// and go out with the next one. Default: Commit().
-  virtual Status WriteBack(bool wait) {
+  /// server's back-pressure). `flush_soon`: the engine flushes as soon as this hand-off, and
+  /// any queued behind it, is written, not row_flush_interval_ms later (the server's periodic
+  /// hand-offs: the durable mark then lags by about one write-back interval; hand-offs forced
+  /// by max_dirty_bytes wait for the interval and so make fewer, larger files). Returns the
+  /// error of a hand-off that failed; its rows stay dirty and go out with the next one.
+  /// Default: Commit().
+  virtual Status WriteBack(bool wait, bool flush_soon) {
     (void)wait;
+    (void)flush_soon;
     return Commit();
   }
   /// Bytes of changed rows not yet durable (dirty or being written). Default: 0.
   virtual uint64_t dirty_bytes() const { return 0; }
-  /// Whether a hand-off is still being written (WriteBack(false) would return without handing
-  /// off). Default: false.
+  /// Whether a hand-off is still being written (WriteBack without `wait` would return without
+  /// handing off). Default: false.
   virtual bool write_back_busy() const { return false; }
 
   /// Visits every stored row of a sparse table (value and state are dim and StateFloats(dim)

@@ -134,16 +134,23 @@ void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
   } else if (write_back_interval_.count() != 0) {
     const auto now = std::chrono::steady_clock::now();
     const bool over = max_dirty_bytes_ != 0 && store_->dirty_bytes() > max_dirty_bytes_;
-    // Due while the last hand-off is still being written: the next tick tries again (not a
-    // whole interval later), so the durable mark, and with it the log a restart replays, lags
-    // by at most an interval plus one write.
-    const bool due = now - last_write_back_ >= write_back_interval_ && !store_->write_back_busy();
+    // Due at the same instants in every lane (each multiple of the interval on the steady
+    // clock): busy lanes hand off together and the writer flushes their rows once. Due while
+    // the last hand-off is still being written: the next tick tries again (not a whole interval
+    // later), so the durable mark, and with it the log a restart replays, lags by at most an
+    // interval plus one write and flush.
+    const auto period = [&](std::chrono::steady_clock::time_point t) {
+      return t.time_since_epoch() / write_back_interval_;
+    };
+    const bool due = period(now) > period(last_write_back_) && !store_->write_back_busy();
     if (over || due) {
       last_write_back_ = now;
       if (over && may_wait) waits_.fetch_add(1, std::memory_order_relaxed);
       // A failed write-back loses nothing: the pushes are in the request log, the rows stay
-      // pinned in memory and go out with the next hand-off.
-      Status s = store_->WriteBack(/*wait=*/over && may_wait);
+      // pinned in memory and go out with the next hand-off. A periodic hand-off is flushed as
+      // soon as written (the mark lags by about an interval); one forced by max_dirty_bytes
+      // waits in the memtables for the next (fewer, larger files to compact).
+      Status s = store_->WriteBack(/*wait=*/over && may_wait, /*flush_soon=*/!over);
       if (!s.ok()) LOG(WARNING) << "lane " << index_ << ": writing rows back: " << s.ToString();
     }
   }

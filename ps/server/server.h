@@ -42,10 +42,14 @@ struct ServerOptions {
   uint32_t maintenance_interval_ms = 1000;
   /// Durable storage: a push is acknowledged once its request-log entry is written (as durable
   /// as the durability mode says); each lane hands the rows it changed to the storage writer
-  /// about this often, which writes them and moves the log's truncation mark on. Recovery
-  /// replays at most about one interval of pushes. 0: commit the rows of every batch before
-  /// answering (slow). Default: 1000.
-  uint32_t write_back_interval_ms = 1000;
+  /// about this often (every lane at the same instants), which writes and flushes them and
+  /// moves the log's truncation mark on. Recovery replays at most about one interval of pushes
+  /// plus a write and a flush (StorageOptions::row_flush_interval_ms after hand-offs forced by
+  /// max_dirty_bytes). A row changed many times within an interval is written once: on tables
+  /// whose rows change every second, 5000 took about half the server CPU per key of 1000
+  /// (docs/benchmarks.md).
+  /// 0: commit the rows of every batch before answering (slow). Default: 5000.
+  uint32_t write_back_interval_ms = 5000;
   /// CurveZMQ secret key of the server (40 Z85 characters). When set, every connection is
   /// encrypted and must present the matching public key (ClientOptions::curve_server_key).
   /// Default: empty (plain TCP).

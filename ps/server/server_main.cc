@@ -63,13 +63,14 @@ DEFINE_bool(fsync, false, "fsync the write-ahead log before acknowledging (machi
 DEFINE_uint64(max_request_mb, 1024,
               "Largest request accepted, in MiB of keys and values it carries or produces");
 DEFINE_uint32(maintenance_interval_ms, 1000, "Interval of eviction passes, in ms");
-DEFINE_uint32(write_back_interval_ms, 1000,
+DEFINE_uint32(write_back_interval_ms, 5000,
               "With --data_dir: pushes are acknowledged once logged; changed rows are written "
-              "back about this often per lane (0: before every acknowledgement)");
+              "back and flushed about this often per lane, which bounds a restart's replay "
+              "(0: before every acknowledgement)");
 DEFINE_uint32(row_flush_interval_ms, 5000,
-              "With --data_dir: rows written back wait in RocksDB's memtables at most this long "
-              "before a flush makes them durable (and moves the request log's mark on); 0: a "
-              "flush after every write-back");
+              "With --data_dir: rows of write-backs forced by --max_dirty_mb wait in RocksDB's "
+              "memtables at most this long before a flush makes them durable (and moves the "
+              "request log's mark on); 0: a flush after every write-back");
 DEFINE_uint64(max_dirty_mb, 0,
               "With --data_dir: MiB of changed rows not yet written back beyond which pushes "
               "wait for the writer; with a budget, kept back from it for the write-back copies "
