@@ -135,14 +135,19 @@ void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
     const auto now = std::chrono::steady_clock::now();
     const bool over = max_dirty_bytes_ != 0 && store_->dirty_bytes() > max_dirty_bytes_;
     // Due at the same instants in every lane (each multiple of the interval on the steady
-    // clock): busy lanes hand off together and the writer flushes their rows once. Due while
-    // the last hand-off is still being written: the next tick tries again (not a whole interval
-    // later), so the durable mark, and with it the log a restart replays, lags by at most an
-    // interval plus one write and flush.
+    // clock): busy lanes hand off together and the writer flushes their rows once. At least
+    // half an interval after the last hand-off: the first one (at the lane's first tick) or
+    // one forced by max_dirty_bytes does not bring the next closer (a 10-minute interval that
+    // handed off again a few seconds after the start would surprise). Due while the last
+    // hand-off is still being written: the next tick tries again (not a whole interval later),
+    // so the durable mark, and with it the log a restart replays, lags by at most an interval
+    // plus one write and flush.
     const auto period = [&](std::chrono::steady_clock::time_point t) {
       return t.time_since_epoch() / write_back_interval_;
     };
-    const bool due = period(now) > period(last_write_back_) && !store_->write_back_busy();
+    const bool due = period(now) > period(last_write_back_) &&
+                     now - last_write_back_ >= write_back_interval_ / 2 &&
+                     !store_->write_back_busy();
     if (over || due) {
       last_write_back_ = now;
       if (over && may_wait) waits_.fetch_add(1, std::memory_order_relaxed);
