@@ -129,18 +129,21 @@ void ServerImpl::AbortExpiredCut() {
 }
 
 void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
-  // The client sends a push refused by map version again once it has the right map, maybe
-  // after the Clock that ends its step has arrived here: the cut could be taken without it.
+  // A push refused by map version comes again once its client has the right map, and one
+  // ahead of the server's map waits for it (MapWait): either may be applied after the Clock
+  // that ends its step has arrived here, so the cut could be taken without it.
   if (!cut_.Covers(h)) return;
+  const bool ahead = h.map_version > version;
   LOG(INFO) << "checkpoint at clock " << cut_.state()->cut << " aborted: a push of clock "
-            << h.clock
-            << " was refused by map version (" << h.map_version << ", server at " << version
-            << ")";
+            << h.clock << " was " << (ahead ? "held" : "refused") << " by map version ("
+            << h.map_version << ", server at " << version << ")";
   AbortCut(Status::FailedPrecondition(
       "the cluster map changed under the checkpoint: server " + std::to_string(options_.rank) +
-      " refused a push of clock " + std::to_string(h.clock) + " (map version " +
-      std::to_string(h.map_version) + ", the server's " + std::to_string(version) +
-      "), which its client sends again later; nothing was written: take it again"));
+      (ahead ? " holds" : " refused") + " a push of clock " + std::to_string(h.clock) +
+      " (map version " + std::to_string(h.map_version) + ", the server's " +
+      std::to_string(version) + "), " +
+      (ahead ? "applied when that map arrives" : "which its client sends again later") +
+      "; nothing was written: take it again"));
 }
 
 }  // namespace tessera::internal

@@ -1,5 +1,7 @@
 // Sparse and dense pulls and pushes: validated on the I/O thread, logged, split by lane and
 // answered once when every lane has done its part.
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstring>
 #include <iterator>
@@ -71,6 +73,84 @@ Status ServerImpl::CheckMapVersion(const Header& h, bool exempt_retries) {
   Status refused = fence_.Refuse(h, mine);
   AbortCutForRefusedPush(h, mine);
   return refused;
+}
+
+// True when client push `p` waits for this server's map (MapWait), is dropped (a copy of one
+// that waits) or is answered here: a numbered push that names a map version ahead of the
+// server's, and a later push of a client one of whose pushes waits. A refusal by a server
+// behind the push's map would prove nothing about an attempt of it still on its way here
+// (map_wait_internal.h). A push this server took already passes (AnsweredAsRetry answers it
+// at any version). Past MapWait's bounds one is answered Unavailable, its number kept free
+// for its resend (PushDedup::Refused), which the client sends here again as it is.
+bool ServerImpl::HeldForMap(const std::shared_ptr<Pending>& p) {
+  const Header& h = p->header;
+  if (!options_.follow_cluster_map || h.replica_from != 0 || !IsPush(h.op) || h.client_id == 0) {
+    return false;
+  }
+  const ClusterMapState* map = fence_.Current();
+  const uint64_t mine = map != nullptr ? map->version : 0;
+  if ((h.map_version <= mine && !map_wait_.Holds(h.client_id)) || IsRetriedPush(h)) return false;
+  const uint64_t ticket = h.map_version > mine ? recheck_.Request() : 0;
+  switch (map_wait_.Admit(p, mine, ticket)) {
+    case MapWait::Verdict::kServe:
+      return false;
+    case MapWait::Verdict::kDropped:
+      return true;
+    case MapWait::Verdict::kHeld:
+      if (h.map_version > mine) AbortCutForRefusedPush(h, mine);  // it is applied later
+      return true;
+    case MapWait::Verdict::kFull:
+      break;
+  }
+  dedup_.Refused(h.client_id, h.client_seq);
+  ReplyError(std::move(p->identity), h,
+             Status::Unavailable("server " + std::to_string(options_.rank) + " (map version " +
+                                 std::to_string(mine) + ") holds " +
+                                 std::to_string(map_wait_.size()) +
+                                 " pushes waiting for its cluster map, as push " +
+                                 std::to_string(h.client_seq) + " of map version " +
+                                 std::to_string(h.map_version) + " would; nothing of it was "
+                                 "applied, retry"));
+  return true;
+}
+
+// Serves the pushes MapWait holds that the server's map serves now, in their clients' order.
+void ServerImpl::ReadmitMapWait() {
+  const ClusterMapState* map = fence_.Current();
+  map_wait_.Readmit(map != nullptr ? map->version : 0, [this](const std::shared_ptr<Pending>& p) {
+    const Status s = ServeData(p);
+    if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
+  });
+}
+
+// Answers the pushes MapWait gives up: one ahead of every map the store had is refused by its
+// version (ServeData, as a client's request of another version always was); one held past
+// MapWait::kHoldLimit, and the later ones of its client, Unavailable: the client sends them
+// again under their numbers, which stay free for them (PushDedup::Refused).
+void ServerImpl::ExpireMapWait() {
+  std::vector<MapWait::Expired> given_up = map_wait_.Expire(
+      std::chrono::steady_clock::now(),
+      [this](uint64_t ticket) { return recheck_.NewestSince(ticket); });
+  if (given_up.empty()) return;
+  const uint64_t mine = fence_.version();
+  for (MapWait::Expired& e : given_up) {
+    const Header& h = e.p->header;
+    Status s;
+    if (e.ahead_of_store) {
+      s = ServeData(e.p);
+      if (s.ok()) continue;  // its map came after all
+    } else {
+      dedup_.Refused(h.client_id, h.client_seq);
+      s = Status::Unavailable(
+          "push " + std::to_string(h.client_seq) + " of cluster map version " +
+          std::to_string(h.map_version) + " waited " + std::to_string(MapWait::kHoldLimit.count()) +
+          " s for server " + std::to_string(options_.rank) + " to have that map (it is at " +
+          std::to_string(mine) + "), or behind one that did; nothing of it was applied, retry");
+      LOG_EVERY_N(WARNING, 100) << s.ToString();
+    }
+    ReplyError(std::move(e.p->identity), h, s);
+  }
+  ReadmitMapWait();  // later pushes of their clients may go now
 }
 
 // Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has

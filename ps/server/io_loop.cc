@@ -119,6 +119,7 @@ void ServerImpl::Maintain() {
   if (cut_.Expired(std::chrono::steady_clock::now())) AbortExpiredCut();
   if (!repl_.park.empty()) ExpireReplicas();
   if (!repl_.park.empty()) ReadmitReplicas();
+  if (!map_wait_.empty()) ExpireMapWait();
   CloseUnusedLinks();
   FlushStaged();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
@@ -349,13 +350,21 @@ Status ServerImpl::Dispatch(const std::shared_ptr<Pending>& p) {
   return Status::InvalidArgument("unsupported op " + std::to_string(static_cast<int>(h.op)));
 }
 
-// Dispatch of the data ops (sparse and dense pulls and pushes): the origin key, then a
-// primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
-// request to the map version check; then Sparse or Dense.
+// Dispatch of the data ops (sparse and dense pulls and pushes): the origin key; a client's push
+// ahead of this server's map waits for it (HeldForMap), after the pushes that may go now;
+// then ServeData.
 Status ServerImpl::DataOp(const std::shared_ptr<Pending>& p) {
+  KeyByOrigin(*p);
+  if (!map_wait_.empty()) ReadmitMapWait();  // those the map serves now go first
+  if (HeldForMap(p)) return Status::OK();
+  return ServeData(p);
+}
+
+// A primary's forwarded push to its backup checks (CheckReplica, ParkedReplica), a client's
+// request to the map version check; then Sparse or Dense.
+Status ServerImpl::ServeData(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
   const bool dense = h.op == Op::kDensePull || h.op == Op::kDensePush;
-  KeyByOrigin(*p);
   Status s;
   if (h.replica_from != 0) {
     // A primary's forwarded push (Admitted refused other ops with replica_from): validated

@@ -180,15 +180,9 @@ ReplicaPark::Key ReplicaPark::KeyOf(const Header& h) {
   return {h.replica_from, h.request_id, h.client_id, h.client_seq};
 }
 
-uint64_t ReplicaPark::BytesOf(const Pending& p) {
-  uint64_t n = 0;
-  for (const zmq::message_t& f : p.frames) n += f.size();
-  return n;
-}
-
 void ReplicaPark::Push(Held held, bool front) {
   keys_.insert(KeyOf(held.p->header));
-  bytes_ += BytesOf(*held.p);
+  bytes_ += FrameBytes(*held.p);
   if (front) {
     held_.push_front(std::move(held));
   } else {
@@ -199,7 +193,7 @@ void ReplicaPark::Push(Held held, bool front) {
 void ReplicaPark::Erase(size_t index) {
   const Held& h = held_[index];
   keys_.erase(KeyOf(h.p->header));
-  bytes_ -= BytesOf(*h.p);
+  bytes_ -= FrameBytes(*h.p);
   held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(index));
 }
 
@@ -213,7 +207,9 @@ ReplicaPark::Verdict ReplicaPark::Admit(const std::shared_ptr<Pending>& p, uint6
   // Behind the primary's map (or behind one that is): wait for it here, in arrival order,
   // rather than refuse (a refused push resent after a later one of the same client was
   // taken would be taken for a retry). Past the bounds, its checks refuse it.
-  if (held_.size() >= max_held_ || bytes_ + BytesOf(*p) > max_held_bytes_) return Verdict::kServe;
+  if (held_.size() >= max_held_ || bytes_ + FrameBytes(*p) > max_held_bytes_) {
+    return Verdict::kServe;
+  }
   Push(Held{p, now, p->header.map_version > mine ? ticket : 0}, /*front=*/false);
   return Verdict::kHeld;
 }

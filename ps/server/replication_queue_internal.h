@@ -196,7 +196,6 @@ class ReplicaPark {
     uint64_t ticket = 0;      // the map re-read it waits for (0: none)
   };
   static Key KeyOf(const Header& h);
-  static uint64_t BytesOf(const Pending& p);
   void Push(Held held, bool front);
   void Erase(size_t index);
 

@@ -105,6 +105,13 @@ struct Pending {
   Status outcome() ABSL_LOCKS_EXCLUDED(mu);
 };
 
+/// The bytes of `p`'s data frames (what a request waiting somewhere holds).
+inline uint64_t FrameBytes(const Pending& p) {
+  uint64_t n = 0;
+  for (const zmq::message_t& f : p.frames) n += f.size();
+  return n;
+}
+
 /// Sends the reply of a finished request over `sock` (the ROUTER, or an inproc PUSH to the
 /// I/O thread): its status, and its data or text frame when it succeeded.
 void SendReply(zmq::socket_t& sock, Pending& p);

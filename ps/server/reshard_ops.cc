@@ -202,6 +202,7 @@ void ServerImpl::OnMapChanged() {
   AbortCutOnMapChange();
   ReplicationMapChanged();
   ReadmitReplicas();
+  ReadmitMapWait();
   if (migration_.ForgetSettled(fence_.Current())) {
     Status s = PersistFilled();
     if (!s.ok()) LOG(ERROR) << "resharding: cannot store the slots marked in: " << s.ToString();

@@ -35,6 +35,7 @@
 #include "ps/server/lane_part_internal.h"
 #include "ps/server/map_fence_internal.h"
 #include "ps/server/map_recheck_internal.h"
+#include "ps/server/map_wait_internal.h"
 #include "ps/server/peers_internal.h"
 #include "ps/server/push_order_internal.h"
 #include "ps/server/replication_queue_internal.h"
@@ -89,6 +90,7 @@ class ServerImpl {
   void NoteDroppedReply(Pending& p);
   Status Dispatch(const std::shared_ptr<Pending>& p);
   Status DataOp(const std::shared_ptr<Pending>& p);  // sparse and dense pulls and pushes
+  Status ServeData(const std::shared_ptr<Pending>& p);  // DataOp past MapWait
   Status ExpectFrames(const Pending& p, size_t n);
   Status CheckBudget(uint64_t count, uint64_t floats_per_item, bool with_keys);
   void Readmit(std::vector<std::shared_ptr<Pending>> parked);
@@ -158,6 +160,9 @@ class ServerImpl {
   void CloseUnusedLinks();
   // ---- data_ops.cc: sparse and dense pulls and pushes, split by lane and answered once
   Status CheckMapVersion(const Header& h, bool exempt_retries = true);
+  bool HeldForMap(const std::shared_ptr<Pending>& p);  // MapWait: ahead of this server's map
+  void ReadmitMapWait();
+  void ExpireMapWait();
   bool IsRetriedPush(const Header& h) const;
   void RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool writes,
                 uint64_t seq, bool may_inline);
@@ -248,6 +253,8 @@ class ServerImpl {
   CheckpointCut cut_;
   // Pushes held behind a parked push of their client (push_order_internal.h).
   PushOrder push_order_;
+  // Client pushes ahead of this server's map, waiting for it (map_wait_internal.h).
+  MapWait map_wait_;
   // True while Readmit runs: a request that waited already is not refused by a park's bound.
   bool readmitting_ = false;
   // The edge (edge_ops.cc): the ROUTER's monitor and the connections it counts, the peers in
