@@ -181,19 +181,26 @@ Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSnapshot() {
   return Freeze(lane_slots_);
 }
 
-Status RocksDbLaneStore::ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
-                                   const RowVisitor& fn) {
-  TESSERA_RETURN_IF_ERROR(Get(table_id, TableKind::kSparse).status());
+Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSlotSnapshot(
+    std::span<const uint32_t> slots) {
   // Only the disk ranges of the slots asked for (a seek each), not every slot of the lane.
   std::vector<uint32_t> mine;
   for (uint32_t s : slots) {
-    if (LaneOfSlot(s, num_lanes_) == lane_) mine.push_back(s);
+    if (s < kNumSlots && LaneOfSlot(s, num_lanes_) == lane_) mine.push_back(s);
   }
   std::sort(mine.begin(), mine.end());
   mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  return Freeze(std::move(mine));
+}
+
+Status RocksDbLaneStore::ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
+                                   const RowVisitor& fn) {
+  TESSERA_RETURN_IF_ERROR(Get(table_id, TableKind::kSparse).status());
   std::vector<bool> wanted(kNumSlots, false);
-  for (uint32_t s : mine) wanted[s] = true;
-  TESSERA_ASSIGN_OR_RETURN(auto snapshot, Freeze(std::move(mine)));
+  for (uint32_t s : slots) {
+    if (s < kNumSlots) wanted[s] = true;
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto snapshot, TakeSlotSnapshot(slots));
   // The rows pinned in memory are visited whatever their slot: keep the slots asked for.
   return snapshot->Scan(table_id, [&](uint64_t key, const float* value, const float* state,
                                       const RowMeta& meta) {

@@ -59,6 +59,7 @@ class RocksDbLaneStore final : public LaneStore {
   Status ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
                    const RowVisitor& fn) override;
   Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() override;
+  Result<std::unique_ptr<LaneSnapshot>> TakeSlotSnapshot(std::span<const uint32_t> slots) override;
   // TakeSnapshot with the disk rows of `slots` only (the rows pinned in memory: all of them).
   Result<std::unique_ptr<LaneSnapshot>> Freeze(std::vector<uint32_t> slots);
   StoreStats stats() const override;

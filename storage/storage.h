@@ -200,6 +200,13 @@ class LaneStore {
   virtual Result<std::unique_ptr<LaneSnapshot>> TakeSnapshot() {
     return Status::FailedPrecondition("this storage engine cannot take snapshots");
   }
+  /// TakeSnapshot for a scan of the rows of `slots` only (a slot copy read off the lane):
+  /// its Scan visits at least those slots' rows, maybe others (the reader filters by slot).
+  /// Default: TakeSnapshot; the RocksDB engine reads only those slots' key ranges from disk.
+  virtual Result<std::unique_ptr<LaneSnapshot>> TakeSlotSnapshot(std::span<const uint32_t> slots) {
+    (void)slots;
+    return TakeSnapshot();
+  }
 
   /// Visits every materialized chunk of a dense table: `row` holds `len` values then the
   /// optimizer state. Stops early when `fn` returns false.

@@ -34,16 +34,19 @@ struct SparseTable {
   uint32_t state;
 };
 
-// Visits the rows of `slots` that `lane` holds, table by table.
-Status ScanSlots(Lane& lane, const std::vector<SparseTable>& tables,
+// Visits the rows of `slots` in `snapshot` (a lane's TakeSlotSnapshot), table by table.
+Status ScanSlots(LaneSnapshot& snapshot, const std::vector<SparseTable>& tables,
                  const std::vector<uint32_t>& slots,
                  const std::function<void(const SparseTable&, uint64_t, const float*,
                                           const float*, const RowMeta&)>& fn) {
+  std::vector<bool> wanted(kNumSlots, false);
+  for (uint32_t s : slots) {
+    if (s < kNumSlots) wanted[s] = true;
+  }
   for (const SparseTable& t : tables) {
-    TESSERA_RETURN_IF_ERROR(lane.store().ScanSlots(
-        t.id, slots,
-        [&](uint64_t key, const float* value, const float* state, const RowMeta& meta) {
-          fn(t, key, value, state, meta);
+    TESSERA_RETURN_IF_ERROR(snapshot.Scan(
+        t.id, [&](uint64_t key, const float* value, const float* state, const RowMeta& meta) {
+          if (wanted[SlotOfKey(key)]) fn(t, key, value, state, meta);
           return true;
         }));
   }
@@ -140,6 +143,41 @@ Status DecodeImport(std::string_view data, const std::vector<bool>& want, uint32
     return Status::OK();
   };
   return ParseSlotRows(data, {table, row, nullptr, meta});
+}
+
+// A SlotExport's lane part (ExportLanes) for the rows of `want`: on the lane, the lane's
+// mark (with this process's `instance`) and its rows as they are; off it, the rows of those
+// slots written after the mark, only those changed after the lane's step in `since` when the
+// controller sent the marks of a first copy (a delta).
+ExportFreeze SlotRowsFreeze(std::shared_ptr<const std::vector<uint32_t>> want,
+                            std::shared_ptr<std::vector<SparseTable>> tables,
+                            std::shared_ptr<std::vector<uint64_t>> since, uint64_t instance) {
+  return [want, tables, since, instance](Lane& lane) -> Result<ExportScan> {
+    std::string mark;
+    AppendSlotMark(&mark, lane.index(), instance, lane.step());
+    // Rows keep their step in 32 bits: past that, every row (a complete copy, never less).
+    const bool delta = !since->empty() && lane.step() <= UINT32_MAX;
+    const uint64_t after = delta ? (*since)[lane.index()] : 0;
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<LaneSnapshot> snapshot,
+                             lane.store().TakeSlotSnapshot(*want));
+    return ExportScan([want, tables, mark = std::move(mark), delta, after, snapshot](
+                          std::string* out, uint64_t* n) -> Status {
+      *out = mark;
+      std::vector<float> row;
+      return ScanSlots(*snapshot, *tables, *want,
+                       [&](const SparseTable& t, uint64_t key, const float* value,
+                           const float* state, const RowMeta& meta) {
+                         if (delta && meta.last_step <= after) return;
+                         row.assign(value, value + t.dim);
+                         row.insert(row.end(), state, state + t.state);
+                         AppendSlotRow(
+                             out, t.id, key,
+                             SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s},
+                             row.data(), static_cast<uint32_t>(row.size()));
+                         ++*n;
+                       });
+    });
+  };
 }
 
 }  // namespace
@@ -324,32 +362,12 @@ Status ServerImpl::SlotExportOp(const std::shared_ptr<Pending>& p) {
     ReplyOk(std::move(p->identity), h, Header(), &p->text[0]);
     return Status::OK();
   }
-  const uint64_t instance = migration_.instance();
-  auto scan = [want, tables, since, instance](Lane& lane, std::string* out,
-                                              uint64_t* n) -> Status {
-    AppendSlotMark(out, lane.index(), instance, lane.step());
-    // Rows keep their step in 32 bits: past that, every row (a complete copy, never less).
-    const bool delta = !since->empty() && lane.step() <= UINT32_MAX;
-    const uint64_t after = delta ? (*since)[lane.index()] : 0;
-    std::vector<float> row;
-    return ScanSlots(lane, *tables, *want,
-                     [&](const SparseTable& t, uint64_t key, const float* value,
-                         const float* state, const RowMeta& meta) {
-                       if (delta && meta.last_step <= after) return;
-                       row.assign(value, value + t.dim);
-                       row.insert(row.end(), state, state + t.state);
-                       AppendSlotRow(
-                           out, t.id, key,
-                           SlotRowMeta{meta.update_count, meta.last_step, meta.last_update_s},
-                           row.data(), static_cast<uint32_t>(row.size()));
-                       ++*n;
-                     });
-  };
+  ExportFreeze freeze = SlotRowsFreeze(want, tables, since, migration_.instance());
   // Every copy holds the pushes taken under an older map, some of which may still wait for
   // their backups (ExportLanes): the copy at a flip (a move's or a backup fill's) must have
   // them, and once a copy ahead is taken, no push sent under the map before the batch's first
   // flip (which may have dropped the slots' backups) waits for an answer any more.
-  ExportLanes(p, h.map_version, std::move(scan));
+  ExportLanes(p, h.map_version, std::move(freeze));
   return Status::OK();
 }
 

@@ -130,7 +130,9 @@ struct ServerOptions {
   /// given by SetClusterMap (tessera-server --coordinator). A data request (sparse or dense
   /// push, pull, push-pull) whose map version differs from the server's is refused with
   /// FailedPrecondition ("stale cluster map: ...") and its reply carries the server's version;
-  /// so is a sparse key of a slot the current map gives another server. Until the first map
+  /// so is a sparse key of a slot the current map gives another server. A client's numbered
+  /// push of a newer version than the server's waits for that map instead (at most 10 s, then
+  /// Unavailable), and so do its client's later pushes. Until the first map
   /// arrives the server is at version 0 and routes by num_servers like a static server. False:
   /// versions are ignored (a static --cluster). Default: false.
   bool follow_cluster_map = false;

@@ -54,6 +54,12 @@ namespace tessera::internal {
 /// Metadata records of drops not finished yet (DropTable), one per table id.
 inline constexpr char kDroppedTablePrefix[] = "dropped-table/";
 
+// A slot export's lane part (ServerImpl::ExportLanes): on the lane, freezes what the copy
+// reads (LaneSnapshot) and returns the scan that reads it off the lane, writing the rows to
+// `out` and counting them.
+using ExportScan = std::function<Status(std::string* out, uint64_t* rows)>;
+using ExportFreeze = std::function<Result<ExportScan>(Lane&)>;
+
 /// The server of one shard. Start() binds, recovers and starts the threads; Shutdown() stops
 /// them. Everything below the sockets is owned by the I/O thread once it runs, except what the
 /// lanes own (their stores).
@@ -130,8 +136,7 @@ class ServerImpl {
   Result<std::vector<uint32_t>> RequestDenseParts(const Pending& p, const ClusterMapState* map);
   Status DenseFillExport(const std::shared_ptr<Pending>& p);  // SlotExport count 3
   Status CheckFillSlots(const std::vector<uint32_t>& slots);
-  void ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version,
-                   std::function<Status(Lane&, std::string* out, uint64_t* rows)> scan);
+  void ExportLanes(const std::shared_ptr<Pending>& p, uint64_t version, ExportFreeze freeze);
   Status DenseFillImport(const std::shared_ptr<Pending>& p);
   void RunWaitingExports();
   // ---- replication.cc: primary-backup replication (docs/elasticity.md)
