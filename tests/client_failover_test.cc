@@ -498,6 +498,17 @@ TEST_F(ClientFailover, AnUnansweredPushRefusedAsStaleKeepsItsNumberUnlessTheRefu
     EXPECT_EQ(got[2].h.client_origin, 2u) << "renumbered: not counted in server 1's sequence";
     EXPECT_EQ(got[2].h.client_id, got[0].h.client_id);
     EXPECT_EQ(got[2].h.client_seq, got[0].h.client_seq);
+    // The next push to server 1 starts a new numbering there: numbered on, it could put a
+    // backup's mark for (client id, origin 2) above the kept push (docs/wire-protocol.md).
+    servers_[1]->SetPolicy(nullptr);
+    const std::vector<uint64_t> keys = KeysOf(v1_.primary, 1, 2);
+    ASSERT_TRUE(client_->Wait(client_->Push(t, keys, std::vector<float>(keys.size(), 1.0f)),
+                              DeadlineAfterMs(10000))
+                    .ok());
+    const Received next = servers_[1]->Of(Op::kSparsePush).back();
+    EXPECT_EQ(next.h.client_origin, 0u);
+    EXPECT_NE(next.h.client_id, got[0].h.client_id) << "numbered on in the kept push's numbering";
+    EXPECT_EQ(next.h.client_seq, 1u);
   }
 }
 

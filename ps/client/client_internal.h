@@ -318,8 +318,9 @@ class ClientImpl {
   // refusal says only that the refusing process did not take that attempt; it proves more
   // when every attempt was answered, or when the one that was not went to the same server
   // over the same connection (no drop since: the same process, which refused it as stale
-  // because it is at a newer map than the push's, so it refused every attempt of it).
-  void KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) const;
+  // because it is at a newer map than the push's, so it refused every attempt of it). A push
+  // kept so starts a new numbering for o.server's later pushes.
+  void KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version);
   // I/O thread: sends what waits for a map once the map is there.
   void DrainMapWaiters(Clock::time_point now);
   // Routes `o` by the current map and sends it (a push under a new sequence number); a

@@ -154,7 +154,7 @@ void ClientImpl::RefreshLoop() {
   }
 }
 
-void ClientImpl::KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) const {
+void ClientImpl::KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) {
   Header& h = o.header;
   if (!IsPush(h.op) || h.client_seq == 0 || h.client_origin != 0 || !o.unanswered) return;
   const bool same_process = o.unanswered_server == o.server &&
@@ -166,6 +166,15 @@ void ClientImpl::KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) con
   // the slots' backup, which logged it under (client_id, o.server + 1, client_seq): the
   // same triple is answered as a retry wherever that backup's log is, or applied once.
   h.client_origin = o.server + 1;
+  // And the later pushes to o.server go under a new numbering: one of this numbering, taken
+  // there (by a new process) and forwarded to a backup that comes to own this push's keys,
+  // would put that backup's mark for the triple's (client_id, origin) above this push, which
+  // would then be answered there as a retry and applied nowhere.
+  ServerConn& s = servers_[o.server];
+  if (h.client_id == (s.push_client != 0 ? s.push_client : client_id_)) {
+    s.push_client = RandomClientId();
+    s.push_seq = 0;
+  }
 }
 
 void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why) {

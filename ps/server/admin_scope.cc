@@ -128,21 +128,20 @@ void ServerImpl::AbortExpiredCut() {
       "--checkpoint_cut_timeout_s; nothing was written, the pushes it held went on"));
 }
 
-void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version) {
+void ServerImpl::AbortCutForRefusedPush(const Header& h, uint64_t version, bool held) {
   // A push refused by map version comes again once its client has the right map, and one
   // ahead of the server's map waits for it (MapWait): either may be applied after the Clock
   // that ends its step has arrived here, so the cut could be taken without it.
   if (!cut_.Covers(h)) return;
-  const bool ahead = h.map_version > version;
   LOG(INFO) << "checkpoint at clock " << cut_.state()->cut << " aborted: a push of clock "
-            << h.clock << " was " << (ahead ? "held" : "refused") << " by map version ("
+            << h.clock << " was " << (held ? "held" : "refused") << " by map version ("
             << h.map_version << ", server at " << version << ")";
   AbortCut(Status::FailedPrecondition(
       "the cluster map changed under the checkpoint: server " + std::to_string(options_.rank) +
-      (ahead ? " holds" : " refused") + " a push of clock " + std::to_string(h.clock) +
+      (held ? " holds" : " refused") + " a push of clock " + std::to_string(h.clock) +
       " (map version " + std::to_string(h.map_version) + ", the server's " +
       std::to_string(version) + "), " +
-      (ahead ? "applied when that map arrives" : "which its client sends again later") +
+      (held ? "applied when that map arrives" : "which its client sends again later") +
       "; nothing was written: take it again"));
 }
 

@@ -97,7 +97,7 @@ bool ServerImpl::HeldForMap(const std::shared_ptr<Pending>& p) {
     case MapWait::Verdict::kDropped:
       return true;
     case MapWait::Verdict::kHeld:
-      if (h.map_version > mine) AbortCutForRefusedPush(h, mine);  // it is applied later
+      if (h.map_version > mine) AbortCutForRefusedPush(h, mine, /*held=*/true);  // applied later
       return true;
     case MapWait::Verdict::kFull:
       break;
@@ -141,6 +141,7 @@ void ServerImpl::ExpireMapWait() {
       if (s.ok()) continue;  // its map came after all
     } else {
       dedup_.Refused(h.client_id, h.client_seq);
+      AbortCutForRefusedPush(h, mine);  // its client sends it again, maybe after its Clock
       s = Status::Unavailable(
           "push " + std::to_string(h.client_seq) + " of cluster map version " +
           std::to_string(h.map_version) + " waited " + std::to_string(MapWait::kHoldLimit.count()) +

@@ -58,6 +58,13 @@ class MapWait {
                 Clock::time_point now = Clock::now());
   /// True when a push of dedup key `client` waits.
   bool Holds(uint64_t client) const { return per_client_.contains(client); }
+  /// True when a held push's header satisfies `pred`.
+  bool Any(const std::function<bool(const Header&)>& pred) const {
+    for (const Held& held : held_) {
+      if (pred(held.p->header)) return true;
+    }
+    return false;
+  }
 
   /// Takes out, in arrival order, every held push whose map is here (at most `mine`) and that
   /// no held push of its client waits before, and hands each to `serve`.

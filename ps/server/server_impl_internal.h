@@ -198,7 +198,7 @@ class ServerImpl {
   void AbortCut(const Status& why);
   void AbortCutOnMapChange();
   void AbortExpiredCut();
-  void AbortCutForRefusedPush(const Header& h, uint64_t version);
+  void AbortCutForRefusedPush(const Header& h, uint64_t version, bool held = false);
   // ---- admin_ops.cc: checkpoints at a clock cut, restore, serving exports
   Status CheckpointOp(const std::shared_ptr<Pending>& p);
   void TakeSnapshotIfReady();
