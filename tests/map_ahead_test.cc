@@ -152,6 +152,31 @@ TEST_F(MapAheadTest, APushAheadOfTheServersMapWaitsForItAndIsAppliedOnce) {
   EXPECT_EQ(Stat("map_wait_total"), 2);
 }
 
+// A worker's Clock sent after its held push on the same connection waits behind it: it ends
+// that push's step (a checkpoint cut and the staleness bound go by it), so the server must not
+// count it before the push is applied.
+TEST_F(MapAheadTest, AClockAfterAHeldPushWaitsBehindIt) {
+  ASSERT_TRUE(peer_->Resend(PushHeader(1, 2), /*request_id=*/301, PushData(1.0f)));
+  Header clock;
+  clock.op = Op::kClock;
+  clock.clock = 5;
+  clock.worker_id = 0;
+  clock.num_workers = 1;
+  ASSERT_TRUE(peer_->Resend(clock, 302));
+  const std::optional<Header> early = NextReply(milliseconds(300));
+  ASSERT_FALSE(early.has_value()) << "request " << early->request_id << " answered first";
+  EXPECT_NE(Stat("max_clock"), 5) << "the Clock was counted before the push of its step";
+  ASSERT_TRUE(server_->SetClusterMap(2, SlotMap::Uniform(1)).ok());
+  for (uint64_t id : {301, 302}) {
+    const std::optional<Header> r = NextReply(milliseconds(10000));
+    ASSERT_TRUE(r.has_value()) << "request " << id << " never answered";
+    EXPECT_EQ(r->request_id, id) << "answered out of order";
+    EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+  }
+  EXPECT_EQ(Stat("max_clock"), 5);
+  for (float v : Rows(2)) ASSERT_EQ(v, -1.0f);
+}
+
 // A push of a version the store never had is refused by its version, as before, once a read of
 // the store after it came found an older newest map; nothing of it was applied, and its
 // number is taken by the next push.

@@ -218,9 +218,19 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
   return Status::OK();
 }
 
+// A Clock that came after pushes of its connection that wait for this server's map (MapWait)
+// waits behind them: it ends their step, for a checkpoint cut and the staleness bound alike.
 Status ServerImpl::ClockOp(const std::shared_ptr<Pending>& p) {
+  if (p->header.clock < 0) return Status::InvalidArgument("negative clock");
+  if (!map_wait_.empty() && map_wait_.HoldsPeer(p->identity) &&
+      map_wait_.AdmitBehindPeer(p) == MapWait::Verdict::kHeld) {
+    return Status::OK();
+  }
+  return ApplyClock(p);
+}
+
+Status ServerImpl::ApplyClock(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  if (h.clock < 0) return Status::InvalidArgument("negative clock");
   consistency_.SetClock(h.worker_id, h.clock, h.num_workers);
   ReplyOk(std::move(p->identity), h);
   Readmit(consistency_.TakeParked());

@@ -114,11 +114,12 @@ bool ServerImpl::HeldForMap(const std::shared_ptr<Pending>& p) {
   return true;
 }
 
-// Serves the pushes MapWait holds that the server's map serves now, in their clients' order.
+// Serves the pushes MapWait holds that the server's map serves now, in their clients' order,
+// and the Clocks that waited behind them.
 void ServerImpl::ReadmitMapWait() {
   const ClusterMapState* map = fence_.Current();
   map_wait_.Readmit(map != nullptr ? map->version : 0, [this](const std::shared_ptr<Pending>& p) {
-    const Status s = ServeData(p);
+    const Status s = p->header.op == Op::kClock ? ApplyClock(p) : ServeData(p);
     if (!s.ok()) ReplyError(std::move(p->identity), p->header, s);
   });
 }

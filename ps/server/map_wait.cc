@@ -11,14 +11,30 @@ MapWait::Verdict MapWait::Admit(const std::shared_ptr<Pending>& p, uint64_t mine
     ++resends_dropped_;
     return Verdict::kDropped;
   }
-  const uint64_t bytes = FrameBytes(*p);
-  if (held_.size() >= max_held_ || bytes_ + bytes > max_held_bytes_) return Verdict::kFull;
-  held_.push_back(Held{p, now, ahead ? ticket : 0});
-  ++per_client_[h.client_id];
-  numbers_.insert({h.client_id, h.client_seq});
-  bytes_ += bytes;
-  ++held_total_;
+  if (held_.size() >= max_held_ || bytes_ + FrameBytes(*p) > max_held_bytes_) {
+    return Verdict::kFull;
+  }
+  Push(Held{p, now, ahead ? ticket : 0});
   return Verdict::kHeld;
+}
+
+MapWait::Verdict MapWait::AdmitBehindPeer(const std::shared_ptr<Pending>& p,
+                                          Clock::time_point now) {
+  if (held_.size() >= max_held_) return Verdict::kFull;
+  Push(Held{p, now, 0, /*clock=*/true});
+  return Verdict::kHeld;
+}
+
+void MapWait::Push(Held held) {
+  const Header& h = held.p->header;
+  if (!held.clock) {
+    ++per_client_[h.client_id];
+    numbers_.insert({h.client_id, h.client_seq});
+  }
+  ++per_peer_[held.p->identity.to_string()];
+  bytes_ += FrameBytes(*held.p);
+  ++held_total_;
+  held_.push_back(std::move(held));
 }
 
 std::vector<MapWait::Held> MapWait::TakeOut(const std::function<bool(const Held&)>& take) {
@@ -30,9 +46,13 @@ std::vector<MapWait::Held> MapWait::TakeOut(const std::function<bool(const Held&
       continue;
     }
     const Header& h = held.p->header;
-    auto it = per_client_.find(h.client_id);
-    if (--it->second == 0) per_client_.erase(it);
-    numbers_.erase({h.client_id, h.client_seq});
+    if (!held.clock) {
+      auto it = per_client_.find(h.client_id);
+      if (--it->second == 0) per_client_.erase(it);
+      numbers_.erase({h.client_id, h.client_seq});
+    }
+    auto peer = per_peer_.find(PeerKey(held.p->identity));
+    if (--peer->second == 0) per_peer_.erase(peer);
     bytes_ -= FrameBytes(*held.p);
     out.push_back(std::move(held));
   }
@@ -48,13 +68,16 @@ void MapWait::Readmit(uint64_t mine,
   last_mine_ = mine;
   expired_since_ = false;
   absl::flat_hash_set<uint64_t> waiting;  // clients with a push that waits on
+  absl::flat_hash_set<std::string> waiting_peers;  // peers with a request that waits on
   std::vector<Held> ready = TakeOut([&](const Held& held) {
     const Header& h = held.p->header;
-    if (waiting.contains(h.client_id) || h.map_version > mine) {
-      waiting.insert(h.client_id);
-      return false;
+    const bool stays = held.clock ? waiting_peers.contains(PeerKey(held.p->identity))
+                                  : waiting.contains(h.client_id) || h.map_version > mine;
+    if (stays) {
+      if (!held.clock) waiting.insert(h.client_id);
+      waiting_peers.insert(held.p->identity.to_string());
     }
-    return true;
+    return !stays;
   });
   // Served after the take-out: serving may hold nothing here (the server serves a readmitted
   // push past this gate), but it must not see a half-taken queue either.
@@ -66,6 +89,7 @@ std::vector<MapWait::Expired> MapWait::Expire(Clock::time_point now, const Newes
   std::vector<Expired> out;
   std::vector<Held> taken = TakeOut([&](const Held& held) {
     const Header& h = held.p->header;
+    if (held.clock) return false;  // served by Readmit once its peer's pushes are gone
     if (given_up.contains(h.client_id)) {
       out.push_back(Expired{held.p, false});
       return true;

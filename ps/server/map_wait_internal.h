@@ -5,6 +5,7 @@
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
+#include <absl/strings/string_view.h>
 
 #include <chrono>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,8 +22,11 @@
 namespace tessera::internal {
 
 /// Holds numbered client pushes (Header::client_id, the dedup key KeyByOrigin made, not 0) that
-/// came with a map version ahead of this server's, and the later pushes of the same client that
-/// came while they waited, in arrival order, until the server's map catches up.
+/// came with a map version ahead of this server's, the later pushes of the same client that
+/// came while they waited, and the Clocks that came after them on the same connection (peer),
+/// in arrival order, until the server's map catches up. A worker's Clock ends its step's
+/// pushes on its connection: served ahead of them, it would let a checkpoint cut or the
+/// staleness bound go past pushes not applied yet.
 ///
 /// Why not refuse such a push as stale: a refusal by a server behind the push's map proves
 /// nothing about an attempt of it still on its way, which the server may take once it caught
@@ -58,6 +63,11 @@ class MapWait {
                 Clock::time_point now = Clock::now());
   /// True when a push of dedup key `client` waits.
   bool Holds(uint64_t client) const { return per_client_.contains(client); }
+  /// True when a push that came from `peer` (its ROUTER identity) waits.
+  bool HoldsPeer(const zmq::message_t& peer) const { return per_peer_.contains(PeerKey(peer)); }
+  /// Holds `p` (a Clock) behind the held pushes of its peer (HoldsPeer). kFull past the
+  /// bounds (the caller serves it).
+  Verdict AdmitBehindPeer(const std::shared_ptr<Pending>& p, Clock::time_point now = Clock::now());
   /// True when a held push's header satisfies `pred`.
   bool Any(const std::function<bool(const Header&)>& pred) const {
     for (const Held& held : held_) {
@@ -67,7 +77,8 @@ class MapWait {
   }
 
   /// Takes out, in arrival order, every held push whose map is here (at most `mine`) and that
-  /// no held push of its client waits before, and hands each to `serve`.
+  /// no held push of its client waits before, and every held Clock that no held request of its
+  /// peer waits before, and hands each to `serve`.
   void Readmit(uint64_t mine, const std::function<void(const std::shared_ptr<Pending>&)>& serve);
 
   /// A held push given up at Expire.
@@ -81,7 +92,8 @@ class MapWait {
   /// The store's newest map version as a re-read after `ticket` found it; nullopt until one
   /// did.
   using Newest = std::function<std::optional<uint64_t>(uint64_t ticket)>;
-  /// Takes out, in arrival order, the held pushes to give up at `now`.
+  /// Takes out, in arrival order, the held pushes to give up at `now` (never a Clock: one goes
+  /// at the next Readmit once the pushes before it are gone).
   std::vector<Expired> Expire(Clock::time_point now, const Newest& newest);
 
   size_t size() const { return held_.size(); }
@@ -96,7 +108,12 @@ class MapWait {
     std::shared_ptr<Pending> p;
     Clock::time_point since;
     uint64_t ticket = 0;
+    bool clock = false;  // a Clock held behind its peer's pushes
   };
+  void Push(Held held);
+  static absl::string_view PeerKey(const zmq::message_t& peer) {
+    return absl::string_view(static_cast<const char*>(peer.data()), peer.size());
+  }
   // Takes the entries `take` says yes to out of held_, in order.
   std::vector<Held> TakeOut(const std::function<bool(const Held&)>& take);
 
@@ -104,6 +121,7 @@ class MapWait {
   const uint64_t max_held_bytes_;
   std::deque<Held> held_;
   absl::flat_hash_map<uint64_t, uint32_t> per_client_;        // held pushes of each client
+  absl::flat_hash_map<std::string, uint32_t> per_peer_;       // held requests of each peer
   absl::flat_hash_set<std::pair<uint64_t, uint64_t>> numbers_;  // (client, seq) held
   uint64_t bytes_ = 0;
   uint64_t last_mine_ = 0;      // the version the last Readmit pass looked at

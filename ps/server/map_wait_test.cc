@@ -119,5 +119,41 @@ TEST(MapWait, APushBehindOneGivenUpGoesAtTheNextReadmitThoughTheMapDidNotMove) {
   EXPECT_EQ(Served(w, 3), second);
 }
 
+// A worker's Clock that came after its held push on the same connection waits behind it, and
+// only behind its own connection's requests; a held push given up lets it go at the next
+// Readmit though the map did not move.
+TEST(MapWait, AClockWaitsBehindTheHeldPushesOfItsConnectionOnly) {
+  MapWait w;
+  const auto t0 = MapWait::Clock::now();
+  auto with_peer = [](std::shared_ptr<Pending> p, const std::string& peer) {
+    p->identity = zmq::message_t(peer.data(), peer.size());
+    return p;
+  };
+  auto clock = [&](const std::string& peer) {
+    auto p = with_peer(std::make_shared<Pending>(), peer);
+    p->header.op = Op::kClock;
+    return p;
+  };
+  ASSERT_EQ(w.Admit(with_peer(Push(1, 1, 4), "a"), 3, 0, t0), V::kHeld);
+  EXPECT_TRUE(w.HoldsPeer(zmq::message_t("a", 1)));
+  EXPECT_FALSE(w.HoldsPeer(zmq::message_t("b", 1)));
+  ASSERT_EQ(w.AdmitBehindPeer(clock("a"), t0), V::kHeld);
+  ASSERT_EQ(w.Admit(with_peer(Push(2, 1, 5), "b"), 3, 0, t0), V::kHeld);
+  ASSERT_EQ(w.AdmitBehindPeer(clock("b"), t0), V::kHeld);
+  EXPECT_TRUE(Served(w, 3).empty());
+  // At 4: peer a's push, then its Clock (client 0, number 0); peer b's wait for 5.
+  const std::vector<std::pair<uint64_t, uint64_t>> a = {{1, 1}, {0, 0}};
+  EXPECT_EQ(Served(w, 4), a);
+  EXPECT_FALSE(w.HoldsPeer(zmq::message_t("a", 1)));
+  // Peer b's push is given up (the Clock is not), and its Clock goes next.
+  std::vector<MapWait::Expired> out =
+      w.Expire(t0 + MapWait::kHoldLimit, [](uint64_t) { return std::nullopt; });
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].p->header.client_id, 2u);
+  const std::vector<std::pair<uint64_t, uint64_t>> b = {{0, 0}};
+  EXPECT_EQ(Served(w, 4), b);
+  EXPECT_TRUE(w.empty());
+}
+
 }  // namespace
 }  // namespace tessera::internal

@@ -109,6 +109,7 @@ class ServerImpl {
   Status MetaOp(const std::shared_ptr<Pending>& p);
   Status StatsOp(const std::shared_ptr<Pending>& p);
   Status ClockOp(const std::shared_ptr<Pending>& p);
+  Status ApplyClock(const std::shared_ptr<Pending>& p);  // ClockOp past MapWait
   Status BarrierOp(const std::shared_ptr<Pending>& p);
   // ---- edge_ops.cc: bounds on connections, peers and requests; the admin root
   Status ConfigureRouterBounds();
