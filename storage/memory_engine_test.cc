@@ -67,6 +67,14 @@ class StoreConformanceTest : public ::testing::TestWithParam<EngineKind> {
     if (!s.ok()) return s;
     return lane_->Commit();
   }
+  // Keys 1..400 of a dim-2 table and a gradient each: 1, then the key (SGD, lr 1: the row
+  // reads -1, -key after one push).
+  static void KeysOneTo400(std::vector<uint64_t>* keys, std::vector<std::vector<float>>* grads) {
+    for (uint64_t k = 1; k <= 400; ++k) {
+      keys->push_back(k);
+      grads->push_back({1.0f, static_cast<float>(k)});
+    }
+  }
   std::map<uint64_t, std::vector<float>> ScanAll(uint64_t id, uint32_t dim) {
     std::map<uint64_t, std::vector<float>> rows;
     Status s = lane_->Scan(id, [&](uint64_t key, const float* v, const float*, const RowMeta&) {
@@ -131,10 +139,7 @@ TEST_P(StoreConformanceTest, ScanSlotsAndDeleteRows) {
   const uint64_t id = AddSparse(TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f}));
   std::vector<uint64_t> keys;
   std::vector<std::vector<float>> grads;
-  for (uint64_t k = 1; k <= 400; ++k) {
-    keys.push_back(k);
-    grads.push_back({1.0f, static_cast<float>(k)});
-  }
+  KeysOneTo400(&keys, &grads);
   ASSERT_TRUE(Apply(id, keys, grads, 1).ok());
   (void)Lookup1(id, 1000, 2);  // looked up only: never visited
   std::set<uint32_t> slots = {SlotOfKey(5), SlotOfKey(77), SlotOfKey(300)};
@@ -183,10 +188,7 @@ TEST_P(StoreConformanceTest, ASlotSnapshotReadsTheRowsAsTheyWereWhenTaken) {
   const uint64_t id = AddSparse(TableSpec::Sparse("emb", 2, {OptimizerKind::kSgd, 1.0f}));
   std::vector<uint64_t> keys;
   std::vector<std::vector<float>> grads;
-  for (uint64_t k = 1; k <= 400; ++k) {
-    keys.push_back(k);
-    grads.push_back({1.0f, static_cast<float>(k)});
-  }
+  KeysOneTo400(&keys, &grads);
   ASSERT_TRUE(Apply(id, keys, grads, 1).ok());
   ASSERT_TRUE(Apply(id, {5, 77}, {{1.0f, 5.0f}, {1.0f, 77.0f}}, 2).ok());
   const std::vector<uint32_t> list = {SlotOfKey(5), SlotOfKey(77), SlotOfKey(300)};
