@@ -202,6 +202,7 @@ void ClientImpl::MonitorEvent(uint32_t server) {
     if (event == ZMQ_EVENT_CONNECTED) {
       const bool reconnect = s.ever_connected;
       s.connected = s.ever_connected = true;
+      s.reconnecting = false;
       const int64_t c = clock_.load();
       if (reconnect && c > 0) {
         // A restarted server lost the clocks it held in memory: tell it ours again, after

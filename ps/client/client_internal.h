@@ -276,6 +276,10 @@ class ClientImpl {
     bool polled = false;  // the DEALER's descriptor is in polled_fds_ (waiting callers poll it)
     bool connected = false;
     bool ever_connected = false;
+    // Connected anew to an id given back (ReviveServers) and not yet reported connected: a
+    // request sent now could go down the old connection, still being closed, and be lost
+    // until its timeout; retryable ones wait in `retry` for the connection (SendOne).
+    bool reconnecting = false;
     // Handshake failures in a row (monitor events); once they show an encryption or key
     // mismatch, handshake_error fails calls to this server at once (cleared by a success).
     uint32_t handshake_failures = 0;

@@ -394,9 +394,12 @@ void ClientImpl::SendOne(Outgoing& o) {
     return;
   }
   // Known to be down, and no retries: ZeroMQ would queue the request for a reconnect that no
-  // event reports, and it would wait for its deadline.
+  // event reports, and it would wait for its deadline. An id given back waits for its new
+  // connection (DrainRetries): sent at once, a push went down the old one, still closing, and
+  // waited one request timeout (30 s by default) under load.
   const bool down = s.ever_connected && !s.connected;
-  if (!(down && !o.retryable()) && Transmit(o)) return;
+  const bool wait_for_connection = s.reconnecting && o.retryable();
+  if (!wait_for_connection && !(down && !o.retryable()) && Transmit(o)) return;
   if (!s.handshake_error.ok()) {  // a key mismatch does not heal by retrying
     if (o.call) PartDone(o.call, s.handshake_error);
     return;

@@ -132,6 +132,7 @@ Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>&
     s.address = m.addresses[i];
     s.retired_by = 0;
     s.connected = false;
+    s.reconnecting = true;
     s.push_client = RandomClientId();
     s.push_seq = 0;
     SendClockTo(static_cast<uint32_t>(i));
