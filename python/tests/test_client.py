@@ -43,6 +43,22 @@ def die_with_parent():
 
 
 
+def _stop_and_wait(procs, limit_s=10.0):
+    """SIGSTOPs `procs` and returns once each is stopped (state T in /proc/PID/stat): the
+    signal takes effect after send_signal returns, and a server not stopped yet may still answer
+    a request sent right after."""
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + limit_s
+    for p in procs:
+        while time.monotonic() < deadline:
+            with open("/proc/%d/stat" % p.pid) as f:
+                stat = f.read()
+            if stat[stat.rfind(")") + 2] == "T":  # the command name may hold spaces
+                break
+            time.sleep(0.001)
+
+
 def _progress_while_waiting(state, seconds=0.5):
     """Loop iterations this thread makes in `seconds` while another thread is inside a call
     that waits (state["inside"] and not state["done"]): many only if that call released the
@@ -378,8 +394,7 @@ class ClientTest(unittest.TestCase):
                         state["error"] = e
                     state["done"] = True
 
-                for p in self.servers.procs:
-                    p.send_signal(signal.SIGSTOP)
+                _stop_and_wait(self.servers.procs)
                 th = threading.Thread(target=waiter)
                 try:
                     th.start()
