@@ -57,6 +57,16 @@ static_assert(kNumSlots == (1u << 14));
 /// Lane of a slot on a server with `lanes` lanes.
 constexpr uint32_t LaneOfSlot(uint32_t slot, uint32_t lanes) { return slot % lanes; }
 
+/// One flag per slot, set for each of `slots` (numbers at or past kNumSlots are skipped): the
+/// filter of a scan over some slots, tested as mask[SlotOfKey(key)].
+inline std::vector<bool> SlotMask(std::span<const uint32_t> slots) {
+  std::vector<bool> mask(kNumSlots, false);
+  for (uint32_t s : slots) {
+    if (s < kNumSlots) mask[s] = true;
+  }
+  return mask;
+}
+
 /// Assigns every slot to a server. Immutable once built; thread-safe to read.
 class SlotMap {
  public:

@@ -174,10 +174,7 @@ class MemoryLaneStore final : public LaneStore {
     // Scan with the slot test inline: a move reads a few slots of every row's lane, and the
     // rows of other slots must cost a hash and a bit, not a call through fn.
     TESSERA_ASSIGN_OR_RETURN(Table * t, Get(table_id, TableKind::kSparse));
-    std::vector<bool> wanted(kNumSlots, false);
-    for (uint32_t s : slots) {
-      if (s < kNumSlots) wanted[s] = true;
-    }
+    const std::vector<bool> wanted = SlotMask(slots);
     const uint32_t dim = t->spec.dim;
     t->rows->ForEach([&](uint64_t key, const float* row, const RowMeta& meta) {
       // The key first: it lies in the index being walked; the metadata is a load elsewhere.

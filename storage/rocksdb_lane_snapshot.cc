@@ -196,10 +196,7 @@ Result<std::unique_ptr<LaneSnapshot>> RocksDbLaneStore::TakeSlotSnapshot(
 Status RocksDbLaneStore::ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
                                    const RowVisitor& fn) {
   TESSERA_RETURN_IF_ERROR(Get(table_id, TableKind::kSparse).status());
-  std::vector<bool> wanted(kNumSlots, false);
-  for (uint32_t s : slots) {
-    if (s < kNumSlots) wanted[s] = true;
-  }
+  const std::vector<bool> wanted = SlotMask(slots);
   TESSERA_ASSIGN_OR_RETURN(auto snapshot, TakeSlotSnapshot(slots));
   // The rows pinned in memory are visited whatever their slot: keep the slots asked for.
   return snapshot->Scan(table_id, [&](uint64_t key, const float* value, const float* state,

@@ -156,10 +156,7 @@ class LaneStore {
   /// filtered; the RocksDB engine reads only those slots' key ranges from disk.
   virtual Status ScanSlots(uint64_t table_id, std::span<const uint32_t> slots,
                            const RowVisitor& fn) {
-    std::vector<bool> wanted(kNumSlots, false);
-    for (uint32_t s : slots) {
-      if (s < kNumSlots) wanted[s] = true;
-    }
+    const std::vector<bool> wanted = SlotMask(slots);
     return Scan(table_id, [&](uint64_t key, const float* value, const float* state,
                               const RowMeta& meta) {
       return !wanted[SlotOfKey(key)] || fn(key, value, state, meta);

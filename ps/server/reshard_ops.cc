@@ -39,10 +39,7 @@ Status ScanSlots(LaneSnapshot& snapshot, const std::vector<SparseTable>& tables,
                  const std::vector<uint32_t>& slots,
                  const std::function<void(const SparseTable&, uint64_t, const float*,
                                           const float*, const RowMeta&)>& fn) {
-  std::vector<bool> wanted(kNumSlots, false);
-  for (uint32_t s : slots) {
-    if (s < kNumSlots) wanted[s] = true;
-  }
+  const std::vector<bool> wanted = SlotMask(slots);
   for (const SparseTable& t : tables) {
     TESSERA_RETURN_IF_ERROR(snapshot.Scan(
         t.id, [&](uint64_t key, const float* value, const float* state, const RowMeta& meta) {
@@ -458,8 +455,7 @@ Status ServerImpl::ImportSlotRows(const std::shared_ptr<Pending>& p,
                                   const std::vector<uint32_t>& slots) {
   // Checked here, written by their lanes. New tables are created first (a server that joined
   // after they were made); a known table must have the same spec.
-  std::vector<bool> want(kNumSlots, false);
-  for (uint32_t s : slots) want[s] = true;
+  const std::vector<bool> want = SlotMask(slots);  // checked below kNumSlots (RequestSlots)
   const uint32_t nl = static_cast<uint32_t>(lanes_.size());
   auto plan = std::make_shared<ImportPlan>();
   plan->lanes.resize(nl);
