@@ -309,6 +309,15 @@ class ClientImpl {
   // (ReviveServers: `ids`, which `m` gives an address again, connected anew; the caller holds
   // io_mu_.)
   Status ReviveServers(const RoutingMap& m, const std::vector<size_t>& ids);
+  // The id `s`'s pushes are numbered under now (ServerConn::push_client, else the client's).
+  uint64_t NumberingOf(const ServerConn& s) const {
+    return s.push_client != 0 ? s.push_client : client_id_;
+  }
+  // Starts a new numbering of `s`'s pushes: a new random id, numbered from 1.
+  static void NewNumbering(ServerConn& s) {
+    s.push_client = RandomClientId();
+    s.push_seq = 0;
+  }
   // Sends the client's clock to `server` (newly connected; the caller holds clock_mu_ and
   // io_mu_, so a Clock() meanwhile cannot overtake it).
   void SendClockTo(uint32_t server);

@@ -384,7 +384,7 @@ void ClientImpl::SendOne(Outgoing& o) {
   o.send_order = ++s.next_send_order;
   if (o.needs_seq) {
     // Sequence numbers follow the send order: the server sees a client's pushes in order.
-    o.header.client_id = s.push_client != 0 ? s.push_client : client_id_;
+    o.header.client_id = NumberingOf(s);
     o.header.client_seq = ++s.push_seq;
     o.parts[0] = EnvelopeFrame(o.header);
     o.needs_seq = false;
@@ -475,7 +475,7 @@ void ClientImpl::RetryOrFail(Outgoing o, const Status& why, bool server_down) {
 void ClientImpl::RenumberPush(uint32_t server, Outgoing o, const Status& why) {
   if (DroppedAsCancelled(o)) return;
   ServerConn& s = servers_[server];
-  const uint64_t numbering = s.push_client != 0 ? s.push_client : client_id_;
+  const uint64_t numbering = NumberingOf(s);
   const auto now = Clock::now();
   // Counted in another server's sequence, or the first push of a numbering: never refused so
   // by a server that follows the protocol. And a push past its retry time ends here.
@@ -487,8 +487,7 @@ void ClientImpl::RenumberPush(uint32_t server, Outgoing o, const Status& why) {
   if (o.header.client_id == numbering) {
     // The pushes of the old numbering still on their way are refused the same way (the
     // server knows it nowhere) and each is sent again under the new one when its answer comes.
-    s.push_client = RandomClientId();
-    s.push_seq = 0;
+    NewNumbering(s);
   }
   o.header.client_id = 0;
   o.header.client_seq = 0;

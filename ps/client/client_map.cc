@@ -133,8 +133,7 @@ Status ClientImpl::ReviveServers(const RoutingMap& m, const std::vector<size_t>&
     s.retired_by = 0;
     s.connected = false;
     s.reconnecting = true;
-    s.push_client = RandomClientId();
-    s.push_seq = 0;
+    NewNumbering(s);
     SendClockTo(static_cast<uint32_t>(i));
   }
   return Status::OK();
@@ -172,10 +171,7 @@ void ClientImpl::KeepNumberIfUnsettled(Outgoing& o, uint64_t server_version) {
   // would put that backup's mark for the triple's (client_id, origin) above this push, which
   // would then be answered there as a retry and applied nowhere.
   ServerConn& s = servers_[o.server];
-  if (h.client_id == (s.push_client != 0 ? s.push_client : client_id_)) {
-    s.push_client = RandomClientId();
-    s.push_seq = 0;
-  }
+  if (h.client_id == NumberingOf(s)) NewNumbering(s);
 }
 
 void ClientImpl::StaleMapRetry(Outgoing o, uint64_t server_version, const Status& why) {
