@@ -106,6 +106,17 @@ class MapAheadTest : public ::testing::Test {
     auto st = admin_->ServerStats(0);
     return st.ok() ? testing::StatValue(*st, name) : -1;
   }
+  // Stat `name` once it reads `want` (the peer's requests reach the server on their own
+  // connection, in their own time), or its last value after 10 s.
+  int64_t StatOnceAt(const std::string& name, int64_t want) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int64_t v = Stat(name);
+    while (v != want && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(10));
+      v = Stat(name);
+    }
+    return v;
+  }
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> admin_;
@@ -121,15 +132,11 @@ TEST_F(MapAheadTest, APushAheadOfTheServersMapWaitsForItAndIsAppliedOnce) {
   const std::optional<Header> early = NextReply(milliseconds(300));
   ASSERT_FALSE(early.has_value()) << "answered before its map came: "
                                   << static_cast<int>(early->status) << " " << early->message;
-  EXPECT_EQ(Stat("map_wait_now"), 1);
+  EXPECT_EQ(StatOnceAt("map_wait_now", 1), 1);
   ASSERT_TRUE(peer_->Resend(PushHeader(1, 2), 101, PushData(1.0f)));  // the client's resend
   ASSERT_TRUE(peer_->Resend(PushHeader(2, 2), 102, PushData(10.0f)));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (Stat("map_wait_resends_dropped") != 1 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  ASSERT_EQ(Stat("map_wait_resends_dropped"), 1);
-  EXPECT_EQ(Stat("map_wait_now"), 2);
+  ASSERT_EQ(StatOnceAt("map_wait_resends_dropped", 1), 1);
+  EXPECT_EQ(StatOnceAt("map_wait_now", 2), 2);
   EXPECT_FALSE(NextReply(milliseconds(100)).has_value());
 
   ASSERT_TRUE(server_->SetClusterMap(2, SlotMap::Uniform(1)).ok());
@@ -165,6 +172,7 @@ TEST_F(MapAheadTest, AClockAfterAHeldPushWaitsBehindIt) {
   ASSERT_TRUE(peer_->Resend(clock, 302));
   const std::optional<Header> early = NextReply(milliseconds(300));
   ASSERT_FALSE(early.has_value()) << "request " << early->request_id << " answered first";
+  ASSERT_EQ(StatOnceAt("map_wait_now", 2), 2) << "the push and its Clock are not both held";
   EXPECT_NE(Stat("max_clock"), 5) << "the Clock was counted before the push of its step";
   ASSERT_TRUE(server_->SetClusterMap(2, SlotMap::Uniform(1)).ok());
   for (uint64_t id : {301, 302}) {
@@ -208,7 +216,7 @@ TEST_F(MapAheadTest, APushWhoseMapNeverComesIsGivenUpAndItsNumberStaysFree) {
     EXPECT_EQ(r->request_id, id);
     EXPECT_EQ(r->status, StatusCode::kUnavailable) << r->message;
   }
-  EXPECT_EQ(Stat("map_wait_expired"), 2);
+  EXPECT_EQ(StatOnceAt("map_wait_expired", 2), 2);
   // Push 2 again before push 1: it waits for 1 (the gap), then both go.
   Header r = peer_->Call(PushHeader(2, 1), PushData(10.0f));
   EXPECT_EQ(r.status, StatusCode::kUnavailable) << r.message;
