@@ -123,6 +123,7 @@ void AppendTableLines(const TableRegistry& tables, std::ostream& s) {
 // held in memory and those spilled to the store (PushDedup).
 void WritePushMarkStats(std::ostream& s, const IoCounts& counts, const PushDedup& dedup) {
   s << "retried_pushes " << counts.retried_pushes << "\n"
+    << "reads_during_log_write " << counts.reads_during_log_write << "\n"
     << "unknown_client_pushes " << counts.unknown_client_pushes << "\n"
     << "push_marks_in_memory " << dedup.size() << "\n"
     << "push_marks_spilled " << dedup.spilled() << "\n";
@@ -209,6 +210,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
           << l << "rows_written " << st.rows_written << "\n"
           << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"
           << l << "back_pressure_waits " << lane.back_pressure_waits() << "\n"
+          << l << "reads_passed " << lane.reads_passed() << "\n"
           << l << "durable_log_mark " << lane.committed_seq() << "\n";
         std::lock_guard<std::mutex> g(raw->mu);
         raw->text[lane.index() + 1] = o.str();

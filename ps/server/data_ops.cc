@@ -158,9 +158,27 @@ void ServerImpl::ExpireMapWait() {
 // Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
 // one part and the lane is idle) and answers `p` once, when the last part finishes,
 // whichever thread that is. `writes` and `seq` describe every part (Task).
+bool ServerImpl::StagedFrom(const zmq::message_t& identity) const {
+  for (const StagedRun& r : staged_) {
+    if (r.p->identity.to_string_view() == identity.to_string_view()) return true;
+  }
+  return false;
+}
+
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                           bool writes, uint64_t seq, bool may_inline) {
-  FlushStaged();  // pushes staged earlier reach the lanes first
+  // What the lanes may reorder (Task::Pass): a sparse pull that no clock orders may go before
+  // pushes of other connections that are durable once applied (logged; or nothing is).
+  const Header& h = p->header;
+  Task::Pass pass = Task::Pass::kNone;
+  if (!writes && h.op == Op::kSparsePull && (h.staleness < 0 || h.num_workers == 0)) {
+    pass = Task::Pass::kRead;
+  } else if (writes && IsPush(h.op) && (seq != 0 || !log_->durable())) {
+    pass = Task::Pass::kWrite;
+  }
+  // Pushes staged earlier reach the lanes first, unless this is such a pull of a connection
+  // that staged none of them (nothing orders it after them; they are not answered yet).
+  if (pass != Task::Pass::kRead || StagedFrom(p->identity)) FlushStaged();
   // A request of one lane runs on this thread when that lane is idle. One of several lanes
   // (a dense request over 64 KiB) does too, lane by lane, when no other request is waiting on
   // the socket: two thread hops and the reply's trip through the lane's socket cost more than
@@ -170,7 +188,7 @@ void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePar
       (parts.size() == 1 || (router_.get(zmq::sockopt::events) & ZMQ_POLLIN) == 0);
   p->parts.Add(static_cast<uint32_t>(parts.size()));
   for (LanePart& part : parts) {
-    Task t{p, std::move(part.run), writes, seq};
+    Task t{p, std::move(part.run), writes, seq, pass};
     if (inline_ok && lanes_[part.lane]->TryRunInline(t, router_)) continue;
     lanes_[part.lane]->Submit(std::move(t));
   }
@@ -251,11 +269,14 @@ void ServerImpl::LogAndRun(const std::shared_ptr<Pending>& p, std::vector<LanePa
 // Group commit: writes the staged pushes' log entries in one write, then hands them to the
 // lanes in order (or answers them all with the write's error). Runs at the end of every
 // burst and before anything else reaches a lane, so lanes still see requests in order.
-void ServerImpl::FlushStaged() {
+void ServerImpl::FlushStaged() { FlushStagedWith(nullptr); }
+
+void ServerImpl::FlushStagedWith(
+    const std::function<Status(const std::vector<StagedRun>&)>& write) {
   if (staged_.empty()) return;
   std::vector<StagedRun> staged;
   staged.swap(staged_);
-  const Status s = log_->WriteStaged();
+  const Status s = write ? write(staged) : log_->WriteStaged();
   if (!s.ok()) {
     // Latest first: each number given back is then its client's accepted mark (Abandon).
     for (auto r = staged.rbegin(); r != staged.rend(); ++r) {

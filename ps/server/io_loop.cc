@@ -12,6 +12,17 @@
 namespace tessera::internal {
 namespace {
 
+// Whether `socket` has a message to read (this also resets its descriptor's signal).
+bool Readable(zmq::socket_t& socket) {
+  try {
+    return (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  } catch (const zmq::error_t&) {
+    return true;  // EINTR: look again
+  }
+}
+
+}  // namespace
+
 // One message from `socket` without waiting into `parts` (cleared first); false when none is
 // there, or when a signal interrupted the call (a signal in an embedding process: the next poll
 // comes back here).
@@ -25,17 +36,6 @@ bool TryReceive(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
     return false;
   }
 }
-
-// Whether `socket` has a message to read (this also resets its descriptor's signal).
-bool Readable(zmq::socket_t& socket) {
-  try {
-    return (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
-  } catch (const zmq::error_t&) {
-    return true;  // EINTR: look again
-  }
-}
-
-}  // namespace
 
 void ServerImpl::IoLoop() {
   // Polls the sockets' ZMQ_FD descriptors: the ROUTER's, the lanes' replies', the ROUTER
@@ -96,8 +96,9 @@ void ServerImpl::IoLoop() {
     ResendReplication();
     if (more || (items[0].revents & ZMQ_POLLIN)) ReceiveBurst();
     if (fence_.changed()) OnMapChanged();
-    FlushStaged();  // pushes readmitted outside a burst
+    FlushStagedServingReads();  // pushes readmitted outside a burst
     more = Readable(router_);
+    if (std::exchange(polled_during_log_write_, false)) look_at_all = true;
     for (auto& [server, link] : repl_.links.links()) more = more || Readable(link.dealer);
   }
 }
@@ -109,7 +110,7 @@ void ServerImpl::ReceiveBurst() {
     if (!TryReceive(router_, &parts)) break;
     HandleMessage(std::move(parts));
   }
-  FlushStaged();  // the burst's pushes: one log write
+  FlushStagedServingReads();  // the burst's pushes: one log write
 }
 
 void ServerImpl::Maintain() {
@@ -121,7 +122,7 @@ void ServerImpl::Maintain() {
   if (!repl_.park.empty()) ReadmitReplicas();
   if (!map_wait_.empty()) ExpireMapWait();
   CloseUnusedLinks();
-  FlushStaged();  // the marks below count only what is in the log
+  FlushStagedServingReads();  // the marks below count only what is in the log
   // The log is needed only past the mark every lane has committed.
   uint64_t upto = log_->last_seq();
   for (auto& l : lanes_) upto = std::min(upto, l->committed_seq());

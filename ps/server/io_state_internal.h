@@ -19,6 +19,8 @@ struct IoThread {
 struct IoCounts {
   uint64_t requests = 0, errors = 0, pushes = 0, push_keys = 0, pulls = 0, pull_keys = 0,
            retried_pushes = 0, unknown_client_pushes = 0;
+  // Reads served while a group of pushes was being written to the request log.
+  uint64_t reads_during_log_write = 0;
   // Admission (edge_ops.cc), and forwarded pushes a backup refused by its map.
   uint64_t refused_connections = 0, dropped_replies = 0, throttled_requests = 0,
            fenced_replicas = 0;

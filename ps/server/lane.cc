@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <span>
+#include <string>
+#include <string_view>
 
 #include "ps/message_pool_internal.h"
 #include "ps/server/lane_internal.h"
@@ -38,6 +41,7 @@ Lane::Lane(uint32_t index, std::unique_ptr<LaneStore> store, zmq::context_t& ctx
 Lane::~Lane() { Stop(); }
 
 void Lane::Submit(Task t) {
+  if (t.pass == Task::Pass::kRead) reads_waiting_.fetch_add(1, std::memory_order_relaxed);
   {
     MutexLock l(mu_);
     queue_.push_back(std::move(t));
@@ -62,6 +66,7 @@ bool Lane::TryRunInline(Task& t, zmq::socket_t& reply) {
     if (!queue_.empty() || stop_) return false;
     if (!run_mu_.try_lock()) return false;
   }
+  if (t.pass == Task::Pass::kRead) reads_waiting_.fetch_add(1, std::memory_order_relaxed);
   std::vector<Task> one;
   one.push_back(std::move(t));
   RunBatch(one, reply, /*may_wait=*/false);
@@ -106,14 +111,87 @@ void Lane::Loop() {
 }
 
 void Lane::RunBatch(std::vector<Task>& batch, zmq::socket_t& reply, bool may_wait) {
-  for (Task& t : batch) {
+  running_batch_ = &batch;
+  running_reply_ = &reply;
+  // Whether every write before this part needs nothing of this batch's write-back to be as
+  // durable as it will be (kWrite): a read is then answered as soon as it ran, not after the
+  // batch's other parts and a hand-off of rows.
+  bool plain = true;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Task& t = batch[i];
+    if (t.done) continue;  // a read ServeWaitingReads answered
+    running_index_ = i;
+    if (t.pass == Task::Pass::kRead && plain) {
+      RunAhead(t);
+      continue;
+    }
+    if (t.pass == Task::Pass::kRead) reads_waiting_.fetch_sub(1, std::memory_order_relaxed);
     Status s = t.run(*this);
     if (!s.ok()) t.pending->Fail(s);
     if (t.seq != 0) store_->SetAppliedSeq(t.seq);
+    plain = plain && !(t.writes && t.pass != Task::Pass::kWrite);
   }
+  running_batch_ = nullptr;
+  running_reply_ = nullptr;
   WriteBackIfDue(batch, may_wait);
-  for (Task& t : batch) FinishPart(*t.pending, Status::OK(), reply);
+  for (Task& t : batch) {
+    if (!t.done) FinishPart(*t.pending, Status::OK(), reply);
+  }
   batch.clear();
+}
+
+void Lane::RunAhead(Task& t) {
+  reads_waiting_.fetch_sub(1, std::memory_order_relaxed);
+  Status s = t.run(*this);
+  if (!s.ok()) t.pending->Fail(s);
+  t.done = true;
+  FinishPart(*t.pending, Status::OK(), *running_reply_);
+}
+
+void Lane::ServeWaitingReads() {
+  run_mu_.AssertHeld();
+  if (reads_waiting_.load(std::memory_order_relaxed) == 0 || running_batch_ == nullptr) return;
+  std::vector<Task>& batch = *running_batch_;
+  if (batch[running_index_].pass != Task::Pass::kWrite) return;
+  // The connections with a write ahead of the parts looked at so far.
+  std::vector<std::string> writers;
+  const auto wrote = [&](const Task& t) { writers.push_back(t.pending->identity.to_string()); };
+  // Whether read `t` may go now; false with *stop at a part nothing passes.
+  const auto may_go = [&](const Task& t, bool* stop) {
+    if (t.done) return false;
+    if (t.pass == Task::Pass::kWrite) {
+      wrote(t);
+      return false;
+    }
+    if (t.pass == Task::Pass::kNone) {
+      *stop = true;
+      return false;
+    }
+    const std::string_view id = t.pending->identity.to_string_view();
+    return std::find(writers.begin(), writers.end(), id) == writers.end();
+  };
+  wrote(batch[running_index_]);
+  bool stop = false;
+  for (size_t i = running_index_ + 1; i < batch.size() && !stop; ++i) {
+    if (!may_go(batch[i], &stop)) continue;
+    RunAhead(batch[i]);
+    reads_passed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (stop) return;
+  std::vector<Task> ahead;
+  {
+    MutexLock l(mu_);
+    std::vector<size_t> take;
+    for (size_t i = 0; i < queue_.size() && !stop; ++i) {
+      if (may_go(queue_[i], &stop)) take.push_back(i);
+    }
+    for (size_t i : take) ahead.push_back(std::move(queue_[i]));
+    for (size_t k = take.size(); k-- > 0;) queue_.erase(queue_.begin() + take[k]);
+  }
+  for (Task& t : ahead) {
+    RunAhead(t);
+    reads_passed_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
@@ -209,18 +287,49 @@ void FileWriter::Loop() {
   }
 }
 
+namespace {
+
+// Holds a lane's scratch vector while a part uses it, and gives it back (its capacity kept):
+// a read run between a push's slices finds the lane's own empty and uses that.
+template <typename V>
+class BorrowScratch {
+ public:
+  explicit BorrowScratch(V& lane) : lane_(lane) { v.swap(lane_); }
+  ~BorrowScratch() { lane_.swap(v); }
+  BorrowScratch(const BorrowScratch&) = delete;
+  BorrowScratch& operator=(const BorrowScratch&) = delete;
+  V v;
+
+ private:
+  V& lane_;
+};
+
+}  // namespace
+
 Status RunSparsePart(Lane& lane, Pending& p, const std::vector<uint32_t>& idx, uint64_t table_id,
                      uint32_t dim, bool push, bool pull, float lr_scale) {
   const size_t n = idx.size();
-  std::vector<uint64_t>& keys = lane.scratch_keys;
+  BorrowScratch<std::vector<uint64_t>> scratch_keys(lane.scratch_keys);
+  std::vector<uint64_t>& keys = scratch_keys.v;
   keys.resize(n);
   for (size_t i = 0; i < n; ++i) keys[i] = p.keys[idx[i]];
   if (push) {
-    std::vector<const float*>& grads = lane.scratch_grads;
+    BorrowScratch<std::vector<const float*>> scratch_grads(lane.scratch_grads);
+    std::vector<const float*>& grads = scratch_grads.v;
     grads.resize(n);
     for (size_t i = 0; i < n; ++i) grads[i] = p.values + size_t{idx[i]} * dim;
     ApplyContext ctx{lane.NextStep(), NowSeconds(), lr_scale};
-    TESSERA_RETURN_IF_ERROR(lane.store().Apply(table_id, keys, grads, ctx));
+    // In slices, with the reads of other connections waiting behind this push served between
+    // them. A slice that fails leaves the slices before it applied, as a push that fails on
+    // one lane of several leaves the other lanes' parts applied.
+    const std::span<const uint64_t> all_keys(keys);
+    const std::span<const float* const> all_grads(grads);
+    for (size_t a = 0; a < n; a += kApplySlice) {
+      const size_t len = std::min(kApplySlice, n - a);
+      TESSERA_RETURN_IF_ERROR(lane.store().Apply(table_id, all_keys.subspan(a, len),
+                                                 all_grads.subspan(a, len), ctx));
+      if (a + len < n) lane.ServeWaitingReads();
+    }
   }
   if (pull) {
     std::vector<float*>& outs = lane.scratch_outs;

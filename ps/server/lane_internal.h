@@ -30,6 +30,15 @@ struct Task {
   bool writes = false;
   /// Request-log sequence number this part completes for its lane (0: none).
   uint64_t seq = 0;
+  /// How the lane may reorder this part (Lane::ServeWaitingReads). kRead: a sparse pull that
+  /// no clock orders; it may run before kWrite parts of other connections queued or running
+  /// ahead of it. kWrite: a push whose rows are as durable once applied as the engine makes
+  /// anything (logged, or a memory-only server). kNone: nothing passes it (admin work,
+  /// restores, clock-ordered reads).
+  enum class Pass : uint8_t { kNone, kRead, kWrite };
+  Pass pass = Pass::kNone;
+  /// Run and answered ahead of its turn (RunBatch skips it).
+  bool done = false;
 };
 
 /// One executor thread owning the rows of its slots. Tasks run in the order they were
@@ -78,6 +87,17 @@ class Lane {
   }
   /// Times the lane waited for the storage writer because too many rows were not yet durable.
   uint64_t back_pressure_waits() const { return waits_.load(std::memory_order_relaxed); }
+  /// Reads answered ahead of writes queued or running before them (ServeWaitingReads).
+  uint64_t reads_passed() const { return reads_passed_.load(std::memory_order_relaxed); }
+
+  /// Called by a running kWrite part between slices of its work: runs and answers the kRead
+  /// parts queued behind it (in this batch or the queue) that only kWrite parts of other
+  /// connections stand before, so that a small read does not wait for a large push. A read
+  /// sees the running push partly applied, as a read on another lane can already see a push
+  /// one lane applied and the other not yet; a read of the push's own connection, or one
+  /// behind anything else (admin work, a restore, a clock-ordered read), keeps its turn.
+  /// Called by a running task: its runner holds run_mu_ (asserted, as in NextStep).
+  void ServeWaitingReads() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Scratch buffers for request parts, reused across requests (lane thread only).
   std::vector<uint64_t> scratch_keys;
@@ -93,6 +113,8 @@ class Lane {
   void WriteBackIfDue(std::vector<Task>& batch, bool may_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+  // Runs read `t` ahead of its turn and answers it.
+  void RunAhead(Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   const uint32_t index_;
   std::unique_ptr<LaneStore> store_;
@@ -112,7 +134,18 @@ class Lane {
   std::chrono::steady_clock::time_point last_write_back_ ABSL_GUARDED_BY(run_mu_){};
   std::atomic<uint64_t> committed_seq_{0};
   std::atomic<uint64_t> waits_{0};
+  // kRead parts submitted and not yet run: ServeWaitingReads looks no further when 0.
+  std::atomic<uint32_t> reads_waiting_{0};
+  std::atomic<uint64_t> reads_passed_{0};
+  // The batch RunBatch is running, the index of its running part, and where replies go.
+  std::vector<Task>* running_batch_ ABSL_GUARDED_BY(run_mu_) = nullptr;
+  size_t running_index_ ABSL_GUARDED_BY(run_mu_) = 0;
+  zmq::socket_t* running_reply_ ABSL_GUARDED_BY(run_mu_) = nullptr;
 };
+
+/// Keys a sparse push applies between two looks for reads waiting behind it
+/// (Lane::ServeWaitingReads): about 0.2-1 ms of a lane's work.
+inline constexpr size_t kApplySlice = 2048;
 
 /// A lane's part of a sparse pull, push or push-pull `p`: the keys at `idx` of p's keys
 /// (those of this lane); a push applies their gradients (p.values), a pull writes their rows

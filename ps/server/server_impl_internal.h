@@ -16,7 +16,10 @@
 // and admin_ops.cc (checkpoints, restore, exports).
 #pragma once
 
+#include <absl/container/flat_hash_set.h>
+
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +36,7 @@
 #include "ps/server/io_state_internal.h"
 #include "ps/server/lane_internal.h"
 #include "ps/server/lane_part_internal.h"
+#include "ps/server/log_wait_internal.h"
 #include "ps/server/map_fence_internal.h"
 #include "ps/server/map_recheck_internal.h"
 #include "ps/server/map_wait_internal.h"
@@ -59,6 +63,9 @@ inline constexpr char kDroppedTablePrefix[] = "dropped-table/";
 // `out` and counting them.
 using ExportScan = std::function<Status(std::string* out, uint64_t* rows)>;
 using ExportFreeze = std::function<Result<ExportScan>(Lane&)>;
+
+/// Reads one whole message from `socket` without waiting; false when none is there.
+bool TryReceive(zmq::socket_t& socket, std::vector<zmq::message_t>* parts);
 
 /// The server of one shard. Start() binds, recovers and starts the threads; Shutdown() stops
 /// them. Everything below the sockets is owned by the I/O thread once it runs, except what the
@@ -180,6 +187,12 @@ class ServerImpl {
   Result<bool> AnsweredAsRetry(const std::shared_ptr<Pending>& p);  // exactly-once pushes
   void LogAndRun(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool may_inline);
   void FlushStaged();  // group commit
+  // The group's log write: log_->WriteStaged() when null.
+  void FlushStagedWith(const std::function<Status(const std::vector<StagedRun>&)>& write);
+  bool StagedFrom(const zmq::message_t& identity) const;
+  // ---- log_wait.cc: group commit that serves reads while the disk syncs
+  void FlushStagedServingReads();
+  Status WriteStagedServingReads(const std::vector<StagedRun>& staged);
   Status SubmitDense(const std::shared_ptr<Pending>& p);
   void SubmitParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts, bool push,
                    bool may_inline);
@@ -227,6 +240,13 @@ class ServerImpl {
   std::unique_ptr<RequestLog> log_;
   // Pushes logged by the next group write, with their lane parts (FlushStaged).
   std::vector<StagedRun> staged_;
+  // The group write's thread (FlushStagedServingReads), the requests read during a write and
+  // set aside to be handled after it (at most kMaxSetAside: then the socket waits), and
+  // whether the last write's wait read the sockets (IoLoop then looks at all of them).
+  LogGroupWriter log_writer_;
+  static constexpr size_t kMaxSetAside = 1024;
+  std::deque<std::vector<zmq::message_t>> set_aside_;
+  bool polled_during_log_write_ = false;
   // Restore batches queued to the lanes (restore_credits_internal.h); before lanes_, whose
   // queued batches hold its credits.
   RestoreCredits restore_credits_{options_.restore_max_queued_batches != 0

@@ -1,0 +1,251 @@
+// The lane's reordering of reads (Lane::ServeWaitingReads, Task::Pass): a lane with a real
+// memory store and its reply socket read back here, tasks handed to it as the I/O thread does.
+#include "ps/server/lane_internal.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ps/routing.h"
+#include "ps/table_spec.h"
+
+namespace tessera::internal {
+namespace {
+
+using Pass = Task::Pass;
+using namespace std::chrono_literals;
+
+class LaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    replies_.bind(kEndpoint);
+    replies_.set(zmq::sockopt::rcvtimeo, 10000);
+    engine_ = NewMemoryStorageEngine();
+    auto store = engine_->OpenLane(0, 1);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    lane_ = std::make_unique<Lane>(0, std::move(store).value(), ctx_, kEndpoint,
+                                   /*write_back_interval_ms=*/1000, /*max_dirty_bytes=*/0);
+  }
+  void TearDown() override {
+    if (lane_ != nullptr) lane_->Stop();
+  }
+
+  // A part of request `name` from connection `conn` that records `name` when it runs (and
+  // runs `body` first, if any).
+  Task Part(const std::string& conn, const std::string& name, Pass pass, bool writes,
+            std::function<void(Lane&)> body = nullptr) {
+    auto p = std::make_shared<Pending>();
+    p->identity = zmq::message_t(conn.data(), conn.size());
+    p->header.request_id = ++next_id_;
+    names_[p->header.request_id] = name;
+    p->header.op = pass == Pass::kRead ? Op::kSparsePull : Op::kSparsePush;
+    auto run = [this, name, body](Lane& lane) {
+      if (body) body(lane);
+      std::lock_guard<std::mutex> g(mu_);
+      ran_.push_back(name);
+      return Status::OK();
+    };
+    return Task{p, run, writes, /*seq=*/writes ? next_id_ : 0, pass};
+  }
+  // The next `n` replies' request names, in the order the lane sent them.
+  std::vector<std::string> Replies(size_t n) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < n; ++i) {
+      zmq::message_t identity, envelope;
+      if (!replies_.recv(identity) || !replies_.recv(envelope)) break;
+      Header h;
+      EXPECT_TRUE(DecodeHeader(envelope.data(), envelope.size(), &h).ok());
+      const std::string& name = names_.at(h.request_id);
+      for (bool more = envelope.more(); more;) {
+        zmq::message_t data;
+        if (!replies_.recv(data)) break;
+        data_[name] = data.to_string();
+        more = data.more();
+      }
+      out.push_back(name);
+    }
+    return out;
+  }
+  std::vector<std::string> Ran() {
+    std::lock_guard<std::mutex> g(mu_);
+    return ran_;
+  }
+
+  static constexpr const char* kEndpoint = "inproc://lane-test-replies";
+  zmq::context_t ctx_;
+  zmq::socket_t replies_{ctx_, zmq::socket_type::pull};
+  std::unique_ptr<StorageEngine> engine_;
+  std::unique_ptr<Lane> lane_;
+  uint64_t next_id_ = 0;
+  std::map<uint64_t, std::string> names_;
+  std::map<std::string, std::string> data_;  // each reply's last data frame, by request name
+  std::mutex mu_;
+  std::vector<std::string> ran_;
+};
+
+// In both tests a push of connection A serves the waiting reads halfway through. Behind it: a
+// read of B (passes), a read of A (its own push stands before it: keeps its turn), a push of C
+// then a read of D (passes both), admin work then a read of E (nothing passes admin work).
+TEST_F(LaneTest, AReadOfAnotherConnectionPassesARunningPushButNotItsOwnOrAdminWork) {
+  std::promise<void> queued;
+  std::shared_future<void> go = queued.get_future().share();
+  std::promise<void> started;
+  lane_->Submit(Part("A", "push A", Pass::kWrite, true, [&, go](Lane& lane) {
+    started.set_value();
+    go.wait();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ran_.push_back("push A half");
+    }
+    lane.ServeWaitingReads();
+  }));
+  started.get_future().wait();  // the push runs: what follows waits in the lane's queue
+  lane_->Submit(Part("B", "read B", Pass::kRead, false));
+  lane_->Submit(Part("A", "read A", Pass::kRead, false));
+  lane_->Submit(Part("C", "push C", Pass::kWrite, true));
+  lane_->Submit(Part("D", "read D", Pass::kRead, false));
+  lane_->Submit(Part("X", "admin", Pass::kNone, false));
+  lane_->Submit(Part("E", "read E", Pass::kRead, false));
+  queued.set_value();
+  const std::vector<std::string> replies = Replies(7);
+  EXPECT_EQ(Ran(), (std::vector<std::string>{"push A half", "read B", "read D", "push A",
+                                             "read A", "push C", "admin", "read E"}));
+  // The passing reads are answered at once, push A at the end of its batch; in the next
+  // batch the reads as soon as they ran (only pushes and work that writes no rows stand before
+  // them), the rest at its end.
+  EXPECT_EQ(replies, (std::vector<std::string>{"read B", "read D", "push A", "read A", "read E",
+                                               "push C", "admin"}));
+  EXPECT_EQ(lane_->reads_passed(), 2u);
+}
+
+TEST_F(LaneTest, ReadsInTheSameBatchPassTheSameWay) {
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  std::promise<void> started;
+  lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [&, go](Lane&) {
+    started.set_value();
+    go.wait();
+  }));
+  started.get_future().wait();  // the lane took the blocker alone: the rest is its next batch
+  lane_->Submit(Part("A", "push A", Pass::kWrite, true, [this](Lane& lane) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ran_.push_back("push A half");
+    }
+    lane.ServeWaitingReads();
+  }));
+  lane_->Submit(Part("B", "read B", Pass::kRead, false));
+  lane_->Submit(Part("A", "read A", Pass::kRead, false));
+  lane_->Submit(Part("C", "push C", Pass::kWrite, true));
+  lane_->Submit(Part("D", "read D", Pass::kRead, false));
+  lane_->Submit(Part("X", "admin", Pass::kNone, false));
+  lane_->Submit(Part("E", "read E", Pass::kRead, false));
+  release.set_value();
+  ASSERT_EQ(Replies(1), std::vector<std::string>{"blocker"});
+  const std::vector<std::string> replies = Replies(7);
+  EXPECT_EQ(Ran(), (std::vector<std::string>{"blocker", "push A half", "read B", "read D",
+                                             "push A", "read A", "push C", "admin", "read E"}));
+  EXPECT_EQ(replies, (std::vector<std::string>{"read B", "read D", "read A", "read E", "push A",
+                                               "push C", "admin"}));
+  EXPECT_EQ(lane_->reads_passed(), 2u);
+}
+
+// A write the request log does not hold (a restore's rows: kNone, committed with the batch)
+// keeps every later read of its batch waiting for the batch's end, even one that ran after it.
+TEST_F(LaneTest, AReadAfterAnUnloggedWriteWaitsForItsBatch) {
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [go](Lane&) { go.wait(); }));
+  Task restore = Part("R", "restore", Pass::kNone, true);
+  restore.seq = 0;
+  lane_->Submit(std::move(restore));
+  lane_->Submit(Part("B", "read B", Pass::kRead, false));
+  release.set_value();
+  EXPECT_EQ(Replies(3), (std::vector<std::string>{"blocker", "restore", "read B"}));
+  EXPECT_EQ(lane_->reads_passed(), 0u);
+}
+
+// A real push of 3,000 keys (two slices of kApplySlice) with a pull of the same keys in reverse
+// order from another connection queued in the same batch: the pull goes after the push's first
+// slice (it sees the rows of that slice applied and the others not yet), and the push still
+// applies every key once, to its own keys (the pull ran on the lane's scratch buffers while
+// the push held its own).
+TEST_F(LaneTest, APullBetweenAPushsSlicesSeesItsFirstSliceAndLeavesItWhole) {
+  constexpr uint32_t kDim = 2;
+  constexpr size_t kKeys = kApplySlice + 952;  // two slices
+  const TableSpec spec = TableSpec::Sparse("t", kDim, {OptimizerKind::kSgd, 1.0f});
+  const uint64_t table = TableIdForName(spec.name);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  std::promise<void> started;
+  lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [&, go](Lane& lane) {
+    ASSERT_TRUE(lane.store().AddTable(table, spec).ok());
+    started.set_value();
+    go.wait();
+  }));
+  started.get_future().wait();  // the push and the pull go in the lane's next batch
+  std::vector<uint64_t> keys(kKeys);
+  for (size_t i = 0; i < kKeys; ++i) keys[i] = 1000 + 7 * i;
+  const std::vector<float> grads(kKeys * kDim, 1.0f);
+  std::vector<uint32_t> all(kKeys);
+  for (uint32_t i = 0; i < kKeys; ++i) all[i] = i;
+  Task push = Part("A", "push A", Pass::kWrite, true);
+  push.pending->keys = keys.data();
+  push.pending->values = grads.data();
+  push.run = [&, pending = push.pending](Lane& lane) {
+    return RunSparsePart(lane, *pending, all, table, kDim, true, false, 1.0f);
+  };
+  const std::vector<uint64_t> read_keys(keys.rbegin(), keys.rend());
+  Task pull = Part("B", "pull B", Pass::kRead, false);
+  Pending& pp = *pull.pending;
+  pp.keys = read_keys.data();
+  pp.header.count = kKeys;
+  pp.header.dim = kDim;
+  pp.out = zmq::message_t(kKeys * kDim * sizeof(float));
+  pp.has_out = true;
+
+  pull.run = [&](Lane& lane) {
+    return RunSparsePart(lane, pp, all, table, kDim, false, true, 1.0f);
+  };
+  std::shared_ptr<Pending> pull_pending = pull.pending;
+  lane_->Submit(std::move(push));
+  lane_->Submit(std::move(pull));
+  release.set_value();
+  ASSERT_EQ(Replies(3), (std::vector<std::string>{"blocker", "pull B", "push A"}));
+  ASSERT_TRUE(pull_pending->outcome().ok()) << pull_pending->outcome().ToString();
+  EXPECT_EQ(lane_->reads_passed(), 1u);
+
+  // The rows of the first slice (the first kApplySlice keys) applied, the others not yet.
+  std::vector<float> seen(kKeys * kDim);
+  ASSERT_EQ(data_["pull B"].size(), seen.size() * sizeof(float));
+  std::memcpy(seen.data(), data_["pull B"].data(), data_["pull B"].size());
+  for (size_t j = 0; j < kKeys; ++j) {
+    const float want = kKeys - 1 - j < kApplySlice ? -1.0f : 0.0f;
+    ASSERT_EQ(seen[j * kDim], want) << "read key " << j;
+  }
+
+  // Every row as it is now, read through the lane.
+  std::promise<std::vector<float>> rows;
+  Task look = Part("Y", "look", Pass::kNone, false, [&](Lane& lane) {
+    std::vector<float> v(kKeys * kDim);
+    std::vector<float*> out(kKeys);
+    for (size_t i = 0; i < kKeys; ++i) out[i] = v.data() + i * kDim;
+    ASSERT_TRUE(lane.store().Lookup(table, keys, out).ok());
+    rows.set_value(std::move(v));
+  });
+  lane_->Submit(std::move(look));
+  const std::vector<float> after = rows.get_future().get();
+  for (size_t i = 0; i < kKeys * kDim; ++i) ASSERT_EQ(after[i], -1.0f) << "element " << i;
+}
+
+}  // namespace
+}  // namespace tessera::internal
