@@ -155,9 +155,7 @@ void ServerImpl::ExpireMapWait() {
   ReadmitMapWait();  // later pushes of their clients may go now
 }
 
-// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
-// one part and the lane is idle) and answers `p` once, when the last part finishes,
-// whichever thread that is. `writes` and `seq` describe every part (Task).
+// Whether a push staged for the next group write came on connection `identity`.
 bool ServerImpl::StagedFrom(const zmq::message_t& identity) const {
   for (const StagedRun& r : staged_) {
     if (r.p->identity.to_string_view() == identity.to_string_view()) return true;
@@ -165,6 +163,9 @@ bool ServerImpl::StagedFrom(const zmq::message_t& identity) const {
   return false;
 }
 
+// Hands each part of `p` to its lane (or runs it inline when `may_inline`, the request has
+// one part and the lane is idle) and answers `p` once, when the last part finishes,
+// whichever thread that is. `writes` and `seq` describe every part (Task).
 void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePart> parts,
                           bool writes, uint64_t seq, bool may_inline) {
   // What the lanes may reorder (Task::Pass): a sparse pull that no clock orders may go before
