@@ -34,7 +34,7 @@ int64_t Consistency::MaxClock() const {
 
 bool Consistency::AdmitOrPark(const std::shared_ptr<Pending>& p) {
   const Header& h = p->header;
-  if (!IsRead(h.op) || h.staleness < 0 || h.num_workers == 0) return true;
+  if (!IsRead(h.op) || NoClockOrder(h)) return true;
   if (MinClock(h.num_workers) >= h.clock - h.staleness) return true;
   parked_.push_back(p);
   ++parked_total_;

@@ -172,7 +172,7 @@ void ServerImpl::RunParts(const std::shared_ptr<Pending>& p, std::vector<LanePar
   // pushes of other connections that are durable once applied (logged; or nothing is).
   const Header& h = p->header;
   Task::Pass pass = Task::Pass::kNone;
-  if (!writes && h.op == Op::kSparsePull && (h.staleness < 0 || h.num_workers == 0)) {
+  if (!writes && UnorderedSparsePull(h)) {
     pass = Task::Pass::kRead;
   } else if (writes && IsPush(h.op) && (seq != 0 || !log_->durable())) {
     pass = Task::Pass::kWrite;

@@ -98,8 +98,7 @@ bool FreeRead(const std::vector<zmq::message_t>& parts,
   if (parts.size() < 2) return false;
   Header h;
   if (!DecodeHeader(parts[1].data(), parts[1].size(), &h).ok()) return false;
-  return h.op == Op::kSparsePull && (h.staleness < 0 || h.num_workers == 0) &&
-         !busy.contains(parts[0].to_string());
+  return UnorderedSparsePull(h) && !busy.contains(parts[0].to_string());
 }
 
 }  // namespace

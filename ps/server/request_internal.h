@@ -105,6 +105,16 @@ struct Pending {
   Status outcome() ABSL_LOCKS_EXCLUDED(mu);
 };
 
+/// Whether no clock orders request `h`: it has no staleness bound, or no job size (the
+/// staleness gate, Consistency::AdmitOrPark, lets such a read through at once).
+inline bool NoClockOrder(const Header& h) { return h.staleness < 0 || h.num_workers == 0; }
+
+/// A sparse pull that no clock orders: the lanes and the log wait may serve it ahead of pushes
+/// of other connections (Task::Pass::kRead, FlushStagedServingReads).
+inline bool UnorderedSparsePull(const Header& h) {
+  return h.op == Op::kSparsePull && NoClockOrder(h);
+}
+
 /// The bytes of `p`'s data frames (what a request waiting somewhere holds).
 inline uint64_t FrameBytes(const Pending& p) {
   uint64_t n = 0;
