@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstring>
 #include <future>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,24 +34,6 @@ using testing::RawPeer;
 constexpr uint32_t kDim = 4;
 constexpr uint64_t kClient = 0x51a7e9ULL;
 const std::vector<uint64_t> kKeys = {5, 6, 7};
-
-// The next reply on `peer`'s socket within `limit` with its data frames (nullopt: none came).
-std::optional<Header> NextReply(RawPeer& peer, milliseconds limit,
-                                std::vector<std::string>* data = nullptr) {
-  zmq::pollitem_t item{peer.socket().handle(), 0, ZMQ_POLLIN, 0};
-  if (zmq::poll(&item, 1, limit) == 0) return std::nullopt;
-  std::vector<zmq::message_t> reply;
-  auto n = zmq::recv_multipart(peer.socket(), std::back_inserter(reply));
-  Header h;
-  if (!n || reply.empty() || !DecodeHeader(reply[0].data(), reply[0].size(), &h).ok()) {
-    return std::nullopt;
-  }
-  if (data != nullptr) {
-    data->clear();
-    for (size_t i = 1; i < reply.size(); ++i) data->push_back(reply[i].to_string());
-  }
-  return h;
-}
 
 std::vector<float> Floats(const std::string& bytes) {
   std::vector<float> v(bytes.size() / sizeof(float));
@@ -122,7 +103,7 @@ TEST_F(LogWaitTest, AReadOfAnotherConnectionIsAnsweredWhileTheGroupIsWrittenAndT
   const Header pull = testing::SparseHeader(Op::kSparsePull, table_, kKeys.size(), kDim);
   ASSERT_TRUE(reader.Send(pull, {Bytes(kKeys)}));
   std::vector<std::string> data;
-  const std::optional<Header> read = NextReply(reader, milliseconds(10000), &data);
+  const std::optional<Header> read = reader.NextReply(milliseconds(10000), &data);
   ASSERT_TRUE(read.has_value()) << "the reader waited for the pusher's log write";
   EXPECT_EQ(read->status, StatusCode::kOk) << read->message;
   ASSERT_EQ(data.size(), 1u);
@@ -130,12 +111,12 @@ TEST_F(LogWaitTest, AReadOfAnotherConnectionIsAnsweredWhileTheGroupIsWrittenAndT
 
   // The pusher's own pull waits for its push's group, then sees the push.
   ASSERT_TRUE(pusher.Send(pull, {Bytes(kKeys)}));
-  EXPECT_FALSE(NextReply(pusher, milliseconds(300)).has_value())
+  EXPECT_FALSE(pusher.NextReply(milliseconds(300)).has_value())
       << "a reply reached the pusher while its push's group write was held";
   Release();
   bool acked = false, read_own = false;
   for (int i = 0; i < 2; ++i) {
-    const std::optional<Header> r = NextReply(pusher, milliseconds(10000), &data);
+    const std::optional<Header> r = pusher.NextReply(milliseconds(10000), &data);
     ASSERT_TRUE(r.has_value()) << "no reply " << i << " after the group write";
     ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
     if (r->op == Op::kSparsePush) {

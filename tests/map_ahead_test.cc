@@ -73,21 +73,7 @@ class MapAheadTest : public ::testing::Test {
   }
 
   // The next reply on the peer's socket within `limit` (nullopt: none came).
-  std::optional<Header> NextReply(milliseconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<milliseconds>(
-          until - std::chrono::steady_clock::now());
-      zmq::pollitem_t item{peer_->socket().handle(), 0, ZMQ_POLLIN, 0};
-      if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) return std::nullopt;
-      std::vector<zmq::message_t> reply;
-      auto n = zmq::recv_multipart(peer_->socket(), std::back_inserter(reply));
-      Header h;
-      if (n && !reply.empty() && DecodeHeader(reply[0].data(), reply[0].size(), &h).ok()) {
-        return h;
-      }
-    }
-  }
+  std::optional<Header> NextReply(milliseconds limit) { return peer_->NextReply(limit); }
 
   // Every element of kKeys' rows, read at map `version`.
   std::vector<float> Rows(uint64_t version) {

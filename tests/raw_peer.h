@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
@@ -52,6 +54,30 @@ class RawPeer {
     parts.emplace_back(env.data(), env.size());
     for (auto& d : data) parts.emplace_back(d.data(), d.size());
     return zmq::send_multipart(sock_, parts, zmq::send_flags::dontwait).has_value();
+  }
+
+  /// The next reply (any request's) within `limit`, its data frames to `*data` when given;
+  /// nullopt when none came. A frame set whose envelope does not decode is skipped.
+  std::optional<Header> NextReply(std::chrono::milliseconds limit,
+                                  std::vector<std::string>* data = nullptr) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+      if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) return std::nullopt;
+      std::vector<zmq::message_t> reply;
+      auto n = zmq::recv_multipart(sock_, std::back_inserter(reply));
+      Header h;
+      if (!n || reply.empty() || !DecodeHeader(reply[0].data(), reply[0].size(), &h).ok()) {
+        continue;
+      }
+      if (data != nullptr) {
+        data->clear();
+        for (size_t i = 1; i < reply.size(); ++i) data->push_back(reply[i].to_string());
+      }
+      return h;
+    }
   }
 
   /// Sends `h` and waits for its reply (other replies are skipped); the reply's data frames go
