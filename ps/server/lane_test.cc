@@ -36,7 +36,50 @@ class LaneTest : public ::testing::Test {
                                    /*write_back_interval_ms=*/1000, /*max_dirty_bytes=*/0);
   }
   void TearDown() override {
+    Release();  // a test that failed early must not leave the lane held
     if (lane_ != nullptr) lane_->Stop();
+  }
+
+  // Holds the lane with a part that runs `first` (if any), then waits for Release(); returns
+  // once the lane runs it, so that what is submitted next waits in the lane's queue and goes
+  // in its next batch.
+  void HoldLane(std::function<void(Lane&)> first = nullptr) {
+    auto started = std::make_shared<std::promise<void>>();
+    std::future<void> running = started->get_future();
+    lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [this, first, started](Lane& lane) {
+      if (first) first(lane);
+      started->set_value();
+      go_.wait();
+    }));
+    running.wait();
+  }
+  void Release() {
+    if (!released_) release_.set_value();
+    released_ = true;
+  }
+  void Record(const std::string& name) {
+    std::lock_guard<std::mutex> g(mu_);
+    ran_.push_back(name);
+  }
+
+  // The scenario of the two passing tests: a push of connection A that runs `before` (if any),
+  // records "push A half" and serves the waiting reads. Behind it: a read of B (passes), a read
+  // of A (its own push stands before it: keeps its turn), a push of C then a read of D (passes
+  // both), admin work then a read of E (nothing passes admin work).
+  Task PushServingReadsHalfway(std::function<void()> before = nullptr) {
+    return Part("A", "push A", Pass::kWrite, true, [this, before](Lane& lane) {
+      if (before) before();
+      Record("push A half");
+      lane.ServeWaitingReads();
+    });
+  }
+  void SubmitPartsBehindPushA() {
+    lane_->Submit(Part("B", "read B", Pass::kRead, false));
+    lane_->Submit(Part("A", "read A", Pass::kRead, false));
+    lane_->Submit(Part("C", "push C", Pass::kWrite, true));
+    lane_->Submit(Part("D", "read D", Pass::kRead, false));
+    lane_->Submit(Part("X", "admin", Pass::kNone, false));
+    lane_->Submit(Part("E", "read E", Pass::kRead, false));
   }
 
   // A part of request `name` from connection `conn` that records `name` when it runs (and
@@ -50,8 +93,7 @@ class LaneTest : public ::testing::Test {
     p->header.op = pass == Pass::kRead ? Op::kSparsePull : Op::kSparsePush;
     auto run = [this, name, body](Lane& lane) {
       if (body) body(lane);
-      std::lock_guard<std::mutex> g(mu_);
-      ran_.push_back(name);
+      Record(name);
       return Status::OK();
     };
     return Task{p, run, writes, /*seq=*/writes ? next_id_ : 0, pass};
@@ -90,32 +132,22 @@ class LaneTest : public ::testing::Test {
   std::map<std::string, std::string> data_;  // each reply's last data frame, by request name
   std::mutex mu_;
   std::vector<std::string> ran_;
+  std::promise<void> release_;
+  std::shared_future<void> go_ = release_.get_future().share();
+  bool released_ = false;
 };
 
-// In both tests a push of connection A serves the waiting reads halfway through. Behind it: a
-// read of B (passes), a read of A (its own push stands before it: keeps its turn), a push of C
-// then a read of D (passes both), admin work then a read of E (nothing passes admin work).
+// The scenario of PushServingReadsHalfway with the reads arriving while the push runs (they
+// wait in the lane's queue).
 TEST_F(LaneTest, AReadOfAnotherConnectionPassesARunningPushButNotItsOwnOrAdminWork) {
-  std::promise<void> queued;
-  std::shared_future<void> go = queued.get_future().share();
   std::promise<void> started;
-  lane_->Submit(Part("A", "push A", Pass::kWrite, true, [&, go](Lane& lane) {
+  lane_->Submit(PushServingReadsHalfway([&] {
     started.set_value();
-    go.wait();
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      ran_.push_back("push A half");
-    }
-    lane.ServeWaitingReads();
+    go_.wait();
   }));
   started.get_future().wait();  // the push runs: what follows waits in the lane's queue
-  lane_->Submit(Part("B", "read B", Pass::kRead, false));
-  lane_->Submit(Part("A", "read A", Pass::kRead, false));
-  lane_->Submit(Part("C", "push C", Pass::kWrite, true));
-  lane_->Submit(Part("D", "read D", Pass::kRead, false));
-  lane_->Submit(Part("X", "admin", Pass::kNone, false));
-  lane_->Submit(Part("E", "read E", Pass::kRead, false));
-  queued.set_value();
+  SubmitPartsBehindPushA();
+  Release();
   const std::vector<std::string> replies = Replies(7);
   EXPECT_EQ(Ran(), (std::vector<std::string>{"push A half", "read B", "read D", "push A",
                                              "read A", "push C", "admin", "read E"}));
@@ -127,29 +159,12 @@ TEST_F(LaneTest, AReadOfAnotherConnectionPassesARunningPushButNotItsOwnOrAdminWo
   EXPECT_EQ(lane_->reads_passed(), 2u);
 }
 
+// The same scenario with the push and everything behind it in one batch.
 TEST_F(LaneTest, ReadsInTheSameBatchPassTheSameWay) {
-  std::promise<void> release;
-  std::shared_future<void> go = release.get_future().share();
-  std::promise<void> started;
-  lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [&, go](Lane&) {
-    started.set_value();
-    go.wait();
-  }));
-  started.get_future().wait();  // the lane took the blocker alone: the rest is its next batch
-  lane_->Submit(Part("A", "push A", Pass::kWrite, true, [this](Lane& lane) {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      ran_.push_back("push A half");
-    }
-    lane.ServeWaitingReads();
-  }));
-  lane_->Submit(Part("B", "read B", Pass::kRead, false));
-  lane_->Submit(Part("A", "read A", Pass::kRead, false));
-  lane_->Submit(Part("C", "push C", Pass::kWrite, true));
-  lane_->Submit(Part("D", "read D", Pass::kRead, false));
-  lane_->Submit(Part("X", "admin", Pass::kNone, false));
-  lane_->Submit(Part("E", "read E", Pass::kRead, false));
-  release.set_value();
+  HoldLane();
+  lane_->Submit(PushServingReadsHalfway());
+  SubmitPartsBehindPushA();
+  Release();
   ASSERT_EQ(Replies(1), std::vector<std::string>{"blocker"});
   const std::vector<std::string> replies = Replies(7);
   EXPECT_EQ(Ran(), (std::vector<std::string>{"blocker", "push A half", "read B", "read D",
@@ -162,14 +177,12 @@ TEST_F(LaneTest, ReadsInTheSameBatchPassTheSameWay) {
 // A write the request log does not hold (a restore's rows: kNone, committed with the batch)
 // keeps every later read of its batch waiting for the batch's end, even one that ran after it.
 TEST_F(LaneTest, AReadAfterAnUnloggedWriteWaitsForItsBatch) {
-  std::promise<void> release;
-  std::shared_future<void> go = release.get_future().share();
-  lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [go](Lane&) { go.wait(); }));
+  HoldLane();
   Task restore = Part("R", "restore", Pass::kNone, true);
   restore.seq = 0;
   lane_->Submit(std::move(restore));
   lane_->Submit(Part("B", "read B", Pass::kRead, false));
-  release.set_value();
+  Release();
   EXPECT_EQ(Replies(3), (std::vector<std::string>{"blocker", "restore", "read B"}));
   EXPECT_EQ(lane_->reads_passed(), 0u);
 }
@@ -184,15 +197,8 @@ TEST_F(LaneTest, APullBetweenAPushsSlicesSeesItsFirstSliceAndLeavesItWhole) {
   constexpr size_t kKeys = kApplySlice + 952;  // two slices
   const TableSpec spec = TableSpec::Sparse("t", kDim, {OptimizerKind::kSgd, 1.0f});
   const uint64_t table = TableIdForName(spec.name);
-  std::promise<void> release;
-  std::shared_future<void> go = release.get_future().share();
-  std::promise<void> started;
-  lane_->Submit(Part("Z", "blocker", Pass::kNone, false, [&, go](Lane& lane) {
-    ASSERT_TRUE(lane.store().AddTable(table, spec).ok());
-    started.set_value();
-    go.wait();
-  }));
-  started.get_future().wait();  // the push and the pull go in the lane's next batch
+  // The push and the pull go in the lane's next batch.
+  HoldLane([&](Lane& lane) { ASSERT_TRUE(lane.store().AddTable(table, spec).ok()); });
   std::vector<uint64_t> keys(kKeys);
   for (size_t i = 0; i < kKeys; ++i) keys[i] = 1000 + 7 * i;
   const std::vector<float> grads(kKeys * kDim, 1.0f);
@@ -219,7 +225,7 @@ TEST_F(LaneTest, APullBetweenAPushsSlicesSeesItsFirstSliceAndLeavesItWhole) {
   std::shared_ptr<Pending> pull_pending = pull.pending;
   lane_->Submit(std::move(push));
   lane_->Submit(std::move(pull));
-  release.set_value();
+  Release();
   ASSERT_EQ(Replies(3), (std::vector<std::string>{"blocker", "pull B", "push A"}));
   ASSERT_TRUE(pull_pending->outcome().ok()) << pull_pending->outcome().ToString();
   EXPECT_EQ(lane_->reads_passed(), 1u);
