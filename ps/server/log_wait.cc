@@ -110,11 +110,7 @@ void SetLogWriteHookForTesting(std::function<void()> hook) {
 }
 
 void ServerImpl::FlushStagedServingReads() {
-  if (staged_.empty()) return;
-  if (!log_->durable()) {
-    FlushStaged();
-    return;
-  }
+  if (staged_.empty()) return;  // always, without a durable log (LogAndRun stages nothing)
   FlushStagedWith([this](const std::vector<StagedRun>& staged) {
     return WriteStagedServingReads(staged);
   });
