@@ -42,6 +42,9 @@ DEFINE_string(server_binary, "", "tessera-server (default: next to this program)
 DEFINE_int32(write_back_wait_s, 120,
              "After the fill, wait (at most this long, or fail) until the server's stats show no "
              "row left to write back (0: do not wait: checkpoints then meet the fill's backlog)");
+DEFINE_bool(verbose, false,
+            "Print each checkpoint's five longest pushes: when each began, in ms after the "
+            "checkpoint request was sent, and how long it took");
 DEFINE_int32(checkpoint_timeout_s, 0,
              "Fail when a checkpoint takes longer (0: 120 s with --quick, else 1200 s)");
 
@@ -74,7 +77,7 @@ int BaselineMs() { return FLAGS_quick ? 1000 : 2000; }
 
 // The figures of one checkpoint.
 struct CheckpointRep {
-  double checkpoint_s, pause_ms, p50_before_ms, p99_before_ms, pause_vs_p99;
+  double checkpoint_s, pause_ms, p50_before_ms, p99_before_ms, pause_vs_p99, p50_during_ms;
   double bytes;
   size_t during;
 };
@@ -166,21 +169,38 @@ struct Push {
   double start, end;
 };
 
+// --verbose: the five longest of the pushes that ran into a checkpoint.
+void PrintLongest(std::vector<Push> pushes, double ck_begin, double ck_end) {
+  auto longer = [](const Push& a, const Push& b) { return a.end - a.start > b.end - b.start; };
+  const size_t n = std::min<size_t>(5, pushes.size());
+  std::partial_sort(pushes.begin(), pushes.begin() + n, pushes.end(), longer);
+  std::printf("  checkpoint %.0f ms; longest pushes (began at ms after its start: took ms):",
+              ck_end - ck_begin);
+  for (size_t i = 0; i < n; ++i) {
+    std::printf(" %.1f: %.1f", pushes[i].start - ck_begin, pushes[i].end - pushes[i].start);
+  }
+  std::printf("\n");
+}
+
 // Splits the trainer's pushes into the baseline (started at `base_begin` or later, ended before
 // the checkpoint began) and those that ran into the checkpoint (ended after it began, started
 // before it ended).
 void Split(const std::vector<Push>& pushes, double base_begin, double ck_begin, double ck_end,
            CheckpointRep& rep) {
   std::vector<double> before, during;
+  std::vector<Push> slowest;
   for (const Push& p : pushes) {
     if (p.end < ck_begin) {
       if (p.start >= base_begin) before.push_back(p.end - p.start);
     } else if (p.start <= ck_end) {
       during.push_back(p.end - p.start);
+      slowest.push_back(p);
     }
   }
-  rep.pause_ms = Percentile(during, 1);
+  if (FLAGS_verbose) PrintLongest(std::move(slowest), ck_begin, ck_end);
   rep.during = during.size();
+  rep.p50_during_ms = Percentile(during, 0.5);
+  rep.pause_ms = Percentile(std::move(during), 1);
   rep.p50_before_ms = Percentile(before, 0.5);
   rep.p99_before_ms = Percentile(std::move(before), 0.99);
   rep.pause_vs_p99 = rep.pause_ms / std::max(1e-9, rep.p99_before_ms);
@@ -250,16 +270,17 @@ double MedianOf(const Engine& e, Figure figure) {
 }
 
 void PrintTable(const std::vector<Engine>& engines) {
-  std::printf("%-8s %7s %7s %12s %9s %7s %12s %12s %13s %8s %10s\n", "engine", "fill s", "wb s",
-              "checkpoint s", "MiB", "MiB/s", "p50 before", "p99 before", "pause max ms", "pushes",
-              "pause/p99");
+  std::printf("%-8s %7s %7s %12s %9s %7s %12s %12s %12s %13s %8s %10s\n", "engine", "fill s",
+              "wb s", "checkpoint s", "MiB", "MiB/s", "p50 before", "p99 before", "p50 during",
+              "pause max ms", "pushes", "pause/p99");
   for (const Engine& e : engines) {
     const double mib = MedianOf(e, &CheckpointRep::bytes) / 1048576.0;
     const double ck_s = MedianOf(e, &CheckpointRep::checkpoint_s);
-    std::printf("%-8s %7.1f %7.1f %12.2f %9.1f %7.0f %12.2f %12.2f %13.1f %8.0f %10.1f\n",
+    std::printf("%-8s %7.1f %7.1f %12.2f %9.1f %7.0f %12.2f %12.2f %12.2f %13.1f %8.0f %10.1f\n",
                 e.name.c_str(), e.fill_s, e.write_back_s, ck_s, mib, mib / ck_s,
                 MedianOf(e, &CheckpointRep::p50_before_ms),
-                MedianOf(e, &CheckpointRep::p99_before_ms), MedianOf(e, &CheckpointRep::pause_ms),
+                MedianOf(e, &CheckpointRep::p99_before_ms),
+                MedianOf(e, &CheckpointRep::p50_during_ms), MedianOf(e, &CheckpointRep::pause_ms),
                 MedianOf(e, &CheckpointRep::during), MedianOf(e, &CheckpointRep::pause_vs_p99));
   }
 }
@@ -273,11 +294,13 @@ void PrintJson(const std::vector<Engine>& engines) {
     std::printf(
         ",\"fill_s_%s\":%.2f,\"write_back_s_%s\":%.2f,\"checkpoint_s_%s\":%.3f,\"bytes_%s\":%.0f,"
         "\"pause_max_ms_%s\":%.2f,"
-        "\"push_p50_before_ms_%s\":%.3f,\"push_p99_before_ms_%s\":%.3f,\"pause_vs_p99_%s\":%.1f",
+        "\"push_p50_before_ms_%s\":%.3f,\"push_p99_before_ms_%s\":%.3f,"
+        "\"push_p50_during_ms_%s\":%.3f,\"pause_vs_p99_%s\":%.1f",
         n, e.fill_s, n, e.write_back_s, n, MedianOf(e, &CheckpointRep::checkpoint_s), n,
         MedianOf(e, &CheckpointRep::bytes), n, MedianOf(e, &CheckpointRep::pause_ms), n,
         MedianOf(e, &CheckpointRep::p50_before_ms), n, MedianOf(e, &CheckpointRep::p99_before_ms),
-        n, MedianOf(e, &CheckpointRep::pause_vs_p99));
+        n, MedianOf(e, &CheckpointRep::p50_during_ms), n,
+        MedianOf(e, &CheckpointRep::pause_vs_p99));
   }
   std::printf("}\n");
 }
