@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -76,12 +77,20 @@ double Write(const std::string& path, const std::atomic<bool>& stop) {
   double mib = 0;
   int in_file = 0;
   while (!stop.load(std::memory_order_relaxed)) {
-    if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size())) break;
+    if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size())) {
+      std::fprintf(stderr, "bench_host_stall: writing %s: %s (the writer stopped)\n",
+                   path.c_str(), std::strerror(errno));
+      break;
+    }
     ++mib;
     if (++in_file % 64 == 0) (void)::fdatasync(fd);
     if (in_file >= FLAGS_file_mb) {
       (void)::fdatasync(fd);
-      if (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0) break;
+      if (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0) {
+        std::fprintf(stderr, "bench_host_stall: starting %s again: %s (the writer stopped)\n",
+                     path.c_str(), std::strerror(errno));
+        break;
+      }
       in_file = 0;
     }
   }
@@ -158,6 +167,14 @@ int main(int argc, char** argv) {
                                   : std::max(1u, std::thread::hardware_concurrency());
   const tessera::bench::TempDir tmp("tessera-bench-stall-");
   const std::string path = (FLAGS_dir.empty() ? tmp.path() : FLAGS_dir) + "/stall-writer";
+  const int probe = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (probe >= 0) {
+    ::close(probe);
+  } else {
+    std::fprintf(stderr, "bench_host_stall: cannot create %s: %s\n", path.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
   std::vector<Phase> phases = {{"cpus", true, false, {}},
                                {"disk", false, true, {}},
                                {"cpus+disk", true, true, {}}};
