@@ -18,6 +18,7 @@
 // output is one JSON object.
 #include <fcntl.h>
 #include <gflags/gflags.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,15 +65,32 @@ void Spin(Clock::time_point t0, const std::atomic<bool>& stop, std::vector<Gap>*
   }
 }
 
+// Opens (creates, truncates) the writer's file: a regular file only. A symbolic link there is
+// refused rather than followed (the file it names would be overwritten), and so is a FIFO (an
+// open for writing would wait for a reader) or anything else. -1, said on stderr, on failure.
+int OpenWriterFile(const std::string& path) {
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  struct stat st {};
+  const char* why = nullptr;
+  if (fd < 0) {
+    why = std::strerror(errno);
+  } else if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "not a regular file";
+  } else if (::ftruncate(fd, 0) != 0) {
+    why = std::strerror(errno);
+  }
+  if (why == nullptr) return fd;
+  std::fprintf(stderr, "bench_host_stall: cannot write %s: %s\n", path.c_str(), why);
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
 // Writes 1 MiB blocks to `path` until `stop`: fdatasync every 64 MiB, the file truncated and
 // started again at --file_mb. Returns the MiB written.
 double Write(const std::string& path, const std::atomic<bool>& stop) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    std::fprintf(stderr, "bench_host_stall: cannot open %s: %s\n", path.c_str(),
-                 std::strerror(errno));
-    return 0;
-  }
+  const int fd = OpenWriterFile(path);
+  if (fd < 0) return 0;
   const std::string block(1 << 20, 'x');
   double mib = 0;
   int in_file = 0;
@@ -167,14 +185,9 @@ int main(int argc, char** argv) {
                                   : std::max(1u, std::thread::hardware_concurrency());
   const tessera::bench::TempDir tmp("tessera-bench-stall-");
   const std::string path = (FLAGS_dir.empty() ? tmp.path() : FLAGS_dir) + "/stall-writer";
-  const int probe = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (probe >= 0) {
-    ::close(probe);
-  } else {
-    std::fprintf(stderr, "bench_host_stall: cannot create %s: %s\n", path.c_str(),
-                 std::strerror(errno));
-    return 1;
-  }
+  const int probe = OpenWriterFile(path);  // fail now, not as 0 MiB/s after the phases
+  if (probe < 0) return 1;
+  ::close(probe);
   std::vector<Phase> phases = {{"cpus", true, false, {}},
                                {"disk", false, true, {}},
                                {"cpus+disk", true, true, {}}};
