@@ -65,6 +65,9 @@ DEFINE_string(etcd, "/usr/bin/etcd", "The etcd binary");
 DEFINE_bool(scale, true, "Measure online resharding (2 -> 3 -> 2 servers)");
 DEFINE_uint32(replication, 1, "Resharding: copies of each slot in the map (2: every slot and "
               "dense part has a backup, which each scale moves and rebalances)");
+DEFINE_bool(durable, false,
+            "Resharding: the three servers on RocksDB (a data directory each, strict durability; "
+            "add --server_flags=--memory_budget_mb=N for a table larger than the memory tier)");
 DEFINE_bool(failover, true, "Measure replication's cost and the fail-over time of a kill -9");
 DEFINE_uint32(ttl_s, 3, "Fail-over: the servers' lease TTL (--coordinator_ttl_s)");
 
@@ -437,7 +440,9 @@ void PrintScaleFigures(Pushes& pushes, Clock::time_point t_before, Clock::time_p
   const double after = tessera::bench::Median(Windows(pushes, moves[1].end, t_after, window));
   const double quiet = std::max(before, after);
   std::string json = "{\"bench\":\"elastic\",\"replication\":" +
-                     std::to_string(FLAGS_replication) + ",\"rows\":" + std::to_string(rows) +
+                     std::to_string(FLAGS_replication) +
+                     ",\"durable\":" + (FLAGS_durable ? "true" : "false") +
+                     ",\"rows\":" + std::to_string(rows) +
                      ",\"pace\":" + std::to_string(FLAGS_pace) +
                      ",\"push_keys_per_s_before\":" + std::to_string(before);
   for (const tessera::bench::ScaleRun& m : moves) {
@@ -472,6 +477,19 @@ void PrintScaleFigures(Pushes& pushes, Clock::time_point t_before, Clock::time_p
   std::printf("%s\n", json.c_str());
 }
 
+// Durable servers write a fill back, flush and compact it for a while after it: waits until the
+// three are together under a tenth of a core over 3 s (at most 5 minutes), so that the phase
+// before the moves is not slowed by it. Returns the seconds waited.
+double WaitForFillWrittenBack(const tessera::bench::MapServers& servers) {
+  return tessera::bench::WaitUntilQuiet(
+      [&servers] {
+        double cpu = 0;
+        for (const auto& p : servers.processes) cpu += tessera::bench::ProcessCpuSeconds(p->pid());
+        return cpu;
+      },
+      3, 0.3, 300);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -494,7 +512,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> flags = tessera::bench::SplitFlags(FLAGS_server_flags);
   // Three servers on free ports named in --cluster (each registers its entry in etcd); the map
   // names the first two.
-  auto servers = tessera::bench::StartMapServers(binary, url, flags);
+  auto servers = tessera::bench::StartMapServers(binary, url, flags,
+                                                 FLAGS_durable ? root.path() + "/scale" : "");
   if (!servers.ok()) return Fail(servers.status());
   const std::vector<std::string>& endpoints = servers->endpoints;
   auto first = tessera::ClusterMap::Replicated(
@@ -510,9 +529,16 @@ int main(int argc, char** argv) {
 
   // Fill: every row pushed once.
   const std::vector<float> grads(size_t{FLAGS_keys} * FLAGS_dim, 0.01f);
+  const auto fill_start = Clock::now();
   if (Status s = Fill(c, *table, rows, grads); !s.ok()) return Fail(s.WithContext("fill"));
-  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers, replication %u\n",
-              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim, FLAGS_replication);
+  const double fill_s = std::chrono::duration<double>(Clock::now() - fill_start).count();
+  const double settle_s = FLAGS_durable ? WaitForFillWrittenBack(*servers) : 0;
+  char settled[64] = "";
+  if (FLAGS_durable) std::snprintf(settled, sizeof(settled), ", quiet %.1f s later", settle_s);
+  std::printf("table of %llu rows x %u floats (+%u Adagrad state) on 2 servers, replication %u, "
+              "%s; filled in %.1f s%s\n",
+              static_cast<unsigned long long>(rows), FLAGS_dim, FLAGS_dim, FLAGS_replication,
+              FLAGS_durable ? "RocksDB" : "memory only", fill_s, settled);
 
   Pushes pushes;
   std::thread pusher = ScalePusher(c, *table, rows, grads, pushes);

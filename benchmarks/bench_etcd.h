@@ -140,14 +140,16 @@ inline double Rate(Pushes& p, Clock::time_point from, Clock::time_point to) {
   return static_cast<double>(keys) / std::chrono::duration<double>(to - from).count();
 }
 
-// Three tessera-server processes (2 lanes; memory tier unless `flags` say otherwise) on free
-// loopback ports, all named in --cluster, each following the map at etcd `url`.
+// Three tessera-server processes (2 lanes) on free loopback ports, all named in --cluster, each
+// following the map at etcd `url`: memory-only when `data_root` is empty, else each on RocksDB
+// in DATA_ROOT/server-<rank> (strict durability unless `flags` say otherwise).
 struct MapServers {
   std::vector<std::string> endpoints;
   std::vector<std::unique_ptr<ServerProcess>> processes;
 };
 inline Result<MapServers> StartMapServers(const std::string& binary, const std::string& url,
-                                          const std::vector<std::string>& flags) {
+                                          const std::vector<std::string>& flags,
+                                          const std::string& data_root = "") {
   MapServers out;
   std::string cluster_list;
   for (int i = 0; i < 3; ++i) {
@@ -158,6 +160,9 @@ inline Result<MapServers> StartMapServers(const std::string& binary, const std::
     std::vector<std::string> argv = {binary, "--listen=" + out.endpoints[r],
                                      "--cluster=" + cluster_list, "--rank=" + std::to_string(r),
                                      "--lanes=2", "--coordinator=" + url};
+    if (!data_root.empty()) {
+      argv.push_back("--data_dir=" + data_root + "/server-" + std::to_string(r));
+    }
     argv.insert(argv.end(), flags.begin(), flags.end());
     out.processes.push_back(std::make_unique<ServerProcess>());
     TESSERA_RETURN_IF_ERROR(out.processes.back()->Start(argv).status());
