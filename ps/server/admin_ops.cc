@@ -419,7 +419,10 @@ void ServerImpl::WriteLaneSnapshots(const std::shared_ptr<Pending>& p, const std
                                  lane.store().TakeSnapshot());
         const std::string path = dir + "/lane-" + std::to_string(lane.index());
         raw->parts.Add();
-        writer->Submit(p, [snapshot, tables, path, options] {
+        // The lane's periodic write-back waits while the writer scans (Lane::
+        // SnapshotBeingWritten); the guard goes with the job, run or dropped.
+        writer->Submit(p, [snapshot, tables, path, options,
+                           writing = lane.SnapshotBeingWritten()] {
           return WriteLaneSnapshot(*snapshot, tables, path, options);
         });
         return Status::OK();

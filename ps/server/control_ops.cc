@@ -211,6 +211,7 @@ Status ServerImpl::StatsOp(const std::shared_ptr<Pending>& p) {
           << l << "dirty_bytes " << lane.store().dirty_bytes() << "\n"
           << l << "back_pressure_waits " << lane.back_pressure_waits() << "\n"
           << l << "reads_passed " << lane.reads_passed() << "\n"
+          << l << "write_backs_postponed " << lane.write_backs_postponed() << "\n"
           << l << "durable_log_mark " << lane.committed_seq() << "\n";
         std::lock_guard<std::mutex> g(raw->mu);
         raw->text[lane.index() + 1] = o.str();

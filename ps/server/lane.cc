@@ -223,11 +223,16 @@ void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
     const auto period = [&](std::chrono::steady_clock::time_point t) {
       return t.time_since_epoch() / write_back_interval_;
     };
-    const bool due = period(now) > period(last_write_back_) &&
-                     now - last_write_back_ >= write_back_interval_ / 2 &&
-                     !store_->write_back_busy();
+    bool due = period(now) > period(last_write_back_) &&
+               now - last_write_back_ >= write_back_interval_ / 2 && !store_->write_back_busy();
+    if (due && !over && snapshots_writing_->load(std::memory_order_acquire) > 0 &&
+        now - last_write_back_ < kMaxWriteBackPostponement * write_back_interval_) {
+      due = false;  // after the snapshot's scan (SnapshotBeingWritten)
+      postponed_.fetch_add(1, std::memory_order_relaxed);
+    }
     if (over || due) {
       last_write_back_ = now;
+      hand_offs_.fetch_add(1, std::memory_order_relaxed);
       if (over && may_wait) waits_.fetch_add(1, std::memory_order_relaxed);
       // A failed write-back loses nothing: the pushes are in the request log, the rows stay
       // pinned in memory and go out with the next hand-off. A periodic hand-off is flushed as
@@ -238,6 +243,14 @@ void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
     }
   }
   committed_seq_.store(store_->committed_seq(), std::memory_order_release);
+}
+
+std::shared_ptr<void> Lane::SnapshotBeingWritten() {
+  snapshots_writing_->fetch_add(1, std::memory_order_acq_rel);
+  std::shared_ptr<std::atomic<int>> count = snapshots_writing_;
+  return std::shared_ptr<void>(nullptr, [count](void*) {
+    count->fetch_sub(1, std::memory_order_acq_rel);
+  });
 }
 
 FileWriter::FileWriter(zmq::context_t& ctx, const std::string& reply_endpoint)

@@ -90,6 +90,23 @@ class Lane {
   /// Reads answered ahead of writes queued or running before them (ServeWaitingReads).
   uint64_t reads_passed() const { return reads_passed_.load(std::memory_order_relaxed); }
 
+  /// Marks a snapshot of this lane's rows (a checkpoint's or an export's) as being written by
+  /// the file writer until the returned object is destroyed (any thread). Meanwhile the lane
+  /// postpones its periodic write-back hand-offs (not those forced by max_dirty_bytes), for at
+  /// most kMaxWriteBackPostponement intervals after the last one: a hand-off during the
+  /// snapshot's scan made the lane copy the rows it froze a second time and ran the engine's
+  /// writer (memtable inserts, a flush) beside the file writer, and on a 2-core machine the
+  /// checkpoint took 3x as long and its longest push 1.5-2x as long (docs/benchmarks.md).
+  std::shared_ptr<void> SnapshotBeingWritten();
+  /// Ticks whose periodic hand-off was postponed because a snapshot was being written.
+  uint64_t write_backs_postponed() const {
+    return postponed_.load(std::memory_order_relaxed);
+  }
+  /// Write-back hand-offs started (periodic and forced by max_dirty_bytes).
+  uint64_t write_back_hand_offs() const {
+    return hand_offs_.load(std::memory_order_relaxed);
+  }
+
   /// Called by a running kWrite part between slices of its work: runs and answers the kRead
   /// parts queued behind it (in this batch or the queue) that only kWrite parts of other
   /// connections stand before, so that a small read does not wait for a large push. A read
@@ -137,11 +154,22 @@ class Lane {
   // kRead parts submitted and not yet run: ServeWaitingReads looks no further when 0.
   std::atomic<uint32_t> reads_waiting_{0};
   std::atomic<uint64_t> reads_passed_{0};
+  // Snapshots of this lane being written (SnapshotBeingWritten): shared with their guards,
+  // which may outlive the lane in a file writer's queue.
+  const std::shared_ptr<std::atomic<int>> snapshots_writing_ =
+      std::make_shared<std::atomic<int>>(0);
+  std::atomic<uint64_t> postponed_{0};
+  std::atomic<uint64_t> hand_offs_{0};
   // The batch RunBatch is running, the index of its running part, and where replies go.
   std::vector<Task>* running_batch_ ABSL_GUARDED_BY(run_mu_) = nullptr;
   size_t running_index_ ABSL_GUARDED_BY(run_mu_) = 0;
   zmq::socket_t* running_reply_ ABSL_GUARDED_BY(run_mu_) = nullptr;
 };
+
+/// While a snapshot is being written, a lane's periodic write-back waits at most this many
+/// intervals after its last hand-off (then hands off anyway: the durable mark, and with it the
+/// request log a restart replays, lags by at most this many intervals plus a write and a flush).
+inline constexpr int kMaxWriteBackPostponement = 4;
 
 /// Keys a sparse push applies between two looks for reads waiting behind it
 /// (Lane::ServeWaitingReads): about 0.2-1 ms of a lane's work.

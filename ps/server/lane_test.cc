@@ -12,11 +12,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ps/optimizer.h"
 #include "ps/routing.h"
 #include "ps/table_spec.h"
+#include "storage/test_util_internal.h"
 
 namespace tessera::internal {
 namespace {
@@ -251,6 +255,112 @@ TEST_F(LaneTest, APullBetweenAPushsSlicesSeesItsFirstSliceAndLeavesItWhole) {
   lane_->Submit(std::move(look));
   const std::vector<float> after = rows.get_future().get();
   for (size_t i = 0; i < kKeys * kDim; ++i) ASSERT_EQ(after[i], -1.0f) << "element " << i;
+}
+
+// The periodic write-back of a durable lane (a real RocksDB store) and a snapshot being written
+// (Lane::SnapshotBeingWritten): ticks that fall while the snapshot is written hand nothing
+// off, up to kMaxWriteBackPostponement intervals after the last hand-off; once the snapshot is
+// let go, the next tick hands off.
+class LaneWriteBackTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kIntervalMs = 1000;
+  static constexpr uint64_t kTable = 7;
+
+  void SetUp() override {
+    replies_.bind(kEndpoint);
+    StorageOptions o;
+    o.data_dir = dir_.path();
+    auto engine = OpenStorageEngine(o);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(engine).value();
+    auto store = engine_->OpenLane(0, 1);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    OptimizerSpec adagrad;
+    adagrad.kind = OptimizerKind::kAdagrad;
+    ASSERT_TRUE((*store)->AddTable(kTable, TableSpec::Sparse("t", 4, adagrad)).ok());
+    lane_ = std::make_unique<Lane>(0, std::move(store).value(), ctx_, kEndpoint, kIntervalMs,
+                                   /*max_dirty_bytes=*/0);
+  }
+  void TearDown() override {
+    if (lane_ != nullptr) lane_->Stop();
+  }
+
+  // A logged push of one new row, its reply read back.
+  void Push() {
+    const uint64_t seq = ++next_seq_;
+    auto p = std::make_shared<Pending>();
+    p->identity = zmq::message_t("c", 1);
+    p->header.request_id = seq;
+    p->header.op = Op::kSparsePush;
+    auto run = [seq](Lane& lane) {
+      const uint64_t key = seq;
+      const float grad[4] = {0.1f, 0.1f, 0.1f, 0.1f};
+      const float* grads[1] = {grad};
+      ApplyContext ctx{lane.NextStep(), 0, 1.0f};
+      return lane.store().Apply(kTable, std::span<const uint64_t>(&key, 1),
+                                std::span<const float* const>(grads, 1), ctx);
+    };
+    lane_->Submit(Task{p, run, /*writes=*/true, seq, Task::Pass::kWrite});
+    zmq::message_t identity, envelope;
+    ASSERT_TRUE(replies_.recv(identity));
+    ASSERT_TRUE(replies_.recv(envelope));
+    while (envelope.more()) ASSERT_TRUE(replies_.recv(envelope));
+  }
+  // Pushes every 20 ms for `d`, or until the lane has started more than `hand_offs` hand-offs
+  // (a write-back tick falls between the lane's batches); returns whether it has.
+  bool PushFor(std::chrono::milliseconds d, uint64_t hand_offs = UINT64_MAX) {
+    const auto end = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < end) {
+      if (lane_->write_back_hand_offs() > hand_offs) return true;
+      Push();
+      std::this_thread::sleep_for(20ms);
+    }
+    return lane_->write_back_hand_offs() > hand_offs;
+  }
+  static double SecondsSince(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  static constexpr const char* kEndpoint = "inproc://lane-write-back-test-replies";
+  TempDir dir_;
+  zmq::context_t ctx_;
+  zmq::socket_t replies_{ctx_, zmq::socket_type::pull};
+  std::unique_ptr<StorageEngine> engine_;
+  std::unique_ptr<Lane> lane_;
+  uint64_t next_seq_ = 0;
+};
+
+TEST_F(LaneWriteBackTest, TicksWhileASnapshotIsWrittenHandNothingOffUpToTheLimit) {
+  // Two hand-offs without a snapshot (the first at the lane's first batch).
+  ASSERT_TRUE(PushFor(30s, 0)) << "no hand-off in 30 s";
+  ASSERT_TRUE(PushFor(30s, 1)) << "no periodic hand-off in 30 s";
+  auto last_hand_off = std::chrono::steady_clock::now();
+  const uint64_t before = lane_->write_back_hand_offs();
+
+  // While a snapshot is written: 1.5 intervals of pushes, across at least one tick, none
+  // handed off. A hand-off is allowed kMaxWriteBackPostponement (4) intervals after the last
+  // one: checked only where the pushes took under 3.5 of them (a machine slower than that
+  // could see one, rightly).
+  std::shared_ptr<void> writing = lane_->SnapshotBeingWritten();
+  PushFor(std::chrono::milliseconds(kIntervalMs * 3 / 2));
+  if (SecondsSince(last_hand_off) < 3.5 * kIntervalMs / 1000.0) {
+    EXPECT_EQ(lane_->write_back_hand_offs(), before)
+        << "a periodic hand-off while the snapshot was written";
+    EXPECT_GE(lane_->write_backs_postponed(), 1u);
+  }
+  // Let go: the next tick hands off.
+  writing.reset();
+  EXPECT_TRUE(PushFor(30s, before)) << "no hand-off after the snapshot was let go";
+  last_hand_off = std::chrono::steady_clock::now();
+
+  // Held for good: ticks are postponed, then a hand-off comes anyway.
+  const uint64_t postponed = lane_->write_backs_postponed();
+  const uint64_t held_from = lane_->write_back_hand_offs();
+  writing = lane_->SnapshotBeingWritten();
+  EXPECT_TRUE(PushFor(60s, held_from)) << "the postponement has no limit";
+  if (SecondsSince(last_hand_off) < 30) {
+    EXPECT_GE(lane_->write_backs_postponed(), postponed + 1);
+  }
 }
 
 }  // namespace
