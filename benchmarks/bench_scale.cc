@@ -21,8 +21,8 @@
 //    server paused and the page cache synced first: strict_log_vs_disk_seq_write.
 //  - Bytes per row: the memory-only server's RSS, the data directory's; a checkpoint and a
 //    restore of the whole table (GB/s of the checkpoint's bytes, and against the sequential
-//    write rate; the restore with --restore). Resharding at this size is not measured (no cheap
-//    path: it needs a cluster map change with a coordinator).
+//    write rate; the restore with --restore). Resharding at this size: bench_elastic --durable
+//    --rows=N --server_flags=--memory_budget_mb=M (it needs a coordinator and a map change).
 //
 // Usage: bench_scale [--quick] [--rows=N] [--batches=10000,100000] [--reps=3] [--log_only]
 // [--fsync] [--only=zipf] [--tier_server_b=PATH]. --quick: 10M rows, batches of 10,000 keys.
@@ -651,7 +651,7 @@ int Main(int argc, char** argv) {
     json << ",\"restore_s\":" << restore_s << ",\"restore_gb_s\":" << ckpt_bytes / restore_s / 1e9
          << ",\"restore_vs_disk_seq_write\":" << ckpt_bytes / restore_s / seq;
   }
-  json << ",\"resharding\":\"not measured\"}";
+  json << ",\"resharding\":\"bench_elastic --durable\"}";
   std::printf("%s\n", json.str().c_str());
   return 0;
 }
