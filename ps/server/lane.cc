@@ -228,7 +228,11 @@ void Lane::WriteBackIfDue(std::vector<Task>& batch, bool may_wait) {
     if (due && !over && snapshots_writing_->load(std::memory_order_acquire) > 0 &&
         now - last_write_back_ < kMaxWriteBackPostponement * write_back_interval_) {
       due = false;  // after the snapshot's scan (SnapshotBeingWritten)
-      postponed_.fetch_add(1, std::memory_order_relaxed);
+      const int64_t tick = period(now);
+      if (tick != last_postponed_period_) {
+        last_postponed_period_ = tick;
+        postponed_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     if (over || due) {
       last_write_back_ = now;

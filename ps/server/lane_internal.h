@@ -93,16 +93,19 @@ class Lane {
   /// Marks a snapshot of this lane's rows (a checkpoint's or an export's) as being written by
   /// the file writer until the returned object is destroyed (any thread). Meanwhile the lane
   /// postpones its periodic write-back hand-offs (not those forced by max_dirty_bytes), for at
-  /// most kMaxWriteBackPostponement intervals after the last one: a hand-off during the
-  /// snapshot's scan made the lane copy the rows it froze a second time and ran the engine's
-  /// writer (memtable inserts, a flush) beside the file writer, and on a 2-core machine the
-  /// checkpoint took 3x as long and its longest push 1.5-2x as long (docs/benchmarks.md).
+  /// most kMaxWriteBackPostponement intervals after the last one. A hand-off during the
+  /// snapshot's scan freezes the rows a second time (copy-on-write again) and runs the
+  /// engine's writer (memtable inserts, a flush) beside the file writer: on a 2-core machine,
+  /// with hand-offs postponed, RocksDB checkpoints took 0.7x as long and their longest push
+  /// 0.8x (docs/benchmarks.md).
   std::shared_ptr<void> SnapshotBeingWritten();
-  /// Ticks whose periodic hand-off was postponed because a snapshot was being written.
+  /// Write-back ticks (interval periods) whose periodic hand-off was postponed because a
+  /// snapshot was being written; a tick counts once however many batches found it due.
   uint64_t write_backs_postponed() const {
     return postponed_.load(std::memory_order_relaxed);
   }
-  /// Write-back hand-offs started (periodic and forced by max_dirty_bytes).
+  /// Write-back hand-offs the lane asked its store for (periodic and forced by
+  /// max_dirty_bytes).
   uint64_t write_back_hand_offs() const {
     return hand_offs_.load(std::memory_order_relaxed);
   }
@@ -149,6 +152,8 @@ class Lane {
   const std::chrono::milliseconds write_back_interval_;
   const uint64_t max_dirty_bytes_;
   std::chrono::steady_clock::time_point last_write_back_ ABSL_GUARDED_BY(run_mu_){};
+  // The write-back period last counted in postponed_ (-1: none).
+  int64_t last_postponed_period_ ABSL_GUARDED_BY(run_mu_) = -1;
   std::atomic<uint64_t> committed_seq_{0};
   std::atomic<uint64_t> waits_{0};
   // kRead parts submitted and not yet run: ServeWaitingReads looks no further when 0.

@@ -347,6 +347,9 @@ TEST_F(LaneWriteBackTest, TicksWhileASnapshotIsWrittenHandNothingOffUpToTheLimit
     EXPECT_EQ(lane_->write_back_hand_offs(), before)
         << "a periodic hand-off while the snapshot was written";
     EXPECT_GE(lane_->write_backs_postponed(), 1u);
+    // Counted per tick, not per batch that found it due (about 75 batches here): under 3.5
+    // intervals, at most 4 ticks.
+    EXPECT_LE(lane_->write_backs_postponed(), 4u);
   }
   // Let go: the next tick hands off.
   writing.reset();
