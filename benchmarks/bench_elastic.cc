@@ -191,12 +191,14 @@ std::thread Pusher(Tier& tier, uint64_t rows, Pushes& pushes, uint64_t seed) {
   });
 }
 
-// CPU seconds (user + system) of the server processes of `tier`.
-double TierCpuSeconds(const Tier& tier) {
+// CPU seconds (user + system) of `servers` (a tier's, or the resharding part's).
+double ServersCpuSeconds(
+    const std::vector<std::unique_ptr<tessera::bench::ServerProcess>>& servers) {
   double s = 0;
-  for (const auto& server : tier.servers) s += tessera::bench::ProcessCpuSeconds(server->pid());
+  for (const auto& server : servers) s += tessera::bench::ProcessCpuSeconds(server->pid());
   return s;
 }
+double TierCpuSeconds(const Tier& tier) { return ServersCpuSeconds(tier.servers); }
 
 // What pushing to a tier cost: the CPU seconds of its servers over the whole alternation (its
 // write-backs and RocksDB flushes run on while the other tier pushes), those of this process
@@ -481,13 +483,8 @@ void PrintScaleFigures(Pushes& pushes, Clock::time_point t_before, Clock::time_p
 // three are together under a tenth of a core over 3 s (at most 5 minutes), so that the phase
 // before the moves is not slowed by it. Returns the seconds waited.
 double WaitForFillWrittenBack(const tessera::bench::MapServers& servers) {
-  return tessera::bench::WaitUntilQuiet(
-      [&servers] {
-        double cpu = 0;
-        for (const auto& p : servers.processes) cpu += tessera::bench::ProcessCpuSeconds(p->pid());
-        return cpu;
-      },
-      3, 0.3, 300);
+  return tessera::bench::WaitUntilQuiet([&servers] { return ServersCpuSeconds(servers.processes); },
+                                        3, 0.3, 300);
 }
 
 }  // namespace
