@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "ps/thread_name_internal.h"
 #include "storage/log_file_internal.h"
 #include "storage/rocksdb_common_internal.h"
 #include "storage/rocksdb_engine_impl_internal.h"
@@ -145,6 +146,7 @@ RocksDbEngine::~RocksDbEngine() {
 }
 
 void RocksDbEngine::FlusherLoop() {
+  NameThisThread("log-flusher");
   const auto period =
       std::chrono::milliseconds(std::max<uint32_t>(1, options_.relaxed_window_ms / 2));
   MutexLock l(flusher_mu_);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ps/routing.h"
+#include "ps/thread_name_internal.h"
 #include "storage/rocksdb_common_internal.h"
 #include "storage/rocksdb_engine_impl_internal.h"
 #include "storage/rocksdb_lane_store_internal.h"
@@ -115,6 +116,7 @@ void RocksDbEngine::Submit(std::shared_ptr<WriteBackJob> job) {
 }
 
 void RocksDbEngine::WriterLoop() {
+  NameThisThread("write-back");
   std::vector<std::shared_ptr<WriteBackJob>> round;
   const auto interval = std::chrono::milliseconds(options_.row_flush_interval_ms);
   for (;;) {

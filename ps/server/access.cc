@@ -4,6 +4,7 @@
 #include <zmq_addon.hpp>
 
 #include "ps/server/access_internal.h"
+#include "ps/thread_name_internal.h"
 
 namespace tessera::internal {
 
@@ -106,6 +107,7 @@ ZapHandler::~ZapHandler() {
 }
 
 void ZapHandler::Run() {
+  NameThisThread("zap");
   while (!stop_.load()) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     try {

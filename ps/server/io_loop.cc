@@ -8,6 +8,7 @@
 #include <zmq_addon.hpp>
 
 #include "ps/server/server_impl_internal.h"
+#include "ps/thread_name_internal.h"
 
 namespace tessera::internal {
 namespace {
@@ -38,6 +39,7 @@ bool TryReceive(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
 }
 
 void ServerImpl::IoLoop() {
+  NameThisThread("io");
   // Polls the sockets' ZMQ_FD descriptors: the ROUTER's, the lanes' replies', the ROUTER
   // monitor's, then the links' to backups (replication.cc), rebuilt when those change. (Not
   // zmq::poll, which asks every socket for its events before and after each wait: two

@@ -9,6 +9,7 @@
 
 #include "ps/message_pool_internal.h"
 #include "ps/server/lane_internal.h"
+#include "ps/thread_name_internal.h"
 
 namespace tessera::internal {
 namespace {
@@ -75,6 +76,7 @@ bool Lane::TryRunInline(Task& t, zmq::socket_t& reply) {
 }
 
 void Lane::Loop() {
+  NameThisThread("lane-" + std::to_string(index_));
   std::vector<Task> batch;
   // An idle lane still wakes up: to hand off rows once the interval is over, and to notice a
   // finished hand-off (which moves the log mark on).
@@ -284,6 +286,7 @@ void FileWriter::Stop() {
 }
 
 void FileWriter::Loop() {
+  NameThisThread("file-writer");
   // Checkpoint and export files are background work: on a busy machine the lanes and the I/O
   // thread come first (Linux applies a nice value per thread).
   if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kFileWriterNice) != 0) {

@@ -9,6 +9,7 @@
 
 #include "ps/server/log_wait_internal.h"
 #include "ps/server/server_impl_internal.h"
+#include "ps/thread_name_internal.h"
 
 namespace tessera::internal {
 
@@ -56,6 +57,7 @@ Status LogGroupWriter::Finish() {
 }
 
 void LogGroupWriter::Loop() {
+  NameThisThread("log-writer");
   for (;;) {
     std::function<Status()> job;
     {

@@ -1,6 +1,7 @@
 #include <glog/logging.h>
 
 #include "ps/server/map_recheck_internal.h"
+#include "ps/thread_name_internal.h"
 
 namespace tessera::internal {
 
@@ -48,6 +49,7 @@ uint64_t MapRecheck::failed_reads() const {
 }
 
 void MapRecheck::Run() {
+  NameThisThread("map-recheck");
   MutexLock l(mu_);
   for (;;) {
     while (!stop_ && requested_ == started_) cv_.wait(l.native());

@@ -7,6 +7,7 @@
 
 #include "ps/routing.h"
 #include "ps/server/request_log_internal.h"
+#include "ps/thread_name_internal.h"
 
 namespace tessera::internal {
 
@@ -87,6 +88,7 @@ void RequestLog::TruncateTo(uint64_t mark) {
 }
 
 void RequestLog::TruncateLoop() {
+  NameThisThread("log-truncate");
   MutexLock l(truncate_mu_);
   for (;;) {
     while (!truncate_stop_ && !truncate_pending_) truncate_cv_.wait(l.native());
